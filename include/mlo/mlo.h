@@ -1,0 +1,472 @@
+/*
+ * mlo.h — model-level offload: the public API and its reference manual.
+ *
+ * mlo runs a multi-component inference pipeline (text encoders, one or more
+ * diffusion transformers, a VAE) on an accelerator whose memory cannot hold
+ * them all, by keeping only the executing component resident on the device.
+ *
+ * The shapes, in one paragraph.  A PLATFORM is a device (the host-backed
+ * stand-in "host", "cuda:N", "opencl:N").  A PIPELINE owns COMPONENTS; each
+ * component has a name, a ROLE (DIT, ENCODER, VAE, OTHER) and TENSORS.  At
+ * materialization each component's tensors are packed into one aligned host
+ * SLAB (pinned when asked and possible); when resident the component owns
+ * one DEVICE BLOCK holding the same layout.  The OFFLOAD BACKEND enforces the
+ * mutual-exclusion contract (docs/contract.md, C1–C17): a hooked forward of a
+ * DiT evicts encoders and other DiTs first, an encoder's evicts every DiT,
+ * VAEs are outside the set.  Eviction of read-only tensors copies nothing
+ * back; the host slab stays authoritative.
+ *
+ * Conventions (libuv/SQLite style):
+ *  - Every function that can fail returns an int status: MLO_OK (0) or a
+ *    negative MLO_E* code.  mlo_strerror()/mlo_err_name() describe a code;
+ *    mlo_pipeline_errmsg() gives the detailed message of the last failure on
+ *    a pipeline (per thread is not promised; read it right after the call).
+ *  - A call that fails leaves no side effect the caller must undo.
+ *  - *_close(NULL) / *_free(NULL) are harmless no-ops.
+ *  - Options structs carry their size and come with an _INIT macro.
+ *  - Every public function may be called from several threads at once.
+ *  - Strings returned by the library are owned by the object they came from
+ *    and live as long as it, unless said otherwise.
+ */
+#ifndef MLO_MLO_H
+#define MLO_MLO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MLO_VERSION_MAJOR 0
+#define MLO_VERSION_MINOR 1
+#define MLO_VERSION_PATCH 0
+/* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
+const char *mlo_version(void);
+
+/* ------------------------------------------------------------------------
+ * Status codes
+ * ---------------------------------------------------------------------- */
+enum {
+  MLO_OK = 0,
+  MLO_EINVAL = -1,          /* an argument or option is invalid */
+  MLO_ENOMEM = -2,          /* host memory exhausted */
+  MLO_ENOMEM_DEVICE = -3,   /* device memory exhausted (state rolled back) */
+  MLO_EBUSY = -4,           /* would wait: component in use (try variants) */
+  MLO_ESTATE = -5,          /* call not valid in the current state */
+  MLO_EUNSUPPORTED = -6,    /* refused before anything changed */
+  MLO_EIO = -7,             /* a file could not be read or written */
+  MLO_EFORMAT = -8,         /* a file is malformed (checkpoint, index) */
+  MLO_ENOTFOUND = -9,       /* a named thing does not exist */
+  MLO_EEXIST = -10,         /* a name is already taken */
+  MLO_EPLATFORM = -11,      /* the device API reported an error */
+  MLO_ENODEV = -12,         /* no such device / platform not built in */
+  MLO_EOWNED = -13,         /* another offload strategy owns the hooks (C16) */
+  MLO_EDEADLK = -14,        /* the calling thread holds a conflicting component */
+  MLO_ECALLBACK = -15,      /* a user callback returned a failure */
+};
+/* A one-line description of a status code ("device out of memory"). Static
+ * storage; unknown codes give "unknown error". */
+const char *mlo_strerror(int status);
+/* The code's name ("MLO_ENOMEM_DEVICE"); static storage. */
+const char *mlo_err_name(int status);
+
+/* ------------------------------------------------------------------------
+ * Logging.  The library logs one line per notable event (a transfer, a
+ * fallback to pageable memory, a role guessed from a name).  By default
+ * warnings and errors go to stderr; MLO_LOG=debug|info|warn|error|off
+ * changes the level.  A callback replaces the default sink process-wide.
+ * ---------------------------------------------------------------------- */
+typedef enum { MLO_LOG_DEBUG, MLO_LOG_INFO, MLO_LOG_WARN, MLO_LOG_ERROR, MLO_LOG_OFF } mlo_log_level;
+typedef void (*mlo_log_fn)(mlo_log_level level, const char *msg, void *user);
+void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level);
+
+/* ------------------------------------------------------------------------
+ * Data types: every dtype of the safetensors format.
+ * ---------------------------------------------------------------------- */
+typedef enum {
+  MLO_DTYPE_BOOL, MLO_DTYPE_U8, MLO_DTYPE_I8, MLO_DTYPE_F8_E5M2, MLO_DTYPE_F8_E4M3,
+  MLO_DTYPE_F8_E8M0, MLO_DTYPE_I16, MLO_DTYPE_U16, MLO_DTYPE_F16, MLO_DTYPE_BF16,
+  MLO_DTYPE_I32, MLO_DTYPE_U32, MLO_DTYPE_F32, MLO_DTYPE_F64, MLO_DTYPE_I64,
+  MLO_DTYPE_U64, MLO_DTYPE_C64, MLO_DTYPE_F4, MLO_DTYPE_F6_E2M3, MLO_DTYPE_F6_E3M2,
+  MLO_DTYPE_COUNT
+} mlo_dtype;
+/* The safetensors name ("BF16"); NULL for an invalid value. */
+const char *mlo_dtype_name(mlo_dtype dtype);
+/* Parses a safetensors dtype name; MLO_EINVAL if unknown. */
+int mlo_dtype_from_name(const char *name, mlo_dtype *out);
+/* Bits per element (4 for F4, 6 for F6_*, 16 for BF16, ...); 0 if invalid. */
+unsigned mlo_dtype_bits(mlo_dtype dtype);
+/* Bytes for numel elements, overflow-checked: MLO_EINVAL if numel*bits is
+ * not a whole number of bytes (sub-byte types), MLO_EFORMAT on overflow. */
+int mlo_dtype_nbytes(mlo_dtype dtype, uint64_t numel, uint64_t *bytes);
+
+/* ------------------------------------------------------------------------
+ * Sizes in human units, shared by the library and the tool.
+ * ---------------------------------------------------------------------- */
+/* Parses "6G", "512M", "1.5GiB", "4096", "8e9" (K/M/G/T = 1024-based; a
+ * plain number is bytes).  MLO_EINVAL for anything else, zero included when
+ * allow_zero is false. */
+int mlo_parse_size(const char *text, bool allow_zero, uint64_t *out);
+/* Formats bytes as "1.50 GiB" / "12.0 MiB" / "512 B" into buf; returns buf. */
+char *mlo_format_size(uint64_t bytes, char *buf, size_t buflen);
+
+/* ------------------------------------------------------------------------
+ * Platforms
+ * ---------------------------------------------------------------------- */
+typedef struct mlo_platform mlo_platform;
+
+/* Opens a platform from a spec string:
+ *   "host[:key=value,...]"  the host-backed device (always available).
+ *       capacity=SIZE  device memory (default 8G)
+ *       bw=BYTES_PER_S throttle copies to a link bandwidth (default: none)
+ *       jitter=0|1     random copy delays, to flush out missing waits
+ *       poison=0|1     fill released device memory with 0xA5 (default 1)
+ *       seed=N         seed for jitter
+ *       blocking_d2h=0|1  declare the XPU rule (device-to-host copies block)
+ *   "cuda[:N]"    NVIDIA GPU N (default 0); MLO_ENODEV if not built or absent
+ *   "opencl[:N][:key=value,...]"  OpenCL device N; blocking_d2h=0|1 forces
+ *       the XPU rule (on by default for Intel GPUs).
+ * On failure *out is NULL and, when errbuf is given, a message naming the
+ * offending part of the spec is written there. */
+int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen);
+/* Closes a platform.  All pipelines using it must be freed first.
+ * NULL is a no-op. */
+void mlo_platform_close(mlo_platform *platform);
+/* "host", "cuda", "opencl". */
+const char *mlo_platform_name(const mlo_platform *platform);
+/* A human description of the device ("host-backed, capacity 8.00 GiB"). */
+const char *mlo_platform_description(const mlo_platform *platform);
+
+typedef struct {
+  bool async_copy;        /* copies overlap with the host and with compute */
+  bool events;            /* ordering through events is available */
+  bool pinned_host;       /* page-locked host memory can be allocated */
+  bool host_register;     /* existing host memory can be pinned in place */
+  bool blocking_d2h;      /* the XPU rule: device-to-host copies must block */
+  bool device_pointers;   /* a device block is addressable as a pointer */
+} mlo_platform_caps;
+void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
+
+typedef struct {
+  uint64_t total_bytes;   /* device capacity */
+  uint64_t free_bytes;    /* free now */
+  uint64_t used_bytes;    /* allocated through this platform now */
+  uint64_t peak_bytes;    /* high-water mark of used_bytes since reset */
+} mlo_platform_memory;
+int mlo_platform_get_memory(mlo_platform *platform, mlo_platform_memory *mem);
+/* Resets peak_bytes to the current used_bytes. */
+void mlo_platform_reset_peak(mlo_platform *platform);
+/* The native compute queue the library orders its loads against: a
+ * cudaStream_t for CUDA, a cl_command_queue for OpenCL, NULL for host (host
+ * compute runs on the calling thread). */
+void *mlo_platform_compute_queue(mlo_platform *platform);
+/* Waits until everything submitted to the platform has finished. */
+int mlo_platform_synchronize(mlo_platform *platform);
+
+/* ------------------------------------------------------------------------
+ * Pipelines, components, tensors
+ * ---------------------------------------------------------------------- */
+typedef struct mlo_pipeline mlo_pipeline;
+typedef struct mlo_component mlo_component;
+typedef struct mlo_tensor mlo_tensor;
+
+typedef enum {
+  MLO_ROLE_DIT,
+  MLO_ROLE_ENCODER,
+  MLO_ROLE_VAE,
+  MLO_ROLE_OTHER,
+  MLO_ROLE_AUTO, /* only as an argument: guess from the name (warns once) */
+} mlo_role;
+const char *mlo_role_name(mlo_role role); /* "dit", "encoder", "vae", "other" */
+/* Parses "dit", "encoder", "vae", "other" (case-insensitive). */
+int mlo_role_from_name(const char *name, mlo_role *out);
+/* The role a name heuristic gives (transformer*, dit, unet -> DIT;
+ * text_encoder*, image_encoder, mllm -> ENCODER; vae, audio_vae -> VAE;
+ * anything else -> OTHER).  class_name may be NULL. */
+mlo_role mlo_role_guess(const char *name, const char *class_name);
+
+/* Where a component's role came from (C1: a declaration always wins). */
+typedef enum {
+  MLO_ROLE_FROM_DECLARATION, /* given in code by the pipeline author */
+  MLO_ROLE_FROM_OVERRIDE,    /* set by the caller over a guess (CLI --role) */
+  MLO_ROLE_FROM_HEURISTIC,   /* guessed from the component's name */
+} mlo_role_source;
+const char *mlo_role_source_name(mlo_role_source source);
+
+typedef struct {
+  size_t size;          /* sizeof(mlo_pipeline_options) */
+  mlo_platform *platform; /* required; must outlive the pipeline */
+  bool pin_host;        /* pin host slabs when the platform can (default true) */
+  size_t slab_alignment; /* tensor alignment inside a slab (default 256) */
+} mlo_pipeline_options;
+#define MLO_PIPELINE_OPTIONS_INIT {sizeof(mlo_pipeline_options), NULL, true, 256}
+
+/* Creates an empty pipeline on a platform.  Free with mlo_pipeline_free. */
+int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
+/* Frees the pipeline: disables offload, releases every device block and
+ * host slab.  Waits for in-flight copies.  NULL is a no-op.  Never call
+ * while another thread is inside a forward on the same pipeline. */
+void mlo_pipeline_free(mlo_pipeline *pipe);
+/* The message of the last failure on this pipeline ("" if none). */
+const char *mlo_pipeline_errmsg(mlo_pipeline *pipe);
+mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe);
+
+/* Adds a component.  role MLO_ROLE_AUTO guesses from the name and logs a
+ * warning once per pipeline; a concrete role is a declaration (C1).
+ * Names are unique (MLO_EEXIST).  The component is owned by the pipeline. */
+int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_component **out);
+/* Changes a component's role: an override of a guess or of a previous
+ * declaration.  Refused (MLO_ESTATE) while offload is enabled. */
+int mlo_component_set_role(mlo_component *comp, mlo_role role, mlo_role_source source);
+size_t mlo_pipeline_component_count(mlo_pipeline *pipe);
+mlo_component *mlo_pipeline_component_at(mlo_pipeline *pipe, size_t index);
+mlo_component *mlo_pipeline_find(mlo_pipeline *pipe, const char *name);
+const char *mlo_component_name(const mlo_component *comp);
+mlo_role mlo_component_role(const mlo_component *comp);
+mlo_role_source mlo_component_role_source(const mlo_component *comp);
+mlo_pipeline *mlo_component_pipeline(const mlo_component *comp);
+
+/* Tensor flags. */
+enum {
+  MLO_TENSOR_PARAMETER = 0,      /* a weight (default) */
+  MLO_TENSOR_BUFFER = 1u << 0,   /* a buffer (running stats, caches) */
+  MLO_TENSOR_MUTABLE = 1u << 1,  /* written by compute: copied back on eviction */
+  MLO_TENSOR_EXTERNAL = 1u << 2, /* host storage belongs to the caller: used in
+                                    place, never copied, pinned or freed (C7) */
+  MLO_TENSOR_SHARDED = 1u << 3,  /* a shard of a distributed tensor; implies
+                                    EXTERNAL (the C form of a DTensor) */
+};
+
+#define MLO_MAX_DIMS 8
+typedef struct {
+  size_t size;          /* sizeof(mlo_tensor_desc) */
+  const char *name;     /* unique within the component */
+  mlo_dtype dtype;
+  int ndim;             /* 0..MLO_MAX_DIMS; 0 is a scalar */
+  int64_t shape[MLO_MAX_DIMS];
+  unsigned flags;       /* MLO_TENSOR_* */
+  /* Where the data comes from; exactly one of these:                       */
+  const void *data;     /* host memory: copied into the slab at materialize,
+                           or (EXTERNAL) used in place for the tensor's life */
+  const char *file;     /* a file: bytes [file_offset, file_offset+nbytes) */
+  uint64_t file_offset;
+  /* neither: the tensor starts zero-filled */
+} mlo_tensor_desc;
+#define MLO_TENSOR_DESC_INIT {sizeof(mlo_tensor_desc), NULL, MLO_DTYPE_F32, 0, {0}, 0, NULL, NULL, 0}
+
+/* Adds a tensor to a component.  Refused (MLO_ESTATE) once the component
+ * is materialized.  Validates dtype, shape (no negative dims), byte size
+ * (overflow checked) and that a file range is given whole. */
+int mlo_tensor_add(mlo_component *comp, const mlo_tensor_desc *desc, mlo_tensor **out);
+/* Adds `name` to comp as another name for `target`.  If target belongs to
+ * comp, it is a shared (tied) tensor: stored and moved once (C6).  If it
+ * belongs to another component, it is a reference that comp's transfers
+ * never follow: it is resident only when its owner is. */
+int mlo_tensor_add_alias(mlo_component *comp, const char *name, mlo_tensor *target);
+
+size_t mlo_component_tensor_count(const mlo_component *comp); /* aliases included */
+mlo_tensor *mlo_component_tensor_at(const mlo_component *comp, size_t index);
+mlo_tensor *mlo_component_find_tensor(const mlo_component *comp, const char *name);
+/* Bytes this component moves on a load: its own storage, each shared
+ * tensor once, references to other components excluded, padding included. */
+uint64_t mlo_component_bytes(const mlo_component *comp);
+
+const char *mlo_tensor_name(const mlo_tensor *t);
+mlo_dtype mlo_tensor_dtype(const mlo_tensor *t);
+int mlo_tensor_ndim(const mlo_tensor *t);
+const int64_t *mlo_tensor_shape(const mlo_tensor *t);
+uint64_t mlo_tensor_nbytes(const mlo_tensor *t);
+unsigned mlo_tensor_flags(const mlo_tensor *t);
+/* The component that owns the storage (for a reference: the other one). */
+mlo_component *mlo_tensor_owner(const mlo_tensor *t);
+/* The host copy (NULL before materialization).  Authoritative whenever the
+ * component is not resident; while resident, mutable tensors may be newer on
+ * the device. */
+const void *mlo_tensor_host_data(const mlo_tensor *t);
+/* The device copy: the platform's block handle and the byte offset in it.
+ * MLO_ESTATE if the owner is not resident.  On pointer platforms (host,
+ * CUDA) the address is (char*)block + offset; on OpenCL block is a cl_mem. */
+int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
+/* Convenience for pointer platforms: the device address or NULL. */
+void *mlo_tensor_device_ptr(const mlo_tensor *t);
+
+/* Load progress for materialization: bytes done of total, per component. */
+typedef void (*mlo_progress_fn)(const mlo_component *comp, uint64_t done, uint64_t total, void *user);
+void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user);
+
+/* Packs every component's tensors into its host slab (reading file-backed
+ * tensors once, sequentially, straight into the slab).  Called implicitly
+ * by enable and by the first load; explicit calls let a caller show load
+ * progress and measure it.  Idempotent. */
+int mlo_pipeline_materialize(mlo_pipeline *pipe);
+int mlo_component_materialize(mlo_component *comp);
+
+/* ------------------------------------------------------------------------
+ * Residency
+ * ---------------------------------------------------------------------- */
+typedef enum {
+  MLO_RES_UNMATERIALIZED, /* tensors declared, no slab yet */
+  MLO_RES_HOST,           /* host slab only */
+  MLO_RES_LOADING,        /* device block allocated, copies in flight */
+  MLO_RES_DEVICE,         /* resident (copies may still be completing) */
+} mlo_residency;
+const char *mlo_residency_name(mlo_residency r);
+mlo_residency mlo_component_residency(mlo_component *comp);
+bool mlo_component_is_resident(mlo_component *comp); /* LOADING or DEVICE */
+
+/* Loads a component without evicting anything (no contract applied).
+ * Used by the all-resident mode and by callers managing residency by hand
+ * while offload is disabled. MLO_ESTATE while offload is enabled. */
+int mlo_component_load(mlo_component *comp);
+/* Evicts a component by hand (mutable tensors written back).  MLO_EBUSY if
+ * it is executing; MLO_ESTATE while offload is enabled. */
+int mlo_component_evict(mlo_component *comp);
+/* Loads every component (all-resident mode); MLO_ESTATE while enabled. */
+int mlo_pipeline_load_all(mlo_pipeline *pipe);
+
+/* Checks the residency invariant now: with offload enabled, no two
+ * components that exclude each other are resident at once, no component is
+ * executing while non-resident, and device bytes match the resident blocks.
+ * MLO_OK, or MLO_ESTATE with the violation in mlo_pipeline_errmsg. */
+int mlo_pipeline_audit(mlo_pipeline *pipe);
+/* Audit automatically at every acquire (used by `mlo run --verify`). */
+void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);
+
+/* ------------------------------------------------------------------------
+ * The offload backend (the contract, C1–C17)
+ * ---------------------------------------------------------------------- */
+typedef enum {
+  MLO_SYNC_EVENT,  /* compute waits on the load's event (default) */
+  MLO_SYNC_DEVICE, /* the specification literally: synchronize the platform
+                      before a hooked forward returns control to the model */
+  MLO_SYNC_UNSAFE_NONE, /* no ordering at all.  Exists only so tests can
+                           prove that the race detector catches a missing
+                           wait; never use it for real work. */
+} mlo_sync_mode;
+const char *mlo_sync_name(mlo_sync_mode mode);
+int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
+
+typedef struct {
+  size_t size;          /* sizeof(mlo_offload_settings) */
+  mlo_sync_mode sync;   /* default MLO_SYNC_EVENT */
+  bool pin_host;        /* pin host copies (default: the pipeline's option) */
+  bool distributed;     /* tensors are sharded (HSDP): never re-pinned */
+  bool per_tensor_copies; /* one copy per tensor instead of one per slab:
+                             the specification-literal baseline for benches */
+  bool copy_back;       /* write every tensor back on eviction (baseline) */
+} mlo_offload_settings;
+#define MLO_OFFLOAD_SETTINGS_INIT {sizeof(mlo_offload_settings), MLO_SYNC_EVENT, true, false, false, false}
+
+/* An offload delegate (C10): a pipeline whose mutually exclusive parts are
+ * nested inside one component (a reasoner and a generator inside one
+ * transformer) provides its own enable/disable.  With a delegate installed,
+ * mlo_offload_enable calls it instead of installing the generic hooks.  The
+ * delegate must keep the contract; mlo_group_* does the bookkeeping. */
+typedef struct mlo_delegate_ops {
+  /* Install the delegate's hooks/contexts.  Called at most once per
+   * disabled->enabled transition.  On failure the library calls disable and
+   * returns the error. */
+  int (*enable)(void *self, mlo_pipeline *pipe, const mlo_offload_settings *settings);
+  /* Remove every hook/context enable made; must move nothing. */
+  int (*disable)(void *self, mlo_pipeline *pipe);
+} mlo_delegate_ops;
+/* Installs (ops != NULL) or removes a delegate.  MLO_ESTATE while enabled. */
+int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, void *self);
+
+/* Enables model-level offload.  Without a delegate: discovers DiTs, encoders
+ * and VAEs from the declared roles (C1; refused with MLO_EUNSUPPORTED if no
+ * DiT or no encoder is declared), materializes slabs, makes encoders and
+ * VAEs resident and leaves DiTs where they are (C2), and installs the
+ * exclusion hooks.  settings may be NULL for defaults.  Idempotent with the
+ * same settings (C11); MLO_EOWNED if another strategy owns the hooks or
+ * the settings differ (C16).  On failure nothing is installed (C15). */
+int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings);
+/* Removes the hooks.  Moves nothing (C14).  Idempotent (C11).  MLO_EBUSY if
+ * a component is executing. */
+int mlo_offload_disable(mlo_pipeline *pipe);
+bool mlo_offload_is_enabled(mlo_pipeline *pipe);
+
+/* A hooked forward (C3/C4/C8): applies the exclusion rule for comp (waiting
+ * while a conflicting component executes on another thread), loads comp if
+ * needed, orders compute after the load, calls fn(comp, user), and records
+ * the compute so that no later eviction frees memory it may still read
+ * (C9).  Without offload, loads comp if needed and evicts nothing.
+ * fn's non-zero return is passed through as MLO_ECALLBACK. */
+typedef int (*mlo_forward_fn)(mlo_component *comp, void *user);
+int mlo_component_forward(mlo_component *comp, mlo_forward_fn fn, void *user);
+
+/* Scoped form for entry points other than forward (C17): a VAE's decode,
+ * an encoder's encode.  Between acquire and release the component is
+ * resident and never evicted.  Every successful acquire needs one release.
+ * try_acquire returns MLO_EBUSY instead of waiting.  A thread that holds a
+ * component and acquires a conflicting one gets MLO_EDEADLK. */
+int mlo_component_acquire(mlo_component *comp);
+int mlo_component_try_acquire(mlo_component *comp);
+int mlo_component_release(mlo_component *comp);
+
+/* ------------------------------------------------------------------------
+ * Exclusion groups: the building block for delegates (C10)
+ * ---------------------------------------------------------------------- */
+typedef struct mlo_group mlo_group;
+/* Creates a group whose members exclude each other: acquiring one evicts
+ * the others first.  Only while the pipeline has a delegate installed
+ * (MLO_EOWNED otherwise: the generic hooks own the pipeline).  Freed by
+ * mlo_group_free or with the pipeline. */
+int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out);
+int mlo_group_add(mlo_group *group, mlo_component *comp);
+/* Removes the group's hooks; moves nothing.  NULL is a no-op. */
+void mlo_group_free(mlo_group *group);
+
+/* ------------------------------------------------------------------------
+ * Counters and trace
+ * ---------------------------------------------------------------------- */
+typedef struct {
+  uint64_t loads, evictions, forwards;
+  uint64_t h2d_bytes, d2h_bytes;
+  uint64_t copy_calls;      /* platform copy calls issued */
+  uint64_t platform_calls;  /* every platform call made for this component */
+  uint64_t wait_ns;         /* time the caller waited on transfers */
+  uint64_t forward_ns;      /* time inside forward callbacks */
+} mlo_component_stats;
+int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
+/* Sums over every component, plus pipeline-level figures. */
+typedef struct {
+  mlo_component_stats total;
+  uint64_t device_bytes;      /* bytes of resident blocks now */
+  uint64_t peak_device_bytes; /* high-water mark of device_bytes */
+  uint64_t host_slab_bytes;   /* host slabs allocated */
+  uint64_t pinned_bytes;      /* of which pinned */
+} mlo_pipeline_stats;
+int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
+void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
+
+typedef enum {
+  MLO_TRACE_LOAD_BEGIN,    /* bytes = component bytes */
+  MLO_TRACE_LOAD_END,      /* the load is complete on the device */
+  MLO_TRACE_EVICT,         /* bytes = bytes written back (d2h) */
+  MLO_TRACE_FORWARD_BEGIN,
+  MLO_TRACE_FORWARD_END,
+  MLO_TRACE_WAIT_BEGIN,    /* the caller starts waiting on a transfer */
+  MLO_TRACE_WAIT_END,
+} mlo_trace_kind;
+typedef struct {
+  mlo_trace_kind kind;
+  const mlo_component *comp;
+  uint64_t t_ns;           /* monotonic clock */
+  uint64_t bytes;
+  uint64_t device_bytes;   /* pipeline device bytes after the event */
+} mlo_trace_event;
+/* Called synchronously, possibly from several threads and possibly with
+ * the pipeline's internal lock held: it must be quick and must not call back
+ * into the pipeline. */
+typedef void (*mlo_trace_fn)(const mlo_trace_event *ev, void *user);
+void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user);
+/* Monotonic nanoseconds, the clock trace events use. */
+uint64_t mlo_now_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLO_MLO_H */

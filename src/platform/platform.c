@@ -1,0 +1,230 @@
+/*
+ * platform.c — opening platforms by spec string, and the wrappers core uses
+ * around the vtable: defaults for optional slots, the fallback from events
+ * to synchronize, call counting and used/peak device accounting.
+ */
+#include "platform/platform.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_err(char *err, size_t errlen, const char *msg, const char *what) {
+  if (err && errlen) snprintf(err, errlen, "%s%s%s", msg, what ? ": " : "", what ? what : "");
+}
+
+int mlo_spec_parse_kv(const char *args, mlo_spec_kv_fn fn, void *user, char *err, size_t errlen) {
+  if (!args || !*args) return MLO_OK;
+  size_t len = strlen(args);
+  char *copy = malloc(len + 1);
+  if (!copy) return MLO_ENOMEM;
+  memcpy(copy, args, len + 1);
+  int rc = MLO_OK;
+  char *save = NULL;
+  for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(item, '=');
+    if (!eq || eq == item || !eq[1]) {
+      set_err(err, errlen, "expected key=value in platform options, got", item);
+      rc = MLO_EINVAL;
+      break;
+    }
+    *eq = '\0';
+    rc = fn(item, eq + 1, user, err, errlen);
+    if (rc) break;
+  }
+  free(copy);
+  return rc;
+}
+
+typedef int (*create_fn)(const char *, mlo_platform *, char *, size_t);
+
+int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen) {
+  if (out) *out = NULL;
+  if (!spec || !out) {
+    set_err(errbuf, errlen, "no platform spec given", NULL);
+    return MLO_EINVAL;
+  }
+  const char *colon = strchr(spec, ':');
+  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
+  const char *args = colon ? colon + 1 : "";
+  create_fn create = NULL;
+  if (name_len == 4 && !strncmp(spec, "host", 4)) create = mlo_host_platform_create;
+  else if (name_len == 4 && !strncmp(spec, "cuda", 4)) create = mlo_cuda_platform_create;
+  else if (name_len == 6 && !strncmp(spec, "opencl", 6)) create = mlo_opencl_platform_create;
+  if (!create) {
+    set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N] or opencl[:N])", spec);
+    return MLO_EINVAL;
+  }
+  mlo_platform *p = calloc(1, sizeof *p);
+  pthread_mutex_t *lock = malloc(sizeof *lock);
+  if (!p || !lock) {
+    free(p);
+    free(lock);
+    return MLO_ENOMEM;
+  }
+  pthread_mutex_init(lock, NULL);
+  p->acct_lock = lock;
+  char local_err[256] = "";
+  int rc = create(args, p, local_err, sizeof local_err);
+  if (rc) {
+    set_err(errbuf, errlen, local_err[0] ? local_err : mlo_strerror(rc), NULL);
+    pthread_mutex_destroy(lock);
+    free(lock);
+    free(p);
+    return rc;
+  }
+  p->ops->get_caps(p->ctx, &p->caps);
+  *out = p;
+  return MLO_OK;
+}
+
+void mlo_platform_close(mlo_platform *p) {
+  if (!p) return;
+  p->ops->destroy(p->ctx);
+  pthread_mutex_destroy(p->acct_lock);
+  free(p->acct_lock);
+  free(p);
+}
+
+const char *mlo_platform_name(const mlo_platform *p) { return p ? p->ops->name : ""; }
+const char *mlo_platform_description(const mlo_platform *p) { return p ? p->description : ""; }
+
+void mlo_platform_get_caps(const mlo_platform *p, mlo_platform_caps *caps) {
+  if (p && caps) *caps = p->caps;
+}
+
+static void count_call(mlo_platform *p) {
+  pthread_mutex_lock(p->acct_lock);
+  p->calls++;
+  pthread_mutex_unlock(p->acct_lock);
+}
+
+uint64_t mlo_plat_call_count(mlo_platform *p) {
+  pthread_mutex_lock(p->acct_lock);
+  uint64_t n = p->calls;
+  pthread_mutex_unlock(p->acct_lock);
+  return n;
+}
+
+int mlo_platform_get_memory(mlo_platform *p, mlo_platform_memory *mem) {
+  if (!p || !mem) return MLO_EINVAL;
+  uint64_t total = 0, free_bytes = 0;
+  int rc = p->ops->get_memory(p->ctx, &total, &free_bytes);
+  if (rc) return rc;
+  pthread_mutex_lock(p->acct_lock);
+  mem->total_bytes = total;
+  mem->free_bytes = free_bytes;
+  mem->used_bytes = p->used_bytes;
+  mem->peak_bytes = p->peak_bytes;
+  pthread_mutex_unlock(p->acct_lock);
+  return MLO_OK;
+}
+
+void mlo_platform_reset_peak(mlo_platform *p) {
+  if (!p) return;
+  pthread_mutex_lock(p->acct_lock);
+  p->peak_bytes = p->used_bytes;
+  pthread_mutex_unlock(p->acct_lock);
+}
+
+void *mlo_platform_compute_queue(mlo_platform *p) {
+  return p && p->ops->compute_queue ? p->ops->compute_queue(p->ctx) : NULL;
+}
+
+int mlo_platform_synchronize(mlo_platform *p) { return p ? mlo_plat_synchronize(p) : MLO_EINVAL; }
+
+int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
+  count_call(p);
+  int rc = p->ops->dev_alloc(p->ctx, bytes, block);
+  if (rc) return rc;
+  pthread_mutex_lock(p->acct_lock);
+  p->used_bytes += bytes;
+  if (p->used_bytes > p->peak_bytes) p->peak_bytes = p->used_bytes;
+  pthread_mutex_unlock(p->acct_lock);
+  return MLO_OK;
+}
+
+void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
+  if (!block) return;
+  count_call(p);
+  p->ops->dev_free(p->ctx, block, bytes);
+  pthread_mutex_lock(p->acct_lock);
+  p->used_bytes -= bytes;
+  pthread_mutex_unlock(p->acct_lock);
+}
+
+int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {
+  count_call(p);
+  *got_pinned = false;
+  if (p->ops->host_alloc) return p->ops->host_alloc(p->ctx, bytes, pinned, ptr, got_pinned);
+  size_t rounded = (bytes + 4095) & ~(size_t)4095;
+  *ptr = aligned_alloc(4096, rounded ? rounded : 4096);
+  return *ptr ? MLO_OK : MLO_ENOMEM;
+}
+
+void mlo_plat_host_free(mlo_platform *p, void *ptr, size_t bytes, bool pinned) {
+  if (!ptr) return;
+  count_call(p);
+  if (p->ops->host_free) p->ops->host_free(p->ctx, ptr, bytes, pinned);
+  else free(ptr);
+}
+
+int mlo_plat_copy_h2d(mlo_platform *p, void *block, size_t offset, const void *src, size_t bytes) {
+  count_call(p);
+  return p->ops->copy_h2d(p->ctx, block, offset, src, bytes);
+}
+
+int mlo_plat_copy_d2h(mlo_platform *p, void *dst, const void *block, size_t offset, size_t bytes) {
+  count_call(p);
+  return p->ops->copy_d2h(p->ctx, dst, block, offset, bytes);
+}
+
+/* Without events an "event" is a NULL placeholder and every wait is a full
+ * synchronize: slower, never unordered. */
+int mlo_plat_event_create(mlo_platform *p, mlo_event **ev) {
+  count_call(p);
+  *ev = NULL;
+  return p->caps.events ? p->ops->event_create(p->ctx, ev) : MLO_OK;
+}
+
+void mlo_plat_event_destroy(mlo_platform *p, mlo_event *ev) {
+  if (!ev) return;
+  count_call(p);
+  p->ops->event_destroy(p->ctx, ev);
+}
+
+int mlo_plat_event_record_copy(mlo_platform *p, mlo_event *ev) {
+  count_call(p);
+  return p->caps.events ? p->ops->event_record_copy(p->ctx, ev) : MLO_OK;
+}
+
+int mlo_plat_event_record_compute(mlo_platform *p, mlo_event *ev) {
+  count_call(p);
+  return p->caps.events ? p->ops->event_record_compute(p->ctx, ev) : MLO_OK;
+}
+
+int mlo_plat_compute_wait(mlo_platform *p, mlo_event *ev) {
+  count_call(p);
+  return p->caps.events ? p->ops->compute_wait(p->ctx, ev) : p->ops->synchronize(p->ctx);
+}
+
+int mlo_plat_copy_wait(mlo_platform *p, mlo_event *ev) {
+  count_call(p);
+  return p->caps.events ? p->ops->copy_wait(p->ctx, ev) : p->ops->synchronize(p->ctx);
+}
+
+int mlo_plat_event_sync(mlo_platform *p, mlo_event *ev) {
+  count_call(p);
+  return p->caps.events ? p->ops->event_sync(p->ctx, ev) : p->ops->synchronize(p->ctx);
+}
+
+int mlo_plat_event_query(mlo_platform *p, mlo_event *ev) {
+  count_call(p);
+  return p->caps.events ? p->ops->event_query(p->ctx, ev) : p->ops->synchronize(p->ctx);
+}
+
+int mlo_plat_synchronize(mlo_platform *p) {
+  count_call(p);
+  return p->ops->synchronize(p->ctx);
+}

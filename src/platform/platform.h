@@ -1,0 +1,121 @@
+/*
+ * platform.h — the internal platform vtable (ggml-backend style).
+ *
+ * Core talks to a device only through this table; platforms never know
+ * about roles or components.  One `static const struct mlo_platform_ops` per
+ * platform, designated initializers, optional slots documented with the
+ * default the wrappers below apply when a slot is NULL.
+ *
+ * Model of a device: two queues, COPY and COMPUTE.  Copies are enqueued on
+ * the copy queue and may complete later; events recorded on a queue complete
+ * when everything enqueued on it before them has.  Compute is whatever the
+ * user's forward submits: on CUDA/OpenCL it goes to the native compute
+ * queue, on host it runs on the calling thread (so "the compute queue waits
+ * for an event" means "the calling thread waits").
+ *
+ * Device memory is handed out as BLOCKS: an opaque handle (an address on
+ * pointer platforms, a cl_mem on OpenCL) plus byte offsets into it.
+ */
+#ifndef MLO_PLATFORM_H
+#define MLO_PLATFORM_H
+
+#include "mlo/mlo.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct mlo_event mlo_event; /* opaque, platform-defined */
+
+struct mlo_platform_ops {
+  const char *name; /* "host", "cuda", "opencl" */
+
+  /* Frees the context.  Every block, host buffer and event is gone by now. */
+  void (*destroy)(void *ctx);
+  void (*get_caps)(void *ctx, mlo_platform_caps *caps);
+  /* total/free from the device; used/peak are tracked by the wrapper. */
+  int (*get_memory)(void *ctx, uint64_t *total, uint64_t *free_bytes);
+
+  /* Device blocks.  alloc returns MLO_ENOMEM_DEVICE when the device is full
+   * (never aborts).  free is ordered after all work already submitted to
+   * either queue: it never frees memory that a queued copy or compute still
+   * uses, and where the device allows it never blocks the host (CUDA:
+   * cudaFreeAsync on the compute stream). */
+  int (*dev_alloc)(void *ctx, size_t bytes, void **block);
+  void (*dev_free)(void *ctx, void *block, size_t bytes);
+
+  /* Host memory.  pinned asks for page-locked memory; *got_pinned says
+   * whether it was (best effort: pageable on failure).  Optional: NULL means
+   * aligned_alloc and never pinned. */
+  int (*host_alloc)(void *ctx, size_t bytes, bool pinned, void **ptr, bool *got_pinned);
+  void (*host_free)(void *ctx, void *ptr, size_t bytes, bool pinned);
+
+  /* Asynchronous copies on the copy queue.  The source/destination host
+   * memory must stay valid until an event recorded after the copy has
+   * completed. */
+  int (*copy_h2d)(void *ctx, void *block, size_t offset, const void *src, size_t bytes);
+  int (*copy_d2h)(void *ctx, void *dst, const void *block, size_t offset, size_t bytes);
+
+  /* Events.  Optional as a set (caps.events false): the wrappers then fall
+   * back to synchronize, never to nothing. */
+  int (*event_create)(void *ctx, mlo_event **ev);
+  void (*event_destroy)(void *ctx, mlo_event *ev);
+  int (*event_record_copy)(void *ctx, mlo_event *ev);    /* on the copy queue */
+  int (*event_record_compute)(void *ctx, mlo_event *ev); /* on the compute queue */
+  int (*compute_wait)(void *ctx, mlo_event *ev); /* compute queue waits */
+  int (*copy_wait)(void *ctx, mlo_event *ev);    /* copy queue waits */
+  int (*event_sync)(void *ctx, mlo_event *ev);   /* the host waits */
+  /* MLO_OK if complete, MLO_EBUSY if pending. */
+  int (*event_query)(void *ctx, mlo_event *ev);
+
+  /* Waits for both queues to drain. */
+  int (*synchronize)(void *ctx);
+  /* The native compute queue (NULL for host).  Optional: NULL -> NULL. */
+  void *(*compute_queue)(void *ctx);
+};
+
+/* The handle behind the public mlo_platform. */
+struct mlo_platform {
+  const struct mlo_platform_ops *ops;
+  void *ctx;
+  char description[160];
+  mlo_platform_caps caps;
+  /* Accounting done by the wrappers, not by each platform. */
+  void *acct_lock; /* pthread_mutex_t*, opaque here to keep headers light */
+  uint64_t used_bytes, peak_bytes;
+  uint64_t calls; /* every wrapper call: C13 counts these */
+};
+
+/* Constructors, one per platform.  spec_args is what follows "name:" (may
+ * be ""); on failure they write a message naming the bad part to err. */
+int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+
+/* Wrappers used by core: apply defaults for NULL slots, count calls, keep
+ * used/peak accounting.  Same contracts as the slots above. */
+int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block);
+void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes);
+int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, bool *got_pinned);
+void mlo_plat_host_free(mlo_platform *p, void *ptr, size_t bytes, bool pinned);
+int mlo_plat_copy_h2d(mlo_platform *p, void *block, size_t offset, const void *src, size_t bytes);
+int mlo_plat_copy_d2h(mlo_platform *p, void *dst, const void *block, size_t offset, size_t bytes);
+int mlo_plat_event_create(mlo_platform *p, mlo_event **ev);
+void mlo_plat_event_destroy(mlo_platform *p, mlo_event *ev);
+int mlo_plat_event_record_copy(mlo_platform *p, mlo_event *ev);
+int mlo_plat_event_record_compute(mlo_platform *p, mlo_event *ev);
+int mlo_plat_compute_wait(mlo_platform *p, mlo_event *ev);
+int mlo_plat_copy_wait(mlo_platform *p, mlo_event *ev);
+int mlo_plat_event_sync(mlo_platform *p, mlo_event *ev);
+int mlo_plat_event_query(mlo_platform *p, mlo_event *ev);
+int mlo_plat_synchronize(mlo_platform *p);
+/* Number of wrapper calls made so far (for tests: C13). */
+uint64_t mlo_plat_call_count(mlo_platform *p);
+
+/* Parses "key=value,key=value" option lists for platform specs.  Calls
+ * fn(key, value, user) for each; stops at the first non-zero return.  A
+ * malformed item gives MLO_EINVAL with the item named in err. */
+typedef int (*mlo_spec_kv_fn)(const char *key, const char *value, void *user, char *err, size_t errlen);
+int mlo_spec_parse_kv(const char *args, mlo_spec_kv_fn fn, void *user, char *err, size_t errlen);
+
+#endif /* MLO_PLATFORM_H */
