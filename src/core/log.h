@@ -1,0 +1,21 @@
+/*
+ * log.h — the library's internal logging (one line per notable event).
+ * Routed to the callback set with mlo_set_log, or to stderr; the level
+ * comes from MLO_LOG (debug|info|warn|error|off, default warn).
+ */
+#ifndef MLO_LOG_H
+#define MLO_LOG_H
+
+#include "mlo/mlo.h"
+
+#if defined(__GNUC__)
+#define MLO_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define MLO_PRINTF(a, b)
+#endif
+
+void mlo_logf(mlo_log_level level, const char *fmt, ...) MLO_PRINTF(2, 3);
+/* True if a message at this level would be emitted (skip costly formatting). */
+bool mlo_log_enabled(mlo_log_level level);
+
+#endif

@@ -1,0 +1,2 @@
+/* testutil.c — shared test helpers (see testutil.h). */
+#include "testutil.h"
