@@ -43,4 +43,67 @@ uint64_t mlo_digest_fold(uint64_t digest, const void *bytes, size_t len);
 /* The deterministic input X[t][k] for a seed: identical on every backend. */
 float mlo_workload_input(uint64_t seed, int64_t t, int64_t k);
 
+/* ------------------------------------------------------------------------
+ * The workload as callers use it (tools/mlo, bench): one per platform,
+ * a per-forward digest of a component, and the reference schedule.
+ * ---------------------------------------------------------------------- */
+
+/* Default tokens T per role: an encoder sees a short prompt, a DiT the
+ * latent tokens, a VAE a few latent frames. */
+#define MLO_WORKLOAD_TOKENS_ENCODER 16
+#define MLO_WORKLOAD_TOKENS_DIT 32
+#define MLO_WORKLOAD_TOKENS_VAE 8
+#define MLO_WORKLOAD_TOKENS_OTHER 8
+#define MLO_WORKLOAD_TOKENS_MAX 4096
+
+/* Opens the backend for a platform (by mlo_platform_name).  MLO_ENODEV if
+ * this build has no backend for it.  The platform must outlive it. */
+int mlo_workload_open(mlo_platform *platform, mlo_workload **out);
+/* NULL is a no-op. */
+void mlo_workload_close(mlo_workload *w);
+/* Tokens T for forwards of components with this role (1..TOKENS_MAX). */
+int mlo_workload_set_tokens(mlo_workload *w, mlo_role role, int tokens);
+int mlo_workload_tokens(const mlo_workload *w, mlo_role role);
+
+/* One forward of a resident component (call it inside a forward callback or
+ * between acquire and release): every tensor the component owns, in index
+ * order, gemm for 2-D F32/F16/BF16 weights, raw bytes otherwise.  Tensors
+ * that only reference another component's storage are skipped (C6).
+ * *digest receives this forward's digest. */
+int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t seed,
+                                  uint64_t *digest);
+/* A hooked forward (mlo_component_forward) running the above with seed =
+ * step, then folding (step, forward digest) into *run_digest, so the order
+ * of forwards changes the run digest. */
+int mlo_workload_forward(mlo_workload *w, mlo_component *comp, uint64_t step, uint64_t *run_digest);
+
+/* The reference schedule of `mlo run`: every encoder once (index order),
+ * the DiT(s) for `steps` steps, every VAE once; OTHER components are not
+ * run.  Two DiTs split at the boundary as Wan2.2 does: the first for steps
+ * s < boundary*steps, the second after; more than two share the steps
+ * evenly in index order. */
+typedef struct {
+  mlo_component *comp;
+  uint64_t step; /* the call's ordinal: the seed and the digest's step */
+} mlo_workload_call;
+/* Builds the call list (free() it).  MLO_EINVAL for steps < 1 or a
+ * boundary outside [0, 1]. */
+int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_workload_call **calls,
+                          size_t *count);
+/* Called after each forward of a run (progress display). */
+typedef void (*mlo_workload_step_fn)(size_t done, size_t total, void *user);
+/* Runs the calls in order; *digest gets the run digest.  Stops at the first
+ * failure; *failed (if given) is the component that failed. */
+int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t count,
+                     uint64_t *digest, mlo_workload_step_fn step_fn, void *user,
+                     mlo_component **failed);
+
+/* Device bytes each mode needs at its peak, from the declared roles:
+ * all-resident = every component; model-level offload = the larger of
+ * (VAEs + encoders), resident together after enable, and (VAEs + the
+ * largest DiT).  *largest gets the component whose own size bounds the
+ * model-level figure from below (the largest DiT or encoder), may be NULL. */
+uint64_t mlo_workload_all_resident_bytes(mlo_pipeline *pipe);
+uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **largest);
+
 #endif

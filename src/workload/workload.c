@@ -1,0 +1,284 @@
+/*
+ * workload.c — the platform-independent half of the reference workload
+ * (docs/design.md §5): the digest, the deterministic input, picking a
+ * backend for a platform, walking a component's tensors, and the schedule
+ * `mlo run` executes.  The backends (host_blas.c, cuda, opencl) only do the
+ * arithmetic on device memory; everything that decides what a digest covers
+ * lives here so that every platform folds the same things in the same order.
+ */
+#include "workload/workload.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct mlo_workload {
+  const struct mlo_workload_ops *ops;
+  void *ctx;
+  mlo_platform *platform;
+  int tokens[4]; /* indexed by mlo_role (DIT, ENCODER, VAE, OTHER) */
+};
+
+#define FOLD_BASIS 0xcbf29ce484222325ull
+#define FOLD_PRIME 0x100000001b3ull
+
+/* FNV-1a over 64-bit little-endian words (then the tail bytes): the same
+ * mixing as byte-wise FNV-1a at eight times the speed, which matters when a
+ * VAE's convolution weights are folded whole. */
+uint64_t mlo_digest_fold(uint64_t digest, const void *bytes, size_t len) {
+  const unsigned char *p = bytes;
+  uint64_t h = digest;
+  while (len >= 8) {
+    uint64_t word = 0;
+    for (int i = 7; i >= 0; i--) word = (word << 8) | p[i];
+    h = (h ^ word) * FOLD_PRIME;
+    p += 8;
+    len -= 8;
+  }
+  while (len--) h = (h ^ *p++) * FOLD_PRIME;
+  return h;
+}
+
+/* splitmix64: a cheap, well-mixed hash, so X looks random but is a pure
+ * function of (seed, t, k) on every backend. */
+static uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float mlo_workload_input(uint64_t seed, int64_t t, int64_t k) {
+  uint64_t h = mix64(mix64(seed) ^ mix64((uint64_t)t * 0x100000001ull + (uint64_t)k));
+  /* 24 random bits to a float in [-1, 1): exact in f32, same everywhere. */
+  return (float)(int32_t)((h >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static const struct mlo_workload_ops *find_backend(const char *platform_name) {
+  static const struct mlo_workload_ops *const backends[] = {
+      &mlo_workload_host_ops,
+#ifdef MLO_HAVE_CUDA
+      &mlo_workload_cuda_ops,
+#endif
+#ifdef MLO_HAVE_OPENCL
+      &mlo_workload_opencl_ops,
+#endif
+  };
+  for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+    if (platform_name && !strcmp(backends[i]->platform, platform_name)) return backends[i];
+  return NULL;
+}
+
+int mlo_workload_open(mlo_platform *platform, mlo_workload **out) {
+  if (!out) return MLO_EINVAL;
+  *out = NULL;
+  if (!platform) return MLO_EINVAL;
+  const struct mlo_workload_ops *ops = find_backend(mlo_platform_name(platform));
+  if (!ops) return MLO_ENODEV;
+  mlo_workload *w = calloc(1, sizeof *w);
+  if (!w) return MLO_ENOMEM;
+  w->ops = ops;
+  w->platform = platform;
+  w->tokens[MLO_ROLE_DIT] = MLO_WORKLOAD_TOKENS_DIT;
+  w->tokens[MLO_ROLE_ENCODER] = MLO_WORKLOAD_TOKENS_ENCODER;
+  w->tokens[MLO_ROLE_VAE] = MLO_WORKLOAD_TOKENS_VAE;
+  w->tokens[MLO_ROLE_OTHER] = MLO_WORKLOAD_TOKENS_OTHER;
+  int rc = ops->create(platform, &w->ctx);
+  if (rc) {
+    free(w);
+    return rc;
+  }
+  *out = w;
+  return MLO_OK;
+}
+
+void mlo_workload_close(mlo_workload *w) {
+  if (!w) return;
+  w->ops->destroy(w->ctx);
+  free(w);
+}
+
+static bool role_index_ok(mlo_role role) {
+  return role >= MLO_ROLE_DIT && role <= MLO_ROLE_OTHER;
+}
+
+int mlo_workload_set_tokens(mlo_workload *w, mlo_role role, int tokens) {
+  if (!w || !role_index_ok(role) || tokens < 1 || tokens > MLO_WORKLOAD_TOKENS_MAX)
+    return MLO_EINVAL;
+  w->tokens[role] = tokens;
+  return MLO_OK;
+}
+
+int mlo_workload_tokens(const mlo_workload *w, mlo_role role) {
+  if (!w || !role_index_ok(role)) return 0;
+  return w->tokens[role];
+}
+
+static bool is_gemm_dtype(mlo_dtype d) {
+  return d == MLO_DTYPE_F32 || d == MLO_DTYPE_F16 || d == MLO_DTYPE_BF16;
+}
+
+/* One tensor's contribution to a forward's digest. */
+static int tensor_digest(mlo_workload *w, const mlo_tensor *t, int tokens, uint64_t seed,
+                         uint64_t *digest) {
+  uint64_t nbytes = mlo_tensor_nbytes(t);
+  if (nbytes == 0) return MLO_OK;
+  void *block = NULL;
+  size_t offset = 0;
+  int rc = mlo_tensor_device(t, &block, &offset);
+  if (rc) return rc;
+  const int64_t *shape = mlo_tensor_shape(t);
+  if (mlo_tensor_ndim(t) == 2 && is_gemm_dtype(mlo_tensor_dtype(t)))
+    return w->ops->gemm_digest(w->ctx, block, offset, mlo_tensor_dtype(t), shape[0], shape[1],
+                               tokens, seed, digest);
+  return w->ops->bytes_digest(w->ctx, block, offset, nbytes, digest);
+}
+
+int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t seed,
+                                  uint64_t *digest) {
+  if (!w || !comp || !digest) return MLO_EINVAL;
+  mlo_role role = mlo_component_role(comp);
+  int tokens = role_index_ok(role) ? w->tokens[role] : w->tokens[MLO_ROLE_OTHER];
+  uint64_t h = FOLD_BASIS;
+  size_t n = mlo_component_tensor_count(comp);
+  for (size_t i = 0; i < n; i++) {
+    const mlo_tensor *t = mlo_component_tensor_at(comp, i);
+    if (!t || mlo_tensor_owner(t) != comp) continue; /* a reference: not ours to read */
+    int rc = tensor_digest(w, t, tokens, seed, &h);
+    if (rc) return rc;
+  }
+  *digest = h;
+  return MLO_OK;
+}
+
+struct forward_args {
+  mlo_workload *w;
+  uint64_t seed;
+  uint64_t digest;
+  int status; /* the library status behind a callback failure */
+};
+
+static int forward_cb(mlo_component *comp, void *user) {
+  struct forward_args *a = user;
+  a->status = mlo_workload_component_digest(a->w, comp, a->seed, &a->digest);
+  return a->status ? 1 : 0;
+}
+
+int mlo_workload_forward(mlo_workload *w, mlo_component *comp, uint64_t step,
+                         uint64_t *run_digest) {
+  if (!w || !comp || !run_digest) return MLO_EINVAL;
+  struct forward_args a = {w, step, 0, MLO_OK};
+  int rc = mlo_component_forward(comp, forward_cb, &a);
+  /* Report the workload's own status rather than the generic
+   * MLO_ECALLBACK, so a caller sees e.g. MLO_ENOMEM. */
+  if (rc == MLO_ECALLBACK && a.status) return a.status;
+  if (rc) return rc;
+  uint64_t pair[2] = {step, a.digest};
+  *run_digest = mlo_digest_fold(*run_digest, pair, sizeof pair);
+  return MLO_OK;
+}
+
+/* Collects the components of one role in index order. */
+static size_t components_of(mlo_pipeline *pipe, mlo_role role, mlo_component **out) {
+  size_t n = mlo_pipeline_component_count(pipe), k = 0;
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (mlo_component_role(c) == role) {
+      if (out) out[k] = c;
+      k++;
+    }
+  }
+  return k;
+}
+
+/* Which DiT runs step s of `steps` (see the header for the rule). */
+static size_t dit_for_step(size_t ndit, int s, int steps, double boundary) {
+  if (ndit <= 1) return 0;
+  if (ndit == 2) return (double)s < boundary * (double)steps ? 0 : 1;
+  return (size_t)s * ndit / (size_t)steps;
+}
+
+int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_workload_call **calls,
+                          size_t *count) {
+  if (!pipe || !calls || !count || steps < 1 || !(boundary >= 0.0 && boundary <= 1.0))
+    return MLO_EINVAL;
+  *calls = NULL;
+  *count = 0;
+  size_t ncomp = mlo_pipeline_component_count(pipe);
+  mlo_component **dits = calloc(ncomp ? ncomp : 1, sizeof *dits);
+  mlo_workload_call *list = calloc(ncomp + (size_t)steps, sizeof *list);
+  if (!dits || !list) {
+    free(dits);
+    free(list);
+    return MLO_ENOMEM;
+  }
+  size_t ndit = components_of(pipe, MLO_ROLE_DIT, dits), k = 0;
+  for (size_t i = 0; i < ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (mlo_component_role(c) == MLO_ROLE_ENCODER) list[k++].comp = c;
+  }
+  for (int s = 0; ndit && s < steps; s++)
+    list[k++].comp = dits[dit_for_step(ndit, s, steps, boundary)];
+  for (size_t i = 0; i < ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (mlo_component_role(c) == MLO_ROLE_VAE) list[k++].comp = c;
+  }
+  for (size_t i = 0; i < k; i++) list[i].step = i;
+  free(dits);
+  *calls = list;
+  *count = k;
+  return MLO_OK;
+}
+
+int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t count,
+                     uint64_t *digest, mlo_workload_step_fn step_fn, void *user,
+                     mlo_component **failed) {
+  if (failed) *failed = NULL;
+  if (!w || (!calls && count) || !digest) return MLO_EINVAL;
+  uint64_t h = FOLD_BASIS;
+  for (size_t i = 0; i < count; i++) {
+    int rc = mlo_workload_forward(w, calls[i].comp, calls[i].step, &h);
+    if (rc) {
+      if (failed) *failed = calls[i].comp;
+      return rc;
+    }
+    if (step_fn) step_fn(i + 1, count, user);
+  }
+  *digest = h;
+  return MLO_OK;
+}
+
+uint64_t mlo_workload_all_resident_bytes(mlo_pipeline *pipe) {
+  uint64_t sum = 0;
+  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
+  for (size_t i = 0; i < n; i++) sum += mlo_component_bytes(mlo_pipeline_component_at(pipe, i));
+  return sum;
+}
+
+uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **largest) {
+  uint64_t vae = 0, enc = 0, dit = 0;
+  mlo_component *big_enc = NULL, *big_dit = NULL;
+  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    uint64_t b = mlo_component_bytes(c);
+    switch (mlo_component_role(c)) {
+    case MLO_ROLE_VAE:
+      vae += b;
+      break;
+    case MLO_ROLE_ENCODER:
+      enc += b;
+      if (!big_enc || b > mlo_component_bytes(big_enc)) big_enc = c;
+      break;
+    case MLO_ROLE_DIT:
+      if (!big_dit || b > dit) {
+        big_dit = c;
+        dit = b;
+      }
+      break;
+    default:
+      break;
+    }
+  }
+  if (largest) *largest = enc > dit ? big_enc : (big_dit ? big_dit : big_enc);
+  return vae + (enc > dit ? enc : dit);
+}
