@@ -1,2 +1,530 @@
-/* testutil.c — shared test helpers (see testutil.h). */
+/*
+ * testutil.c — shared test helpers (see testutil.h for why they exist).
+ *
+ * Patterns are a hash of (seed, byte index) so that a wrong offset, a stale
+ * block, poisoned memory (0xA5) and zero-filled memory all show up as a
+ * mismatch in the first few bytes.
+ */
 #include "testutil.h"
+
+#include "platform/platform.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- platform */
+
+const char *tu_platform_base_spec(void) {
+  const char *env = getenv("MLO_TEST_PLATFORM");
+  return env && *env ? env : TU_DEFAULT_PLATFORM;
+}
+
+bool tu_platform_is_host(void) {
+  const char *spec = tu_platform_base_spec();
+  return !strncmp(spec, "host", 4) && (spec[4] == '\0' || spec[4] == ':');
+}
+
+/* Appends key=value to buf unless a key of the same name is in skip_keys. */
+static void append_kv(char *buf, size_t len, const char *item, size_t item_len) {
+  size_t used = strlen(buf);
+  if (used + item_len + 2 >= len) return;
+  if (buf[used - 1] != ':') buf[used++] = ',';
+  memcpy(buf + used, item, item_len);
+  buf[used + item_len] = '\0';
+}
+
+static bool list_has_key(const char *list, const char *key, size_t key_len) {
+  for (const char *p = list; p && *p;) {
+    const char *end = strchr(p, ',');
+    size_t item_len = end ? (size_t)(end - p) : strlen(p);
+    const char *eq = memchr(p, '=', item_len);
+    if (eq && (size_t)(eq - p) == key_len && !strncmp(p, key, key_len)) return true;
+    p = end ? end + 1 : NULL;
+  }
+  return false;
+}
+
+void tu_merge_host_spec(const char *base, const char *overrides, char *buf, size_t len) {
+  snprintf(buf, len, "host:");
+  const char *colon = strchr(base, ':');
+  for (const char *p = colon ? colon + 1 : NULL; p && *p;) {
+    const char *end = strchr(p, ',');
+    size_t item_len = end ? (size_t)(end - p) : strlen(p);
+    const char *eq = memchr(p, '=', item_len);
+    size_t key_len = eq ? (size_t)(eq - p) : item_len;
+    if (!list_has_key(overrides, p, key_len)) append_kv(buf, len, p, item_len);
+    p = end ? end + 1 : NULL;
+  }
+  for (const char *p = overrides; p && *p;) {
+    const char *end = strchr(p, ',');
+    size_t item_len = end ? (size_t)(end - p) : strlen(p);
+    append_kv(buf, len, p, item_len);
+    p = end ? end + 1 : NULL;
+  }
+  size_t used = strlen(buf);
+  if (buf[used - 1] == ':') buf[used - 1] = '\0';
+}
+
+mlo_platform *tu_platform_open(const char *host_overrides) {
+  char spec[512];
+  const char *base = tu_platform_base_spec();
+  if (host_overrides && *host_overrides) {
+    if (!tu_platform_is_host()) skip();
+    tu_merge_host_spec(base, host_overrides, spec, sizeof spec);
+  } else {
+    snprintf(spec, sizeof spec, "%s", base);
+  }
+  mlo_platform *plat = NULL;
+  char err[256] = "";
+  int rc = mlo_platform_open(spec, &plat, err, sizeof err);
+  if (rc == MLO_ENODEV) skip(); /* the chosen device is not present here */
+  if (rc != MLO_OK) fail_msg("mlo_platform_open(\"%s\") -> %s: %s", spec, mlo_err_name(rc), err);
+  return plat;
+}
+
+bool tu_device_pointers(const mlo_platform *plat) {
+  mlo_platform_caps caps;
+  memset(&caps, 0, sizeof caps);
+  mlo_platform_get_caps(plat, &caps);
+  return caps.device_pointers;
+}
+
+/* ----------------------------------------------------------------- content */
+
+static uint32_t fnv1a(const char *s, uint32_t h) {
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+uint32_t tu_seed(const char *comp_name, const char *tensor_name) {
+  return fnv1a(tensor_name, fnv1a("/", fnv1a(comp_name, 2166136261u)));
+}
+
+uint8_t tu_pattern_byte(uint32_t seed, size_t index) {
+  uint32_t x = seed ^ ((uint32_t)index * 0x9E3779B1u) ^ (uint32_t)((uint64_t)index >> 32);
+  x ^= x >> 15;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  x ^= x >> 16;
+  return (uint8_t)x;
+}
+
+void tu_fill_pattern(void *dst, size_t bytes, uint32_t seed) {
+  uint8_t *d = dst;
+  for (size_t i = 0; i < bytes; i++) d[i] = tu_pattern_byte(seed, i);
+}
+
+size_t tu_pattern_mismatch(const void *src, size_t bytes, uint32_t seed) {
+  const uint8_t *s = src;
+  for (size_t i = 0; i < bytes; i++)
+    if (s[i] != tu_pattern_byte(seed, i)) return i;
+  return bytes;
+}
+
+/* --------------------------------------------------------------- pipelines */
+
+const tu_comp_spec tu_wan_specs[4] = {
+    {"text_encoder", MLO_ROLE_ENCODER, 3, 16 * 1024, 0},
+    {"transformer", MLO_ROLE_DIT, 4, 32 * 1024, 0},
+    {"transformer_2", MLO_ROLE_DIT, 4, 32 * 1024, 0},
+    {"vae", MLO_ROLE_VAE, 2, 8 * 1024, 0},
+};
+
+tu_pipe *tu_pipe_new(mlo_platform *plat, bool pin_host) {
+  tu_pipe *tp = calloc(1, sizeof *tp);
+  assert_non_null(tp);
+  tp->plat = plat;
+  tp->device_pointers = tu_device_pointers(plat);
+  atomic_flag_clear(&tp->failure_taken);
+  mlo_pipeline_options opts = MLO_PIPELINE_OPTIONS_INIT;
+  opts.platform = plat;
+  opts.pin_host = pin_host;
+  assert_ok(mlo_pipeline_create(&opts, &tp->pipe));
+  assert_non_null(tp->pipe);
+  return tp;
+}
+
+mlo_tensor *tu_add_tensor(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
+                          unsigned flags) {
+  assert_true(tp->nrecs < TU_MAX_TENSORS && tp->nsources < TU_MAX_TENSORS);
+  assert_true(bytes % 4 == 0);
+  uint32_t seed = tu_seed(mlo_component_name(comp), name);
+  void *src = malloc(bytes ? bytes : 1);
+  assert_non_null(src);
+  tu_fill_pattern(src, bytes, seed);
+  tp->sources[tp->nsources++] = src;
+  mlo_tensor_desc desc = MLO_TENSOR_DESC_INIT;
+  desc.name = name;
+  desc.dtype = MLO_DTYPE_F32;
+  desc.ndim = 1;
+  desc.shape[0] = (int64_t)(bytes / 4);
+  desc.flags = flags;
+  desc.data = src;
+  mlo_tensor *t = NULL;
+  assert_ok(mlo_tensor_add(comp, &desc, &t));
+  assert_non_null(t);
+  tp->recs[tp->nrecs++] = (tu_tensor_rec){t, comp, seed, bytes, false};
+  return t;
+}
+
+void tu_add_alias(tu_pipe *tp, mlo_component *comp, const char *name, mlo_tensor *target) {
+  tu_tensor_rec *target_rec = tu_rec(tp, target);
+  assert_non_null(target_rec);
+  assert_ok(mlo_tensor_add_alias(comp, name, target));
+  mlo_tensor *alias = mlo_component_find_tensor(comp, name);
+  assert_non_null(alias);
+  assert_true(tp->nrecs < TU_MAX_TENSORS);
+  bool reference = mlo_tensor_owner(target) != comp;
+  tp->recs[tp->nrecs++] =
+      (tu_tensor_rec){alias, comp, target_rec->seed, target_rec->bytes, reference};
+}
+
+mlo_component *tu_add_component(tu_pipe *tp, const tu_comp_spec *spec) {
+  mlo_component *comp = NULL;
+  assert_ok(mlo_component_add(tp->pipe, spec->name, spec->role, &comp));
+  assert_non_null(comp);
+  for (unsigned i = 0; i < spec->ntensors; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "t%u", i);
+    unsigned flags = i + spec->nmutable >= spec->ntensors
+                         ? (unsigned)(MLO_TENSOR_BUFFER | MLO_TENSOR_MUTABLE)
+                         : (unsigned)MLO_TENSOR_PARAMETER;
+    tu_add_tensor(tp, comp, name, spec->tensor_bytes, flags);
+  }
+  return comp;
+}
+
+tu_pipe *tu_pipe_build(mlo_platform *plat, const tu_comp_spec *specs, size_t n) {
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  for (size_t i = 0; i < n; i++) tu_add_component(tp, &specs[i]);
+  return tp;
+}
+
+tu_pipe *tu_pipe_build_wan(mlo_platform *plat) {
+  return tu_pipe_build(plat, tu_wan_specs, 4);
+}
+
+void tu_pipe_free(tu_pipe *tp) {
+  if (!tp) return;
+  mlo_pipeline_free(tp->pipe);
+  for (size_t i = 0; i < tp->nsources; i++) free(tp->sources[i]);
+  free(tp);
+}
+
+mlo_component *tu_comp(tu_pipe *tp, const char *name) {
+  mlo_component *comp = mlo_pipeline_find(tp->pipe, name);
+  if (!comp) fail_msg("no component named %s", name);
+  return comp;
+}
+
+tu_tensor_rec *tu_rec(tu_pipe *tp, const mlo_tensor *t) {
+  for (size_t i = 0; i < tp->nrecs; i++)
+    if (tp->recs[i].tensor == t) return &tp->recs[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------------ device bytes */
+
+int tu_read_device(tu_pipe *tp, const mlo_tensor *t, void *dst, size_t bytes) {
+  if (tp->device_pointers) {
+    const void *p = mlo_tensor_device_ptr(t);
+    if (!p) return MLO_ESTATE;
+    memcpy(dst, p, bytes);
+    return MLO_OK;
+  }
+  void *block = NULL;
+  size_t offset = 0;
+  int rc = mlo_tensor_device(t, &block, &offset);
+  if (rc) return rc;
+  rc = mlo_plat_copy_d2h(tp->plat, dst, block, offset, bytes);
+  return rc ? rc : mlo_plat_synchronize(tp->plat);
+}
+
+int tu_write_device(tu_pipe *tp, const mlo_tensor *t, const void *src, size_t bytes) {
+  if (tp->device_pointers) {
+    void *p = mlo_tensor_device_ptr(t);
+    if (!p) return MLO_ESTATE;
+    memcpy(p, src, bytes);
+    return MLO_OK;
+  }
+  void *block = NULL;
+  size_t offset = 0;
+  int rc = mlo_tensor_device(t, &block, &offset);
+  if (rc) return rc;
+  rc = mlo_plat_copy_h2d(tp->plat, block, offset, src, bytes);
+  return rc ? rc : mlo_plat_synchronize(tp->plat);
+}
+
+bool tu_device_content_ok(tu_pipe *tp, mlo_component *comp, char *why, size_t whylen) {
+  for (size_t i = 0; i < tp->nrecs; i++) {
+    const tu_tensor_rec *r = &tp->recs[i];
+    if (r->comp != comp || r->reference) continue;
+    uint8_t *buf = malloc(r->bytes ? r->bytes : 1);
+    if (!buf) return false;
+    int rc = tu_read_device(tp, r->tensor, buf, r->bytes);
+    size_t at = rc ? 0 : tu_pattern_mismatch(buf, r->bytes, r->seed);
+    if (rc || at != r->bytes)
+      snprintf(why, whylen, "%s/%s: %s at byte %zu (got 0x%02x want 0x%02x)",
+               mlo_component_name(comp), mlo_tensor_name(r->tensor),
+               rc ? mlo_err_name(rc) : "wrong device content", at, rc ? 0 : buf[at],
+               tu_pattern_byte(r->seed, at));
+    free(buf);
+    if (rc || at != r->bytes) return false;
+  }
+  return true;
+}
+
+bool tu_host_content_ok(tu_pipe *tp, mlo_component *comp, char *why, size_t whylen) {
+  for (size_t i = 0; i < tp->nrecs; i++) {
+    const tu_tensor_rec *r = &tp->recs[i];
+    if (r->comp != comp || r->reference) continue;
+    const void *host = mlo_tensor_host_data(r->tensor);
+    size_t at = host ? tu_pattern_mismatch(host, r->bytes, r->seed) : 0;
+    if (!host || at != r->bytes) {
+      snprintf(why, whylen, "%s/%s: %s at byte %zu", mlo_component_name(comp),
+               mlo_tensor_name(r->tensor), host ? "wrong host content" : "no host data", at);
+      return false;
+    }
+  }
+  return true;
+}
+
+void tu_mutate(tu_pipe *tp, const mlo_tensor *t, uint32_t new_seed) {
+  tu_tensor_rec *r = tu_rec(tp, t);
+  assert_non_null(r);
+  void *buf = malloc(r->bytes);
+  assert_non_null(buf);
+  tu_fill_pattern(buf, r->bytes, new_seed);
+  int rc = tu_write_device(tp, t, buf, r->bytes);
+  free(buf);
+  assert_ok(rc);
+  /* Every record of the same storage (aliases) now expects the new bytes. */
+  uint32_t old_seed = r->seed;
+  for (size_t i = 0; i < tp->nrecs; i++)
+    if (tp->recs[i].seed == old_seed) tp->recs[i].seed = new_seed;
+}
+
+/* -------------------------------------------------------- forward checking */
+
+void tu_note_failure(tu_pipe *tp, const char *fmt, ...) {
+  if (atomic_flag_test_and_set(&tp->failure_taken)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tp->first_failure, sizeof tp->first_failure, fmt, ap);
+  va_end(ap);
+}
+
+int tu_forward_check(mlo_component *comp, void *user) {
+  tu_pipe *tp = user;
+  int bad = 0;
+  atomic_fetch_add(&tp->forwards, 1);
+  if (!mlo_component_is_resident(comp)) {
+    atomic_fetch_add(&tp->not_resident, 1);
+    tu_note_failure(tp, "%s not resident inside its forward", mlo_component_name(comp));
+    return 1;
+  }
+  char why[256] = "";
+  if (!tu_device_content_ok(tp, comp, why, sizeof why)) {
+    atomic_fetch_add(&tp->bad_content, 1);
+    tu_note_failure(tp, "inside forward: %s", why);
+    bad = 1;
+  }
+  if (tp->audit_in_forward) {
+    int rc = mlo_pipeline_audit(tp->pipe);
+    if (rc) {
+      atomic_fetch_add(&tp->audit_failed, 1);
+      tu_note_failure(tp, "audit inside %s's forward: %s: %s", mlo_component_name(comp),
+                      mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe));
+      bad = 1;
+    }
+  }
+  return bad;
+}
+
+int tu_forward(tu_pipe *tp, mlo_component *comp) {
+  return mlo_component_forward(comp, tu_forward_check, tp);
+}
+
+void tu_assert_forwards_clean(tu_pipe *tp) {
+  if (atomic_load(&tp->bad_content) || atomic_load(&tp->not_resident) ||
+      atomic_load(&tp->audit_failed))
+    fail_msg("forwards saw %u bad content, %u not resident, %u failed audits; first: %s",
+             atomic_load(&tp->bad_content), atomic_load(&tp->not_resident),
+             atomic_load(&tp->audit_failed), tp->first_failure);
+}
+
+void tu_reset_observations(tu_pipe *tp) {
+  atomic_store(&tp->forwards, 0);
+  atomic_store(&tp->bad_content, 0);
+  atomic_store(&tp->not_resident, 0);
+  atomic_store(&tp->audit_failed, 0);
+  atomic_flag_clear(&tp->failure_taken);
+  tp->first_failure[0] = '\0';
+}
+
+/* ---------------------------------------------------------------- counters */
+
+mlo_component_stats tu_cstats(mlo_component *comp) {
+  mlo_component_stats s;
+  memset(&s, 0, sizeof s);
+  assert_ok(mlo_component_get_stats(comp, &s));
+  return s;
+}
+
+mlo_pipeline_stats tu_pstats(tu_pipe *tp) {
+  mlo_pipeline_stats s;
+  memset(&s, 0, sizeof s);
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &s));
+  return s;
+}
+
+uint64_t tu_device_used(mlo_platform *plat) {
+  mlo_platform_memory mem;
+  memset(&mem, 0, sizeof mem);
+  assert_ok(mlo_platform_get_memory(plat, &mem));
+  return mem.used_bytes;
+}
+
+void tu_assert_audit(tu_pipe *tp) {
+  int rc = mlo_pipeline_audit(tp->pipe);
+  if (rc) fail_msg("audit: %s: %s", mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe));
+}
+
+/* ------------------------------------------------------------------- model */
+
+void tu_model_init(tu_pipe *tp, tu_model *m) {
+  memset(m, 0, sizeof *m);
+  size_t n = mlo_pipeline_component_count(tp->pipe);
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *comp = mlo_pipeline_component_at(tp->pipe, i);
+    if (mlo_component_bytes(comp) == 0) continue;
+    assert_true(m->n < TU_MAX_COMPS);
+    m->comps[m->n] = comp;
+    m->resident[m->n] = mlo_component_is_resident(comp);
+    m->base[m->n] = tu_cstats(comp);
+    m->n++;
+  }
+}
+
+static void model_load(tu_model *m, size_t i) {
+  if (m->resident[i]) return;
+  m->resident[i] = true;
+  m->loads[i]++;
+  m->h2d[i] += mlo_component_bytes(m->comps[i]);
+}
+
+static void model_evict(tu_model *m, size_t i) {
+  if (!m->resident[i]) return;
+  m->resident[i] = false;
+  m->evictions[i]++;
+}
+
+void tu_model_enable(tu_model *m) {
+  for (size_t i = 0; i < m->n; i++) {
+    mlo_role role = mlo_component_role(m->comps[i]);
+    if (role == MLO_ROLE_ENCODER || role == MLO_ROLE_VAE) model_load(m, i);
+  }
+}
+
+void tu_model_forward(tu_model *m, mlo_component *comp) {
+  mlo_role role = mlo_component_role(comp);
+  for (size_t i = 0; i < m->n; i++) {
+    if (m->comps[i] == comp) continue;
+    mlo_role other = mlo_component_role(m->comps[i]);
+    if (role == MLO_ROLE_DIT && (other == MLO_ROLE_DIT || other == MLO_ROLE_ENCODER))
+      model_evict(m, i);
+    if (role == MLO_ROLE_ENCODER && other == MLO_ROLE_DIT) model_evict(m, i);
+  }
+  for (size_t i = 0; i < m->n; i++)
+    if (m->comps[i] == comp) model_load(m, i);
+}
+
+void tu_model_check(const tu_model *m) {
+  for (size_t i = 0; i < m->n; i++) {
+    mlo_component *comp = m->comps[i];
+    mlo_component_stats s = tu_cstats(comp);
+    const char *name = mlo_component_name(comp);
+    bool resident = mlo_component_is_resident(comp);
+    if (resident != m->resident[i])
+      fail_msg("%s: resident=%d, the contract says %d", name, resident, m->resident[i]);
+    if (s.loads - m->base[i].loads != m->loads[i])
+      fail_msg("%s: %llu loads, the contract says %llu", name,
+               (unsigned long long)(s.loads - m->base[i].loads), (unsigned long long)m->loads[i]);
+    if (s.evictions - m->base[i].evictions != m->evictions[i])
+      fail_msg("%s: %llu evictions, the contract says %llu", name,
+               (unsigned long long)(s.evictions - m->base[i].evictions),
+               (unsigned long long)m->evictions[i]);
+    if (s.h2d_bytes - m->base[i].h2d_bytes != m->h2d[i])
+      fail_msg("%s: %llu bytes loaded, the contract says %llu", name,
+               (unsigned long long)(s.h2d_bytes - m->base[i].h2d_bytes),
+               (unsigned long long)m->h2d[i]);
+  }
+}
+
+/* --------------------------------------------------------------------- log */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned log_warnings;
+static char log_text[8192];
+
+static void capture_log(mlo_log_level level, const char *msg, void *user) {
+  (void)user;
+  pthread_mutex_lock(&log_lock);
+  if (level >= MLO_LOG_WARN) log_warnings++;
+  size_t used = strlen(log_text);
+  if (used + strlen(msg) + 2 < sizeof log_text) {
+    strcat(log_text, msg);
+    strcat(log_text, "\n");
+  }
+  pthread_mutex_unlock(&log_lock);
+}
+
+void tu_log_capture_begin(void) {
+  pthread_mutex_lock(&log_lock);
+  log_warnings = 0;
+  log_text[0] = '\0';
+  pthread_mutex_unlock(&log_lock);
+  mlo_set_log(capture_log, NULL, MLO_LOG_DEBUG);
+}
+
+void tu_log_capture_end(void) {
+  mlo_set_log(NULL, NULL, MLO_LOG_WARN);
+}
+
+unsigned tu_log_warnings(void) {
+  pthread_mutex_lock(&log_lock);
+  unsigned n = log_warnings;
+  pthread_mutex_unlock(&log_lock);
+  return n;
+}
+
+bool tu_log_contains(const char *needle) {
+  pthread_mutex_lock(&log_lock);
+  bool found = tu_contains_ci(log_text, needle);
+  pthread_mutex_unlock(&log_lock);
+  return found;
+}
+
+/* ------------------------------------------------------------------ misc */
+
+bool tu_contains_ci(const char *haystack, const char *needle) {
+  if (!haystack || !needle) return false;
+  size_t n = strlen(needle);
+  for (const char *h = haystack; *h; h++) {
+    size_t i = 0;
+    while (i < n && h[i] && tolower((unsigned char)h[i]) == tolower((unsigned char)needle[i])) i++;
+    if (i == n) return true;
+  }
+  return n == 0;
+}
+
+void tu_sleep_ms(unsigned ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
