@@ -50,21 +50,21 @@ const char *mlo_version(void);
  * ---------------------------------------------------------------------- */
 enum {
   MLO_OK = 0,
-  MLO_EINVAL = -1,          /* an argument or option is invalid */
-  MLO_ENOMEM = -2,          /* host memory exhausted */
-  MLO_ENOMEM_DEVICE = -3,   /* device memory exhausted (state rolled back) */
-  MLO_EBUSY = -4,           /* would wait: component in use (try variants) */
-  MLO_ESTATE = -5,          /* call not valid in the current state */
-  MLO_EUNSUPPORTED = -6,    /* refused before anything changed */
-  MLO_EIO = -7,             /* a file could not be read or written */
-  MLO_EFORMAT = -8,         /* a file is malformed (checkpoint, index) */
-  MLO_ENOTFOUND = -9,       /* a named thing does not exist */
-  MLO_EEXIST = -10,         /* a name is already taken */
-  MLO_EPLATFORM = -11,      /* the device API reported an error */
-  MLO_ENODEV = -12,         /* no such device / platform not built in */
-  MLO_EOWNED = -13,         /* another offload strategy owns the hooks (C16) */
-  MLO_EDEADLK = -14,        /* the calling thread holds a conflicting component */
-  MLO_ECALLBACK = -15,      /* a user callback returned a failure */
+  MLO_EINVAL = -1,        /* an argument or option is invalid */
+  MLO_ENOMEM = -2,        /* host memory exhausted */
+  MLO_ENOMEM_DEVICE = -3, /* device memory exhausted (state rolled back) */
+  MLO_EBUSY = -4,         /* would wait: component in use (try variants) */
+  MLO_ESTATE = -5,        /* call not valid in the current state */
+  MLO_EUNSUPPORTED = -6,  /* refused before anything changed */
+  MLO_EIO = -7,           /* a file could not be read or written */
+  MLO_EFORMAT = -8,       /* a file is malformed (checkpoint, index) */
+  MLO_ENOTFOUND = -9,     /* a named thing does not exist */
+  MLO_EEXIST = -10,       /* a name is already taken */
+  MLO_EPLATFORM = -11,    /* the device API reported an error */
+  MLO_ENODEV = -12,       /* no such device / platform not built in */
+  MLO_EOWNED = -13,       /* another offload strategy owns the hooks (C16) */
+  MLO_EDEADLK = -14,      /* the calling thread holds a conflicting component */
+  MLO_ECALLBACK = -15,    /* a user callback returned a failure */
 };
 /* A one-line description of a status code ("device out of memory"). Static
  * storage; unknown codes give "unknown error". */
@@ -78,7 +78,13 @@ const char *mlo_err_name(int status);
  * warnings and errors go to stderr; MLO_LOG=debug|info|warn|error|off
  * changes the level.  A callback replaces the default sink process-wide.
  * ---------------------------------------------------------------------- */
-typedef enum { MLO_LOG_DEBUG, MLO_LOG_INFO, MLO_LOG_WARN, MLO_LOG_ERROR, MLO_LOG_OFF } mlo_log_level;
+typedef enum {
+  MLO_LOG_DEBUG,
+  MLO_LOG_INFO,
+  MLO_LOG_WARN,
+  MLO_LOG_ERROR,
+  MLO_LOG_OFF
+} mlo_log_level;
 typedef void (*mlo_log_fn)(mlo_log_level level, const char *msg, void *user);
 void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level);
 
@@ -86,10 +92,26 @@ void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level);
  * Data types: every dtype of the safetensors format.
  * ---------------------------------------------------------------------- */
 typedef enum {
-  MLO_DTYPE_BOOL, MLO_DTYPE_U8, MLO_DTYPE_I8, MLO_DTYPE_F8_E5M2, MLO_DTYPE_F8_E4M3,
-  MLO_DTYPE_F8_E8M0, MLO_DTYPE_I16, MLO_DTYPE_U16, MLO_DTYPE_F16, MLO_DTYPE_BF16,
-  MLO_DTYPE_I32, MLO_DTYPE_U32, MLO_DTYPE_F32, MLO_DTYPE_F64, MLO_DTYPE_I64,
-  MLO_DTYPE_U64, MLO_DTYPE_C64, MLO_DTYPE_F4, MLO_DTYPE_F6_E2M3, MLO_DTYPE_F6_E3M2,
+  MLO_DTYPE_BOOL,
+  MLO_DTYPE_U8,
+  MLO_DTYPE_I8,
+  MLO_DTYPE_F8_E5M2,
+  MLO_DTYPE_F8_E4M3,
+  MLO_DTYPE_F8_E8M0,
+  MLO_DTYPE_I16,
+  MLO_DTYPE_U16,
+  MLO_DTYPE_F16,
+  MLO_DTYPE_BF16,
+  MLO_DTYPE_I32,
+  MLO_DTYPE_U32,
+  MLO_DTYPE_F32,
+  MLO_DTYPE_F64,
+  MLO_DTYPE_I64,
+  MLO_DTYPE_U64,
+  MLO_DTYPE_C64,
+  MLO_DTYPE_F4,
+  MLO_DTYPE_F6_E2M3,
+  MLO_DTYPE_F6_E3M2,
   MLO_DTYPE_COUNT
 } mlo_dtype;
 /* The safetensors name ("BF16"); NULL for an invalid value. */
@@ -140,20 +162,20 @@ const char *mlo_platform_name(const mlo_platform *platform);
 const char *mlo_platform_description(const mlo_platform *platform);
 
 typedef struct {
-  bool async_copy;        /* copies overlap with the host and with compute */
-  bool events;            /* ordering through events is available */
-  bool pinned_host;       /* page-locked host memory can be allocated */
-  bool host_register;     /* existing host memory can be pinned in place */
-  bool blocking_d2h;      /* the XPU rule: device-to-host copies must block */
-  bool device_pointers;   /* a device block is addressable as a pointer */
+  bool async_copy;      /* copies overlap with the host and with compute */
+  bool events;          /* ordering through events is available */
+  bool pinned_host;     /* page-locked host memory can be allocated */
+  bool host_register;   /* existing host memory can be pinned in place */
+  bool blocking_d2h;    /* the XPU rule: device-to-host copies must block */
+  bool device_pointers; /* a device block is addressable as a pointer */
 } mlo_platform_caps;
 void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
 
 typedef struct {
-  uint64_t total_bytes;   /* device capacity */
-  uint64_t free_bytes;    /* free now */
-  uint64_t used_bytes;    /* allocated through this platform now */
-  uint64_t peak_bytes;    /* high-water mark of used_bytes since reset */
+  uint64_t total_bytes; /* device capacity */
+  uint64_t free_bytes;  /* free now */
+  uint64_t used_bytes;  /* allocated through this platform now */
+  uint64_t peak_bytes;  /* high-water mark of used_bytes since reset */
 } mlo_platform_memory;
 int mlo_platform_get_memory(mlo_platform *platform, mlo_platform_memory *mem);
 /* Resets peak_bytes to the current used_bytes. */
@@ -196,12 +218,13 @@ typedef enum {
 const char *mlo_role_source_name(mlo_role_source source);
 
 typedef struct {
-  size_t size;          /* sizeof(mlo_pipeline_options) */
+  size_t size;            /* sizeof(mlo_pipeline_options) */
   mlo_platform *platform; /* required; must outlive the pipeline */
-  bool pin_host;        /* pin host slabs when the platform can (default true) */
-  size_t slab_alignment; /* tensor alignment inside a slab (default 256) */
+  bool pin_host;          /* pin host slabs when the platform can (default true) */
+  size_t slab_alignment;  /* tensor alignment inside a slab (default 256) */
 } mlo_pipeline_options;
-#define MLO_PIPELINE_OPTIONS_INIT {sizeof(mlo_pipeline_options), NULL, true, 256}
+#define MLO_PIPELINE_OPTIONS_INIT                                                                  \
+  { sizeof(mlo_pipeline_options), NULL, true, 256 }
 
 /* Creates an empty pipeline on a platform.  Free with mlo_pipeline_free. */
 int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
@@ -241,20 +264,21 @@ enum {
 
 #define MLO_MAX_DIMS 8
 typedef struct {
-  size_t size;          /* sizeof(mlo_tensor_desc) */
-  const char *name;     /* unique within the component */
+  size_t size;      /* sizeof(mlo_tensor_desc) */
+  const char *name; /* unique within the component */
   mlo_dtype dtype;
-  int ndim;             /* 0..MLO_MAX_DIMS; 0 is a scalar */
+  int ndim; /* 0..MLO_MAX_DIMS; 0 is a scalar */
   int64_t shape[MLO_MAX_DIMS];
-  unsigned flags;       /* MLO_TENSOR_* */
+  unsigned flags; /* MLO_TENSOR_* */
   /* Where the data comes from; exactly one of these:                       */
-  const void *data;     /* host memory: copied into the slab at materialize,
-                           or (EXTERNAL) used in place for the tensor's life */
-  const char *file;     /* a file: bytes [file_offset, file_offset+nbytes) */
+  const void *data; /* host memory: copied into the slab at materialize,
+                       or (EXTERNAL) used in place for the tensor's life */
+  const char *file; /* a file: bytes [file_offset, file_offset+nbytes) */
   uint64_t file_offset;
   /* neither: the tensor starts zero-filled */
 } mlo_tensor_desc;
-#define MLO_TENSOR_DESC_INIT {sizeof(mlo_tensor_desc), NULL, MLO_DTYPE_F32, 0, {0}, 0, NULL, NULL, 0}
+#define MLO_TENSOR_DESC_INIT                                                                       \
+  { sizeof(mlo_tensor_desc), NULL, MLO_DTYPE_F32, 0, {0}, 0, NULL, NULL, 0 }
 
 /* Adds a tensor to a component.  Refused (MLO_ESTATE) once the component
  * is materialized.  Validates dtype, shape (no negative dims), byte size
@@ -293,7 +317,8 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
 void *mlo_tensor_device_ptr(const mlo_tensor *t);
 
 /* Load progress for materialization: bytes done of total, per component. */
-typedef void (*mlo_progress_fn)(const mlo_component *comp, uint64_t done, uint64_t total, void *user);
+typedef void (*mlo_progress_fn)(const mlo_component *comp, uint64_t done, uint64_t total,
+                                void *user);
 void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user);
 
 /* Packs every component's tensors into its host slab (reading file-backed
@@ -338,9 +363,9 @@ void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);
  * The offload backend (the contract, C1–C17)
  * ---------------------------------------------------------------------- */
 typedef enum {
-  MLO_SYNC_EVENT,  /* compute waits on the load's event (default) */
-  MLO_SYNC_DEVICE, /* the specification literally: synchronize the platform
-                      before a hooked forward returns control to the model */
+  MLO_SYNC_EVENT,       /* compute waits on the load's event (default) */
+  MLO_SYNC_DEVICE,      /* the specification literally: synchronize the platform
+                           before a hooked forward returns control to the model */
   MLO_SYNC_UNSAFE_NONE, /* no ordering at all.  Exists only so tests can
                            prove that the race detector catches a missing
                            wait; never use it for real work. */
@@ -349,15 +374,16 @@ const char *mlo_sync_name(mlo_sync_mode mode);
 int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
 
 typedef struct {
-  size_t size;          /* sizeof(mlo_offload_settings) */
-  mlo_sync_mode sync;   /* default MLO_SYNC_EVENT */
-  bool pin_host;        /* pin host copies (default: the pipeline's option) */
-  bool distributed;     /* tensors are sharded (HSDP): never re-pinned */
+  size_t size;            /* sizeof(mlo_offload_settings) */
+  mlo_sync_mode sync;     /* default MLO_SYNC_EVENT */
+  bool pin_host;          /* pin host copies (default: the pipeline's option) */
+  bool distributed;       /* tensors are sharded (HSDP): never re-pinned */
   bool per_tensor_copies; /* one copy per tensor instead of one per slab:
                              the specification-literal baseline for benches */
-  bool copy_back;       /* write every tensor back on eviction (baseline) */
+  bool copy_back;         /* write every tensor back on eviction (baseline) */
 } mlo_offload_settings;
-#define MLO_OFFLOAD_SETTINGS_INIT {sizeof(mlo_offload_settings), MLO_SYNC_EVENT, true, false, false, false}
+#define MLO_OFFLOAD_SETTINGS_INIT                                                                  \
+  { sizeof(mlo_offload_settings), MLO_SYNC_EVENT, true, false, false, false }
 
 /* An offload delegate (C10): a pipeline whose mutually exclusive parts are
  * nested inside one component (a reasoner and a generator inside one
@@ -425,10 +451,10 @@ void mlo_group_free(mlo_group *group);
 typedef struct {
   uint64_t loads, evictions, forwards;
   uint64_t h2d_bytes, d2h_bytes;
-  uint64_t copy_calls;      /* platform copy calls issued */
-  uint64_t platform_calls;  /* every platform call made for this component */
-  uint64_t wait_ns;         /* time the caller waited on transfers */
-  uint64_t forward_ns;      /* time inside forward callbacks */
+  uint64_t copy_calls;     /* platform copy calls issued */
+  uint64_t platform_calls; /* every platform call made for this component */
+  uint64_t wait_ns;        /* time the caller waited on transfers */
+  uint64_t forward_ns;     /* time inside forward callbacks */
 } mlo_component_stats;
 int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
 /* Sums over every component, plus pipeline-level figures. */
@@ -443,20 +469,20 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
 void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
 
 typedef enum {
-  MLO_TRACE_LOAD_BEGIN,    /* bytes = component bytes */
-  MLO_TRACE_LOAD_END,      /* the load is complete on the device */
-  MLO_TRACE_EVICT,         /* bytes = bytes written back (d2h) */
+  MLO_TRACE_LOAD_BEGIN, /* bytes = component bytes */
+  MLO_TRACE_LOAD_END,   /* the load is complete on the device */
+  MLO_TRACE_EVICT,      /* bytes = bytes written back (d2h) */
   MLO_TRACE_FORWARD_BEGIN,
   MLO_TRACE_FORWARD_END,
-  MLO_TRACE_WAIT_BEGIN,    /* the caller starts waiting on a transfer */
+  MLO_TRACE_WAIT_BEGIN, /* the caller starts waiting on a transfer */
   MLO_TRACE_WAIT_END,
 } mlo_trace_kind;
 typedef struct {
   mlo_trace_kind kind;
   const mlo_component *comp;
-  uint64_t t_ns;           /* monotonic clock */
+  uint64_t t_ns; /* monotonic clock */
   uint64_t bytes;
-  uint64_t device_bytes;   /* pipeline device bytes after the event */
+  uint64_t device_bytes; /* pipeline device bytes after the event */
 } mlo_trace_event;
 /* Called synchronously, possibly from several threads and possibly with
  * the pipeline's internal lock held: it must be quick and must not call back

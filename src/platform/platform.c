@@ -49,9 +49,12 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
   size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
   const char *args = colon ? colon + 1 : "";
   create_fn create = NULL;
-  if (name_len == 4 && !strncmp(spec, "host", 4)) create = mlo_host_platform_create;
-  else if (name_len == 4 && !strncmp(spec, "cuda", 4)) create = mlo_cuda_platform_create;
-  else if (name_len == 6 && !strncmp(spec, "opencl", 6)) create = mlo_opencl_platform_create;
+  if (name_len == 4 && !strncmp(spec, "host", 4))
+    create = mlo_host_platform_create;
+  else if (name_len == 4 && !strncmp(spec, "cuda", 4))
+    create = mlo_cuda_platform_create;
+  else if (name_len == 6 && !strncmp(spec, "opencl", 6))
+    create = mlo_opencl_platform_create;
   if (!create) {
     set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N] or opencl[:N])", spec);
     return MLO_EINVAL;
@@ -87,8 +90,12 @@ void mlo_platform_close(mlo_platform *p) {
   free(p);
 }
 
-const char *mlo_platform_name(const mlo_platform *p) { return p ? p->ops->name : ""; }
-const char *mlo_platform_description(const mlo_platform *p) { return p ? p->description : ""; }
+const char *mlo_platform_name(const mlo_platform *p) {
+  return p ? p->ops->name : "";
+}
+const char *mlo_platform_description(const mlo_platform *p) {
+  return p ? p->description : "";
+}
 
 void mlo_platform_get_caps(const mlo_platform *p, mlo_platform_caps *caps) {
   if (p && caps) *caps = p->caps;
@@ -132,7 +139,9 @@ void *mlo_platform_compute_queue(mlo_platform *p) {
   return p && p->ops->compute_queue ? p->ops->compute_queue(p->ctx) : NULL;
 }
 
-int mlo_platform_synchronize(mlo_platform *p) { return p ? mlo_plat_synchronize(p) : MLO_EINVAL; }
+int mlo_platform_synchronize(mlo_platform *p) {
+  return p ? mlo_plat_synchronize(p) : MLO_EINVAL;
+}
 
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
   count_call(p);
@@ -166,8 +175,10 @@ int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, 
 void mlo_plat_host_free(mlo_platform *p, void *ptr, size_t bytes, bool pinned) {
   if (!ptr) return;
   count_call(p);
-  if (p->ops->host_free) p->ops->host_free(p->ctx, ptr, bytes, pinned);
-  else free(ptr);
+  if (p->ops->host_free)
+    p->ops->host_free(p->ctx, ptr, bytes, pinned);
+  else
+    free(ptr);
 }
 
 int mlo_plat_copy_h2d(mlo_platform *p, void *block, size_t offset, const void *src, size_t bytes) {

@@ -62,9 +62,9 @@ struct mlo_platform_ops {
   void (*event_destroy)(void *ctx, mlo_event *ev);
   int (*event_record_copy)(void *ctx, mlo_event *ev);    /* on the copy queue */
   int (*event_record_compute)(void *ctx, mlo_event *ev); /* on the compute queue */
-  int (*compute_wait)(void *ctx, mlo_event *ev); /* compute queue waits */
-  int (*copy_wait)(void *ctx, mlo_event *ev);    /* copy queue waits */
-  int (*event_sync)(void *ctx, mlo_event *ev);   /* the host waits */
+  int (*compute_wait)(void *ctx, mlo_event *ev);         /* compute queue waits */
+  int (*copy_wait)(void *ctx, mlo_event *ev);            /* copy queue waits */
+  int (*event_sync)(void *ctx, mlo_event *ev);           /* the host waits */
   /* MLO_OK if complete, MLO_EBUSY if pending. */
   int (*event_query)(void *ctx, mlo_event *ev);
 
@@ -115,7 +115,8 @@ uint64_t mlo_plat_call_count(mlo_platform *p);
 /* Parses "key=value,key=value" option lists for platform specs.  Calls
  * fn(key, value, user) for each; stops at the first non-zero return.  A
  * malformed item gives MLO_EINVAL with the item named in err. */
-typedef int (*mlo_spec_kv_fn)(const char *key, const char *value, void *user, char *err, size_t errlen);
+typedef int (*mlo_spec_kv_fn)(const char *key, const char *value, void *user, char *err,
+                              size_t errlen);
 int mlo_spec_parse_kv(const char *args, mlo_spec_kv_fn fn, void *user, char *err, size_t errlen);
 
 #endif /* MLO_PLATFORM_H */

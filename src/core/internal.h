@@ -1,0 +1,144 @@
+/*
+ * internal.h — the core's data structures, shared by the files of
+ * src/core/.  Nothing here is visible to users; mlo.h is the manual.
+ *
+ * Locking: one mutex per pipeline (`lock`) guards residency, counters, the
+ * offload state and the component/tensor lists; a condition variable
+ * (`idle`) is signalled whenever a component stops executing.  A second
+ * mutex (`setup_lock`) serializes enable/disable/materialize, which may run
+ * long (file reads, delegate callbacks) and must not hold `lock` while
+ * doing so.  Order: setup_lock before lock.
+ */
+#ifndef MLO_CORE_INTERNAL_H
+#define MLO_CORE_INTERNAL_H
+
+#include "core/log.h"
+#include "platform/platform.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct mlo_tensor {
+  char *name;
+  mlo_component *comp; /* the component that lists this name */
+  mlo_tensor *target;  /* alias: the tensor that owns the storage; else NULL */
+  mlo_dtype dtype;
+  int ndim;
+  int64_t shape[MLO_MAX_DIMS];
+  uint64_t nbytes;
+  unsigned flags;
+  /* source, for materialization */
+  const void *src_data;
+  char *src_file;
+  uint64_t src_offset;
+  /* storage */
+  uint64_t dev_offset; /* offset in the device block (and in the slab) */
+  void *host;          /* host copy after materialization */
+};
+
+/* Which strategy owns the pipeline's hooks (C16). */
+typedef enum { STRATEGY_NONE, STRATEGY_GENERIC, STRATEGY_DELEGATE } mlo_strategy;
+
+struct mlo_group {
+  mlo_pipeline *pipe;
+  char *name;
+  mlo_component **members;
+  size_t count, cap;
+};
+
+struct mlo_component {
+  mlo_pipeline *pipe;
+  char *name;
+  size_t index;
+  mlo_role role;
+  mlo_role_source role_source;
+  mlo_tensor **tensors; /* in declaration order, aliases included */
+  size_t ntensors, tcap;
+  bool has_mutable; /* any own tensor flagged MUTABLE */
+  size_t own_count; /* tensors with storage of their own */
+
+  /* host storage */
+  bool materialized;
+  void *slab;
+  uint64_t slab_bytes; /* packed non-external tensors, the first bytes of a block */
+  bool slab_pinned;
+  uint64_t block_bytes; /* slab_bytes + external tensors, aligned */
+
+  /* device residency */
+  mlo_residency state;
+  void *block;
+  mlo_event *load_ev;      /* recorded on the copy queue after the load */
+  bool load_waited;        /* the load is known complete for compute */
+  mlo_event *compute_ev;   /* recorded after forwards that write (mutable) */
+  mlo_event *writeback_ev; /* pending async write-back into host memory */
+  bool writeback_pending;
+  int users;        /* forwards/acquires in progress */
+  mlo_group *group; /* delegate exclusion group, if any */
+
+  mlo_component_stats stats;
+};
+
+struct mlo_pipeline {
+  mlo_platform *platform;
+  bool pin_host;
+  size_t alignment;
+  pthread_mutex_t lock;
+  pthread_cond_t idle;
+  pthread_mutex_t setup_lock;
+  char errmsg[512];
+
+  mlo_component **comps;
+  size_t ncomps, ccap;
+  bool warned_heuristic;
+
+  /* offload state */
+  mlo_strategy strategy;
+  bool enabled;
+  mlo_offload_settings settings;
+  const mlo_delegate_ops *delegate;
+  void *delegate_self;
+  mlo_group **groups;
+  size_t ngroups, gcap;
+  bool audit_each;
+
+  /* accounting */
+  uint64_t device_bytes, peak_device_bytes;
+  uint64_t host_slab_bytes, pinned_bytes;
+
+  mlo_progress_fn progress;
+  void *progress_user;
+  mlo_trace_fn trace;
+  void *trace_user;
+};
+
+/* Resident or loading; lock held. */
+static inline bool mlo_res_is_resident(const mlo_component *c) {
+  return c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE;
+}
+
+/* Records a failure message on the pipeline and returns status. */
+int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3, 4);
+
+/* residency.c — every call with pipe->lock held. */
+int mlo_res_load(mlo_component *c);  /* no eviction; rolls back on failure */
+int mlo_res_evict(mlo_component *c); /* users must be 0 */
+/* Orders compute after c's load per the sync mode; lock NOT held. */
+int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync);
+void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
+/* Waits for a pending write-back into host memory; lock held. */
+int mlo_res_finish_writeback(mlo_component *c);
+void mlo_res_release_events(mlo_component *c);
+
+/* slab.c */
+/* The device block's byte size; with assign, sets each tensor's offset.
+ * slab_bytes (may be NULL) gets the library-owned prefix. */
+uint64_t mlo_slab_layout(mlo_component *c, bool assign, uint64_t *slab_bytes);
+int mlo_slab_materialize(mlo_component *c); /* setup_lock held */
+void mlo_slab_free(mlo_component *c);       /* lock held, not resident */
+
+/* offload.c */
+/* True if a and b may never be resident while either executes. */
+bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_component *b);
+
+#endif

@@ -1,0 +1,525 @@
+/*
+ * offload.c — the offload backend: which components exclude which (the
+ * strategy that owns the hooks, C16), enable/disable (C1, C2, C11, C14,
+ * C15), delegates (C10), and the hooked entry points forward and
+ * acquire/release (C3–C5, C8, C12, C17).
+ *
+ * A "hook" here is not an object attached to a module: it is the rule that
+ * mlo_excludes() applies when a component is acquired.  Removing the hooks
+ * is switching the strategy off; nothing moves (C14).
+ */
+#include "core/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Components held by the calling thread, to refuse self-deadlock. */
+#define HELD_MAX 64
+static _Thread_local struct {
+  mlo_component *comps[HELD_MAX];
+  int count;
+} held;
+
+bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_component *b) {
+  if (a == b) return false;
+  switch (pipe->strategy) {
+  case STRATEGY_GENERIC:
+    if (a->role == MLO_ROLE_DIT) return b->role == MLO_ROLE_DIT || b->role == MLO_ROLE_ENCODER;
+    if (a->role == MLO_ROLE_ENCODER) return b->role == MLO_ROLE_DIT;
+    return false; /* C5: VAEs (and OTHER) are outside the set */
+  case STRATEGY_DELEGATE:
+    return a->group && a->group == b->group;
+  case STRATEGY_NONE:
+    return false;
+  }
+  return false;
+}
+
+/* ---- audit ------------------------------------------------------------ */
+
+static int audit_locked(mlo_pipeline *pipe) {
+  uint64_t resident_bytes = 0;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (mlo_res_is_resident(c)) resident_bytes += c->block_bytes;
+    if (!c->users) continue;
+    if (!mlo_res_is_resident(c))
+      return mlo_fail(pipe, MLO_ESTATE, "audit: '%s' executes but is not resident", c->name);
+    for (size_t j = 0; j < pipe->ncomps; j++) {
+      mlo_component *o = pipe->comps[j];
+      if (mlo_res_is_resident(o) && mlo_excludes(pipe, c, o))
+        return mlo_fail(pipe, MLO_ESTATE, "audit: '%s' executes while '%s' (%s) is resident",
+                        c->name, o->name, mlo_role_name(o->role));
+    }
+  }
+  if (resident_bytes != pipe->device_bytes)
+    return mlo_fail(pipe, MLO_ESTATE,
+                    "audit: resident blocks total %llu bytes but %llu are accounted",
+                    (unsigned long long)resident_bytes, (unsigned long long)pipe->device_bytes);
+  return MLO_OK;
+}
+
+int mlo_pipeline_audit(mlo_pipeline *pipe) {
+  if (!pipe) return MLO_EINVAL;
+  pthread_mutex_lock(&pipe->lock);
+  int rc = audit_locked(pipe);
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on) {
+  if (!pipe) return;
+  pthread_mutex_lock(&pipe->lock);
+  pipe->audit_each = on;
+  pthread_mutex_unlock(&pipe->lock);
+}
+
+mlo_residency mlo_component_residency(mlo_component *c) {
+  if (!c) return MLO_RES_UNMATERIALIZED;
+  pthread_mutex_lock(&c->pipe->lock);
+  mlo_residency r = c->state;
+  pthread_mutex_unlock(&c->pipe->lock);
+  return r;
+}
+
+bool mlo_component_is_resident(mlo_component *c) {
+  if (!c) return false;
+  pthread_mutex_lock(&c->pipe->lock);
+  bool r = mlo_res_is_resident(c);
+  pthread_mutex_unlock(&c->pipe->lock);
+  return r;
+}
+
+/* ---- acquire / release ------------------------------------------------- */
+
+static bool held_conflict(mlo_pipeline *pipe, mlo_component *c, mlo_component **with) {
+  for (int i = 0; i < held.count; i++) {
+    mlo_component *h = held.comps[i];
+    if (h->pipe == pipe && mlo_excludes(pipe, c, h)) {
+      *with = h;
+      return true;
+    }
+  }
+  return false;
+}
+
+static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *o = pipe->comps[i];
+    if (o->users && mlo_excludes(pipe, c, o)) return o;
+  }
+  return NULL;
+}
+
+/* Applies the exclusion rule and makes c resident; lock held.  On success
+ * c->users has been raised. */
+static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
+  mlo_component *other = NULL;
+  if (held_conflict(pipe, c, &other))
+    return mlo_fail(pipe, MLO_EDEADLK, "'%s' cannot run while this thread holds '%s'", c->name,
+                    other->name);
+  while ((other = busy_conflict(pipe, c))) {
+    if (try_only)
+      return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name, other->name);
+    pthread_cond_wait(&pipe->idle, &pipe->lock);
+  }
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *o = pipe->comps[i];
+    if (mlo_res_is_resident(o) && mlo_excludes(pipe, c, o)) {
+      int rc = mlo_res_evict(o);
+      if (rc) return rc;
+    }
+  }
+  int rc = mlo_res_load(c);
+  if (rc) return rc;
+  c->users++;
+  if (pipe->audit_each && (rc = audit_locked(pipe))) {
+    c->users--;
+    pthread_cond_broadcast(&pipe->idle);
+  }
+  return rc;
+}
+
+static int acquire(mlo_component *c, bool try_only) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  if (held.count == HELD_MAX)
+    return mlo_fail(pipe, MLO_EINVAL, "more than %d nested acquires on one thread", HELD_MAX);
+  pthread_mutex_lock(&pipe->lock);
+  if (!c->materialized) { /* first use: read the weights outside the lock */
+    pthread_mutex_unlock(&pipe->lock);
+    int rc = mlo_component_materialize(c);
+    if (rc) return rc;
+    pthread_mutex_lock(&pipe->lock);
+  }
+  int rc = acquire_locked(pipe, c, try_only);
+  mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
+  pthread_mutex_unlock(&pipe->lock);
+  if (rc) return rc;
+  rc = mlo_res_wait_loaded(c, sync);
+  if (rc) {
+    mlo_component_release(c);
+    return rc;
+  }
+  held.comps[held.count++] = c;
+  return MLO_OK;
+}
+
+int mlo_component_acquire(mlo_component *c) {
+  return acquire(c, false);
+}
+int mlo_component_try_acquire(mlo_component *c) {
+  return acquire(c, true);
+}
+
+static int release(mlo_component *c, uint64_t forward_ns) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  for (int i = held.count - 1; i >= 0; i--)
+    if (held.comps[i] == c) {
+      held.comps[i] = held.comps[--held.count];
+      break;
+    }
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (c->users <= 0) {
+    rc = mlo_fail(pipe, MLO_ESTATE, "'%s' released without an acquire", c->name);
+    goto out_unlock;
+  }
+  if (forward_ns) {
+    c->stats.forwards++;
+    c->stats.forward_ns += forward_ns;
+  }
+  /* A write-back must wait for the compute that wrote; record it. */
+  if (c->block_bytes && (c->has_mutable || pipe->settings.copy_back)) {
+    mlo_platform *p = pipe->platform;
+    c->stats.platform_calls++;
+    rc = c->compute_ev ? MLO_OK : mlo_plat_event_create(p, &c->compute_ev);
+    if (!rc) {
+      c->stats.platform_calls++;
+      rc = mlo_plat_event_record_compute(p, c->compute_ev);
+    }
+  }
+  if (--c->users == 0) pthread_cond_broadcast(&pipe->idle);
+out_unlock:
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_component_release(mlo_component *c) {
+  return release(c, 0);
+}
+
+int mlo_component_forward(mlo_component *c, mlo_forward_fn fn, void *user) {
+  if (!c || !fn) return MLO_EINVAL;
+  int rc = acquire(c, false);
+  if (rc) return rc;
+  mlo_pipeline *pipe = c->pipe;
+  pthread_mutex_lock(&pipe->lock);
+  mlo_res_trace(c, MLO_TRACE_FORWARD_BEGIN, 0);
+  pthread_mutex_unlock(&pipe->lock);
+  uint64_t t0 = mlo_now_ns();
+  int user_rc = fn(c, user);
+  uint64_t t1 = mlo_now_ns();
+  pthread_mutex_lock(&pipe->lock);
+  mlo_res_trace(c, MLO_TRACE_FORWARD_END, 0);
+  pthread_mutex_unlock(&pipe->lock);
+  rc = release(c, t1 > t0 ? t1 - t0 : 1);
+  if (user_rc)
+    return mlo_fail(pipe, MLO_ECALLBACK, "forward of '%s' returned %d", c->name, user_rc);
+  return rc;
+}
+
+/* ---- by hand, without offload ------------------------------------------ */
+
+int mlo_component_load(mlo_component *c) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  int rc = mlo_component_materialize(c);
+  if (rc) return rc;
+  pthread_mutex_lock(&pipe->lock);
+  if (pipe->enabled)
+    rc = mlo_fail(pipe, MLO_ESTATE, "load '%s': offload is enabled", c->name);
+  else
+    rc = mlo_res_load(c);
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_component_evict(mlo_component *c) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  pthread_mutex_lock(&pipe->lock);
+  int rc = pipe->enabled ? mlo_fail(pipe, MLO_ESTATE, "evict '%s': offload is enabled", c->name)
+                         : mlo_res_evict(c);
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_pipeline_load_all(mlo_pipeline *pipe) {
+  if (!pipe) return MLO_EINVAL;
+  int rc = MLO_OK;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe) && !rc; i++)
+    rc = mlo_component_load(mlo_pipeline_component_at(pipe, i));
+  return rc;
+}
+
+/* ---- enable / disable -------------------------------------------------- */
+
+static int check_settings(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  if (s->size < sizeof(mlo_offload_settings))
+    return mlo_fail(pipe, MLO_EINVAL, "offload settings: size field is %zu, expected %zu", s->size,
+                    sizeof(mlo_offload_settings));
+  if ((unsigned)s->sync > MLO_SYNC_UNSAFE_NONE)
+    return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid sync mode %d", (int)s->sync);
+  return MLO_OK;
+}
+
+static bool same_settings(const mlo_offload_settings *a, const mlo_offload_settings *b) {
+  return a->sync == b->sync && a->pin_host == b->pin_host && a->distributed == b->distributed &&
+         a->per_tensor_copies == b->per_tensor_copies && a->copy_back == b->copy_back;
+}
+
+static void free_groups_locked(mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pipe->ngroups; i++) {
+    mlo_group *g = pipe->groups[i];
+    for (size_t j = 0; j < g->count; j++) g->members[j]->group = NULL;
+    free(g->members);
+    free(g->name);
+    free(g);
+  }
+  pipe->ngroups = 0;
+}
+
+static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  const mlo_delegate_ops *ops = pipe->delegate;
+  void *self = pipe->delegate_self;
+  int rc = MLO_OK;
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
+  if (rc) return rc;
+  pthread_mutex_lock(&pipe->lock);
+  pipe->strategy = STRATEGY_DELEGATE; /* lets the delegate create groups */
+  pipe->settings = *s;
+  pthread_mutex_unlock(&pipe->lock);
+  rc = ops->enable(self, pipe, s);
+  if (rc) {
+    if (ops->disable) ops->disable(self, pipe);
+    pthread_mutex_lock(&pipe->lock);
+    free_groups_locked(pipe);
+    pipe->strategy = STRATEGY_NONE;
+    pthread_mutex_unlock(&pipe->lock);
+    return mlo_fail(pipe, rc < 0 ? rc : MLO_ECALLBACK, "the offload delegate's enable failed (%d)",
+                    rc);
+  }
+  pthread_mutex_lock(&pipe->lock);
+  pipe->enabled = true;
+  pthread_mutex_unlock(&pipe->lock);
+  return MLO_OK;
+}
+
+/* C1/C2: discover from declared roles, make encoders and VAEs resident,
+ * leave DiTs where they are.  Rolls back the loads it made on failure. */
+static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  size_t dits = 0, encoders = 0;
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    dits += pipe->comps[i]->role == MLO_ROLE_DIT;
+    encoders += pipe->comps[i]->role == MLO_ROLE_ENCODER;
+  }
+  if (!s->pin_host) pipe->pin_host = false;
+  pthread_mutex_unlock(&pipe->lock);
+  if (!dits || !encoders)
+    return mlo_fail(pipe, MLO_EUNSUPPORTED,
+                    "model-level offload needs at least one DiT and one encoder declared; this "
+                    "pipeline declares %zu DiT(s) and %zu encoder(s)",
+                    dits, encoders);
+  int rc = MLO_OK;
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
+  if (rc) return rc;
+  pthread_mutex_lock(&pipe->lock);
+  pipe->settings = *s;
+  bool *loaded_here = calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *loaded_here);
+  if (!loaded_here) rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (c->role != MLO_ROLE_ENCODER && c->role != MLO_ROLE_VAE) continue;
+    if (mlo_res_is_resident(c)) continue;
+    rc = mlo_res_load(c);
+    loaded_here[i] = !rc;
+  }
+  if (rc) { /* C15: the tensors go back where they were */
+    for (size_t i = 0; i < pipe->ncomps && loaded_here; i++)
+      if (loaded_here[i]) mlo_res_evict(pipe->comps[i]);
+  } else {
+    pipe->strategy = STRATEGY_GENERIC;
+    pipe->enabled = true;
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  free(loaded_here);
+  return rc;
+}
+
+int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings) {
+  if (!pipe) return MLO_EINVAL;
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  if (settings) {
+    int rc = check_settings(pipe, settings);
+    if (rc) return rc;
+    s = *settings;
+    s.size = sizeof s;
+  }
+  pthread_mutex_lock(&pipe->setup_lock);
+  pthread_mutex_lock(&pipe->lock);
+  bool enabled = pipe->enabled;
+  bool same = enabled && same_settings(&pipe->settings, &s);
+  bool delegate = pipe->delegate != NULL;
+  pthread_mutex_unlock(&pipe->lock);
+  int rc = MLO_OK;
+  if (enabled)
+    rc = same ? MLO_OK /* C11 */
+              : mlo_fail(pipe, MLO_EOWNED,
+                         "offload is already enabled with other settings; disable it first");
+  else if (delegate)
+    rc = enable_delegate(pipe, &s);
+  else
+    rc = enable_generic(pipe, &s);
+  pthread_mutex_unlock(&pipe->setup_lock);
+  return rc;
+}
+
+int mlo_offload_disable(mlo_pipeline *pipe) {
+  if (!pipe) return MLO_EINVAL;
+  pthread_mutex_lock(&pipe->setup_lock);
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (!pipe->enabled) goto out_unlock; /* C11 */
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    if (pipe->comps[i]->users) {
+      rc = mlo_fail(pipe, MLO_EBUSY, "cannot disable offload while '%s' executes",
+                    pipe->comps[i]->name);
+      goto out_unlock;
+    }
+  if (pipe->strategy == STRATEGY_DELEGATE) {
+    pthread_mutex_unlock(&pipe->lock);
+    int drc = pipe->delegate->disable ? pipe->delegate->disable(pipe->delegate_self, pipe) : 0;
+    pthread_mutex_lock(&pipe->lock);
+    if (pipe->ngroups)
+      mlo_logf(MLO_LOG_WARN, "offload delegate left %zu exclusion group(s) behind; removed",
+               pipe->ngroups);
+    if (drc) mlo_logf(MLO_LOG_WARN, "offload delegate's disable returned %d", drc);
+  }
+  free_groups_locked(pipe); /* C10/C14: every hook goes, nothing moves */
+  pipe->strategy = STRATEGY_NONE;
+  pipe->enabled = false;
+out_unlock:
+  pthread_mutex_unlock(&pipe->lock);
+  pthread_mutex_unlock(&pipe->setup_lock);
+  return rc;
+}
+
+bool mlo_offload_is_enabled(mlo_pipeline *pipe) {
+  if (!pipe) return false;
+  pthread_mutex_lock(&pipe->lock);
+  bool on = pipe->enabled;
+  pthread_mutex_unlock(&pipe->lock);
+  return on;
+}
+
+int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, void *self) {
+  if (!pipe) return MLO_EINVAL;
+  if (ops && !ops->enable)
+    return mlo_fail(pipe, MLO_EINVAL, "an offload delegate needs an enable function");
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (pipe->enabled || pipe->strategy != STRATEGY_NONE)
+    rc = mlo_fail(pipe, pipe->strategy == STRATEGY_GENERIC ? MLO_EOWNED : MLO_ESTATE,
+                  "cannot change the offload delegate while offload is enabled");
+  else {
+    pipe->delegate = ops;
+    pipe->delegate_self = ops ? self : NULL;
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+/* ---- exclusion groups (for delegates) --------------------------------- */
+
+int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out) {
+  if (out) *out = NULL;
+  if (!pipe || !out) return MLO_EINVAL;
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (pipe->strategy != STRATEGY_DELEGATE) {
+    rc = mlo_fail(pipe, MLO_EOWNED, "exclusion groups belong to an offload delegate; %s",
+                  pipe->strategy == STRATEGY_GENERIC ? "the generic hooks own this pipeline"
+                                                     : "no delegate is enabling");
+    goto out_unlock;
+  }
+  if (pipe->ngroups == pipe->gcap) {
+    size_t cap = pipe->gcap ? pipe->gcap * 2 : 4;
+    mlo_group **grown = realloc(pipe->groups, cap * sizeof *grown);
+    if (!grown) goto out_nomem;
+    pipe->groups = grown;
+    pipe->gcap = cap;
+  }
+  mlo_group *g = calloc(1, sizeof *g);
+  const char *gname = name ? name : "group";
+  if (!g || !(g->name = malloc(strlen(gname) + 1))) {
+    free(g);
+    goto out_nomem;
+  }
+  memcpy(g->name, gname, strlen(gname) + 1);
+  g->pipe = pipe;
+  pipe->groups[pipe->ngroups++] = g;
+  *out = g;
+  goto out_unlock;
+out_nomem:
+  rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory creating a group");
+out_unlock:
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_group_add(mlo_group *g, mlo_component *c) {
+  if (!g || !c) return MLO_EINVAL;
+  mlo_pipeline *pipe = g->pipe;
+  if (c->pipe != pipe) return mlo_fail(pipe, MLO_EINVAL, "'%s' is in another pipeline", c->name);
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (c->group)
+    rc = mlo_fail(pipe, MLO_EEXIST, "'%s' is already in group '%s'", c->name, c->group->name);
+  else if (c->users)
+    rc = mlo_fail(pipe, MLO_EBUSY, "'%s' is executing", c->name);
+  else if (g->count == g->cap) {
+    size_t cap = g->cap ? g->cap * 2 : 4;
+    mlo_component **grown = realloc(g->members, cap * sizeof *grown);
+    if (!grown)
+      rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
+    else {
+      g->members = grown;
+      g->cap = cap;
+    }
+  }
+  if (!rc) {
+    g->members[g->count++] = c;
+    c->group = g;
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+void mlo_group_free(mlo_group *g) {
+  if (!g) return;
+  mlo_pipeline *pipe = g->pipe;
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < pipe->ngroups; i++)
+    if (pipe->groups[i] == g) {
+      pipe->groups[i] = pipe->groups[--pipe->ngroups];
+      break;
+    }
+  for (size_t j = 0; j < g->count; j++) g->members[j]->group = NULL;
+  pthread_mutex_unlock(&pipe->lock);
+  free(g->members);
+  free(g->name);
+  free(g);
+}

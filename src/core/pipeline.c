@@ -1,0 +1,506 @@
+/*
+ * pipeline.c — building a pipeline in code: the pipeline handle, its
+ * components and their tensors (declaration only; storage is slab.c's and
+ * residency is residency.c's), plus the read-only accessors and counters.
+ */
+#include "core/internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static char *dup_string(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) {
+  if (pipe) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pipe->errmsg, sizeof pipe->errmsg, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
+int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
+  if (!out) return MLO_EINVAL;
+  *out = NULL;
+  if (!opts || opts->size < sizeof(mlo_pipeline_options) || !opts->platform) return MLO_EINVAL;
+  size_t align = opts->slab_alignment ? opts->slab_alignment : 256;
+  if (align & (align - 1) || align > (1u << 20)) return MLO_EINVAL;
+  mlo_pipeline *pipe = calloc(1, sizeof *pipe);
+  if (!pipe) return MLO_ENOMEM;
+  pipe->platform = opts->platform;
+  pipe->pin_host = opts->pin_host;
+  pipe->alignment = align;
+  pthread_mutex_init(&pipe->lock, NULL);
+  pthread_mutex_init(&pipe->setup_lock, NULL);
+  pthread_cond_init(&pipe->idle, NULL);
+  *out = pipe;
+  return MLO_OK;
+}
+
+static void tensor_free(mlo_tensor *t) {
+  if (!t) return;
+  free(t->name);
+  free(t->src_file);
+  free(t);
+}
+
+void mlo_pipeline_free(mlo_pipeline *pipe) {
+  if (!pipe) return;
+  mlo_offload_disable(pipe);
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (mlo_res_is_resident(c)) mlo_res_evict(c);
+    mlo_res_finish_writeback(c);
+  }
+  /* Slabs may still be the source of queued copies: drain first. */
+  mlo_plat_synchronize(pipe->platform);
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    mlo_res_release_events(c);
+    mlo_slab_free(c);
+    for (size_t j = 0; j < c->ntensors; j++) tensor_free(c->tensors[j]);
+    free(c->tensors);
+    free(c->name);
+    free(c);
+  }
+  for (size_t i = 0; i < pipe->ngroups; i++) {
+    free(pipe->groups[i]->members);
+    free(pipe->groups[i]->name);
+    free(pipe->groups[i]);
+  }
+  free(pipe->groups);
+  free(pipe->comps);
+  pthread_mutex_unlock(&pipe->lock);
+  pthread_mutex_destroy(&pipe->lock);
+  pthread_mutex_destroy(&pipe->setup_lock);
+  pthread_cond_destroy(&pipe->idle);
+  free(pipe);
+}
+
+const char *mlo_pipeline_errmsg(mlo_pipeline *pipe) {
+  return pipe ? pipe->errmsg : "";
+}
+mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe) {
+  return pipe ? pipe->platform : NULL;
+}
+
+static bool valid_role(mlo_role role) {
+  return (unsigned)role <= MLO_ROLE_AUTO;
+}
+
+int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_component **out) {
+  if (out) *out = NULL;
+  if (!pipe) return MLO_EINVAL;
+  if (!name || !*name) return mlo_fail(pipe, MLO_EINVAL, "component name is empty");
+  if (!valid_role(role)) return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role", name);
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (pipe->enabled) {
+    rc = mlo_fail(pipe, MLO_ESTATE, "cannot add component '%s' while offload is enabled", name);
+    goto out_unlock;
+  }
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    if (!strcmp(pipe->comps[i]->name, name)) {
+      rc = mlo_fail(pipe, MLO_EEXIST, "component '%s' already exists", name);
+      goto out_unlock;
+    }
+  if (pipe->ncomps == pipe->ccap) {
+    size_t cap = pipe->ccap ? pipe->ccap * 2 : 8;
+    mlo_component **grown = realloc(pipe->comps, cap * sizeof *grown);
+    if (!grown) goto out_nomem;
+    pipe->comps = grown;
+    pipe->ccap = cap;
+  }
+  mlo_component *c = calloc(1, sizeof *c);
+  if (!c || !(c->name = dup_string(name))) {
+    free(c);
+    goto out_nomem;
+  }
+  c->pipe = pipe;
+  c->index = pipe->ncomps;
+  c->state = MLO_RES_UNMATERIALIZED;
+  if (role == MLO_ROLE_AUTO) {
+    c->role = mlo_role_guess(name, NULL);
+    c->role_source = MLO_ROLE_FROM_HEURISTIC;
+    if (!pipe->warned_heuristic) {
+      pipe->warned_heuristic = true;
+      mlo_logf(MLO_LOG_WARN,
+               "role of '%s' guessed from its name (%s); declare roles to be sure "
+               "(this warning is shown once per pipeline)",
+               name, mlo_role_name(c->role));
+    }
+  } else {
+    c->role = role;
+    c->role_source = MLO_ROLE_FROM_DECLARATION;
+  }
+  pipe->comps[pipe->ncomps++] = c;
+  if (out) *out = c;
+  goto out_unlock;
+out_nomem:
+  rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding component '%s'", name);
+out_unlock:
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_component_set_role(mlo_component *c, mlo_role role, mlo_role_source source) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  if (role == MLO_ROLE_AUTO || !valid_role(role) || (unsigned)source > MLO_ROLE_FROM_HEURISTIC)
+    return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role or role source", c->name);
+  pthread_mutex_lock(&pipe->lock);
+  int rc = MLO_OK;
+  if (pipe->enabled)
+    rc = mlo_fail(pipe, MLO_ESTATE, "cannot change the role of '%s' while offload is enabled",
+                  c->name);
+  else if (source == MLO_ROLE_FROM_HEURISTIC && c->role_source != MLO_ROLE_FROM_HEURISTIC)
+    /* C1: a guess never overrides a declaration or an explicit override. */
+    rc = mlo_fail(pipe, MLO_EINVAL, "component '%s': a guessed role cannot replace a %s role",
+                  c->name, mlo_role_source_name(c->role_source));
+  else {
+    c->role = role;
+    c->role_source = source;
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+size_t mlo_pipeline_component_count(mlo_pipeline *pipe) {
+  if (!pipe) return 0;
+  pthread_mutex_lock(&pipe->lock);
+  size_t n = pipe->ncomps;
+  pthread_mutex_unlock(&pipe->lock);
+  return n;
+}
+
+mlo_component *mlo_pipeline_component_at(mlo_pipeline *pipe, size_t index) {
+  if (!pipe) return NULL;
+  pthread_mutex_lock(&pipe->lock);
+  mlo_component *c = index < pipe->ncomps ? pipe->comps[index] : NULL;
+  pthread_mutex_unlock(&pipe->lock);
+  return c;
+}
+
+mlo_component *mlo_pipeline_find(mlo_pipeline *pipe, const char *name) {
+  if (!pipe || !name) return NULL;
+  mlo_component *found = NULL;
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps && !found; i++)
+    if (!strcmp(pipe->comps[i]->name, name)) found = pipe->comps[i];
+  pthread_mutex_unlock(&pipe->lock);
+  return found;
+}
+
+const char *mlo_component_name(const mlo_component *c) {
+  return c ? c->name : "";
+}
+mlo_role mlo_component_role(const mlo_component *c) {
+  return c ? c->role : MLO_ROLE_OTHER;
+}
+mlo_role_source mlo_component_role_source(const mlo_component *c) {
+  return c ? c->role_source : MLO_ROLE_FROM_DECLARATION;
+}
+mlo_pipeline *mlo_component_pipeline(const mlo_component *c) {
+  return c ? c->pipe : NULL;
+}
+
+/* ---- tensors ---------------------------------------------------------- */
+
+static mlo_tensor *find_tensor_locked(const mlo_component *c, const char *name) {
+  for (size_t i = 0; i < c->ntensors; i++)
+    if (!strcmp(c->tensors[i]->name, name)) return c->tensors[i];
+  return NULL;
+}
+
+static int append_tensor(mlo_component *c, mlo_tensor *t) {
+  if (c->ntensors == c->tcap) {
+    size_t cap = c->tcap ? c->tcap * 2 : 16;
+    mlo_tensor **grown = realloc(c->tensors, cap * sizeof *grown);
+    if (!grown) return MLO_ENOMEM;
+    c->tensors = grown;
+    c->tcap = cap;
+  }
+  c->tensors[c->ntensors++] = t;
+  return MLO_OK;
+}
+
+static int check_desc(mlo_component *c, const mlo_tensor_desc *d, uint64_t *nbytes) {
+  mlo_pipeline *pipe = c->pipe;
+  const char *cn = c->name;
+  if (d->size < sizeof(mlo_tensor_desc)) return mlo_fail(pipe, MLO_EINVAL, "tensor desc size");
+  if (!d->name || !*d->name) return mlo_fail(pipe, MLO_EINVAL, "%s: tensor name is empty", cn);
+  if (!mlo_dtype_name(d->dtype))
+    return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': invalid dtype", cn, d->name);
+  if (d->ndim < 0 || d->ndim > MLO_MAX_DIMS)
+    return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': %d dimensions (0..%d allowed)", cn, d->name,
+                    d->ndim, MLO_MAX_DIMS);
+  uint64_t numel = 1;
+  for (int i = 0; i < d->ndim; i++) {
+    if (d->shape[i] < 0)
+      return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': dimension %d is negative (%lld)", cn,
+                      d->name, i, (long long)d->shape[i]);
+    if (d->shape[i] && numel > UINT64_MAX / (uint64_t)d->shape[i])
+      return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': shape overflows 64 bits", cn, d->name);
+    numel *= (uint64_t)d->shape[i];
+  }
+  int rc = mlo_dtype_nbytes(d->dtype, numel, nbytes);
+  if (rc)
+    return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': %llu elements of %s are not whole bytes",
+                    cn, d->name, (unsigned long long)numel, mlo_dtype_name(d->dtype));
+  bool external = d->flags & (MLO_TENSOR_EXTERNAL | MLO_TENSOR_SHARDED);
+  if (d->data && d->file)
+    return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': both data and file given", cn, d->name);
+  if (external && !d->data && *nbytes)
+    return mlo_fail(pipe, MLO_EINVAL, "%s: tensor '%s': external tensors need their host data", cn,
+                    d->name);
+  if (d->file) {
+    struct stat st;
+    if (stat(d->file, &st) != 0)
+      return mlo_fail(pipe, MLO_EIO, "%s: tensor '%s': cannot stat '%s'", cn, d->name, d->file);
+    uint64_t size = (uint64_t)st.st_size;
+    if (d->file_offset > size || *nbytes > size - d->file_offset)
+      return mlo_fail(pipe, MLO_EFORMAT,
+                      "%s: tensor '%s': bytes [%llu, +%llu) lie past the end of '%s' (%llu bytes)",
+                      cn, d->name, (unsigned long long)d->file_offset, (unsigned long long)*nbytes,
+                      d->file, (unsigned long long)size);
+  }
+  return MLO_OK;
+}
+
+int mlo_tensor_add(mlo_component *c, const mlo_tensor_desc *d, mlo_tensor **out) {
+  if (out) *out = NULL;
+  if (!c || !d) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  uint64_t nbytes = 0;
+  int rc = check_desc(c, d, &nbytes);
+  if (rc) return rc;
+  mlo_tensor *t = calloc(1, sizeof *t);
+  if (!t || !(t->name = dup_string(d->name)) || (d->file && !(t->src_file = dup_string(d->file)))) {
+    tensor_free(t);
+    return mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding tensor '%s'", d->name);
+  }
+  t->comp = c;
+  t->dtype = d->dtype;
+  t->ndim = d->ndim;
+  memcpy(t->shape, d->shape, sizeof t->shape);
+  t->nbytes = nbytes;
+  t->flags = d->flags;
+  if (t->flags & MLO_TENSOR_SHARDED) t->flags |= MLO_TENSOR_EXTERNAL;
+  t->src_data = d->data;
+  t->src_offset = d->file_offset;
+  if (t->flags & MLO_TENSOR_EXTERNAL) t->host = (void *)d->data;
+  pthread_mutex_lock(&pipe->lock);
+  if (c->materialized)
+    rc = mlo_fail(pipe, MLO_ESTATE, "%s: cannot add tensor '%s' after materialization", c->name,
+                  d->name);
+  else if (find_tensor_locked(c, d->name))
+    rc = mlo_fail(pipe, MLO_EEXIST, "%s: tensor '%s' already exists", c->name, d->name);
+  else if (append_tensor(c, t))
+    rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding tensor '%s'", d->name);
+  if (!rc) {
+    c->own_count++;
+    if (t->flags & MLO_TENSOR_MUTABLE) c->has_mutable = true;
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  if (rc) {
+    tensor_free(t);
+    return rc;
+  }
+  if (out) *out = t;
+  return MLO_OK;
+}
+
+int mlo_tensor_add_alias(mlo_component *c, const char *name, mlo_tensor *target) {
+  if (!c || !target) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  if (!name || !*name) return mlo_fail(pipe, MLO_EINVAL, "%s: alias name is empty", c->name);
+  if (target->comp->pipe != pipe)
+    return mlo_fail(pipe, MLO_EINVAL, "%s: alias '%s' targets another pipeline", c->name, name);
+  while (target->target) target = target->target;
+  mlo_tensor *t = calloc(1, sizeof *t);
+  if (!t || !(t->name = dup_string(name))) {
+    tensor_free(t);
+    return mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding alias '%s'", name);
+  }
+  t->comp = c;
+  t->target = target;
+  t->dtype = target->dtype;
+  t->ndim = target->ndim;
+  memcpy(t->shape, target->shape, sizeof t->shape);
+  t->nbytes = target->nbytes;
+  t->flags = target->flags;
+  int rc = MLO_OK;
+  pthread_mutex_lock(&pipe->lock);
+  if (c->materialized && target->comp == c)
+    rc = mlo_fail(pipe, MLO_ESTATE, "%s: cannot add alias '%s' after materialization", c->name,
+                  name);
+  else if (find_tensor_locked(c, name))
+    rc = mlo_fail(pipe, MLO_EEXIST, "%s: tensor '%s' already exists", c->name, name);
+  else if (append_tensor(c, t))
+    rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding alias '%s'", name);
+  pthread_mutex_unlock(&pipe->lock);
+  if (rc) tensor_free(t);
+  return rc;
+}
+
+size_t mlo_component_tensor_count(const mlo_component *c) {
+  if (!c) return 0;
+  pthread_mutex_lock(&c->pipe->lock);
+  size_t n = c->ntensors;
+  pthread_mutex_unlock(&c->pipe->lock);
+  return n;
+}
+
+mlo_tensor *mlo_component_tensor_at(const mlo_component *c, size_t index) {
+  if (!c) return NULL;
+  pthread_mutex_lock(&c->pipe->lock);
+  mlo_tensor *t = index < c->ntensors ? c->tensors[index] : NULL;
+  pthread_mutex_unlock(&c->pipe->lock);
+  return t;
+}
+
+mlo_tensor *mlo_component_find_tensor(const mlo_component *c, const char *name) {
+  if (!c || !name) return NULL;
+  pthread_mutex_lock(&c->pipe->lock);
+  mlo_tensor *t = find_tensor_locked(c, name);
+  pthread_mutex_unlock(&c->pipe->lock);
+  return t;
+}
+
+/* The bytes a load moves: the device block's layout (slab.c), known before
+ * materialization. */
+uint64_t mlo_component_bytes(const mlo_component *c) {
+  if (!c) return 0;
+  pthread_mutex_lock(&c->pipe->lock);
+  uint64_t total = mlo_slab_layout((mlo_component *)c, false, NULL);
+  pthread_mutex_unlock(&c->pipe->lock);
+  return total;
+}
+
+const char *mlo_tensor_name(const mlo_tensor *t) {
+  return t ? t->name : "";
+}
+mlo_dtype mlo_tensor_dtype(const mlo_tensor *t) {
+  return t ? t->dtype : MLO_DTYPE_COUNT;
+}
+int mlo_tensor_ndim(const mlo_tensor *t) {
+  return t ? t->ndim : 0;
+}
+const int64_t *mlo_tensor_shape(const mlo_tensor *t) {
+  return t ? t->shape : NULL;
+}
+uint64_t mlo_tensor_nbytes(const mlo_tensor *t) {
+  return t ? t->nbytes : 0;
+}
+unsigned mlo_tensor_flags(const mlo_tensor *t) {
+  return t ? t->flags : 0;
+}
+
+mlo_component *mlo_tensor_owner(const mlo_tensor *t) {
+  if (!t) return NULL;
+  return t->target ? t->target->comp : t->comp;
+}
+
+const void *mlo_tensor_host_data(const mlo_tensor *t) {
+  if (!t) return NULL;
+  const mlo_tensor *own = t->target ? t->target : t;
+  mlo_pipeline *pipe = own->comp->pipe;
+  pthread_mutex_lock(&pipe->lock);
+  mlo_res_finish_writeback(own->comp); /* a pending write-back lands first */
+  const void *host = own->host;
+  pthread_mutex_unlock(&pipe->lock);
+  return host;
+}
+
+int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
+  if (!t) return MLO_EINVAL;
+  const mlo_tensor *own = t->target ? t->target : t;
+  mlo_component *owner = own->comp;
+  pthread_mutex_lock(&owner->pipe->lock);
+  int rc = MLO_OK;
+  if (!mlo_res_is_resident(owner) || (!owner->block && own->nbytes)) {
+    rc = MLO_ESTATE;
+  } else {
+    if (block) *block = owner->block;
+    if (offset) *offset = (size_t)own->dev_offset;
+  }
+  pthread_mutex_unlock(&owner->pipe->lock);
+  return rc;
+}
+
+void *mlo_tensor_device_ptr(const mlo_tensor *t) {
+  void *block = NULL;
+  size_t offset = 0;
+  if (!t || !t->comp->pipe->platform->caps.device_pointers) return NULL;
+  if (mlo_tensor_device(t, &block, &offset)) return NULL;
+  return (char *)block + offset;
+}
+
+void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user) {
+  if (!pipe) return;
+  pthread_mutex_lock(&pipe->lock);
+  pipe->progress = fn;
+  pipe->progress_user = user;
+  pthread_mutex_unlock(&pipe->lock);
+}
+
+void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user) {
+  if (!pipe) return;
+  pthread_mutex_lock(&pipe->lock);
+  pipe->trace = fn;
+  pipe->trace_user = user;
+  pthread_mutex_unlock(&pipe->lock);
+}
+
+/* ---- counters --------------------------------------------------------- */
+
+int mlo_component_get_stats(mlo_component *c, mlo_component_stats *out) {
+  if (!c || !out) return MLO_EINVAL;
+  pthread_mutex_lock(&c->pipe->lock);
+  *out = c->stats;
+  pthread_mutex_unlock(&c->pipe->lock);
+  return MLO_OK;
+}
+
+int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
+  if (!pipe || !out) return MLO_EINVAL;
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    const mlo_component_stats *s = &pipe->comps[i]->stats;
+    out->total.loads += s->loads;
+    out->total.evictions += s->evictions;
+    out->total.forwards += s->forwards;
+    out->total.h2d_bytes += s->h2d_bytes;
+    out->total.d2h_bytes += s->d2h_bytes;
+    out->total.copy_calls += s->copy_calls;
+    out->total.platform_calls += s->platform_calls;
+    out->total.wait_ns += s->wait_ns;
+    out->total.forward_ns += s->forward_ns;
+  }
+  out->device_bytes = pipe->device_bytes;
+  out->peak_device_bytes = pipe->peak_device_bytes;
+  out->host_slab_bytes = pipe->host_slab_bytes;
+  out->pinned_bytes = pipe->pinned_bytes;
+  pthread_mutex_unlock(&pipe->lock);
+  return MLO_OK;
+}
+
+void mlo_pipeline_reset_stats(mlo_pipeline *pipe) {
+  if (!pipe) return;
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    memset(&pipe->comps[i]->stats, 0, sizeof(mlo_component_stats));
+  pipe->peak_device_bytes = pipe->device_bytes;
+  pthread_mutex_unlock(&pipe->lock);
+}

@@ -1,0 +1,211 @@
+/*
+ * residency.c — the residency state machine of one component:
+ *
+ *   UNMATERIALIZED --materialize--> HOST --load--> LOADING --wait--> DEVICE
+ *                                     ^                                |
+ *                                     +------------- evict ------------+
+ *
+ * A load is one device block and a few large copies on the copy queue,
+ * then an event; compute is ordered after that event (C8).  Eviction
+ * writes back only mutable tensors (design §2.2) and releases the block
+ * stream-ordered, so it never frees memory a queued copy or compute still
+ * uses (C9).  Empty components make no platform call at all (C13).
+ *
+ * Every function here runs with the pipeline lock held, except
+ * mlo_res_wait_loaded, which waits and so must not hold it.
+ */
+#include "core/internal.h"
+
+#include <stdlib.h>
+
+/* Counts a platform call against the component (counters are exact). */
+#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
+
+void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
+  mlo_pipeline *pipe = c->pipe;
+  if (!pipe->trace) return;
+  mlo_trace_event ev = {kind, c, mlo_now_ns(), bytes, pipe->device_bytes};
+  pipe->trace(&ev, pipe->trace_user);
+}
+
+static int ensure_event(mlo_component *c, mlo_event **ev) {
+  if (*ev) return MLO_OK;
+  return PCALL(c, mlo_plat_event_create(c->pipe->platform, ev));
+}
+
+static void log_transfer(const mlo_component *c, const char *what, uint64_t bytes, size_t copies) {
+  if (!mlo_log_enabled(MLO_LOG_DEBUG)) return;
+  char size[32];
+  mlo_logf(MLO_LOG_DEBUG, "%s %s: %s in %zu cop%s", what, c->name,
+           mlo_format_size(bytes, size, sizeof size), copies, copies == 1 ? "y" : "ies");
+}
+
+/* Enqueues the host-to-device copies of a load; returns copies issued. */
+static int enqueue_load_copies(mlo_component *c, size_t *copies) {
+  mlo_pipeline *pipe = c->pipe;
+  mlo_platform *p = pipe->platform;
+  bool per_tensor = pipe->settings.per_tensor_copies;
+  *copies = 0;
+  if (c->slab_bytes && !per_tensor) {
+    int rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, 0, c->slab, c->slab_bytes));
+    if (rc) return rc;
+    ++*copies;
+  }
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || !t->nbytes) continue;
+    if (!per_tensor && !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
+    int rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, t->dev_offset, t->host, t->nbytes));
+    if (rc) return rc;
+    ++*copies;
+  }
+  return MLO_OK;
+}
+
+int mlo_res_load(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  if (c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE) return MLO_OK;
+  if (!c->materialized) return mlo_fail(pipe, MLO_ESTATE, "%s: not materialized", c->name);
+  if (!c->block_bytes) { /* C13: nothing to move, no platform call */
+    c->state = MLO_RES_DEVICE;
+    c->load_waited = true;
+    return MLO_OK;
+  }
+  mlo_platform *p = pipe->platform;
+  int rc = ensure_event(c, &c->load_ev);
+  if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
+  rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->block_bytes, &c->block));
+  if (rc) {
+    c->block = NULL;
+    mlo_platform_memory mem = {0};
+    mlo_platform_get_memory(p, &mem);
+    char need[32], avail[32], total[32];
+    return mlo_fail(pipe, rc,
+                    "device out of memory loading '%s': needs %s, %s free of %s "
+                    "(%s resident in this pipeline)",
+                    c->name, mlo_format_size(c->block_bytes, need, sizeof need),
+                    mlo_format_size(mem.free_bytes, avail, sizeof avail),
+                    mlo_format_size(mem.total_bytes, total, sizeof total),
+                    mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
+  }
+  mlo_res_trace(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes);
+  size_t copies = 0;
+  rc = enqueue_load_copies(c, &copies);
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
+  if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
+    c->stats.platform_calls++;
+    mlo_plat_dev_free(p, c->block, (size_t)c->block_bytes);
+    c->block = NULL;
+    return mlo_fail(pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
+  }
+  c->state = MLO_RES_LOADING;
+  c->load_waited = false;
+  c->stats.loads++;
+  c->stats.h2d_bytes += c->block_bytes;
+  c->stats.copy_calls += copies;
+  pipe->device_bytes += c->block_bytes;
+  if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
+  log_transfer(c, "load", c->block_bytes, copies);
+  return MLO_OK;
+}
+
+static bool needs_writeback(const mlo_component *c, const mlo_tensor *t) {
+  if (t->target || !t->nbytes) return false;
+  return (t->flags & MLO_TENSOR_MUTABLE) || c->pipe->settings.copy_back;
+}
+
+/* Copies mutable tensors back to their host storage, after the compute
+ * that wrote them.  Under the XPU rule the copy completes before return. */
+static int write_back(mlo_component *c, uint64_t *bytes) {
+  mlo_platform *p = c->pipe->platform;
+  size_t copies = 0;
+  *bytes = 0;
+  int rc = MLO_OK;
+  if (c->compute_ev) rc = PCALL(c, mlo_plat_copy_wait(p, c->compute_ev));
+  for (size_t i = 0; i < c->ntensors && !rc; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (!needs_writeback(c, t)) continue;
+    rc = PCALL(c, mlo_plat_copy_d2h(p, t->host, c->block, t->dev_offset, t->nbytes));
+    copies++;
+    *bytes += t->nbytes;
+  }
+  if (!copies || rc) return rc;
+  rc = ensure_event(c, &c->writeback_ev);
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->writeback_ev));
+  if (rc) return rc;
+  c->writeback_pending = true;
+  c->stats.copy_calls += copies;
+  if (p->caps.blocking_d2h) rc = mlo_res_finish_writeback(c);
+  return rc;
+}
+
+int mlo_res_finish_writeback(mlo_component *c) {
+  if (!c->writeback_pending) return MLO_OK;
+  int rc = PCALL(c, mlo_plat_event_sync(c->pipe->platform, c->writeback_ev));
+  if (!rc) c->writeback_pending = false;
+  return rc;
+}
+
+int mlo_res_evict(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  if (c->state != MLO_RES_LOADING && c->state != MLO_RES_DEVICE) return MLO_OK;
+  if (c->users) return mlo_fail(pipe, MLO_EBUSY, "%s: cannot evict while it executes", c->name);
+  if (!c->block_bytes) {
+    c->state = MLO_RES_HOST;
+    return MLO_OK;
+  }
+  uint64_t back = 0;
+  int rc = write_back(c, &back);
+  if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
+  c->stats.platform_calls++;
+  mlo_plat_dev_free(pipe->platform, c->block, (size_t)c->block_bytes);
+  c->block = NULL;
+  c->state = MLO_RES_HOST;
+  c->load_waited = false;
+  c->stats.evictions++;
+  c->stats.d2h_bytes += back;
+  pipe->device_bytes -= c->block_bytes;
+  mlo_res_trace(c, MLO_TRACE_EVICT, back);
+  log_transfer(c, "evict", back, 0);
+  return MLO_OK;
+}
+
+int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
+  mlo_pipeline *pipe = c->pipe;
+  mlo_platform *p = pipe->platform;
+  pthread_mutex_lock(&pipe->lock);
+  bool pending = !c->load_waited;
+  bool empty = !c->block_bytes;
+  mlo_event *ev = c->load_ev;
+  pthread_mutex_unlock(&pipe->lock);
+  if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
+  uint64_t t0 = mlo_now_ns();
+  int rc = sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
+  uint64_t t1 = mlo_now_ns();
+  pthread_mutex_lock(&pipe->lock);
+  c->stats.platform_calls++;
+  c->stats.wait_ns += t1 - t0;
+  if (!rc && pending) {
+    c->load_waited = true;
+    if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
+    if (pipe->trace) {
+      mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
+      mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
+      mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, t1, c->block_bytes, pipe->device_bytes};
+      pipe->trace(&e1, pipe->trace_user);
+      pipe->trace(&e2, pipe->trace_user);
+      pipe->trace(&e3, pipe->trace_user);
+    }
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  if (rc) return mlo_fail(pipe, rc, "%s: waiting for the load failed", c->name);
+  return MLO_OK;
+}
+
+void mlo_res_release_events(mlo_component *c) {
+  mlo_platform *p = c->pipe->platform;
+  mlo_plat_event_destroy(p, c->load_ev);
+  mlo_plat_event_destroy(p, c->compute_ev);
+  mlo_plat_event_destroy(p, c->writeback_ev);
+  c->load_ev = c->compute_ev = c->writeback_ev = NULL;
+}

@@ -1,0 +1,202 @@
+/*
+ * slab.c — a component's host storage: the layout of its device block and
+ * the one host slab its tensors are packed into.
+ *
+ * Layout: tensors with storage of their own (not aliases), those the
+ * library owns first, each at an aligned offset; their bytes are the slab,
+ * so a load is one large copy of the slab (design §2.1).  External tensors
+ * (caller-owned or sharded host storage, C7) follow in the device block
+ * only: their host copy stays where the owner put it and is copied from
+ * there, one copy each.
+ *
+ * Materialization reads file-backed tensors once, file by file in offset
+ * order, straight into the slab (no intermediate whole-file buffer).
+ */
+#include "core/internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READ_CHUNK ((size_t)64 << 20) /* progress granularity of file reads */
+
+static uint64_t align_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+static bool is_external(const mlo_tensor *t) {
+  return t->flags & MLO_TENSOR_EXTERNAL;
+}
+
+/* Computes the layout; with assign, stores each tensor's dev_offset. */
+uint64_t mlo_slab_layout(mlo_component *c, bool assign, uint64_t *slab_bytes) {
+  uint64_t align = c->pipe->alignment, end = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < c->ntensors; i++) {
+      mlo_tensor *t = c->tensors[i];
+      if (t->target || is_external(t) != (pass == 1)) continue;
+      uint64_t off = t->nbytes ? align_up(end, align) : 0;
+      if (assign) t->dev_offset = off;
+      if (t->nbytes) end = off + t->nbytes;
+    }
+    if (pass == 0 && slab_bytes) *slab_bytes = end;
+  }
+  return end;
+}
+
+/* Tensors to read from files, ordered by (file, offset): each file is
+ * opened once and read front to back. */
+static int by_file_then_offset(const void *a, const void *b) {
+  const mlo_tensor *x = *(mlo_tensor *const *)a, *y = *(mlo_tensor *const *)b;
+  int cmp = strcmp(x->src_file, y->src_file);
+  if (cmp) return cmp;
+  return x->src_offset < y->src_offset ? -1 : x->src_offset > y->src_offset;
+}
+
+static int read_range(mlo_component *c, int fd, const mlo_tensor *t, char *dst, uint64_t *done,
+                      uint64_t total) {
+  uint64_t got = 0;
+  while (got < t->nbytes) {
+    size_t want = t->nbytes - got > READ_CHUNK ? READ_CHUNK : (size_t)(t->nbytes - got);
+    ssize_t n = pread(fd, dst + got, want, (off_t)(t->src_offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      return mlo_fail(c->pipe, MLO_EIO, "%s: reading tensor '%s' from '%s': %s", c->name, t->name,
+                      t->src_file, strerror(errno));
+    if (n == 0)
+      return mlo_fail(c->pipe, MLO_EFORMAT,
+                      "%s: tensor '%s': '%s' ended early (it shrank since it was opened)", c->name,
+                      t->name, t->src_file);
+    got += (uint64_t)n;
+    *done += (uint64_t)n;
+    if (c->pipe->progress) c->pipe->progress(c, *done, total, c->pipe->progress_user);
+  }
+  return MLO_OK;
+}
+
+static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total) {
+  qsort(files, nfiles, sizeof *files, by_file_then_offset);
+  uint64_t done = 0;
+  int fd = -1, rc = MLO_OK;
+  const char *open_name = NULL;
+  for (size_t i = 0; i < nfiles && !rc; i++) {
+    mlo_tensor *t = files[i];
+    if (!open_name || strcmp(open_name, t->src_file)) {
+      if (fd >= 0) close(fd);
+      fd = open(t->src_file, O_RDONLY | O_CLOEXEC);
+      open_name = t->src_file;
+      if (fd < 0) {
+        rc = mlo_fail(c->pipe, MLO_EIO, "%s: cannot open '%s': %s", c->name, t->src_file,
+                      strerror(errno));
+        break;
+      }
+      posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    rc = read_range(c, fd, t, (char *)c->slab + t->dev_offset, &done, total);
+  }
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+int mlo_slab_materialize(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  if (c->materialized) return MLO_OK;
+  uint64_t slab_bytes = 0;
+  uint64_t block_bytes = mlo_slab_layout(c, true, &slab_bytes);
+  void *slab = NULL;
+  bool pinned = false;
+  int rc = MLO_OK;
+  mlo_tensor **files = NULL;
+  size_t nfiles = 0;
+  uint64_t file_bytes = 0;
+  if (slab_bytes) {
+    bool want_pin = pipe->pin_host;
+    const char *kill = getenv("MLO_NO_PINNED");
+    if (kill && *kill && strcmp(kill, "0")) want_pin = false;
+    rc = mlo_plat_host_alloc(pipe->platform, slab_bytes, want_pin, &slab, &pinned);
+    if (rc)
+      return mlo_fail(pipe, rc == MLO_ENOMEM ? MLO_ENOMEM : rc,
+                      "%s: cannot allocate a %llu-byte host slab", c->name,
+                      (unsigned long long)slab_bytes);
+    files = malloc(c->ntensors * sizeof *files);
+    if (!files) {
+      rc = mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
+      goto out_free_slab;
+    }
+  }
+  uint64_t cursor = 0;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || is_external(t) || !t->nbytes) continue;
+    char *dst = (char *)slab + t->dev_offset;
+    memset((char *)slab + cursor, 0, t->dev_offset - cursor); /* padding */
+    cursor = t->dev_offset + t->nbytes;
+    if (t->src_file) {
+      files[nfiles++] = t;
+      file_bytes += t->nbytes;
+    } else if (t->src_data) {
+      memcpy(dst, t->src_data, t->nbytes);
+    } else {
+      memset(dst, 0, t->nbytes);
+    }
+  }
+  c->slab = slab; /* fill_from_files reads through c->slab */
+  if (nfiles) rc = fill_from_files(c, files, nfiles, file_bytes);
+  if (rc) goto out_free_slab;
+  free(files);
+  pthread_mutex_lock(&pipe->lock);
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (!t->target && !is_external(t)) t->host = t->nbytes ? (char *)slab + t->dev_offset : slab;
+  }
+  c->slab_bytes = slab_bytes;
+  c->slab_pinned = pinned;
+  c->block_bytes = block_bytes;
+  c->materialized = true;
+  c->state = MLO_RES_HOST;
+  if (slab_bytes) c->stats.platform_calls++;
+  pipe->host_slab_bytes += slab_bytes;
+  if (pinned) pipe->pinned_bytes += slab_bytes;
+  pthread_mutex_unlock(&pipe->lock);
+  if (slab_bytes && !pinned && pipe->pin_host && pipe->platform->caps.pinned_host)
+    mlo_logf(MLO_LOG_INFO, "%s: host slab is pageable (pinning unavailable or disabled)", c->name);
+  return MLO_OK;
+
+out_free_slab:
+  c->slab = NULL;
+  free(files);
+  if (slab) mlo_plat_host_free(pipe->platform, slab, slab_bytes, pinned);
+  return rc;
+}
+
+void mlo_slab_free(mlo_component *c) {
+  if (!c->slab) return;
+  mlo_plat_host_free(c->pipe->platform, c->slab, c->slab_bytes, c->slab_pinned);
+  c->pipe->host_slab_bytes -= c->slab_bytes;
+  if (c->slab_pinned) c->pipe->pinned_bytes -= c->slab_bytes;
+  c->slab = NULL;
+  c->materialized = false;
+}
+
+int mlo_component_materialize(mlo_component *c) {
+  if (!c) return MLO_EINVAL;
+  pthread_mutex_lock(&c->pipe->lock);
+  bool done = c->materialized; /* lets delegates load inside their enable */
+  pthread_mutex_unlock(&c->pipe->lock);
+  if (done) return MLO_OK;
+  pthread_mutex_lock(&c->pipe->setup_lock);
+  int rc = mlo_slab_materialize(c);
+  pthread_mutex_unlock(&c->pipe->setup_lock);
+  return rc;
+}
+
+int mlo_pipeline_materialize(mlo_pipeline *pipe) {
+  if (!pipe) return MLO_EINVAL;
+  pthread_mutex_lock(&pipe->setup_lock);
+  int rc = MLO_OK;
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
+  pthread_mutex_unlock(&pipe->setup_lock);
+  return rc;
+}

@@ -1,0 +1,274 @@
+/*
+ * util.c — the small shared pieces of the public API: version, status
+ * codes, logging, the clock, sizes in human units, and the names of roles,
+ * sync modes and residency states.
+ */
+#include "core/log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+const char *mlo_version(void) {
+  return "0.1.0";
+}
+
+static const struct {
+  int code;
+  const char *name, *text;
+} status_table[] = {
+    {MLO_OK, "MLO_OK", "success"},
+    {MLO_EINVAL, "MLO_EINVAL", "invalid argument"},
+    {MLO_ENOMEM, "MLO_ENOMEM", "host out of memory"},
+    {MLO_ENOMEM_DEVICE, "MLO_ENOMEM_DEVICE", "device out of memory"},
+    {MLO_EBUSY, "MLO_EBUSY", "component busy"},
+    {MLO_ESTATE, "MLO_ESTATE", "not valid in the current state"},
+    {MLO_EUNSUPPORTED, "MLO_EUNSUPPORTED", "unsupported"},
+    {MLO_EIO, "MLO_EIO", "input/output error"},
+    {MLO_EFORMAT, "MLO_EFORMAT", "malformed file"},
+    {MLO_ENOTFOUND, "MLO_ENOTFOUND", "not found"},
+    {MLO_EEXIST, "MLO_EEXIST", "name already exists"},
+    {MLO_EPLATFORM, "MLO_EPLATFORM", "device API error"},
+    {MLO_ENODEV, "MLO_ENODEV", "no such device"},
+    {MLO_EOWNED, "MLO_EOWNED", "another offload strategy owns the pipeline"},
+    {MLO_EDEADLK, "MLO_EDEADLK", "calling thread holds a conflicting component"},
+    {MLO_ECALLBACK, "MLO_ECALLBACK", "callback failed"},
+};
+
+const char *mlo_strerror(int status) {
+  for (size_t i = 0; i < sizeof status_table / sizeof status_table[0]; i++)
+    if (status_table[i].code == status) return status_table[i].text;
+  return "unknown error";
+}
+
+const char *mlo_err_name(int status) {
+  for (size_t i = 0; i < sizeof status_table / sizeof status_table[0]; i++)
+    if (status_table[i].code == status) return status_table[i].name;
+  return "MLO_E?";
+}
+
+/* ---- logging ---------------------------------------------------------- */
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static mlo_log_fn log_fn;
+static void *log_user;
+static int log_min = -1; /* -1: not read from MLO_LOG yet */
+
+static int log_level_from_env(void) {
+  const char *v = getenv("MLO_LOG");
+  if (!v || !*v) return MLO_LOG_WARN;
+  static const char *names[] = {"debug", "info", "warn", "error", "off"};
+  for (int i = 0; i < 5; i++)
+    if (!strcasecmp(v, names[i])) return i;
+  fprintf(stderr, "mlo: warning: MLO_LOG=%s is not one of debug|info|warn|error|off; using warn\n",
+          v);
+  return MLO_LOG_WARN;
+}
+
+void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level) {
+  pthread_mutex_lock(&log_lock);
+  log_fn = fn;
+  log_user = user;
+  log_min = (int)min_level;
+  pthread_mutex_unlock(&log_lock);
+}
+
+bool mlo_log_enabled(mlo_log_level level) {
+  pthread_mutex_lock(&log_lock);
+  if (log_min < 0) log_min = log_level_from_env();
+  bool on = (int)level >= log_min && level != MLO_LOG_OFF;
+  pthread_mutex_unlock(&log_lock);
+  return on;
+}
+
+void mlo_logf(mlo_log_level level, const char *fmt, ...) {
+  if (!mlo_log_enabled(level)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  static const char *tags[] = {"debug", "info", "warning", "error", "off"};
+  pthread_mutex_lock(&log_lock);
+  if (log_fn)
+    log_fn(level, msg, log_user);
+  else
+    fprintf(stderr, "mlo: %s: %s\n", tags[level], msg);
+  pthread_mutex_unlock(&log_lock);
+}
+
+uint64_t mlo_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- sizes ------------------------------------------------------------ */
+
+int mlo_parse_size(const char *text, bool allow_zero, uint64_t *out) {
+  if (!text || !out) return MLO_EINVAL;
+  const char *s = text;
+  while (isspace((unsigned char)*s)) s++;
+  if (!isdigit((unsigned char)*s) && *s != '.') return MLO_EINVAL;
+  errno = 0;
+  char *end = NULL;
+  double value = strtod(s, &end);
+  if (errno || end == s || !isfinite(value) || value < 0) return MLO_EINVAL;
+  double mult = 1;
+  switch (toupper((unsigned char)*end)) {
+  case 'K':
+    mult = 1024.0;
+    end++;
+    break;
+  case 'M':
+    mult = 1024.0 * 1024;
+    end++;
+    break;
+  case 'G':
+    mult = 1024.0 * 1024 * 1024;
+    end++;
+    break;
+  case 'T':
+    mult = 1024.0 * 1024 * 1024 * 1024;
+    end++;
+    break;
+  default:
+    break;
+  }
+  if (mult > 1 && (!strcasecmp(end, "iB") || !strcasecmp(end, "B")))
+    end += strlen(end);
+  else if (mult == 1 && (*end == 'B' || *end == 'b') && end[1] == '\0')
+    end++;
+  while (isspace((unsigned char)*end)) end++;
+  if (*end) return MLO_EINVAL;
+  double bytes = value * mult;
+  if (bytes >= 18446744073709551615.0) return MLO_EINVAL;
+  uint64_t result = (uint64_t)(bytes + 0.5);
+  if (!allow_zero && result == 0) return MLO_EINVAL;
+  *out = result;
+  return MLO_OK;
+}
+
+char *mlo_format_size(uint64_t bytes, char *buf, size_t buflen) {
+  static const char *units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (!buf || !buflen) return buf;
+  if (bytes < 1024) {
+    snprintf(buf, buflen, "%llu B", (unsigned long long)bytes);
+    return buf;
+  }
+  double v = (double)bytes / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    u++;
+  }
+  snprintf(buf, buflen, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+/* ---- names ------------------------------------------------------------ */
+
+static const char *role_names[] = {"dit", "encoder", "vae", "other", "auto"};
+
+const char *mlo_role_name(mlo_role role) {
+  return (unsigned)role <= MLO_ROLE_AUTO ? role_names[role] : "invalid";
+}
+
+int mlo_role_from_name(const char *name, mlo_role *out) {
+  if (!name || !out) return MLO_EINVAL;
+  for (int i = 0; i < 4; i++)
+    if (!strcasecmp(name, role_names[i])) {
+      *out = (mlo_role)i;
+      return MLO_OK;
+    }
+  return MLO_EINVAL;
+}
+
+const char *mlo_role_source_name(mlo_role_source source) {
+  switch (source) {
+  case MLO_ROLE_FROM_DECLARATION:
+    return "declared";
+  case MLO_ROLE_FROM_OVERRIDE:
+    return "override";
+  case MLO_ROLE_FROM_HEURISTIC:
+    return "name heuristic";
+  }
+  return "invalid";
+}
+
+static bool has_prefix_ci(const char *s, const char *prefix) {
+  return s && !strncasecmp(s, prefix, strlen(prefix));
+}
+
+static bool contains_ci(const char *s, const char *needle) {
+  if (!s) return false;
+  size_t n = strlen(needle);
+  for (; *s; s++)
+    if (!strncasecmp(s, needle, n)) return true;
+  return false;
+}
+
+mlo_role mlo_role_guess(const char *name, const char *class_name) {
+  if (has_prefix_ci(name, "transformer") || has_prefix_ci(name, "dit") ||
+      has_prefix_ci(name, "unet") || has_prefix_ci(name, "prior"))
+    return MLO_ROLE_DIT;
+  if (has_prefix_ci(name, "text_encoder") || has_prefix_ci(name, "image_encoder") ||
+      has_prefix_ci(name, "mllm") || has_prefix_ci(name, "encoder"))
+    return MLO_ROLE_ENCODER;
+  if (has_prefix_ci(name, "vae") || has_prefix_ci(name, "audio_vae") ||
+      has_prefix_ci(name, "vqvae"))
+    return MLO_ROLE_VAE;
+  /* Unusual keys: fall back to the class name. */
+  if (contains_ci(class_name, "Transformer2D") || contains_ci(class_name, "Transformer3D") ||
+      contains_ci(class_name, "UNet"))
+    return MLO_ROLE_DIT;
+  if (contains_ci(class_name, "Autoencoder") || contains_ci(class_name, "VAE")) return MLO_ROLE_VAE;
+  if (contains_ci(class_name, "Encoder") || contains_ci(class_name, "TextModel") ||
+      contains_ci(class_name, "CLIP") || contains_ci(class_name, "T5"))
+    return MLO_ROLE_ENCODER;
+  return MLO_ROLE_OTHER;
+}
+
+const char *mlo_sync_name(mlo_sync_mode mode) {
+  switch (mode) {
+  case MLO_SYNC_EVENT:
+    return "event";
+  case MLO_SYNC_DEVICE:
+    return "device";
+  case MLO_SYNC_UNSAFE_NONE:
+    return "unsafe-none";
+  }
+  return "invalid";
+}
+
+int mlo_sync_from_name(const char *name, mlo_sync_mode *out) {
+  if (!name || !out) return MLO_EINVAL;
+  if (!strcasecmp(name, "event"))
+    *out = MLO_SYNC_EVENT;
+  else if (!strcasecmp(name, "device"))
+    *out = MLO_SYNC_DEVICE;
+  else
+    return MLO_EINVAL;
+  return MLO_OK;
+}
+
+const char *mlo_residency_name(mlo_residency r) {
+  switch (r) {
+  case MLO_RES_UNMATERIALIZED:
+    return "declared";
+  case MLO_RES_HOST:
+    return "host";
+  case MLO_RES_LOADING:
+    return "loading";
+  case MLO_RES_DEVICE:
+    return "device";
+  }
+  return "invalid";
+}
