@@ -1,0 +1,561 @@
+/*
+ * opencl.c — the OpenCL platform: "opencl[:N][:key=value,...]".
+ *
+ * Written against the OpenCL 1.2 API so that it runs on PoCL (the CPU
+ * device CI has) as well as on GPU drivers.  Device N counts over every
+ * platform's devices in the order the ICD loader lists them.
+ *
+ * The model of platform.h maps onto two in-order command queues in one
+ * context, COPY and COMPUTE.  A device block is a cl_mem (not addressable:
+ * caps.device_pointers is false).  OpenCL events only come from commands, so
+ * an mlo_event holds the cl_event of the latest marker enqueued by a record;
+ * "queue waits for event" is a barrier with that event in its wait list.
+ * Releasing a cl_mem is already ordered after the commands that use it (the
+ * runtime deletes it only once they have finished: OpenCL 1.2 §5.4.1), so
+ * dev_free never blocks and never races a queued copy or kernel.
+ *
+ * Options: capacity=SIZE caps the memory we hand out (to force eviction on
+ * a big device), blocking_d2h=0|1 overrides the XPU rule (on by default for
+ * Intel GPUs), pinned=0|1 (MLO_NO_PINNED=1 also turns pinning off).
+ * docs/platforms.md has the ordering argument in full.
+ */
+#define CL_TARGET_OPENCL_VERSION 120
+
+#include "core/log.h"
+#include "platform/platform.h"
+
+#include <CL/cl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A recorded point on a queue: the marker of the latest record, or NULL
+ * before the first record (waiting on it is then a no-op, as in CUDA). */
+struct mlo_event {
+  cl_event last;
+};
+
+/* A pinned host buffer: the cl_mem behind a mapped pointer, kept so that
+ * host_free can unmap and release it. */
+struct host_map {
+  void *ptr;
+  cl_mem mem;
+  struct host_map *next;
+};
+
+struct ocl_options {
+  unsigned long index;
+  uint64_t capacity; /* 0: the device's global memory */
+  int blocking_d2h;  /* -1: decide from the device */
+  int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
+};
+
+struct ocl_ctx {
+  cl_device_id device;
+  cl_context context;
+  cl_command_queue copy_q, compute_q;
+  uint64_t capacity;  /* what get_memory reports as total */
+  uint64_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+  bool blocking_d2h, pinned;
+  pthread_mutex_t lock; /* guards used, maps, warned and every mlo_event */
+  uint64_t used;        /* bytes of live blocks, for capacity and free */
+  struct host_map *maps;
+  bool warned_pageable;
+};
+
+/* ---- errors ------------------------------------------------------------- */
+
+static const char *cl_err_name(cl_int err) {
+  switch (err) {
+  case CL_DEVICE_NOT_FOUND:
+    return "CL_DEVICE_NOT_FOUND";
+  case CL_DEVICE_NOT_AVAILABLE:
+    return "CL_DEVICE_NOT_AVAILABLE";
+  case CL_MEM_OBJECT_ALLOCATION_FAILURE:
+    return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+  case CL_OUT_OF_RESOURCES:
+    return "CL_OUT_OF_RESOURCES";
+  case CL_OUT_OF_HOST_MEMORY:
+    return "CL_OUT_OF_HOST_MEMORY";
+  case CL_MAP_FAILURE:
+    return "CL_MAP_FAILURE";
+  case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST:
+    return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+  case CL_INVALID_VALUE:
+    return "CL_INVALID_VALUE";
+  case CL_INVALID_PLATFORM:
+    return "CL_INVALID_PLATFORM";
+  case CL_INVALID_DEVICE:
+    return "CL_INVALID_DEVICE";
+  case CL_INVALID_CONTEXT:
+    return "CL_INVALID_CONTEXT";
+  case CL_INVALID_COMMAND_QUEUE:
+    return "CL_INVALID_COMMAND_QUEUE";
+  case CL_INVALID_MEM_OBJECT:
+    return "CL_INVALID_MEM_OBJECT";
+  case CL_INVALID_EVENT:
+    return "CL_INVALID_EVENT";
+  case CL_INVALID_BUFFER_SIZE:
+    return "CL_INVALID_BUFFER_SIZE";
+  case CL_INVALID_OPERATION:
+    return "CL_INVALID_OPERATION";
+  case -1001:
+    return "CL_PLATFORM_NOT_FOUND_KHR"; /* the ICD loader: no platform */
+  default:
+    return "an OpenCL error";
+  }
+}
+
+/* Maps an OpenCL error to a status; device exhaustion is MLO_ENOMEM_DEVICE
+ * (CL_OUT_OF_RESOURCES is how most drivers report a buffer they could not
+ * back at first use), everything else is logged and MLO_EPLATFORM. */
+static int map_err(cl_int err, const char *what) {
+  if (err == CL_SUCCESS) return MLO_OK;
+  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES) {
+    mlo_logf(MLO_LOG_INFO, "opencl: %s: device out of memory (%s)", what, cl_err_name(err));
+    return MLO_ENOMEM_DEVICE;
+  }
+  if (err == CL_OUT_OF_HOST_MEMORY) return MLO_ENOMEM;
+  mlo_logf(MLO_LOG_ERROR, "opencl: %s failed: %s (%d)", what, cl_err_name(err), (int)err);
+  return MLO_EPLATFORM;
+}
+
+/* ---- device blocks ------------------------------------------------------ */
+
+static int ocl_dev_alloc(void *ctx, size_t bytes, void **block) {
+  struct ocl_ctx *c = ctx;
+  *block = NULL;
+  if (bytes > c->max_alloc) {
+    mlo_logf(MLO_LOG_ERROR,
+             "opencl: a block of %zu bytes exceeds this device's largest allocation "
+             "(CL_DEVICE_MAX_MEM_ALLOC_SIZE = %llu bytes)",
+             bytes, (unsigned long long)c->max_alloc);
+    return MLO_EUNSUPPORTED;
+  }
+  /* Reserve first, so that two threads cannot both pass the capacity check. */
+  pthread_mutex_lock(&c->lock);
+  bool fits = bytes <= c->capacity - c->used;
+  if (fits) c->used += bytes;
+  pthread_mutex_unlock(&c->lock);
+  if (!fits) return MLO_ENOMEM_DEVICE;
+  cl_int err = CL_SUCCESS;
+  cl_mem mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
+  if (err != CL_SUCCESS) {
+    pthread_mutex_lock(&c->lock);
+    c->used -= bytes;
+    pthread_mutex_unlock(&c->lock);
+    return map_err(err, "clCreateBuffer");
+  }
+  *block = mem;
+  return MLO_OK;
+}
+
+/* No wait needed: the runtime deletes the buffer only after every command
+ * already queued on either queue that uses it has finished. */
+static void ocl_dev_free(void *ctx, void *block, size_t bytes) {
+  struct ocl_ctx *c = ctx;
+  map_err(clReleaseMemObject((cl_mem)block), "clReleaseMemObject");
+  pthread_mutex_lock(&c->lock);
+  c->used -= bytes <= c->used ? bytes : c->used;
+  pthread_mutex_unlock(&c->lock);
+}
+
+static int ocl_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
+  struct ocl_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  *total = c->capacity;
+  *free_bytes = c->capacity - c->used;
+  pthread_mutex_unlock(&c->lock);
+  return MLO_OK;
+}
+
+/* ---- host memory -------------------------------------------------------- */
+
+static void warn_pageable_once(struct ocl_ctx *c, const char *why) {
+  pthread_mutex_lock(&c->lock);
+  bool first = !c->warned_pageable;
+  c->warned_pageable = true;
+  pthread_mutex_unlock(&c->lock);
+  if (first) mlo_logf(MLO_LOG_WARN, "opencl: host memory is pageable: %s", why);
+}
+
+/* A CL_MEM_ALLOC_HOST_PTR buffer mapped for the host: the driver's pinned
+ * memory, which its DMA engine reads without a staging copy. */
+static int pinned_alloc(struct ocl_ctx *c, size_t bytes, void **ptr) {
+  struct host_map *m = calloc(1, sizeof *m);
+  if (!m) return MLO_ENOMEM;
+  cl_int err = CL_SUCCESS;
+  m->mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
+  if (err != CL_SUCCESS) goto out_free_entry;
+  m->ptr = clEnqueueMapBuffer(c->copy_q, m->mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, bytes, 0,
+                              NULL, NULL, &err);
+  if (err != CL_SUCCESS || !m->ptr) goto out_release_buffer;
+  pthread_mutex_lock(&c->lock);
+  m->next = c->maps;
+  c->maps = m;
+  pthread_mutex_unlock(&c->lock);
+  *ptr = m->ptr;
+  return MLO_OK;
+out_release_buffer:
+  clReleaseMemObject(m->mem);
+out_free_entry:
+  free(m);
+  return MLO_EPLATFORM;
+}
+
+static int ocl_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {
+  struct ocl_ctx *c = ctx;
+  *ptr = NULL;
+  *got_pinned = false;
+  if (pinned && !c->pinned) warn_pageable_once(c, "pinning disabled (pinned=0 or MLO_NO_PINNED=1)");
+  if (pinned && c->pinned && bytes) {
+    if (pinned_alloc(c, bytes, ptr) == MLO_OK) {
+      *got_pinned = true;
+      return MLO_OK;
+    }
+    warn_pageable_once(c, "a CL_MEM_ALLOC_HOST_PTR buffer could not be created or mapped");
+  }
+  size_t rounded = (bytes + 4095) & ~(size_t)4095;
+  if (rounded < bytes) return MLO_ENOMEM;
+  *ptr = aligned_alloc(4096, rounded ? rounded : 4096);
+  return *ptr ? MLO_OK : MLO_ENOMEM;
+}
+
+/* Looks the pointer up rather than trusting `pinned`, so a pageable buffer
+ * is never handed to the OpenCL runtime and a mapped one never to free(). */
+static void ocl_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
+  struct ocl_ctx *c = ctx;
+  (void)bytes;
+  (void)pinned;
+  pthread_mutex_lock(&c->lock);
+  struct host_map **link = &c->maps;
+  while (*link && (*link)->ptr != ptr) link = &(*link)->next;
+  struct host_map *m = *link;
+  if (m) *link = m->next;
+  pthread_mutex_unlock(&c->lock);
+  if (!m) {
+    free(ptr);
+    return;
+  }
+  /* Queued behind any copy still reading the slab (in-order copy queue). */
+  map_err(clEnqueueUnmapMemObject(c->copy_q, m->mem, m->ptr, 0, NULL, NULL),
+          "clEnqueueUnmapMemObject");
+  clFlush(c->copy_q);
+  clReleaseMemObject(m->mem);
+  free(m);
+}
+
+/* ---- copies ------------------------------------------------------------- */
+
+static int ocl_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
+  struct ocl_ctx *c = ctx;
+  cl_int err =
+      clEnqueueWriteBuffer(c->copy_q, (cl_mem)block, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
+  if (err != CL_SUCCESS) return map_err(err, "clEnqueueWriteBuffer");
+  /* Start the copy now, so that it overlaps whatever the host does next. */
+  return map_err(clFlush(c->copy_q), "clFlush");
+}
+
+/* With the XPU rule the read blocks until the data is on the host. */
+static int ocl_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, size_t bytes) {
+  struct ocl_ctx *c = ctx;
+  cl_bool blocking = c->blocking_d2h ? CL_TRUE : CL_FALSE;
+  cl_int err =
+      clEnqueueReadBuffer(c->copy_q, (cl_mem)block, blocking, offset, bytes, dst, 0, NULL, NULL);
+  if (err != CL_SUCCESS) return map_err(err, "clEnqueueReadBuffer");
+  return map_err(clFlush(c->copy_q), "clFlush");
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+static int ocl_event_create(void *ctx, mlo_event **ev) {
+  (void)ctx;
+  *ev = calloc(1, sizeof **ev);
+  return *ev ? MLO_OK : MLO_ENOMEM;
+}
+
+static void ocl_event_destroy(void *ctx, mlo_event *ev) {
+  (void)ctx;
+  if (ev->last) clReleaseEvent(ev->last);
+  free(ev);
+}
+
+/* A marker completes when everything enqueued before it has.  The flush is
+ * required: a command on another queue may only wait on this event once
+ * it has been submitted (OpenCL 1.2 §5.13). */
+static int record_on(struct ocl_ctx *c, cl_command_queue q, mlo_event *ev) {
+  cl_event marker = NULL;
+  cl_int err = clEnqueueMarkerWithWaitList(q, 0, NULL, &marker);
+  if (err != CL_SUCCESS) return map_err(err, "clEnqueueMarkerWithWaitList");
+  err = clFlush(q);
+  pthread_mutex_lock(&c->lock);
+  cl_event old = ev->last;
+  ev->last = marker;
+  pthread_mutex_unlock(&c->lock);
+  if (old) clReleaseEvent(old);
+  return map_err(err, "clFlush");
+}
+
+static int ocl_event_record_copy(void *ctx, mlo_event *ev) {
+  struct ocl_ctx *c = ctx;
+  return record_on(c, c->copy_q, ev);
+}
+
+static int ocl_event_record_compute(void *ctx, mlo_event *ev) {
+  struct ocl_ctx *c = ctx;
+  return record_on(c, c->compute_q, ev);
+}
+
+/* The event's current cl_event, retained so that a concurrent record cannot
+ * release it under us; NULL if never recorded. */
+static cl_event take_event(struct ocl_ctx *c, mlo_event *ev) {
+  pthread_mutex_lock(&c->lock);
+  cl_event e = ev->last;
+  if (e) clRetainEvent(e);
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+/* Everything enqueued on q after this waits for the event. */
+static int queue_wait(struct ocl_ctx *c, cl_command_queue q, mlo_event *ev) {
+  cl_event e = take_event(c, ev);
+  if (!e) return MLO_OK;
+  cl_int err = clEnqueueBarrierWithWaitList(q, 1, &e, NULL);
+  clReleaseEvent(e);
+  if (err != CL_SUCCESS) return map_err(err, "clEnqueueBarrierWithWaitList");
+  return map_err(clFlush(q), "clFlush");
+}
+
+static int ocl_compute_wait(void *ctx, mlo_event *ev) {
+  struct ocl_ctx *c = ctx;
+  return queue_wait(c, c->compute_q, ev);
+}
+
+static int ocl_copy_wait(void *ctx, mlo_event *ev) {
+  struct ocl_ctx *c = ctx;
+  return queue_wait(c, c->copy_q, ev);
+}
+
+static int ocl_event_sync(void *ctx, mlo_event *ev) {
+  cl_event e = take_event(ctx, ev);
+  if (!e) return MLO_OK;
+  cl_int err = clWaitForEvents(1, &e);
+  clReleaseEvent(e);
+  return map_err(err, "clWaitForEvents");
+}
+
+static int ocl_event_query(void *ctx, mlo_event *ev) {
+  cl_event e = take_event(ctx, ev);
+  if (!e) return MLO_OK;
+  cl_int status = CL_QUEUED;
+  cl_int err = clGetEventInfo(e, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+  clReleaseEvent(e);
+  if (err != CL_SUCCESS) return map_err(err, "clGetEventInfo");
+  if (status < 0) return map_err(status, "a command before the event");
+  return status == CL_COMPLETE ? MLO_OK : MLO_EBUSY;
+}
+
+static int ocl_synchronize(void *ctx) {
+  struct ocl_ctx *c = ctx;
+  int rc = map_err(clFinish(c->copy_q), "clFinish(copy)");
+  int rc2 = map_err(clFinish(c->compute_q), "clFinish(compute)");
+  return rc ? rc : rc2;
+}
+
+static void *ocl_compute_queue(void *ctx) {
+  return ((struct ocl_ctx *)ctx)->compute_q;
+}
+
+static void ocl_get_caps(void *ctx, mlo_platform_caps *caps) {
+  struct ocl_ctx *c = ctx;
+  *caps = (mlo_platform_caps){
+      .async_copy = true,
+      .events = true,
+      .pinned_host = c->pinned,
+      .host_register = false, /* CL_MEM_USE_HOST_PTR may copy; never promised */
+      .blocking_d2h = c->blocking_d2h,
+      .device_pointers = false,
+  };
+}
+
+static void ocl_destroy(void *ctx) {
+  struct ocl_ctx *c = ctx;
+  if (!c) return;
+  if (c->copy_q) clFinish(c->copy_q);
+  if (c->compute_q) clFinish(c->compute_q);
+  while (c->maps) { /* slabs the caller forgot: unmap so the runtime can free them */
+    struct host_map *m = c->maps;
+    c->maps = m->next;
+    clEnqueueUnmapMemObject(c->copy_q, m->mem, m->ptr, 0, NULL, NULL);
+    clFinish(c->copy_q);
+    clReleaseMemObject(m->mem);
+    free(m);
+  }
+  if (c->copy_q) clReleaseCommandQueue(c->copy_q);
+  if (c->compute_q) clReleaseCommandQueue(c->compute_q);
+  if (c->context) clReleaseContext(c->context);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+static const struct mlo_platform_ops opencl_ops = {
+    .name = "opencl",
+    .destroy = ocl_destroy,
+    .get_caps = ocl_get_caps,
+    .get_memory = ocl_get_memory,
+    .dev_alloc = ocl_dev_alloc,
+    .dev_free = ocl_dev_free,
+    .host_alloc = ocl_host_alloc,
+    .host_free = ocl_host_free,
+    .copy_h2d = ocl_copy_h2d,
+    .copy_d2h = ocl_copy_d2h,
+    .event_create = ocl_event_create,
+    .event_destroy = ocl_event_destroy,
+    .event_record_copy = ocl_event_record_copy,
+    .event_record_compute = ocl_event_record_compute,
+    .compute_wait = ocl_compute_wait,
+    .copy_wait = ocl_copy_wait,
+    .event_sync = ocl_event_sync,
+    .event_query = ocl_event_query,
+    .synchronize = ocl_synchronize,
+    .compute_queue = ocl_compute_queue,
+};
+
+/* ---- the spec ----------------------------------------------------------- */
+
+static int parse_flag(const char *key, const char *value, int *out, char *err, size_t errlen) {
+  if (strcmp(value, "0") && strcmp(value, "1")) {
+    snprintf(err, errlen, "opencl platform option %s=%s: expected 0 or 1", key, value);
+    return MLO_EINVAL;
+  }
+  *out = value[0] == '1';
+  return MLO_OK;
+}
+
+static int ocl_option(const char *key, const char *value, void *user, char *err, size_t errlen) {
+  struct ocl_options *o = user;
+  if (!strcmp(key, "capacity")) {
+    if (mlo_parse_size(value, false, &o->capacity)) {
+      snprintf(err, errlen,
+               "opencl platform option capacity=%s: expected a size such as 512M or 4G", value);
+      return MLO_EINVAL;
+    }
+    return MLO_OK;
+  }
+  if (!strcmp(key, "blocking_d2h")) return parse_flag(key, value, &o->blocking_d2h, err, errlen);
+  if (!strcmp(key, "pinned")) return parse_flag(key, value, &o->pinned, err, errlen);
+  snprintf(err, errlen,
+           "unknown opencl platform option %s=%s (known: capacity, blocking_d2h, pinned)", key,
+           value);
+  return MLO_EINVAL;
+}
+
+/* "" | "N" | "N:opts" | "opts" (a first item with '=' is an option). */
+static int parse_spec(const char *args, struct ocl_options *o, char *err, size_t errlen) {
+  const char *colon = strchr(args, ':');
+  size_t head_len = colon ? (size_t)(colon - args) : strlen(args);
+  if (!head_len && !colon) return MLO_OK;
+  if (memchr(args, '=', head_len) && !colon)
+    return mlo_spec_parse_kv(args, ocl_option, o, err, errlen);
+  char *end = NULL;
+  o->index = strtoul(args, &end, 10);
+  if (!head_len || args[0] < '0' || args[0] > '9' || end != args + head_len || o->index > 65535) {
+    snprintf(err, errlen, "opencl platform: bad device index '%.*s' in \"opencl:%s\" (expected N)",
+             (int)head_len, args, args);
+    return MLO_EINVAL;
+  }
+  return colon ? mlo_spec_parse_kv(colon + 1, ocl_option, o, err, errlen) : MLO_OK;
+}
+
+/* Finds device `index` counting over every platform's devices in order. */
+static int find_device(unsigned long index, cl_platform_id *plat_out, cl_device_id *dev_out,
+                       char *err, size_t errlen) {
+  cl_platform_id plats[16];
+  cl_uint nplat = 0;
+  cl_int cerr = clGetPlatformIDs(16, plats, &nplat);
+  if (cerr != CL_SUCCESS || nplat == 0) {
+    snprintf(err, errlen, "no OpenCL platform found (clGetPlatformIDs: %s)",
+             cerr ? cl_err_name(cerr) : "0 platforms");
+    return MLO_ENODEV;
+  }
+  unsigned long seen = 0;
+  for (cl_uint i = 0; i < nplat && i < 16; i++) {
+    cl_uint ndev = 0;
+    if (clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, 0, NULL, &ndev) != CL_SUCCESS) continue;
+    if (index < seen + ndev) {
+      cl_device_id *devs = calloc(ndev, sizeof *devs);
+      if (!devs) return MLO_ENOMEM;
+      cerr = clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, ndev, devs, NULL);
+      *plat_out = plats[i];
+      *dev_out = devs[index - seen];
+      free(devs);
+      if (cerr != CL_SUCCESS) break;
+      return MLO_OK;
+    }
+    seen += ndev;
+  }
+  snprintf(err, errlen, "OpenCL device %lu not present (%lu visible over %u platforms)", index,
+           seen, (unsigned)nplat);
+  return MLO_ENODEV;
+}
+
+/* Reads the device's limits and decides capacity, the XPU rule and pinning. */
+static void configure(struct ocl_ctx *c, const struct ocl_options *o, mlo_platform *p) {
+  cl_ulong global = 0, max_alloc = 0;
+  cl_device_type type = 0;
+  char name[96] = "?", vendor[64] = "?";
+  clGetDeviceInfo(c->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
+  clGetDeviceInfo(c->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+  clGetDeviceInfo(c->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+  clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof name - 1, name, NULL);
+  clGetDeviceInfo(c->device, CL_DEVICE_VENDOR, sizeof vendor - 1, vendor, NULL);
+  c->capacity = o->capacity && o->capacity < global ? o->capacity : global;
+  c->max_alloc = max_alloc;
+  /* Intel GPUs (the XPU rule of the specification) need blocking reads. */
+  bool intel_gpu = strstr(vendor, "Intel") && (type & CL_DEVICE_TYPE_GPU);
+  c->blocking_d2h = o->blocking_d2h >= 0 ? o->blocking_d2h == 1 : intel_gpu;
+  const char *no_pinned = getenv("MLO_NO_PINNED");
+  /* The environment is a kill switch: it wins over pinned=1. */
+  c->pinned = o->pinned != 0 && !(no_pinned && !strcmp(no_pinned, "1"));
+  char cap[32];
+  mlo_format_size(c->capacity, cap, sizeof cap);
+  snprintf(p->description, sizeof p->description, "OpenCL device %lu: %s (%s), capacity %s%s%s",
+           o->index, name, vendor, cap, c->blocking_d2h ? ", blocking d2h" : "",
+           c->pinned ? "" : ", pageable host memory");
+}
+
+static int create_queues(struct ocl_ctx *c, cl_platform_id plat, char *err, size_t errlen) {
+  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0};
+  cl_int cerr = CL_SUCCESS;
+  const char *what = "clCreateContext";
+  c->context = clCreateContext(props, 1, &c->device, NULL, NULL, &cerr);
+  if (cerr == CL_SUCCESS) {
+    what = "clCreateCommandQueue";
+    c->copy_q = clCreateCommandQueue(c->context, c->device, 0, &cerr);
+  }
+  if (cerr == CL_SUCCESS) c->compute_q = clCreateCommandQueue(c->context, c->device, 0, &cerr);
+  if (cerr == CL_SUCCESS) return MLO_OK;
+  snprintf(err, errlen, "opencl platform: %s failed: %s (%d)", what, cl_err_name(cerr), (int)cerr);
+  return cerr == CL_OUT_OF_HOST_MEMORY ? MLO_ENOMEM : MLO_EPLATFORM;
+}
+
+int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+  struct ocl_options opt = {.index = 0, .capacity = 0, .blocking_d2h = -1, .pinned = -1};
+  int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
+  if (rc) return rc;
+  cl_platform_id plat = NULL;
+  struct ocl_ctx *c = calloc(1, sizeof *c);
+  if (!c) return MLO_ENOMEM;
+  pthread_mutex_init(&c->lock, NULL);
+  rc = find_device(opt.index, &plat, &c->device, err, errlen);
+  if (!rc) rc = create_queues(c, plat, err, errlen);
+  if (rc) {
+    ocl_destroy(c);
+    return rc;
+  }
+  configure(c, &opt, p);
+  p->ops = &opencl_ops;
+  p->ctx = c;
+  return MLO_OK;
+}
