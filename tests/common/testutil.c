@@ -319,6 +319,25 @@ void tu_note_failure(tu_pipe *tp, const char *fmt, ...) {
   va_end(ap);
 }
 
+bool tu_exclusion_ok(tu_pipe *tp, mlo_component *comp, char *why, size_t whylen) {
+  mlo_role role = mlo_component_role(comp);
+  size_t n = mlo_pipeline_component_count(tp->pipe);
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *other = mlo_pipeline_component_at(tp->pipe, i);
+    if (other == comp || mlo_component_bytes(other) == 0) continue;
+    mlo_role other_role = mlo_component_role(other);
+    bool excluded =
+        (role == MLO_ROLE_DIT && (other_role == MLO_ROLE_DIT || other_role == MLO_ROLE_ENCODER)) ||
+        (role == MLO_ROLE_ENCODER && other_role == MLO_ROLE_DIT);
+    if (excluded && mlo_component_is_resident(other)) {
+      snprintf(why, whylen, "%s is resident while %s runs", mlo_component_name(other),
+               mlo_component_name(comp));
+      return false;
+    }
+  }
+  return true;
+}
+
 int tu_forward_check(mlo_component *comp, void *user) {
   tu_pipe *tp = user;
   int bad = 0;
@@ -331,6 +350,11 @@ int tu_forward_check(mlo_component *comp, void *user) {
   char why[256] = "";
   if (!tu_device_content_ok(tp, comp, why, sizeof why)) {
     atomic_fetch_add(&tp->bad_content, 1);
+    tu_note_failure(tp, "inside forward: %s", why);
+    bad = 1;
+  }
+  if (tp->exclusion_in_forward && !tu_exclusion_ok(tp, comp, why, sizeof why)) {
+    atomic_fetch_add(&tp->excluded_resident, 1);
     tu_note_failure(tp, "inside forward: %s", why);
     bad = 1;
   }
@@ -352,10 +376,12 @@ int tu_forward(tu_pipe *tp, mlo_component *comp) {
 
 void tu_assert_forwards_clean(tu_pipe *tp) {
   if (atomic_load(&tp->bad_content) || atomic_load(&tp->not_resident) ||
-      atomic_load(&tp->audit_failed))
-    fail_msg("forwards saw %u bad content, %u not resident, %u failed audits; first: %s",
+      atomic_load(&tp->audit_failed) || atomic_load(&tp->excluded_resident))
+    fail_msg("forwards saw %u bad content, %u not resident, %u failed audits, %u exclusion "
+             "breaches; first: %s",
              atomic_load(&tp->bad_content), atomic_load(&tp->not_resident),
-             atomic_load(&tp->audit_failed), tp->first_failure);
+             atomic_load(&tp->audit_failed), atomic_load(&tp->excluded_resident),
+             tp->first_failure);
 }
 
 void tu_reset_observations(tu_pipe *tp) {
@@ -363,6 +389,7 @@ void tu_reset_observations(tu_pipe *tp) {
   atomic_store(&tp->bad_content, 0);
   atomic_store(&tp->not_resident, 0);
   atomic_store(&tp->audit_failed, 0);
+  atomic_store(&tp->excluded_resident, 0);
   atomic_flag_clear(&tp->failure_taken);
   tp->first_failure[0] = '\0';
 }

@@ -112,11 +112,13 @@ typedef struct tu_pipe {
   size_t nsources;
   void *sources[TU_MAX_TENSORS]; /* pattern buffers handed to desc.data */
   /* What forward callbacks observed (any thread). */
-  bool audit_in_forward;    /* tu_forward_check also audits the pipeline */
-  atomic_uint forwards;     /* callbacks run */
-  atomic_uint bad_content;  /* callbacks that saw wrong device bytes */
-  atomic_uint not_resident; /* callbacks whose component was not resident */
-  atomic_uint audit_failed; /* callbacks where mlo_pipeline_audit failed */
+  bool audit_in_forward;         /* tu_forward_check also audits the pipeline */
+  bool exclusion_in_forward;     /* ... and checks the role rule (C3/C4/C12) */
+  atomic_uint forwards;          /* callbacks run */
+  atomic_uint bad_content;       /* callbacks that saw wrong device bytes */
+  atomic_uint not_resident;      /* callbacks whose component was not resident */
+  atomic_uint audit_failed;      /* callbacks where mlo_pipeline_audit failed */
+  atomic_uint excluded_resident; /* callbacks that saw an excluded one resident */
   atomic_flag failure_taken;
   char first_failure[512];
 } tu_pipe;
@@ -162,6 +164,9 @@ void tu_mutate(tu_pipe *tp, const mlo_tensor *t, uint32_t new_seed);
  * resident and its device bytes are right (and audits, when asked); records
  * failures and returns non-zero on any. */
 int tu_forward_check(mlo_component *comp, void *user);
+/* True when no component that comp excludes by role (C3/C4) is resident;
+ * otherwise false with the offender named in why. */
+bool tu_exclusion_ok(tu_pipe *tp, mlo_component *comp, char *why, size_t whylen);
 /* mlo_component_forward(comp, tu_forward_check, tp). */
 int tu_forward(tu_pipe *tp, mlo_component *comp);
 /* Records a failure seen by a callback or a worker thread. */
