@@ -1,0 +1,173 @@
+/*
+ * checkpoint.h — checkpoints on disk: opening diffusers pipeline
+ * directories and single safetensors files, and writing synthetic
+ * pipelines shaped like real ones.  The reference manual for both.
+ *
+ * Opening declares tensors as file ranges; nothing past the safetensors
+ * headers is read until mlo_pipeline_materialize.  Every file is hostile
+ * input: each problem is its own error (MLO_EFORMAT, MLO_EIO, MLO_ENOTFOUND)
+ * with a message naming the folder and the file, and a failed open leaves
+ * nothing behind.  The conventions of mlo.h apply (status codes, options
+ * structs with a size and an _INIT macro, NULL-tolerant frees).
+ *
+ * The layout understood (docs/design.md §4):
+ *
+ *   DIR/model_index.json         names the components
+ *   DIR/<component>/config.json  optional for the loader
+ *   DIR/<component>/<stem>[.<variant>].safetensors          one file, or
+ *   DIR/<component>/<stem>.safetensors.index[.<variant>].json  a weight map
+ *   DIR/<component>/<shard files named by the weight map>
+ *
+ * where <stem> is "diffusion_pytorch_model" (diffusers) or "model"
+ * (transformers); any other stem is accepted when it is the only candidate.
+ * Variant shards are named "<stem>.<variant>-00001-of-00002.safetensors"
+ * (today's diffusers and transformers) or, for older diffusers saves,
+ * "<stem>-00001-of-00002.<variant>.safetensors"; only the weight map's own
+ * names are read, so both work.
+ *
+ * model_index.json rules:
+ *  - A key starting with '_' is metadata ("_class_name").
+ *  - A value that is an array is a component entry and must be
+ *    [library, class] (two strings) or [null, null] (an absent component,
+ *    skipped).  Any other array is an error naming the key.
+ *  - A value that is not an array (a number, a boolean, a string, an
+ *    object) is pipeline configuration such as Wan2.2's "boundary_ratio"
+ *    and is ignored.
+ *  - Classes that never hold weights (names ending in Scheduler, Tokenizer,
+ *    TokenizerFast, Processor, FeatureExtractor, ImageProcessor) are
+ *    skipped without looking at their folder.
+ *  - Any other listed component whose folder is missing is an error naming
+ *    it.  A folder that exists but holds no safetensors file is skipped with
+ *    an info line if its role would be OTHER, and is an error if its role is
+ *    DIT, ENCODER or VAE (a truncated download must not load half a
+ *    pipeline).
+ *
+ * Roles.  Directories declare no roles, so each component's role is the
+ * heuristic mlo_role_guess(key, class_name) (source MLO_ROLE_FROM_HEURISTIC;
+ * the pipeline warns once) unless the caller overrides it (source
+ * MLO_ROLE_FROM_OVERRIDE).  An override naming a component that is not in
+ * the pipeline is an error (MLO_ENOTFOUND), so a typo never goes unnoticed.
+ *
+ * Sharded components are validated as a set before anything is declared:
+ * the index must be a JSON object whose "weight_map" is an object of
+ * tensor name -> shard file name (a plain file name in the same folder);
+ * every shard must exist and be a valid safetensors file; every tensor in
+ * the map must be in its shard; a tensor in a shard must be mapped to that
+ * shard (a tensor found in two shards, or in a shard the map does not name
+ * for it, is an error).  A STRAY file — a safetensors file in the folder
+ * whose name belongs to the same family as the weight map (same stem and
+ * variant: an unsharded "<stem>.safetensors" or a shard the map does not
+ * name) — is an error by default, because it means two saves are mixed;
+ * allow_stray turns it into a warning.  Files of other variants are not
+ * strays.  Without an index, a folder with several candidate files for the
+ * requested variant is ambiguous and an error listing them.
+ */
+#ifndef MLO_CHECKPOINT_H
+#define MLO_CHECKPOINT_H
+
+#include "mlo/mlo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One role override: the component called `name` gets `role`. */
+typedef struct {
+  const char *name;
+  mlo_role role; /* DIT, ENCODER, VAE or OTHER (AUTO is refused) */
+} mlo_role_override;
+
+typedef struct {
+  size_t size;                        /* sizeof(mlo_open_options) */
+  const mlo_role_override *overrides; /* may be NULL when count is 0 */
+  size_t override_count;
+  /* A weights variant ("fp16", "bf16"): each component uses its files for
+   * that variant and falls back, with a warning, to the plain files where
+   * it has none.  MLO_ENOTFOUND if no component has the variant.  NULL: the
+   * plain files. */
+  const char *variant;
+  /* A stray safetensors file next to a weight map warns instead of failing. */
+  bool allow_stray;
+  /* The component name for a single .safetensors file or a folder without
+   * model_index.json; NULL: the file stem / folder name. */
+  const char *single_name;
+  /* Tensor flags added to every tensor declared (MLO_TENSOR_*). */
+  unsigned tensor_flags;
+} mlo_open_options;
+#define MLO_OPEN_OPTIONS_INIT                                                                      \
+  { sizeof(mlo_open_options), NULL, 0, NULL, false, NULL, 0 }
+
+/* Opens a checkpoint as a new pipeline on opts->platform.  path is one of:
+ *  - a diffusers pipeline directory (has model_index.json): one component
+ *    per weight-bearing entry, in the order of model_index.json;
+ *  - a component folder (no model_index.json, but safetensors files): one
+ *    component named after the folder;
+ *  - a single .safetensors file: one component named after the file stem
+ *    ("wan2.1_vae.safetensors" -> "wan2.1_vae").
+ * oo may be NULL for defaults.  On success *out owns the pipeline (free with
+ * mlo_pipeline_free); tensors are declared as file ranges and no weight byte
+ * has been read.  On failure *out is NULL, nothing is left allocated or
+ * open, and err (when given) holds a message naming the folder and file. */
+int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
+                           const mlo_open_options *oo, mlo_pipeline **out, char *err,
+                           size_t errlen);
+
+/* ------------------------------------------------------------------------
+ * Synthetic pipelines (the generator behind `mlo demo` and the benches)
+ *
+ * A preset is a real pipeline's shape: its model_index.json, component
+ * folders, config.json files, tensor names and layer structure, with
+ * deterministic weights.  scale = 1.0 is the real model's size (Wan2.2 at
+ * 1.0 is two 14B transformers plus a 5.7B encoder, ~66 GB); every component
+ * is scaled separately so that its bytes are within a few percent of
+ * scale x its real bytes: widths (hidden size, heads, FFN, vocabulary)
+ * scale by f^(1/3) and depths by f^(1/3), f found by bisection on the exact
+ * byte count.  Widths and depths have minimums (a width of 16, one layer),
+ * so at very small scales small components (the VAE) stay larger than
+ * their share and the total exceeds scale x full size; from about 1 GB of
+ * total it is within 5%.
+ *
+ * Weights are bf16 (norm weights and Wan's fp32-kept modules are f32, the
+ * Wan VAE is f32, as in the real checkpoints), drawn from a counter-based
+ * hash seeded by the tensor name: finite, |x| <= 0.03, identical on every
+ * run and machine.  The biggest components are sharded with a weight map
+ * (at least two shards at any scale); files are written atomically, and a
+ * stamp `.mlo-synth.json` records the preset and scale once everything is
+ * complete so that a second call with the same arguments returns at once.
+ * ---------------------------------------------------------------------- */
+
+typedef struct {
+  const char *name;        /* "wan2.2-t2v" */
+  const char *description; /* one line */
+} mlo_synth_preset_info;
+
+/* The presets, terminated by an entry whose name is NULL.  Static storage. */
+const mlo_synth_preset_info *mlo_synth_presets(void);
+
+/* Progress: bytes of tensor data written so far over the total, and the
+ * file being written (relative to dir). */
+typedef void (*mlo_synth_progress_fn)(const char *file, uint64_t done, uint64_t total, void *user);
+
+/* The sum of tensor bytes (what mlo_pipeline_open_path then reports as the
+ * sum of mlo_tensor_nbytes) that mlo_synth_write(preset, ..., scale) would
+ * write.  Computes shapes only.  MLO_ENOTFOUND for an unknown preset,
+ * MLO_EINVAL for a scale outside (0, 4]. */
+int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes);
+
+/* Writes the preset at scale into dir (created if missing).  If dir holds
+ * a complete stamp for the same preset and scale, returns MLO_OK without
+ * writing (and without reading the weights back).  If dir holds a stamp of
+ * another or an interrupted run, the files listed in it are removed first.
+ * A dir that is not empty and has no stamp is refused (MLO_EEXIST): the
+ * generator never writes over files it did not make.  progress may be NULL.
+ * On failure err names the file. */
+int mlo_synth_write(const char *preset, const char *dir, double scale,
+                    mlo_synth_progress_fn progress, void *user, char *err, size_t errlen);
+
+/* True if dir holds a complete stamp for preset at scale. */
+bool mlo_synth_is_complete(const char *preset, const char *dir, double scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLO_CHECKPOINT_H */

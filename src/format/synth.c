@@ -1,0 +1,703 @@
+/*
+ * synth.c — the generator: turns a preset (synth_presets.c) and a scale
+ * into a diffusers pipeline directory on disk.  It scales each component by
+ * bisection on its exact byte count, splits the big ones into shards with a
+ * weight map, streams deterministic weights through the safetensors writer
+ * (nothing is held whole in memory, so 50 GB pipelines are fine), and keeps
+ * a stamp so that a finished directory is recognised and reused.  The
+ * contract is in include/mlo/checkpoint.h.
+ */
+#include "format/synth.h"
+
+#include "format/index.h"
+#include "format/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARD_TARGET 5e9 /* bytes per shard, as save_pretrained's "5GB" */
+#define PROGRESS_STEP (64u << 20)
+#define STAMP_NAME ".mlo-synth.json"
+#define DIFFUSERS_VERSION "0.35.1"
+
+/* ---- emitting tensors (count-only, or recorded for writing) ------------- */
+
+typedef struct {
+  char *name;
+  mlo_dtype dtype;
+  int ndim;
+  int64_t shape[MLO_MAX_DIMS];
+  uint64_t nbytes;
+  int shard;
+} syn_rec;
+
+struct syn_emitter {
+  mlo_dtype dtype;
+  bool record;
+  syn_rec *list;
+  size_t count, cap;
+  uint64_t bytes;
+  int status;
+};
+
+mlo_dtype syn_dtype(const syn_emitter *e) {
+  return e->dtype;
+}
+
+void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape, const char *fmt,
+                ...) {
+  if (e->status != MLO_OK) return;
+  uint64_t numel = 1, nbytes = 0;
+  for (int i = 0; i < ndim; i++) numel *= (uint64_t)shape[i];
+  if ((e->status = mlo_dtype_nbytes(dtype, numel, &nbytes)) != MLO_OK) return;
+  e->bytes += nbytes;
+  if (!e->record) return;
+  if (e->count == e->cap) {
+    size_t cap = e->cap ? 2 * e->cap : 256;
+    syn_rec *grown = realloc(e->list, cap * sizeof *grown);
+    if (!grown) {
+      e->status = MLO_ENOMEM;
+      return;
+    }
+    e->list = grown, e->cap = cap;
+  }
+  syn_rec *r = &e->list[e->count];
+  memset(r, 0, sizeof *r);
+  char name[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof name, fmt, ap);
+  va_end(ap);
+  if (!(r->name = strdup(name))) {
+    e->status = MLO_ENOMEM;
+    return;
+  }
+  r->dtype = dtype, r->ndim = ndim, r->nbytes = nbytes;
+  memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
+  e->count++;
+}
+
+static void emitter_free(syn_emitter *e) {
+  for (size_t i = 0; i < e->count; i++) free(e->list[i].name);
+  free(e->list);
+  memset(e, 0, sizeof *e);
+}
+
+/* ---- scaling ------------------------------------------------------------ */
+
+static int round_to(double x, int multiple, int minimum) {
+  long v = lround(x / multiple) * multiple;
+  return v < minimum ? minimum : (int)v;
+}
+
+static void scale_params(const syn_arch *a, double f, int *out) {
+  double g = cbrt(f), sg = sqrt(g);
+  for (size_t i = 0; i < a->nparams; i++) {
+    double b = a->params[i].base;
+    switch (a->params[i].kind) {
+    case SYN_FIXED:
+      out[i] = a->params[i].base;
+      break;
+    case SYN_WIDTH:
+      out[i] = round_to(b * g, 4, 8);
+      break;
+    case SYN_HEADS:
+      out[i] = round_to(b * sg, 1, 1);
+      break;
+    case SYN_HEAD_DIM:
+      out[i] = round_to(b * sg, 8, 8);
+      break;
+    case SYN_DEPTH:
+      out[i] = round_to(b * g, 1, 1);
+      break;
+    case SYN_VOCAB:
+      out[i] = round_to(b * g * g, 64, 64);
+      break;
+    }
+  }
+}
+
+static uint64_t arch_bytes(const syn_component *c, double f) {
+  int p[SYN_MAX_PARAMS];
+  scale_params(c->arch, f, p);
+  syn_emitter e = {c->dtype, false, NULL, 0, 0, 0, MLO_OK};
+  c->arch->emit(&e, p);
+  return e.bytes;
+}
+
+/* The factor f whose byte count is closest to scale x the full size.
+ * Bytes are monotone in f, so bisection on log f finds the crossing. */
+static double find_factor(const syn_component *c, double scale) {
+  if (scale == 1.0) return 1.0;
+  double target = scale * (double)arch_bytes(c, 1.0);
+  double lo = log(1e-12), hi = log(8.0);
+  for (int i = 0; i < 64; i++) {
+    double mid = 0.5 * (lo + hi);
+    if ((double)arch_bytes(c, exp(mid)) >= target)
+      hi = mid;
+    else
+      lo = mid;
+  }
+  double blo = (double)arch_bytes(c, exp(lo)), bhi = (double)arch_bytes(c, exp(hi));
+  return fabs(blo - target) < fabs(bhi - target) ? exp(lo) : exp(hi);
+}
+
+static const syn_preset *find_preset(const char *name) {
+  for (size_t i = 0; name && i < syn_preset_count; i++)
+    if (!strcmp(syn_presets[i].name, name)) return &syn_presets[i];
+  return NULL;
+}
+
+static bool scale_ok(double scale) {
+  return scale > 0 && scale <= 4.0 && isfinite(scale);
+}
+
+int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes) {
+  const syn_preset *p = find_preset(preset);
+  if (!p) return MLO_ENOTFOUND;
+  if (!scale_ok(scale) || !bytes) return MLO_EINVAL;
+  uint64_t total = 0;
+  for (size_t i = 0; i < p->ncomponents; i++)
+    total += arch_bytes(&p->components[i], find_factor(&p->components[i], scale));
+  *bytes = total;
+  return MLO_OK;
+}
+
+static pthread_once_t infos_once = PTHREAD_ONCE_INIT;
+static mlo_synth_preset_info infos[16];
+
+static void infos_init(void) {
+  for (size_t i = 0; i < syn_preset_count && i + 1 < sizeof infos / sizeof *infos; i++)
+    infos[i] = (mlo_synth_preset_info){syn_presets[i].name, syn_presets[i].description};
+}
+
+const mlo_synth_preset_info *mlo_synth_presets(void) {
+  pthread_once(&infos_once, infos_init);
+  return infos;
+}
+
+/* ---- the plan: every component's tensors, shards and file names --------- */
+
+typedef struct {
+  const syn_component *spec;
+  double factor;
+  int params[SYN_MAX_PARAMS];
+  syn_emitter tensors; /* recorded */
+  int nshards;         /* 0: one unsharded file */
+} comp_plan;
+
+typedef struct {
+  const syn_preset *preset;
+  double scale;
+  comp_plan *comps;
+  uint64_t bytes;
+} syn_plan;
+
+static const char *stem_of(const syn_component *c) {
+  return strcmp(c->library, "diffusers") ? "model" : "diffusion_pytorch_model";
+}
+
+/* Greedy split at byte-count boundaries: at least two shards, about
+ * SHARD_TARGET bytes each. */
+static void assign_shards(comp_plan *cp) {
+  syn_emitter *e = &cp->tensors;
+  uint64_t n = (uint64_t)ceil((double)e->bytes / SHARD_TARGET), cum = 0;
+  if (n < 2) n = 2;
+  int last = -1, used = 0;
+  for (size_t i = 0; i < e->count; i++) {
+    uint64_t s = e->bytes ? cum * n / e->bytes : 0;
+    int shard = (int)(s < n ? s : n - 1);
+    if (shard != last) used++, last = shard;
+    e->list[i].shard = used - 1;
+    cum += e->list[i].nbytes;
+  }
+  if (used < 2 && e->count >= 2) e->list[e->count - 1].shard = used++;
+  cp->nshards = used;
+}
+
+static void plan_free(syn_plan *pl) {
+  if (pl->comps)
+    for (size_t i = 0; i < pl->preset->ncomponents; i++) emitter_free(&pl->comps[i].tensors);
+  free(pl->comps);
+  memset(pl, 0, sizeof *pl);
+}
+
+static int plan_build(const syn_preset *p, double scale, syn_plan *pl) {
+  memset(pl, 0, sizeof *pl);
+  pl->preset = p, pl->scale = scale;
+  if (!(pl->comps = calloc(p->ncomponents, sizeof *pl->comps))) return MLO_ENOMEM;
+  for (size_t i = 0; i < p->ncomponents; i++) {
+    comp_plan *cp = &pl->comps[i];
+    cp->spec = &p->components[i];
+    cp->factor = find_factor(cp->spec, scale);
+    scale_params(cp->spec->arch, cp->factor, cp->params);
+    cp->tensors = (syn_emitter){cp->spec->dtype, true, NULL, 0, 0, 0, MLO_OK};
+    cp->spec->arch->emit(&cp->tensors, cp->params);
+    if (cp->tensors.status != MLO_OK) {
+      int rc = cp->tensors.status;
+      plan_free(pl);
+      return rc;
+    }
+    if (cp->spec->sharded) assign_shards(cp);
+    pl->bytes += cp->tensors.bytes;
+  }
+  return MLO_OK;
+}
+
+static void shard_name(const comp_plan *cp, int shard, char *buf, size_t len) {
+  if (cp->nshards == 0)
+    snprintf(buf, len, "%s.safetensors", stem_of(cp->spec));
+  else
+    snprintf(buf, len, "%s-%05d-of-%05d.safetensors", stem_of(cp->spec), shard + 1, cp->nshards);
+}
+
+/* Every file the plan writes, relative to the directory (for the stamp). */
+static cJSON *plan_files(const syn_plan *pl) {
+  cJSON *files = cJSON_CreateArray();
+  char buf[512], name[256];
+  cJSON_AddItemToArray(files, cJSON_CreateString("model_index.json"));
+  for (size_t i = 0; i < pl->preset->naux; i++) {
+    snprintf(buf, sizeof buf, "%s/%s", pl->preset->aux[i].folder, pl->preset->aux[i].file);
+    cJSON_AddItemToArray(files, cJSON_CreateString(buf));
+  }
+  for (size_t i = 0; i < pl->preset->ncomponents; i++) {
+    const comp_plan *cp = &pl->comps[i];
+    snprintf(buf, sizeof buf, "%s/config.json", cp->spec->folder);
+    cJSON_AddItemToArray(files, cJSON_CreateString(buf));
+    for (int s = 0; s < (cp->nshards ? cp->nshards : 1); s++) {
+      shard_name(cp, s, name, sizeof name);
+      snprintf(buf, sizeof buf, "%s/%s", cp->spec->folder, name);
+      cJSON_AddItemToArray(files, cJSON_CreateString(buf));
+    }
+    if (!cp->nshards) continue;
+    snprintf(buf, sizeof buf, "%s/%s.safetensors.index.json", cp->spec->folder, stem_of(cp->spec));
+    cJSON_AddItemToArray(files, cJSON_CreateString(buf));
+  }
+  return files;
+}
+
+/* ---- deterministic weights ---------------------------------------------- */
+
+typedef struct {
+  mlo_synth_progress_fn fn;
+  void *user;
+  const char *file;
+  uint64_t done, total, reported;
+} syn_progress;
+
+typedef struct {
+  uint64_t seed;
+  mlo_dtype dtype;
+  syn_progress *progress;
+} fill_ctx;
+
+static uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t name_seed(const char *name) {
+  uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a */
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    h = (h ^ *p) * 0x100000001B3ull;
+  return mix64(h);
+}
+
+/* A bf16 with a random sign and mantissa and an exponent in [2^-13, 2^-6]:
+ * |x| < 2^-5 ~ 0.031, never NaN or Inf.  One hash serves four elements. */
+static uint16_t bf16_at(uint64_t seed, uint64_t i) {
+  uint16_t bits = (uint16_t)(mix64(seed ^ ((i >> 2) * 0xD1B54A32D192ED03ull)) >> (16 * (i & 3)));
+  return (uint16_t)((bits & 0x807Fu) | ((114u + ((bits >> 7) & 7u)) << 7));
+}
+
+static void fill_weights(void *buf, uint64_t offset, size_t len, void *user) {
+  fill_ctx *c = user;
+  unsigned es = c->dtype == MLO_DTYPE_F32 ? 4 : 2;
+  uint8_t *out = buf;
+  for (uint64_t pos = offset; pos < offset + len;) {
+    uint64_t i = pos / es;
+    unsigned b = (unsigned)(pos % es);
+    uint32_t v = bf16_at(c->seed, i);
+    if (es == 4) v <<= 16; /* f32 widened from the same bf16 */
+    uint8_t bytes[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    size_t take = es - b < offset + len - pos ? es - b : (size_t)(offset + len - pos);
+    memcpy(out, bytes + b, take);
+    out += take, pos += take;
+  }
+  syn_progress *pr = c->progress;
+  pr->done += len;
+  if (pr->fn && (pr->done - pr->reported >= PROGRESS_STEP || pr->done == pr->total)) {
+    pr->fn(pr->file, pr->done, pr->total, pr->user);
+    pr->reported = pr->done;
+  }
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+static int fail(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
+static int fail(char *err, size_t errlen, int status, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
+static int make_dir(const char *path, char *err, size_t errlen) {
+  struct stat st;
+  if (mkdir(path, 0755) == 0 || (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
+    return MLO_OK;
+  return fail(err, errlen, MLO_EIO, "%s: cannot create folder: %s", path, strerror(errno));
+}
+
+/* Writes text to dir/rel through a temporary file renamed into place. */
+static int write_text(const char *dir, const char *rel, const char *text, char *err,
+                      size_t errlen) {
+  char *path = mlo_path_join(dir, rel);
+  if (!path) return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
+  size_t len = strlen(path) + 16;
+  char *tmp = malloc(len);
+  int rc = MLO_OK, fd = -1;
+  if (!tmp) {
+    rc = fail(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
+    goto out_free_path;
+  }
+  snprintf(tmp, len, "%s.tmp.XXXXXX", path);
+  if ((fd = mkstemp(tmp)) < 0) {
+    rc = fail(err, errlen, MLO_EIO, "%s: cannot create: %s", path, strerror(errno));
+    goto out_free_tmp;
+  }
+  size_t n = strlen(text);
+  bool ok = fchmod(fd, 0644) == 0 && write(fd, text, n) == (ssize_t)n;
+  ok = (close(fd) == 0) && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    rc = fail(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
+    unlink(tmp);
+  }
+out_free_tmp:
+  free(tmp);
+out_free_path:
+  free(path);
+  return rc;
+}
+
+static int write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
+                      size_t errlen) {
+  char *text = json ? (pretty ? cJSON_Print(json) : cJSON_PrintUnformatted(json)) : NULL;
+  int rc = text ? write_text(dir, rel, text, err, errlen)
+                : fail(err, errlen, MLO_ENOMEM, "%s/%s: out of memory", dir, rel);
+  free(text);
+  return rc;
+}
+
+static void merge_json(cJSON *into, const char *text) {
+  cJSON *extra = text ? cJSON_Parse(text) : NULL, *it;
+  cJSON_ArrayForEach(it, extra) cJSON_AddItemToObject(into, it->string, cJSON_Duplicate(it, 1));
+  cJSON_Delete(extra);
+}
+
+static int cmp_key(const void *a, const void *b) {
+  return strcmp((*(cJSON *const *)a)->string, (*(cJSON *const *)b)->string);
+}
+
+/* model_index.json: metadata first, then entries sorted as diffusers does. */
+static cJSON *model_index_json(const syn_preset *p) {
+  cJSON *root = cJSON_CreateObject(), *entries[64];
+  size_t n = 0;
+  cJSON_AddStringToObject(root, "_class_name", p->pipeline_class);
+  cJSON_AddStringToObject(root, "_diffusers_version", DIFFUSERS_VERSION);
+  merge_json(root, p->extra_index);
+  for (size_t i = 0; i < p->ncomponents && n < 64; i++) {
+    const char *pair[2] = {p->components[i].library, p->components[i].class_name};
+    entries[n] = cJSON_CreateStringArray(pair, 2);
+    entries[n++]->string = strdup(p->components[i].folder);
+  }
+  for (size_t i = 0; i < p->naux && n < 64; i++) {
+    const char *pair[2] = {p->aux[i].library, p->aux[i].class_name};
+    entries[n] = cJSON_CreateStringArray(pair, 2);
+    entries[n++]->string = strdup(p->aux[i].folder);
+  }
+  for (const char *const *a = p->absent; a && *a && n < 64; a++) {
+    entries[n] = cJSON_CreateArray();
+    cJSON_AddItemToArray(entries[n], cJSON_CreateNull());
+    cJSON_AddItemToArray(entries[n], cJSON_CreateNull());
+    entries[n++]->string = strdup(*a);
+  }
+  qsort(entries, n, sizeof *entries, cmp_key);
+  for (size_t i = 0; i < n; i++) {
+    char *key = entries[i]->string;
+    entries[i]->string = NULL;
+    cJSON_AddItemToObject(root, key, entries[i]);
+    free(key);
+  }
+  return root;
+}
+
+static cJSON *config_json(const syn_plan *pl, const comp_plan *cp) {
+  const syn_component *c = cp->spec;
+  cJSON *cfg = cJSON_CreateObject();
+  bool diffusers = !strcmp(c->library, "diffusers");
+  if (diffusers) {
+    cJSON_AddStringToObject(cfg, "_class_name", c->class_name);
+    cJSON_AddStringToObject(cfg, "_diffusers_version", DIFFUSERS_VERSION);
+  } else {
+    cJSON_AddItemToObject(cfg, "architectures", cJSON_CreateStringArray(&c->class_name, 1));
+  }
+  for (size_t i = 0; i < c->arch->nparams; i++)
+    if (c->arch->params[i].key) cJSON_AddNumberToObject(cfg, c->arch->params[i].key, cp->params[i]);
+  merge_json(cfg, c->arch->extra_config);
+  if (c->arch->config) c->arch->config(cfg, cp->params);
+  if (!diffusers)
+    cJSON_AddStringToObject(cfg, "torch_dtype", c->dtype == MLO_DTYPE_F32 ? "float32" : "bfloat16");
+  cJSON *prov = cJSON_AddObjectToObject(cfg, "_mlo_synth");
+  cJSON_AddStringToObject(prov, "preset", pl->preset->name);
+  cJSON_AddNumberToObject(prov, "scale", pl->scale);
+  cJSON_AddNumberToObject(prov, "factor", cp->factor);
+  return cfg;
+}
+
+static int write_shard(const char *folder, const comp_plan *cp, int shard, fill_ctx *ctx,
+                       syn_progress *pr, const char *rel, char *err, size_t errlen) {
+  mlo_st_writer *w = NULL;
+  int rc = mlo_st_writer_create(&w);
+  if (rc == MLO_OK) rc = mlo_st_writer_set_metadata(w, "format", "pt");
+  const syn_emitter *e = &cp->tensors;
+  for (size_t i = 0; i < e->count && rc == MLO_OK; i++) {
+    const syn_rec *r = &e->list[i];
+    if (cp->nshards && r->shard != shard) continue;
+    ctx[i] = (fill_ctx){name_seed(r->name), r->dtype, pr};
+    rc =
+        mlo_st_writer_add_generated(w, r->name, r->dtype, r->ndim, r->shape, fill_weights, &ctx[i]);
+  }
+  if (rc != MLO_OK) {
+    mlo_st_writer_free(w);
+    return fail(err, errlen, rc, "%s: cannot prepare %s: %s", folder, rel, mlo_strerror(rc));
+  }
+  char name[256];
+  shard_name(cp, shard, name, sizeof name);
+  char *path = mlo_path_join(folder, name);
+  pr->file = rel;
+  rc = path ? mlo_st_writer_write(w, path, err, errlen)
+            : fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+  free(path);
+  mlo_st_writer_free(w);
+  return rc;
+}
+
+static int write_index(const char *dir, const comp_plan *cp, char *err, size_t errlen) {
+  cJSON *root = cJSON_CreateObject();
+  cJSON *meta = cJSON_AddObjectToObject(root, "metadata");
+  cJSON_AddNumberToObject(meta, "total_size", (double)cp->tensors.bytes);
+  cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
+  char name[256], rel[512];
+  for (size_t i = 0; i < cp->tensors.count; i++) {
+    shard_name(cp, cp->tensors.list[i].shard, name, sizeof name);
+    cJSON_AddStringToObject(map, cp->tensors.list[i].name, name);
+  }
+  snprintf(rel, sizeof rel, "%s/%s.safetensors.index.json", cp->spec->folder, stem_of(cp->spec));
+  int rc = write_json(dir, rel, root, true, err, errlen);
+  cJSON_Delete(root);
+  return rc;
+}
+
+static int write_component(const char *dir, const syn_plan *pl, const comp_plan *cp,
+                           syn_progress *pr, char *err, size_t errlen) {
+  char *folder = mlo_path_join(dir, cp->spec->folder);
+  fill_ctx *ctx = calloc(cp->tensors.count ? cp->tensors.count : 1, sizeof *ctx);
+  int rc = folder && ctx ? make_dir(folder, err, errlen)
+                         : fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
+  char rel[512], name[256];
+  if (rc == MLO_OK) {
+    cJSON *cfg = config_json(pl, cp);
+    snprintf(rel, sizeof rel, "%s/config.json", cp->spec->folder);
+    rc = write_json(dir, rel, cfg, true, err, errlen);
+    cJSON_Delete(cfg);
+  }
+  for (int s = 0; rc == MLO_OK && s < (cp->nshards ? cp->nshards : 1); s++) {
+    shard_name(cp, s, name, sizeof name);
+    snprintf(rel, sizeof rel, "%s/%s", cp->spec->folder, name);
+    rc = write_shard(folder, cp, s, ctx, pr, rel, err, errlen);
+  }
+  if (rc == MLO_OK && cp->nshards) rc = write_index(dir, cp, err, errlen);
+  free(ctx);
+  free(folder);
+  return rc;
+}
+
+/* ---- the stamp: what was written, and whether it finished ---------------- */
+
+static cJSON *read_stamp(const char *dir) {
+  char *path = mlo_path_join(dir, STAMP_NAME);
+  FILE *f = path ? fopen(path, "rb") : NULL;
+  free(path);
+  if (!f) return NULL;
+  size_t cap = 1u << 20;
+  char *buf = malloc(cap + 1);
+  size_t n = buf ? fread(buf, 1, cap, f) : 0;
+  fclose(f);
+  if (!buf) return NULL;
+  buf[n] = '\0';
+  cJSON *stamp = cJSON_Parse(buf);
+  free(buf);
+  const cJSON *gen = cJSON_GetObjectItemCaseSensitive(stamp, "generator");
+  if (!cJSON_IsString(gen) || strcmp(gen->valuestring, "mlo synth")) {
+    cJSON_Delete(stamp);
+    return NULL;
+  }
+  return stamp;
+}
+
+/* A stamp's file entry is only trusted when it stays inside dir. */
+static bool safe_relative(const char *rel) {
+  if (!rel[0] || rel[0] == '/') return false;
+  for (const char *p = rel; *p;) {
+    const char *slash = strchr(p, '/');
+    size_t len = slash ? (size_t)(slash - p) : strlen(p);
+    if (len == 0 || (len == 2 && !strncmp(p, "..", 2)) || (len == 1 && p[0] == '.')) return false;
+    p += len + (slash ? 1 : 0);
+  }
+  return true;
+}
+
+static bool stamp_matches(const cJSON *stamp, const char *dir, const char *preset, double scale) {
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(stamp, "preset");
+  const cJSON *s = cJSON_GetObjectItemCaseSensitive(stamp, "scale");
+  const cJSON *done = cJSON_GetObjectItemCaseSensitive(stamp, "complete");
+  const cJSON *files = cJSON_GetObjectItemCaseSensitive(stamp, "files"), *it;
+  if (!cJSON_IsString(p) || strcmp(p->valuestring, preset) || !cJSON_IsNumber(s) ||
+      fabs(s->valuedouble - scale) > 1e-12 * scale || !cJSON_IsTrue(done) || !cJSON_IsArray(files))
+    return false;
+  cJSON_ArrayForEach(it, files) { /* a deleted shard must not pass for a cache hit */
+    if (!cJSON_IsString(it) || !safe_relative(it->valuestring)) return false;
+    char *path = mlo_path_join(dir, it->valuestring);
+    struct stat st;
+    bool present = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    free(path);
+    if (!present) return false;
+  }
+  return true;
+}
+
+bool mlo_synth_is_complete(const char *preset, const char *dir, double scale) {
+  if (!preset || !dir) return false;
+  cJSON *stamp = read_stamp(dir);
+  bool ok = stamp && stamp_matches(stamp, dir, preset, scale);
+  cJSON_Delete(stamp);
+  return ok;
+}
+
+/* Removes the files an earlier run listed, and then their folders if empty. */
+static void remove_listed(const char *dir, const cJSON *stamp) {
+  const cJSON *files = cJSON_GetObjectItemCaseSensitive(stamp, "files"), *it;
+  cJSON_ArrayForEach(it, files) {
+    if (!cJSON_IsString(it) || !safe_relative(it->valuestring)) continue;
+    char *path = mlo_path_join(dir, it->valuestring);
+    if (path) unlink(path);
+    char *slash = path ? strrchr(path, '/') : NULL;
+    if (slash && strchr(it->valuestring, '/')) {
+      *slash = '\0';
+      rmdir(path); /* fails harmlessly while other files remain */
+    }
+    free(path);
+  }
+}
+
+static bool dir_is_empty(const char *dir) {
+  bool empty = true;
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+  if (d) closedir(d);
+  return empty;
+}
+
+static int write_stamp(const char *dir, const syn_plan *pl, bool complete, char *err,
+                       size_t errlen) {
+  cJSON *stamp = cJSON_CreateObject();
+  cJSON_AddStringToObject(stamp, "generator", "mlo synth");
+  cJSON_AddNumberToObject(stamp, "version", 1);
+  cJSON_AddStringToObject(stamp, "preset", pl->preset->name);
+  cJSON_AddNumberToObject(stamp, "scale", pl->scale);
+  cJSON_AddNumberToObject(stamp, "tensor_bytes", (double)pl->bytes);
+  cJSON_AddBoolToObject(stamp, "complete", complete);
+  cJSON_AddItemToObject(stamp, "files", plan_files(pl));
+  int rc = write_json(dir, STAMP_NAME, stamp, true, err, errlen);
+  cJSON_Delete(stamp);
+  return rc;
+}
+
+/* Makes dir ready: created, empty, or holding an earlier run's files
+ * (removed).  *cached is set when the same run already finished. */
+static int prepare_dir(const char *dir, const syn_plan *pl, bool *cached, char *err,
+                       size_t errlen) {
+  *cached = false;
+  int rc = make_dir(dir, err, errlen);
+  if (rc != MLO_OK) return rc;
+  cJSON *stamp = read_stamp(dir);
+  if (!stamp) {
+    return dir_is_empty(dir) ? MLO_OK
+                             : fail(err, errlen, MLO_EEXIST,
+                                    "%s: folder is not empty and was not written by mlo synth "
+                                    "(no " STAMP_NAME "); refusing to write into it",
+                                    dir);
+  }
+  if (stamp_matches(stamp, dir, pl->preset->name, pl->scale))
+    *cached = true;
+  else
+    remove_listed(dir, stamp);
+  cJSON_Delete(stamp);
+  return MLO_OK;
+}
+
+int mlo_synth_write(const char *preset, const char *dir, double scale,
+                    mlo_synth_progress_fn progress, void *user, char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  const syn_preset *p = find_preset(preset);
+  if (!p)
+    return fail(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
+                preset ? preset : "(null)");
+  if (!dir || !scale_ok(scale))
+    return fail(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
+                scale);
+  syn_plan pl;
+  int rc = plan_build(p, scale, &pl);
+  if (rc != MLO_OK)
+    return fail(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
+  bool cached = false;
+  rc = prepare_dir(dir, &pl, &cached, err, errlen);
+  if (rc != MLO_OK || cached) goto out_free_plan;
+  /* The stamp goes first, incomplete, so an interrupted run is recognised
+   * and cleaned by the next one; it is marked complete last. */
+  if ((rc = write_stamp(dir, &pl, false, err, errlen)) != MLO_OK) goto out_free_plan;
+  cJSON *index = model_index_json(p);
+  rc = write_json(dir, "model_index.json", index, true, err, errlen);
+  cJSON_Delete(index);
+  for (size_t i = 0; rc == MLO_OK && i < p->naux; i++) {
+    char *folder = mlo_path_join(dir, p->aux[i].folder), rel[512];
+    rc = folder ? make_dir(folder, err, errlen) : fail(err, errlen, MLO_ENOMEM, "out of memory");
+    free(folder);
+    snprintf(rel, sizeof rel, "%s/%s", p->aux[i].folder, p->aux[i].file);
+    if (rc == MLO_OK) rc = write_text(dir, rel, p->aux[i].content, err, errlen);
+  }
+  syn_progress pr = {progress, user, NULL, 0, pl.bytes, 0};
+  for (size_t i = 0; rc == MLO_OK && i < p->ncomponents; i++)
+    rc = write_component(dir, &pl, &pl.comps[i], &pr, err, errlen);
+  if (rc == MLO_OK) rc = write_stamp(dir, &pl, true, err, errlen);
+out_free_plan:
+  plan_free(&pl);
+  return rc;
+}

@@ -1,0 +1,82 @@
+/*
+ * synth.h — internal interface between the generator (synth.c: scaling,
+ * files, shards, weights) and the preset tables (synth_presets.c: which
+ * pipelines exist and what each architecture's tensors are called).
+ */
+#ifndef MLO_FORMAT_SYNTH_H
+#define MLO_FORMAT_SYNTH_H
+
+#include "core/log.h" /* MLO_PRINTF */
+#include "mlo/checkpoint.h"
+
+#include <cjson/cJSON.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* How a hyper-parameter follows the scale knob g = f^(1/3) (f is the
+ * component's byte factor, found by bisection in synth.c). */
+typedef enum {
+  SYN_FIXED,    /* interface sizes: channels, patch, time-embedding width */
+  SYN_WIDTH,    /* x g, multiple of 4, at least 8 */
+  SYN_HEADS,    /* x sqrt(g), at least 1 (head count and head width share g) */
+  SYN_HEAD_DIM, /* x sqrt(g), multiple of 8, at least 8 */
+  SYN_DEPTH,    /* x g, at least 1 */
+  SYN_VOCAB,    /* x g^2 (embedding bytes then follow f), multiple of 64, >= 64 */
+} syn_kind;
+
+#define SYN_MAX_PARAMS 16
+
+typedef struct {
+  const char *key; /* config.json key, NULL for a value only the emitter uses */
+  int base;        /* the real model's value (scale 1.0) */
+  syn_kind kind;
+} syn_param;
+
+typedef struct syn_emitter syn_emitter;
+
+/* Declares one tensor; name is printf-formatted.  Errors are sticky in the
+ * emitter, so architecture code does not check each call. */
+void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape, const char *fmt,
+                ...) MLO_PRINTF(5, 6);
+/* The component's weight dtype (BF16, or F32 for the Wan VAE). */
+mlo_dtype syn_dtype(const syn_emitter *e);
+
+typedef struct {
+  const syn_param *params;
+  size_t nparams;
+  const char *extra_config; /* a JSON object merged into config.json */
+  void (*emit)(syn_emitter *e, const int *p);
+  /* Adds derived config.json fields (hidden_size, channel lists); may be NULL. */
+  void (*config)(cJSON *cfg, const int *p);
+} syn_arch;
+
+typedef struct {
+  const char *folder;  /* model_index.json key */
+  const char *library; /* "diffusers" or "transformers" */
+  const char *class_name;
+  const syn_arch *arch;
+  mlo_dtype dtype;
+  bool sharded; /* written as shards with a weight map (at least two) */
+} syn_component;
+
+/* A folder without weights (tokenizer, scheduler): one small JSON file. */
+typedef struct {
+  const char *folder, *library, *class_name, *file, *content;
+} syn_aux;
+
+typedef struct {
+  const char *name, *description;
+  const char *pipeline_class;
+  const char *extra_index; /* a JSON object merged into model_index.json */
+  const syn_component *components;
+  size_t ncomponents;
+  const syn_aux *aux;
+  size_t naux;
+  const char *const *absent; /* keys written as [null, null]; NULL-terminated */
+} syn_preset;
+
+extern const syn_preset syn_presets[];
+extern const size_t syn_preset_count;
+
+#endif
