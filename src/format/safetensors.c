@@ -78,7 +78,7 @@ static int check_header_len(const st_ctx *c, uint64_t file_size, uint64_t hlen) 
 
 /* Returns the offset of the first byte that breaks UTF-8, or len if none.
  * NUL is refused too: C strings made from the header would cut there. */
-static size_t utf8_bad_offset(const uint8_t *s, size_t len) {
+size_t mlo_st_utf8_bad_offset(const uint8_t *s, size_t len) {
   size_t i = 0;
   while (i < len) {
     uint8_t b = s[i];
@@ -240,6 +240,27 @@ static int parse_meta(const st_ctx *c, const cJSON *obj, mlo_st_file *f) {
   return MLO_OK;
 }
 
+static int cmp_meta_key(const void *a, const void *b) {
+  return strcmp((*(mlo_st_meta *const *)a)->key, (*(mlo_st_meta *const *)b)->key);
+}
+
+/* cJSON keeps both copies of a repeated key; which one counts would be a
+ * guess, so a repeated metadata key is an error (sorted: no n^2 on a
+ * hostile header). */
+static int check_meta_unique(const st_ctx *c, const mlo_st_file *f) {
+  if (f->meta_count < 2) return MLO_OK;
+  mlo_st_meta **idx = malloc(f->meta_count * sizeof *idx);
+  if (!idx) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
+  for (size_t i = 0; i < f->meta_count; i++) idx[i] = &f->meta[i];
+  qsort(idx, f->meta_count, sizeof *idx, cmp_meta_key);
+  int rc = MLO_OK;
+  for (size_t i = 1; i < f->meta_count && !rc; i++)
+    if (strcmp(idx[i - 1]->key, idx[i]->key) == 0)
+      rc = st_fail(c, MLO_EFORMAT, NULL, "duplicate __metadata__ key '%.80s'", idx[i]->key);
+  free(idx);
+  return rc;
+}
+
 static int cmp_name(const void *a, const void *b) {
   const mlo_st_tensor *x = *(mlo_st_tensor *const *)a, *y = *(mlo_st_tensor *const *)b;
   return strcmp(x->name, y->name);
@@ -290,6 +311,7 @@ static int parse_root(const st_ctx *c, const cJSON *root, mlo_st_file *f, uint64
     if (strcmp(child->string, "__metadata__") == 0) {
       if (seen_meta++) return st_fail(c, MLO_EFORMAT, NULL, "duplicate key \"__metadata__\"");
       int rc = parse_meta(c, child, f);
+      if (!rc) rc = check_meta_unique(c, f);
       if (rc) return rc;
       continue;
     }
@@ -318,7 +340,7 @@ static int index_names(const st_ctx *c, st_file_impl *impl) {
 
 /* Parses the JSON text: UTF-8, one value, only whitespace after it. */
 static int parse_json(const st_ctx *c, const uint8_t *hdr, size_t hlen, cJSON **out) {
-  size_t bad = utf8_bad_offset(hdr, hlen);
+  size_t bad = mlo_st_utf8_bad_offset(hdr, hlen);
   if (bad < hlen)
     return st_fail(c, MLO_EFORMAT, NULL, "header is not valid UTF-8 (byte 0x%02x at %zu)", hdr[bad],
                    bad);
@@ -392,7 +414,15 @@ int mlo_st_parse(const char *name, const uint8_t *bytes, size_t len, mlo_st_file
   uint64_t hlen = read_le64(bytes);
   int rc = check_header_len(&c, len, hlen);
   if (rc) return rc;
-  return st_build(&c, bytes + 8, hlen, len, out);
+  /* cJSON gets a NUL-terminated copy: the caller's bytes end exactly at
+   * len, and a parser bug must not be able to read past them */
+  uint8_t *hdr = malloc((size_t)hlen + 1);
+  if (!hdr) return st_fail(&c, MLO_ENOMEM, NULL, "out of memory");
+  memcpy(hdr, bytes + 8, (size_t)hlen);
+  hdr[hlen] = '\0';
+  rc = st_build(&c, hdr, hlen, len, out);
+  free(hdr);
+  return rc;
 }
 
 /* pread until len bytes arrive; a short file is an error of its own. */
@@ -438,13 +468,14 @@ int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen) {
   uint64_t hlen = read_le64(prefix);
   rc = check_header_len(&c, size, hlen);
   if (rc) goto close_fd;
-  hdr = malloc(hlen ? (size_t)hlen : 1);
+  hdr = malloc((size_t)hlen + 1); /* NUL-terminated, as in mlo_st_parse */
   if (!hdr) {
     rc = st_fail(&c, MLO_ENOMEM, NULL, "out of memory for a %llu-byte header",
                  (unsigned long long)hlen);
     goto close_fd;
   }
   rc = pread_full(&c, fd, hdr, (size_t)hlen, 8);
+  hdr[hlen] = '\0';
   if (!rc) rc = st_build(&c, hdr, hlen, size, out);
   free(hdr);
 close_fd:

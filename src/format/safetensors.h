@@ -48,6 +48,10 @@ int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen);
 int mlo_st_parse(const char *name, const uint8_t *bytes, size_t len, mlo_st_file **out, char *err,
                  size_t errlen);
 void mlo_st_close(mlo_st_file *f);
+/* The offset of the first byte of s that is not valid UTF-8 (or is NUL),
+ * len if none: the rule the reader applies to headers, shared with the
+ * writer so that it never writes a file the reader would refuse. */
+size_t mlo_st_utf8_bad_offset(const uint8_t *s, size_t len);
 const mlo_st_tensor *mlo_st_find(const mlo_st_file *f, const char *name);
 
 /* Declares every tensor of f in comp as a file-backed tensor (no data read

@@ -67,9 +67,15 @@ void mlo_st_writer_free(mlo_st_writer *w) {
 }
 
 /* Validates name, dtype and shape and computes the byte size. */
+static bool valid_text(const char *s) {
+  size_t n = strlen(s);
+  return mlo_st_utf8_bad_offset((const uint8_t *)s, n) == n;
+}
+
 static int check_new(const mlo_st_writer *w, const char *name, mlo_dtype dtype, int ndim,
                      const int64_t *shape, uint64_t *nbytes) {
   if (!w || !name || strcmp(name, "__metadata__") == 0 || !mlo_dtype_name(dtype)) return MLO_EINVAL;
+  if (!valid_text(name)) return MLO_EINVAL;
   if (ndim < 0 || ndim > MLO_MAX_DIMS || (ndim > 0 && !shape)) return MLO_EINVAL;
   uint64_t numel = 1;
   for (int i = 0; i < ndim; i++) {
@@ -144,7 +150,7 @@ int mlo_st_writer_add_generated(mlo_st_writer *w, const char *name, mlo_dtype dt
 }
 
 int mlo_st_writer_set_metadata(mlo_st_writer *w, const char *key, const char *value) {
-  if (!w || !key || !value) return MLO_EINVAL;
+  if (!w || !key || !value || !valid_text(key) || !valid_text(value)) return MLO_EINVAL;
   char *v = strdup(value);
   if (!v) return MLO_ENOMEM;
   for (size_t i = 0; i < w->meta_count; i++) {

@@ -326,6 +326,9 @@ static void test_writer_rejects(void **state) {
                    MLO_EINVAL);
   assert_int_equal(mlo_st_writer_add_generated(w, "b", MLO_DTYPE_U8, 1, s2, NULL, &g), MLO_EINVAL);
   assert_int_equal(mlo_st_writer_set_metadata(w, "k", NULL), MLO_EINVAL);
+  /* text the reader would refuse is refused when added */
+  assert_int_equal(mlo_st_writer_add(w, "bad\xff", MLO_DTYPE_U8, 1, s2, buf, 2, true), MLO_EINVAL);
+  assert_int_equal(mlo_st_writer_set_metadata(w, "k", "\xc0\x80"), MLO_EINVAL);
   mlo_st_writer_free(w);
   mlo_st_writer_free(NULL);
   mlo_st_close(NULL);

@@ -57,6 +57,7 @@ static const hostile_case cases[] = {
     {"trailing_bytes", NULL, "4 trailing bytes after the last tensor's data"},
     {"duplicate_name", "a", "duplicate tensor name"},
     {"duplicate_metadata", NULL, "duplicate key \"__metadata__\""},
+    {"metadata_duplicate_key", NULL, "duplicate __metadata__ key 'k'"},
     {"metadata_not_object", NULL, "__metadata__ is not an object"},
     {"metadata_not_string", NULL, "__metadata__ value of 'step' is not a string"},
 };

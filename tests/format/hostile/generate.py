@@ -59,6 +59,7 @@ HOSTILE = {
     "duplicate_name": st('{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, '
                          '"a": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}', b"\0\0"),
     "duplicate_metadata": st('{"__metadata__": {}, "__metadata__": {}}'),
+    "metadata_duplicate_key": st('{"__metadata__": {"k": "1", "k": "2"}}'),
     "metadata_not_object": st({"__metadata__": [1]}),
     "metadata_not_string": st({"__metadata__": {"format": "pt", "step": 1}}),
 }
