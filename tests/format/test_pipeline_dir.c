@@ -9,12 +9,12 @@
  * scheduler without weights, an absent [null, null] entry and a
  * configuration value, as real model_index.json files have.
  */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "testutil.h"
 
 #include "format/safetensors.h"
 #include "mlo/checkpoint.h"
 
-#define _XOPEN_SOURCE 700
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,8 +55,8 @@ static void put_st(const char *rel, const char *const *names, const int *rows) {
   for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7 + 1);
   for (int i = 0; names[i]; i++) {
     int64_t shape[2] = {rows[i], 4};
-    assert_ok(mlo_st_writer_add(w, names[i], MLO_DTYPE_BF16, 2, shape, data,
-                                (uint64_t)rows[i] * 8, true));
+    assert_ok(mlo_st_writer_add(w, names[i], MLO_DTYPE_BF16, 2, shape, data, (uint64_t)rows[i] * 8,
+                                true));
   }
   assert_ok(mlo_st_writer_write(w, path, err, sizeof err));
   mlo_st_writer_free(w);
@@ -133,7 +133,8 @@ static void expect_fail(const char *rel, const mlo_open_options *oo, int status,
                         const char *s2) {
   mlo_pipeline *pipe;
   int rc = open_at(rel, oo, &pipe);
-  if (rc != status) fail_msg("status %s, expected %s (%s)", mlo_err_name(rc), mlo_err_name(status), err);
+  if (rc != status)
+    fail_msg("status %s, expected %s (%s)", mlo_err_name(rc), mlo_err_name(status), err);
   assert_null(pipe);
   if (!strstr(err, s1) || (s2 && !strstr(err, s2)))
     fail_msg("message \"%s\" lacks \"%s\" / \"%s\"", err, s1, s2 ? s2 : "");
@@ -152,7 +153,8 @@ static void test_opens_pipeline(void **state) {
   assert_ok(open_at("", NULL, &pipe));
   /* scheduler, tokenizer and the [null, null] entry are not components */
   assert_int_equal(mlo_pipeline_component_count(pipe), 3);
-  mlo_component *te = mlo_pipeline_component_at(pipe, 0), *dit = mlo_pipeline_find(pipe, "transformer");
+  mlo_component *te = mlo_pipeline_component_at(pipe, 0),
+                *dit = mlo_pipeline_find(pipe, "transformer");
   assert_string_equal(mlo_component_name(te), "text_encoder");
   assert_int_equal(mlo_component_role(te), MLO_ROLE_ENCODER);
   assert_int_equal(mlo_component_role_source(te), MLO_ROLE_FROM_HEURISTIC);
@@ -178,7 +180,8 @@ static void test_role_overrides(void **state) {
   oo.overrides = ov, oo.override_count = 2;
   mlo_pipeline *pipe;
   assert_ok(open_at("", &oo, &pipe));
-  mlo_component *vae = mlo_pipeline_find(pipe, "vae"), *te = mlo_pipeline_find(pipe, "text_encoder");
+  mlo_component *vae = mlo_pipeline_find(pipe, "vae"),
+                *te = mlo_pipeline_find(pipe, "text_encoder");
   assert_int_equal(mlo_component_role(vae), MLO_ROLE_OTHER);
   assert_int_equal(mlo_component_role_source(vae), MLO_ROLE_FROM_OVERRIDE);
   assert_int_equal(mlo_component_role_source(te), MLO_ROLE_FROM_OVERRIDE);
@@ -360,12 +363,18 @@ static void test_variants(void **state) {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 int main(void) {
   const struct CMUnitTest tests[] = {
-      T(test_opens_pipeline),          T(test_role_overrides),
-      T(test_single_file_and_folder),  T(test_missing_shard),
-      T(test_bad_index_json),          T(test_tensor_in_two_shards),
-      T(test_tensor_missing_from_shard), T(test_stray_shard),
-      T(test_component_folder_missing), T(test_model_index_malformed),
-      T(test_ambiguous_files),         T(test_variants),
+      T(test_opens_pipeline),
+      T(test_role_overrides),
+      T(test_single_file_and_folder),
+      T(test_missing_shard),
+      T(test_bad_index_json),
+      T(test_tensor_in_two_shards),
+      T(test_tensor_missing_from_shard),
+      T(test_stray_shard),
+      T(test_component_folder_missing),
+      T(test_model_index_malformed),
+      T(test_ambiguous_files),
+      T(test_variants),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
