@@ -1,0 +1,463 @@
+/*
+ * cuda.c — the CUDA platform: "cuda[:N][:key=value,...]", plain C against
+ * the CUDA runtime API.
+ *
+ * Three non-blocking streams: COPY (loads and write-backs), COMPUTE (the
+ * queue users submit their forwards to, exposed by compute_queue) and
+ * RELEASE (where device blocks are returned to the pool).  Ordering is done
+ * with events, never with a host synchronize (docs/platforms.md has the
+ * argument in full):
+ *  - a block is allocated from our memory pool ON THE COPY STREAM, so the
+ *    copies into it are ordered after the allocation for free, and compute
+ *    reaches it only through compute_wait on an event recorded after those
+ *    copies;
+ *  - a block is freed on the RELEASE stream after that stream waits for the
+ *    current tails of both COPY and COMPUTE, so the free is ordered after
+ *    every copy and kernel already submitted, and neither working stream
+ *    stalls on the other; a later allocation that reuses the memory gets
+ *    the dependency from the pool (cudaMemPoolReuseAllowInternalDependencies).
+ * Host slabs are pinned with cudaHostAlloc (portable), falling back to
+ * pageable memory with one warning; MLO_NO_PINNED=1 or pinned=0 turn it off.
+ */
+#include "core/log.h"
+#include "platform/platform.h"
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Copies are cut into pieces this large: big enough for full link speed,
+ * small enough that a pageable source is staged in bounded chunks. */
+#define DEFAULT_CHUNK ((uint64_t)64 << 20)
+
+struct cuda_options {
+  unsigned long index;
+  int pinned;     /* -1: on unless MLO_NO_PINNED=1 */
+  uint64_t chunk; /* bytes per cudaMemcpyAsync */
+};
+
+struct cuda_ctx {
+  int device;
+  cudaStream_t copy, compute, release;
+  cudaEvent_t copy_tail, compute_tail; /* free ordering; guarded by lock */
+  cudaMemPool_t pool;                  /* NULL: no pool support, plain cudaMalloc */
+  size_t chunk;
+  bool pinned, host_register;
+  pthread_mutex_t lock;
+  bool warned_pageable;
+};
+
+/* Maps a runtime error to a status and clears it from the thread's last
+ * error, so the next unrelated call does not report it again. */
+static int cuda_status(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return MLO_OK;
+  (void)cudaGetLastError();
+  if (e == cudaErrorMemoryAllocation) {
+    mlo_logf(MLO_LOG_INFO, "cuda: %s: device out of memory", what);
+    return MLO_ENOMEM_DEVICE;
+  }
+  mlo_logf(MLO_LOG_ERROR, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e),
+           cudaGetErrorName(e));
+  return MLO_EPLATFORM;
+}
+
+/* The current device is per host thread; every entry point may run on a
+ * thread that has never selected ours. */
+static int use_device(struct cuda_ctx *c) {
+  return cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
+}
+
+/* ---- device blocks ------------------------------------------------------ */
+
+static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
+  struct cuda_ctx *c = ctx;
+  *block = NULL;
+  int rc = use_device(c);
+  if (rc) return rc;
+  void *ptr = NULL;
+  size_t n = bytes ? bytes : 1;
+  cudaError_t e =
+      c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy) : cudaMalloc(&ptr, n);
+  rc = cuda_status(e, "allocating a device block");
+  if (!rc) *block = ptr;
+  return rc;
+}
+
+/* Ordered after every copy and compute already submitted: RELEASE waits for
+ * both tails, then returns the block to the pool.  No host wait. */
+static void cu_dev_free(void *ctx, void *block, size_t bytes) {
+  struct cuda_ctx *c = ctx;
+  (void)bytes;
+  if (use_device(c)) return;
+  if (!c->pool) { /* no stream-ordered allocator: drain, then free */
+    cudaStreamSynchronize(c->copy);
+    cudaStreamSynchronize(c->compute);
+    cuda_status(cudaFree(block), "cudaFree");
+    return;
+  }
+  pthread_mutex_lock(&c->lock);
+  cudaError_t e = cudaEventRecord(c->copy_tail, c->copy);
+  if (e == cudaSuccess) e = cudaEventRecord(c->compute_tail, c->compute);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->copy_tail, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->compute_tail, 0);
+  pthread_mutex_unlock(&c->lock);
+  if (e != cudaSuccess) {
+    /* Could not order it: leaking is wrong, freeing early is worse. */
+    cuda_status(e, "ordering a free");
+    cudaStreamSynchronize(c->copy);
+    cudaStreamSynchronize(c->compute);
+  }
+  cuda_status(cudaFreeAsync(block, c->release), "cudaFreeAsync");
+}
+
+/* Free memory as the device sees it, plus what our pool holds in reserve
+ * (freed blocks it keeps for reuse, which cudaMemGetInfo counts as used). */
+static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
+  struct cuda_ctx *c = ctx;
+  int rc = use_device(c);
+  if (rc) return rc;
+  size_t f = 0, t = 0;
+  rc = cuda_status(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+  if (rc) return rc;
+  uint64_t reserved = 0, used = 0;
+  if (c->pool &&
+      cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemCurrent, &reserved) ==
+          cudaSuccess &&
+      cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess &&
+      reserved > used)
+    f += (size_t)(reserved - used);
+  *total = t;
+  *free_bytes = f < t ? f : t;
+  return MLO_OK;
+}
+
+/* ---- host memory -------------------------------------------------------- */
+
+static void warn_pageable_once(struct cuda_ctx *c, const char *why) {
+  pthread_mutex_lock(&c->lock);
+  bool first = !c->warned_pageable;
+  c->warned_pageable = true;
+  pthread_mutex_unlock(&c->lock);
+  if (first) mlo_logf(MLO_LOG_WARN, "cuda: host memory is pageable: %s", why);
+}
+
+static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {
+  struct cuda_ctx *c = ctx;
+  *ptr = NULL;
+  *got_pinned = false;
+  if (pinned && !c->pinned) warn_pageable_once(c, "pinning disabled (pinned=0 or MLO_NO_PINNED=1)");
+  if (pinned && c->pinned && bytes && !use_device(c)) {
+    /* Portable: the slab stays pinned for every device and context. */
+    cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+      *got_pinned = true;
+      return MLO_OK;
+    }
+    (void)cudaGetLastError();
+    *ptr = NULL;
+    char why[160];
+    snprintf(why, sizeof why, "cudaHostAlloc of %zu bytes failed (%s)", bytes,
+             cudaGetErrorString(e));
+    warn_pageable_once(c, why);
+  }
+  size_t rounded = (bytes + 4095) & ~(size_t)4095;
+  if (rounded < bytes) return MLO_ENOMEM;
+  *ptr = aligned_alloc(4096, rounded ? rounded : 4096);
+  return *ptr ? MLO_OK : MLO_ENOMEM;
+}
+
+/* cudaFreeHost waits for copies that still read the buffer. */
+static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
+  (void)bytes;
+  if (!pinned) {
+    free(ptr);
+    return;
+  }
+  if (!use_device(ctx)) cuda_status(cudaFreeHost(ptr), "cudaFreeHost");
+}
+
+/* ---- copies ------------------------------------------------------------- */
+
+static int copy_chunks(struct cuda_ctx *c, char *dst, const char *src, size_t bytes,
+                       enum cudaMemcpyKind kind) {
+  int rc = use_device(c);
+  for (size_t done = 0; !rc && done < bytes; done += c->chunk) {
+    size_t n = bytes - done < c->chunk ? bytes - done : c->chunk;
+    rc = cuda_status(cudaMemcpyAsync(dst + done, src + done, n, kind, c->copy), "cudaMemcpyAsync");
+  }
+  return rc;
+}
+
+static int cu_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
+  return copy_chunks(ctx, (char *)block + offset, src, bytes, cudaMemcpyHostToDevice);
+}
+
+static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, size_t bytes) {
+  return copy_chunks(ctx, dst, (const char *)block + offset, bytes, cudaMemcpyDeviceToHost);
+}
+
+/* ---- events: an mlo_event is a cudaEvent_t ------------------------------ */
+
+static int cu_event_create(void *ctx, mlo_event **ev) {
+  int rc = use_device(ctx);
+  if (rc) return rc;
+  cudaEvent_t e = NULL;
+  rc = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  *ev = rc ? NULL : (mlo_event *)e;
+  return rc;
+}
+
+static void cu_event_destroy(void *ctx, mlo_event *ev) {
+  (void)ctx;
+  cuda_status(cudaEventDestroy((cudaEvent_t)ev), "cudaEventDestroy");
+}
+
+static int cu_event_record_copy(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return cuda_status(cudaEventRecord((cudaEvent_t)ev, c->copy), "cudaEventRecord(copy)");
+}
+
+static int cu_event_record_compute(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return cuda_status(cudaEventRecord((cudaEvent_t)ev, c->compute), "cudaEventRecord(compute)");
+}
+
+static int cu_compute_wait(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return cuda_status(cudaStreamWaitEvent(c->compute, (cudaEvent_t)ev, 0), "cudaStreamWaitEvent");
+}
+
+static int cu_copy_wait(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return cuda_status(cudaStreamWaitEvent(c->copy, (cudaEvent_t)ev, 0), "cudaStreamWaitEvent");
+}
+
+static int cu_event_sync(void *ctx, mlo_event *ev) {
+  (void)ctx;
+  return cuda_status(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize");
+}
+
+static int cu_event_query(void *ctx, mlo_event *ev) {
+  (void)ctx;
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return MLO_EBUSY;
+  }
+  return cuda_status(e, "cudaEventQuery");
+}
+
+static int cu_synchronize(void *ctx) {
+  struct cuda_ctx *c = ctx;
+  int rc = use_device(c);
+  if (!rc) rc = cuda_status(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
+  if (!rc) rc = cuda_status(cudaStreamSynchronize(c->compute), "cudaStreamSynchronize(compute)");
+  if (!rc) rc = cuda_status(cudaStreamSynchronize(c->release), "cudaStreamSynchronize(release)");
+  return rc;
+}
+
+static void *cu_compute_queue(void *ctx) {
+  return ((struct cuda_ctx *)ctx)->compute;
+}
+
+static void cu_get_caps(void *ctx, mlo_platform_caps *caps) {
+  struct cuda_ctx *c = ctx;
+  *caps = (mlo_platform_caps){
+      .async_copy = true,
+      .events = true,
+      .pinned_host = c->pinned,
+      .host_register = c->host_register,
+      .blocking_d2h = false,
+      .device_pointers = true,
+  };
+}
+
+static void cu_destroy(void *ctx) {
+  struct cuda_ctx *c = ctx;
+  if (!c) return;
+  if (!use_device(c)) {
+    cudaStream_t streams[] = {c->copy, c->compute, c->release};
+    for (int i = 0; i < 3; i++)
+      if (streams[i]) {
+        cudaStreamSynchronize(streams[i]);
+        cudaStreamDestroy(streams[i]);
+      }
+    if (c->copy_tail) cudaEventDestroy(c->copy_tail);
+    if (c->compute_tail) cudaEventDestroy(c->compute_tail);
+    if (c->pool) cudaMemPoolDestroy(c->pool);
+  }
+  (void)cudaGetLastError();
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+static const struct mlo_platform_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cu_destroy,
+    .get_caps = cu_get_caps,
+    .get_memory = cu_get_memory,
+    .dev_alloc = cu_dev_alloc,
+    .dev_free = cu_dev_free,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .copy_h2d = cu_copy_h2d,
+    .copy_d2h = cu_copy_d2h,
+    .event_create = cu_event_create,
+    .event_destroy = cu_event_destroy,
+    .event_record_copy = cu_event_record_copy,
+    .event_record_compute = cu_event_record_compute,
+    .compute_wait = cu_compute_wait,
+    .copy_wait = cu_copy_wait,
+    .event_sync = cu_event_sync,
+    .event_query = cu_event_query,
+    .synchronize = cu_synchronize,
+    .compute_queue = cu_compute_queue,
+};
+
+/* ---- the spec ----------------------------------------------------------- */
+
+static int cu_option(const char *key, const char *value, void *user, char *err, size_t errlen) {
+  struct cuda_options *o = user;
+  if (!strcmp(key, "pinned")) {
+    if (strcmp(value, "0") && strcmp(value, "1")) {
+      snprintf(err, errlen, "cuda platform option pinned=%s: expected 0 or 1", value);
+      return MLO_EINVAL;
+    }
+    o->pinned = value[0] == '1';
+    return MLO_OK;
+  }
+  if (!strcmp(key, "chunk")) {
+    if (mlo_parse_size(value, false, &o->chunk) || o->chunk < 4096 ||
+        o->chunk > ((uint64_t)1 << 40)) {
+      snprintf(err, errlen, "cuda platform option chunk=%s: expected a size from 4K to 1T", value);
+      return MLO_EINVAL;
+    }
+    return MLO_OK;
+  }
+  snprintf(err, errlen, "unknown cuda platform option %s=%s (known: pinned, chunk)", key, value);
+  return MLO_EINVAL;
+}
+
+/* "" | "N" | "N:opts" | "opts" (a first item with '=' is an option).
+ * Parsed before any CUDA call, so a bad spec is MLO_EINVAL even without a GPU. */
+static int parse_spec(const char *args, struct cuda_options *o, char *err, size_t errlen) {
+  const char *colon = strchr(args, ':');
+  size_t head_len = colon ? (size_t)(colon - args) : strlen(args);
+  if (!head_len && !colon) return MLO_OK;
+  if (memchr(args, '=', head_len) && !colon)
+    return mlo_spec_parse_kv(args, cu_option, o, err, errlen);
+  char *end = NULL;
+  o->index = strtoul(args, &end, 10);
+  if (!head_len || args[0] < '0' || args[0] > '9' || end != args + head_len || o->index > 1024) {
+    snprintf(err, errlen, "cuda platform: bad device index '%.*s' in \"cuda:%s\" (expected N)",
+             (int)head_len, args, args);
+    return MLO_EINVAL;
+  }
+  return colon ? mlo_spec_parse_kv(colon + 1, cu_option, o, err, errlen) : MLO_OK;
+}
+
+static int find_device(unsigned long index, char *err, size_t errlen) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    snprintf(err, errlen, "no CUDA device visible (cudaGetDeviceCount: %s)",
+             e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return MLO_ENODEV;
+  }
+  if (index >= (unsigned long)count) {
+    snprintf(err, errlen, "CUDA device %lu not present (%d visible)", index, count);
+    return MLO_ENODEV;
+  }
+  return MLO_OK;
+}
+
+/* Our own pool, so that its reserve is ours to report and reuse: nothing is
+ * returned to the driver at synchronize points (threshold: never). */
+static cudaError_t create_pool(struct cuda_ctx *c) {
+  int supported = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, c->device);
+  if (e != cudaSuccess || !supported) {
+    (void)cudaGetLastError();
+    mlo_logf(MLO_LOG_WARN, "cuda: no stream-ordered allocator on device %d: frees will synchronize",
+             c->device);
+    return cudaSuccess;
+  }
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = c->device;
+  e = cudaMemPoolCreate(&c->pool, &props);
+  uint64_t keep_all = UINT64_MAX;
+  int on = 1;
+  if (e == cudaSuccess)
+    e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+  if (e == cudaSuccess)
+    e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolReuseAllowInternalDependencies, &on);
+  return e;
+}
+
+static int create_streams(struct cuda_ctx *c, char *err, size_t errlen) {
+  cudaError_t e = cudaSetDevice(c->device);
+  const char *what = "cudaSetDevice";
+  cudaStream_t *streams[] = {&c->copy, &c->compute, &c->release};
+  for (int i = 0; i < 3 && e == cudaSuccess; i++) {
+    what = "cudaStreamCreateWithFlags";
+    e = cudaStreamCreateWithFlags(streams[i], cudaStreamNonBlocking);
+  }
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copy_tail, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->compute_tail, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    what = "creating the memory pool";
+    e = create_pool(c);
+  }
+  if (e == cudaSuccess) return MLO_OK;
+  (void)cudaGetLastError();
+  snprintf(err, errlen, "cuda platform: %s failed: %s", what, cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? MLO_ENOMEM_DEVICE : MLO_EPLATFORM;
+}
+
+static void describe(struct cuda_ctx *c, mlo_platform *p) {
+  struct cudaDeviceProp prop;
+  memset(&prop, 0, sizeof prop);
+  if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(prop.name, sizeof prop.name, "?");
+  }
+  int reg = 0;
+  if (cudaDeviceGetAttribute(&reg, cudaDevAttrHostRegisterSupported, c->device) != cudaSuccess)
+    (void)cudaGetLastError();
+  c->host_register = reg != 0;
+  char mem[32];
+  mlo_format_size(prop.totalGlobalMem, mem, sizeof mem);
+  snprintf(p->description, sizeof p->description, "CUDA device %d: %.80s (%s, cc %d.%d)%s",
+           c->device, prop.name, mem, prop.major, prop.minor,
+           c->pinned ? "" : ", pageable host memory");
+}
+
+int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+  struct cuda_options opt = {.index = 0, .pinned = -1, .chunk = DEFAULT_CHUNK};
+  int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
+  if (!rc) rc = find_device(opt.index, err, errlen);
+  if (rc) return rc;
+  struct cuda_ctx *c = calloc(1, sizeof *c);
+  if (!c) return MLO_ENOMEM;
+  pthread_mutex_init(&c->lock, NULL);
+  c->device = (int)opt.index;
+  c->chunk = (size_t)opt.chunk;
+  const char *no_pinned = getenv("MLO_NO_PINNED");
+  /* The environment is a kill switch: it wins over pinned=1. */
+  c->pinned = opt.pinned != 0 && !(no_pinned && !strcmp(no_pinned, "1"));
+  rc = create_streams(c, err, errlen);
+  if (rc) {
+    cu_destroy(c);
+    return rc;
+  }
+  describe(c, p);
+  p->ops = &cuda_ops;
+  p->ctx = c;
+  return MLO_OK;
+}

@@ -1,0 +1,262 @@
+/*
+ * cuda_blas.c — the reference workload's backend for the CUDA platform.
+ *
+ * Y = X * W^T is one cublasGemmEx on the platform's compute stream (so it is
+ * ordered after the load by the platform's compute_wait), with W read in
+ * place in its own dtype (f32, bf16 or f16) and f32 accumulation
+ * (CUBLAS_COMPUTE_32F: f32 products and sums, never TF32).  cublasGemmEx needs A and B of one type,
+ * so X — mlo_workload_input's f32 values — is rounded to W's dtype (round to
+ * nearest even) when W is bf16/f16; for f32 it is exact.  X is generated on
+ * the host into pinned memory, copied on the compute stream (scratch comes
+ * from the stream-ordered allocator on that stream) and cached per
+ * (seed, tokens, in, dtype).  Y is copied back on the compute stream and
+ * folded on the host, which is the one synchronize a digest needs.
+ *
+ * cuBLAS is bit-reproducible for one configuration on one GPU model, so an
+ * offloaded run's digest equals an all-resident run's on the same device.
+ * One context is used by one thread at a time (mlo run's schedule).
+ */
+#include "core/log.h"
+#include "workload/workload.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define X_CACHE 4
+
+/* A device input X with the pinned host copy it came from. */
+struct x_entry {
+  uint64_t seed;
+  int64_t in;
+  int tokens;
+  mlo_dtype dtype;
+  void *dev;
+  void *host;
+  size_t bytes;
+};
+
+/* A pinned host buffer that only grows. */
+struct host_buf {
+  void *ptr;
+  size_t bytes;
+};
+
+struct cuda_blas {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t handle;
+  struct x_entry x[X_CACHE];
+  unsigned next_victim;
+  float *y;
+  size_t y_bytes;
+  struct host_buf host; /* Y or raw tensor bytes on their way to the fold */
+};
+
+static int cu_status(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return MLO_OK;
+  (void)cudaGetLastError();
+  if (e == cudaErrorMemoryAllocation) return MLO_ENOMEM_DEVICE;
+  mlo_logf(MLO_LOG_ERROR, "cuda workload: %s failed: %s", what, cudaGetErrorString(e));
+  return MLO_EPLATFORM;
+}
+
+static int blas_status(cublasStatus_t s, const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return MLO_OK;
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return MLO_ENOMEM_DEVICE;
+  mlo_logf(MLO_LOG_ERROR, "cuda workload: %s failed: %s", what, cublasGetStatusString(s));
+  return MLO_EPLATFORM;
+}
+
+static uint16_t bf16_from_float(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* IEEE binary16, round to nearest even, subnormals included. */
+static uint16_t f16_from_float(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  uint32_t mag = x & 0x7fffffffu;
+  if (mag > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+  if (mag >= 0x477ff000u) return sign | 0x7c00u; /* rounds to infinity (>= 65520) */
+  uint32_t h, rem, half;
+  if (mag < 0x38800000u) { /* below 2^-14: a subnormal half, or zero */
+    if (mag < 0x33000000u) return sign;
+    uint32_t mant = (mag & 0x7fffffu) | 0x800000u;
+    unsigned shift = 126u - (mag >> 23); /* 14..24 */
+    h = mant >> shift;
+    rem = mant & ((1u << shift) - 1u);
+    half = 1u << (shift - 1u);
+  } else {
+    h = (mag >> 13) - ((127u - 15u) << 10);
+    rem = mag & 0x1fffu;
+    half = 0x1000u;
+  }
+  if (rem > half || (rem == half && (h & 1u))) h++; /* a carry into the exponent is right */
+  return (uint16_t)(sign | h);
+}
+
+static int grow_host(struct host_buf *b, size_t bytes) {
+  if (bytes <= b->bytes) return MLO_OK;
+  if (b->ptr) cudaFreeHost(b->ptr);
+  b->ptr = NULL;
+  b->bytes = 0;
+  int rc = cu_status(cudaMallocHost(&b->ptr, bytes), "cudaMallocHost");
+  if (rc) return rc == MLO_ENOMEM_DEVICE ? MLO_ENOMEM : rc;
+  b->bytes = bytes;
+  return MLO_OK;
+}
+
+static void free_entry(struct x_entry *e, cudaStream_t stream) {
+  if (e->dev) cudaFreeAsync(e->dev, stream);
+  if (e->host) cudaFreeHost(e->host); /* waits for the upload that read it */
+  memset(e, 0, sizeof *e);
+}
+
+static void cb_destroy(void *ctx) {
+  struct cuda_blas *b = ctx;
+  if (!b) return;
+  cudaSetDevice(b->device);
+  for (int i = 0; i < X_CACHE; i++) free_entry(&b->x[i], b->stream);
+  if (b->y) cudaFreeAsync(b->y, b->stream);
+  cudaStreamSynchronize(b->stream);
+  if (b->host.ptr) cudaFreeHost(b->host.ptr);
+  if (b->handle) cublasDestroy(b->handle);
+  (void)cudaGetLastError();
+  free(b);
+}
+
+static int cb_create(mlo_platform *p, void **ctx) {
+  *ctx = NULL;
+  cudaStream_t stream = mlo_platform_compute_queue(p);
+  if (!stream) return MLO_EINVAL;
+  struct cuda_blas *b = calloc(1, sizeof *b);
+  if (!b) return MLO_ENOMEM;
+  b->stream = stream;
+  int rc = cu_status(cudaStreamGetDevice(stream, &b->device), "cudaStreamGetDevice");
+  if (!rc) rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
+  if (!rc) rc = blas_status(cublasCreate(&b->handle), "cublasCreate");
+  if (!rc) rc = blas_status(cublasSetStream(b->handle, stream), "cublasSetStream");
+  if (rc) {
+    cb_destroy(b);
+    return rc;
+  }
+  *ctx = b;
+  return MLO_OK;
+}
+
+static void fill_input(void *host, mlo_dtype dtype, uint64_t seed, int tokens, int64_t in) {
+  size_t i = 0;
+  for (int t = 0; t < tokens; t++)
+    for (int64_t k = 0; k < in; k++, i++) {
+      float v = mlo_workload_input(seed, t, k);
+      if (dtype == MLO_DTYPE_F32)
+        ((float *)host)[i] = v;
+      else if (dtype == MLO_DTYPE_BF16)
+        ((uint16_t *)host)[i] = bf16_from_float(v);
+      else
+        ((uint16_t *)host)[i] = f16_from_float(v);
+    }
+}
+
+/* The device X for these parameters, generated and uploaded on a miss. */
+static int get_input(struct cuda_blas *b, mlo_dtype dtype, uint64_t seed, int tokens, int64_t in,
+                     const void **dev) {
+  for (int i = 0; i < X_CACHE; i++) {
+    struct x_entry *e = &b->x[i];
+    if (e->dev && e->seed == seed && e->tokens == tokens && e->in == in && e->dtype == dtype) {
+      *dev = e->dev;
+      return MLO_OK;
+    }
+  }
+  struct x_entry *e = &b->x[b->next_victim++ % X_CACHE];
+  free_entry(e, b->stream);
+  size_t bytes = (size_t)tokens * (size_t)in * (dtype == MLO_DTYPE_F32 ? 4 : 2);
+  int rc = cu_status(cudaMallocHost(&e->host, bytes), "cudaMallocHost (X)");
+  if (!rc) rc = cu_status(cudaMallocAsync(&e->dev, bytes, b->stream), "cudaMallocAsync (X)");
+  if (!rc) {
+    fill_input(e->host, dtype, seed, tokens, in);
+    rc = cu_status(cudaMemcpyAsync(e->dev, e->host, bytes, cudaMemcpyHostToDevice, b->stream),
+                   "cudaMemcpyAsync (X)");
+  }
+  if (rc) {
+    free_entry(e, b->stream);
+    return rc;
+  }
+  e->seed = seed;
+  e->tokens = tokens;
+  e->in = in;
+  e->dtype = dtype;
+  e->bytes = bytes;
+  *dev = e->dev;
+  return MLO_OK;
+}
+
+/* Copies `bytes` of device memory to the host buffer on the compute stream
+ * and waits: the fold needs the values. */
+static int fetch(struct cuda_blas *b, const void *src, size_t bytes) {
+  int rc = grow_host(&b->host, bytes ? bytes : 1);
+  if (!rc)
+    rc = cu_status(cudaMemcpyAsync(b->host.ptr, src, bytes, cudaMemcpyDeviceToHost, b->stream),
+                   "cudaMemcpyAsync (result)");
+  if (!rc) rc = cu_status(cudaStreamSynchronize(b->stream), "cudaStreamSynchronize");
+  return rc;
+}
+
+static int cb_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dtype, int64_t out,
+                          int64_t in, int tokens, uint64_t seed, uint64_t *digest) {
+  struct cuda_blas *b = ctx;
+  cudaDataType_t type = dtype == MLO_DTYPE_F32    ? CUDA_R_32F
+                        : dtype == MLO_DTYPE_BF16 ? CUDA_R_16BF
+                        : dtype == MLO_DTYPE_F16  ? CUDA_R_16F
+                                                  : (cudaDataType_t)-1;
+  if (type == (cudaDataType_t)-1) return MLO_EUNSUPPORTED;
+  if (out <= 0 || in <= 0 || tokens <= 0 || out > INT_MAX || in > INT_MAX) return MLO_EINVAL;
+  if ((uint64_t)out > SIZE_MAX / 4 / (uint64_t)tokens) return MLO_EINVAL;
+  int rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
+  const void *x = NULL;
+  if (!rc) rc = get_input(b, dtype, seed, tokens, in, &x);
+  size_t y_bytes = (size_t)tokens * (size_t)out * sizeof(float);
+  if (!rc && y_bytes > b->y_bytes) {
+    if (b->y) cudaFreeAsync(b->y, b->stream);
+    b->y = NULL;
+    b->y_bytes = 0;
+    rc = cu_status(cudaMallocAsync((void **)&b->y, y_bytes, b->stream), "cudaMallocAsync (Y)");
+    if (!rc) b->y_bytes = y_bytes;
+  }
+  /* Column-major view: Y^T (out x tokens) = W (op T of in x out) * X^T. */
+  const float one = 1.0f, zero = 0.0f;
+  if (!rc)
+    rc = blas_status(cublasGemmEx(b->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, tokens, (int)in,
+                                  &one, (const char *)block + offset, type, (int)in, x, type,
+                                  (int)in, &zero, b->y, CUDA_R_32F, (int)out, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx");
+  if (!rc) rc = fetch(b, b->y, y_bytes);
+  if (!rc) *digest = mlo_digest_fold(*digest, b->host.ptr, y_bytes);
+  return rc;
+}
+
+static int cb_bytes_digest(void *ctx, void *block, size_t offset, uint64_t nbytes,
+                           uint64_t *digest) {
+  struct cuda_blas *b = ctx;
+  if (nbytes > SIZE_MAX) return MLO_EINVAL;
+  int rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
+  if (!rc) rc = fetch(b, (const char *)block + offset, (size_t)nbytes);
+  if (!rc) *digest = mlo_digest_fold(*digest, b->host.ptr, (size_t)nbytes);
+  return rc;
+}
+
+const struct mlo_workload_ops mlo_workload_cuda_ops = {
+    .platform = "cuda",
+    .create = cb_create,
+    .destroy = cb_destroy,
+    .gemm_digest = cb_gemm_digest,
+    .bytes_digest = cb_bytes_digest,
+};

@@ -1,0 +1,280 @@
+/*
+ * test_cuda_platform.c — the CUDA platform against its vtable contract
+ * (src/platform/platform.h) and the cuBLAS workload backend.
+ *
+ * Two registrations of one program:
+ *   platform_cuda_spec  (label platform) — `spec`: spec parsing and the
+ *       no-device message; needs no GPU, so it runs in CI.
+ *   platform_cuda       (label gpu) — everything on a device; exits 77
+ *       (skipped) when no CUDA device is visible.
+ */
+#include "testutil.h"
+
+#include "platform/platform.h"
+#include "workload/workload.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mlo_platform *open_ok(const char *spec) {
+  mlo_platform *p = NULL;
+  char err[256] = "";
+  int rc = mlo_platform_open(spec, &p, err, sizeof err);
+  if (rc) fail_msg("open %s -> %s: %s", spec, mlo_err_name(rc), err);
+  return p;
+}
+
+static void fill_pattern(unsigned char *buf, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)((i * 131u + seed * 7u) >> 3);
+}
+
+/* ---- without a device --------------------------------------------------- */
+
+static void test_bad_specs(void **state) {
+  (void)state;
+  static const struct {
+    const char *spec;
+    const char *needle;
+  } cases[] = {
+      {"cuda:x", "device index"},     {"cuda:-1", "device index"},   {"cuda:0x1", "device index"},
+      {"cuda:0:bogus=1", "bogus"},    {"cuda:0:pinned=2", "pinned"}, {"cuda:0:chunk=12", "chunk"},
+      {"cuda:0:chunk=lots", "chunk"}, {"cuda:0:pinned", "pinned"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mlo_platform *p = (mlo_platform *)&p; /* must come back NULL */
+    char err[256] = "";
+    int rc = mlo_platform_open(cases[i].spec, &p, err, sizeof err);
+    if (rc != MLO_EINVAL || !strstr(err, cases[i].needle))
+      fail_msg("%s -> %s \"%s\", expected MLO_EINVAL mentioning %s", cases[i].spec,
+               mlo_err_name(rc), err, cases[i].needle);
+    assert_null(p);
+  }
+}
+
+/* Valid specs either open or say clearly that no device is there. */
+static void test_valid_specs(void **state) {
+  (void)state;
+  const char *specs[] = {"cuda", "cuda:0", "cuda:0:pinned=0,chunk=8M", "cuda:pinned=1"};
+  for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    mlo_platform *p = NULL;
+    char err[256] = "";
+    int rc = mlo_platform_open(specs[i], &p, err, sizeof err);
+    if (rc == MLO_OK) {
+      assert_string_equal(mlo_platform_name(p), "cuda");
+      mlo_platform_close(p);
+      continue;
+    }
+    if (rc != MLO_ENODEV || !strstr(err, "CUDA device"))
+      fail_msg("%s -> %s \"%s\", expected MLO_OK or MLO_ENODEV naming the device", specs[i],
+               mlo_err_name(rc), err);
+    assert_null(p);
+  }
+  mlo_platform *p = NULL;
+  char err[256] = "";
+  int rc = mlo_platform_open("cuda:1000", &p, err, sizeof err);
+  assert_int_equal(rc, MLO_ENODEV);
+  assert_non_null(strstr(err, "CUDA device"));
+}
+
+/* ---- on a device -------------------------------------------------------- */
+
+/* H2D in small chunks from a pinned slab, ordered into compute, back out
+ * through the copy stream; the bytes must survive exactly. */
+static void round_trip(mlo_platform *p, size_t n, bool want_pinned) {
+  void *slab = NULL, *back = NULL, *block = NULL;
+  bool pinned = false, back_pinned = false;
+  assert_ok(mlo_plat_host_alloc(p, n, want_pinned, &slab, &pinned));
+  assert_ok(mlo_plat_host_alloc(p, n, want_pinned, &back, &back_pinned));
+  fill_pattern(slab, n, 3);
+  memset(back, 0, n);
+  assert_ok(mlo_plat_dev_alloc(p, n, &block));
+  mlo_event *loaded = NULL, *used = NULL;
+  assert_ok(mlo_plat_event_create(p, &loaded));
+  assert_ok(mlo_plat_event_create(p, &used));
+  assert_ok(mlo_plat_copy_h2d(p, block, 0, slab, n / 3));
+  assert_ok(mlo_plat_copy_h2d(p, block, n / 3, (char *)slab + n / 3, n - n / 3));
+  assert_ok(mlo_plat_event_record_copy(p, loaded));
+  assert_ok(mlo_plat_compute_wait(p, loaded));
+  assert_ok(mlo_plat_event_record_compute(p, used));
+  assert_ok(mlo_plat_copy_wait(p, used));
+  assert_ok(mlo_plat_copy_d2h(p, back, block, 0, n));
+  assert_ok(mlo_plat_event_record_copy(p, loaded));
+  assert_ok(mlo_plat_event_sync(p, loaded));
+  assert_ok(mlo_plat_event_query(p, loaded));
+  assert_memory_equal(back, slab, n);
+  mlo_plat_event_destroy(p, loaded);
+  mlo_plat_event_destroy(p, used);
+  mlo_plat_dev_free(p, block, n);
+  assert_ok(mlo_plat_synchronize(p));
+  mlo_plat_host_free(p, slab, n, pinned);
+  mlo_plat_host_free(p, back, n, back_pinned);
+}
+
+static void test_round_trip(void **state) {
+  (void)state;
+  mlo_platform *p = open_ok("cuda:0:chunk=1M");
+  mlo_platform_caps caps;
+  mlo_platform_get_caps(p, &caps);
+  assert_true(caps.async_copy && caps.events && caps.device_pointers);
+  assert_non_null(mlo_platform_compute_queue(p));
+  round_trip(p, ((size_t)7 << 20) / 2, true);
+  mlo_platform_close(p);
+}
+
+/* A freed block's memory is reused by the next allocation only after the
+ * free: the second pattern must be what comes back. */
+static void test_free_then_reuse(void **state) {
+  (void)state;
+  mlo_platform *p = open_ok("cuda:0");
+  const size_t n = (size_t)64 << 20;
+  unsigned char *a = NULL, *b = NULL, *back = NULL;
+  bool pa = false, pb = false, pback = false;
+  assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&a, &pa));
+  assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&b, &pb));
+  assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&back, &pback));
+  fill_pattern(a, n, 1);
+  fill_pattern(b, n, 2);
+  for (int round = 0; round < 4; round++) {
+    void *block = NULL;
+    assert_ok(mlo_plat_dev_alloc(p, n, &block));
+    assert_ok(mlo_plat_copy_h2d(p, block, 0, round % 2 ? b : a, n));
+    assert_ok(mlo_plat_copy_d2h(p, back, block, 0, n));
+    mlo_plat_dev_free(p, block, n); /* before the copies are known complete */
+    assert_ok(mlo_plat_synchronize(p));
+    assert_memory_equal(back, round % 2 ? b : a, n);
+  }
+  mlo_plat_host_free(p, a, n, pa);
+  mlo_plat_host_free(p, b, n, pb);
+  mlo_plat_host_free(p, back, n, pback);
+  mlo_platform_close(p);
+}
+
+static void test_oom_maps_and_recovers(void **state) {
+  (void)state;
+  mlo_platform *p = open_ok("cuda:0");
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(p, &mem));
+  assert_true(mem.total_bytes > 0 && mem.free_bytes <= mem.total_bytes);
+  void *block = (void *)&block;
+  size_t too_big = (size_t)mem.total_bytes + ((size_t)1 << 30);
+  assert_int_equal(mlo_plat_dev_alloc(p, too_big, &block), MLO_ENOMEM_DEVICE);
+  assert_null(block);
+  assert_ok(mlo_platform_get_memory(p, &mem));
+  assert_int_equal(mem.used_bytes, 0);
+  round_trip(p, (size_t)1 << 20, true); /* still usable */
+  mlo_platform_close(p);
+}
+
+static void test_no_pinned(void **state) {
+  (void)state;
+  setenv("MLO_NO_PINNED", "1", 1);
+  mlo_platform *p = open_ok("cuda:0");
+  unsetenv("MLO_NO_PINNED");
+  mlo_platform_caps caps;
+  mlo_platform_get_caps(p, &caps);
+  assert_false(caps.pinned_host);
+  void *slab = NULL;
+  bool pinned = true;
+  assert_ok(mlo_plat_host_alloc(p, 1 << 20, true, &slab, &pinned));
+  assert_false(pinned);
+  mlo_plat_host_free(p, slab, 1 << 20, pinned);
+  round_trip(p, (size_t)5 << 20, true); /* pageable copies still correct */
+  mlo_platform_close(p);
+
+  p = open_ok("cuda:0:pinned=0");
+  mlo_platform_get_caps(p, &caps);
+  assert_false(caps.pinned_host);
+  mlo_platform_close(p);
+}
+
+static uint16_t bf16_round(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* W[o][k] = 1 where k == perm(o): each Y element is one X value (rounded
+ * to bf16 for a bf16 W), exact whatever cuBLAS's summation order. */
+static void gemm_case(mlo_platform *p, void *wctx, mlo_dtype dtype, bool exact) {
+  enum { OUT = 48, IN = 32, TOKENS = 6, PAD = 256 };
+  size_t esize = dtype == MLO_DTYPE_F32 ? 4 : 2;
+  size_t wbytes = (size_t)OUT * IN * esize;
+  unsigned char *w = calloc(1, wbytes);
+  assert_non_null(w);
+  for (int o = 0; o < OUT; o++) {
+    size_t at = ((size_t)o * IN + (size_t)((o * 5) % IN)) * esize;
+    float one = 1.0f;
+    uint16_t bits = dtype == MLO_DTYPE_BF16 ? 0x3f80 : 0x3c00;
+    memcpy(w + at, esize == 4 ? (void *)&one : (void *)&bits, esize);
+  }
+  uint64_t seed = 77;
+  float y[TOKENS * OUT];
+  for (int t = 0; t < TOKENS; t++)
+    for (int o = 0; o < OUT; o++) {
+      float x = mlo_workload_input(seed, t, (o * 5) % IN);
+      if (dtype == MLO_DTYPE_BF16) {
+        uint32_t bits = (uint32_t)bf16_round(x) << 16;
+        memcpy(&x, &bits, 4);
+      }
+      y[t * OUT + o] = x;
+    }
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, 2 * PAD + 2 * wbytes, &block));
+  assert_ok(mlo_plat_copy_h2d(p, block, PAD, w, wbytes));
+  assert_ok(mlo_plat_copy_h2d(p, block, 2 * PAD + wbytes, w, wbytes));
+  assert_ok(mlo_plat_synchronize(p));
+  uint64_t first = 5, second = 5;
+  assert_ok(
+      mlo_workload_cuda_ops.gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &first));
+  assert_ok(mlo_workload_cuda_ops.gemm_digest(wctx, block, 2 * PAD + wbytes, dtype, OUT, IN, TOKENS,
+                                              seed, &second));
+  assert_int_equal(first, second); /* same bytes elsewhere: same digest */
+  if (exact) assert_int_equal(first, mlo_digest_fold(5, y, sizeof y));
+  uint64_t raw = 3;
+  assert_ok(mlo_workload_cuda_ops.bytes_digest(wctx, block, PAD, wbytes, &raw));
+  assert_int_equal(raw, mlo_digest_fold(3, w, wbytes));
+  mlo_plat_dev_free(p, block, 2 * PAD + 2 * wbytes);
+  free(w);
+}
+
+static void test_workload_gemm(void **state) {
+  (void)state;
+  mlo_platform *p = open_ok("cuda:0");
+  void *wctx = NULL;
+  assert_ok(mlo_workload_cuda_ops.create(p, &wctx));
+  gemm_case(p, wctx, MLO_DTYPE_F32, true);
+  gemm_case(p, wctx, MLO_DTYPE_BF16, true);
+  gemm_case(p, wctx, MLO_DTYPE_F16, false);
+  uint64_t d = 0;
+  assert_int_equal(mlo_workload_cuda_ops.gemm_digest(wctx, NULL, 0, MLO_DTYPE_I8, 2, 2, 1, 0, &d),
+                   MLO_EUNSUPPORTED);
+  mlo_workload_cuda_ops.destroy(wctx);
+  mlo_platform_close(p);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "spec")) {
+    const struct CMUnitTest spec_tests[] = {
+        cmocka_unit_test(test_bad_specs),
+        cmocka_unit_test(test_valid_specs),
+    };
+    return cmocka_run_group_tests(spec_tests, NULL, NULL);
+  }
+  mlo_platform *probe = NULL;
+  char err[256] = "";
+  int rc = mlo_platform_open("cuda", &probe, err, sizeof err);
+  if (rc == MLO_ENODEV) {
+    fprintf(stderr, "skipped: %s\n", err);
+    return 77;
+  }
+  mlo_platform_close(probe);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_free_then_reuse),
+      cmocka_unit_test(test_oom_maps_and_recovers),
+      cmocka_unit_test(test_no_pinned),
+      cmocka_unit_test(test_workload_gemm),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
