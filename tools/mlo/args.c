@@ -1,0 +1,200 @@
+/*
+ * args.c — flag parsing for every `mlo` command, so that each bad value is
+ * refused the same way: one line naming the command and the flag, the
+ * value quoted, a pointer to --help, and exit code 2.  Nothing here exits;
+ * the command returns TOOL_EXIT_USAGE when targs.failed is set.
+ */
+#include "tool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+void tool_err(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("mlo: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+const char *tool_size(uint64_t bytes) {
+  /* A few rotating buffers so one printf can format several sizes. */
+  static char bufs[8][32];
+  static unsigned next;
+  char *b = bufs[next++ % 8];
+  return mlo_format_size(bytes, b, sizeof bufs[0]);
+}
+
+int tool_exit_for(int status) {
+  switch (status) {
+  case MLO_OK:
+    return TOOL_EXIT_OK;
+  case MLO_ENOMEM_DEVICE:
+    return TOOL_EXIT_NOMEM;
+  case MLO_EINVAL:
+  case MLO_EIO:
+  case MLO_EFORMAT:
+  case MLO_ENOTFOUND:
+  case MLO_EEXIST:
+  case MLO_ENODEV:
+  case MLO_EUNSUPPORTED:
+    return TOOL_EXIT_USAGE;
+  default:
+    return TOOL_EXIT_FAIL;
+  }
+}
+
+void targs_init(targs *a, const char *cmd, int argc, char **argv) {
+  a->cmd = cmd;
+  a->argc = argc;
+  a->argv = argv;
+  a->i = 0; /* argv[0] is the command itself */
+  a->failed = false;
+}
+
+bool targs_next(targs *a) {
+  if (a->failed || a->i + 1 >= a->argc) return false;
+  a->i++;
+  return true;
+}
+
+const char *targs_cur(const targs *a) {
+  return a->argv[a->i];
+}
+
+bool targs_is_help(const targs *a) {
+  const char *s = targs_cur(a);
+  return !strcmp(s, "--help") || !strcmp(s, "-h");
+}
+
+void targs_error(targs *a, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "mlo %s: ", a->cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nTry 'mlo %s --help'.\n", a->cmd);
+  va_end(ap);
+  a->failed = true;
+}
+
+bool targs_flag(targs *a, const char *name) {
+  const char *s = targs_cur(a);
+  size_t n = strlen(name);
+  if (strncmp(s, name, n)) return false;
+  if (s[n] == '\0') return true;
+  if (s[n] == '=') {
+    targs_error(a, "%s takes no value (got '%s')", name, s);
+    return true;
+  }
+  return false;
+}
+
+bool targs_value(targs *a, const char *name, const char **val) {
+  const char *s = targs_cur(a);
+  size_t n = strlen(name);
+  if (strncmp(s, name, n) || (s[n] != '\0' && s[n] != '=')) return false;
+  *val = NULL;
+  if (s[n] == '=') {
+    *val = s + n + 1;
+  } else if (a->i + 1 < a->argc) {
+    *val = a->argv[++a->i];
+  }
+  if (!*val || !**val) {
+    targs_error(a, "%s needs a value", name);
+    *val = NULL;
+  }
+  return true;
+}
+
+void targs_unknown(targs *a) {
+  targs_error(a, "unknown option '%s'", targs_cur(a));
+}
+
+bool targs_int(targs *a, const char *flag, const char *val, long lo, long hi, long *out) {
+  if (!val) return false;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(val, &end, 10);
+  if (errno || end == val || *end || v < lo || v > hi) {
+    targs_error(a, "%s: expected a whole number from %ld to %ld, got '%s'", flag, lo, hi, val);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool targs_double(targs *a, const char *flag, const char *val, double lo, double hi, double *out) {
+  if (!val) return false;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(val, &end);
+  if (errno || end == val || *end || !isfinite(v) || v < lo || v > hi) {
+    targs_error(a, "%s: expected a number from %g to %g, got '%s'", flag, lo, hi, val);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+bool targs_size(targs *a, const char *flag, const char *val, uint64_t *out) {
+  if (!val) return false;
+  if (mlo_parse_size(val, false, out) != MLO_OK) {
+    targs_error(a, "%s: expected a size such as 512M, 6G or 1.5GiB, got '%s'", flag, val);
+    return false;
+  }
+  return true;
+}
+
+bool targs_choice(targs *a, const char *flag, const char *val, const char *const *words, int *out) {
+  if (!val) return false;
+  for (int i = 0; words[i]; i++) {
+    if (!strcmp(val, words[i])) {
+      *out = i;
+      return true;
+    }
+  }
+  char list[256] = "";
+  for (int i = 0; words[i]; i++) {
+    size_t len = strlen(list);
+    snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", words[i]);
+  }
+  targs_error(a, "%s: expected one of %s, got '%s'", flag, list, val);
+  return false;
+}
+
+bool targs_role(targs *a, const char *val, mlo_role_override *list, size_t *count, size_t cap) {
+  if (!val) return false;
+  const char *eq = strchr(val, '=');
+  mlo_role role;
+  if (!eq || eq == val || mlo_role_from_name(eq + 1, &role) != MLO_OK || role == MLO_ROLE_AUTO) {
+    targs_error(a, "--role: expected NAME=ROLE with ROLE one of dit, encoder, vae, other, got '%s'",
+                val);
+    return false;
+  }
+  if (*count >= cap) {
+    targs_error(a, "--role: at most %zu overrides", cap);
+    return false;
+  }
+  /* The name points into argv (lives as long as the process); cut it at '='
+   * in a copy so argv stays as the user typed it. */
+  size_t len = (size_t)(eq - val);
+  char *name = malloc(len + 1);
+  if (!name) {
+    targs_error(a, "out of memory");
+    return false;
+  }
+  memcpy(name, val, len);
+  name[len] = '\0';
+  list[*count].name = name;
+  list[*count].role = role;
+  (*count)++;
+  return true;
+}
+
+void targs_free_roles(mlo_role_override *list, size_t count) {
+  for (size_t i = 0; i < count; i++) free((char *)list[i].name);
+}

@@ -1,0 +1,280 @@
+/*
+ * cmd_run.c — `mlo run PATH ...`: the reference workload on a checkpoint
+ * (encoders once, the DiT(s) for N steps, the VAE once), offloaded or all
+ * resident, with --verify comparing the digest against an all-resident run
+ * in the same process and auditing the exclusion invariant at every
+ * forward.  Refuses a device too small before loading anything onto it,
+ * with a message that says what to change (exit 3).
+ */
+#include "tool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const char *path, *platform, *trace, *timeline;
+  bool have_capacity, verify, json, literal;
+  uint64_t capacity;
+  int offload; /* index into offload_words */
+  int sync;    /* index into sync_words */
+  long steps;
+  double boundary;
+  mlo_role_override roles[TOOL_MAX_ROLES];
+  size_t nroles;
+  int tokens[4];
+} run_args;
+
+static const char *const offload_words[] = {"none", "model", NULL};
+static const char *const sync_words[] = {"event", "device", NULL};
+
+static void help(void) {
+  printf("usage: mlo run PATH [flags]\n\n"
+         "Runs the reference workload on the checkpoint at PATH: every encoder once, the\n"
+         "DiT(s) for --steps steps (two DiTs split at --boundary as Wan2.2 does), every\n"
+         "VAE once.  Each forward computes Y = X*W^T for every 2-D weight on the device\n"
+         "and folds Y into a digest; it is a benchmark workload, not a model.\n\n"
+         "flags:\n"
+         "  --platform P          host[:opts] | cuda[:N] | opencl[:N] (default host)\n"
+         "  --device-memory SIZE  the host device's capacity, e.g. 512M, 6G (host only)\n"
+         "  --offload MODE        model (default): only the executing component resident;\n"
+         "                        none: every component resident\n"
+         "  --sync MODE           event (default) | device (synchronize before each\n"
+         "                        forward, as the specification states it)\n"
+         "  --literal             the specification-literal baseline: --sync device,\n"
+         "                        one copy per tensor, every tensor copied back\n"
+         "  --steps N             DiT steps (default 8)\n"
+         "  --boundary F          fraction of steps on the first of two DiTs (default 0.875)\n"
+         "  --tokens ROLE=T       tokens per forward for a role (dit 32, encoder 16, vae 8)\n"
+         "  --role NAME=ROLE      override a component's role (dit, encoder, vae, other)\n"
+         "  --verify              audit every forward and compare the digest with an\n"
+         "                        all-resident run (exit 1 if they differ)\n"
+         "  --json                one JSON object on stdout\n"
+         "  --trace FILE          Chrome trace-event JSON (open in ui.perfetto.dev)\n"
+         "  --timeline FILE.svg   residency timeline picture\n\n"
+         "examples:\n"
+         "  mlo run ./mlo-cache/wan2.2-t2v-0.005 --device-memory 256M --verify\n"
+         "  mlo run /models/Wan2.2-T2V-A14B --platform cuda:0 --steps 40 --json\n"
+         "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n\n"
+         "exit codes: 0 ok, 1 verification failed, 2 bad usage or input,\n"
+         "3 out of device memory, 4 other failure.\n");
+}
+
+static bool parse_tokens(targs *a, const char *val, int tokens[4]) {
+  if (!val) return false;
+  const char *eq = strchr(val, '=');
+  char role_name[16];
+  mlo_role role;
+  long t;
+  if (!eq || (size_t)(eq - val) >= sizeof role_name) goto bad;
+  memcpy(role_name, val, (size_t)(eq - val));
+  role_name[eq - val] = '\0';
+  if (mlo_role_from_name(role_name, &role) || role == MLO_ROLE_AUTO) goto bad;
+  if (!targs_int(a, "--tokens", eq + 1, 1, MLO_WORKLOAD_TOKENS_MAX, &t)) return false;
+  tokens[role] = (int)t;
+  return true;
+bad:
+  targs_error(a, "--tokens: expected ROLE=T with ROLE one of dit, encoder, vae, other, got '%s'",
+              val);
+  return false;
+}
+
+static bool parse_flag(targs *a, run_args *r) {
+  const char *v;
+  if (targs_value(a, "--platform", &v)) {
+    if (v && strncmp(v, "host", 4) && strncmp(v, "cuda", 4) && strncmp(v, "opencl", 6))
+      targs_error(a, "--platform: expected host, cuda[:N] or opencl[:N], got '%s'", v);
+    r->platform = v;
+  } else if (targs_value(a, "--device-memory", &v)) {
+    r->have_capacity = targs_size(a, "--device-memory", v, &r->capacity);
+  } else if (targs_value(a, "--offload", &v)) {
+    targs_choice(a, "--offload", v, offload_words, &r->offload);
+  } else if (targs_value(a, "--sync", &v)) {
+    targs_choice(a, "--sync", v, sync_words, &r->sync);
+  } else if (targs_value(a, "--steps", &v)) {
+    targs_int(a, "--steps", v, 1, 100000, &r->steps);
+  } else if (targs_value(a, "--boundary", &v)) {
+    targs_double(a, "--boundary", v, 0.0, 1.0, &r->boundary);
+  } else if (targs_value(a, "--tokens", &v)) {
+    parse_tokens(a, v, r->tokens);
+  } else if (targs_value(a, "--role", &v)) {
+    targs_role(a, v, r->roles, &r->nroles, TOOL_MAX_ROLES);
+  } else if (targs_value(a, "--trace", &v)) {
+    r->trace = v;
+  } else if (targs_value(a, "--timeline", &v)) {
+    r->timeline = v;
+  } else if (targs_flag(a, "--verify")) {
+    r->verify = true;
+  } else if (targs_flag(a, "--json")) {
+    r->json = true;
+  } else if (targs_flag(a, "--literal")) {
+    r->literal = true;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/* 0 to go on, -1 for --help, else an exit code. */
+static int parse(int argc, char **argv, run_args *r) {
+  targs a;
+  targs_init(&a, "run", argc, argv);
+  while (targs_next(&a)) {
+    if (targs_is_help(&a)) return -1;
+    if (parse_flag(&a, r)) continue;
+    if (targs_cur(&a)[0] == '-' && targs_cur(&a)[1])
+      targs_unknown(&a);
+    else if (!r->path)
+      r->path = targs_cur(&a);
+    else
+      targs_error(&a, "unexpected argument '%s'", targs_cur(&a));
+  }
+  if (!a.failed && !r->path) targs_error(&a, "needs a PATH (a pipeline directory or a file)");
+  if (!a.failed && r->have_capacity && strncmp(r->platform, "host", 4))
+    targs_error(&a, "--device-memory sets the host platform's capacity; %s has its own memory",
+                r->platform);
+  return a.failed ? TOOL_EXIT_USAGE : 0;
+}
+
+static int refuse_too_small(const run_args *ra, tool_session *s) {
+  uint64_t need;
+  const char *what;
+  if (session_fits(s, ra->offload == 1, &need, &what)) return 0;
+  char have[96];
+  if (ra->have_capacity)
+    snprintf(have, sizeof have, "--device-memory is %s", tool_size(s->capacity));
+  else
+    snprintf(have, sizeof have, "the device has %s", tool_size(s->capacity));
+  fprintf(stderr, "mlo run: needs at least %s of device memory for %s; %s\n", tool_size(need), what,
+          have);
+  if (ra->offload == 0)
+    fprintf(stderr, "  try --offload model (needs %s)\n",
+            tool_size(mlo_workload_model_offload_bytes(s->pipe, NULL)));
+  else if (ra->have_capacity)
+    fprintf(stderr, "  raise --device-memory to at least %s\n", tool_size(need));
+  return TOOL_EXIT_NOMEM;
+}
+
+static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, bool progress) {
+  memset(o, 0, sizeof *o);
+  o->offload = ra->offload == 1;
+  o->settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  o->settings.sync = ra->sync == 1 || ra->literal ? MLO_SYNC_DEVICE : MLO_SYNC_EVENT;
+  o->settings.per_tensor_copies = ra->literal;
+  o->settings.copy_back = ra->literal;
+  o->steps = (int)ra->steps;
+  o->boundary = ra->boundary;
+  o->audit = ra->verify;
+  o->progress = progress;
+  o->trace = trace;
+}
+
+/* The offloaded (or resident) run itself, its pictures and the snapshot. */
+static int run_main(const run_args *ra, const session_config *cfg, run_options *o,
+                    tool_report *rep) {
+  char err[1024] = "";
+  tool_session s;
+  int rc = session_open(&s, cfg, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "mlo run: %s\n", err);
+    return tool_exit_for(rc);
+  }
+  int code = refuse_too_small(ra, &s);
+  if (code) goto out_close;
+  run_result r;
+  rc = session_run(&s, o, &r, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "mlo run: %s%s%s\n", r.failed ? mlo_component_name(r.failed) : "",
+            r.failed ? ": " : "", err);
+    code = (ra->verify && rc == MLO_ESTATE) ? TOOL_EXIT_VERIFY : tool_exit_for(rc);
+    goto out_close;
+  }
+  if (o->trace) {
+    rc = session_write_pictures(o->trace, &s, ra->path, ra->trace, ra->timeline, err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "mlo run: %s\n", err);
+      code = tool_exit_for(rc);
+      goto out_close;
+    }
+  }
+  rc = report_snapshot(rep, &s, &r);
+  if (rc) code = TOOL_EXIT_FAIL;
+out_close:
+  session_close(&s);
+  return code;
+}
+
+static int verify_against_resident(const session_config *cfg, const run_options *o,
+                                   tool_report *rep) {
+  /* The reference uses exactly the roles the run resolved (declared, so
+   * the name heuristic does not warn a second time). */
+  mlo_role_override *roles = calloc(rep->ncomp ? rep->ncomp : 1, sizeof *roles);
+  if (!roles) return TOOL_EXIT_FAIL;
+  for (size_t i = 0; i < rep->ncomp; i++) {
+    roles[i].name = rep->comps[i].name;
+    roles[i].role = rep->comps[i].role;
+  }
+  session_config ref = *cfg;
+  ref.overrides = roles;
+  ref.override_count = rep->ncomp;
+  char err[1024] = "";
+  int rc = session_reference_run(&ref, o, rep->all_resident, &rep->ref, err, sizeof err);
+  free(roles);
+  if (rc) {
+    fprintf(stderr, "mlo run: all-resident reference run: %s\n", err);
+    return tool_exit_for(rc);
+  }
+  rep->verify = true;
+  rep->identical = rep->ref.digest == rep->run.digest;
+  return 0;
+}
+
+int cmd_run(int argc, char **argv) {
+  run_args ra = {.platform = "host", .offload = 1, .steps = 8, .boundary = 0.875};
+  int code = parse(argc, argv, &ra);
+  if (code == -1) {
+    help();
+    code = TOOL_EXIT_OK;
+  }
+  if (code || !ra.path) goto out_free;
+  char spec[512];
+  if (ra.have_capacity)
+    spec_with_capacity(ra.platform, ra.capacity, spec, sizeof spec);
+  else
+    snprintf(spec, sizeof spec, "%s", ra.platform);
+  bool progress = !ra.json;
+  session_config cfg = {ra.path, spec, ra.roles, ra.nroles, progress, {0}};
+  memcpy(cfg.tokens, ra.tokens, sizeof cfg.tokens);
+  tool_trace trace;
+  bool tracing = ra.trace || ra.timeline;
+  if (tracing && tool_trace_init(&trace)) {
+    code = TOOL_EXIT_FAIL;
+    goto out_free;
+  }
+  run_options o;
+  fill_options(&ra, &o, tracing ? &trace : NULL, progress);
+  tool_report rep = {0};
+  rep.offload = offload_words[ra.offload];
+  rep.sync = mlo_sync_name(o.settings.sync);
+  rep.steps = (int)ra.steps;
+  rep.boundary = ra.boundary;
+  rep.trace_path = ra.trace;
+  rep.timeline_path = ra.timeline;
+  code = run_main(&ra, &cfg, &o, &rep);
+  if (!code && ra.verify) code = verify_against_resident(&cfg, &o, &rep);
+  if (!code) {
+    if (ra.json)
+      report_print_json(&rep, stdout);
+    else
+      report_print_text(&rep, stdout);
+    if (rep.verify && !rep.identical) {
+      fprintf(stderr, "mlo run: verification failed: the offloaded digest differs from the "
+                      "all-resident one\n");
+      code = TOOL_EXIT_VERIFY;
+    }
+  }
+  report_free(&rep);
+  if (tracing) tool_trace_destroy(&trace);
+out_free:
+  targs_free_roles(ra.roles, ra.nroles);
+  return code;
+}

@@ -1,0 +1,54 @@
+/*
+ * main.c — the `mlo` command: dispatches to one file per subcommand and
+ * prints the overview.  Each command parses its own flags (args.c) and
+ * returns an exit code from tool.h.
+ */
+#include "tool.h"
+
+#include <string.h>
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *summary;
+} commands[] = {
+    {"demo", cmd_demo, "generate a Wan2.2-shaped pipeline, run it offloaded, verify, report"},
+    {"synth", cmd_synth, "write a generated pipeline shaped like a real one"},
+    {"inspect", cmd_inspect, "show a checkpoint's components, roles, sizes and memory needs"},
+    {"run", cmd_run, "run the reference workload on a checkpoint, offloaded or not"},
+    {"bench", cmd_bench, "measure offload's costs as ratios against raw copies"},
+};
+
+static void usage(FILE *out) {
+  fprintf(out, "usage: mlo COMMAND [ARGS...]\n\n"
+               "mlo runs multi-component diffusion pipelines on a device that cannot hold\n"
+               "them all, keeping only the executing component resident.\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+  fprintf(out, "\n'mlo COMMAND --help' shows a command's flags and examples.\n"
+               "Exit codes: 0 ok, 1 verification failed, 2 bad usage or input,\n"
+               "3 out of device memory, 4 other failure.\n"
+               "Environment: MLO_CACHE (demo cache folder), MLO_LOG (log level),\n"
+               "MLO_NO_PROGRESS=1 (no progress bar even on a terminal).\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return TOOL_EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+    usage(stdout);
+    return TOOL_EXIT_OK;
+  }
+  if (!strcmp(cmd, "--version")) {
+    printf("mlo %s\n", mlo_version());
+    return TOOL_EXIT_OK;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(cmd, commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "mlo: unknown command '%s'\n", cmd);
+  usage(stderr);
+  return TOOL_EXIT_USAGE;
+}

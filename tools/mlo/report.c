@@ -1,0 +1,155 @@
+/*
+ * report.c — the report of a run, shared by `mlo run` and `mlo demo`: a
+ * snapshot taken while the session is open (so the session can be closed
+ * before the all-resident reference run needs the device), printed as a
+ * short text table or as one JSON object.  Every figure is next to the
+ * figure it should be judged against (peak vs all-resident, wall time vs
+ * all-resident), never a bare absolute.
+ */
+#include "tool.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *dup_str(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
+  rep->platform = dup_str(mlo_platform_description(s->platform));
+  rep->capacity = s->capacity;
+  rep->all_resident = mlo_workload_all_resident_bytes(s->pipe);
+  rep->model_need = mlo_workload_model_offload_bytes(s->pipe, NULL);
+  rep->run = *r;
+  rep->ncomp = mlo_pipeline_component_count(s->pipe);
+  rep->comps = calloc(rep->ncomp ? rep->ncomp : 1, sizeof *rep->comps);
+  if (!rep->platform || !rep->comps) return MLO_ENOMEM;
+  for (size_t i = 0; i < rep->ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
+    comp_report *cr = &rep->comps[i];
+    cr->name = dup_str(mlo_component_name(c));
+    if (!cr->name) return MLO_ENOMEM;
+    cr->role = mlo_component_role(c);
+    cr->source = mlo_component_role_source(c);
+    cr->bytes = mlo_component_bytes(c);
+    if (cr->bytes > rep->max_comp) rep->max_comp = cr->bytes;
+    mlo_component_get_stats(c, &cr->stats);
+  }
+  return MLO_OK;
+}
+
+void report_free(tool_report *rep) {
+  for (size_t i = 0; rep->comps && i < rep->ncomp; i++) free(rep->comps[i].name);
+  free(rep->comps);
+  free(rep->platform);
+  rep->comps = NULL;
+  rep->platform = NULL;
+}
+
+static double ratio(double a, double b) {
+  return b > 0 ? a / b : 0;
+}
+
+void report_print_text(const tool_report *rep, FILE *out) {
+  fprintf(out, "platform   %s\n", rep->platform);
+  fprintf(out, "offload    %s (sync %s), %d steps, %zu forwards\n\n", rep->offload, rep->sync,
+          rep->steps, rep->run.calls);
+  fprintf(out, "  %-18s %-8s %10s %6s %9s %10s %10s\n", "component", "role", "size", "loads",
+          "evictions", "copied in", "copied out");
+  for (size_t i = 0; i < rep->ncomp; i++) {
+    const comp_report *c = &rep->comps[i];
+    fprintf(out, "  %-18s %-8s %10s %6" PRIu64 " %9" PRIu64 " %10s %10s\n", c->name,
+            mlo_role_name(c->role), tool_size(c->bytes), c->stats.loads, c->stats.evictions,
+            tool_size(c->stats.h2d_bytes), tool_size(c->stats.d2h_bytes));
+  }
+  const mlo_pipeline_stats *st = &rep->run.stats;
+  fprintf(out, "\npeak device memory  %s of %s capacity; all resident needs %s (%.0f%%)\n",
+          tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
+          100.0 * ratio((double)st->peak_device_bytes, (double)rep->all_resident));
+  fprintf(out,
+          "moved              %s in, %s out, %" PRIu64 " loads, %" PRIu64
+          " evictions, waited %.3f s\n",
+          tool_size(st->total.h2d_bytes), tool_size(st->total.d2h_bytes), st->total.loads,
+          st->total.evictions, (double)st->total.wait_ns / 1e9);
+  if (rep->verify) {
+    fprintf(out, "wall time          %.3f s; all resident %.3f s (%.2fx)\n", rep->run.wall_s,
+            rep->ref.wall_s, ratio(rep->run.wall_s, rep->ref.wall_s));
+    fprintf(out, "output identical:  %s (digest %016" PRIx64 ")\n", rep->identical ? "yes" : "NO",
+            rep->run.digest);
+  } else {
+    fprintf(out, "wall time          %.3f s\n", rep->run.wall_s);
+    fprintf(out, "digest             %016" PRIx64 "\n", rep->run.digest);
+  }
+  if (rep->trace_path)
+    fprintf(out, "trace              %s (open in ui.perfetto.dev)\n", rep->trace_path);
+  if (rep->timeline_path) fprintf(out, "timeline           %s\n", rep->timeline_path);
+}
+
+static void add_stats(cJSON *o, const mlo_component_stats *s) {
+  cJSON_AddNumberToObject(o, "loads", (double)s->loads);
+  cJSON_AddNumberToObject(o, "evictions", (double)s->evictions);
+  cJSON_AddNumberToObject(o, "forwards", (double)s->forwards);
+  cJSON_AddNumberToObject(o, "h2d_bytes", (double)s->h2d_bytes);
+  cJSON_AddNumberToObject(o, "d2h_bytes", (double)s->d2h_bytes);
+  cJSON_AddNumberToObject(o, "stall_s", (double)s->wait_ns / 1e9);
+}
+
+static cJSON *build_json(const tool_report *rep) {
+  cJSON *root = cJSON_CreateObject();
+  char hex[32];
+  cJSON_AddStringToObject(root, "platform", rep->platform);
+  cJSON_AddStringToObject(root, "offload", rep->offload);
+  cJSON_AddStringToObject(root, "sync", rep->sync);
+  cJSON_AddNumberToObject(root, "steps", rep->steps);
+  cJSON_AddNumberToObject(root, "boundary", rep->boundary);
+  cJSON_AddNumberToObject(root, "forwards_scheduled", (double)rep->run.calls);
+  cJSON_AddNumberToObject(root, "wall_s", rep->run.wall_s);
+  cJSON_AddNumberToObject(root, "device_capacity_bytes", (double)rep->capacity);
+  cJSON_AddNumberToObject(root, "peak_device_bytes", (double)rep->run.stats.peak_device_bytes);
+  cJSON_AddNumberToObject(root, "platform_peak_bytes", (double)rep->run.platform_peak);
+  cJSON_AddNumberToObject(root, "all_resident_bytes", (double)rep->all_resident);
+  cJSON_AddNumberToObject(root, "model_offload_bytes", (double)rep->model_need);
+  cJSON_AddNumberToObject(root, "max_component_bytes", (double)rep->max_comp);
+  cJSON_AddNumberToObject(root, "pinned_bytes", (double)rep->run.stats.pinned_bytes);
+  add_stats(root, &rep->run.stats.total);
+  snprintf(hex, sizeof hex, "%016" PRIx64, rep->run.digest);
+  cJSON_AddStringToObject(root, "digest", hex);
+  if (rep->verify) {
+    cJSON_AddBoolToObject(root, "verified", rep->identical);
+    snprintf(hex, sizeof hex, "%016" PRIx64, rep->ref.digest);
+    cJSON_AddStringToObject(root, "reference_digest", hex);
+    cJSON_AddNumberToObject(root, "reference_wall_s", rep->ref.wall_s);
+    cJSON_AddNumberToObject(root, "wall_ratio", ratio(rep->run.wall_s, rep->ref.wall_s));
+  } else {
+    cJSON_AddNullToObject(root, "verified");
+  }
+  cJSON *comps = cJSON_AddArrayToObject(root, "components");
+  for (size_t i = 0; i < rep->ncomp; i++) {
+    const comp_report *c = &rep->comps[i];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "role", mlo_role_name(c->role));
+    cJSON_AddStringToObject(o, "role_source", mlo_role_source_name(c->source));
+    cJSON_AddNumberToObject(o, "bytes", (double)c->bytes);
+    add_stats(o, &c->stats);
+    cJSON_AddItemToArray(comps, o);
+  }
+  if (rep->trace_path) cJSON_AddStringToObject(root, "trace", rep->trace_path);
+  if (rep->timeline_path) cJSON_AddStringToObject(root, "timeline", rep->timeline_path);
+  return root;
+}
+
+int report_print_json(const tool_report *rep, FILE *out) {
+  cJSON *root = build_json(rep);
+  char *text = root ? cJSON_Print(root) : NULL;
+  cJSON_Delete(root);
+  if (!text) return MLO_ENOMEM;
+  fprintf(out, "%s\n", text);
+  cJSON_free(text);
+  return MLO_OK;
+}

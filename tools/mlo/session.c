@@ -1,0 +1,208 @@
+/*
+ * session.c — what `run`, `demo` and `bench` share: open a checkpoint on a
+ * platform, materialize it (with a load bar), and run the reference
+ * schedule once in either mode, measuring the same span for both (enable or
+ * load-all through the last forward), so that offloaded / all-resident is a
+ * fair ratio.  Every run starts cold, with each component on the host.
+ */
+#include "tool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t outlen) {
+  if (strncmp(spec, "host", 4) || (spec[4] != '\0' && spec[4] != ':')) {
+    snprintf(out, outlen, "%s", spec);
+    return;
+  }
+  /* Keep every option but capacity, then append ours. */
+  size_t n = (size_t)snprintf(out, outlen, "host:");
+  const char *p = spec[4] ? spec + 5 : "";
+  while (*p && n < outlen) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len && strncmp(p, "capacity=", 9))
+      n += (size_t)snprintf(out + n, outlen - n, "%.*s,", (int)len, p);
+    p += len + (comma ? 1 : 0);
+  }
+  if (n < outlen) snprintf(out + n, outlen - n, "capacity=%llu", (unsigned long long)capacity);
+}
+
+static int open_pipeline(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = s->platform;
+  mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;
+  oo.overrides = cfg->overrides;
+  oo.override_count = cfg->override_count;
+  char msg[512] = "";
+  int rc = mlo_pipeline_open_path(&po, cfg->path, &oo, &s->pipe, msg, sizeof msg);
+  if (rc) snprintf(err, errlen, "cannot open %s: %s", cfg->path, msg[0] ? msg : mlo_strerror(rc));
+  return rc;
+}
+
+static int materialize(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
+  tool_progress bar;
+  progress_init(&bar, "loading", mlo_workload_all_resident_bytes(s->pipe));
+  if (cfg->progress) mlo_pipeline_set_progress(s->pipe, progress_load_cb, &bar);
+  int rc = mlo_pipeline_materialize(s->pipe);
+  mlo_pipeline_set_progress(s->pipe, NULL, NULL);
+  progress_finish(&bar);
+  if (rc)
+    snprintf(err, errlen, "cannot load %s: %s", cfg->path,
+             mlo_pipeline_errmsg(s->pipe)[0] ? mlo_pipeline_errmsg(s->pipe) : mlo_strerror(rc));
+  return rc;
+}
+
+int session_open(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
+  memset(s, 0, sizeof *s);
+  char msg[512] = "";
+  int rc = mlo_platform_open(cfg->platform_spec, &s->platform, msg, sizeof msg);
+  if (rc) {
+    snprintf(err, errlen, "cannot open platform '%s': %s", cfg->platform_spec,
+             msg[0] ? msg : mlo_strerror(rc));
+    return rc;
+  }
+  mlo_platform_memory mem;
+  if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) s->capacity = mem.total_bytes;
+  rc = open_pipeline(s, cfg, err, errlen);
+  if (rc) goto out_close;
+  rc = mlo_workload_open(s->platform, &s->workload);
+  if (rc) {
+    snprintf(err, errlen, "no reference workload for platform '%s' in this build",
+             mlo_platform_name(s->platform));
+    goto out_close;
+  }
+  for (int r = MLO_ROLE_DIT; r <= MLO_ROLE_OTHER; r++)
+    if (cfg->tokens[r]) mlo_workload_set_tokens(s->workload, (mlo_role)r, cfg->tokens[r]);
+  rc = materialize(s, cfg, err, errlen);
+  if (rc) goto out_close;
+  return MLO_OK;
+out_close:
+  session_close(s);
+  return rc;
+}
+
+void session_close(tool_session *s) {
+  mlo_workload_close(s->workload);
+  mlo_pipeline_free(s->pipe);
+  mlo_platform_close(s->platform);
+  memset(s, 0, sizeof *s);
+}
+
+bool session_fits(tool_session *s, bool offload, uint64_t *need, const char **what) {
+  mlo_component *largest = NULL;
+  if (offload) {
+    *need = mlo_workload_model_offload_bytes(s->pipe, &largest);
+    *what = largest ? mlo_component_name(largest) : "the pipeline";
+  } else {
+    *need = mlo_workload_all_resident_bytes(s->pipe);
+    *what = "every component at once (--offload none)";
+  }
+  return *need <= s->capacity;
+}
+
+/* Back to a cold start: hooks off, every component on the host. */
+static int make_cold(tool_session *s) {
+  int rc = mlo_offload_disable(s->pipe);
+  if (rc) return rc;
+  size_t n = mlo_pipeline_component_count(s->pipe);
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
+    if (mlo_component_is_resident(c) && (rc = mlo_component_evict(c))) return rc;
+  }
+  return mlo_platform_synchronize(s->platform);
+}
+
+static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *calls, size_t count,
+                     run_result *r) {
+  tool_progress bar;
+  progress_init(&bar, o->offload ? "offloaded" : "resident", count);
+  uint64_t t0 = mlo_now_ns();
+  int rc = o->offload ? mlo_offload_enable(s->pipe, &o->settings) : mlo_pipeline_load_all(s->pipe);
+  if (!rc)
+    rc = mlo_workload_run(s->workload, calls, count, &r->digest,
+                          o->progress ? progress_step_cb : NULL, &bar, &r->failed);
+  int sync_rc = mlo_platform_synchronize(s->platform);
+  if (!rc) rc = sync_rc;
+  r->wall_s = (double)(mlo_now_ns() - t0) / 1e9;
+  progress_finish(&bar);
+  if (!rc && o->audit) rc = mlo_pipeline_audit(s->pipe);
+  return rc;
+}
+
+int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen) {
+  memset(r, 0, sizeof *r);
+  mlo_workload_call *calls = NULL;
+  int rc = mlo_workload_schedule(s->pipe, o->steps, o->boundary, &calls, &r->calls);
+  if (rc) {
+    snprintf(err, errlen, "cannot build the schedule: %s", mlo_strerror(rc));
+    return rc;
+  }
+  rc = make_cold(s);
+  if (rc) {
+    snprintf(err, errlen, "cannot reset residency: %s", mlo_pipeline_errmsg(s->pipe));
+    free(calls);
+    return rc;
+  }
+  mlo_pipeline_reset_stats(s->pipe);
+  mlo_platform_reset_peak(s->platform);
+  if (o->trace) mlo_pipeline_set_trace(s->pipe, tool_trace_hook, o->trace);
+  mlo_pipeline_set_audit(s->pipe, o->audit);
+  rc = timed_run(s, o, calls, r->calls, r);
+  if (rc) {
+    const char *detail = mlo_pipeline_errmsg(s->pipe);
+    snprintf(err, errlen, "%s%s%s", mlo_strerror(rc), detail[0] ? ": " : "", detail);
+  }
+  mlo_pipeline_set_trace(s->pipe, NULL, NULL);
+  mlo_pipeline_set_audit(s->pipe, false);
+  mlo_pipeline_get_stats(s->pipe, &r->stats);
+  mlo_platform_memory mem;
+  if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) r->platform_peak = mem.peak_bytes;
+  int off_rc = mlo_offload_disable(s->pipe);
+  if (!rc) rc = off_rc;
+  free(calls);
+  return rc;
+}
+
+int session_reference_run(const session_config *cfg, const run_options *o, uint64_t all_resident,
+                          run_result *r, char *err, size_t errlen) {
+  /* On host the device's capacity is only accounting, so the reference gets
+   * one that holds every component; other platforms run at their real
+   * size and may not fit. */
+  session_config ref = *cfg;
+  char spec[512];
+  spec_with_capacity(cfg->platform_spec, all_resident + all_resident / 8 + (64u << 20), spec,
+                     sizeof spec);
+  ref.platform_spec = spec;
+  tool_session s;
+  int rc = session_open(&s, &ref, err, errlen);
+  if (rc) return rc;
+  run_options ro = *o;
+  ro.offload = false;
+  ro.audit = false;
+  ro.trace = NULL;
+  uint64_t need;
+  const char *what;
+  if (!session_fits(&s, false, &need, &what)) {
+    snprintf(err, errlen, "the all-resident reference needs %s of device memory; the device has %s",
+             tool_size(need), tool_size(s.capacity));
+    session_close(&s);
+    return MLO_ENOMEM_DEVICE;
+  }
+  rc = session_run(&s, &ro, r, err, errlen);
+  session_close(&s);
+  return rc;
+}
+
+int session_write_pictures(const tool_trace *t, tool_session *s, const char *title,
+                           const char *trace_path, const char *svg_path, char *err, size_t errlen) {
+  int rc = MLO_OK;
+  if (t->overflow) {
+    snprintf(err, errlen, "the trace is incomplete (out of memory while recording)");
+    return MLO_ENOMEM;
+  }
+  if (trace_path) rc = tool_trace_write_json(t, trace_path, err, errlen);
+  if (!rc && svg_path)
+    rc = tool_timeline_write_svg(t, s->pipe, s->capacity, title, svg_path, err, errlen);
+  return rc;
+}

@@ -1,0 +1,283 @@
+/*
+ * timeline_svg.c — the residency timeline picture of a run (`--timeline`,
+ * and what `mlo demo` writes): one row per component with a bar for each
+ * time it was resident (the loading part hatched darker, forwards as dark
+ * ticks), the component's name on the row and on its bars, and below it the
+ * device-memory curve against the capacity, with labelled axes.  A plain
+ * SVG with no scripts or external references, readable in any browser.
+ */
+#include "tool.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define W 1000.0
+#define LEFT 170.0
+#define RIGHT 30.0
+#define TOP 50.0
+#define ROW_H 26.0
+#define ROW_GAP 8.0
+#define MEM_H 170.0
+
+typedef struct {
+  char *buf;
+  size_t len, cap;
+  bool oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) TOOL_PRINTF(2, 3);
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  if (b->oom) return;
+  if (!b->buf) {
+    b->buf = malloc(4096);
+    if (!b->buf) {
+      b->oom = true;
+      return;
+    }
+    b->cap = 4096;
+  }
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      b->oom = true;
+      return;
+    }
+    if ((size_t)n < b->cap - b->len) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t cap = b->cap * 2 + (size_t)n + 1;
+    char *grown = realloc(b->buf, cap);
+    if (!grown) {
+      b->oom = true;
+      return;
+    }
+    b->buf = grown;
+    b->cap = cap;
+  }
+}
+
+/* XML-escapes a name (component names come from files: hostile). */
+static void sb_text(sbuf *b, const char *s) {
+  for (; *s; s++) {
+    switch (*s) {
+    case '&':
+      sb_printf(b, "&amp;");
+      break;
+    case '<':
+      sb_printf(b, "&lt;");
+      break;
+    case '>':
+      sb_printf(b, "&gt;");
+      break;
+    case '"':
+      sb_printf(b, "&quot;");
+      break;
+    case '\'':
+      sb_printf(b, "&apos;");
+      break;
+    default:
+      if ((unsigned char)*s >= 0x20) sb_printf(b, "%c", *s); /* control chars are not XML */
+    }
+  }
+}
+
+static const char *role_fill(mlo_role r) {
+  switch (r) {
+  case MLO_ROLE_DIT:
+    return "#f4a259";
+  case MLO_ROLE_ENCODER:
+    return "#5b8e7d";
+  case MLO_ROLE_VAE:
+    return "#8cb369";
+  default:
+    return "#a0a0a0";
+  }
+}
+
+typedef struct {
+  uint64_t t0, t1; /* time span of the picture */
+  double plot_w;
+} frame;
+
+static double xpos(const frame *f, uint64_t t) {
+  double span = (double)(f->t1 - f->t0);
+  return LEFT + (span > 0 ? (double)(t - f->t0) / span : 0) * f->plot_w;
+}
+
+/* A "nice" tick step (1, 2 or 5 x 10^k) giving about `want` ticks. */
+static double nice_step(double range, int want) {
+  double raw = range / want, p = 1;
+  while (p * 10 <= raw) p *= 10;
+  while (p > raw) p /= 10;
+  if (p * 5 <= raw) return p * 5;
+  if (p * 2 <= raw) return p * 2;
+  return p;
+}
+
+static void draw_bar(sbuf *b, const frame *f, mlo_component *c, double y, uint64_t begin,
+                     uint64_t loaded, uint64_t end) {
+  double x0 = xpos(f, begin), x1 = xpos(f, end), xl = xpos(f, loaded);
+  if (x1 - x0 < 1) x1 = x0 + 1;
+  sb_printf(b, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s' rx='3'/>\n", x0, y,
+            x1 - x0, ROW_H, role_fill(mlo_component_role(c)));
+  if (xl > x0)
+    sb_printf(b,
+              "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='#000' "
+              "fill-opacity='0.25'><title>loading</title></rect>\n",
+              x0, y, xl - x0, ROW_H);
+  const char *name = mlo_component_name(c);
+  if (x1 - x0 > 7.0 * (double)strlen(name) + 8) {
+    sb_printf(b, "<text x='%.1f' y='%.1f' font-size='12' fill='#111'>", x0 + 4, y + ROW_H / 2 + 4);
+    sb_text(b, name);
+    sb_printf(b, "</text>\n");
+  }
+}
+
+/* One component's row: residency bars (LOAD_BEGIN .. EVICT), then the
+ * forwards on top of them. */
+static void draw_row(sbuf *b, const frame *f, const tool_trace *t, mlo_component *c, double y) {
+  sb_printf(b, "<text x='%.1f' y='%.1f' font-size='12' text-anchor='end'>", LEFT - 8,
+            y + ROW_H / 2 - 1);
+  sb_text(b, mlo_component_name(c));
+  sb_printf(b,
+            "</text>\n<text x='%.1f' y='%.1f' font-size='10' fill='#555' text-anchor='end'>"
+            "%s, %s</text>\n",
+            LEFT - 8, y + ROW_H / 2 + 10, mlo_role_name(mlo_component_role(c)),
+            tool_size(mlo_component_bytes(c)));
+  bool open = false;
+  uint64_t begin = 0, loaded = 0, fwd = 0;
+  for (size_t i = 0; i < t->count; i++) {
+    const mlo_trace_event *ev = &t->events[i];
+    if (ev->comp != c) continue;
+    if (ev->kind == MLO_TRACE_LOAD_BEGIN && !open) {
+      open = true;
+      begin = loaded = ev->t_ns;
+    } else if (ev->kind == MLO_TRACE_LOAD_END && open) {
+      loaded = ev->t_ns;
+    } else if (ev->kind == MLO_TRACE_EVICT && open) {
+      draw_bar(b, f, c, y, begin, loaded, ev->t_ns);
+      open = false;
+    }
+  }
+  if (open) draw_bar(b, f, c, y, begin, loaded, f->t1);
+  for (size_t i = 0; i < t->count; i++) {
+    const mlo_trace_event *ev = &t->events[i];
+    if (ev->comp != c) continue;
+    if (ev->kind == MLO_TRACE_FORWARD_BEGIN) {
+      fwd = ev->t_ns;
+    } else if (ev->kind == MLO_TRACE_FORWARD_END) {
+      double x0 = xpos(f, fwd), x1 = xpos(f, ev->t_ns);
+      sb_printf(b,
+                "<rect x='%.1f' y='%.1f' width='%.1f' height='5' fill='#222' "
+                "stroke='#fff' stroke-width='0.5'><title>forward</title></rect>\n",
+                x0, y + ROW_H - 5, x1 - x0 < 1 ? 1 : x1 - x0);
+    }
+  }
+}
+
+static void draw_time_axis(sbuf *b, const frame *f, double y) {
+  double span_s = (double)(f->t1 - f->t0) / 1e9, step = nice_step(span_s > 0 ? span_s : 1, 8);
+  sb_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#333'/>\n", LEFT, y,
+            LEFT + f->plot_w, y);
+  for (double s = 0; s <= span_s + step * 1e-9; s += step) {
+    double x = LEFT + (span_s > 0 ? s / span_s : 0) * f->plot_w;
+    sb_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#333'/>\n", x, y, x, y + 5);
+    sb_printf(b, "<text x='%.1f' y='%.1f' font-size='11' text-anchor='middle'>%g</text>\n", x,
+              y + 18, s);
+  }
+  sb_printf(b, "<text x='%.1f' y='%.1f' font-size='12' text-anchor='middle'>time (s)</text>\n",
+            LEFT + f->plot_w / 2, y + 34);
+}
+
+static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, uint64_t capacity,
+                        double y0) {
+  uint64_t peak = 0;
+  for (size_t i = 0; i < t->count; i++)
+    if (t->events[i].device_bytes > peak) peak = t->events[i].device_bytes;
+  double top = (double)(capacity > peak ? capacity : peak);
+  if (top <= 0) top = 1;
+  double ybase = y0 + MEM_H;
+#define YMEM(v) (ybase - (double)(v) / top * MEM_H)
+  sb_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#333'/>\n", LEFT, y0, LEFT,
+            ybase);
+  /* Ticks at round numbers of the binary unit the labels use. */
+  double unit = 1;
+  while (unit * 1024 <= top) unit *= 1024;
+  double step = nice_step(top / unit, 4) * unit;
+  for (double v = 0; v <= top + 1; v += step) {
+    sb_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#ddd'/>\n", LEFT, YMEM(v),
+              LEFT + f->plot_w, YMEM(v));
+    sb_printf(b, "<text x='%.1f' y='%.1f' font-size='11' text-anchor='end'>%s</text>\n", LEFT - 6,
+              YMEM(v) + 4, tool_size((uint64_t)v));
+  }
+  sb_printf(b,
+            "<text x='20' y='%.1f' font-size='12' transform='rotate(-90 20 %.1f)' "
+            "text-anchor='middle'>device memory</text>\n",
+            y0 + MEM_H / 2, y0 + MEM_H / 2);
+  if (capacity) {
+    sb_printf(b,
+              "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#c0392b' "
+              "stroke-dasharray='6 4'/>\n",
+              LEFT, YMEM(capacity), LEFT + f->plot_w, YMEM(capacity));
+    sb_printf(b,
+              "<text x='%.1f' y='%.1f' font-size='11' fill='#c0392b' text-anchor='end'>"
+              "capacity %s</text>\n",
+              LEFT + f->plot_w - 4, YMEM(capacity) - 4, tool_size(capacity));
+  }
+  sb_printf(b, "<polyline fill='none' stroke='#2c6fbb' stroke-width='2' points='%.1f,%.1f", LEFT,
+            ybase);
+  uint64_t cur = 0;
+  for (size_t i = 0; i < t->count; i++) {
+    const mlo_trace_event *ev = &t->events[i];
+    double x = xpos(f, ev->t_ns);
+    sb_printf(b, " %.1f,%.1f %.1f,%.1f", x, YMEM(cur), x, YMEM(ev->device_bytes));
+    cur = ev->device_bytes;
+  }
+  sb_printf(b, " %.1f,%.1f'/>\n", LEFT + f->plot_w, YMEM(cur));
+  sb_printf(b, "<text x='%.1f' y='%.1f' font-size='11' fill='#2c6fbb'>peak %s</text>\n", LEFT + 6,
+            y0 + 12, tool_size(peak));
+#undef YMEM
+}
+
+int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
+                            const char *title, const char *path, char *err, size_t errlen) {
+  size_t ncomp = mlo_pipeline_component_count(pipe);
+  frame f = {0, 1, W - LEFT - RIGHT};
+  if (t->count) {
+    f.t0 = t->events[0].t_ns;
+    f.t1 = t->events[t->count - 1].t_ns;
+    if (f.t1 <= f.t0) f.t1 = f.t0 + 1;
+  }
+  double rows_h = (double)ncomp * (ROW_H + ROW_GAP);
+  double axis_y = TOP + rows_h + 4, mem_y = axis_y + 60;
+  double height = mem_y + MEM_H + 30;
+  sbuf b = {0};
+  sb_printf(&b,
+            "<?xml version='1.0' encoding='UTF-8'?>\n"
+            "<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' height='%.0f' "
+            "viewBox='0 0 %.0f %.0f' font-family='sans-serif'>\n"
+            "<rect width='100%%' height='100%%' fill='#fff'/>\n"
+            "<text x='%.1f' y='28' font-size='16' font-weight='bold'>",
+            W, height, W, height, LEFT);
+  sb_text(&b, title ? title : "mlo residency timeline");
+  sb_printf(&b, "</text>\n");
+  for (size_t i = 0; i < ncomp; i++)
+    draw_row(&b, &f, t, mlo_pipeline_component_at(pipe, i), TOP + (double)i * (ROW_H + ROW_GAP));
+  draw_time_axis(&b, &f, axis_y);
+  draw_memory(&b, &f, t, capacity, mem_y);
+  sb_printf(&b, "</svg>\n");
+  int rc;
+  if (b.oom) {
+    snprintf(err, errlen, "out of memory drawing the timeline");
+    rc = MLO_ENOMEM;
+  } else {
+    rc = tool_write_file(path, b.buf, b.len, err, errlen);
+  }
+  free(b.buf);
+  return rc;
+}

@@ -1,0 +1,241 @@
+/*
+ * tool.h — what the `mlo` command's files share: exit codes, flag parsing,
+ * the progress bar, the trace recorder and its two writers (Chrome trace
+ * JSON, SVG timeline), and the session that opens a checkpoint on a
+ * platform and runs the reference workload on it.  Internal to tools/mlo.
+ */
+#ifndef MLO_TOOL_H
+#define MLO_TOOL_H
+
+#include "mlo/checkpoint.h"
+#include "mlo/mlo.h"
+#include "workload/workload.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#if defined(__GNUC__)
+#define TOOL_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TOOL_PRINTF(a, b)
+#endif
+
+/* Exit codes (docs/cli.md). */
+enum {
+  TOOL_EXIT_OK = 0,
+  TOOL_EXIT_VERIFY = 1, /* the digests differ, or the audit failed */
+  TOOL_EXIT_USAGE = 2,  /* bad flag, bad value, bad path, malformed checkpoint */
+  TOOL_EXIT_NOMEM = 3,  /* out of device memory */
+  TOOL_EXIT_FAIL = 4,   /* anything else: host memory, a platform error */
+};
+/* The exit code for a library status. */
+int tool_exit_for(int status);
+
+/* Commands: argv[0] is the command name. */
+int cmd_demo(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* ---- args.c: flag parsing with one error style for every command ---- */
+typedef struct {
+  const char *cmd; /* "run", for messages */
+  int argc;
+  char **argv;
+  int i;       /* index of the current argument */
+  bool failed; /* a message was printed; exit TOOL_EXIT_USAGE */
+} targs;
+void targs_init(targs *a, const char *cmd, int argc, char **argv);
+/* Advances to the next argument; false at the end. */
+bool targs_next(targs *a);
+const char *targs_cur(const targs *a);
+bool targs_is_help(const targs *a);
+/* A boolean flag "--name". */
+bool targs_flag(targs *a, const char *name);
+/* "--name VALUE" or "--name=VALUE": true if the current argument is this
+ * flag; *val is NULL (and a message printed) when the value is missing. */
+bool targs_value(targs *a, const char *name, const char **val);
+/* An argument starting with '-' that no branch took. */
+void targs_unknown(targs *a);
+/* Prints "mlo CMD: MESSAGE" and the --help hint; sets failed. */
+void targs_error(targs *a, const char *fmt, ...) TOOL_PRINTF(2, 3);
+/* Typed values; each prints a message naming the flag on junk and returns
+ * false. */
+bool targs_int(targs *a, const char *flag, const char *val, long lo, long hi, long *out);
+bool targs_double(targs *a, const char *flag, const char *val, double lo, double hi, double *out);
+bool targs_size(targs *a, const char *flag, const char *val, uint64_t *out);
+/* One of a NULL-terminated list of words; *out is its index. */
+bool targs_choice(targs *a, const char *flag, const char *val, const char *const *words, int *out);
+
+/* "--role NAME=ROLE": appends to list (names are malloc'd copies, freed
+ * by targs_free_roles). */
+bool targs_role(targs *a, const char *val, mlo_role_override *list, size_t *count, size_t cap);
+void targs_free_roles(mlo_role_override *list, size_t count);
+#define TOOL_MAX_ROLES 32
+
+/* Prints an error line "mlo: ..." to stderr. */
+void tool_err(const char *fmt, ...) TOOL_PRINTF(1, 2);
+/* A size as "1.50 GiB" in a static rotating buffer (for printf). */
+const char *tool_size(uint64_t bytes);
+
+/* ---- progress.c: a bar on stderr when it is a terminal, else nothing ---- */
+typedef struct {
+  bool enabled;
+  const char *label;
+  uint64_t last_ns;
+  int last_permille;
+  /* materialization: bytes of finished components + the current one's */
+  const void *cur_comp;
+  uint64_t base, cur, total;
+} tool_progress;
+void progress_init(tool_progress *p, const char *label, uint64_t total);
+void progress_update(tool_progress *p, uint64_t done, uint64_t total);
+void progress_finish(tool_progress *p);
+/* Adapters for mlo_pipeline_set_progress, mlo_synth_write and
+ * mlo_workload_run. */
+void progress_load_cb(const mlo_component *comp, uint64_t done, uint64_t total, void *user);
+void progress_synth_cb(const char *file, uint64_t done, uint64_t total, void *user);
+void progress_step_cb(size_t done, size_t total, void *user);
+
+/* ---- trace_json.c: the recorder behind --trace and --timeline ---- */
+typedef struct {
+  mlo_trace_event *events;
+  size_t count, cap;
+  bool overflow; /* allocation failed: the trace is incomplete */
+  void *lock;    /* pthread_mutex_t* */
+} tool_trace;
+int tool_trace_init(tool_trace *t);
+void tool_trace_destroy(tool_trace *t);
+/* The mlo_trace_fn to install with mlo_pipeline_set_trace. */
+void tool_trace_hook(const mlo_trace_event *ev, void *user);
+/* Writes Chrome trace-event JSON (tracks: copies, forwards, evictions,
+ * waits, and a device-memory counter).  Component names are read from the
+ * events, so the pipeline must still be alive.  Atomic (temp + rename). */
+int tool_trace_write_json(const tool_trace *t, const char *path, char *err, size_t errlen);
+/* ---- timeline_svg.c ---- */
+int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
+                            const char *title, const char *path, char *err, size_t errlen);
+/* Writes a file atomically from a buffer (path.tmp, then rename). */
+int tool_write_file(const char *path, const char *data, size_t len, char *err, size_t errlen);
+
+/* ---- session.c: a checkpoint opened on a platform, and runs of it ---- */
+typedef struct {
+  mlo_platform *platform;
+  mlo_pipeline *pipe;
+  mlo_workload *workload;
+  uint64_t capacity; /* device total */
+} tool_session;
+
+typedef struct {
+  const char *path;
+  const char *platform_spec; /* "host:capacity=1G", "cuda:0" */
+  const mlo_role_override *overrides;
+  size_t override_count;
+  bool progress; /* a load bar while materializing */
+  int tokens[4]; /* per role (0: the default) */
+} session_config;
+
+/* Opens and materializes.  On failure err holds the message and the
+ * returned status maps to an exit code through tool_exit_for. */
+int session_open(tool_session *s, const session_config *cfg, char *err, size_t errlen);
+void session_close(tool_session *s);
+
+typedef struct {
+  bool offload; /* model-level offload; false = all resident */
+  mlo_offload_settings settings;
+  int steps;
+  double boundary;
+  bool audit;
+  bool progress;
+  tool_trace *trace; /* NULL: no trace */
+} run_options;
+
+typedef struct {
+  uint64_t digest;
+  double wall_s;
+  mlo_pipeline_stats stats;
+  uint64_t platform_peak; /* the platform's own high-water mark */
+  size_t calls;           /* forwards in the schedule */
+  mlo_component *failed;  /* the component a failure happened in */
+} run_result;
+
+/* Runs the reference schedule once, cold: every component starts on the
+ * host (evicted first), stats are reset, and the time covers enable (or
+ * load-all) through the last forward and a synchronize.  Offload is
+ * disabled again afterwards. */
+int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen);
+
+/* The all-resident reference of --verify and the demo: the same checkpoint
+ * in a fresh session (on host, with a capacity that holds everything),
+ * closed again before returning.  o->offload/audit/trace are ignored. */
+int session_reference_run(const session_config *cfg, const run_options *o, uint64_t all_resident,
+                          run_result *r, char *err, size_t errlen);
+/* Writes the trace JSON and/or the SVG timeline (either path may be NULL). */
+int session_write_pictures(const tool_trace *t, tool_session *s, const char *title,
+                           const char *trace_path, const char *svg_path, char *err, size_t errlen);
+
+/* The device bytes the run mode needs and the component that sets it, for
+ * the "needs at least ..." message; false if it does not fit. */
+bool session_fits(tool_session *s, bool offload, uint64_t *need, const char **what);
+
+/* ---- report.c: what a run printed, as text or JSON ---- */
+typedef struct {
+  char *name;
+  mlo_role role;
+  mlo_role_source source;
+  uint64_t bytes;
+  mlo_component_stats stats;
+} comp_report;
+
+typedef struct {
+  char *platform;      /* mlo_platform_description */
+  const char *offload; /* "model" or "none" */
+  const char *sync;
+  int steps;
+  double boundary;
+  uint64_t capacity, all_resident, model_need, max_comp;
+  run_result run;
+  bool verify;    /* a reference run was made */
+  bool identical; /* its digest equals run.digest */
+  run_result ref;
+  size_t ncomp;
+  comp_report *comps;
+  const char *trace_path, *timeline_path;
+} tool_report;
+/* Copies what the report needs out of a session (so it can be closed). */
+int report_snapshot(tool_report *rep, tool_session *s, const run_result *r);
+void report_free(tool_report *rep);
+void report_print_text(const tool_report *rep, FILE *out);
+int report_print_json(const tool_report *rep, FILE *out);
+
+/* ---- bench_micro.c: the measurements behind `mlo bench` ---- */
+typedef struct {
+  uint64_t bytes;
+  double load_s, raw_s; /* medians */
+  double ratio;         /* load throughput / raw copy throughput */
+} bench_load;
+typedef struct {
+  uint64_t bytes;   /* bytes loaded per switch */
+  double switch_s;  /* median time of one switch (evict + load) */
+  double ideal_s;   /* bytes / raw copy bandwidth */
+  double literal_s; /* the same in the specification-literal mode */
+} bench_switch;
+/* Median of n doubles (sorts v). */
+double bench_median(double *v, size_t n);
+/* Loads of one `bytes` component vs a raw copy of the same size. */
+int bench_load_throughput(const char *spec, uint64_t bytes, int reps, bench_load *out, char *err,
+                          size_t errlen);
+/* Median ns of a hooked forward of an already-resident component, and the
+ * platform calls it made (0 means: no synchronize, no copy). */
+int bench_hot_forward(const char *spec, int batches, double *ns, double *platform_calls, char *err,
+                      size_t errlen);
+/* DiT <-> encoder switches of `bytes` components (64 tensors each). */
+int bench_switch_cost(const char *spec, uint64_t bytes, int reps, bench_switch *out, char *err,
+                      size_t errlen);
+
+/* The platform spec with the host capacity replaced (or added). */
+void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t outlen);
+
+#endif
