@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `mlo` command on tiny generated pipelines.
+
+Each test class is one ctest (label `cli`): `test_cli.py MLO_BINARY CLASS`.
+Pipelines come from `mlo synth` at a tiny scale into a temporary folder, so
+the tests need nothing but the binary.  The expected loads and evictions are
+computed from the schedule by a small model of the contract (below), not
+copied from a run.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+
+MLO = None  # set from argv
+SCALE = "0.0002"  # ~15 MiB for wan2.2-t2v
+
+
+def mlo(*args, env=None, check=None):
+    """Runs mlo; returns (exit code, stdout, stderr).  stdout/stderr are
+    pipes, so no progress bar may appear."""
+    full_env = dict(os.environ)
+    full_env.pop("MLO_NO_PROGRESS", None)
+    if env:
+        full_env.update(env)
+    p = subprocess.run([MLO, *args], capture_output=True, text=True, env=full_env, timeout=120)
+    if check is not None and p.returncode != check:
+        raise AssertionError(
+            f"mlo {' '.join(args)} -> {p.returncode}, wanted {check}\n"
+            f"stdout: {p.stdout}\nstderr: {p.stderr}")
+    return p.returncode, p.stdout, p.stderr
+
+
+class Fixture(unittest.TestCase):
+    """A temporary folder with a tiny Wan2.2-shaped pipeline in it."""
+    preset = "wan2.2-t2v"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mlo-cli-")
+        cls.ckpt = os.path.join(cls.tmp, cls.preset)
+        mlo("synth", cls.preset, cls.ckpt, "--scale", SCALE, check=0)
+        _, out, _ = mlo("inspect", cls.ckpt, "--json", check=0)
+        cls.info = json.loads(out)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_json(self, *args, code=0):
+        rc, out, err = mlo("run", self.ckpt, "--json", *args)
+        self.assertEqual(rc, code, f"stderr: {err}")
+        return json.loads(out) if code == 0 else None
+
+    def capacity_for_offload(self):
+        need = self.info["model_offload_bytes"]
+        return str(need + need // 4 + (1 << 20))
+
+
+def schedule(components, steps, boundary):
+    """The forwards of `mlo run`, in order: encoders once, the DiTs for
+    `steps` (two split at the boundary), VAEs once; OTHER never."""
+    names = [c["name"] for c in components]
+    role = {c["name"]: c["role"] for c in components}
+    dits = [n for n in names if role[n] == "dit"]
+    calls = [n for n in names if role[n] == "encoder"]
+    for s in range(steps):
+        if len(dits) == 1:
+            calls.append(dits[0])
+        elif len(dits) == 2:
+            calls.append(dits[0] if s < boundary * steps else dits[1])
+        elif dits:
+            calls.append(dits[s * len(dits) // steps])
+    return calls + [n for n in names if role[n] == "vae"]
+
+
+def expected_counts(components, steps, boundary, offload):
+    """Loads and evictions per component name, from the schedule and the
+    contract: enable loads encoders and VAEs (C2); a DiT's forward evicts
+    encoders and other DiTs (C3); an encoder's evicts DiTs (C4); VAEs are
+    outside the set (C5).  Without offload everything is loaded once."""
+    names = [c["name"] for c in components]
+    role = {c["name"]: c["role"] for c in components}
+    loads = {n: 0 for n in names}
+    evictions = {n: 0 for n in names}
+    calls = schedule(components, steps, boundary)
+    if not offload:
+        return {n: 1 for n in names}, evictions
+    resident = set()
+
+    def load(n):
+        if n not in resident:
+            resident.add(n)
+            loads[n] += 1
+
+    def evict(n):
+        if n in resident:
+            resident.discard(n)
+            evictions[n] += 1
+
+    for n in names:
+        if role[n] in ("encoder", "vae"):
+            load(n)
+    dits = [n for n in names if role[n] == "dit"]
+    for n in calls:
+        if role[n] == "dit":
+            for o in names:
+                if o != n and role[o] in ("encoder", "dit"):
+                    evict(o)
+        elif role[n] == "encoder":
+            for o in dits:
+                evict(o)
+        load(n)
+    return loads, evictions
+
+
+class RunTests(Fixture):
+    def check_schedule(self, res, steps, boundary, offload):
+        loads, evictions = expected_counts(res["components"], steps, boundary, offload)
+        calls = schedule(res["components"], steps, boundary)
+        self.assertEqual(res["forwards"], len(calls))
+        for c in res["components"]:
+            self.assertEqual(c["forwards"], calls.count(c["name"]), c["name"])
+            self.assertEqual(c["loads"], loads[c["name"]], c["name"])
+            self.assertEqual(c["evictions"], evictions[c["name"]], c["name"])
+            self.assertEqual(c["h2d_bytes"], c["loads"] * c["bytes"], c["name"])
+            self.assertEqual(c["d2h_bytes"], 0, "read-only weights are never copied back")
+        self.assertEqual(res["loads"], sum(loads.values()))
+        self.assertEqual(res["evictions"], sum(evictions.values()))
+        self.assertEqual(res["h2d_bytes"], sum(c["h2d_bytes"] for c in res["components"]))
+        self.assertEqual(res["d2h_bytes"], 0)
+
+    def test_verify_offloaded(self):
+        cap = self.capacity_for_offload()
+        res = self.run_json("--device-memory", cap, "--verify", "--steps", "8")
+        for key in ("platform", "offload", "sync", "steps", "wall_s", "peak_device_bytes",
+                    "all_resident_bytes", "max_component_bytes", "h2d_bytes", "d2h_bytes",
+                    "loads", "evictions", "stall_s", "digest", "verified", "components"):
+            self.assertIn(key, res)
+        self.assertIs(res["verified"], True)
+        self.assertEqual(res["digest"], res["reference_digest"])
+        self.assertEqual(res["offload"], "model")
+        self.assertEqual(res["sync"], "event")
+        self.assertLessEqual(res["peak_device_bytes"], int(cap))
+        self.assertLess(res["peak_device_bytes"], res["all_resident_bytes"])
+        self.assertEqual(res["all_resident_bytes"], self.info["all_resident_bytes"])
+        self.assertEqual(res["max_component_bytes"],
+                         max(c["bytes"] for c in res["components"]))
+        self.check_schedule(res, 8, 0.875, True)
+
+    def test_boundaries_change_the_schedule(self):
+        cap = self.capacity_for_offload()
+        for boundary in ("0", "0.5", "1"):
+            res = self.run_json("--device-memory", cap, "--steps", "4", "--boundary", boundary,
+                                "--verify")
+            self.assertIs(res["verified"], True)
+            self.check_schedule(res, 4, float(boundary), True)
+
+    def test_steps_change_the_digest(self):
+        a = self.run_json("--steps", "2")
+        b = self.run_json("--steps", "3")
+        self.assertNotEqual(a["digest"], b["digest"])
+        self.assertEqual(a["digest"], self.run_json("--steps", "2")["digest"], "deterministic")
+
+    def test_all_resident(self):
+        res = self.run_json("--offload", "none", "--verify")
+        self.assertIs(res["verified"], True)
+        self.assertEqual(res["peak_device_bytes"], res["all_resident_bytes"])
+        self.check_schedule(res, 8, 0.875, False)
+
+    def test_sync_device_and_literal_match_event(self):
+        cap = self.capacity_for_offload()
+        base = self.run_json("--device-memory", cap)
+        dev = self.run_json("--device-memory", cap, "--sync", "device", "--verify")
+        self.assertEqual(dev["sync"], "device")
+        self.assertIs(dev["verified"], True)
+        lit = self.run_json("--device-memory", cap, "--literal", "--verify")
+        self.assertIs(lit["verified"], True)
+        self.assertEqual(base["digest"], dev["digest"])
+        self.assertEqual(base["digest"], lit["digest"])
+        # copy-back writes every evicted tensor back
+        self.assertGreater(lit["d2h_bytes"], 0)
+
+    def test_text_report(self):
+        rc, out, err = mlo("run", self.ckpt, "--device-memory", self.capacity_for_offload(),
+                           "--verify")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("output identical:  yes", out)
+        for c in self.info["components"]:
+            self.assertIn(c["name"], out)
+        self.assertNotIn("\r", err, "no progress bar when stderr is not a terminal")
+
+    def test_role_override(self):
+        # Declaring the second DiT "other" takes it out of the schedule.
+        res = self.run_json("--role", "transformer_2=other", "--boundary", "0.5", "--verify")
+        t2 = [c for c in res["components"] if c["name"] == "transformer_2"][0]
+        self.assertEqual(t2["role"], "other")
+        self.assertEqual(t2["role_source"], "override")
+        self.assertEqual(res["components"][0]["role_source"], "name heuristic")
+        self.assertEqual(t2["forwards"], 0)
+        self.assertIs(res["verified"], True)
+
+
+class OutOfMemoryTests(Fixture):
+    def test_too_small_for_offload(self):
+        rc, out, err = mlo("run", self.ckpt, "--device-memory", "1M")
+        self.assertEqual(rc, 3, err)
+        self.assertIn("needs at least", err)
+        self.assertIn("--device-memory is 1.00 MiB", err)
+        self.assertEqual(out, "")
+
+    def test_too_small_for_all_resident(self):
+        cap = self.capacity_for_offload()
+        rc, _, err = mlo("run", self.ckpt, "--offload", "none", "--device-memory", cap)
+        self.assertEqual(rc, 3, err)
+        self.assertIn("--offload model", err)
+
+    def test_just_enough(self):
+        need = self.info["model_offload_bytes"]
+        # Slab padding may add a little; a few KiB over the figure must fit.
+        res = self.run_json("--device-memory", str(need + 65536))
+        self.assertLessEqual(res["peak_device_bytes"], need + 65536)
+
+
+class BadInputTests(Fixture):
+    def bad(self, *args, words=()):
+        rc, out, err = mlo(*args)
+        self.assertEqual(rc, 2, f"mlo {args}: stderr {err}")
+        for w in words:
+            self.assertIn(w, err)
+        self.assertNotIn("Segmentation", err)
+        return err
+
+    def test_bad_flags(self):
+        c = self.ckpt
+        self.bad("run", c, "--frobnicate", words=("--frobnicate",))
+        self.bad("run", c, "--steps", "abc", words=("--steps", "abc"))
+        self.bad("run", c, "--steps", "0", words=("--steps",))
+        self.bad("run", c, "--steps", words=("--steps", "needs a value"))
+        self.bad("run", c, "--boundary", "1.5", words=("--boundary",))
+        self.bad("run", c, "--boundary", "nan", words=("--boundary",))
+        self.bad("run", c, "--device-memory", "lots", words=("--device-memory", "lots"))
+        self.bad("run", c, "--device-memory", "-5G", words=("--device-memory",))
+        self.bad("run", c, "--offload", "half", words=("--offload", "half"))
+        self.bad("run", c, "--sync", "never", words=("--sync",))
+        self.bad("run", c, "--platform", "tpu", words=("--platform",))
+        self.bad("run", c, "--platform", "host:bogus=1", words=("bogus",))
+        self.bad("run", c, "--platform", "cuda", "--device-memory", "1G",
+                 words=("--device-memory",))
+        self.bad("run", c, "--role", "vae", words=("--role",))
+        self.bad("run", c, "--role", "vae=gpu", words=("--role",))
+        self.bad("run", c, "--role", "nosuch=dit", words=("nosuch",))
+        self.bad("run", c, "--tokens", "dit=0", words=("--tokens",))
+        self.bad("run", c, "--json=yes", words=("--json",))
+        self.bad("run", words=("PATH",))
+        self.bad("inspect", c, "--jsn", words=("--jsn",))
+        self.bad("synth", "nosuch-preset", os.path.join(self.tmp, "x"), words=("nosuch-preset",))
+        self.bad("synth", "flux", os.path.join(self.tmp, "x"), "--scale", "9",
+                 words=("--scale",))
+        self.bad("bench", "--platform", "host", "--quick", "--max-size", "big",
+                 words=("--max-size",))
+        self.bad("demo", "--scale", "zero", words=("--scale",))
+        self.bad("frobnicate")
+
+    def test_bad_paths(self):
+        missing = os.path.join(self.tmp, "missing")
+        self.bad("run", missing, words=(missing,))
+        self.bad("inspect", missing, words=(missing,))
+        garbage = os.path.join(self.tmp, "garbage.safetensors")
+        with open(garbage, "wb") as f:
+            f.write(b"\xff" * 8 + b"not json at all")
+        self.bad("inspect", garbage, words=("garbage.safetensors",))
+        self.bad("run", garbage, words=("garbage.safetensors",))
+        # a pipeline folder whose model_index.json is broken
+        broken = os.path.join(self.tmp, "broken")
+        os.makedirs(broken, exist_ok=True)
+        with open(os.path.join(broken, "model_index.json"), "w") as f:
+            f.write('{"transformer": ["diffusers"')
+        self.bad("run", broken, words=("model_index.json",))
+        # synth refuses to write over files it did not make
+        self.bad("synth", "flux", broken)
+
+    def test_single_file_without_dit_or_encoder(self):
+        vae_dir = os.path.join(self.ckpt, "vae")
+        files = [f for f in os.listdir(vae_dir) if f.endswith(".safetensors")]
+        path = os.path.join(vae_dir, files[0])
+        rc, out, err = mlo("inspect", path, "--json")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(json.loads(out)["components"]), 1)
+        # model-level offload needs a DiT and an encoder: refused, exit 2
+        self.bad("run", path)
+
+
+class OutputFileTests(Fixture):
+    def test_trace_and_timeline(self):
+        trace = os.path.join(self.tmp, "t.json")
+        svg = os.path.join(self.tmp, "t.svg")
+        res = self.run_json("--device-memory", self.capacity_for_offload(), "--trace", trace,
+                            "--timeline", svg)
+        with open(trace) as f:
+            doc = json.load(f)
+        events = doc["traceEvents"]
+        tracks = {e["tid"]: e["args"]["name"] for e in events
+                  if e["ph"] == "M" and e["name"] == "thread_name"}
+        self.assertEqual(set(tracks.values()),
+                         {"copies (loads)", "forwards", "evictions", "waits"})
+        by_track = {name: [e for e in events if e.get("tid") == tid and e["ph"] != "M"]
+                    for tid, name in tracks.items()}
+        self.assertEqual(len(by_track["copies (loads)"]), res["loads"])
+        self.assertEqual(len(by_track["evictions"]), res["evictions"])
+        self.assertEqual(len(by_track["forwards"]), res["forwards_scheduled"])
+        for e in by_track["copies (loads)"] + by_track["forwards"]:
+            self.assertEqual(e["ph"], "X")
+            self.assertGreaterEqual(e["dur"], 0)
+        self.assertTrue(any(e["ph"] == "C" for e in events), "device memory counter")
+        root = ET.parse(svg).getroot()
+        self.assertTrue(root.tag.endswith("svg"))
+        text = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
+        for c in res["components"]:
+            self.assertIn(c["name"], text)
+        self.assertIn("time (s)", text)
+        self.assertIn("device memory", text)
+
+    def test_unwritable_trace(self):
+        rc, _, err = mlo("run", self.ckpt, "--trace", os.path.join(self.tmp, "no/such/dir/t.json"))
+        self.assertEqual(rc, 2, err)
+        self.assertIn("t.json", err)
+
+
+class InspectTests(Fixture):
+    def test_inspect_json(self):
+        info = self.info
+        comps = info["components"]
+        self.assertEqual([c["name"] for c in comps],
+                         ["text_encoder", "transformer", "transformer_2", "vae"])
+        by_role = {}
+        for c in comps:
+            self.assertGreater(c["tensors"], 0)
+            self.assertEqual(sum(c["dtypes"].values()), c["tensors"])
+            by_role.setdefault(c["role"], []).append(c["bytes"])
+        self.assertEqual(sorted(by_role), ["dit", "encoder", "vae"])
+        self.assertEqual(info["all_resident_bytes"], sum(c["bytes"] for c in comps))
+        vae, enc, dit = sum(by_role["vae"]), sum(by_role["encoder"]), max(by_role["dit"])
+        self.assertEqual(info["model_offload_bytes"], vae + max(enc, dit))
+        self.assertEqual(info["enable_phase_bytes"], vae + enc)
+        self.assertEqual(info["dit_phase_bytes"], vae + dit)
+
+    def test_inspect_text_and_override(self):
+        rc, out, err = mlo("inspect", self.ckpt, "--role", "vae=other")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("model-level offload", out)
+        line = [l for l in out.splitlines() if l.strip().startswith("vae")][0]
+        self.assertIn("other", line)
+
+    def test_help(self):
+        for cmd in ("demo", "synth", "inspect", "run", "bench"):
+            rc, out, _ = mlo(cmd, "--help")
+            self.assertEqual(rc, 0)
+            self.assertIn("usage: mlo " + cmd, out)
+            self.assertIn("example", out)
+        rc, out, _ = mlo("synth", "--help")
+        for preset in ("wan2.2-t2v", "flux", "qwen-image", "sd3"):
+            self.assertIn(preset, out)
+
+
+class OtherPresetTests(Fixture):
+    preset = "flux"
+
+    def test_single_dit_pipeline_verifies(self):
+        res = self.run_json("--device-memory", self.capacity_for_offload(), "--steps", "3",
+                            "--verify")
+        self.assertIs(res["verified"], True)
+        loads, evictions = expected_counts(res["components"], 3, 0.875, True)
+        for c in res["components"]:
+            self.assertEqual((c["loads"], c["evictions"]),
+                             (loads[c["name"]], evictions[c["name"]]), c["name"])
+
+
+class DemoBenchTests(unittest.TestCase):
+    def test_demo(self):
+        tmp = tempfile.mkdtemp(prefix="mlo-demo-")
+        try:
+            rc, out, err = mlo("demo", "--scale", SCALE, "--steps", "4",
+                               env={"MLO_CACHE": tmp})
+            self.assertEqual(rc, 0, err)
+            self.assertIn("output identical:  yes", out)
+            svg = os.path.join(tmp, "demo-timeline.svg")
+            self.assertIn(svg, out)
+            ET.parse(svg)
+            # second run reuses the cache
+            rc, out, err = mlo("demo", "--scale", SCALE, "--steps", "2", env={"MLO_CACHE": tmp})
+            self.assertEqual(rc, 0, err)
+            self.assertIn("using the cached pipeline", out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_bench_quick(self):
+        rc, out, err = mlo("bench", "--quick", "--json")
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertGreaterEqual(len(res["load"]), 2)
+        for row in res["load"]:
+            self.assertGreater(row["ratio"], 0)
+        self.assertGreater(res["hot_forward"]["ns"], 0)
+        self.assertEqual(res["hot_forward"]["platform_calls"], 0,
+                         "a resident hooked forward makes no platform call")
+        for key in ("switch_s", "ideal_s", "literal_s", "ratio", "literal_ratio"):
+            self.assertGreater(res["switch"][key], 0, key)
+        e2e = res["end_to_end"]
+        for key in ("resident_s", "offloaded_s", "literal_s", "ratio", "literal_ratio"):
+            self.assertGreater(e2e[key], 0, key)
+        self.assertLess(e2e["peak_offloaded_bytes"], e2e["peak_resident_bytes"])
+
+
+if __name__ == "__main__":
+    MLO = sys.argv[1]
+    unittest.main(argv=[sys.argv[0], *sys.argv[2:]], verbosity=2)
