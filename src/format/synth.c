@@ -13,7 +13,6 @@
 #include "format/safetensors.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -26,7 +25,6 @@
 
 #define SHARD_TARGET 5e9 /* bytes per shard, as save_pretrained's "5GB" */
 #define PROGRESS_STEP (64u << 20)
-#define STAMP_NAME ".mlo-synth.json"
 #define DIFFUSERS_VERSION "0.35.1"
 
 /* ---- emitting tensors (count-only, or recorded for writing) ------------- */
@@ -84,6 +82,17 @@ void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
   r->dtype = dtype, r->ndim = ndim, r->nbytes = nbytes;
   memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
   e->count++;
+}
+
+void syn_lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, const char *fmt,
+             ...) {
+  char prefix[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  T2(e, dt, out, in, "%s.weight", prefix);
+  if (bias) T1(e, dt, out, "%s.bias", prefix);
 }
 
 static void emitter_free(syn_emitter *e) {
@@ -343,66 +352,6 @@ static void fill_weights(void *buf, uint64_t offset, size_t len, void *user) {
   }
 }
 
-/* ---- files -------------------------------------------------------------- */
-
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return status;
-}
-
-static int make_dir(const char *path, char *err, size_t errlen) {
-  struct stat st;
-  if (mkdir(path, 0755) == 0 || (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
-    return MLO_OK;
-  return fail(err, errlen, MLO_EIO, "%s: cannot create folder: %s", path, strerror(errno));
-}
-
-/* Writes text to dir/rel through a temporary file renamed into place. */
-static int write_text(const char *dir, const char *rel, const char *text, char *err,
-                      size_t errlen) {
-  char *path = mlo_path_join(dir, rel);
-  if (!path) return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
-  size_t len = strlen(path) + 16;
-  char *tmp = malloc(len);
-  int rc = MLO_OK, fd = -1;
-  if (!tmp) {
-    rc = fail(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
-    goto out_free_path;
-  }
-  snprintf(tmp, len, "%s.tmp.XXXXXX", path);
-  if ((fd = mkstemp(tmp)) < 0) {
-    rc = fail(err, errlen, MLO_EIO, "%s: cannot create: %s", path, strerror(errno));
-    goto out_free_tmp;
-  }
-  size_t n = strlen(text);
-  bool ok = fchmod(fd, 0644) == 0 && write(fd, text, n) == (ssize_t)n;
-  ok = (close(fd) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    rc = fail(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
-    unlink(tmp);
-  }
-out_free_tmp:
-  free(tmp);
-out_free_path:
-  free(path);
-  return rc;
-}
-
-static int write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
-                      size_t errlen) {
-  char *text = json ? (pretty ? cJSON_Print(json) : cJSON_PrintUnformatted(json)) : NULL;
-  int rc = text ? write_text(dir, rel, text, err, errlen)
-                : fail(err, errlen, MLO_ENOMEM, "%s/%s: out of memory", dir, rel);
-  free(text);
-  return rc;
-}
-
 static void merge_json(cJSON *into, const char *text) {
   cJSON *extra = text ? cJSON_Parse(text) : NULL, *it;
   cJSON_ArrayForEach(it, extra) cJSON_AddItemToObject(into, it->string, cJSON_Duplicate(it, 1));
@@ -484,14 +433,14 @@ static int write_shard(const char *folder, const comp_plan *cp, int shard, fill_
   }
   if (rc != MLO_OK) {
     mlo_st_writer_free(w);
-    return fail(err, errlen, rc, "%s: cannot prepare %s: %s", folder, rel, mlo_strerror(rc));
+    return syn_fail(err, errlen, rc, "%s: cannot prepare %s: %s", folder, rel, mlo_strerror(rc));
   }
   char name[256];
   shard_name(cp, shard, name, sizeof name);
   char *path = mlo_path_join(folder, name);
   pr->file = rel;
   rc = path ? mlo_st_writer_write(w, path, err, errlen)
-            : fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+            : syn_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
   free(path);
   mlo_st_writer_free(w);
   return rc;
@@ -508,7 +457,7 @@ static int write_index(const char *dir, const comp_plan *cp, char *err, size_t e
     cJSON_AddStringToObject(map, cp->tensors.list[i].name, name);
   }
   snprintf(rel, sizeof rel, "%s/%s.safetensors.index.json", cp->spec->folder, stem_of(cp->spec));
-  int rc = write_json(dir, rel, root, true, err, errlen);
+  int rc = syn_write_json(dir, rel, root, true, err, errlen);
   cJSON_Delete(root);
   return rc;
 }
@@ -517,13 +466,13 @@ static int write_component(const char *dir, const syn_plan *pl, const comp_plan 
                            syn_progress *pr, char *err, size_t errlen) {
   char *folder = mlo_path_join(dir, cp->spec->folder);
   fill_ctx *ctx = calloc(cp->tensors.count ? cp->tensors.count : 1, sizeof *ctx);
-  int rc = folder && ctx ? make_dir(folder, err, errlen)
-                         : fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
+  int rc = folder && ctx ? syn_make_dir(folder, err, errlen)
+                         : syn_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
   char rel[512], name[256];
   if (rc == MLO_OK) {
     cJSON *cfg = config_json(pl, cp);
     snprintf(rel, sizeof rel, "%s/config.json", cp->spec->folder);
-    rc = write_json(dir, rel, cfg, true, err, errlen);
+    rc = syn_write_json(dir, rel, cfg, true, err, errlen);
     cJSON_Delete(cfg);
   }
   for (int s = 0; rc == MLO_OK && s < (cp->nshards ? cp->nshards : 1); s++) {
@@ -537,166 +486,44 @@ static int write_component(const char *dir, const syn_plan *pl, const comp_plan 
   return rc;
 }
 
-/* ---- the stamp: what was written, and whether it finished ---------------- */
-
-static cJSON *read_stamp(const char *dir) {
-  char *path = mlo_path_join(dir, STAMP_NAME);
-  FILE *f = path ? fopen(path, "rb") : NULL;
-  free(path);
-  if (!f) return NULL;
-  size_t cap = 1u << 20;
-  char *buf = malloc(cap + 1);
-  size_t n = buf ? fread(buf, 1, cap, f) : 0;
-  fclose(f);
-  if (!buf) return NULL;
-  buf[n] = '\0';
-  cJSON *stamp = cJSON_Parse(buf);
-  free(buf);
-  const cJSON *gen = cJSON_GetObjectItemCaseSensitive(stamp, "generator");
-  if (!cJSON_IsString(gen) || strcmp(gen->valuestring, "mlo synth")) {
-    cJSON_Delete(stamp);
-    return NULL;
-  }
-  return stamp;
-}
-
-/* A stamp's file entry is only trusted when it stays inside dir. */
-static bool safe_relative(const char *rel) {
-  if (!rel[0] || rel[0] == '/') return false;
-  for (const char *p = rel; *p;) {
-    const char *slash = strchr(p, '/');
-    size_t len = slash ? (size_t)(slash - p) : strlen(p);
-    if (len == 0 || (len == 2 && !strncmp(p, "..", 2)) || (len == 1 && p[0] == '.')) return false;
-    p += len + (slash ? 1 : 0);
-  }
-  return true;
-}
-
-static bool stamp_matches(const cJSON *stamp, const char *dir, const char *preset, double scale) {
-  const cJSON *p = cJSON_GetObjectItemCaseSensitive(stamp, "preset");
-  const cJSON *s = cJSON_GetObjectItemCaseSensitive(stamp, "scale");
-  const cJSON *done = cJSON_GetObjectItemCaseSensitive(stamp, "complete");
-  const cJSON *files = cJSON_GetObjectItemCaseSensitive(stamp, "files"), *it;
-  if (!cJSON_IsString(p) || strcmp(p->valuestring, preset) || !cJSON_IsNumber(s) ||
-      fabs(s->valuedouble - scale) > 1e-12 * scale || !cJSON_IsTrue(done) || !cJSON_IsArray(files))
-    return false;
-  cJSON_ArrayForEach(it, files) { /* a deleted shard must not pass for a cache hit */
-    if (!cJSON_IsString(it) || !safe_relative(it->valuestring)) return false;
-    char *path = mlo_path_join(dir, it->valuestring);
-    struct stat st;
-    bool present = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
-    free(path);
-    if (!present) return false;
-  }
-  return true;
-}
-
-bool mlo_synth_is_complete(const char *preset, const char *dir, double scale) {
-  if (!preset || !dir) return false;
-  cJSON *stamp = read_stamp(dir);
-  bool ok = stamp && stamp_matches(stamp, dir, preset, scale);
-  cJSON_Delete(stamp);
-  return ok;
-}
-
-/* Removes the files an earlier run listed, and then their folders if empty. */
-static void remove_listed(const char *dir, const cJSON *stamp) {
-  const cJSON *files = cJSON_GetObjectItemCaseSensitive(stamp, "files"), *it;
-  cJSON_ArrayForEach(it, files) {
-    if (!cJSON_IsString(it) || !safe_relative(it->valuestring)) continue;
-    char *path = mlo_path_join(dir, it->valuestring);
-    if (path) unlink(path);
-    char *slash = path ? strrchr(path, '/') : NULL;
-    if (slash && strchr(it->valuestring, '/')) {
-      *slash = '\0';
-      rmdir(path); /* fails harmlessly while other files remain */
-    }
-    free(path);
-  }
-}
-
-static bool dir_is_empty(const char *dir) {
-  bool empty = true;
-  DIR *d = opendir(dir);
-  struct dirent *e;
-  while (d && (e = readdir(d)) != NULL)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
-  if (d) closedir(d);
-  return empty;
-}
-
-static int write_stamp(const char *dir, const syn_plan *pl, bool complete, char *err,
-                       size_t errlen) {
-  cJSON *stamp = cJSON_CreateObject();
-  cJSON_AddStringToObject(stamp, "generator", "mlo synth");
-  cJSON_AddNumberToObject(stamp, "version", 1);
-  cJSON_AddStringToObject(stamp, "preset", pl->preset->name);
-  cJSON_AddNumberToObject(stamp, "scale", pl->scale);
-  cJSON_AddNumberToObject(stamp, "tensor_bytes", (double)pl->bytes);
-  cJSON_AddBoolToObject(stamp, "complete", complete);
-  cJSON_AddItemToObject(stamp, "files", plan_files(pl));
-  int rc = write_json(dir, STAMP_NAME, stamp, true, err, errlen);
-  cJSON_Delete(stamp);
-  return rc;
-}
-
-/* Makes dir ready: created, empty, or holding an earlier run's files
- * (removed).  *cached is set when the same run already finished. */
-static int prepare_dir(const char *dir, const syn_plan *pl, bool *cached, char *err,
-                       size_t errlen) {
-  *cached = false;
-  int rc = make_dir(dir, err, errlen);
-  if (rc != MLO_OK) return rc;
-  cJSON *stamp = read_stamp(dir);
-  if (!stamp) {
-    return dir_is_empty(dir) ? MLO_OK
-                             : fail(err, errlen, MLO_EEXIST,
-                                    "%s: folder is not empty and was not written by mlo synth "
-                                    "(no " STAMP_NAME "); refusing to write into it",
-                                    dir);
-  }
-  if (stamp_matches(stamp, dir, pl->preset->name, pl->scale))
-    *cached = true;
-  else
-    remove_listed(dir, stamp);
-  cJSON_Delete(stamp);
-  return MLO_OK;
-}
-
 int mlo_synth_write(const char *preset, const char *dir, double scale,
                     mlo_synth_progress_fn progress, void *user, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   const syn_preset *p = find_preset(preset);
   if (!p)
-    return fail(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
-                preset ? preset : "(null)");
+    return syn_fail(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
+                    preset ? preset : "(null)");
   if (!dir || !scale_ok(scale))
-    return fail(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
-                scale);
+    return syn_fail(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
+                    scale);
   syn_plan pl;
   int rc = plan_build(p, scale, &pl);
   if (rc != MLO_OK)
-    return fail(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
+    return syn_fail(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
   bool cached = false;
-  rc = prepare_dir(dir, &pl, &cached, err, errlen);
+  rc = syn_stamp_prepare(dir, p->name, scale, &cached, err, errlen);
   if (rc != MLO_OK || cached) goto out_free_plan;
   /* The stamp goes first, incomplete, so an interrupted run is recognised
    * and cleaned by the next one; it is marked complete last. */
-  if ((rc = write_stamp(dir, &pl, false, err, errlen)) != MLO_OK) goto out_free_plan;
+  if ((rc = syn_stamp_write(dir, p->name, scale, pl.bytes, false, plan_files(&pl), err, errlen)) !=
+      MLO_OK)
+    goto out_free_plan;
   cJSON *index = model_index_json(p);
-  rc = write_json(dir, "model_index.json", index, true, err, errlen);
+  rc = syn_write_json(dir, "model_index.json", index, true, err, errlen);
   cJSON_Delete(index);
   for (size_t i = 0; rc == MLO_OK && i < p->naux; i++) {
     char *folder = mlo_path_join(dir, p->aux[i].folder), rel[512];
-    rc = folder ? make_dir(folder, err, errlen) : fail(err, errlen, MLO_ENOMEM, "out of memory");
+    rc = folder ? syn_make_dir(folder, err, errlen)
+                : syn_fail(err, errlen, MLO_ENOMEM, "out of memory");
     free(folder);
     snprintf(rel, sizeof rel, "%s/%s", p->aux[i].folder, p->aux[i].file);
-    if (rc == MLO_OK) rc = write_text(dir, rel, p->aux[i].content, err, errlen);
+    if (rc == MLO_OK) rc = syn_write_text(dir, rel, p->aux[i].content, err, errlen);
   }
   syn_progress pr = {progress, user, NULL, 0, pl.bytes, 0};
   for (size_t i = 0; rc == MLO_OK && i < p->ncomponents; i++)
     rc = write_component(dir, &pl, &pl.comps[i], &pr, err, errlen);
-  if (rc == MLO_OK) rc = write_stamp(dir, &pl, true, err, errlen);
+  if (rc == MLO_OK)
+    rc = syn_stamp_write(dir, p->name, scale, pl.bytes, true, plan_files(&pl), err, errlen);
 out_free_plan:
   plan_free(&pl);
   return rc;

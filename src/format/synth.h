@@ -42,6 +42,18 @@ void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
 /* The component's weight dtype (BF16, or F32 for the Wan VAE). */
 mlo_dtype syn_dtype(const syn_emitter *e);
 
+/* Shorthands: one tensor of 1-5 dimensions. */
+#define T1(e, dt, a, ...) syn_tensor(e, dt, 1, (const int64_t[]){a}, __VA_ARGS__)
+#define T2(e, dt, a, b, ...) syn_tensor(e, dt, 2, (const int64_t[]){a, b}, __VA_ARGS__)
+#define T3(e, dt, a, b, c, ...) syn_tensor(e, dt, 3, (const int64_t[]){a, b, c}, __VA_ARGS__)
+#define T4(e, dt, a, b, c, d, ...) syn_tensor(e, dt, 4, (const int64_t[]){a, b, c, d}, __VA_ARGS__)
+#define T5(e, dt, a, b, c, d, f, ...)                                                              \
+  syn_tensor(e, dt, 5, (const int64_t[]){a, b, c, d, f}, __VA_ARGS__)
+
+/* A linear layer "<prefix>.weight" [out, in] and optionally "<prefix>.bias". */
+void syn_lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, const char *fmt, ...)
+    MLO_PRINTF(6, 7);
+
 typedef struct {
   const syn_param *params;
   size_t nparams;
@@ -76,6 +88,23 @@ typedef struct {
   const char *const *absent; /* keys written as [null, null]; NULL-terminated */
 } syn_preset;
 
+/* synth_files.c: atomic files and the stamp. */
+int syn_fail(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
+int syn_make_dir(const char *path, char *err, size_t errlen);
+/* Writes dir/rel through a temporary file renamed into place. */
+int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen);
+int syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
+                   size_t errlen);
+/* Creates dir, or accepts it if empty or stamped by an earlier run: a
+ * finished run of the same preset and scale sets *cached; any other run's
+ * listed files are removed.  MLO_EEXIST for a foreign non-empty folder. */
+int syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached, char *err,
+                      size_t errlen);
+/* Writes the stamp; takes ownership of files (a JSON array of paths). */
+int syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
+                    bool complete, cJSON *files, char *err, size_t errlen);
+
+extern const syn_arch syn_vae2d, syn_wan_vae; /* synth_vae.c */
 extern const syn_preset syn_presets[];
 extern const size_t syn_preset_count;
 

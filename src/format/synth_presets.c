@@ -17,29 +17,6 @@
 #define F32 MLO_DTYPE_F32
 #define COUNT(a) (sizeof(a) / sizeof *(a))
 
-/* ---- shorthands over syn_tensor ---------------------------------------- */
-
-#define T1(e, dt, a, ...) syn_tensor(e, dt, 1, (const int64_t[]){a}, __VA_ARGS__)
-#define T2(e, dt, a, b, ...) syn_tensor(e, dt, 2, (const int64_t[]){a, b}, __VA_ARGS__)
-#define T3(e, dt, a, b, c, ...) syn_tensor(e, dt, 3, (const int64_t[]){a, b, c}, __VA_ARGS__)
-#define T4(e, dt, a, b, c, d, ...) syn_tensor(e, dt, 4, (const int64_t[]){a, b, c, d}, __VA_ARGS__)
-#define T5(e, dt, a, b, c, d, f, ...)                                                              \
-  syn_tensor(e, dt, 5, (const int64_t[]){a, b, c, d, f}, __VA_ARGS__)
-
-/* A linear layer "<prefix>.weight" [out, in] and optionally its bias. */
-static void lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, const char *fmt,
-                ...) MLO_PRINTF(6, 7);
-static void lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, const char *fmt,
-                ...) {
-  char prefix[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
-  va_end(ap);
-  T2(e, dt, out, in, "%s.weight", prefix);
-  if (bias) T1(e, dt, out, "%s.bias", prefix);
-}
-
 /* ---- WanTransformer3DModel --------------------------------------------- */
 
 enum { WAN_HEADS, WAN_HEAD_DIM, WAN_FFN, WAN_LAYERS, WAN_IN, WAN_TEXT, WAN_FREQ };
@@ -52,10 +29,10 @@ static const syn_param wan_dit_params[] = {
 
 static void wan_attn(syn_emitter *e, int64_t h, int i, const char *which) {
   mlo_dtype dt = syn_dtype(e);
-  lin(e, dt, h, h, true, "blocks.%d.%s.to_q", i, which);
-  lin(e, dt, h, h, true, "blocks.%d.%s.to_k", i, which);
-  lin(e, dt, h, h, true, "blocks.%d.%s.to_v", i, which);
-  lin(e, dt, h, h, true, "blocks.%d.%s.to_out.0", i, which);
+  syn_lin(e, dt, h, h, true, "blocks.%d.%s.to_q", i, which);
+  syn_lin(e, dt, h, h, true, "blocks.%d.%s.to_k", i, which);
+  syn_lin(e, dt, h, h, true, "blocks.%d.%s.to_v", i, which);
+  syn_lin(e, dt, h, h, true, "blocks.%d.%s.to_out.0", i, which);
   T1(e, dt, h, "blocks.%d.%s.norm_q.weight", i, which);
   T1(e, dt, h, "blocks.%d.%s.norm_k.weight", i, which);
 }
@@ -67,21 +44,21 @@ static void wan_dit_emit(syn_emitter *e, const int *p) {
   int64_t h = (int64_t)p[WAN_HEADS] * p[WAN_HEAD_DIM], ffn = p[WAN_FFN];
   T5(e, dt, h, p[WAN_IN], 1, 2, 2, "patch_embedding.weight");
   T1(e, dt, h, "patch_embedding.bias");
-  lin(e, F32, h, p[WAN_FREQ], true, "condition_embedder.time_embedder.linear_1");
-  lin(e, F32, h, h, true, "condition_embedder.time_embedder.linear_2");
-  lin(e, dt, 6 * h, h, true, "condition_embedder.time_proj");
-  lin(e, dt, h, p[WAN_TEXT], true, "condition_embedder.text_embedder.linear_1");
-  lin(e, dt, h, h, true, "condition_embedder.text_embedder.linear_2");
+  syn_lin(e, F32, h, p[WAN_FREQ], true, "condition_embedder.time_embedder.linear_1");
+  syn_lin(e, F32, h, h, true, "condition_embedder.time_embedder.linear_2");
+  syn_lin(e, dt, 6 * h, h, true, "condition_embedder.time_proj");
+  syn_lin(e, dt, h, p[WAN_TEXT], true, "condition_embedder.text_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "condition_embedder.text_embedder.linear_2");
   for (int i = 0; i < p[WAN_LAYERS]; i++) {
     wan_attn(e, h, i, "attn1");
     wan_attn(e, h, i, "attn2");
     T1(e, F32, h, "blocks.%d.norm2.weight", i);
     T1(e, F32, h, "blocks.%d.norm2.bias", i);
-    lin(e, dt, ffn, h, true, "blocks.%d.ffn.net.0.proj", i);
-    lin(e, dt, h, ffn, true, "blocks.%d.ffn.net.2", i);
+    syn_lin(e, dt, ffn, h, true, "blocks.%d.ffn.net.0.proj", i);
+    syn_lin(e, dt, h, ffn, true, "blocks.%d.ffn.net.2", i);
     T3(e, F32, 1, 6, h, "blocks.%d.scale_shift_table", i);
   }
-  lin(e, dt, (int64_t)p[WAN_IN] * 4, h, true, "proj_out");
+  syn_lin(e, dt, (int64_t)p[WAN_IN] * 4, h, true, "proj_out");
   T3(e, F32, 1, 2, h, "scale_shift_table");
 }
 
@@ -113,16 +90,16 @@ static void t5_emit_common(syn_emitter *e, const int *p, bool bias_every_block) 
     const char *sa = "encoder.block.%d.layer.0.SelfAttention";
     char pre[128];
     snprintf(pre, sizeof pre, sa, i);
-    lin(e, dt, inner, d, false, "%s.q", pre);
-    lin(e, dt, inner, d, false, "%s.k", pre);
-    lin(e, dt, inner, d, false, "%s.v", pre);
-    lin(e, dt, d, inner, false, "%s.o", pre);
+    syn_lin(e, dt, inner, d, false, "%s.q", pre);
+    syn_lin(e, dt, inner, d, false, "%s.k", pre);
+    syn_lin(e, dt, inner, d, false, "%s.v", pre);
+    syn_lin(e, dt, d, inner, false, "%s.o", pre);
     if (i == 0 || bias_every_block)
       T2(e, dt, p[T5_BUCKETS], p[T5_HEADS], "%s.relative_attention_bias.weight", pre);
     T1(e, dt, d, "encoder.block.%d.layer.0.layer_norm.weight", i);
-    lin(e, dt, ff, d, false, "encoder.block.%d.layer.1.DenseReluDense.wi_0", i);
-    lin(e, dt, ff, d, false, "encoder.block.%d.layer.1.DenseReluDense.wi_1", i);
-    lin(e, dt, d, ff, false, "encoder.block.%d.layer.1.DenseReluDense.wo", i);
+    syn_lin(e, dt, ff, d, false, "encoder.block.%d.layer.1.DenseReluDense.wi_0", i);
+    syn_lin(e, dt, ff, d, false, "encoder.block.%d.layer.1.DenseReluDense.wi_1", i);
+    syn_lin(e, dt, d, ff, false, "encoder.block.%d.layer.1.DenseReluDense.wo", i);
     T1(e, dt, d, "encoder.block.%d.layer.1.layer_norm.weight", i);
   }
   T1(e, dt, d, "encoder.final_layer_norm.weight");
@@ -164,11 +141,11 @@ static void clip_emit(syn_emitter *e, const int *p) {
   for (int i = 0; i < p[CLIP_LAYERS]; i++) {
     static const char *const proj[] = {"k_proj", "v_proj", "q_proj", "out_proj"};
     for (int k = 0; k < 4; k++)
-      lin(e, dt, h, h, true, "text_model.encoder.layers.%d.self_attn.%s", i, proj[k]);
+      syn_lin(e, dt, h, h, true, "text_model.encoder.layers.%d.self_attn.%s", i, proj[k]);
     T1(e, dt, h, "text_model.encoder.layers.%d.layer_norm1.weight", i);
     T1(e, dt, h, "text_model.encoder.layers.%d.layer_norm1.bias", i);
-    lin(e, dt, ffn, h, true, "text_model.encoder.layers.%d.mlp.fc1", i);
-    lin(e, dt, h, ffn, true, "text_model.encoder.layers.%d.mlp.fc2", i);
+    syn_lin(e, dt, ffn, h, true, "text_model.encoder.layers.%d.mlp.fc1", i);
+    syn_lin(e, dt, h, ffn, true, "text_model.encoder.layers.%d.mlp.fc2", i);
     T1(e, dt, h, "text_model.encoder.layers.%d.layer_norm2.weight", i);
     T1(e, dt, h, "text_model.encoder.layers.%d.layer_norm2.bias", i);
   }
@@ -211,8 +188,8 @@ static void dual_attn(syn_emitter *e, const char *pre, int64_t h, int64_t hd, bo
   mlo_dtype dt = syn_dtype(e);
   static const char *const proj[] = {"to_q",       "to_k",       "to_v",    "add_q_proj",
                                      "add_k_proj", "add_v_proj", "to_out.0"};
-  for (int k = 0; k < 7; k++) lin(e, dt, h, h, true, "%s.attn.%s", pre, proj[k]);
-  if (add_out) lin(e, dt, h, h, true, "%s.attn.to_add_out", pre);
+  for (int k = 0; k < 7; k++) syn_lin(e, dt, h, h, true, "%s.attn.%s", pre, proj[k]);
+  if (add_out) syn_lin(e, dt, h, h, true, "%s.attn.to_add_out", pre);
   static const char *const norms[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
   for (int k = 0; k < 4; k++) T1(e, dt, hd, "%s.attn.%s.weight", pre, norms[k]);
 }
@@ -220,39 +197,39 @@ static void dual_attn(syn_emitter *e, const char *pre, int64_t h, int64_t hd, bo
 static void flux_emit(syn_emitter *e, const int *p) {
   mlo_dtype dt = syn_dtype(e);
   int64_t hd = p[FLUX_HEAD_DIM], h = (int64_t)p[FLUX_HEADS] * hd, mlp = 4 * h;
-  lin(e, dt, h, p[FLUX_IN], true, "x_embedder");
-  lin(e, dt, h, p[FLUX_JOINT], true, "context_embedder");
-  lin(e, dt, h, 256, true, "time_text_embed.timestep_embedder.linear_1");
-  lin(e, dt, h, h, true, "time_text_embed.timestep_embedder.linear_2");
-  lin(e, dt, h, 256, true, "time_text_embed.guidance_embedder.linear_1");
-  lin(e, dt, h, h, true, "time_text_embed.guidance_embedder.linear_2");
-  lin(e, dt, h, p[FLUX_POOLED], true, "time_text_embed.text_embedder.linear_1");
-  lin(e, dt, h, h, true, "time_text_embed.text_embedder.linear_2");
+  syn_lin(e, dt, h, p[FLUX_IN], true, "x_embedder");
+  syn_lin(e, dt, h, p[FLUX_JOINT], true, "context_embedder");
+  syn_lin(e, dt, h, 256, true, "time_text_embed.timestep_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "time_text_embed.timestep_embedder.linear_2");
+  syn_lin(e, dt, h, 256, true, "time_text_embed.guidance_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "time_text_embed.guidance_embedder.linear_2");
+  syn_lin(e, dt, h, p[FLUX_POOLED], true, "time_text_embed.text_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "time_text_embed.text_embedder.linear_2");
   for (int i = 0; i < p[FLUX_LAYERS]; i++) {
     char pre[64];
     snprintf(pre, sizeof pre, "transformer_blocks.%d", i);
-    lin(e, dt, 6 * h, h, true, "%s.norm1.linear", pre);
-    lin(e, dt, 6 * h, h, true, "%s.norm1_context.linear", pre);
+    syn_lin(e, dt, 6 * h, h, true, "%s.norm1.linear", pre);
+    syn_lin(e, dt, 6 * h, h, true, "%s.norm1_context.linear", pre);
     dual_attn(e, pre, h, hd, true);
-    lin(e, dt, mlp, h, true, "%s.ff.net.0.proj", pre);
-    lin(e, dt, h, mlp, true, "%s.ff.net.2", pre);
-    lin(e, dt, mlp, h, true, "%s.ff_context.net.0.proj", pre);
-    lin(e, dt, h, mlp, true, "%s.ff_context.net.2", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.ff.net.0.proj", pre);
+    syn_lin(e, dt, h, mlp, true, "%s.ff.net.2", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.ff_context.net.0.proj", pre);
+    syn_lin(e, dt, h, mlp, true, "%s.ff_context.net.2", pre);
   }
   for (int i = 0; i < p[FLUX_SINGLE]; i++) {
     char pre[64];
     snprintf(pre, sizeof pre, "single_transformer_blocks.%d", i);
-    lin(e, dt, 3 * h, h, true, "%s.norm.linear", pre);
-    lin(e, dt, mlp, h, true, "%s.proj_mlp", pre);
-    lin(e, dt, h, h + mlp, true, "%s.proj_out", pre);
-    lin(e, dt, h, h, true, "%s.attn.to_q", pre);
-    lin(e, dt, h, h, true, "%s.attn.to_k", pre);
-    lin(e, dt, h, h, true, "%s.attn.to_v", pre);
+    syn_lin(e, dt, 3 * h, h, true, "%s.norm.linear", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.proj_mlp", pre);
+    syn_lin(e, dt, h, h + mlp, true, "%s.proj_out", pre);
+    syn_lin(e, dt, h, h, true, "%s.attn.to_q", pre);
+    syn_lin(e, dt, h, h, true, "%s.attn.to_k", pre);
+    syn_lin(e, dt, h, h, true, "%s.attn.to_v", pre);
     T1(e, dt, hd, "%s.attn.norm_q.weight", pre);
     T1(e, dt, hd, "%s.attn.norm_k.weight", pre);
   }
-  lin(e, dt, 2 * h, h, true, "norm_out.linear");
-  lin(e, dt, p[FLUX_IN], h, true, "proj_out");
+  syn_lin(e, dt, 2 * h, h, true, "norm_out.linear");
+  syn_lin(e, dt, p[FLUX_IN], h, true, "proj_out");
 }
 
 static const syn_arch flux_dit = {flux_params, COUNT(flux_params),
@@ -272,24 +249,24 @@ static const syn_param qwen_dit_params[] = {
 static void qwen_dit_emit(syn_emitter *e, const int *p) {
   mlo_dtype dt = syn_dtype(e);
   int64_t hd = p[QI_HEAD_DIM], h = (int64_t)p[QI_HEADS] * hd, mlp = 4 * h;
-  lin(e, dt, h, p[QI_IN], true, "img_in");
+  syn_lin(e, dt, h, p[QI_IN], true, "img_in");
   T1(e, dt, p[QI_JOINT], "txt_norm.weight");
-  lin(e, dt, h, p[QI_JOINT], true, "txt_in");
-  lin(e, dt, h, 256, true, "time_text_embed.timestep_embedder.linear_1");
-  lin(e, dt, h, h, true, "time_text_embed.timestep_embedder.linear_2");
+  syn_lin(e, dt, h, p[QI_JOINT], true, "txt_in");
+  syn_lin(e, dt, h, 256, true, "time_text_embed.timestep_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "time_text_embed.timestep_embedder.linear_2");
   for (int i = 0; i < p[QI_LAYERS]; i++) {
     char pre[64];
     snprintf(pre, sizeof pre, "transformer_blocks.%d", i);
-    lin(e, dt, 6 * h, h, true, "%s.img_mod.1", pre);
-    lin(e, dt, 6 * h, h, true, "%s.txt_mod.1", pre);
+    syn_lin(e, dt, 6 * h, h, true, "%s.img_mod.1", pre);
+    syn_lin(e, dt, 6 * h, h, true, "%s.txt_mod.1", pre);
     dual_attn(e, pre, h, hd, true);
-    lin(e, dt, mlp, h, true, "%s.img_mlp.net.0.proj", pre);
-    lin(e, dt, h, mlp, true, "%s.img_mlp.net.2", pre);
-    lin(e, dt, mlp, h, true, "%s.txt_mlp.net.0.proj", pre);
-    lin(e, dt, h, mlp, true, "%s.txt_mlp.net.2", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.img_mlp.net.0.proj", pre);
+    syn_lin(e, dt, h, mlp, true, "%s.img_mlp.net.2", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.txt_mlp.net.0.proj", pre);
+    syn_lin(e, dt, h, mlp, true, "%s.txt_mlp.net.2", pre);
   }
-  lin(e, dt, 2 * h, h, true, "norm_out.linear");
-  lin(e, dt, 4 * (int64_t)p[QI_OUT], h, true, "proj_out");
+  syn_lin(e, dt, 2 * h, h, true, "norm_out.linear");
+  syn_lin(e, dt, 4 * (int64_t)p[QI_OUT], h, true, "proj_out");
 }
 
 static const syn_arch qwen_dit = {qwen_dit_params, COUNT(qwen_dit_params),
@@ -329,13 +306,13 @@ static void qwen_vl_emit(syn_emitter *e, const int *p) {
   int64_t vh = (int64_t)p[QV_VHEADS] * p[QV_VHEAD_DIM], vi = p[QV_VINTER];
   T2(e, dt, p[QV_VOCAB], h, "model.embed_tokens.weight");
   for (int i = 0; i < p[QV_LAYERS]; i++) {
-    lin(e, dt, h, h, true, "model.layers.%d.self_attn.q_proj", i);
-    lin(e, dt, kv, h, true, "model.layers.%d.self_attn.k_proj", i);
-    lin(e, dt, kv, h, true, "model.layers.%d.self_attn.v_proj", i);
-    lin(e, dt, h, h, false, "model.layers.%d.self_attn.o_proj", i);
-    lin(e, dt, inter, h, false, "model.layers.%d.mlp.gate_proj", i);
-    lin(e, dt, inter, h, false, "model.layers.%d.mlp.up_proj", i);
-    lin(e, dt, h, inter, false, "model.layers.%d.mlp.down_proj", i);
+    syn_lin(e, dt, h, h, true, "model.layers.%d.self_attn.q_proj", i);
+    syn_lin(e, dt, kv, h, true, "model.layers.%d.self_attn.k_proj", i);
+    syn_lin(e, dt, kv, h, true, "model.layers.%d.self_attn.v_proj", i);
+    syn_lin(e, dt, h, h, false, "model.layers.%d.self_attn.o_proj", i);
+    syn_lin(e, dt, inter, h, false, "model.layers.%d.mlp.gate_proj", i);
+    syn_lin(e, dt, inter, h, false, "model.layers.%d.mlp.up_proj", i);
+    syn_lin(e, dt, h, inter, false, "model.layers.%d.mlp.down_proj", i);
     T1(e, dt, h, "model.layers.%d.input_layernorm.weight", i);
     T1(e, dt, h, "model.layers.%d.post_attention_layernorm.weight", i);
   }
@@ -345,15 +322,15 @@ static void qwen_vl_emit(syn_emitter *e, const int *p) {
   for (int i = 0; i < p[QV_VDEPTH]; i++) {
     T1(e, dt, vh, "visual.blocks.%d.norm1.weight", i);
     T1(e, dt, vh, "visual.blocks.%d.norm2.weight", i);
-    lin(e, dt, 3 * vh, vh, true, "visual.blocks.%d.attn.qkv", i);
-    lin(e, dt, vh, vh, true, "visual.blocks.%d.attn.proj", i);
-    lin(e, dt, vi, vh, true, "visual.blocks.%d.mlp.gate_proj", i);
-    lin(e, dt, vi, vh, true, "visual.blocks.%d.mlp.up_proj", i);
-    lin(e, dt, vh, vi, true, "visual.blocks.%d.mlp.down_proj", i);
+    syn_lin(e, dt, 3 * vh, vh, true, "visual.blocks.%d.attn.qkv", i);
+    syn_lin(e, dt, vh, vh, true, "visual.blocks.%d.attn.proj", i);
+    syn_lin(e, dt, vi, vh, true, "visual.blocks.%d.mlp.gate_proj", i);
+    syn_lin(e, dt, vi, vh, true, "visual.blocks.%d.mlp.up_proj", i);
+    syn_lin(e, dt, vh, vi, true, "visual.blocks.%d.mlp.down_proj", i);
   }
   T1(e, dt, vh, "visual.merger.ln_q.weight");
-  lin(e, dt, 4 * vh, 4 * vh, true, "visual.merger.mlp.0");
-  lin(e, dt, h, 4 * vh, true, "visual.merger.mlp.2");
+  syn_lin(e, dt, 4 * vh, 4 * vh, true, "visual.merger.mlp.0");
+  syn_lin(e, dt, h, 4 * vh, true, "visual.merger.mlp.2");
 }
 
 static void qwen_vl_config(cJSON *cfg, const int *p) {
@@ -393,221 +370,32 @@ static void sd3_emit(syn_emitter *e, const int *p) {
   int64_t hd = p[SD3_HEAD_DIM], h = (int64_t)p[SD3_HEADS] * hd, mlp = 4 * h;
   T4(e, dt, h, p[SD3_IN], 2, 2, "pos_embed.proj.weight");
   T1(e, dt, h, "pos_embed.proj.bias");
-  lin(e, dt, h, p[SD3_JOINT], true, "context_embedder");
-  lin(e, dt, h, 256, true, "time_text_embed.timestep_embedder.linear_1");
-  lin(e, dt, h, h, true, "time_text_embed.timestep_embedder.linear_2");
-  lin(e, dt, h, p[SD3_POOLED], true, "time_text_embed.text_embedder.linear_1");
-  lin(e, dt, h, h, true, "time_text_embed.text_embedder.linear_2");
+  syn_lin(e, dt, h, p[SD3_JOINT], true, "context_embedder");
+  syn_lin(e, dt, h, 256, true, "time_text_embed.timestep_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "time_text_embed.timestep_embedder.linear_2");
+  syn_lin(e, dt, h, p[SD3_POOLED], true, "time_text_embed.text_embedder.linear_1");
+  syn_lin(e, dt, h, h, true, "time_text_embed.text_embedder.linear_2");
   for (int i = 0; i < p[SD3_LAYERS]; i++) {
     bool last = i == p[SD3_LAYERS] - 1;
     char pre[64];
     snprintf(pre, sizeof pre, "transformer_blocks.%d", i);
-    lin(e, dt, 6 * h, h, true, "%s.norm1.linear", pre);
-    lin(e, dt, (last ? 2 : 6) * h, h, true, "%s.norm1_context.linear", pre);
+    syn_lin(e, dt, 6 * h, h, true, "%s.norm1.linear", pre);
+    syn_lin(e, dt, (last ? 2 : 6) * h, h, true, "%s.norm1_context.linear", pre);
     dual_attn(e, pre, h, hd, !last);
-    lin(e, dt, mlp, h, true, "%s.ff.net.0.proj", pre);
-    lin(e, dt, h, mlp, true, "%s.ff.net.2", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.ff.net.0.proj", pre);
+    syn_lin(e, dt, h, mlp, true, "%s.ff.net.2", pre);
     if (last) continue;
-    lin(e, dt, mlp, h, true, "%s.ff_context.net.0.proj", pre);
-    lin(e, dt, h, mlp, true, "%s.ff_context.net.2", pre);
+    syn_lin(e, dt, mlp, h, true, "%s.ff_context.net.0.proj", pre);
+    syn_lin(e, dt, h, mlp, true, "%s.ff_context.net.2", pre);
   }
-  lin(e, dt, 2 * h, h, true, "norm_out.linear");
-  lin(e, dt, 4 * (int64_t)p[SD3_IN], h, true, "proj_out");
+  syn_lin(e, dt, 2 * h, h, true, "norm_out.linear");
+  syn_lin(e, dt, 4 * (int64_t)p[SD3_IN], h, true, "proj_out");
 }
 
 static const syn_arch sd3_dit = {sd3_params, COUNT(sd3_params),
                                  "{\"patch_size\":2,\"out_channels\":16,\"qk_norm\":\"rms_norm\","
                                  "\"pos_embed_max_size\":192,\"sample_size\":128}",
                                  sd3_emit, NULL};
-
-/* ---- AutoencoderKL (2-D, Flux / SD3) --------------------------------------- */
-
-enum { VAE_CH, VAE_BLOCKS, VAE_LATENT };
-static const syn_param vae2d_params[] = {
-    {NULL, 128, SYN_WIDTH}, {"layers_per_block", 2, SYN_DEPTH}, {"latent_channels", 16, SYN_FIXED}};
-
-static void vae2d_resnet(syn_emitter *e, const char *pre, int64_t cin, int64_t cout) {
-  mlo_dtype dt = syn_dtype(e);
-  T1(e, dt, cin, "%s.norm1.weight", pre);
-  T1(e, dt, cin, "%s.norm1.bias", pre);
-  T4(e, dt, cout, cin, 3, 3, "%s.conv1.weight", pre);
-  T1(e, dt, cout, "%s.conv1.bias", pre);
-  T1(e, dt, cout, "%s.norm2.weight", pre);
-  T1(e, dt, cout, "%s.norm2.bias", pre);
-  T4(e, dt, cout, cout, 3, 3, "%s.conv2.weight", pre);
-  T1(e, dt, cout, "%s.conv2.bias", pre);
-  if (cin == cout) return;
-  T4(e, dt, cout, cin, 1, 1, "%s.conv_shortcut.weight", pre);
-  T1(e, dt, cout, "%s.conv_shortcut.bias", pre);
-}
-
-static void vae2d_mid(syn_emitter *e, const char *side, int64_t c) {
-  mlo_dtype dt = syn_dtype(e);
-  char pre[96];
-  snprintf(pre, sizeof pre, "%s.mid_block.resnets.0", side);
-  vae2d_resnet(e, pre, c, c);
-  T1(e, dt, c, "%s.mid_block.attentions.0.group_norm.weight", side);
-  T1(e, dt, c, "%s.mid_block.attentions.0.group_norm.bias", side);
-  static const char *const proj[] = {"to_q", "to_k", "to_v", "to_out.0"};
-  for (int k = 0; k < 4; k++) lin(e, dt, c, c, true, "%s.mid_block.attentions.0.%s", side, proj[k]);
-  snprintf(pre, sizeof pre, "%s.mid_block.resnets.1", side);
-  vae2d_resnet(e, pre, c, c);
-}
-
-static void vae2d_emit(syn_emitter *e, const int *p) {
-  mlo_dtype dt = syn_dtype(e);
-  static const int mult[4] = {1, 2, 4, 4};
-  int64_t ch = p[VAE_CH], lat = p[VAE_LATENT], top = ch * mult[3], c = ch;
-  char pre[96];
-  T4(e, dt, ch, 3, 3, 3, "encoder.conv_in.weight");
-  T1(e, dt, ch, "encoder.conv_in.bias");
-  for (int i = 0; i < 4; i++) {
-    int64_t out = ch * mult[i];
-    for (int j = 0; j < p[VAE_BLOCKS]; j++, c = out) {
-      snprintf(pre, sizeof pre, "encoder.down_blocks.%d.resnets.%d", i, j);
-      vae2d_resnet(e, pre, c, out);
-    }
-    if (i < 3) {
-      T4(e, dt, out, out, 3, 3, "encoder.down_blocks.%d.downsamplers.0.conv.weight", i);
-      T1(e, dt, out, "encoder.down_blocks.%d.downsamplers.0.conv.bias", i);
-    }
-  }
-  vae2d_mid(e, "encoder", top);
-  T1(e, dt, top, "encoder.conv_norm_out.weight");
-  T1(e, dt, top, "encoder.conv_norm_out.bias");
-  T4(e, dt, 2 * lat, top, 3, 3, "encoder.conv_out.weight");
-  T1(e, dt, 2 * lat, "encoder.conv_out.bias");
-  T4(e, dt, top, lat, 3, 3, "decoder.conv_in.weight");
-  T1(e, dt, top, "decoder.conv_in.bias");
-  vae2d_mid(e, "decoder", top);
-  c = top;
-  for (int i = 0; i < 4; i++) {
-    int64_t out = ch * mult[3 - i];
-    for (int j = 0; j <= p[VAE_BLOCKS]; j++, c = out) {
-      snprintf(pre, sizeof pre, "decoder.up_blocks.%d.resnets.%d", i, j);
-      vae2d_resnet(e, pre, c, out);
-    }
-    if (i < 3) {
-      T4(e, dt, out, out, 3, 3, "decoder.up_blocks.%d.upsamplers.0.conv.weight", i);
-      T1(e, dt, out, "decoder.up_blocks.%d.upsamplers.0.conv.bias", i);
-    }
-  }
-  T1(e, dt, ch, "decoder.conv_norm_out.weight");
-  T1(e, dt, ch, "decoder.conv_norm_out.bias");
-  T4(e, dt, 3, ch, 3, 3, "decoder.conv_out.weight");
-  T1(e, dt, 3, "decoder.conv_out.bias");
-}
-
-static void vae2d_config(cJSON *cfg, const int *p) {
-  const int ch[4] = {p[VAE_CH], 2 * p[VAE_CH], 4 * p[VAE_CH], 4 * p[VAE_CH]};
-  cJSON_AddItemToObject(cfg, "block_out_channels", cJSON_CreateIntArray(ch, 4));
-}
-
-static const syn_arch vae2d = {vae2d_params, COUNT(vae2d_params),
-                               "{\"in_channels\":3,"
-                               "\"out_channels\":3,\"use_quant_conv\":false,"
-                               "\"use_post_quant_conv\":false,\"scaling_factor\":1.5035}",
-                               vae2d_emit, vae2d_config};
-
-/* ---- AutoencoderKLWan (3-D causal VAE; also AutoencoderKLQwenImage) ------- */
-
-enum { WV_BASE, WV_RES, WV_Z };
-static const syn_param wan_vae_params[] = {
-    {"base_dim", 96, SYN_WIDTH}, {"num_res_blocks", 2, SYN_DEPTH}, {"z_dim", 16, SYN_FIXED}};
-
-static void wv_gamma(syn_emitter *e, int64_t c, const char *fmt, const char *pre) {
-  T4(e, F32, c, 1, 1, 1, fmt, pre);
-}
-
-static void wv_resnet(syn_emitter *e, const char *pre, int64_t cin, int64_t cout) {
-  mlo_dtype dt = syn_dtype(e);
-  wv_gamma(e, cin, "%s.norm1.gamma", pre);
-  T5(e, dt, cout, cin, 3, 3, 3, "%s.conv1.weight", pre);
-  T1(e, dt, cout, "%s.conv1.bias", pre);
-  wv_gamma(e, cout, "%s.norm2.gamma", pre);
-  T5(e, dt, cout, cout, 3, 3, 3, "%s.conv2.weight", pre);
-  T1(e, dt, cout, "%s.conv2.bias", pre);
-  if (cin == cout) return;
-  T5(e, dt, cout, cin, 1, 1, 1, "%s.conv_shortcut.weight", pre);
-  T1(e, dt, cout, "%s.conv_shortcut.bias", pre);
-}
-
-static void wv_mid(syn_emitter *e, const char *side, int64_t c) {
-  mlo_dtype dt = syn_dtype(e);
-  char pre[96];
-  snprintf(pre, sizeof pre, "%s.mid_block.resnets.0", side);
-  wv_resnet(e, pre, c, c);
-  T3(e, F32, c, 1, 1, "%s.mid_block.attentions.0.norm.gamma", side);
-  T4(e, dt, 3 * c, c, 1, 1, "%s.mid_block.attentions.0.to_qkv.weight", side);
-  T1(e, dt, 3 * c, "%s.mid_block.attentions.0.to_qkv.bias", side);
-  T4(e, dt, c, c, 1, 1, "%s.mid_block.attentions.0.proj.weight", side);
-  T1(e, dt, c, "%s.mid_block.attentions.0.proj.bias", side);
-  snprintf(pre, sizeof pre, "%s.mid_block.resnets.1", side);
-  wv_resnet(e, pre, c, c);
-}
-
-/* Spatial resampling "resample.1" and, where the stride is temporal too,
- * "time_conv".  Upsampling halves the channels, as in the real decoder. */
-static void wv_resample(syn_emitter *e, const char *pre, int64_t cout, int64_t cin, bool temporal,
-                        int64_t time_out) {
-  mlo_dtype dt = syn_dtype(e);
-  T4(e, dt, cout, cin, 3, 3, "%s.resample.1.weight", pre);
-  T1(e, dt, cout, "%s.resample.1.bias", pre);
-  if (!temporal) return;
-  T5(e, dt, time_out, cin, 3, 1, 1, "%s.time_conv.weight", pre);
-  T1(e, dt, time_out, "%s.time_conv.bias", pre);
-}
-
-static void wan_vae_emit(syn_emitter *e, const int *p) {
-  mlo_dtype dt = syn_dtype(e);
-  static const int mult[4] = {1, 2, 4, 4};
-  int64_t b = p[WV_BASE], z = p[WV_Z], top = 4 * b, c = b;
-  char pre[96];
-  int k = 0; /* the encoder's down_blocks are one flat list */
-  T5(e, dt, b, 3, 3, 3, 3, "encoder.conv_in.weight");
-  T1(e, dt, b, "encoder.conv_in.bias");
-  for (int i = 0; i < 4; i++) {
-    int64_t out = b * mult[i];
-    for (int j = 0; j < p[WV_RES]; j++, c = out) {
-      snprintf(pre, sizeof pre, "encoder.down_blocks.%d", k++);
-      wv_resnet(e, pre, c, out);
-    }
-    if (i == 3) continue;
-    snprintf(pre, sizeof pre, "encoder.down_blocks.%d", k++);
-    wv_resample(e, pre, out, out, i > 0, out);
-  }
-  wv_mid(e, "encoder", top);
-  wv_gamma(e, top, "%s.norm_out.gamma", "encoder");
-  T5(e, dt, 2 * z, top, 3, 3, 3, "encoder.conv_out.weight");
-  T1(e, dt, 2 * z, "encoder.conv_out.bias");
-  T5(e, dt, 2 * z, 2 * z, 1, 1, 1, "quant_conv.weight");
-  T1(e, dt, 2 * z, "quant_conv.bias");
-  T5(e, dt, z, z, 1, 1, 1, "post_quant_conv.weight");
-  T1(e, dt, z, "post_quant_conv.bias");
-  T5(e, dt, top, z, 3, 3, 3, "decoder.conv_in.weight");
-  T1(e, dt, top, "decoder.conv_in.bias");
-  wv_mid(e, "decoder", top);
-  c = top;
-  for (int i = 0; i < 4; i++) {
-    int64_t out = b * mult[3 - i];
-    for (int j = 0; j <= p[WV_RES]; j++, c = out) {
-      snprintf(pre, sizeof pre, "decoder.up_blocks.%d.resnets.%d", i, j);
-      wv_resnet(e, pre, c, out);
-    }
-    if (i == 3) continue;
-    snprintf(pre, sizeof pre, "decoder.up_blocks.%d.upsamplers.0", i);
-    wv_resample(e, pre, out / 2, out, i < 2, 2 * out);
-    c = out / 2;
-  }
-  wv_gamma(e, b, "%s.norm_out.gamma", "decoder");
-  T5(e, dt, 3, b, 3, 3, 3, "decoder.conv_out.weight");
-  T1(e, dt, 3, "decoder.conv_out.bias");
-}
-
-static const syn_arch wan_vae = {wan_vae_params, COUNT(wan_vae_params),
-                                 "{\"dim_mult\":[1,2,4,4],\"attn_scales\":[],"
-                                 "\"temperal_downsample\":[false,true,true],\"dropout\":0.0}",
-                                 wan_vae_emit, NULL};
 
 /* ---- the presets ------------------------------------------------------------ */
 
@@ -626,7 +414,7 @@ static const syn_component wan_components[] = {
     {"text_encoder", "transformers", "UMT5EncoderModel", &umt5_xxl, BF, true},
     {"transformer", "diffusers", "WanTransformer3DModel", &wan_dit, BF, true},
     {"transformer_2", "diffusers", "WanTransformer3DModel", &wan_dit, BF, true},
-    {"vae", "diffusers", "AutoencoderKLWan", &wan_vae, F32, false},
+    {"vae", "diffusers", "AutoencoderKLWan", &syn_wan_vae, F32, false},
 };
 static const syn_aux wan_aux[] = {SCHED("UniPCMultistepScheduler"),
                                   TOK("tokenizer", "T5TokenizerFast")};
@@ -635,7 +423,7 @@ static const syn_component flux_components[] = {
     {"text_encoder", "transformers", "CLIPTextModel", &clip_l, BF, false},
     {"text_encoder_2", "transformers", "T5EncoderModel", &t5_xxl, BF, true},
     {"transformer", "diffusers", "FluxTransformer2DModel", &flux_dit, BF, true},
-    {"vae", "diffusers", "AutoencoderKL", &vae2d, BF, false},
+    {"vae", "diffusers", "AutoencoderKL", &syn_vae2d, BF, false},
 };
 static const syn_aux flux_aux[] = {SCHED("FlowMatchEulerDiscreteScheduler"),
                                    TOK("tokenizer", "CLIPTokenizer"),
@@ -645,7 +433,7 @@ static const char *const flux_absent[] = {"feature_extractor", "image_encoder", 
 static const syn_component qwen_components[] = {
     {"text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", &qwen_vl, BF, true},
     {"transformer", "diffusers", "QwenImageTransformer2DModel", &qwen_dit, BF, true},
-    {"vae", "diffusers", "AutoencoderKLQwenImage", &wan_vae, BF, false},
+    {"vae", "diffusers", "AutoencoderKLQwenImage", &syn_wan_vae, BF, false},
 };
 static const syn_aux qwen_aux[] = {SCHED("FlowMatchEulerDiscreteScheduler"),
                                    TOK("tokenizer", "Qwen2Tokenizer")};
@@ -655,7 +443,7 @@ static const syn_component sd3_components[] = {
     {"text_encoder_2", "transformers", "CLIPTextModelWithProjection", &clip_g, BF, false},
     {"text_encoder_3", "transformers", "T5EncoderModel", &t5_xxl, BF, true},
     {"transformer", "diffusers", "SD3Transformer2DModel", &sd3_dit, BF, true},
-    {"vae", "diffusers", "AutoencoderKL", &vae2d, BF, false},
+    {"vae", "diffusers", "AutoencoderKL", &syn_vae2d, BF, false},
 };
 static const syn_aux sd3_aux[] = {
     SCHED("FlowMatchEulerDiscreteScheduler"), TOK("tokenizer", "CLIPTokenizer"),
