@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 typedef struct {
   tu_pipe *tp;
@@ -164,12 +165,72 @@ static void test_mutable_written_back_blocking_d2h(void **state) {
   check_write_back("blocking_d2h=1");
 }
 
+/* A mutable tensor in caller-owned memory (EXTERNAL): the write-back lands
+ * in the caller's buffer.  Under the XPU rule (blocking_d2h) it has landed
+ * when the evicting call returns, so the caller can read its own buffer
+ * directly; otherwise mlo_tensor_host_data() is the point where it has. */
+static void check_external_write_back(const char *overrides, bool blocking) {
+  mlo_platform *plat = tu_platform_open(overrides);
+  const tu_comp_spec specs[] = {{"text_encoder", MLO_ROLE_ENCODER, 1, 1024, 0},
+                                {"transformer", MLO_ROLE_DIT, 1, 4096, 0},
+                                {"vae", MLO_ROLE_VAE, 1, 1024, 0}};
+  tu_pipe *tp = tu_pipe_build(plat, specs, 3);
+  mlo_component *enc = tu_comp(tp, "text_encoder");
+  enum { CACHE_BYTES = 64 * 1024 };
+  uint8_t *cache = malloc(CACHE_BYTES);
+  assert_non_null(cache);
+  uint32_t seed = tu_seed("caller", "kv cache");
+  tu_fill_pattern(cache, CACHE_BYTES, seed);
+  mlo_tensor_desc desc = MLO_TENSOR_DESC_INIT;
+  desc.name = "kv_cache";
+  desc.dtype = MLO_DTYPE_U8;
+  desc.ndim = 1;
+  desc.shape[0] = CACHE_BYTES;
+  desc.flags = MLO_TENSOR_EXTERNAL | MLO_TENSOR_MUTABLE | MLO_TENSOR_BUFFER;
+  desc.data = cache;
+  mlo_tensor *t = NULL;
+  assert_ok(mlo_tensor_add(enc, &desc, &t));
+  tp->recs[tp->nrecs++] = (tu_tensor_rec){t, enc, seed, CACHE_BYTES, false};
+  /* By hand (offload off) so that nothing queued after the write-back
+   * waits on the copy queue before the eviction returns. */
+  for (int round = 0; round < 4; round++) {
+    assert_ok(mlo_component_acquire(enc));
+    uint32_t next = tu_seed("caller", round % 2 ? "kv odd" : "kv even") + (uint32_t)round;
+    tu_mutate(tp, t, next);
+    assert_ok(mlo_component_release(enc));
+    assert_ok(mlo_component_evict(enc));
+    if (blocking) {
+      size_t at = tu_pattern_mismatch(cache, CACHE_BYTES, next);
+      if (at != CACHE_BYTES) fail_msg("round %d: caller buffer stale at byte %zu", round, at);
+    }
+    assert_ptr_equal(mlo_tensor_host_data(t), cache);
+    assert_int_equal(tu_pattern_mismatch(cache, CACHE_BYTES, next), CACHE_BYTES);
+    assert_ok(tu_forward(tp, enc)); /* reloaded from the caller's buffer */
+  }
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  free(cache);
+  mlo_platform_close(plat);
+}
+
+static void test_external_write_back(void **state) {
+  (void)state;
+  check_external_write_back(NULL, false);
+}
+
+static void test_external_write_back_blocking_d2h(void **state) {
+  (void)state;
+  check_external_write_back("blocking_d2h=1,bw=200M", true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_conflicting_forward_waits),
       cmocka_unit_test(test_hand_evict_of_held_component_refused),
       cmocka_unit_test(test_mutable_written_back),
       cmocka_unit_test(test_mutable_written_back_blocking_d2h),
+      cmocka_unit_test(test_external_write_back),
+      cmocka_unit_test(test_external_write_back_blocking_d2h),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
