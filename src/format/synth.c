@@ -330,19 +330,27 @@ static uint16_t bf16_at(uint64_t seed, uint64_t i) {
   return (uint16_t)((bits & 0x807Fu) | ((114u + ((bits >> 7) & 7u)) << 7));
 }
 
+/* Element-aligned chunks (the writer's) take the fast loop; any other
+ * range is assembled byte by byte from the same elements. */
 static void fill_weights(void *buf, uint64_t offset, size_t len, void *user) {
   fill_ctx *c = user;
   unsigned es = c->dtype == MLO_DTYPE_F32 ? 4 : 2;
   uint8_t *out = buf;
-  for (uint64_t pos = offset; pos < offset + len;) {
-    uint64_t i = pos / es;
-    unsigned b = (unsigned)(pos % es);
-    uint32_t v = bf16_at(c->seed, i);
-    if (es == 4) v <<= 16; /* f32 widened from the same bf16 */
-    uint8_t bytes[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    size_t take = es - b < offset + len - pos ? es - b : (size_t)(offset + len - pos);
-    memcpy(out, bytes + b, take);
-    out += take, pos += take;
+  if (offset % es == 0 && len % es == 0) {
+    for (uint64_t i = offset / es, end = (offset + len) / es; i < end; i++) {
+      uint32_t v = (uint32_t)bf16_at(c->seed, i) << (es == 4 ? 16 : 0);
+      for (unsigned k = 0; k < es; k++) *out++ = (uint8_t)(v >> (8 * k));
+    }
+  } else {
+    for (uint64_t pos = offset; pos < offset + len;) {
+      uint64_t i = pos / es;
+      unsigned b = (unsigned)(pos % es);
+      uint32_t v = (uint32_t)bf16_at(c->seed, i) << (es == 4 ? 16 : 0); /* f32: widened bf16 */
+      uint8_t bytes[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+      size_t take = es - b < offset + len - pos ? es - b : (size_t)(offset + len - pos);
+      memcpy(out, bytes + b, take);
+      out += take, pos += take;
+    }
   }
   syn_progress *pr = c->progress;
   pr->done += len;
