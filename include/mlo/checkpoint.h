@@ -118,14 +118,17 @@ int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
  * A preset is a real pipeline's shape: its model_index.json, component
  * folders, config.json files, tensor names and layer structure, with
  * deterministic weights.  scale = 1.0 is the real model's size (Wan2.2 at
- * 1.0 is two 14B transformers plus a 5.7B encoder, ~66 GB); every component
- * is scaled separately so that its bytes are within a few percent of
- * scale x its real bytes: widths (hidden size, heads, FFN, vocabulary)
- * scale by f^(1/3) and depths by f^(1/3), f found by bisection on the exact
- * byte count.  Widths and depths have minimums (a width of 16, one layer),
- * so at very small scales small components (the VAE) stay larger than
- * their share and the total exceeds scale x full size; from about 1 GB of
- * total it is within 5%.
+ * 1.0 is two 14B transformers, a 5.7B encoder and an f32 VAE: 69 GB; Flux
+ * 34 GB, Qwen-Image 58 GB, SD3.5-Large 27 GB).  Each component is scaled on
+ * its own so that its bytes are close to scale x its real bytes: widths
+ * (hidden size, FFN) and depths scale by g = f^(1/3), head count and head
+ * width by sqrt(g) each, vocabularies by g^2, interface sizes (latent
+ * channels, text-embedding input) stay fixed, and f is found by bisection
+ * on the exact byte count.  Because sizes are whole numbers, totals land
+ * within 15% of scale x full size from scale 0.001 (tens of MB) upward
+ * (tests hold them to 25%).  Widths and depths have minimums (8 wide, one
+ * layer), so below that the small components (the VAE) stay larger than
+ * their share and the total exceeds the target.
  *
  * Weights are bf16 (norm weights and Wan's fp32-kept modules are f32, the
  * Wan VAE is f32, as in the real checkpoints), drawn from a counter-based

@@ -450,7 +450,7 @@ static const syn_aux sd3_aux[] = {
     TOK("tokenizer_2", "CLIPTokenizer"), TOK("tokenizer_3", "T5TokenizerFast")};
 
 const syn_preset syn_presets[] = {
-    {"wan2.2-t2v", "Wan2.2 T2V A14B: UMT5 encoder, two 14B video DiTs, 3-D VAE (~66 GB)",
+    {"wan2.2-t2v", "Wan2.2 T2V A14B: UMT5 encoder, two 14B video DiTs, 3-D VAE (~69 GB)",
      "WanPipeline", "{\"boundary_ratio\":0.875,\"expand_timesteps\":false}", wan_components,
      COUNT(wan_components), wan_aux, COUNT(wan_aux), NULL},
     {"flux", "FLUX.1: CLIP-L and T5-XXL encoders, 12B DiT, VAE (~34 GB)", "FluxPipeline", NULL,
