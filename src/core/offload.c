@@ -432,8 +432,7 @@ int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, v
   pthread_mutex_lock(&pipe->lock);
   int rc = MLO_OK;
   if (pipe->enabled || pipe->strategy != STRATEGY_NONE)
-    rc = mlo_fail(pipe, pipe->strategy == STRATEGY_GENERIC ? MLO_EOWNED : MLO_ESTATE,
-                  "cannot change the offload delegate while offload is enabled");
+    rc = mlo_fail(pipe, MLO_ESTATE, "cannot change the offload delegate while offload is enabled");
   else {
     pipe->delegate = ops;
     pipe->delegate_self = ops ? self : NULL;
@@ -449,10 +448,12 @@ int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out) {
   if (!pipe || !out) return MLO_EINVAL;
   pthread_mutex_lock(&pipe->lock);
   int rc = MLO_OK;
-  if (pipe->strategy != STRATEGY_DELEGATE) {
+  /* Groups are inert until the delegate's strategy is enabled, so a
+   * delegate may build them before or during its enable. */
+  if (pipe->strategy == STRATEGY_GENERIC || !pipe->delegate) {
     rc = mlo_fail(pipe, MLO_EOWNED, "exclusion groups belong to an offload delegate; %s",
                   pipe->strategy == STRATEGY_GENERIC ? "the generic hooks own this pipeline"
-                                                     : "no delegate is enabling");
+                                                     : "no delegate is installed");
     goto out_unlock;
   }
   if (pipe->ngroups == pipe->gcap) {

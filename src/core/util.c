@@ -117,6 +117,7 @@ int mlo_parse_size(const char *text, bool allow_zero, uint64_t *out) {
   const char *s = text;
   while (isspace((unsigned char)*s)) s++;
   if (!isdigit((unsigned char)*s) && *s != '.') return MLO_EINVAL;
+  if (strpbrk(s, "xXpP")) return MLO_EINVAL; /* strtod would take hex floats */
   errno = 0;
   char *end = NULL;
   double value = strtod(s, &end);
