@@ -91,16 +91,16 @@ static bool is_host(const char *spec) {
   return !strncmp(spec, "host", 4) && (spec[4] == '\0' || spec[4] == ':');
 }
 
-/* A host spec for one measurement: room for `capacity`, no poisoning (a
- * real device does not fill freed memory). */
+/* A host spec for one measurement with room for `capacity`.  The host
+ * platform's defaults are kept: with poisoning on it pools released blocks
+ * for reuse, as a device allocator does, so a load measures copying rather
+ * than the kernel faulting in fresh pages. */
 static void bench_spec(const char *platform, uint64_t capacity, char *out, size_t outlen) {
   if (!is_host(platform)) {
     snprintf(out, outlen, "%s", platform);
     return;
   }
-  char with_cap[448];
-  spec_with_capacity(platform, capacity, with_cap, sizeof with_cap);
-  snprintf(out, outlen, "%s,poison=0", with_cap);
+  spec_with_capacity(platform, capacity, out, outlen);
 }
 
 static int run_loads(const bench_args *ba, bench_results *res, char *err, size_t errlen) {
@@ -141,11 +141,12 @@ static int median_runs(tool_session *s, run_options *o, int reps, double *wall, 
   return MLO_OK;
 }
 
-static int e2e_mode(const bench_args *ba, const char *path, bool offload, uint64_t capacity,
-                    run_options *o, bench_results *res, char *err, size_t errlen) {
+static int e2e_mode(const bench_args *ba, const char *path, const mlo_open_options *oo,
+                    bool offload, uint64_t capacity, run_options *o, bench_results *res, char *err,
+                    size_t errlen) {
   char spec[512];
   bench_spec(ba->platform, capacity, spec, sizeof spec);
-  session_config cfg = {path, spec, NULL, 0, false, {0}};
+  session_config cfg = {path, spec, oo->overrides, oo->override_count, false, {0}};
   tool_session s;
   int rc = session_open(&s, &cfg, err, errlen);
   if (rc) return rc;
@@ -164,10 +165,28 @@ static int e2e_mode(const bench_args *ba, const char *path, bool offload, uint64
   return rc;
 }
 
+/* The device bytes of each mode, from the headers alone. */
+static int size_modes(const char *path, const mlo_open_options *oo, uint64_t *all, uint64_t *need,
+                      char *err, size_t errlen) {
+  mlo_platform *plat = NULL;
+  mlo_pipeline *pipe = NULL;
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  int rc = mlo_platform_open("host", &plat, err, errlen);
+  po.platform = plat;
+  if (!rc) rc = mlo_pipeline_open_path(&po, path, oo, &pipe, err, errlen);
+  if (!rc) {
+    *all = mlo_workload_all_resident_bytes(pipe);
+    *need = mlo_workload_model_offload_bytes(pipe, NULL);
+  }
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(plat);
+  return rc;
+}
+
 static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t errlen) {
   char tmp[512] = "";
   const char *path = ba->path;
-  double scale = ba->quick ? 0.0005 : 0.002;
+  mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;
   int rc = MLO_OK;
   if (!path) {
     const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -176,27 +195,18 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
       snprintf(err, errlen, "cannot create a temporary folder in %s", base);
       return MLO_EIO;
     }
-    rc = mlo_synth_write("wan2.2-t2v", tmp, scale, NULL, NULL, err, errlen);
-    if (rc) goto out_remove;
+    rc = mlo_synth_write("wan2.2-t2v", tmp, ba->quick ? 0.0005 : 0.002, NULL, NULL, err, errlen);
     path = tmp;
+    oo.overrides = tool_wan_roles; /* generated here: its roles are known */
+    oo.override_count = tool_wan_nroles;
   }
   snprintf(res->e2e_what, sizeof res->e2e_what, "%s, %d steps",
            ba->path ? ba->path : "generated wan2.2-t2v", res->steps);
   run_options o = {.steps = res->steps, .boundary = 0.875};
-  /* Open once to size the device for each mode. */
-  mlo_platform *plat = NULL;
-  mlo_pipeline *pipe = NULL;
-  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
-  rc = mlo_platform_open("host", &plat, err, errlen);
-  po.platform = plat;
-  if (!rc) rc = mlo_pipeline_open_path(&po, path, NULL, &pipe, err, errlen);
-  uint64_t all = pipe ? mlo_workload_all_resident_bytes(pipe) : 0;
-  uint64_t need = pipe ? mlo_workload_model_offload_bytes(pipe, NULL) : 0;
-  mlo_pipeline_free(pipe);
-  mlo_platform_close(plat);
-  if (!rc) rc = e2e_mode(ba, path, false, all + all / 8 + 64 * MIB, &o, res, err, errlen);
-  if (!rc) rc = e2e_mode(ba, path, true, need + need / 8 + 16 * MIB, &o, res, err, errlen);
-out_remove:
+  uint64_t all = 0, need = 0;
+  if (!rc) rc = size_modes(path, &oo, &all, &need, err, errlen);
+  if (!rc) rc = e2e_mode(ba, path, &oo, false, all + all / 8 + 64 * MIB, &o, res, err, errlen);
+  if (!rc) rc = e2e_mode(ba, path, &oo, true, need + need / 8 + 16 * MIB, &o, res, err, errlen);
   if (tmp[0]) nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   return rc;
 }

@@ -19,13 +19,13 @@
 
 /* The preset's roles, declared: the demo knows what it generated, so no
  * name heuristic (and no warning about one) is involved. */
-static const mlo_role_override demo_roles[] = {
+const mlo_role_override tool_wan_roles[] = {
     {"text_encoder", MLO_ROLE_ENCODER},
     {"transformer", MLO_ROLE_DIT},
     {"transformer_2", MLO_ROLE_DIT},
     {"vae", MLO_ROLE_VAE},
 };
-#define DEMO_NROLES (sizeof demo_roles / sizeof demo_roles[0])
+const size_t tool_wan_nroles = sizeof tool_wan_roles / sizeof tool_wan_roles[0];
 
 typedef struct {
   const char *cache, *timeline, *trace;
@@ -117,8 +117,8 @@ static int pick_capacity(const char *dir, uint64_t *capacity) {
   mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
   po.platform = plat;
   mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;
-  oo.overrides = demo_roles;
-  oo.override_count = DEMO_NROLES;
+  oo.overrides = tool_wan_roles;
+  oo.override_count = tool_wan_nroles;
   if (!rc) rc = mlo_pipeline_open_path(&po, dir, &oo, &pipe, err, sizeof err);
   if (rc) {
     tool_err("demo: cannot open %s: %s", dir, err[0] ? err : mlo_strerror(rc));
@@ -164,7 +164,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   if (code) return code;
   char spec[128];
   spec_with_capacity("host", capacity, spec, sizeof spec);
-  session_config cfg = {dir, spec, demo_roles, DEMO_NROLES, true, {0}};
+  session_config cfg = {dir, spec, tool_wan_roles, tool_wan_nroles, true, {0}};
   tool_trace trace;
   if (tool_trace_init(&trace)) return TOOL_EXIT_FAIL;
   run_options o = {.offload = true,

@@ -32,6 +32,10 @@ enum {
 /* The exit code for a library status. */
 int tool_exit_for(int status);
 
+/* The declared roles of the generated wan2.2-t2v preset (cmd_demo.c). */
+extern const mlo_role_override tool_wan_roles[];
+extern const size_t tool_wan_nroles;
+
 /* Commands: argv[0] is the command name. */
 int cmd_demo(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
