@@ -255,7 +255,12 @@ mlo_pipeline *mlo_component_pipeline(const mlo_component *comp);
 enum {
   MLO_TENSOR_PARAMETER = 0,      /* a weight (default) */
   MLO_TENSOR_BUFFER = 1u << 0,   /* a buffer (running stats, caches) */
-  MLO_TENSOR_MUTABLE = 1u << 1,  /* written by compute: copied back on eviction */
+  MLO_TENSOR_MUTABLE = 1u << 1,  /* written by compute: copied back on eviction.
+                                    The copy-back completes asynchronously; the
+                                    host bytes (the caller's, for EXTERNAL) are
+                                    current once mlo_tensor_host_data() returns,
+                                    or when evict returns on a blocking_d2h
+                                    platform (the XPU rule). */
   MLO_TENSOR_EXTERNAL = 1u << 2, /* host storage belongs to the caller: used in
                                     place, never copied, pinned or freed (C7) */
   MLO_TENSOR_SHARDED = 1u << 3,  /* a shard of a distributed tensor; implies
