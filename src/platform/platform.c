@@ -5,6 +5,8 @@
  */
 #include "platform/platform.h"
 
+#include "platform/fault.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,8 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
     create = mlo_cuda_platform_create;
   else if (name_len == 6 && !strncmp(spec, "opencl", 6))
     create = mlo_opencl_platform_create;
+  else if (name_len == 5 && !strncmp(spec, "fault", 5))
+    create = mlo_fault_platform_create; /* fault injection over another spec */
   if (!create) {
     set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N] or opencl[:N])", spec);
     return MLO_EINVAL;
