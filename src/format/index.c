@@ -215,10 +215,10 @@ static int parse_weight_map(const char *where, const cJSON *wm, name_list *shard
   qsort(map, n, sizeof *map, cmp_entry);
   for (size_t k = 1; k < n; k++)
     if (!strcmp(map[k - 1].tensor, map[k].tensor)) {
-      int rc = fail(err, errlen, MLO_EFORMAT, "%s: tensor '%s' appears twice in weight_map",
-                    where, map[k].tensor);
+      int dup_rc = fail(err, errlen, MLO_EFORMAT, "%s: tensor '%s' appears twice in weight_map",
+                        where, map[k].tensor);
       free(map); /* after the message: it names a tensor inside map */
-      return rc;
+      return dup_rc;
     }
   *map_out = map;
   *count_out = n;

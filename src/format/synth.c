@@ -435,7 +435,10 @@ static int write_shard(const char *folder, const comp_plan *cp, int shard, fill_
   for (size_t i = 0; i < e->count && rc == MLO_OK; i++) {
     const syn_rec *r = &e->list[i];
     if (cp->nshards && r->shard != shard) continue;
-    ctx[i] = (fill_ctx){name_seed(r->name), r->dtype, pr};
+    /* Seeded by folder and tensor: two DiTs of one shape (Wan2.2's experts)
+     * get different weights, so a forward that read the wrong one changes
+     * the digest. */
+    ctx[i] = (fill_ctx){name_seed(r->name) ^ mix64(name_seed(cp->spec->folder)), r->dtype, pr};
     rc =
         mlo_st_writer_add_generated(w, r->name, r->dtype, r->ndim, r->shape, fill_weights, &ctx[i]);
   }

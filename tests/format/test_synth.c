@@ -208,6 +208,14 @@ static void test_wan_structure(void **state) {
   assert_int_equal(mlo_tensor_dtype(sst), MLO_DTYPE_F32); /* kept in fp32, as diffusers does */
   assert_non_null(mlo_component_find_tensor(mlo_pipeline_find(pipe, "text_encoder"),
                                             "encoder.block.0.layer.1.DenseReluDense.wi_1.weight"));
+  /* The two experts share names and shapes but not weights, so a forward
+   * that read the wrong one would change the run's digest. */
+  mlo_component *dit1 = mlo_pipeline_find(pipe, "transformer");
+  assert_ok(mlo_component_materialize(dit1));
+  assert_ok(mlo_component_materialize(dit));
+  mlo_tensor *q1 = mlo_component_find_tensor(dit1, "blocks.0.attn2.to_q.weight");
+  assert_int_equal(mlo_tensor_nbytes(q1), mlo_tensor_nbytes(q));
+  assert_memory_not_equal(mlo_tensor_host_data(q1), mlo_tensor_host_data(q), mlo_tensor_nbytes(q));
   mlo_pipeline_free(pipe);
 }
 
