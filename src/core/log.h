@@ -8,6 +8,8 @@
 
 #include "mlo/mlo.h"
 
+#include <stddef.h>
+
 #if defined(__GNUC__)
 #define MLO_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
@@ -15,6 +17,10 @@
 #endif
 
 void mlo_logf(mlo_log_level level, const char *fmt, ...) MLO_PRINTF(2, 3);
+/* Formats a message into a caller's error buffer (either may be NULL/0)
+ * and returns status: the one way the file layers report failures. */
+int mlo_errf(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
+
 /* True if a message at this level would be emitted (skip costly formatting). */
 bool mlo_log_enabled(mlo_log_level level);
 

@@ -104,6 +104,16 @@ void mlo_logf(mlo_log_level level, const char *fmt, ...) {
   pthread_mutex_unlock(&log_lock);
 }
 
+int mlo_errf(char *err, size_t errlen, int status, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
 uint64_t mlo_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -23,17 +23,6 @@
 
 static const char *const known_stems[] = {"diffusion_pytorch_model", "model"};
 
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return status;
-}
-
 char *mlo_path_join(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
   char *p = malloc(la + lb + 2);
@@ -94,7 +83,8 @@ static int cmp_str(const void *a, const void *b) {
  * blobs/) whose names end in .safetensors or .json, sorted. */
 static int list_folder(const char *folder, name_list *out, char *err, size_t errlen) {
   DIR *d = opendir(folder);
-  if (!d) return fail(err, errlen, MLO_EIO, "%s: cannot list folder: %s", folder, strerror(errno));
+  if (!d)
+    return mlo_errf(err, errlen, MLO_EIO, "%s: cannot list folder: %s", folder, strerror(errno));
   int rc = MLO_OK;
   struct dirent *e;
   while (rc == MLO_OK && (e = readdir(d)) != NULL) {
@@ -110,7 +100,7 @@ static int list_folder(const char *folder, name_list *out, char *err, size_t err
   closedir(d);
   if (rc != MLO_OK) {
     names_free(out);
-    return fail(err, errlen, rc, "%s: out of memory listing the folder", folder);
+    return mlo_errf(err, errlen, rc, "%s: out of memory listing the folder", folder);
   }
   if (out->count) qsort(out->names, out->count, sizeof *out->names, cmp_str);
   return MLO_OK;
@@ -139,26 +129,26 @@ static bool shard_name_ok(const char *name) {
 
 static int read_small_file(const char *path, char **out, char *err, size_t errlen) {
   FILE *f = fopen(path, "rb");
-  if (!f) return fail(err, errlen, MLO_EIO, "%s: cannot open: %s", path, strerror(errno));
+  if (!f) return mlo_errf(err, errlen, MLO_EIO, "%s: cannot open: %s", path, strerror(errno));
   int rc = MLO_OK;
   char *buf = NULL;
   long len = -1;
   if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
   if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    rc = fail(err, errlen, MLO_EIO, "%s: cannot read: %s", path, strerror(errno));
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot read: %s", path, strerror(errno));
     goto out_close;
   }
   if ((unsigned long)len > INDEX_FILE_CAP) {
-    rc = fail(err, errlen, MLO_EFORMAT, "%s: %ld bytes is too large for a JSON index (cap %u)",
-              path, len, INDEX_FILE_CAP);
+    rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: %ld bytes is too large for a JSON index (cap %u)",
+                  path, len, INDEX_FILE_CAP);
     goto out_close;
   }
   if (!(buf = malloc((size_t)len + 1))) {
-    rc = fail(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
+    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
     goto out_close;
   }
   if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
-    rc = fail(err, errlen, MLO_EIO, "%s: short read", path);
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: short read", path);
     free(buf);
     goto out_close;
   }
@@ -175,20 +165,20 @@ static int parse_weight_map(const char *where, const cJSON *wm, name_list *shard
                             map_entry **map_out, size_t *count_out, char *err, size_t errlen) {
   size_t n = (size_t)cJSON_GetArraySize(wm);
   map_entry *map = calloc(n ? n : 1, sizeof *map);
-  if (!map) return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
+  if (!map) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
   size_t i = 0;
   const cJSON *it;
   int rc = MLO_OK;
   cJSON_ArrayForEach(it, wm) {
     if (!cJSON_IsString(it))
-      rc = fail(err, errlen, MLO_EFORMAT, "%s: weight_map entry '%s' is not a file name string",
-                where, it->string);
+      rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: weight_map entry '%s' is not a file name string",
+                    where, it->string);
     else if (!shard_name_ok(it->valuestring))
-      rc = fail(err, errlen, MLO_EFORMAT,
-                "%s: tensor '%s' maps to '%s', which is not a file name in this folder", where,
-                it->string, it->valuestring);
+      rc = mlo_errf(err, errlen, MLO_EFORMAT,
+                    "%s: tensor '%s' maps to '%s', which is not a file name in this folder", where,
+                    it->string, it->valuestring);
     else if (names_push(shards, it->valuestring) != MLO_OK)
-      rc = fail(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
+      rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
     if (rc != MLO_OK) {
       free(map);
       return rc;
@@ -215,8 +205,8 @@ static int parse_weight_map(const char *where, const cJSON *wm, name_list *shard
   qsort(map, n, sizeof *map, cmp_entry);
   for (size_t k = 1; k < n; k++)
     if (!strcmp(map[k - 1].tensor, map[k].tensor)) {
-      int dup_rc = fail(err, errlen, MLO_EFORMAT, "%s: tensor '%s' appears twice in weight_map",
-                        where, map[k].tensor);
+      int dup_rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: tensor '%s' appears twice in weight_map",
+                            where, map[k].tensor);
       free(map); /* after the message: it names a tensor inside map */
       return dup_rc;
     }
@@ -234,21 +224,22 @@ static int cross_check(const char *where, const mlo_weight_set *ws, const name_l
     for (size_t t = 0; t < f->count; t++) {
       const map_entry *e = map_find(map, n, f->tensors[t].name);
       if (!e)
-        return fail(err, errlen, MLO_EFORMAT,
-                    "%s: tensor '%s' is in shard %s but not in the weight map", where,
-                    f->tensors[t].name, shards->names[s]);
+        return mlo_errf(err, errlen, MLO_EFORMAT,
+                        "%s: tensor '%s' is in shard %s but not in the weight map", where,
+                        f->tensors[t].name, shards->names[s]);
       if (e->shard != s)
-        return fail(err, errlen, MLO_EFORMAT,
-                    "%s: tensor '%s' is in shard %s but the weight map puts it in %s (tensor in "
-                    "two shards or mapped to the wrong one)",
-                    where, e->tensor, shards->names[s], shards->names[e->shard]);
+        return mlo_errf(
+            err, errlen, MLO_EFORMAT,
+            "%s: tensor '%s' is in shard %s but the weight map puts it in %s (tensor in "
+            "two shards or mapped to the wrong one)",
+            where, e->tensor, shards->names[s], shards->names[e->shard]);
     }
   }
   for (size_t k = 0; k < n; k++)
     if (!mlo_st_find(ws->files[map[k].shard], map[k].tensor))
-      return fail(err, errlen, MLO_EFORMAT,
-                  "%s: tensor '%s' is listed in the weight map but missing from its shard %s",
-                  where, map[k].tensor, shards->names[map[k].shard]);
+      return mlo_errf(err, errlen, MLO_EFORMAT,
+                      "%s: tensor '%s' is listed in the weight map but missing from its shard %s",
+                      where, map[k].tensor, shards->names[map[k].shard]);
   return MLO_OK;
 }
 
@@ -296,10 +287,10 @@ static int check_strays(const char *folder, const char *index_name, const name_l
                index_name);
       continue;
     }
-    rc = fail(err, errlen, MLO_EFORMAT,
-              "%s: stray file %s is not referenced by %s (two saves mixed? remove it, or allow "
-              "strays)",
-              folder, name, index_name);
+    rc = mlo_errf(err, errlen, MLO_EFORMAT,
+                  "%s: stray file %s is not referenced by %s (two saves mixed? remove it, or allow "
+                  "strays)",
+                  folder, name, index_name);
   }
   names_free(&all);
   return rc;
@@ -312,20 +303,20 @@ static int load_index_json(const char *where, const char *path, cJSON **root_out
   if (rc != MLO_OK) return rc;
   cJSON *root = cJSON_Parse(text);
   free(text);
-  if (!root) return fail(err, errlen, MLO_EFORMAT, "%s: not valid JSON", where);
+  if (!root) return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not valid JSON", where);
   if (!cJSON_IsObject(root)) {
     cJSON_Delete(root);
-    return fail(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where);
+    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where);
   }
   const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
   if (!cJSON_IsObject(wm)) {
     cJSON_Delete(root);
-    return fail(err, errlen, MLO_EFORMAT, "%s: \"weight_map\" is %s, not an object", where,
-                wm ? "present" : "missing");
+    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: \"weight_map\" is %s, not an object", where,
+                    wm ? "present" : "missing");
   }
   if (!wm->child) {
     cJSON_Delete(root);
-    return fail(err, errlen, MLO_EFORMAT, "%s: \"weight_map\" is empty", where);
+    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: \"weight_map\" is empty", where);
   }
   *root_out = root;
   return MLO_OK;
@@ -334,15 +325,15 @@ static int load_index_json(const char *where, const char *path, cJSON **root_out
 static int open_shards(const char *folder, const char *index_name, const name_list *shards,
                        mlo_weight_set *ws, char *err, size_t errlen) {
   if (!(ws->files = calloc(shards->count, sizeof *ws->files)))
-    return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+    return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
   for (size_t s = 0; s < shards->count; s++) {
     char *path = mlo_path_join(folder, shards->names[s]);
-    if (!path) return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+    if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
     struct stat st;
     int rc;
     if (stat(path, &st) != 0)
-      rc = fail(err, errlen, MLO_EFORMAT, "%s: shard %s named by %s is missing", folder,
-                shards->names[s], index_name);
+      rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: shard %s named by %s is missing", folder,
+                    shards->names[s], index_name);
     else
       rc = mlo_st_open(path, &ws->files[s], err, errlen);
     free(path);
@@ -356,7 +347,7 @@ int mlo_weight_set_open_index(const char *folder, const char *index_name, bool a
                               mlo_weight_set *ws, char *err, size_t errlen) {
   memset(ws, 0, sizeof *ws);
   char *path = mlo_path_join(folder, index_name);
-  if (!path) return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+  if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
   char where[1024];
   snprintf(where, sizeof where, "%s", path);
   cJSON *root = NULL;
@@ -372,7 +363,7 @@ int mlo_weight_set_open_index(const char *folder, const char *index_name, bool a
   if (rc == MLO_OK) rc = cross_check(where, ws, &shards, map, n, err, errlen);
   if (rc == MLO_OK) rc = check_strays(folder, index_name, &shards, allow_stray, err, errlen);
   if (rc == MLO_OK && !(ws->index_name = strdup(index_name)))
-    rc = fail(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
+    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
   if (rc != MLO_OK) mlo_weight_set_close(ws);
   free(map);
   names_free(&shards);
@@ -387,7 +378,7 @@ static int open_single(const char *folder, const char *name, mlo_weight_set *ws,
                        size_t errlen) {
   memset(ws, 0, sizeof *ws);
   char *path = mlo_path_join(folder, name);
-  if (!path) return fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+  if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
   int rc = MLO_ENOMEM;
   if ((ws->files = calloc(1, sizeof *ws->files)))
     rc = mlo_st_open(path, &ws->files[0], err, errlen);
@@ -445,10 +436,11 @@ static int pick_candidate(const char *folder, const name_list *all, const char *
         second = name;
     }
     if (second)
-      return fail(err, errlen, MLO_EFORMAT,
-                  "%s: ambiguous weights: %s and %s are both candidates%s%s (keep one, or add "
-                  "a weight map)",
-                  folder, found, second, variant ? " for variant " : "", variant ? variant : "");
+      return mlo_errf(err, errlen, MLO_EFORMAT,
+                      "%s: ambiguous weights: %s and %s are both candidates%s%s (keep one, or add "
+                      "a weight map)",
+                      folder, found, second, variant ? " for variant " : "",
+                      variant ? variant : "");
     if (found) {
       *pick = found;
       *is_index = want_index;
@@ -473,7 +465,7 @@ int mlo_weight_set_find(const char *folder, const char *variant, bool allow_stra
     rc = pick_candidate(folder, &all, NULL, &pick, &is_index, err, errlen);
   }
   if (rc == MLO_OK && !pick)
-    rc = fail(err, errlen, MLO_ENOTFOUND, "%s: no safetensors weights in this folder", folder);
+    rc = mlo_errf(err, errlen, MLO_ENOTFOUND, "%s: no safetensors weights in this folder", folder);
   if (rc == MLO_OK) {
     rc = is_index ? mlo_weight_set_open_index(folder, pick, allow_stray, ws, err, errlen)
                   : open_single(folder, pick, ws, err, errlen);

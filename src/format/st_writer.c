@@ -11,7 +11,7 @@
  */
 #include "format/safetensors.h"
 
-#include "core/log.h" /* MLO_PRINTF only */
+#include "core/log.h" /* mlo_errf */
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -284,52 +284,41 @@ static int write_body(const mlo_st_writer *w, int fd, const char *hdr, size_t hl
   return rc;
 }
 
-MLO_PRINTF(4, 5)
-static int w_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int mlo_st_writer_write(mlo_st_writer *w, const char *path, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
-  if (!w || !path) return w_fail(err, errlen, MLO_EINVAL, "invalid arguments");
+  if (!w || !path) return mlo_errf(err, errlen, MLO_EINVAL, "invalid arguments");
   char *hdr = NULL;
   size_t hlen = 0;
   int rc = build_header(w, &hdr, &hlen);
   if (rc)
-    return w_fail(err, errlen, rc, "%s: cannot build the header: %s", path,
-                  rc == MLO_ENOMEM ? "out of memory" : "data larger than 2^64 bytes");
+    return mlo_errf(err, errlen, rc, "%s: cannot build the header: %s", path,
+                    rc == MLO_ENOMEM ? "out of memory" : "data larger than 2^64 bytes");
   size_t plen = strlen(path);
   char *tmp = malloc(plen + 16);
   if (!tmp) {
-    rc = w_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
+    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
     goto free_header;
   }
   snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
   int fd = mkstemp(tmp);
   if (fd < 0) {
-    rc = w_fail(err, errlen, MLO_EIO, "%s: cannot create a temporary file: %s", path,
-                strerror(errno));
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot create a temporary file: %s", path,
+                  strerror(errno));
     goto free_tmp;
   }
   /* mkstemp makes the file 0600; a checkpoint is as readable as any file */
   if (fchmod(fd, 0644) != 0 || write_body(w, fd, hdr, hlen) != 0) {
-    rc = w_fail(err, errlen, errno == ENOMEM ? MLO_ENOMEM : MLO_EIO, "%s: cannot write: %s", path,
-                strerror(errno));
+    rc = mlo_errf(err, errlen, errno == ENOMEM ? MLO_ENOMEM : MLO_EIO, "%s: cannot write: %s", path,
+                  strerror(errno));
     close(fd);
     goto unlink_tmp;
   }
   if (close(fd) != 0) {
-    rc = w_fail(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
     goto unlink_tmp;
   }
   if (rename(tmp, path) != 0) {
-    rc = w_fail(err, errlen, MLO_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
     goto unlink_tmp;
   }
   rc = MLO_OK;

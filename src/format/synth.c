@@ -444,14 +444,14 @@ static int write_shard(const char *folder, const comp_plan *cp, int shard, fill_
   }
   if (rc != MLO_OK) {
     mlo_st_writer_free(w);
-    return syn_fail(err, errlen, rc, "%s: cannot prepare %s: %s", folder, rel, mlo_strerror(rc));
+    return mlo_errf(err, errlen, rc, "%s: cannot prepare %s: %s", folder, rel, mlo_strerror(rc));
   }
   char name[256];
   shard_name(cp, shard, name, sizeof name);
   char *path = mlo_path_join(folder, name);
   pr->file = rel;
   rc = path ? mlo_st_writer_write(w, path, err, errlen)
-            : syn_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
+            : mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
   free(path);
   mlo_st_writer_free(w);
   return rc;
@@ -478,7 +478,7 @@ static int write_component(const char *dir, const syn_plan *pl, const comp_plan 
   char *folder = mlo_path_join(dir, cp->spec->folder);
   fill_ctx *ctx = calloc(cp->tensors.count ? cp->tensors.count : 1, sizeof *ctx);
   int rc = folder && ctx ? syn_make_dir(folder, err, errlen)
-                         : syn_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
+                         : mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
   char rel[512], name[256];
   if (rc == MLO_OK) {
     cJSON *cfg = config_json(pl, cp);
@@ -502,15 +502,15 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
   if (err && errlen) err[0] = '\0';
   const syn_preset *p = find_preset(preset);
   if (!p)
-    return syn_fail(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
+    return mlo_errf(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
                     preset ? preset : "(null)");
   if (!dir || !scale_ok(scale))
-    return syn_fail(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
+    return mlo_errf(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
                     scale);
   syn_plan pl;
   int rc = plan_build(p, scale, &pl);
   if (rc != MLO_OK)
-    return syn_fail(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
+    return mlo_errf(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
   bool cached = false;
   rc = syn_stamp_prepare(dir, p->name, scale, &cached, err, errlen);
   if (rc != MLO_OK || cached) goto out_free_plan;
@@ -525,7 +525,7 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
   for (size_t i = 0; rc == MLO_OK && i < p->naux; i++) {
     char *folder = mlo_path_join(dir, p->aux[i].folder), rel[512];
     rc = folder ? syn_make_dir(folder, err, errlen)
-                : syn_fail(err, errlen, MLO_ENOMEM, "out of memory");
+                : mlo_errf(err, errlen, MLO_ENOMEM, "out of memory");
     free(folder);
     snprintf(rel, sizeof rel, "%s/%s", p->aux[i].folder, p->aux[i].file);
     if (rc == MLO_OK) rc = syn_write_text(dir, rel, p->aux[i].content, err, errlen);

@@ -6,7 +6,7 @@
 #ifndef MLO_FORMAT_SYNTH_H
 #define MLO_FORMAT_SYNTH_H
 
-#include "core/log.h" /* MLO_PRINTF */
+#include "core/log.h" /* mlo_errf, MLO_PRINTF */
 #include "mlo/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -89,7 +89,6 @@ typedef struct {
 } syn_preset;
 
 /* synth_files.c: atomic files and the stamp. */
-int syn_fail(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
 int syn_make_dir(const char *path, char *err, size_t errlen);
 /* Writes dir/rel through a temporary file renamed into place. */
 int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen);

@@ -26,44 +26,34 @@
 
 /* ---- writing files atomically -------------------------------------------------------------- */
 
-int syn_fail(char *err, size_t errlen, int status, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return status;
-}
-
 int syn_make_dir(const char *path, char *err, size_t errlen) {
   struct stat st;
   if (mkdir(path, 0755) == 0 || (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
     return MLO_OK;
-  return syn_fail(err, errlen, MLO_EIO, "%s: cannot create folder: %s", path, strerror(errno));
+  return mlo_errf(err, errlen, MLO_EIO, "%s: cannot create folder: %s", path, strerror(errno));
 }
 
 /* Writes text to dir/rel through a temporary file renamed into place. */
 int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen) {
   char *path = mlo_path_join(dir, rel);
-  if (!path) return syn_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
+  if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
   size_t len = strlen(path) + 16;
   char *tmp = malloc(len);
   int rc = MLO_OK, fd = -1;
   if (!tmp) {
-    rc = syn_fail(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
+    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
     goto out_free_path;
   }
   snprintf(tmp, len, "%s.tmp.XXXXXX", path);
   if ((fd = mkstemp(tmp)) < 0) {
-    rc = syn_fail(err, errlen, MLO_EIO, "%s: cannot create: %s", path, strerror(errno));
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot create: %s", path, strerror(errno));
     goto out_free_tmp;
   }
   size_t n = strlen(text);
   bool ok = fchmod(fd, 0644) == 0 && write(fd, text, n) == (ssize_t)n;
   ok = (close(fd) == 0) && ok;
   if (!ok || rename(tmp, path) != 0) {
-    rc = syn_fail(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
     unlink(tmp);
   }
 out_free_tmp:
@@ -77,7 +67,7 @@ int syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, c
                    size_t errlen) {
   char *text = json ? (pretty ? cJSON_Print(json) : cJSON_PrintUnformatted(json)) : NULL;
   int rc = text ? syn_write_text(dir, rel, text, err, errlen)
-                : syn_fail(err, errlen, MLO_ENOMEM, "%s/%s: out of memory", dir, rel);
+                : mlo_errf(err, errlen, MLO_ENOMEM, "%s/%s: out of memory", dir, rel);
   free(text);
   return rc;
 }
@@ -193,7 +183,7 @@ int syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *c
   cJSON *stamp = read_stamp(dir);
   if (!stamp) {
     return dir_is_empty(dir) ? MLO_OK
-                             : syn_fail(err, errlen, MLO_EEXIST,
+                             : mlo_errf(err, errlen, MLO_EEXIST,
                                         "%s: folder is not empty and was not written by mlo synth "
                                         "(no " STAMP_NAME "); refusing to write into it",
                                         dir);
