@@ -38,7 +38,10 @@ extern const struct mlo_workload_ops mlo_workload_host_ops;
 extern const struct mlo_workload_ops mlo_workload_cuda_ops;   /* when built */
 extern const struct mlo_workload_ops mlo_workload_opencl_ops; /* when built */
 
-/* 64-bit FNV-1a-style fold used by every backend, so digests compare. */
+/* 64-bit FNV-1a-style fold used by every backend, so digests compare.  It
+ * folds 8-byte little-endian words, then a byte-wise tail: folding a buffer
+ * in pieces gives the same digest only if every piece but the last is a
+ * multiple of 8 bytes (f32 rows of even length are). */
 uint64_t mlo_digest_fold(uint64_t digest, const void *bytes, size_t len);
 /* The deterministic input X[t][k] for a seed: identical on every backend. */
 float mlo_workload_input(uint64_t seed, int64_t t, int64_t k);
