@@ -123,6 +123,9 @@ int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3,
 /* residency.c — every call with pipe->lock held. */
 int mlo_res_load(mlo_component *c);  /* no eviction; rolls back on failure */
 int mlo_res_evict(mlo_component *c); /* users must be 0 */
+/* Releases the block with no write-back, for teardown after a failed
+ * evict: nobody is left to report to, and the block must not leak. */
+void mlo_res_drop(mlo_component *c);
 /* Orders compute after c's load per the sync mode; lock NOT held. */
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync);
 void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);

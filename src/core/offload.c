@@ -199,6 +199,12 @@ static int release(mlo_component *c, uint64_t forward_ns) {
       c->stats.platform_calls++;
       rc = mlo_plat_event_record_compute(p, c->compute_ev);
     }
+    if (rc) { /* no event to order the write-back after: wait for the compute now */
+      c->stats.platform_calls++;
+      mlo_plat_synchronize(p);
+      rc = mlo_fail(pipe, rc, "'%s': cannot record the end of its compute (%s)", c->name,
+                    mlo_strerror(rc));
+    }
   }
   if (--c->users == 0) pthread_cond_broadcast(&pipe->idle);
 out_unlock:

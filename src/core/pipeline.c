@@ -59,7 +59,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
   pthread_mutex_lock(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
-    if (mlo_res_is_resident(c)) mlo_res_evict(c);
+    if (mlo_res_is_resident(c) && mlo_res_evict(c)) mlo_res_drop(c); /* write-back failed */
     mlo_res_finish_writeback(c);
   }
   /* Slabs may still be the source of queued copies: drain first. */

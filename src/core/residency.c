@@ -170,6 +170,18 @@ int mlo_res_evict(mlo_component *c) {
   return MLO_OK;
 }
 
+void mlo_res_drop(mlo_component *c) {
+  if (!mlo_res_is_resident(c)) return;
+  if (c->block) {
+    c->stats.platform_calls++;
+    mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->block_bytes);
+    c->pipe->device_bytes -= c->block_bytes;
+  }
+  c->block = NULL;
+  c->state = MLO_RES_HOST;
+  c->load_waited = false;
+}
+
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
