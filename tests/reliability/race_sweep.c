@@ -1,0 +1,291 @@
+/*
+ * race_sweep — thousands of randomized schedules of threads against one
+ * pipeline, each checked for content and residency (design §2.5, §7).
+ *
+ * A race that corrupts an image shows up only under some interleavings, so
+ * one fixed schedule proves little.  Each schedule here draws, from its own
+ * seed: a pipeline (1-2 encoders, 1-3 DiTs, maybe a VAE, an OTHER, an empty
+ * component, mutable buffers, tied tensors; declared in random order), a
+ * host device whose capacity is either exactly what offload needs or less
+ * (forcing eviction, or out-of-memory), random copy delays (jitter), a sync
+ * mode, and 2-4 threads that forward, acquire/hold/release, try_acquire and
+ * nest acquires in random order with random pauses.  Inside every forward
+ * the component must be resident with the right bytes, nothing it excludes
+ * resident, and the audit clean; after each schedule the audit must pass,
+ * device accounting match, and every device byte come back at the end.
+ *
+ * Usage: race_sweep [SCHEDULES [FIRST_SEED]].  A failure names its seed;
+ * `race_sweep 1 SEED` replays that schedule.
+ */
+#include "testutil.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static unsigned n_schedules = 4000;
+static uint64_t first_seed = 1;
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static unsigned below(uint64_t *s, unsigned n) {
+  return (unsigned)(splitmix(s) % n);
+}
+
+typedef struct {
+  char names[TU_MAX_COMPS][16];
+  tu_comp_spec specs[TU_MAX_COMPS];
+  size_t n;
+  bool undersized; /* capacity below what offload needs: OOM allowed */
+} layout;
+
+/* A random pipeline, its components in random declaration order. */
+static void draw_layout(uint64_t *rng, layout *l) {
+  static const mlo_role roles[] = {MLO_ROLE_ENCODER, MLO_ROLE_DIT, MLO_ROLE_VAE, MLO_ROLE_OTHER};
+  unsigned count[4] = {1 + below(rng, 2), 1 + below(rng, 3), below(rng, 2), below(rng, 2)};
+  l->n = 0;
+  for (unsigned r = 0; r < 4; r++)
+    for (unsigned i = 0; i < count[r]; i++) {
+      tu_comp_spec *s = &l->specs[l->n];
+      snprintf(l->names[l->n], sizeof l->names[0], "%s%u", mlo_role_name(roles[r]), i);
+      s->name = l->names[l->n];
+      s->role = roles[r];
+      s->ntensors = 1 + below(rng, 4);
+      s->tensor_bytes = 4 * (256 + below(rng, 1792)); /* 1-8 KiB */
+      s->nmutable = below(rng, 4) == 0;
+      l->n++;
+    }
+  if (below(rng, 8) == 0) { /* an empty component: no bytes, no platform call (C13) */
+    tu_comp_spec *s = &l->specs[l->n];
+    snprintf(l->names[l->n], sizeof l->names[0], "empty");
+    *s = (tu_comp_spec){l->names[l->n], below(rng, 2) ? MLO_ROLE_DIT : MLO_ROLE_ENCODER, 0, 0, 0};
+    l->n++;
+  }
+  for (size_t i = l->n; i > 1; i--) { /* shuffle; names stay with their specs */
+    size_t j = below(rng, (unsigned)i);
+    tu_comp_spec t = l->specs[i - 1];
+    l->specs[i - 1] = l->specs[j];
+    l->specs[j] = t;
+  }
+}
+
+/* Device bytes offload needs at its peak: VAEs and OTHERs are never evicted
+ * while enabled; beside them, either every encoder or the largest DiT. */
+static uint64_t offload_need(tu_pipe *tp) {
+  uint64_t fixed = 0, encoders = 0, dit = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(tp->pipe, i);
+    uint64_t b = mlo_component_bytes(c);
+    switch (mlo_component_role(c)) {
+    case MLO_ROLE_ENCODER:
+      encoders += b;
+      break;
+    case MLO_ROLE_DIT:
+      dit = b > dit ? b : dit;
+      break;
+    default:
+      fixed += b;
+    }
+  }
+  return fixed + (encoders > dit ? encoders : dit);
+}
+
+typedef struct {
+  tu_pipe *tp;
+  const layout *l;
+  uint64_t rng;
+  unsigned ops;
+  pthread_barrier_t *start;
+  /* outcomes, read after join */
+  unsigned forwards, oom, busy, deadlk;
+  char failure[256];
+} worker;
+
+static mlo_component *pick(worker *w) {
+  size_t n = mlo_pipeline_component_count(w->tp->pipe);
+  return mlo_pipeline_component_at(w->tp->pipe, below(&w->rng, (unsigned)n));
+}
+
+static bool excludes(mlo_component *a, mlo_component *b) {
+  mlo_role x = mlo_component_role(a), y = mlo_component_role(b);
+  if (a == b) return false;
+  if (x == MLO_ROLE_DIT) return y == MLO_ROLE_DIT || y == MLO_ROLE_ENCODER;
+  return x == MLO_ROLE_ENCODER && y == MLO_ROLE_DIT;
+}
+
+/* Records a status; false (with the failure noted) when it is not allowed. */
+static bool accept(worker *w, int rc, const char *what, mlo_component *c, int also_ok) {
+  if (rc == MLO_OK || rc == also_ok) return true;
+  if (rc == MLO_ENOMEM_DEVICE && w->l->undersized) {
+    w->oom++;
+    return true;
+  }
+  snprintf(w->failure, sizeof w->failure, "%s(%s) -> %s: %s", what, mlo_component_name(c),
+           mlo_err_name(rc), mlo_pipeline_errmsg(w->tp->pipe));
+  return false;
+}
+
+/* Hold c (acquire), check it, maybe nest a second acquire, release. */
+static bool hold(worker *w, mlo_component *c) {
+  int rc = mlo_component_acquire(c);
+  if (rc) return accept(w, rc, "acquire", c, MLO_OK);
+  bool ok = tu_forward_check(c, w->tp) == 0;
+  w->forwards++;
+  mlo_component *d = pick(w);
+  if (ok && d != c) {
+    rc = mlo_component_acquire(d);
+    if (excludes(c, d)) { /* the same thread holds a conflicting one: refused, never a hang */
+      if (rc == MLO_OK) mlo_component_release(d);
+      if (rc != MLO_EDEADLK) {
+        snprintf(w->failure, sizeof w->failure, "acquire(%s) while holding %s -> %s, not EDEADLK",
+                 mlo_component_name(d), mlo_component_name(c), mlo_err_name(rc));
+        ok = false;
+      }
+      w->deadlk++;
+    } else if (rc == MLO_OK) {
+      ok = tu_forward_check(d, w->tp) == 0 && tu_forward_check(c, w->tp) == 0;
+      w->forwards++;
+      rc = mlo_component_release(d);
+      ok = ok && accept(w, rc, "release", d, MLO_OK);
+    } else {
+      ok = accept(w, rc, "nested acquire", d, MLO_OK);
+    }
+  }
+  if (below(&w->rng, 2)) sched_yield(); /* hold it across a reschedule */
+  rc = mlo_component_release(c);
+  return accept(w, rc, "release", c, MLO_OK) && ok;
+}
+
+static void *work(void *arg) {
+  worker *w = arg;
+  pthread_barrier_wait(w->start);
+  for (unsigned i = 0; i < w->ops && !w->failure[0]; i++) {
+    mlo_component *c = pick(w);
+    unsigned op = below(&w->rng, 8);
+    int rc;
+    if (op < 5) {
+      rc = tu_forward(w->tp, c);
+      w->forwards++;
+      accept(w, rc, "forward", c, MLO_OK);
+    } else if (op < 7) {
+      hold(w, c);
+    } else {
+      rc = mlo_component_try_acquire(c);
+      if (rc == MLO_EBUSY) w->busy++;
+      if (accept(w, rc, "try_acquire", c, MLO_EBUSY) && rc == MLO_OK) {
+        w->forwards += tu_forward_check(c, w->tp) == 0;
+        accept(w, mlo_component_release(c), "release", c, MLO_OK);
+      }
+    }
+    for (unsigned spin = below(&w->rng, 3) * 500; spin; spin--) __asm__ volatile("");
+  }
+  return NULL;
+}
+
+typedef struct {
+  unsigned schedules, threads, forwards, oom, busy, deadlk, undersized, jitter, device_sync;
+} totals;
+
+/* One schedule; fails the test naming the seed on any violation. */
+static void run_schedule(uint64_t seed, totals *t) {
+  uint64_t rng = seed;
+  layout l;
+  draw_layout(&rng, &l);
+  bool jitter = below(&rng, 2);
+  mlo_sync_mode sync = below(&rng, 5) == 0 ? MLO_SYNC_DEVICE : MLO_SYNC_EVENT;
+  l.undersized = below(&rng, 4) == 0;
+
+  /* The capacity comes from the layout, so measure it on a roomy device. */
+  char opts[128];
+  snprintf(opts, sizeof opts, "capacity=64M,jitter=0");
+  mlo_platform *probe = tu_platform_open(opts);
+  tu_pipe *ptp = tu_pipe_build(probe, l.specs, l.n);
+  uint64_t need = offload_need(ptp);
+  tu_pipe_free(ptp);
+  mlo_platform_close(probe);
+  uint64_t capacity = l.undersized ? need - need / (2 + below(&rng, 6)) : need;
+  snprintf(opts, sizeof opts, "capacity=%llu,jitter=%d,seed=%llu", (unsigned long long)capacity,
+           jitter, (unsigned long long)seed);
+  mlo_platform *plat = tu_platform_open(opts);
+  tu_pipe *tp = tu_pipe_build(plat, l.specs, l.n);
+  tp->audit_in_forward = tp->exclusion_in_forward = true;
+  for (size_t i = 0; i < l.n; i++) /* a tied tensor now and then (C6) */
+    if (l.specs[i].ntensors > 1 && below(&rng, 3) == 0) {
+      mlo_component *c = tu_comp(tp, l.specs[i].name);
+      tu_add_alias(tp, c, "tied", mlo_component_find_tensor(c, "t0"));
+    }
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.sync = sync;
+  int rc = mlo_offload_enable(tp->pipe, &s);
+  if (rc && !(rc == MLO_ENOMEM_DEVICE && l.undersized))
+    fail_msg("seed %llu: enable -> %s: %s", (unsigned long long)seed, mlo_err_name(rc),
+             mlo_pipeline_errmsg(tp->pipe));
+
+  unsigned nthreads = 2 + below(&rng, 3);
+  worker w[4];
+  pthread_t th[4];
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, nthreads);
+  for (unsigned i = 0; i < nthreads && !rc; i++) {
+    w[i] = (worker){
+        .tp = tp, .l = &l, .rng = splitmix(&rng), .ops = 3 + below(&rng, 6), .start = &start};
+    assert_int_equal(pthread_create(&th[i], NULL, work, &w[i]), 0);
+  }
+  for (unsigned i = 0; i < nthreads && !rc; i++) {
+    pthread_join(th[i], NULL);
+    if (w[i].failure[0])
+      fail_msg("seed %llu: thread %u: %s", (unsigned long long)seed, i, w[i].failure);
+    t->forwards += w[i].forwards;
+    t->oom += w[i].oom;
+    t->busy += w[i].busy;
+    t->deadlk += w[i].deadlk;
+  }
+  pthread_barrier_destroy(&start);
+  if (tp->first_failure[0])
+    fail_msg("seed %llu: inside a forward: %s", (unsigned long long)seed, tp->first_failure);
+  rc = mlo_pipeline_audit(tp->pipe);
+  if (rc) fail_msg("seed %llu: audit: %s", (unsigned long long)seed, mlo_pipeline_errmsg(tp->pipe));
+  if (tu_device_used(plat) != tu_pstats(tp).device_bytes)
+    fail_msg("seed %llu: platform uses %llu device bytes, pipeline accounts %llu",
+             (unsigned long long)seed, (unsigned long long)tu_device_used(plat),
+             (unsigned long long)tu_pstats(tp).device_bytes);
+  assert_ok(mlo_offload_disable(tp->pipe));
+  tu_pipe_free(tp);
+  if (tu_device_used(plat))
+    fail_msg("seed %llu: %llu device bytes in use after free", (unsigned long long)seed,
+             (unsigned long long)tu_device_used(plat));
+  mlo_platform_close(plat);
+  t->schedules++;
+  t->threads += nthreads;
+  t->undersized += l.undersized;
+  t->jitter += jitter;
+  t->device_sync += sync == MLO_SYNC_DEVICE;
+}
+
+static void test_race_sweep(void **state) {
+  (void)state;
+  totals t;
+  memset(&t, 0, sizeof t);
+  for (unsigned i = 0; i < n_schedules; i++) run_schedule(first_seed + i, &t);
+  printf("schedules: %u (seeds %llu..%llu), %u threads in all, %u forwards checked; "
+         "%u with jitter, %u sync=device, %u undersized (%u out-of-memory refusals), "
+         "%u try_acquire EBUSY, %u nested conflicts refused\n",
+         t.schedules, (unsigned long long)first_seed,
+         (unsigned long long)(first_seed + n_schedules - 1), t.threads, t.forwards, t.jitter,
+         t.device_sync, t.undersized, t.oom, t.busy, t.deadlk);
+  assert_int_equal(t.schedules, n_schedules);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) n_schedules = (unsigned)strtoul(argv[1], NULL, 10);
+  if (argc > 2) first_seed = strtoull(argv[2], NULL, 10);
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_race_sweep)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
