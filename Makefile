@@ -21,8 +21,45 @@ build: bootstrap $(BUILD)/CMakeCache.txt
 demo: build
 	$(BUILD)/tools/mlo/mlo demo
 
+# The suite, then the whole suite again under ASan+UBSan+LSan and the
+# threaded tests under TSan (docs/reliability.md); any sanitizer report fails
+# the run.  SANITIZE=0 skips the sanitizer builds (a quick local run).
+SANITIZE ?= 1
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE '^(fuzz|slow)$$'
+ifneq ($(SANITIZE),0)
+	$(MAKE) --no-print-directory test-asan test-tsan
+endif
+
+# Sanitizer runs.  OPENBLAS_NUM_THREADS=1: OpenBLAS's worker pool is not
+# instrumented, so TSan cannot see its synchronization (false reports) and
+# ASan cannot attribute its buffers; one BLAS thread also keeps ctest -j from
+# oversubscribing a two-core CI machine.  The LSan suppressions name only
+# third-party libraries (the OpenCL ICD loader, PoCL and its LLVM), never mlo.
+SAN_ENV = OPENBLAS_NUM_THREADS=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+# TSan covers the threaded tests on the host platform only (OpenCL and CUDA
+# are not built there): PoCL's and the CUDA runtime's own threads are not
+# instrumented and would only add noise.  Only these targets are built.
+TSAN_TESTS = core_concurrent core_random_switches C8_no_compute_race C9_no_free_race \
+  C17_acquire_release platform_host fault_sweep race_sweep load_test
+empty :=
+space := $(empty) $(empty)
+
+test-asan: bootstrap
+	cmake -S . -B build-asan -DMLO_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) \
+	  -LE '^(fuzz|fuzz-smoke|slow|bench)$$'
+
+test-tsan: bootstrap
+	cmake -S . -B build-tsan -DMLO_TSAN=ON -DMLO_WITH_CUDA=OFF -DMLO_WITH_OPENCL=OFF $(CMAKE_FLAGS)
+	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
+	cd build-tsan && $(SAN_ENV) MLO_TEST_PLATFORM=host ctest --output-on-failure -j $(JOBS) \
+	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan
