@@ -62,12 +62,19 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     if (mlo_res_is_resident(c) && mlo_res_evict(c)) mlo_res_drop(c); /* write-back failed */
     mlo_res_finish_writeback(c);
   }
-  /* Slabs may still be the source of queued copies: drain first. */
-  mlo_plat_synchronize(pipe->platform);
+  /* Slabs may still be the source of queued copies: drain first.  A failed
+   * drain is retried once; if the device still cannot confirm that the
+   * copies are done, the slabs are leaked rather than freed under a copy
+   * that may still read them (C9). */
+  bool drained = mlo_plat_synchronize(pipe->platform) == MLO_OK ||
+                 mlo_plat_synchronize(pipe->platform) == MLO_OK;
+  if (!drained)
+    mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: the device did not drain its copies; "
+                            "host slabs are left allocated rather than freed under a copy");
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     mlo_res_release_events(c);
-    mlo_slab_free(c);
+    if (drained) mlo_slab_free(c);
     for (size_t j = 0; j < c->ntensors; j++) tensor_free(c->tensors[j]);
     free(c->tensors);
     free(c->name);
