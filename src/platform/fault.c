@@ -29,7 +29,7 @@ struct fault_ctx {
   uint64_t nth;         /* 0: never fail */
   uint64_t counts[MLO_FAULT_KINDS];
   uint64_t any_count;
-  bool fired;
+  bool fired, paused;
 };
 
 static const char *const kind_names[] = {"dev_alloc", "host_alloc", "copy", "event", "sync", "any"};
@@ -61,6 +61,10 @@ int mlo_fault_status(mlo_fault_kind kind) {
 /* Counts one call of kind; true when this is the call that must fail. */
 static bool hit(struct fault_ctx *f, mlo_fault_kind kind) {
   pthread_mutex_lock(&f->lock);
+  if (f->paused) {
+    pthread_mutex_unlock(&f->lock);
+    return false;
+  }
   uint64_t n = ++f->counts[kind];
   uint64_t any = ++f->any_count;
   bool fail = false;
@@ -327,4 +331,12 @@ bool mlo_fault_fired(mlo_platform *p) {
   bool fired = f->fired;
   pthread_mutex_unlock(&f->lock);
   return fired;
+}
+
+void mlo_fault_pause(mlo_platform *p, bool paused) {
+  if (!mlo_fault_is(p)) return;
+  struct fault_ctx *f = p->ctx;
+  pthread_mutex_lock(&f->lock);
+  f->paused = paused;
+  pthread_mutex_unlock(&f->lock);
 }

@@ -50,6 +50,9 @@ bool mlo_fault_is(const mlo_platform *p);
 void mlo_fault_arm(mlo_platform *p, mlo_fault_kind kind, uint64_t nth);
 /* Calls seen per kind since open or the last arm (counts[MLO_FAULT_KINDS]). */
 void mlo_fault_counts(mlo_platform *p, uint64_t counts[MLO_FAULT_KINDS]);
+/* While paused, calls are neither counted nor failed: a test's own reads of
+ * device memory (its content checks) stay out of the sweep. */
+void mlo_fault_pause(mlo_platform *p, bool paused);
 /* True once the armed fault has fired (it fires at most once per arm). */
 bool mlo_fault_fired(mlo_platform *p);
 
