@@ -140,7 +140,8 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
   }
   rc = make_cold(s);
   if (rc) {
-    snprintf(err, errlen, "cannot reset residency: %s", mlo_pipeline_errmsg(s->pipe));
+    const char *why = mlo_pipeline_errmsg(s->pipe); /* empty when a platform call failed */
+    snprintf(err, errlen, "cannot reset residency: %s", why[0] ? why : mlo_strerror(rc));
     free(calls);
     return rc;
   }
