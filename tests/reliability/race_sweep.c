@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ThreadSanitizer makes each schedule several times slower; a quarter of
- * the schedules keeps its run (make test-tsan) near the same 20 s. */
-static unsigned n_schedules = TU_TSAN ? 1000 : 4000;
+/* ThreadSanitizer makes each schedule several times slower; a third of
+ * the schedules keeps its run (make test-tsan) short. */
+static unsigned n_schedules = TU_TSAN ? 1000 : 3000;
 static uint64_t first_seed = 1;
 
 static uint64_t splitmix(uint64_t *s) {
@@ -79,8 +79,9 @@ static void draw_layout(uint64_t *rng, layout *l) {
 }
 
 /* Device bytes offload needs at its peak: VAEs and OTHERs are never evicted
- * while enabled; beside them, either every encoder or the largest DiT. */
-static uint64_t offload_need(tu_pipe *tp) {
+ * while enabled; beside them, either every encoder or the largest DiT.
+ * *at_enable gets what enable itself loads (VAEs and encoders). */
+static uint64_t offload_need(tu_pipe *tp, uint64_t *at_enable) {
   uint64_t fixed = 0, encoders = 0, dit = 0;
   for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
     mlo_component *c = mlo_pipeline_component_at(tp->pipe, i);
@@ -96,6 +97,7 @@ static uint64_t offload_need(tu_pipe *tp) {
       fixed += b;
     }
   }
+  *at_enable = fixed + encoders; /* OTHERs are counted too: they load on first use */
   return fixed + (encoders > dit ? encoders : dit);
 }
 
@@ -193,54 +195,53 @@ static void *work(void *arg) {
 
 typedef struct {
   unsigned schedules, threads, forwards, oom, busy, deadlk, undersized, jitter, device_sync;
+  unsigned enable_refused; /* undersized below encoders + VAEs: nothing ran */
 } totals;
 
 /* One schedule; fails the test naming the seed on any violation. */
-static void run_schedule(uint64_t seed, totals *t) {
-  uint64_t rng = seed;
-  layout l;
-  draw_layout(&rng, &l);
-  bool jitter = below(&rng, 2);
-  mlo_sync_mode sync = below(&rng, 5) == 0 ? MLO_SYNC_DEVICE : MLO_SYNC_EVENT;
-  l.undersized = below(&rng, 4) == 0;
-
-  /* The capacity comes from the layout, so measure it on a roomy device. */
+/* The schedule's device and pipeline: the capacity comes from the layout,
+ * so it is measured first on a roomy device. */
+static tu_pipe *open_pipe(uint64_t seed, uint64_t *rng, const layout *l, bool jitter) {
   char opts[128];
   snprintf(opts, sizeof opts, "capacity=64M,jitter=0");
   mlo_platform *probe = tu_platform_open(opts);
-  tu_pipe *ptp = tu_pipe_build(probe, l.specs, l.n);
-  uint64_t need = offload_need(ptp);
+  tu_pipe *ptp = tu_pipe_build(probe, l->specs, l->n);
+  uint64_t at_enable = 0, need = offload_need(ptp, &at_enable);
   tu_pipe_free(ptp);
   mlo_platform_close(probe);
-  uint64_t capacity = l.undersized ? need - need / (2 + below(&rng, 6)) : need;
+  /* Undersized: short of the peak but, where the DiT sets the peak, enough
+   * for enable, so the DiTs' loads are the ones refused. */
+  uint64_t capacity = need;
+  if (l->undersized) {
+    capacity = need - need / (2 + below(rng, 6));
+    if (at_enable < need && capacity < at_enable) capacity = at_enable;
+    if (capacity == need) capacity--;
+  }
   snprintf(opts, sizeof opts, "capacity=%llu,jitter=%d,seed=%llu", (unsigned long long)capacity,
            jitter, (unsigned long long)seed);
-  mlo_platform *plat = tu_platform_open(opts);
-  tu_pipe *tp = tu_pipe_build(plat, l.specs, l.n);
+  tu_pipe *tp = tu_pipe_build(tu_platform_open(opts), l->specs, l->n);
   tp->audit_in_forward = tp->exclusion_in_forward = true;
-  for (size_t i = 0; i < l.n; i++) /* a tied tensor now and then (C6) */
-    if (l.specs[i].ntensors > 1 && below(&rng, 3) == 0) {
-      mlo_component *c = tu_comp(tp, l.specs[i].name);
+  for (size_t i = 0; i < l->n; i++) /* a tied tensor now and then (C6) */
+    if (l->specs[i].ntensors > 1 && below(rng, 3) == 0) {
+      mlo_component *c = tu_comp(tp, l->specs[i].name);
       tu_add_alias(tp, c, "tied", mlo_component_find_tensor(c, "t0"));
     }
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.sync = sync;
-  int rc = mlo_offload_enable(tp->pipe, &s);
-  if (rc && !(rc == MLO_ENOMEM_DEVICE && l.undersized))
-    fail_msg("seed %llu: enable -> %s: %s", (unsigned long long)seed, mlo_err_name(rc),
-             mlo_pipeline_errmsg(tp->pipe));
+  return tp;
+}
 
-  unsigned nthreads = 2 + below(&rng, 3);
+/* Runs 2-4 workers to completion; returns how many. */
+static unsigned run_workers(tu_pipe *tp, const layout *l, uint64_t *rng, uint64_t seed, totals *t) {
+  unsigned nthreads = 2 + below(rng, 3);
   worker w[4];
   pthread_t th[4];
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, nthreads);
-  for (unsigned i = 0; i < nthreads && !rc; i++) {
-    w[i] = (worker){
-        .tp = tp, .l = &l, .rng = splitmix(&rng), .ops = 3 + below(&rng, 6), .start = &start};
+  for (unsigned i = 0; i < nthreads; i++) {
+    w[i] =
+        (worker){.tp = tp, .l = l, .rng = splitmix(rng), .ops = 3 + below(rng, 6), .start = &start};
     assert_int_equal(pthread_create(&th[i], NULL, work, &w[i]), 0);
   }
-  for (unsigned i = 0; i < nthreads && !rc; i++) {
+  for (unsigned i = 0; i < nthreads; i++) {
     pthread_join(th[i], NULL);
     if (w[i].failure[0])
       fail_msg("seed %llu: thread %u: %s", (unsigned long long)seed, i, w[i].failure);
@@ -250,6 +251,29 @@ static void run_schedule(uint64_t seed, totals *t) {
     t->deadlk += w[i].deadlk;
   }
   pthread_barrier_destroy(&start);
+  return nthreads;
+}
+
+/* One schedule; fails the test naming the seed on any violation. */
+static void run_schedule(uint64_t seed, totals *t) {
+  uint64_t rng = seed;
+  layout l;
+  draw_layout(&rng, &l);
+  bool jitter = below(&rng, 2);
+  mlo_sync_mode sync = below(&rng, 5) == 0 ? MLO_SYNC_DEVICE : MLO_SYNC_EVENT;
+  l.undersized = below(&rng, 4) == 0;
+  tu_pipe *tp = open_pipe(seed, &rng, &l, jitter);
+  mlo_platform *plat = tp->plat;
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.sync = sync;
+  int rc = mlo_offload_enable(tp->pipe, &s);
+  if (rc && !(rc == MLO_ENOMEM_DEVICE && l.undersized))
+    fail_msg("seed %llu: enable -> %s: %s", (unsigned long long)seed, mlo_err_name(rc),
+             mlo_pipeline_errmsg(tp->pipe));
+  if (rc)
+    t->enable_refused++;
+  else
+    t->threads += run_workers(tp, &l, &rng, seed, t);
   if (tp->first_failure[0])
     fail_msg("seed %llu: inside a forward: %s", (unsigned long long)seed, tp->first_failure);
   rc = mlo_pipeline_audit(tp->pipe);
@@ -265,7 +289,6 @@ static void run_schedule(uint64_t seed, totals *t) {
              (unsigned long long)tu_device_used(plat));
   mlo_platform_close(plat);
   t->schedules++;
-  t->threads += nthreads;
   t->undersized += l.undersized;
   t->jitter += jitter;
   t->device_sync += sync == MLO_SYNC_DEVICE;
@@ -277,11 +300,11 @@ static void test_race_sweep(void **state) {
   memset(&t, 0, sizeof t);
   for (unsigned i = 0; i < n_schedules; i++) run_schedule(first_seed + i, &t);
   printf("schedules: %u (seeds %llu..%llu), %u threads in all, %u forwards checked; "
-         "%u with jitter, %u sync=device, %u undersized (%u out-of-memory refusals), "
+         "%u with jitter, %u sync=device, %u undersized (%u out-of-memory refusals, %u at enable), "
          "%u try_acquire EBUSY, %u nested conflicts refused\n",
          t.schedules, (unsigned long long)first_seed,
          (unsigned long long)(first_seed + n_schedules - 1), t.threads, t.forwards, t.jitter,
-         t.device_sync, t.undersized, t.oom, t.busy, t.deadlk);
+         t.device_sync, t.undersized, t.oom, t.enable_refused, t.busy, t.deadlk);
   assert_int_equal(t.schedules, n_schedules);
 }
 
