@@ -150,6 +150,9 @@ typedef struct mlo_platform mlo_platform;
  *   "cuda[:N]"    NVIDIA GPU N (default 0); MLO_ENODEV if not built or absent
  *   "opencl[:N][:key=value,...]"  OpenCL device N; blocking_d2h=0|1 forces
  *       the XPU rule (on by default for Intel GPUs).
+ *   "fault:kind=K,nth=N,inner=SPEC"  for testing failure handling: the
+ *       platform SPEC, except that its Nth call of kind K (dev_alloc,
+ *       host_alloc, copy, event, sync, any) fails once.  inner= comes last.
  * On failure *out is NULL and, when errbuf is given, a message naming the
  * offending part of the spec is written there. */
 int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen);
