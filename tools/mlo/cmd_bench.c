@@ -126,42 +126,59 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
   return remove(path);
 }
 
-/* Median wall time of `reps` cold runs of one mode in an open session. */
-static int median_runs(tool_session *s, run_options *o, int reps, double *wall, uint64_t *peak,
-                       char *err, size_t errlen) {
-  double t[16];
-  for (int i = 0; i < reps; i++) {
-    run_result r;
-    int rc = session_run(s, o, &r, err, errlen);
-    if (rc) return rc;
-    t[i] = r.wall_s;
-    *peak = r.stats.peak_device_bytes;
-  }
-  *wall = bench_median(t, (size_t)reps);
+/* One run of a mode; keeps its wall time and peak. */
+static int timed_run(tool_session *s, run_options *o, const mlo_offload_settings *settings,
+                     bool offload, double *wall, uint64_t *peak, char *err, size_t errlen) {
+  run_result r;
+  o->offload = offload;
+  o->settings = *settings;
+  int rc = session_run(s, o, &r, err, errlen);
+  if (rc) return rc;
+  *wall = r.wall_s;
+  *peak = r.stats.peak_device_bytes;
   return MLO_OK;
 }
 
-static int e2e_mode(const bench_args *ba, const char *path, const mlo_open_options *oo,
-                    bool offload, uint64_t capacity, run_options *o, bench_results *res, char *err,
-                    size_t errlen) {
+static int open_mode(const bench_args *ba, const char *path, const mlo_open_options *oo,
+                     uint64_t capacity, tool_session *s, char *err, size_t errlen) {
   char spec[512];
   bench_spec(ba->platform, capacity, spec, sizeof spec);
   session_config cfg = {path, spec, oo->overrides, oo->override_count, false, {0}};
-  tool_session s;
-  int rc = session_open(&s, &cfg, err, errlen);
+  return session_open(s, &cfg, err, errlen);
+}
+
+/* The three modes run in turn within each repetition (resident, offloaded,
+ * literal), so that drift on a busy machine touches all of them alike; the
+ * figures are medians over the repetitions. */
+static int e2e_modes(const bench_args *ba, const char *path, const mlo_open_options *oo,
+                     uint64_t all, uint64_t need, run_options *o, bench_results *res, char *err,
+                     size_t errlen) {
+  tool_session resident, offload;
+  int rc = open_mode(ba, path, oo, all + all / 8 + 64 * MIB, &resident, err, errlen);
   if (rc) return rc;
-  o->offload = offload;
-  o->settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
-  if (!offload) {
-    rc = median_runs(&s, o, res->reps, &res->e2e_resident, &res->peak_resident, err, errlen);
-  } else {
-    rc = median_runs(&s, o, res->reps, &res->e2e_offload, &res->peak_offload, err, errlen);
-    o->settings.sync = MLO_SYNC_DEVICE;
-    o->settings.per_tensor_copies = true;
-    o->settings.copy_back = true;
-    if (!rc) rc = median_runs(&s, o, res->reps, &res->e2e_literal, &res->peak_literal, err, errlen);
+  rc = open_mode(ba, path, oo, need + need / 8 + 16 * MIB, &offload, err, errlen);
+  if (rc) {
+    session_close(&resident);
+    return rc;
   }
-  session_close(&s);
+  mlo_offload_settings fast = MLO_OFFLOAD_SETTINGS_INIT, literal = fast;
+  literal.sync = MLO_SYNC_DEVICE;
+  literal.per_tensor_copies = true;
+  literal.copy_back = true;
+  double t_res[16], t_off[16], t_lit[16];
+  for (int i = 0; i < res->reps && !rc; i++) {
+    rc = timed_run(&resident, o, &fast, false, &t_res[i], &res->peak_resident, err, errlen);
+    if (!rc) rc = timed_run(&offload, o, &fast, true, &t_off[i], &res->peak_offload, err, errlen);
+    if (!rc)
+      rc = timed_run(&offload, o, &literal, true, &t_lit[i], &res->peak_literal, err, errlen);
+  }
+  if (!rc) {
+    res->e2e_resident = bench_median(t_res, (size_t)res->reps);
+    res->e2e_offload = bench_median(t_off, (size_t)res->reps);
+    res->e2e_literal = bench_median(t_lit, (size_t)res->reps);
+  }
+  session_close(&offload);
+  session_close(&resident);
   return rc;
 }
 
@@ -205,8 +222,7 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
   run_options o = {.steps = res->steps, .boundary = 0.875};
   uint64_t all = 0, need = 0;
   if (!rc) rc = size_modes(path, &oo, &all, &need, err, errlen);
-  if (!rc) rc = e2e_mode(ba, path, &oo, false, all + all / 8 + 64 * MIB, &o, res, err, errlen);
-  if (!rc) rc = e2e_mode(ba, path, &oo, true, need + need / 8 + 16 * MIB, &o, res, err, errlen);
+  if (!rc) rc = e2e_modes(ba, path, &oo, all, need, &o, res, err, errlen);
   if (tmp[0]) nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   return rc;
 }
@@ -283,7 +299,7 @@ int cmd_bench(int argc, char **argv) {
     return TOOL_EXIT_OK;
   }
   if (code) return code;
-  bench_results res = {.reps = ba.quick ? 1 : 3, .steps = ba.quick ? 2 : 8};
+  bench_results res = {.reps = ba.quick ? 1 : 7, .steps = ba.quick ? 2 : 8};
   char err[1024] = "", spec[512];
   int rc = run_loads(&ba, &res, err, sizeof err);
   bench_spec(ba.platform, 64 * MIB, spec, sizeof spec);
