@@ -22,8 +22,8 @@ typedef struct {
   mlo_dtype dtype;
   int ndim;
   int64_t shape[MLO_MAX_DIMS];
-  uint64_t begin, end;   /* offsets relative to the data section */
-  uint64_t file_offset;  /* absolute offset of the first byte in the file */
+  uint64_t begin, end;  /* offsets relative to the data section */
+  uint64_t file_offset; /* absolute offset of the first byte in the file */
 } mlo_st_tensor;
 
 typedef struct {
@@ -31,13 +31,13 @@ typedef struct {
 } mlo_st_meta;
 
 typedef struct {
-  char *path;            /* as given (for messages) */
+  char *path; /* as given (for messages) */
   uint64_t file_size;
-  uint64_t data_start;   /* 8 + header length */
+  uint64_t data_start; /* 8 + header length */
   size_t count;
   mlo_st_tensor *tensors; /* sorted by begin offset */
   size_t meta_count;
-  mlo_st_meta *meta;     /* the __metadata__ string map, in file order */
+  mlo_st_meta *meta; /* the __metadata__ string map, in file order */
 } mlo_st_file;
 
 /* Reads and validates the header of a file.  err gets "FILE: tensor 'X':
