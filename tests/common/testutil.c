@@ -86,6 +86,15 @@ mlo_platform *tu_platform_open(const char *host_overrides) {
   return plat;
 }
 
+mlo_platform *tu_open_spec(const char *spec) {
+  mlo_platform *plat = NULL;
+  char err[256] = "";
+  int rc = mlo_platform_open(spec, &plat, err, sizeof err);
+  if (rc) fail_msg("mlo_platform_open(\"%s\") -> %s: %s", spec, mlo_err_name(rc), err);
+  assert_non_null(plat);
+  return plat;
+}
+
 bool tu_device_pointers(const mlo_platform *plat) {
   mlo_platform_caps caps;
   memset(&caps, 0, sizeof caps);

@@ -68,6 +68,8 @@ bool tu_platform_is_host(void);
  * needs the host platform and is skipped (cmocka skip) elsewhere.  Fails the
  * test if the platform cannot be opened. */
 mlo_platform *tu_platform_open(const char *host_overrides);
+/* Opens exactly `spec`; fails the test (naming the spec) if it cannot. */
+mlo_platform *tu_open_spec(const char *spec);
 /* Writes the merged spec into buf (exposed for the spec-merging logic). */
 void tu_merge_host_spec(const char *base, const char *overrides, char *buf, size_t len);
 bool tu_device_pointers(const mlo_platform *plat);

@@ -17,18 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mlo_platform *open_ok(const char *spec) {
-  mlo_platform *p = NULL;
-  char err[256] = "";
-  int rc = mlo_platform_open(spec, &p, err, sizeof err);
-  if (rc) fail_msg("open %s -> %s: %s", spec, mlo_err_name(rc), err);
-  return p;
-}
-
-static void fill_pattern(unsigned char *buf, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)((i * 131u + seed * 7u) >> 3);
-}
-
 /* ---- without a device --------------------------------------------------- */
 
 static void test_bad_specs(void **state) {
@@ -86,7 +74,7 @@ static void round_trip(mlo_platform *p, size_t n, bool want_pinned) {
   bool pinned = false, back_pinned = false;
   assert_ok(mlo_plat_host_alloc(p, n, want_pinned, &slab, &pinned));
   assert_ok(mlo_plat_host_alloc(p, n, want_pinned, &back, &back_pinned));
-  fill_pattern(slab, n, 3);
+  tu_fill_pattern(slab, n, 3);
   memset(back, 0, n);
   assert_ok(mlo_plat_dev_alloc(p, n, &block));
   mlo_event *loaded = NULL, *used = NULL;
@@ -113,7 +101,7 @@ static void round_trip(mlo_platform *p, size_t n, bool want_pinned) {
 
 static void test_round_trip(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("cuda:0:chunk=1M");
+  mlo_platform *p = tu_open_spec("cuda:0:chunk=1M");
   mlo_platform_caps caps;
   mlo_platform_get_caps(p, &caps);
   assert_true(caps.async_copy && caps.events && caps.device_pointers);
@@ -126,15 +114,15 @@ static void test_round_trip(void **state) {
  * free: the second pattern must be what comes back. */
 static void test_free_then_reuse(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("cuda:0");
+  mlo_platform *p = tu_open_spec("cuda:0");
   const size_t n = (size_t)64 << 20;
   unsigned char *a = NULL, *b = NULL, *back = NULL;
   bool pa = false, pb = false, pback = false;
   assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&a, &pa));
   assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&b, &pb));
   assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&back, &pback));
-  fill_pattern(a, n, 1);
-  fill_pattern(b, n, 2);
+  tu_fill_pattern(a, n, 1);
+  tu_fill_pattern(b, n, 2);
   for (int round = 0; round < 4; round++) {
     void *block = NULL;
     assert_ok(mlo_plat_dev_alloc(p, n, &block));
@@ -152,7 +140,7 @@ static void test_free_then_reuse(void **state) {
 
 static void test_oom_maps_and_recovers(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("cuda:0");
+  mlo_platform *p = tu_open_spec("cuda:0");
   mlo_platform_memory mem;
   assert_ok(mlo_platform_get_memory(p, &mem));
   assert_true(mem.total_bytes > 0 && mem.free_bytes <= mem.total_bytes);
@@ -169,7 +157,7 @@ static void test_oom_maps_and_recovers(void **state) {
 static void test_no_pinned(void **state) {
   (void)state;
   setenv("MLO_NO_PINNED", "1", 1);
-  mlo_platform *p = open_ok("cuda:0");
+  mlo_platform *p = tu_open_spec("cuda:0");
   unsetenv("MLO_NO_PINNED");
   mlo_platform_caps caps;
   mlo_platform_get_caps(p, &caps);
@@ -182,7 +170,7 @@ static void test_no_pinned(void **state) {
   round_trip(p, (size_t)5 << 20, true); /* pageable copies still correct */
   mlo_platform_close(p);
 
-  p = open_ok("cuda:0:pinned=0");
+  p = tu_open_spec("cuda:0:pinned=0");
   mlo_platform_get_caps(p, &caps);
   assert_false(caps.pinned_host);
   mlo_platform_close(p);
@@ -240,7 +228,7 @@ static void gemm_case(mlo_platform *p, void *wctx, mlo_dtype dtype, bool exact) 
 
 static void test_workload_gemm(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("cuda:0");
+  mlo_platform *p = tu_open_spec("cuda:0");
   void *wctx = NULL;
   assert_ok(mlo_workload_cuda_ops.create(p, &wctx));
   gemm_case(p, wctx, MLO_DTYPE_F32, true);

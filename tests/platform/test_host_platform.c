@@ -21,15 +21,6 @@
 
 #define MIB ((size_t)1 << 20)
 
-static mlo_platform *open_ok(const char *spec) {
-  mlo_platform *p = NULL;
-  char err[256] = "";
-  int rc = mlo_platform_open(spec, &p, err, sizeof err);
-  if (rc) fail_msg("mlo_platform_open(%s) -> %s: %s", spec, mlo_err_name(rc), err);
-  assert_non_null(p);
-  return p;
-}
-
 static uint64_t free_bytes(mlo_platform *p) {
   mlo_platform_memory mem;
   assert_ok(mlo_platform_get_memory(p, &mem));
@@ -45,7 +36,7 @@ static unsigned char *pattern(size_t bytes, unsigned seed) {
 
 static void test_caps_and_description(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=1G,blocking_d2h=1");
+  mlo_platform *p = tu_open_spec("host:capacity=1G,blocking_d2h=1");
   mlo_platform_caps caps;
   mlo_platform_get_caps(p, &caps);
   assert_true(caps.async_copy);
@@ -59,7 +50,7 @@ static void test_caps_and_description(void **state) {
   assert_null(mlo_platform_compute_queue(p));
   mlo_platform_close(p);
 
-  p = open_ok("host");
+  p = tu_open_spec("host");
   mlo_platform_get_caps(p, &caps);
   assert_false(caps.blocking_d2h);
   mlo_platform_memory mem;
@@ -70,7 +61,7 @@ static void test_caps_and_description(void **state) {
 
 static void test_capacity_accounting(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=1M");
+  mlo_platform *p = tu_open_spec("host:capacity=1M");
   void *a = NULL, *b = NULL, *c = NULL;
   assert_int_equal(free_bytes(p), MIB);
   assert_ok(mlo_plat_dev_alloc(p, 600 * 1024, &a));
@@ -96,7 +87,7 @@ static void test_capacity_accounting(void **state) {
  * stream-ordered free), and the copy must not see freed memory (ASan). */
 static void test_alloc_after_free_of_full_device(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=8M,bw=400M,jitter=1,seed=3");
+  mlo_platform *p = tu_open_spec("host:capacity=8M,bw=400M,jitter=1,seed=3");
   unsigned char *src = pattern(8 * MIB, 1);
   void *block = NULL, *again = NULL;
   for (int round = 0; round < 3; round++) {
@@ -114,7 +105,7 @@ static void test_alloc_after_free_of_full_device(void **state) {
 
 static void test_h2d_then_event_sync(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=64M,jitter=1,seed=7");
+  mlo_platform *p = tu_open_spec("host:capacity=64M,jitter=1,seed=7");
   unsigned char *src = pattern(16 * MIB, 2);
   void *block = NULL;
   mlo_event *ev = NULL;
@@ -140,7 +131,7 @@ static void test_h2d_then_event_sync(void **state) {
  * through event_query instead. */
 static void test_jitter_makes_missing_wait_visible(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=64M,jitter=1,seed=11");
+  mlo_platform *p = tu_open_spec("host:capacity=64M,jitter=1,seed=11");
   const size_t bytes = 8 * MIB;
   unsigned char *bufs[2] = {pattern(bytes, 3), pattern(bytes, 4)};
   bufs[1][bytes - 1] = (unsigned char)~bufs[0][bytes - 1]; /* the probed byte differs */
@@ -179,7 +170,7 @@ static void test_jitter_makes_missing_wait_visible(void **state) {
  * of n bytes cannot complete in less than n/bw. */
 static void test_bw_throttles_copies(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=64M,bw=100M");
+  mlo_platform *p = tu_open_spec("host:capacity=64M,bw=100M");
   const size_t bytes = 16 * MIB;
   const double bw = 100.0 * MIB;
   unsigned char *src = pattern(bytes, 5);
@@ -195,7 +186,7 @@ static void test_bw_throttles_copies(void **state) {
   mlo_platform_close(p);
   free(src);
 
-  p = open_ok("host:bw=25e9"); /* decimal and exponent forms are accepted */
+  p = tu_open_spec("host:bw=25e9"); /* decimal and exponent forms are accepted */
   assert_non_null(strstr(mlo_platform_description(p), "25.00 GB/s"));
   mlo_platform_close(p);
 }
@@ -204,7 +195,7 @@ static void test_bw_throttles_copies(void **state) {
  * block of the same size comes from the pool and reads 0xA5 throughout. */
 static void test_poison_fills_released_memory(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=4M");
+  mlo_platform *p = tu_open_spec("host:capacity=4M");
   const size_t bytes = 4 * MIB;
   unsigned char *src = pattern(bytes, 6);
   void *block = NULL;
@@ -226,7 +217,7 @@ static void test_poison_fills_released_memory(void **state) {
  * a compute event sees what "compute" wrote to the block. */
 static void test_copy_wait_orders_d2h(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=64M,jitter=1,seed=5");
+  mlo_platform *p = tu_open_spec("host:capacity=64M,jitter=1,seed=5");
   const size_t bytes = 8 * MIB;
   unsigned char *src = pattern(bytes, 7), *dst = calloc(1, bytes);
   assert_non_null(dst);
@@ -269,7 +260,7 @@ static void test_copy_wait_orders_d2h(void **state) {
  * close drains what is still queued. */
 static void test_synchronize_drains(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=64M,bw=256M,jitter=1,seed=9");
+  mlo_platform *p = tu_open_spec("host:capacity=64M,bw=256M,jitter=1,seed=9");
   const size_t bytes = 4 * MIB;
   unsigned char *src[4];
   void *block[4];
@@ -300,7 +291,7 @@ static void test_synchronize_drains(void **state) {
 
 static void test_bad_copies_refused(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host:capacity=1M");
+  mlo_platform *p = tu_open_spec("host:capacity=1M");
   unsigned char buf[64] = {0};
   void *block = NULL;
   int not_a_block = 0;
@@ -318,7 +309,7 @@ static void test_bad_copies_refused(void **state) {
 
 static void test_host_alloc_is_honest(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("host");
+  mlo_platform *p = tu_open_spec("host");
   mlo_platform_caps caps;
   mlo_platform_get_caps(p, &caps);
   void *ptr = NULL;

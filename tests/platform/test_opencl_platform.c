@@ -13,18 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static mlo_platform *open_ok(const char *spec) {
-  mlo_platform *p = NULL;
-  char err[256] = "";
-  int rc = mlo_platform_open(spec, &p, err, sizeof err);
-  if (rc) fail_msg("open %s -> %s: %s", spec, mlo_err_name(rc), err);
-  return p;
-}
-
-static void fill_pattern(unsigned char *buf, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)((i * 131u + seed * 7u) >> 3);
-}
-
 static void test_bad_specs(void **state) {
   (void)state;
   static const struct {
@@ -58,7 +46,7 @@ static void test_spec_forms(void **state) {
   const char *specs[] = {"opencl", "opencl:0", "opencl:0:", "opencl:capacity=64M",
                          "opencl:0:capacity=64M,pinned=0,blocking_d2h=0"};
   for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-    mlo_platform *p = open_ok(specs[i]);
+    mlo_platform *p = tu_open_spec(specs[i]);
     assert_string_equal(mlo_platform_name(p), "opencl");
     assert_non_null(mlo_platform_compute_queue(p));
     mlo_platform_caps caps;
@@ -73,7 +61,7 @@ static void test_spec_forms(void **state) {
  * back out through the copy queue; the bytes must survive exactly. */
 static void test_round_trip(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("opencl:0");
+  mlo_platform *p = tu_open_spec("opencl:0");
   const size_t n = (size_t)3 << 20;
   void *slab = NULL, *back = NULL, *block = NULL;
   bool pinned = false, back_pinned = true;
@@ -81,7 +69,7 @@ static void test_round_trip(void **state) {
   assert_true(pinned); /* PoCL maps ALLOC_HOST_PTR buffers */
   assert_ok(mlo_plat_host_alloc(p, n, false, &back, &back_pinned));
   assert_false(back_pinned);
-  fill_pattern(slab, n, 1);
+  tu_fill_pattern(slab, n, 1);
   memset(back, 0, n);
   assert_ok(mlo_plat_dev_alloc(p, n, &block));
   mlo_platform_memory mem;
@@ -120,7 +108,7 @@ static void test_round_trip(void **state) {
  * deletion, so nothing crashes and the queue drains cleanly. */
 static void test_free_while_pending(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("opencl:0");
+  mlo_platform *p = tu_open_spec("opencl:0");
   const size_t n = (size_t)32 << 20;
   void *slab = NULL, *block = NULL;
   bool pinned = false;
@@ -138,7 +126,7 @@ static void test_free_while_pending(void **state) {
 
 static void test_capacity_oom(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("opencl:0:capacity=1M");
+  mlo_platform *p = tu_open_spec("opencl:0:capacity=1M");
   mlo_platform_memory mem;
   assert_ok(mlo_platform_get_memory(p, &mem));
   assert_int_equal(mem.total_bytes, 1 << 20);
@@ -159,7 +147,7 @@ static void test_capacity_oom(void **state) {
 
 static void test_beyond_max_alloc(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("opencl:0");
+  mlo_platform *p = tu_open_spec("opencl:0");
   void *b = (void *)&b;
   assert_int_equal(mlo_plat_dev_alloc(p, SIZE_MAX / 2, &b), MLO_EUNSUPPORTED);
   assert_null(b);
@@ -172,12 +160,12 @@ static void test_beyond_max_alloc(void **state) {
 static void test_blocking_d2h(void **state) {
   (void)state;
   mlo_platform_caps caps;
-  mlo_platform *p = open_ok("opencl:0:blocking_d2h=0");
+  mlo_platform *p = tu_open_spec("opencl:0:blocking_d2h=0");
   mlo_platform_get_caps(p, &caps);
   assert_false(caps.blocking_d2h);
   mlo_platform_close(p);
 
-  p = open_ok("opencl:0:blocking_d2h=1");
+  p = tu_open_spec("opencl:0:blocking_d2h=1");
   mlo_platform_get_caps(p, &caps);
   assert_true(caps.blocking_d2h);
   assert_non_null(strstr(mlo_platform_description(p), "blocking d2h"));
@@ -186,7 +174,7 @@ static void test_blocking_d2h(void **state) {
   void *block = NULL;
   assert_non_null(src);
   assert_non_null(dst);
-  fill_pattern(src, n, 9);
+  tu_fill_pattern(src, n, 9);
   memset(dst, 0, n);
   assert_ok(mlo_plat_dev_alloc(p, n, &block));
   assert_ok(mlo_plat_copy_h2d(p, block, 0, src, n));
@@ -200,7 +188,7 @@ static void test_blocking_d2h(void **state) {
 }
 
 static void expect_pageable(const char *spec) {
-  mlo_platform *p = open_ok(spec);
+  mlo_platform *p = tu_open_spec(spec);
   mlo_platform_caps caps;
   mlo_platform_get_caps(p, &caps);
   assert_false(caps.pinned_host);
@@ -269,7 +257,7 @@ static void gemm_case(mlo_platform *p, void *wctx, mlo_dtype dtype) {
 
 static void test_workload_gemm(void **state) {
   (void)state;
-  mlo_platform *p = open_ok("opencl:0");
+  mlo_platform *p = tu_open_spec("opencl:0");
   void *wctx = NULL;
   assert_ok(mlo_workload_opencl_ops.create(p, &wctx));
   gemm_case(p, wctx, MLO_DTYPE_F32);
