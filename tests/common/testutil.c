@@ -564,3 +564,27 @@ void tu_sleep_ms(unsigned ms) {
   while (nanosleep(&ts, &ts) != 0) {
   }
 }
+
+/* ------------------------------------------------------------------ holder */
+
+static void *holder_main(void *arg) {
+  tu_holder *h = arg;
+  h->rc_acquire = mlo_component_acquire(h->comp);
+  atomic_store(&h->phase, 1);
+  while (atomic_load(&h->phase) != 2) tu_sleep_ms(1);
+  h->rc_release = h->rc_acquire ? MLO_OK : mlo_component_release(h->comp);
+  return NULL;
+}
+
+void tu_holder_start(tu_holder *h, mlo_component *comp) {
+  h->comp = comp;
+  atomic_init(&h->phase, 0);
+  h->rc_acquire = h->rc_release = MLO_OK;
+  assert_int_equal(pthread_create(&h->thread, NULL, holder_main, h), 0);
+  while (!atomic_load(&h->phase)) tu_sleep_ms(1);
+}
+
+void tu_holder_finish(tu_holder *h) {
+  atomic_store(&h->phase, 2);
+  pthread_join(h->thread, NULL);
+}

@@ -25,6 +25,9 @@
 
 #include "mlo/mlo.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 /* Asserts a status is MLO_OK, printing the code's name if not. */
 #define assert_ok(expr)                                                                            \
   do {                                                                                             \
@@ -222,5 +225,17 @@ bool tu_log_contains(const char *needle);
 bool tu_contains_ci(const char *haystack, const char *needle);
 /* Sleeps for ms milliseconds (only to widen a race window, never to time). */
 void tu_sleep_ms(unsigned ms);
+
+/* Another thread that acquires a component and holds it until told to go:
+ * tu_holder_start returns once the acquire has returned (rc_acquire says
+ * how it went); tu_holder_finish lets it release and joins it. */
+typedef struct {
+  mlo_component *comp;
+  atomic_int phase; /* 1: acquire returned, 2: may release */
+  int rc_acquire, rc_release;
+  pthread_t thread;
+} tu_holder;
+void tu_holder_start(tu_holder *h, mlo_component *comp);
+void tu_holder_finish(tu_holder *h);
 
 #endif

@@ -39,39 +39,21 @@ static void test_acquire_applies_the_rule(void **state) {
   mlo_platform_close(plat);
 }
 
-typedef struct {
-  mlo_component *comp;
-  atomic_int phase; /* 1: held, 2: may release */
-  int rc_acquire, rc_release;
-} holder;
-
-static void *hold(void *arg) {
-  holder *h = arg;
-  h->rc_acquire = mlo_component_acquire(h->comp);
-  atomic_store(&h->phase, 1);
-  while (atomic_load(&h->phase) != 2) tu_sleep_ms(1);
-  h->rc_release = h->rc_acquire ? MLO_OK : mlo_component_release(h->comp);
-  return NULL;
-}
-
 /* Another thread holds `held`; try_acquire(want) must say EBUSY and leave
  * both where they were. */
 static void check_try_acquire_busy(const char *held, const char *want) {
   mlo_platform *plat = tu_platform_open(NULL);
   tu_pipe *tp = tu_pipe_build_wan(plat);
   assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  holder h = {.comp = tu_comp(tp, held)};
   mlo_component *comp = tu_comp(tp, want);
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, hold, &h), 0);
-  while (!atomic_load(&h.phase)) tu_sleep_ms(1);
+  tu_holder h;
+  tu_holder_start(&h, tu_comp(tp, held));
   bool was_resident = mlo_component_is_resident(comp);
   int rc = mlo_component_try_acquire(comp);
   if (rc == MLO_OK) mlo_component_release(comp);
   bool resident_now = mlo_component_is_resident(comp);
   bool held_resident = mlo_component_is_resident(h.comp);
-  atomic_store(&h.phase, 2);
-  pthread_join(th, NULL);
+  tu_holder_finish(&h);
   assert_ok(h.rc_acquire);
   assert_ok(h.rc_release);
   assert_status(rc, MLO_EBUSY);

@@ -74,37 +74,19 @@ static void test_conflicting_forward_waits(void **state) {
   mlo_platform_close(plat);
 }
 
-typedef struct {
-  mlo_component *comp;
-  atomic_int phase; /* 1: held, 2: may release */
-  int rc_acquire, rc_release;
-} holder;
-
-static void *hold(void *arg) {
-  holder *h = arg;
-  h->rc_acquire = mlo_component_acquire(h->comp);
-  atomic_store(&h->phase, 1);
-  while (atomic_load(&h->phase) != 2) tu_sleep_ms(1);
-  h->rc_release = h->rc_acquire ? MLO_OK : mlo_component_release(h->comp);
-  return NULL;
-}
-
 /* Offload disabled, a component held by another thread: evicting it by
  * hand is refused and it stays resident. */
 static void test_hand_evict_of_held_component_refused(void **state) {
   (void)state;
   mlo_platform *plat = tu_platform_open(NULL);
   tu_pipe *tp = tu_pipe_build_wan(plat);
-  holder h = {.comp = tu_comp(tp, "transformer")};
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, hold, &h), 0);
-  while (!atomic_load(&h.phase)) tu_sleep_ms(1);
+  tu_holder h;
+  tu_holder_start(&h, tu_comp(tp, "transformer"));
   int rc = mlo_component_evict(h.comp);
   bool resident = mlo_component_is_resident(h.comp);
   char why[256] = "";
   bool content = tu_device_content_ok(tp, h.comp, why, sizeof why);
-  atomic_store(&h.phase, 2);
-  pthread_join(th, NULL);
+  tu_holder_finish(&h);
   assert_ok(h.rc_acquire);
   assert_ok(h.rc_release);
   assert_status(rc, MLO_EBUSY);
