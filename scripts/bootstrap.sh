@@ -7,16 +7,16 @@ set -euo pipefail
 
 debs=(cmake make gcc pkg-config libcjson-dev libcmocka-dev libopenblas-dev
       ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev clang
-      libclang-rt-dev python3 python3-pip)
+      libclang-rt-dev)
+# Python is needed by the tests only.  One that is already on PATH (pyenv,
+# for example) counts: Debian's is installed only where there is none, and
+# its pip only where that python has no pip.
+command -v python3 >/dev/null || debs+=(python3 python3-pip)
+command -v python3 >/dev/null && ! python3 -m pip --version >/dev/null 2>&1 && debs+=(python3-pip)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# A python3 from elsewhere (pyenv) counts: do not install Debian's over it.
-if command -v python3 >/dev/null; then
-  missing=("${missing[@]/python3}"); missing=("${missing[@]/python3-pip}")
-fi
-read -r -a missing <<<"${missing[*]:-}"
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "bootstrap: missing Debian packages (run as root to install): ${missing[*]}" >&2
