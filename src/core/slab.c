@@ -103,6 +103,7 @@ static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, 
 int mlo_slab_materialize(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   if (c->materialized) return MLO_OK;
+  uint64_t t0 = mlo_now_ns();
   uint64_t slab_bytes = 0;
   uint64_t block_bytes = mlo_slab_layout(c, true, &slab_bytes);
   void *slab = NULL;
@@ -162,6 +163,14 @@ int mlo_slab_materialize(mlo_component *c) {
   pthread_mutex_unlock(&pipe->lock);
   if (slab_bytes && !pinned && pipe->pin_host && pipe->platform->caps.pinned_host)
     mlo_logf(MLO_LOG_INFO, "%s: host slab is pageable (pinning unavailable or disabled)", c->name);
+  if (slab_bytes && mlo_log_enabled(MLO_LOG_INFO)) {
+    double secs = (double)(mlo_now_ns() - t0) / 1e9;
+    char size[32];
+    mlo_logf(MLO_LOG_INFO, "materialized %s: %s, %zu tensors, %s, %.3f s (%.2f GB/s)", c->name,
+             mlo_format_size(slab_bytes, size, sizeof size), c->own_count,
+             nfiles ? "read from files" : "from memory", secs,
+             secs > 0 ? (double)slab_bytes / secs / 1e9 : 0.0);
+  }
   return MLO_OK;
 
 out_free_slab:

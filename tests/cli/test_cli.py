@@ -150,6 +150,10 @@ class RunTests(Fixture):
         self.assertEqual(res["all_resident_bytes"], self.info["all_resident_bytes"])
         self.assertEqual(res["max_component_bytes"],
                          max(c["bytes"] for c in res["components"]))
+        # The checkpoint was read once into host slabs: every component's
+        # bytes, at a measured (positive) time.
+        self.assertEqual(res["load_bytes"], sum(c["bytes"] for c in res["components"]))
+        self.assertGreater(res["load_s"], 0)
         self.check_schedule(res, 8, 0.875, True)
 
     def test_boundaries_change_the_schedule(self):

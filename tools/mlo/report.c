@@ -23,6 +23,8 @@ static char *dup_str(const char *s) {
 int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
   rep->platform = dup_str(mlo_platform_description(s->platform));
   rep->capacity = s->capacity;
+  rep->load_s = s->load_s;
+  rep->load_bytes = s->load_bytes;
   rep->all_resident = mlo_workload_all_resident_bytes(s->pipe);
   rep->model_need = mlo_workload_model_offload_bytes(s->pipe, NULL);
   rep->run = *r;
@@ -68,7 +70,11 @@ void report_print_text(const tool_report *rep, FILE *out) {
             tool_size(c->stats.h2d_bytes), tool_size(c->stats.d2h_bytes));
   }
   const mlo_pipeline_stats *st = &rep->run.stats;
-  fprintf(out, "\npeak device memory  %s of %s capacity; all resident needs %s (%.0f%%)\n",
+  fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
+          tool_size(rep->load_bytes), rep->load_s,
+          rep->load_s > 0 ? (double)rep->load_bytes / rep->load_s / 1e9 : 0.0,
+          tool_size(st->pinned_bytes));
+  fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
           tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
           100.0 * ratio((double)st->peak_device_bytes, (double)rep->all_resident));
   fprintf(out,
@@ -116,6 +122,8 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddNumberToObject(root, "model_offload_bytes", (double)rep->model_need);
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)rep->max_comp);
   cJSON_AddNumberToObject(root, "pinned_bytes", (double)rep->run.stats.pinned_bytes);
+  cJSON_AddNumberToObject(root, "load_s", rep->load_s);
+  cJSON_AddNumberToObject(root, "load_bytes", (double)rep->load_bytes);
   add_stats(root, &rep->run.stats.total);
   snprintf(hex, sizeof hex, "%016" PRIx64, rep->run.digest);
   cJSON_AddStringToObject(root, "digest", hex);

@@ -129,7 +129,9 @@ typedef struct {
   mlo_platform *platform;
   mlo_pipeline *pipe;
   mlo_workload *workload;
-  uint64_t capacity; /* device total */
+  uint64_t capacity;   /* device total */
+  double load_s;       /* reading the checkpoint into host slabs */
+  uint64_t load_bytes; /* bytes read into slabs */
 } tool_session;
 
 typedef struct {
@@ -200,6 +202,8 @@ typedef struct {
   int steps;
   double boundary;
   uint64_t capacity, all_resident, model_need, max_comp;
+  double load_s; /* checkpoint -> host slabs */
+  uint64_t load_bytes;
   run_result run;
   bool verify;    /* a reference run was made */
   bool identical; /* its digest equals run.digest */
