@@ -34,8 +34,9 @@
 
 struct cuda_options {
   unsigned long index;
-  int pinned;     /* -1: on unless MLO_NO_PINNED=1 */
-  uint64_t chunk; /* bytes per cudaMemcpyAsync */
+  int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
+  uint64_t chunk;    /* bytes per cudaMemcpyAsync */
+  uint64_t capacity; /* 0: the whole device */
 };
 
 struct cuda_ctx {
@@ -47,6 +48,8 @@ struct cuda_ctx {
   bool pinned, host_register;
   pthread_mutex_t lock;
   bool warned_pageable;
+  uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
+  uint64_t used;     /* bytes of live blocks; guarded by lock */
 };
 
 /* Maps a runtime error to a status and clears it from the thread's last
@@ -76,12 +79,25 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   *block = NULL;
   int rc = use_device(c);
   if (rc) return rc;
+  /* Reserve against the capacity first (capacity= lets a big GPU stand in
+   * for a smaller one), so two threads cannot both pass the check. */
+  pthread_mutex_lock(&c->lock);
+  bool fits = bytes <= c->capacity - c->used;
+  if (fits) c->used += bytes;
+  pthread_mutex_unlock(&c->lock);
+  if (!fits) return MLO_ENOMEM_DEVICE;
   void *ptr = NULL;
   size_t n = bytes ? bytes : 1;
   cudaError_t e =
       c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy) : cudaMalloc(&ptr, n);
   rc = cuda_status(e, "allocating a device block");
-  if (!rc) *block = ptr;
+  if (!rc) {
+    *block = ptr;
+    return MLO_OK;
+  }
+  pthread_mutex_lock(&c->lock);
+  c->used -= bytes;
+  pthread_mutex_unlock(&c->lock);
   return rc;
 }
 
@@ -89,7 +105,9 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
  * both tails, then returns the block to the pool.  No host wait. */
 static void cu_dev_free(void *ctx, void *block, size_t bytes) {
   struct cuda_ctx *c = ctx;
-  (void)bytes;
+  pthread_mutex_lock(&c->lock);
+  c->used -= bytes;
+  pthread_mutex_unlock(&c->lock);
   if (use_device(c)) return;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
     cudaStreamSynchronize(c->copy);
@@ -128,8 +146,14 @@ static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
       cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess &&
       reserved > used)
     f += (size_t)(reserved - used);
-  *total = t;
-  *free_bytes = f < t ? f : t;
+  if (f > t) f = t;
+  /* Under capacity= the device looks as big as the cap, and no freer than
+   * the cap leaves or the device really is. */
+  pthread_mutex_lock(&c->lock);
+  uint64_t cap_free = c->capacity - c->used;
+  *total = c->capacity < t ? c->capacity : t;
+  pthread_mutex_unlock(&c->lock);
+  *free_bytes = f < cap_free ? f : cap_free;
   return MLO_OK;
 }
 
@@ -336,7 +360,15 @@ static int cu_option(const char *key, const char *value, void *user, char *err, 
     }
     return MLO_OK;
   }
-  snprintf(err, errlen, "unknown cuda platform option %s=%s (known: pinned, chunk)", key, value);
+  if (!strcmp(key, "capacity")) {
+    if (mlo_parse_size(value, false, &o->capacity)) {
+      snprintf(err, errlen, "cuda platform option capacity=%s: expected a size such as 24G", value);
+      return MLO_EINVAL;
+    }
+    return MLO_OK;
+  }
+  snprintf(err, errlen, "unknown cuda platform option %s=%s (known: pinned, chunk, capacity)", key,
+           value);
   return MLO_EINVAL;
 }
 
@@ -431,10 +463,18 @@ static void describe(struct cuda_ctx *c, mlo_platform *p) {
   if (cudaDeviceGetAttribute(&reg, cudaDevAttrHostRegisterSupported, c->device) != cudaSuccess)
     (void)cudaGetLastError();
   c->host_register = reg != 0;
-  char mem[32];
+  /* capacity=: never more than the device has; unknown size: no cap. */
+  uint64_t total = prop.totalGlobalMem ? (uint64_t)prop.totalGlobalMem : UINT64_MAX;
+  bool capped = c->capacity && c->capacity < total;
+  c->capacity = capped ? c->capacity : total;
+  char mem[32], cap[48] = "";
   mlo_format_size(prop.totalGlobalMem, mem, sizeof mem);
-  snprintf(p->description, sizeof p->description, "CUDA device %d: %.80s (%s, cc %d.%d)%s",
-           c->device, prop.name, mem, prop.major, prop.minor,
+  if (capped) {
+    char size[32];
+    snprintf(cap, sizeof cap, ", capacity %s", mlo_format_size(c->capacity, size, sizeof size));
+  }
+  snprintf(p->description, sizeof p->description, "CUDA device %d: %.80s (%s, cc %d.%d)%s%s",
+           c->device, prop.name, mem, prop.major, prop.minor, cap,
            c->pinned ? "" : ", pageable host memory");
 }
 
@@ -448,6 +488,7 @@ int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   pthread_mutex_init(&c->lock, NULL);
   c->device = (int)opt.index;
   c->chunk = (size_t)opt.chunk;
+  c->capacity = opt.capacity;
   const char *no_pinned = getenv("MLO_NO_PINNED");
   /* The environment is a kill switch: it wins over pinned=1. */
   c->pinned = opt.pinned != 0 && !(no_pinned && !strcmp(no_pinned, "1"));

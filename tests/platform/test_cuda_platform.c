@@ -25,9 +25,11 @@ static void test_bad_specs(void **state) {
     const char *spec;
     const char *needle;
   } cases[] = {
-      {"cuda:x", "device index"},     {"cuda:-1", "device index"},   {"cuda:0x1", "device index"},
-      {"cuda:0:bogus=1", "bogus"},    {"cuda:0:pinned=2", "pinned"}, {"cuda:0:chunk=12", "chunk"},
-      {"cuda:0:chunk=lots", "chunk"}, {"cuda:0:pinned", "pinned"},
+      {"cuda:x", "device index"},           {"cuda:-1", "device index"},
+      {"cuda:0x1", "device index"},         {"cuda:0:bogus=1", "bogus"},
+      {"cuda:0:pinned=2", "pinned"},        {"cuda:0:chunk=12", "chunk"},
+      {"cuda:0:chunk=lots", "chunk"},       {"cuda:0:pinned", "pinned"},
+      {"cuda:0:capacity=lots", "capacity"}, {"cuda:0:capacity=0", "capacity"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlo_platform *p = (mlo_platform *)&p; /* must come back NULL */
@@ -43,7 +45,8 @@ static void test_bad_specs(void **state) {
 /* Valid specs either open or say clearly that no device is there. */
 static void test_valid_specs(void **state) {
   (void)state;
-  const char *specs[] = {"cuda", "cuda:0", "cuda:0:pinned=0,chunk=8M", "cuda:pinned=1"};
+  const char *specs[] = {"cuda", "cuda:0", "cuda:0:pinned=0,chunk=8M", "cuda:pinned=1",
+                         "cuda:0:capacity=24G"};
   for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
     mlo_platform *p = NULL;
     char err[256] = "";
@@ -145,12 +148,35 @@ static void test_oom_maps_and_recovers(void **state) {
   assert_ok(mlo_platform_get_memory(p, &mem));
   assert_true(mem.total_bytes > 0 && mem.free_bytes <= mem.total_bytes);
   void *block = (void *)&block;
-  size_t too_big = (size_t)mem.total_bytes + ((size_t)1 << 30);
+  /* The whole device: within the (default) capacity, so the driver itself
+   * refuses it (the context holds some memory) and its error is mapped. */
+  size_t too_big = (size_t)mem.total_bytes;
   assert_int_equal(mlo_plat_dev_alloc(p, too_big, &block), MLO_ENOMEM_DEVICE);
   assert_null(block);
   assert_ok(mlo_platform_get_memory(p, &mem));
   assert_int_equal(mem.used_bytes, 0);
   round_trip(p, (size_t)1 << 20, true); /* still usable */
+  mlo_platform_close(p);
+}
+
+/* capacity= makes a big GPU stand in for a smaller one: allocations past
+ * the cap fail as out-of-memory, and freeing makes room again. */
+static void test_capacity_caps(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("cuda:0:capacity=64M");
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(p, &mem));
+  assert_int_equal(mem.total_bytes, (uint64_t)64 << 20);
+  void *a = NULL, *b = (void *)&b;
+  assert_ok(mlo_plat_dev_alloc(p, (size_t)48 << 20, &a));
+  assert_int_equal(mlo_plat_dev_alloc(p, (size_t)32 << 20, &b), MLO_ENOMEM_DEVICE);
+  assert_null(b);
+  assert_ok(mlo_platform_get_memory(p, &mem));
+  assert_true(mem.free_bytes <= ((uint64_t)16 << 20));
+  mlo_plat_dev_free(p, a, (size_t)48 << 20);
+  assert_ok(mlo_plat_dev_alloc(p, (size_t)32 << 20, &b));
+  mlo_plat_dev_free(p, b, (size_t)32 << 20);
+  assert_ok(mlo_platform_synchronize(p));
   mlo_platform_close(p);
 }
 
@@ -261,6 +287,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_free_then_reuse),
       cmocka_unit_test(test_oom_maps_and_recovers),
+      cmocka_unit_test(test_capacity_caps),
       cmocka_unit_test(test_no_pinned),
       cmocka_unit_test(test_workload_gemm),
   };

@@ -11,13 +11,27 @@
 #include <string.h>
 
 void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t outlen) {
-  if (strncmp(spec, "host", 4) || (spec[4] != '\0' && spec[4] != ':')) {
+  /* "host[:opts]", "cuda[:N][:opts]", "opencl[:N][:opts]": keep the name,
+   * the device index (0 by default) and every option but capacity, then
+   * append ours.  Other specs (fault:...) are passed through. */
+  const char *colon = strchr(spec, ':');
+  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
+  bool host = name_len == 4 && !strncmp(spec, "host", 4);
+  bool indexed = (name_len == 4 && !strncmp(spec, "cuda", 4)) ||
+                 (name_len == 6 && !strncmp(spec, "opencl", 6));
+  if (!host && !indexed) {
     snprintf(out, outlen, "%s", spec);
     return;
   }
-  /* Keep every option but capacity, then append ours. */
-  size_t n = (size_t)snprintf(out, outlen, "host:");
-  const char *p = spec[4] ? spec + 5 : "";
+  const char *p = colon ? colon + 1 : "";
+  size_t n = (size_t)snprintf(out, outlen, "%.*s:", (int)name_len, spec);
+  if (indexed) {
+    size_t digits = strspn(p, "0123456789");
+    bool has_index = digits && (p[digits] == '\0' || p[digits] == ':');
+    n += (size_t)snprintf(out + n, outlen - n, "%.*s:", has_index ? (int)digits : 1,
+                          has_index ? p : "0");
+    if (has_index) p += digits + (p[digits] == ':');
+  }
   while (*p && n < outlen) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
