@@ -372,22 +372,10 @@ static int cu_option(const char *key, const char *value, void *user, char *err, 
   return MLO_EINVAL;
 }
 
-/* "" | "N" | "N:opts" | "opts" (a first item with '=' is an option).
+/* "" | "N" | "N:opts" | "opts".
  * Parsed before any CUDA call, so a bad spec is MLO_EINVAL even without a GPU. */
 static int parse_spec(const char *args, struct cuda_options *o, char *err, size_t errlen) {
-  const char *colon = strchr(args, ':');
-  size_t head_len = colon ? (size_t)(colon - args) : strlen(args);
-  if (!head_len && !colon) return MLO_OK;
-  if (memchr(args, '=', head_len) && !colon)
-    return mlo_spec_parse_kv(args, cu_option, o, err, errlen);
-  char *end = NULL;
-  o->index = strtoul(args, &end, 10);
-  if (!head_len || args[0] < '0' || args[0] > '9' || end != args + head_len || o->index > 1024) {
-    snprintf(err, errlen, "cuda platform: bad device index '%.*s' in \"cuda:%s\" (expected N)",
-             (int)head_len, args, args);
-    return MLO_EINVAL;
-  }
-  return colon ? mlo_spec_parse_kv(colon + 1, cu_option, o, err, errlen) : MLO_OK;
+  return mlo_spec_parse_indexed("cuda", args, 1024, &o->index, cu_option, o, err, errlen);
 }
 
 static int find_device(unsigned long index, char *err, size_t errlen) {

@@ -451,21 +451,9 @@ static int ocl_option(const char *key, const char *value, void *user, char *err,
   return MLO_EINVAL;
 }
 
-/* "" | "N" | "N:opts" | "opts" (a first item with '=' is an option). */
+/* "" | "N" | "N:opts" | "opts". */
 static int parse_spec(const char *args, struct ocl_options *o, char *err, size_t errlen) {
-  const char *colon = strchr(args, ':');
-  size_t head_len = colon ? (size_t)(colon - args) : strlen(args);
-  if (!head_len && !colon) return MLO_OK;
-  if (memchr(args, '=', head_len) && !colon)
-    return mlo_spec_parse_kv(args, ocl_option, o, err, errlen);
-  char *end = NULL;
-  o->index = strtoul(args, &end, 10);
-  if (!head_len || args[0] < '0' || args[0] > '9' || end != args + head_len || o->index > 65535) {
-    snprintf(err, errlen, "opencl platform: bad device index '%.*s' in \"opencl:%s\" (expected N)",
-             (int)head_len, args, args);
-    return MLO_EINVAL;
-  }
-  return colon ? mlo_spec_parse_kv(colon + 1, ocl_option, o, err, errlen) : MLO_OK;
+  return mlo_spec_parse_indexed("opencl", args, 65535, &o->index, ocl_option, o, err, errlen);
 }
 
 /* Finds device `index` counting over every platform's devices in order. */

@@ -39,6 +39,25 @@ int mlo_spec_parse_kv(const char *args, mlo_spec_kv_fn fn, void *user, char *err
   return rc;
 }
 
+int mlo_spec_parse_indexed(const char *name, const char *args, unsigned long max_index,
+                           unsigned long *index, mlo_spec_kv_fn fn, void *user, char *err,
+                           size_t errlen) {
+  const char *colon = strchr(args, ':');
+  size_t head_len = colon ? (size_t)(colon - args) : strlen(args);
+  if (!head_len && !colon) return MLO_OK;
+  if (memchr(args, '=', head_len) && !colon) return mlo_spec_parse_kv(args, fn, user, err, errlen);
+  char *end = NULL;
+  unsigned long n = strtoul(args, &end, 10);
+  if (!head_len || args[0] < '0' || args[0] > '9' || end != args + head_len || n > max_index) {
+    if (err && errlen)
+      snprintf(err, errlen, "%s platform: bad device index '%.*s' in \"%s:%s\" (expected N)", name,
+               (int)head_len, args, name, args);
+    return MLO_EINVAL;
+  }
+  *index = n;
+  return colon ? mlo_spec_parse_kv(colon + 1, fn, user, err, errlen) : MLO_OK;
+}
+
 typedef int (*create_fn)(const char *, mlo_platform *, char *, size_t);
 
 int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen) {

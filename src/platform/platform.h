@@ -118,5 +118,12 @@ uint64_t mlo_plat_call_count(mlo_platform *p);
 typedef int (*mlo_spec_kv_fn)(const char *key, const char *value, void *user, char *err,
                               size_t errlen);
 int mlo_spec_parse_kv(const char *args, mlo_spec_kv_fn fn, void *user, char *err, size_t errlen);
+/* Parses the arguments of an indexed device spec, "" | "N" | "N:opts" |
+ * "opts" (a first item with '=' is an option): *index gets N (default
+ * untouched), options go to fn.  A bad index (not digits, or above
+ * max_index) is MLO_EINVAL with "<name>: bad device index" in err. */
+int mlo_spec_parse_indexed(const char *name, const char *args, unsigned long max_index,
+                           unsigned long *index, mlo_spec_kv_fn fn, void *user, char *err,
+                           size_t errlen);
 
 #endif /* MLO_PLATFORM_H */
