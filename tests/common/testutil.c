@@ -467,6 +467,17 @@ void tu_model_enable(tu_model *m) {
   }
 }
 
+void tu_enable_modelled(tu_pipe *tp, tu_model *m) {
+  tu_model_init(tp, m);
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  tu_model_enable(m);
+}
+
+void tu_forward_modelled(tu_pipe *tp, tu_model *m, mlo_component *comp) {
+  assert_ok(tu_forward(tp, comp));
+  tu_model_forward(m, comp);
+}
+
 void tu_model_forward(tu_model *m, mlo_component *comp) {
   mlo_role role = mlo_component_role(comp);
   for (size_t i = 0; i < m->n; i++) {

@@ -210,6 +210,11 @@ void tu_model_enable(tu_model *m);
 void tu_model_forward(tu_model *m, mlo_component *comp);
 /* Asserts residency and the load/evict/h2d deltas match the model. */
 void tu_model_check(const tu_model *m);
+/* The usual start of a contract test: model the pipeline as it is, enable
+ * offload with default settings (asserted), and let the model follow. */
+void tu_enable_modelled(tu_pipe *tp, tu_model *m);
+/* A checked forward (asserted MLO_OK) that the model follows. */
+void tu_forward_modelled(tu_pipe *tp, tu_model *m, mlo_component *comp);
 
 /* ------------------------------------------------------------------------
  * Log capture (mlo_set_log)

@@ -48,11 +48,8 @@ static void test_reenable_after_work(void **state) {
   tu_pipe *tp = tu_pipe_build_wan(plat);
   mlo_component *dit = tu_comp(tp, "transformer");
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
-  assert_ok(tu_forward(tp, dit));
-  tu_model_forward(&m, dit);
+  tu_enable_modelled(tp, &m);
+  tu_forward_modelled(tp, &m, dit);
   assert_ok(mlo_offload_disable(tp->pipe));
   tu_model_check(&m);
   assert_ok(mlo_offload_enable(tp->pipe, NULL));

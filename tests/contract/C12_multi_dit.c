@@ -34,14 +34,11 @@ static void test_one_dit_resident(void **state) {
   tu_pipe *tp = tu_pipe_build(plat, specs, NSPECS);
   tp->audit_in_forward = tp->exclusion_in_forward = true;
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   srand(12);
   for (int i = 0; i < 80; i++) {
     mlo_component *comp = tu_comp(tp, specs[(size_t)rand() % NSPECS].name);
-    assert_ok(tu_forward(tp, comp));
-    tu_model_forward(&m, comp);
+    tu_forward_modelled(tp, &m, comp);
     if (mlo_component_role(comp) == MLO_ROLE_DIT) {
       mlo_component *which = NULL;
       assert_int_equal(resident_dits(tp, &which), 1);
@@ -62,14 +59,11 @@ static void test_dit_cycle(void **state) {
   mlo_platform *plat = tu_platform_open(NULL);
   tu_pipe *tp = tu_pipe_build(plat, specs, NSPECS);
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   const char *cycle[] = {"transformer", "transformer_2", "transformer_3"};
   for (int i = 0; i < 9; i++) {
     mlo_component *comp = tu_comp(tp, cycle[i % 3]);
-    assert_ok(tu_forward(tp, comp));
-    tu_model_forward(&m, comp);
+    tu_forward_modelled(tp, &m, comp);
     tu_model_check(&m);
   }
   assert_int_equal(tu_cstats(tu_comp(tp, "transformer")).loads, 3);

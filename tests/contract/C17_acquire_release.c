@@ -16,9 +16,7 @@ static void test_acquire_applies_the_rule(void **state) {
   mlo_component *enc = tu_comp(tp, "text_encoder"), *dit = tu_comp(tp, "transformer");
   mlo_component *dit2 = tu_comp(tp, "transformer_2"), *vae = tu_comp(tp, "vae");
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   mlo_component *schedule[] = {dit, enc, dit2, vae, dit, enc, vae};
   for (size_t i = 0; i < sizeof schedule / sizeof schedule[0]; i++) {
     mlo_component *comp = schedule[i];

@@ -20,9 +20,7 @@ static void test_encoders_and_vaes_resident(void **state) {
   mlo_platform *plat = tu_platform_open(NULL);
   tu_pipe *tp = tu_pipe_build(plat, specs, NSPECS);
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   tu_model_check(&m);
   uint64_t resident_bytes = 0;
   for (size_t i = 0; i < NSPECS; i++) {

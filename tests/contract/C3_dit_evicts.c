@@ -43,9 +43,7 @@ static void test_dit_forward_evicts_first(void **state) {
   mlo_component *enc = tu_comp(tp, "text_encoder"), *enc2 = tu_comp(tp, "text_encoder_2");
   mlo_component *dit = tu_comp(tp, "transformer"), *vae = tu_comp(tp, "vae");
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   atomic_store(&nevents, 0);
   mlo_pipeline_set_trace(tp->pipe, record, NULL);
   assert_ok(tu_forward(tp, dit));
@@ -75,13 +73,10 @@ static void test_dit_evicts_other_dit(void **state) {
   tp->audit_in_forward = tp->exclusion_in_forward = true;
   mlo_component *dit = tu_comp(tp, "transformer"), *dit2 = tu_comp(tp, "transformer_2");
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   mlo_component *schedule[] = {dit, dit, dit2, dit2, dit2, dit, dit2};
   for (size_t i = 0; i < sizeof schedule / sizeof schedule[0]; i++) {
-    assert_ok(tu_forward(tp, schedule[i]));
-    tu_model_forward(&m, schedule[i]);
+    tu_forward_modelled(tp, &m, schedule[i]);
     tu_model_check(&m);
   }
   assert_true(mlo_component_is_resident(dit2));

@@ -21,28 +21,21 @@ static void test_encoder_evicts_dit_not_encoders(void **state) {
   mlo_component *enc = tu_comp(tp, "text_encoder"), *enc2 = tu_comp(tp, "text_encoder_2");
   mlo_component *dit = tu_comp(tp, "transformer");
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   /* Both encoders resident together: they do not exclude each other. */
-  assert_ok(tu_forward(tp, enc));
-  tu_model_forward(&m, enc);
-  assert_ok(tu_forward(tp, enc2));
-  tu_model_forward(&m, enc2);
+  tu_forward_modelled(tp, &m, enc);
+  tu_forward_modelled(tp, &m, enc2);
   tu_model_check(&m);
   assert_true(mlo_component_is_resident(enc) && mlo_component_is_resident(enc2));
   assert_int_equal(tu_cstats(enc).evictions, 0);
   /* After a DiT, one encoder's forward brings back that encoder only. */
-  assert_ok(tu_forward(tp, dit));
-  tu_model_forward(&m, dit);
-  assert_ok(tu_forward(tp, enc));
-  tu_model_forward(&m, enc);
+  tu_forward_modelled(tp, &m, dit);
+  tu_forward_modelled(tp, &m, enc);
   tu_model_check(&m);
   assert_false(mlo_component_is_resident(dit));
   assert_true(mlo_component_is_resident(enc));
   assert_false(mlo_component_is_resident(enc2));
-  assert_ok(tu_forward(tp, enc2));
-  tu_model_forward(&m, enc2);
+  tu_forward_modelled(tp, &m, enc2);
   tu_model_check(&m);
   assert_true(mlo_component_is_resident(enc));
   tu_assert_forwards_clean(tp);

@@ -14,14 +14,11 @@ static void test_vae_never_evicted(void **state) {
   tp->exclusion_in_forward = tp->audit_in_forward = true;
   mlo_component *vae = tu_comp(tp, "vae");
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   srand(5);
   for (int i = 0; i < 60; i++) {
     mlo_component *comp = tu_comp(tp, tu_wan_specs[rand() % 4].name);
-    assert_ok(tu_forward(tp, comp));
-    tu_model_forward(&m, comp);
+    tu_forward_modelled(tp, &m, comp);
     assert_true(mlo_component_is_resident(vae));
   }
   tu_model_check(&m);

@@ -23,9 +23,7 @@ static void test_thousand_switches(void **state) {
   tu_pipe *tp = tu_pipe_build(plat, specs, NSPECS);
   tp->audit_in_forward = tp->exclusion_in_forward = true;
   tu_model m;
-  tu_model_init(tp, &m);
-  assert_ok(mlo_offload_enable(tp->pipe, NULL));
-  tu_model_enable(&m);
+  tu_enable_modelled(tp, &m);
   srand(1000);
   for (int i = 0; i < 1000; i++) {
     mlo_component *comp = tu_comp(tp, specs[(size_t)rand() % NSPECS].name);
