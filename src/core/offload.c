@@ -189,6 +189,7 @@ static int release(mlo_component *c, uint64_t forward_ns) {
   if (forward_ns) {
     c->stats.forwards++;
     c->stats.forward_ns += forward_ns;
+    mlo_res_trace(c, MLO_TRACE_FORWARD_END, 0);
   }
   /* A write-back must wait for the compute that wrote; record it. */
   if (c->block_bytes && (c->has_mutable || pipe->settings.copy_back)) {
@@ -227,10 +228,7 @@ int mlo_component_forward(mlo_component *c, mlo_forward_fn fn, void *user) {
   uint64_t t0 = mlo_now_ns();
   int user_rc = fn(c, user);
   uint64_t t1 = mlo_now_ns();
-  pthread_mutex_lock(&pipe->lock);
-  mlo_res_trace(c, MLO_TRACE_FORWARD_END, 0);
-  pthread_mutex_unlock(&pipe->lock);
-  rc = release(c, t1 > t0 ? t1 - t0 : 1);
+  rc = release(c, t1 > t0 ? t1 - t0 : 1); /* traces FORWARD_END under its lock */
   if (user_rc)
     return mlo_fail(pipe, MLO_ECALLBACK, "forward of '%s' returned %d", c->name, user_rc);
   return rc;
