@@ -9,6 +9,7 @@
  */
 #include "format/synth.h"
 
+#include "core/hash.h"
 #include "format/index.h"
 #include "format/safetensors.h"
 
@@ -309,24 +310,18 @@ typedef struct {
   syn_progress *progress;
 } fill_ctx;
 
-static uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 static uint64_t name_seed(const char *name) {
   uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a */
   for (const unsigned char *p = (const unsigned char *)name; *p; p++)
     h = (h ^ *p) * 0x100000001B3ull;
-  return mix64(h);
+  return mlo_mix64(h);
 }
 
 /* A bf16 with a random sign and mantissa and an exponent in [2^-13, 2^-6]:
  * |x| < 2^-5 ~ 0.031, never NaN or Inf.  One hash serves four elements. */
 static uint16_t bf16_at(uint64_t seed, uint64_t i) {
-  uint16_t bits = (uint16_t)(mix64(seed ^ ((i >> 2) * 0xD1B54A32D192ED03ull)) >> (16 * (i & 3)));
+  uint16_t bits =
+      (uint16_t)(mlo_mix64(seed ^ ((i >> 2) * 0xD1B54A32D192ED03ull)) >> (16 * (i & 3)));
   return (uint16_t)((bits & 0x807Fu) | ((114u + ((bits >> 7) & 7u)) << 7));
 }
 
@@ -438,7 +433,7 @@ static int write_shard(const char *folder, const comp_plan *cp, int shard, fill_
     /* Seeded by folder and tensor: two DiTs of one shape (Wan2.2's experts)
      * get different weights, so a forward that read the wrong one changes
      * the digest. */
-    ctx[i] = (fill_ctx){name_seed(r->name) ^ mix64(name_seed(cp->spec->folder)), r->dtype, pr};
+    ctx[i] = (fill_ctx){name_seed(r->name) ^ mlo_mix64(name_seed(cp->spec->folder)), r->dtype, pr};
     rc =
         mlo_st_writer_add_generated(w, r->name, r->dtype, r->ndim, r->shape, fill_weights, &ctx[i]);
   }

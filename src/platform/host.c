@@ -27,6 +27,7 @@
  */
 #include "platform/platform.h"
 
+#include "core/hash.h"
 #include "core/log.h"
 
 #include <errno.h>
@@ -115,13 +116,6 @@ static void *block_data(struct host_block *b) {
   return (char *)b + HOST_ALIGN;
 }
 
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -156,7 +150,8 @@ static void throttled_copy(const struct host_ctx *ctx, void *dst, const void *sr
  * varies from run to run (per seed) and an unordered read sees old data. */
 static void jitter_delay(struct host_ctx *ctx) {
   if (!ctx->opt.jitter) return;
-  uint64_t r = splitmix64(&ctx->rng);
+  uint64_t r = mlo_mix64(ctx->rng); /* splitmix64: hash, then step */
+  ctx->rng += MLO_GOLDEN_GAMMA;
   if ((r & 3) == 0) return;
   uint64_t us = (r >> 8) % (HOST_JITTER_MAX_US + 1);
   sleep_until_ns(now_ns() + us * 1000);

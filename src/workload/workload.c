@@ -8,6 +8,8 @@
  */
 #include "workload/workload.h"
 
+#include "core/hash.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,17 +40,8 @@ uint64_t mlo_digest_fold(uint64_t digest, const void *bytes, size_t len) {
   return h;
 }
 
-/* splitmix64: a cheap, well-mixed hash, so X looks random but is a pure
- * function of (seed, t, k) on every backend. */
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 float mlo_workload_input(uint64_t seed, int64_t t, int64_t k) {
-  uint64_t h = mix64(mix64(seed) ^ mix64((uint64_t)t * 0x100000001ull + (uint64_t)k));
+  uint64_t h = mlo_mix64(mlo_mix64(seed) ^ mlo_mix64((uint64_t)t * 0x100000001ull + (uint64_t)k));
   /* 24 random bits to a float in [-1, 1): exact in f32, same everywhere. */
   return (float)(int32_t)((h >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
