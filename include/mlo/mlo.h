@@ -27,6 +27,21 @@
  *  - Every public function may be called from several threads at once.
  *  - Strings returned by the library are owned by the object they came from
  *    and live as long as it, unless said otherwise.
+ *
+ * Callbacks.  Some callbacks run while the library holds a pipeline's lock
+ * and so must not call back into that pipeline; the library detects it and
+ * the call returns MLO_EDEADLK (functions without a status return their
+ * "nothing" value: 0, NULL, false) and logs an error instead of hanging:
+ *  - trace (mlo_pipeline_set_trace): may call nothing on its pipeline;
+ *  - log (mlo_set_log): may be called with a pipeline lock held, so the same
+ *    rule; it may call mlo_set_log, and a message logged from inside it goes
+ *    to stderr rather than recursing;
+ *  - progress (mlo_pipeline_set_progress) and a delegate's enable/disable:
+ *    may read the pipeline (stats, residency, tensors) and, for a delegate,
+ *    load, evict and build groups; enable, disable, materialize and adding
+ *    components or tensors return MLO_EDEADLK;
+ *  - forward functions (mlo_component_forward) hold no lock: anything goes,
+ *    acquires of other components included.
  */
 #ifndef MLO_MLO_H
 #define MLO_MLO_H
@@ -142,7 +157,8 @@ typedef struct mlo_platform mlo_platform;
 /* Opens a platform from a spec string:
  *   "host[:key=value,...]"  the host-backed device (always available).
  *       capacity=SIZE  device memory (default 8G)
- *       bw=BYTES_PER_S throttle copies to a link bandwidth (default: none)
+ *       bw=BYTES_PER_S throttle copies to a link bandwidth, at least 1e6
+ *                      (default: none)
  *       jitter=0|1     random copy delays, to flush out missing waits
  *       poison=0|1     fill released device memory with 0xA5 (default 1)
  *       seed=N         seed for jitter
@@ -152,7 +168,9 @@ typedef struct mlo_platform mlo_platform;
  *       the XPU rule (on by default for Intel GPUs).
  *   "fault:kind=K,nth=N,inner=SPEC"  for testing failure handling: the
  *       platform SPEC, except that its Nth call of kind K (dev_alloc,
- *       host_alloc, copy, event, sync, any) fails once.  inner= comes last.
+ *       host_alloc, copy, event, sync, any) fails once.  kind= and nth= are
+ *       required (nth=0 only counts calls, for tests that arm it later);
+ *       inner= comes last and defaults to "host".
  * On failure *out is NULL and, when errbuf is given, a message naming the
  * offending part of the spec is written there. */
 int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen);
@@ -289,8 +307,13 @@ typedef struct {
   { sizeof(mlo_tensor_desc), NULL, MLO_DTYPE_F32, 0, {0}, 0, NULL, NULL, 0 }
 
 /* Adds a tensor to a component.  Refused (MLO_ESTATE) once the component
- * is materialized.  Validates dtype, shape (no negative dims), byte size
- * (overflow checked) and that a file range is given whole. */
+ * is materialized; a call made while another thread materializes the same
+ * component waits for it and is then refused.  Validates dtype, shape (no
+ * negative dims), byte size (overflow checked; a component's total may not
+ * pass 2^62 bytes: MLO_EINVAL) and that a file range lies inside a regular
+ * file.  The file's identity (device, inode, size, modification time) is
+ * recorded: if another file is at the path when the component is
+ * materialized, that fails with MLO_EIO instead of loading it. */
 int mlo_tensor_add(mlo_component *comp, const mlo_tensor_desc *desc, mlo_tensor **out);
 /* Adds `name` to comp as another name for `target`.  If target belongs to
  * comp, it is a shared (tied) tensor: stored and moved once (C6).  If it
@@ -324,7 +347,9 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
 /* Convenience for pointer platforms: the device address or NULL. */
 void *mlo_tensor_device_ptr(const mlo_tensor *t);
 
-/* Load progress for materialization: bytes done of total, per component. */
+/* Load progress for materialization: bytes done of total, per component.
+ * A materialization uses the callback set when it started; see "Callbacks"
+ * for what the callback may call. */
 typedef void (*mlo_progress_fn)(const mlo_component *comp, uint64_t done, uint64_t total,
                                 void *user);
 void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user);
@@ -409,7 +434,10 @@ typedef struct mlo_delegate_ops {
 /* Installs (ops != NULL) or removes a delegate.  MLO_ESTATE while enabled. */
 int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, void *self);
 
-/* Enables model-level offload.  Without a delegate: discovers DiTs, encoders
+/* Enables model-level offload.  MLO_EBUSY while any component executes (a
+ * forward or acquire made with offload off would escape the hooks).
+ * Acquires made by other threads while enable runs wait for it.  Without a
+ * delegate: discovers DiTs, encoders
  * and VAEs from the declared roles (C1; refused with MLO_EUNSUPPORTED if no
  * DiT or no encoder is declared), materializes slabs, makes encoders and
  * VAEs resident and leaves DiTs where they are (C2), and installs the
@@ -433,9 +461,12 @@ int mlo_component_forward(mlo_component *comp, mlo_forward_fn fn, void *user);
 
 /* Scoped form for entry points other than forward (C17): a VAE's decode,
  * an encoder's encode.  Between acquire and release the component is
- * resident and never evicted.  Every successful acquire needs one release.
- * try_acquire returns MLO_EBUSY instead of waiting.  A thread that holds a
- * component and acquires a conflicting one gets MLO_EDEADLK. */
+ * resident and never evicted.  Every successful acquire needs one release,
+ * which may come from any thread (holders are tracked per component, not
+ * per thread).  try_acquire returns MLO_EBUSY instead of waiting.  A thread
+ * that holds a component and acquires a conflicting one gets MLO_EDEADLK.
+ * Freeing a pipeline with acquires outstanding logs an error and frees
+ * them with it; nothing of them outlives the pipeline. */
 int mlo_component_acquire(mlo_component *comp);
 int mlo_component_try_acquire(mlo_component *comp);
 int mlo_component_release(mlo_component *comp);
@@ -450,7 +481,11 @@ typedef struct mlo_group mlo_group;
  * mlo_group_free or with the pipeline. */
 int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out);
 int mlo_group_add(mlo_group *group, mlo_component *comp);
-/* Removes the group's hooks; moves nothing.  NULL is a no-op. */
+/* Removes the group's hooks and frees it; moves nothing.  NULL is a no-op.
+ * mlo_offload_disable removes every group's hooks but does not free the
+ * group objects: a delegate (or whoever created a group) frees each with
+ * this call, before or after disable, or leaves it to mlo_pipeline_free.
+ * Adding to a group after disable gives MLO_ESTATE. */
 void mlo_group_free(mlo_group *group);
 
 /* ------------------------------------------------------------------------
@@ -492,9 +527,9 @@ typedef struct {
   uint64_t bytes;
   uint64_t device_bytes; /* pipeline device bytes after the event */
 } mlo_trace_event;
-/* Called synchronously, possibly from several threads and possibly with
- * the pipeline's internal lock held: it must be quick and must not call back
- * into the pipeline. */
+/* Called synchronously, possibly from several threads, with the pipeline's
+ * lock held: it must be quick, and a call back into the pipeline returns
+ * MLO_EDEADLK (see "Callbacks" at the top). */
 typedef void (*mlo_trace_fn)(const mlo_trace_event *ev, void *user);
 void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user);
 /* Monotonic nanoseconds, the clock trace events use. */

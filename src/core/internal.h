@@ -2,17 +2,24 @@
  * internal.h — the core's data structures, shared by the files of
  * src/core/.  Nothing here is visible to users; mlo.h is the manual.
  *
- * Locking: one mutex per pipeline (`lock`) guards residency, counters, the
- * offload state and the component/tensor lists; a condition variable
- * (`idle`) is signalled whenever a component stops executing.  A second
- * mutex (`setup_lock`) serializes enable/disable/materialize, which may run
- * long (file reads, delegate callbacks) and must not hold `lock` while
- * doing so.  Order: setup_lock before lock.
+ * Locking: one mutex per pipeline (`lock`) guards residency, counters and
+ * the offload state; a condition variable (`idle`) is signalled whenever a
+ * component stops executing or a reconfiguration ends.  A second mutex
+ * (`setup_lock`) serializes enable/disable/materialize, which may run long
+ * (file reads, delegate callbacks) and must not hold `lock` while doing so.
+ * Order: setup_lock before lock.
+ *
+ * The component and tensor lists (and each tensor's declaration) are
+ * written with BOTH locks held and may be read with EITHER: materialize
+ * walks them under setup_lock alone, acquire under lock alone, and neither
+ * can see a list being grown.
  */
 #ifndef MLO_CORE_INTERNAL_H
 #define MLO_CORE_INTERNAL_H
 
 #include "core/log.h"
+#include "core/nameset.h"
+#include "core/sysio.h"
 #include "platform/platform.h"
 
 #include <pthread.h>
@@ -32,6 +39,7 @@ struct mlo_tensor {
   const void *src_data;
   char *src_file;
   uint64_t src_offset;
+  mlo_file_id src_id; /* the file as it was when the tensor was declared */
   /* storage */
   uint64_t dev_offset; /* offset in the device block (and in the slab) */
   void *host;          /* host copy after materialization */
@@ -42,6 +50,7 @@ typedef enum { STRATEGY_NONE, STRATEGY_GENERIC, STRATEGY_DELEGATE } mlo_strategy
 
 struct mlo_group {
   mlo_pipeline *pipe;
+  bool detached; /* disable removed its hooks; only mlo_group_free is left */
   char *name;
   mlo_component **members;
   size_t count, cap;
@@ -55,8 +64,10 @@ struct mlo_component {
   mlo_role_source role_source;
   mlo_tensor **tensors; /* in declaration order, aliases included */
   size_t ntensors, tcap;
-  bool has_mutable; /* any own tensor flagged MUTABLE */
-  size_t own_count; /* tensors with storage of their own */
+  mlo_nameset names;    /* name -> index in tensors */
+  uint64_t bytes_bound; /* >= the block's size: each own tensor + alignment */
+  bool has_mutable;     /* any own tensor flagged MUTABLE */
+  size_t own_count;     /* tensors with storage of their own */
 
   /* host storage */
   bool materialized;
@@ -73,7 +84,9 @@ struct mlo_component {
   mlo_event *compute_ev;   /* recorded after forwards that write (mutable) */
   mlo_event *writeback_ev; /* pending async write-back into host memory */
   bool writeback_pending;
-  int users;        /* forwards/acquires in progress */
+  int users;          /* forwards/acquires in progress */
+  pthread_t *holders; /* the thread of each of them (users entries), for EDEADLK */
+  size_t hcap;
   mlo_group *group; /* delegate exclusion group, if any */
 
   mlo_component_stats stats;
@@ -96,6 +109,11 @@ struct mlo_pipeline {
   mlo_strategy strategy;
   bool enabled;
   mlo_offload_settings settings;
+  /* enable/disable is between its checks and its end with `lock` dropped
+   * (materializing, or inside a delegate): acquires wait, except on the
+   * thread doing it (a delegate may load inside its enable) */
+  bool reconfiguring;
+  pthread_t reconfig_thread;
   const mlo_delegate_ops *delegate;
   void *delegate_self;
   mlo_group **groups;
@@ -111,6 +129,28 @@ struct mlo_pipeline {
   mlo_trace_fn trace;
   void *trace_user;
 };
+
+/* Taking a pipeline lock.  Both mutexes are error-checking: a thread that
+ * already holds one (a trace, log, progress or delegate callback calling
+ * back into its own pipeline) gets EDEADLK from pthread_mutex_lock instead
+ * of hanging, and the entry point returns MLO_EDEADLK (mlo.h, "Callbacks").
+ * Only an entry point's first lock can fail that way. */
+int mlo_reentered(mlo_pipeline *pipe);
+#define MLO_LOCK_OR(m, ret)                                                                        \
+  do {                                                                                             \
+    if (pthread_mutex_lock(m)) {                                                                   \
+      mlo_log_reentry(__func__);                                                                   \
+      return ret;                                                                                  \
+    }                                                                                              \
+  } while (0)
+#define MLO_LOCK_OR_VOID(m)                                                                        \
+  do {                                                                                             \
+    if (pthread_mutex_lock(m)) {                                                                   \
+      mlo_log_reentry(__func__);                                                                   \
+      return;                                                                                      \
+    }                                                                                              \
+  } while (0)
+void mlo_log_reentry(const char *func);
 
 /* Resident or loading; lock held. */
 static inline bool mlo_res_is_resident(const mlo_component *c) {

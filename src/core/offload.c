@@ -8,17 +8,11 @@
  * mlo_excludes() applies when a component is acquired.  Removing the hooks
  * is switching the strategy off; nothing moves (C14).
  */
+#include "core/sysio.h"
 #include "core/internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* Components held by the calling thread, to refuse self-deadlock. */
-#define HELD_MAX 64
-static _Thread_local struct {
-  mlo_component *comps[HELD_MAX];
-  int count;
-} held;
 
 bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_component *b) {
   if (a == b) return false;
@@ -61,7 +55,7 @@ static int audit_locked(mlo_pipeline *pipe) {
 
 int mlo_pipeline_audit(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = audit_locked(pipe);
   pthread_mutex_unlock(&pipe->lock);
   return rc;
@@ -69,14 +63,14 @@ int mlo_pipeline_audit(mlo_pipeline *pipe) {
 
 void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on) {
   if (!pipe) return;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR_VOID(&pipe->lock);
   pipe->audit_each = on;
   pthread_mutex_unlock(&pipe->lock);
 }
 
 mlo_residency mlo_component_residency(mlo_component *c) {
   if (!c) return MLO_RES_UNMATERIALIZED;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, MLO_RES_UNMATERIALIZED);
   mlo_residency r = c->state;
   pthread_mutex_unlock(&c->pipe->lock);
   return r;
@@ -84,7 +78,7 @@ mlo_residency mlo_component_residency(mlo_component *c) {
 
 bool mlo_component_is_resident(mlo_component *c) {
   if (!c) return false;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, false);
   bool r = mlo_res_is_resident(c);
   pthread_mutex_unlock(&c->pipe->lock);
   return r;
@@ -92,15 +86,52 @@ bool mlo_component_is_resident(mlo_component *c) {
 
 /* ---- acquire / release ------------------------------------------------- */
 
-static bool held_conflict(mlo_pipeline *pipe, mlo_component *c, mlo_component **with) {
-  for (int i = 0; i < held.count; i++) {
-    mlo_component *h = held.comps[i];
-    if (h->pipe == pipe && mlo_excludes(pipe, c, h)) {
-      *with = h;
-      return true;
-    }
-  }
+static bool held_by_self(const mlo_component *c) {
+  pthread_t self = pthread_self();
+  for (int i = 0; i < c->users; i++)
+    if (pthread_equal(c->holders[i], self)) return true;
   return false;
+}
+
+/* A component this thread holds that c excludes: waiting for it would
+ * wait forever (the rule is per component, so a release on another thread
+ * is fine and a freed pipeline leaves nothing behind). */
+static mlo_component *held_conflict(mlo_pipeline *pipe, mlo_component *c) {
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *o = pipe->comps[i];
+    if (o->users && mlo_excludes(pipe, c, o) && held_by_self(o)) return o;
+  }
+  return NULL;
+}
+
+static int add_holder(mlo_component *c) {
+  if ((size_t)c->users == c->hcap) {
+    size_t cap = c->hcap ? c->hcap * 2 : 4;
+    pthread_t *grown = mlo_realloc(c->holders, cap * sizeof *grown);
+    if (!grown) return mlo_fail(c->pipe, MLO_ENOMEM, "out of host memory acquiring '%s'", c->name);
+    c->holders = grown;
+    c->hcap = cap;
+  }
+  c->holders[c->users++] = pthread_self();
+  return MLO_OK;
+}
+
+/* Drops one holder: this thread's entry if it has one, else the oldest. */
+static void drop_holder(mlo_component *c) {
+  pthread_t self = pthread_self();
+  int k = 0;
+  for (int i = c->users - 1; i >= 0; i--)
+    if (pthread_equal(c->holders[i], self)) {
+      k = i;
+      break;
+    }
+  c->holders[k] = c->holders[--c->users];
+}
+
+/* An enable or disable with the lock dropped: wait it out, unless this
+ * thread is the one doing it. */
+static bool must_wait_reconfig(const mlo_pipeline *pipe) {
+  return pipe->reconfiguring && !pthread_equal(pipe->reconfig_thread, pthread_self());
 }
 
 static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
@@ -114,14 +145,18 @@ static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
 /* Applies the exclusion rule and makes c resident; lock held.  On success
  * c->users has been raised. */
 static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
-  mlo_component *other = NULL;
-  if (held_conflict(pipe, c, &other))
+  mlo_component *other = held_conflict(pipe, c);
+  if (other)
     return mlo_fail(pipe, MLO_EDEADLK, "'%s' cannot run while this thread holds '%s'", c->name,
                     other->name);
-  while ((other = busy_conflict(pipe, c))) {
+  while (must_wait_reconfig(pipe) || (other = busy_conflict(pipe, c))) {
     if (try_only)
-      return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name, other->name);
+      return other ? mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name,
+                              other->name)
+                   : mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured",
+                              c->name);
     pthread_cond_wait(&pipe->idle, &pipe->lock);
+    other = NULL;
   }
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
@@ -131,10 +166,10 @@ static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     }
   }
   int rc = mlo_res_load(c);
+  if (!rc) rc = add_holder(c);
   if (rc) return rc;
-  c->users++;
   if (pipe->audit_each && (rc = audit_locked(pipe))) {
-    c->users--;
+    drop_holder(c);
     pthread_cond_broadcast(&pipe->idle);
   }
   return rc;
@@ -143,9 +178,7 @@ static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
 static int acquire(mlo_component *c, bool try_only) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
-  if (held.count == HELD_MAX)
-    return mlo_fail(pipe, MLO_EINVAL, "more than %d nested acquires on one thread", HELD_MAX);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   if (!c->materialized) { /* first use: read the weights outside the lock */
     pthread_mutex_unlock(&pipe->lock);
     int rc = mlo_component_materialize(c);
@@ -161,7 +194,6 @@ static int acquire(mlo_component *c, bool try_only) {
     mlo_component_release(c);
     return rc;
   }
-  held.comps[held.count++] = c;
   return MLO_OK;
 }
 
@@ -175,12 +207,7 @@ int mlo_component_try_acquire(mlo_component *c) {
 static int release(mlo_component *c, uint64_t forward_ns) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
-  for (int i = held.count - 1; i >= 0; i--)
-    if (held.comps[i] == c) {
-      held.comps[i] = held.comps[--held.count];
-      break;
-    }
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   if (c->users <= 0) {
     rc = mlo_fail(pipe, MLO_ESTATE, "'%s' released without an acquire", c->name);
@@ -207,7 +234,8 @@ static int release(mlo_component *c, uint64_t forward_ns) {
                     mlo_strerror(rc));
     }
   }
-  if (--c->users == 0) pthread_cond_broadcast(&pipe->idle);
+  drop_holder(c);
+  if (c->users == 0) pthread_cond_broadcast(&pipe->idle);
 out_unlock:
   pthread_mutex_unlock(&pipe->lock);
   return rc;
@@ -222,7 +250,7 @@ int mlo_component_forward(mlo_component *c, mlo_forward_fn fn, void *user) {
   int rc = acquire(c, false);
   if (rc) return rc;
   mlo_pipeline *pipe = c->pipe;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   mlo_res_trace(c, MLO_TRACE_FORWARD_BEGIN, 0);
   pthread_mutex_unlock(&pipe->lock);
   uint64_t t0 = mlo_now_ns();
@@ -241,7 +269,7 @@ int mlo_component_load(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   int rc = mlo_component_materialize(c);
   if (rc) return rc;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   if (pipe->enabled)
     rc = mlo_fail(pipe, MLO_ESTATE, "load '%s': offload is enabled", c->name);
   else
@@ -253,7 +281,7 @@ int mlo_component_load(mlo_component *c) {
 int mlo_component_evict(mlo_component *c) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = pipe->enabled ? mlo_fail(pipe, MLO_ESTATE, "evict '%s': offload is enabled", c->name)
                          : mlo_res_evict(c);
   pthread_mutex_unlock(&pipe->lock);
@@ -284,15 +312,18 @@ static bool same_settings(const mlo_offload_settings *a, const mlo_offload_setti
          a->per_tensor_copies == b->per_tensor_copies && a->copy_back == b->copy_back;
 }
 
-static void free_groups_locked(mlo_pipeline *pipe) {
+/* Removes every group's hooks (members leave it); the group objects stay
+ * until mlo_group_free or the pipeline's free, as the header promises. */
+static size_t detach_groups_locked(mlo_pipeline *pipe) {
+  size_t live = 0;
   for (size_t i = 0; i < pipe->ngroups; i++) {
     mlo_group *g = pipe->groups[i];
+    live += !g->detached;
     for (size_t j = 0; j < g->count; j++) g->members[j]->group = NULL;
-    free(g->members);
-    free(g->name);
-    free(g);
+    g->count = 0;
+    g->detached = true;
   }
-  pipe->ngroups = 0;
+  return live;
 }
 
 static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
@@ -301,7 +332,7 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   int rc = MLO_OK;
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
   if (rc) return rc;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   pipe->strategy = STRATEGY_DELEGATE; /* lets the delegate create groups */
   pipe->settings = *s;
   pthread_mutex_unlock(&pipe->lock);
@@ -309,7 +340,7 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   if (rc) {
     if (ops->disable) ops->disable(self, pipe);
     pthread_mutex_lock(&pipe->lock);
-    free_groups_locked(pipe);
+    detach_groups_locked(pipe);
     pipe->strategy = STRATEGY_NONE;
     pthread_mutex_unlock(&pipe->lock);
     return mlo_fail(pipe, rc < 0 ? rc : MLO_ECALLBACK, "the offload delegate's enable failed (%d)",
@@ -325,7 +356,7 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
  * leave DiTs where they are.  Rolls back the loads it made on failure. */
 static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   size_t dits = 0, encoders = 0;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   for (size_t i = 0; i < pipe->ncomps; i++) {
     dits += pipe->comps[i]->role == MLO_ROLE_DIT;
     encoders += pipe->comps[i]->role == MLO_ROLE_ENCODER;
@@ -342,7 +373,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   if (rc) return rc;
   pthread_mutex_lock(&pipe->lock);
   pipe->settings = *s;
-  bool *loaded_here = calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *loaded_here);
+  bool *loaded_here = mlo_calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *loaded_here);
   if (!loaded_here) rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) {
     mlo_component *c = pipe->comps[i];
@@ -372,29 +403,47 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
     s = *settings;
     s.size = sizeof s;
   }
-  pthread_mutex_lock(&pipe->setup_lock);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->setup_lock, mlo_reentered(pipe));
+  if (pthread_mutex_lock(&pipe->lock)) {
+    pthread_mutex_unlock(&pipe->setup_lock);
+    return mlo_reentered(pipe);
+  }
   bool enabled = pipe->enabled;
   bool same = enabled && same_settings(&pipe->settings, &s);
   bool delegate = pipe->delegate != NULL;
-  pthread_mutex_unlock(&pipe->lock);
   int rc = MLO_OK;
-  if (enabled)
-    rc = same ? MLO_OK /* C11 */
-              : mlo_fail(pipe, MLO_EOWNED,
-                         "offload is already enabled with other settings; disable it first");
-  else if (delegate)
-    rc = enable_delegate(pipe, &s);
-  else
-    rc = enable_generic(pipe, &s);
+  for (size_t i = 0; i < pipe->ncomps && !enabled && !rc; i++)
+    if (pipe->comps[i]->users) /* it runs unhooked: hooking it now breaks exclusion */
+      rc = mlo_fail(pipe, MLO_EBUSY, "cannot enable offload while '%s' executes",
+                    pipe->comps[i]->name);
+  if (!rc && !enabled) {
+    pipe->reconfiguring = true;
+    pipe->reconfig_thread = pthread_self();
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  if (rc || enabled) {
+    pthread_mutex_unlock(&pipe->setup_lock);
+    if (rc) return rc;
+    return same ? MLO_OK /* C11 */
+                : mlo_fail(pipe, MLO_EOWNED,
+                           "offload is already enabled with other settings; disable it first");
+  }
+  rc = delegate ? enable_delegate(pipe, &s) : enable_generic(pipe, &s);
+  pthread_mutex_lock(&pipe->lock);
+  pipe->reconfiguring = false;
+  pthread_cond_broadcast(&pipe->idle);
+  pthread_mutex_unlock(&pipe->lock);
   pthread_mutex_unlock(&pipe->setup_lock);
   return rc;
 }
 
 int mlo_offload_disable(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
-  pthread_mutex_lock(&pipe->setup_lock);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->setup_lock, mlo_reentered(pipe));
+  if (pthread_mutex_lock(&pipe->lock)) {
+    pthread_mutex_unlock(&pipe->setup_lock);
+    return mlo_reentered(pipe);
+  }
   int rc = MLO_OK;
   if (!pipe->enabled) goto out_unlock; /* C11 */
   for (size_t i = 0; i < pipe->ncomps; i++)
@@ -403,16 +452,23 @@ int mlo_offload_disable(mlo_pipeline *pipe) {
                     pipe->comps[i]->name);
       goto out_unlock;
     }
+  int drc = 0;
   if (pipe->strategy == STRATEGY_DELEGATE) {
+    pipe->reconfiguring = true; /* nothing may start while the delegate runs */
+    pipe->reconfig_thread = pthread_self();
     pthread_mutex_unlock(&pipe->lock);
-    int drc = pipe->delegate->disable ? pipe->delegate->disable(pipe->delegate_self, pipe) : 0;
+    drc = pipe->delegate->disable ? pipe->delegate->disable(pipe->delegate_self, pipe) : 0;
     pthread_mutex_lock(&pipe->lock);
-    if (pipe->ngroups)
-      mlo_logf(MLO_LOG_WARN, "offload delegate left %zu exclusion group(s) behind; removed",
-               pipe->ngroups);
-    if (drc) mlo_logf(MLO_LOG_WARN, "offload delegate's disable returned %d", drc);
+    pipe->reconfiguring = false;
+    pthread_cond_broadcast(&pipe->idle);
   }
-  free_groups_locked(pipe); /* C10/C14: every hook goes, nothing moves */
+  size_t left = detach_groups_locked(pipe); /* C10/C14: every hook goes, nothing moves */
+  if (left)
+    mlo_logf(MLO_LOG_WARN,
+             "offload delegate left %zu exclusion group(s) in place; their hooks "
+             "are removed (free them with mlo_group_free)",
+             left);
+  if (drc) mlo_logf(MLO_LOG_WARN, "offload delegate's disable returned %d", drc);
   pipe->strategy = STRATEGY_NONE;
   pipe->enabled = false;
 out_unlock:
@@ -423,7 +479,7 @@ out_unlock:
 
 bool mlo_offload_is_enabled(mlo_pipeline *pipe) {
   if (!pipe) return false;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, false);
   bool on = pipe->enabled;
   pthread_mutex_unlock(&pipe->lock);
   return on;
@@ -433,7 +489,7 @@ int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, v
   if (!pipe) return MLO_EINVAL;
   if (ops && !ops->enable)
     return mlo_fail(pipe, MLO_EINVAL, "an offload delegate needs an enable function");
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   if (pipe->enabled || pipe->strategy != STRATEGY_NONE)
     rc = mlo_fail(pipe, MLO_ESTATE, "cannot change the offload delegate while offload is enabled");
@@ -450,7 +506,7 @@ int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, v
 int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out) {
   if (out) *out = NULL;
   if (!pipe || !out) return MLO_EINVAL;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   /* Groups are inert until the delegate's strategy is enabled, so a
    * delegate may build them before or during its enable. */
@@ -462,14 +518,14 @@ int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out) {
   }
   if (pipe->ngroups == pipe->gcap) {
     size_t cap = pipe->gcap ? pipe->gcap * 2 : 4;
-    mlo_group **grown = realloc(pipe->groups, cap * sizeof *grown);
+    mlo_group **grown = mlo_realloc(pipe->groups, cap * sizeof *grown);
     if (!grown) goto out_nomem;
     pipe->groups = grown;
     pipe->gcap = cap;
   }
-  mlo_group *g = calloc(1, sizeof *g);
+  mlo_group *g = mlo_calloc(1, sizeof *g);
   const char *gname = name ? name : "group";
-  if (!g || !(g->name = malloc(strlen(gname) + 1))) {
+  if (!g || !(g->name = mlo_malloc(strlen(gname) + 1))) {
     free(g);
     goto out_nomem;
   }
@@ -489,15 +545,17 @@ int mlo_group_add(mlo_group *g, mlo_component *c) {
   if (!g || !c) return MLO_EINVAL;
   mlo_pipeline *pipe = g->pipe;
   if (c->pipe != pipe) return mlo_fail(pipe, MLO_EINVAL, "'%s' is in another pipeline", c->name);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = MLO_OK;
-  if (c->group)
+  if (g->detached)
+    rc = mlo_fail(pipe, MLO_ESTATE, "group '%s' was removed when offload was disabled", g->name);
+  else if (c->group)
     rc = mlo_fail(pipe, MLO_EEXIST, "'%s' is already in group '%s'", c->name, c->group->name);
   else if (c->users)
     rc = mlo_fail(pipe, MLO_EBUSY, "'%s' is executing", c->name);
   else if (g->count == g->cap) {
     size_t cap = g->cap ? g->cap * 2 : 4;
-    mlo_component **grown = realloc(g->members, cap * sizeof *grown);
+    mlo_component **grown = mlo_realloc(g->members, cap * sizeof *grown);
     if (!grown)
       rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
     else {
@@ -516,7 +574,7 @@ int mlo_group_add(mlo_group *g, mlo_component *c) {
 void mlo_group_free(mlo_group *g) {
   if (!g) return;
   mlo_pipeline *pipe = g->pipe;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR_VOID(&pipe->lock);
   for (size_t i = 0; i < pipe->ngroups; i++)
     if (pipe->groups[i] == g) {
       pipe->groups[i] = pipe->groups[--pipe->ngroups];

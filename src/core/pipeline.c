@@ -3,20 +3,16 @@
  * components and their tensors (declaration only; storage is slab.c's and
  * residency is residency.c's), plus the read-only accessors and counters.
  */
+#include "core/sysio.h"
 #include "core/internal.h"
+
+#include "core/nameset.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-static char *dup_string(const char *s) {
-  size_t n = strlen(s) + 1;
-  char *d = malloc(n);
-  if (d) memcpy(d, s, n);
-  return d;
-}
 
 int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) {
   if (pipe) {
@@ -28,19 +24,54 @@ int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) {
   return status;
 }
 
+int mlo_reentered(mlo_pipeline *pipe) {
+  return mlo_fail(pipe, MLO_EDEADLK,
+                  "called from inside a callback that holds this pipeline's lock (trace, log, "
+                  "progress or delegate callbacks must not call these functions; see mlo.h)");
+}
+
+void mlo_log_reentry(const char *func) {
+  mlo_logf(MLO_LOG_ERROR, "%s: called from inside a callback of the same pipeline; refused", func);
+}
+
+/* The lists are written with both locks held (internal.h): a tensor added
+ * while another thread materializes waits for it instead of growing the
+ * list under its reader. */
+static int lock_lists(mlo_pipeline *pipe) {
+  if (pthread_mutex_lock(&pipe->setup_lock)) return mlo_reentered(pipe);
+  if (pthread_mutex_lock(&pipe->lock)) {
+    pthread_mutex_unlock(&pipe->setup_lock);
+    return mlo_reentered(pipe);
+  }
+  return MLO_OK;
+}
+
+static void unlock_lists(mlo_pipeline *pipe) {
+  pthread_mutex_unlock(&pipe->lock);
+  pthread_mutex_unlock(&pipe->setup_lock);
+}
+
+static void init_checked_mutex(pthread_mutex_t *m) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
+  pthread_mutex_init(m, &attr);
+  pthread_mutexattr_destroy(&attr);
+}
+
 int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
   if (!out) return MLO_EINVAL;
   *out = NULL;
   if (!opts || opts->size < sizeof(mlo_pipeline_options) || !opts->platform) return MLO_EINVAL;
   size_t align = opts->slab_alignment ? opts->slab_alignment : 256;
   if (align & (align - 1) || align > (1u << 20)) return MLO_EINVAL;
-  mlo_pipeline *pipe = calloc(1, sizeof *pipe);
+  mlo_pipeline *pipe = mlo_calloc(1, sizeof *pipe);
   if (!pipe) return MLO_ENOMEM;
   pipe->platform = opts->platform;
   pipe->pin_host = opts->pin_host;
   pipe->alignment = align;
-  pthread_mutex_init(&pipe->lock, NULL);
-  pthread_mutex_init(&pipe->setup_lock, NULL);
+  init_checked_mutex(&pipe->lock);
+  init_checked_mutex(&pipe->setup_lock);
   pthread_cond_init(&pipe->idle, NULL);
   *out = pipe;
   return MLO_OK;
@@ -56,7 +87,7 @@ static void tensor_free(mlo_tensor *t) {
 void mlo_pipeline_free(mlo_pipeline *pipe) {
   if (!pipe) return;
   mlo_offload_disable(pipe);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR_VOID(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     if (mlo_res_is_resident(c) && mlo_res_evict(c)) mlo_res_drop(c); /* write-back failed */
@@ -75,8 +106,13 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     mlo_component *c = pipe->comps[i];
     mlo_res_release_events(c);
     if (drained) mlo_slab_free(c);
+    if (c->users)
+      mlo_logf(MLO_LOG_ERROR, "freeing a pipeline while '%s' has %d acquire(s) not released",
+               c->name, c->users);
     for (size_t j = 0; j < c->ntensors; j++) tensor_free(c->tensors[j]);
     free(c->tensors);
+    mlo_nameset_free(&c->names);
+    free(c->holders);
     free(c->name);
     free(c);
   }
@@ -110,8 +146,8 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
   if (!pipe) return MLO_EINVAL;
   if (!name || !*name) return mlo_fail(pipe, MLO_EINVAL, "component name is empty");
   if (!valid_role(role)) return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role", name);
-  pthread_mutex_lock(&pipe->lock);
-  int rc = MLO_OK;
+  int rc = lock_lists(pipe);
+  if (rc) return rc;
   if (pipe->enabled) {
     rc = mlo_fail(pipe, MLO_ESTATE, "cannot add component '%s' while offload is enabled", name);
     goto out_unlock;
@@ -123,13 +159,13 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
     }
   if (pipe->ncomps == pipe->ccap) {
     size_t cap = pipe->ccap ? pipe->ccap * 2 : 8;
-    mlo_component **grown = realloc(pipe->comps, cap * sizeof *grown);
+    mlo_component **grown = mlo_realloc(pipe->comps, cap * sizeof *grown);
     if (!grown) goto out_nomem;
     pipe->comps = grown;
     pipe->ccap = cap;
   }
-  mlo_component *c = calloc(1, sizeof *c);
-  if (!c || !(c->name = dup_string(name))) {
+  mlo_component *c = mlo_calloc(1, sizeof *c);
+  if (!c || !(c->name = mlo_strdup(name))) {
     free(c);
     goto out_nomem;
   }
@@ -156,7 +192,7 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
 out_nomem:
   rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding component '%s'", name);
 out_unlock:
-  pthread_mutex_unlock(&pipe->lock);
+  unlock_lists(pipe);
   return rc;
 }
 
@@ -165,7 +201,7 @@ int mlo_component_set_role(mlo_component *c, mlo_role role, mlo_role_source sour
   mlo_pipeline *pipe = c->pipe;
   if (role == MLO_ROLE_AUTO || !valid_role(role) || (unsigned)source > MLO_ROLE_FROM_HEURISTIC)
     return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role or role source", c->name);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   if (pipe->enabled)
     rc = mlo_fail(pipe, MLO_ESTATE, "cannot change the role of '%s' while offload is enabled",
@@ -184,7 +220,7 @@ int mlo_component_set_role(mlo_component *c, mlo_role role, mlo_role_source sour
 
 size_t mlo_pipeline_component_count(mlo_pipeline *pipe) {
   if (!pipe) return 0;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, 0);
   size_t n = pipe->ncomps;
   pthread_mutex_unlock(&pipe->lock);
   return n;
@@ -192,7 +228,7 @@ size_t mlo_pipeline_component_count(mlo_pipeline *pipe) {
 
 mlo_component *mlo_pipeline_component_at(mlo_pipeline *pipe, size_t index) {
   if (!pipe) return NULL;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, NULL);
   mlo_component *c = index < pipe->ncomps ? pipe->comps[index] : NULL;
   pthread_mutex_unlock(&pipe->lock);
   return c;
@@ -201,7 +237,7 @@ mlo_component *mlo_pipeline_component_at(mlo_pipeline *pipe, size_t index) {
 mlo_component *mlo_pipeline_find(mlo_pipeline *pipe, const char *name) {
   if (!pipe || !name) return NULL;
   mlo_component *found = NULL;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, NULL);
   for (size_t i = 0; i < pipe->ncomps && !found; i++)
     if (!strcmp(pipe->comps[i]->name, name)) found = pipe->comps[i];
   pthread_mutex_unlock(&pipe->lock);
@@ -223,25 +259,52 @@ mlo_pipeline *mlo_component_pipeline(const mlo_component *c) {
 
 /* ---- tensors ---------------------------------------------------------- */
 
+/* Tensor names are found through the component's name index
+ * (core/nameset.h): declaring n tensors costs O(n). */
 static mlo_tensor *find_tensor_locked(const mlo_component *c, const char *name) {
-  for (size_t i = 0; i < c->ntensors; i++)
-    if (!strcmp(c->tensors[i]->name, name)) return c->tensors[i];
-  return NULL;
+  size_t i;
+  return mlo_nameset_get(&c->names, name, &i) ? c->tensors[i] : NULL;
 }
 
-static int append_tensor(mlo_component *c, mlo_tensor *t) {
+/* Makes room for one more tensor in the list and the name index; nothing
+ * changes on failure. */
+static int reserve_tensor(mlo_component *c) {
   if (c->ntensors == c->tcap) {
     size_t cap = c->tcap ? c->tcap * 2 : 16;
-    mlo_tensor **grown = realloc(c->tensors, cap * sizeof *grown);
+    mlo_tensor **grown = mlo_realloc(c->tensors, cap * sizeof *grown);
     if (!grown) return MLO_ENOMEM;
     c->tensors = grown;
     c->tcap = cap;
   }
+  return mlo_nameset_reserve(&c->names, 1);
+}
+
+static void append_tensor(mlo_component *c, mlo_tensor *t) {
+  mlo_nameset_put(&c->names, t->name, c->ntensors);
   c->tensors[c->ntensors++] = t;
+}
+
+/* A component's device block may not pass this many bytes: far beyond any
+ * device, and low enough that the layout's sums (each tensor aligned)
+ * cannot wrap 64 bits. */
+#define COMPONENT_MAX_BYTES (UINT64_C(1) << 62)
+
+/* Adds t's bytes to the component's running bound on its block size:
+ * MLO_EINVAL if the total would pass COMPONENT_MAX_BYTES. */
+static int add_to_bound(mlo_component *c, const mlo_tensor *t) {
+  uint64_t room = COMPONENT_MAX_BYTES - c->bytes_bound;
+  uint64_t need = t->nbytes + c->pipe->alignment;
+  if (t->nbytes > COMPONENT_MAX_BYTES || need > room)
+    return mlo_fail(c->pipe, MLO_EINVAL,
+                    "%s: tensor '%s' (%llu bytes) would take the component past %llu bytes",
+                    c->name, t->name, (unsigned long long)t->nbytes,
+                    (unsigned long long)COMPONENT_MAX_BYTES);
+  c->bytes_bound += need;
   return MLO_OK;
 }
 
-static int check_desc(mlo_component *c, const mlo_tensor_desc *d, uint64_t *nbytes) {
+static int check_desc(mlo_component *c, const mlo_tensor_desc *d, uint64_t *nbytes,
+                      mlo_file_id *id) {
   mlo_pipeline *pipe = c->pipe;
   const char *cn = c->name;
   if (d->size < sizeof(mlo_tensor_desc)) return mlo_fail(pipe, MLO_EINVAL, "tensor desc size");
@@ -274,6 +337,10 @@ static int check_desc(mlo_component *c, const mlo_tensor_desc *d, uint64_t *nbyt
     struct stat st;
     if (stat(d->file, &st) != 0)
       return mlo_fail(pipe, MLO_EIO, "%s: tensor '%s': cannot stat '%s'", cn, d->name, d->file);
+    if (!S_ISREG(st.st_mode))
+      return mlo_fail(pipe, MLO_EIO, "%s: tensor '%s': '%s' is not a regular file", cn, d->name,
+                      d->file);
+    mlo_file_id_from_stat(&st, id);
     uint64_t size = (uint64_t)st.st_size;
     if (d->file_offset > size || *nbytes > size - d->file_offset)
       return mlo_fail(pipe, MLO_EFORMAT,
@@ -289,10 +356,11 @@ int mlo_tensor_add(mlo_component *c, const mlo_tensor_desc *d, mlo_tensor **out)
   if (!c || !d) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
   uint64_t nbytes = 0;
-  int rc = check_desc(c, d, &nbytes);
+  mlo_file_id id = {0};
+  int rc = check_desc(c, d, &nbytes, &id);
   if (rc) return rc;
-  mlo_tensor *t = calloc(1, sizeof *t);
-  if (!t || !(t->name = dup_string(d->name)) || (d->file && !(t->src_file = dup_string(d->file)))) {
+  mlo_tensor *t = mlo_calloc(1, sizeof *t);
+  if (!t || !(t->name = mlo_strdup(d->name)) || (d->file && !(t->src_file = mlo_strdup(d->file)))) {
     tensor_free(t);
     return mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding tensor '%s'", d->name);
   }
@@ -305,20 +373,28 @@ int mlo_tensor_add(mlo_component *c, const mlo_tensor_desc *d, mlo_tensor **out)
   if (t->flags & MLO_TENSOR_SHARDED) t->flags |= MLO_TENSOR_EXTERNAL;
   t->src_data = d->data;
   t->src_offset = d->file_offset;
+  t->src_id = id;
   if (t->flags & MLO_TENSOR_EXTERNAL) t->host = (void *)d->data;
-  pthread_mutex_lock(&pipe->lock);
+  rc = lock_lists(pipe);
+  if (rc) {
+    tensor_free(t);
+    return rc;
+  }
   if (c->materialized)
     rc = mlo_fail(pipe, MLO_ESTATE, "%s: cannot add tensor '%s' after materialization", c->name,
                   d->name);
   else if (find_tensor_locked(c, d->name))
     rc = mlo_fail(pipe, MLO_EEXIST, "%s: tensor '%s' already exists", c->name, d->name);
-  else if (append_tensor(c, t))
+  else if (reserve_tensor(c))
     rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding tensor '%s'", d->name);
+  else
+    rc = add_to_bound(c, t);
   if (!rc) {
+    append_tensor(c, t);
     c->own_count++;
     if (t->flags & MLO_TENSOR_MUTABLE) c->has_mutable = true;
   }
-  pthread_mutex_unlock(&pipe->lock);
+  unlock_lists(pipe);
   if (rc) {
     tensor_free(t);
     return rc;
@@ -334,8 +410,8 @@ int mlo_tensor_add_alias(mlo_component *c, const char *name, mlo_tensor *target)
   if (target->comp->pipe != pipe)
     return mlo_fail(pipe, MLO_EINVAL, "%s: alias '%s' targets another pipeline", c->name, name);
   while (target->target) target = target->target;
-  mlo_tensor *t = calloc(1, sizeof *t);
-  if (!t || !(t->name = dup_string(name))) {
+  mlo_tensor *t = mlo_calloc(1, sizeof *t);
+  if (!t || !(t->name = mlo_strdup(name))) {
     tensor_free(t);
     return mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding alias '%s'", name);
   }
@@ -346,23 +422,28 @@ int mlo_tensor_add_alias(mlo_component *c, const char *name, mlo_tensor *target)
   memcpy(t->shape, target->shape, sizeof t->shape);
   t->nbytes = target->nbytes;
   t->flags = target->flags;
-  int rc = MLO_OK;
-  pthread_mutex_lock(&pipe->lock);
+  int rc = lock_lists(pipe);
+  if (rc) {
+    tensor_free(t);
+    return rc;
+  }
   if (c->materialized && target->comp == c)
     rc = mlo_fail(pipe, MLO_ESTATE, "%s: cannot add alias '%s' after materialization", c->name,
                   name);
   else if (find_tensor_locked(c, name))
     rc = mlo_fail(pipe, MLO_EEXIST, "%s: tensor '%s' already exists", c->name, name);
-  else if (append_tensor(c, t))
+  else if (reserve_tensor(c))
     rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding alias '%s'", name);
-  pthread_mutex_unlock(&pipe->lock);
+  else
+    append_tensor(c, t);
+  unlock_lists(pipe);
   if (rc) tensor_free(t);
   return rc;
 }
 
 size_t mlo_component_tensor_count(const mlo_component *c) {
   if (!c) return 0;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, 0);
   size_t n = c->ntensors;
   pthread_mutex_unlock(&c->pipe->lock);
   return n;
@@ -370,7 +451,7 @@ size_t mlo_component_tensor_count(const mlo_component *c) {
 
 mlo_tensor *mlo_component_tensor_at(const mlo_component *c, size_t index) {
   if (!c) return NULL;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, NULL);
   mlo_tensor *t = index < c->ntensors ? c->tensors[index] : NULL;
   pthread_mutex_unlock(&c->pipe->lock);
   return t;
@@ -378,7 +459,7 @@ mlo_tensor *mlo_component_tensor_at(const mlo_component *c, size_t index) {
 
 mlo_tensor *mlo_component_find_tensor(const mlo_component *c, const char *name) {
   if (!c || !name) return NULL;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, NULL);
   mlo_tensor *t = find_tensor_locked(c, name);
   pthread_mutex_unlock(&c->pipe->lock);
   return t;
@@ -388,7 +469,7 @@ mlo_tensor *mlo_component_find_tensor(const mlo_component *c, const char *name) 
  * materialization. */
 uint64_t mlo_component_bytes(const mlo_component *c) {
   if (!c) return 0;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, 0);
   uint64_t total = mlo_slab_layout((mlo_component *)c, false, NULL);
   pthread_mutex_unlock(&c->pipe->lock);
   return total;
@@ -422,7 +503,7 @@ const void *mlo_tensor_host_data(const mlo_tensor *t) {
   if (!t) return NULL;
   const mlo_tensor *own = t->target ? t->target : t;
   mlo_pipeline *pipe = own->comp->pipe;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, NULL);
   mlo_res_finish_writeback(own->comp); /* a pending write-back lands first */
   const void *host = own->host;
   pthread_mutex_unlock(&pipe->lock);
@@ -433,7 +514,7 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
   if (!t) return MLO_EINVAL;
   const mlo_tensor *own = t->target ? t->target : t;
   mlo_component *owner = own->comp;
-  pthread_mutex_lock(&owner->pipe->lock);
+  MLO_LOCK_OR(&owner->pipe->lock, mlo_reentered(owner->pipe));
   int rc = MLO_OK;
   if (!mlo_res_is_resident(owner) || (!owner->block && own->nbytes)) {
     rc = MLO_ESTATE;
@@ -455,7 +536,7 @@ void *mlo_tensor_device_ptr(const mlo_tensor *t) {
 
 void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user) {
   if (!pipe) return;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR_VOID(&pipe->lock);
   pipe->progress = fn;
   pipe->progress_user = user;
   pthread_mutex_unlock(&pipe->lock);
@@ -463,7 +544,7 @@ void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *use
 
 void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user) {
   if (!pipe) return;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR_VOID(&pipe->lock);
   pipe->trace = fn;
   pipe->trace_user = user;
   pthread_mutex_unlock(&pipe->lock);
@@ -473,7 +554,7 @@ void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user) {
 
 int mlo_component_get_stats(mlo_component *c, mlo_component_stats *out) {
   if (!c || !out) return MLO_EINVAL;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
   *out = c->stats;
   pthread_mutex_unlock(&c->pipe->lock);
   return MLO_OK;
@@ -482,7 +563,7 @@ int mlo_component_get_stats(mlo_component *c, mlo_component_stats *out) {
 int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
   if (!pipe || !out) return MLO_EINVAL;
   memset(out, 0, sizeof *out);
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   for (size_t i = 0; i < pipe->ncomps; i++) {
     const mlo_component_stats *s = &pipe->comps[i]->stats;
     out->total.loads += s->loads;
@@ -505,7 +586,7 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
 
 void mlo_pipeline_reset_stats(mlo_pipeline *pipe) {
   if (!pipe) return;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR_VOID(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps; i++)
     memset(&pipe->comps[i]->stats, 0, sizeof(mlo_component_stats));
   pipe->peak_device_bytes = pipe->device_bytes;

@@ -15,6 +15,7 @@
  * mlo_res_wait_loaded, which waits and so must not hold it.
  */
 #include "core/internal.h"
+#include "core/sysio.h"
 
 #include <stdlib.h>
 
@@ -75,6 +76,19 @@ int mlo_res_load(mlo_component *c) {
   int rc = ensure_event(c, &c->load_ev);
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
   rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->block_bytes, &c->block));
+  if (rc == MLO_ENOMEM) {
+    c->block = NULL;
+    char need[32];
+    return mlo_fail(pipe, rc,
+                    "host out of memory allocating the %s device block of '%s' (this platform "
+                    "keeps device memory in host RAM)",
+                    mlo_format_size(c->block_bytes, need, sizeof need), c->name);
+  }
+  if (rc && rc != MLO_ENOMEM_DEVICE) {
+    c->block = NULL;
+    return mlo_fail(pipe, rc, "allocating the device block of '%s' failed (%s)", c->name,
+                    mlo_strerror(rc));
+  }
   if (rc) {
     c->block = NULL;
     mlo_platform_memory mem = {0};
@@ -185,7 +199,7 @@ void mlo_res_drop(mlo_component *c) {
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
-  pthread_mutex_lock(&pipe->lock);
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   bool pending = !c->load_waited;
   bool empty = !c->block_bytes;
   mlo_event *ev = c->load_ev;

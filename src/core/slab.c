@@ -12,6 +12,7 @@
  * Materialization reads file-backed tensors once, file by file in offset
  * order, straight into the slab (no intermediate whole-file buffer).
  */
+#include "core/sysio.h"
 #include "core/internal.h"
 
 #include <errno.h>
@@ -55,13 +56,19 @@ static int by_file_then_offset(const void *a, const void *b) {
   return x->src_offset < y->src_offset ? -1 : x->src_offset > y->src_offset;
 }
 
+/* The progress callback, read once under the lock: set_progress from
+ * another thread during a load takes effect at the next one. */
+typedef struct {
+  mlo_progress_fn fn;
+  void *user;
+} progress_sink;
+
 static int read_range(mlo_component *c, int fd, const mlo_tensor *t, char *dst, uint64_t *done,
-                      uint64_t total) {
+                      uint64_t total, const progress_sink *ps) {
   uint64_t got = 0;
   while (got < t->nbytes) {
     size_t want = t->nbytes - got > READ_CHUNK ? READ_CHUNK : (size_t)(t->nbytes - got);
-    ssize_t n = pread(fd, dst + got, want, (off_t)(t->src_offset + got));
-    if (n < 0 && errno == EINTR) continue;
+    ssize_t n = mlo_pread(fd, dst + got, want, t->src_offset + got);
     if (n < 0)
       return mlo_fail(c->pipe, MLO_EIO, "%s: reading tensor '%s' from '%s': %s", c->name, t->name,
                       t->src_file, strerror(errno));
@@ -71,12 +78,33 @@ static int read_range(mlo_component *c, int fd, const mlo_tensor *t, char *dst, 
                       t->name, t->src_file);
     got += (uint64_t)n;
     *done += (uint64_t)n;
-    if (c->pipe->progress) c->pipe->progress(c, *done, total, c->pipe->progress_user);
+    if (ps->fn) ps->fn(c, *done, total, ps->user);
   }
   return MLO_OK;
 }
 
-static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total) {
+/* Opens a tensor's file: a regular file (never a FIFO or a device, which
+ * could hang or feed endless bytes) that is still the one whose header was
+ * validated when the tensor was declared. */
+static int open_source(mlo_component *c, const mlo_tensor *t, int *fd) {
+  char why[512];
+  mlo_file_id now;
+  int rc = mlo_open_regular(t->src_file, NULL, fd, &now, why, sizeof why);
+  if (rc) return mlo_fail(c->pipe, rc == MLO_ENOTFOUND ? MLO_EIO : rc, "%s: %s", c->name, why);
+  if (!mlo_file_id_equal(&now, &t->src_id)) {
+    close(*fd);
+    *fd = -1;
+    return mlo_fail(c->pipe, MLO_EIO,
+                    "%s: '%s' changed since its tensors were declared (another file, size or "
+                    "modification time); open the checkpoint again",
+                    c->name, t->src_file);
+  }
+  posix_fadvise(*fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  return MLO_OK;
+}
+
+static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
+                           const progress_sink *ps) {
   qsort(files, nfiles, sizeof *files, by_file_then_offset);
   uint64_t done = 0;
   int fd = -1, rc = MLO_OK;
@@ -85,16 +113,11 @@ static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, 
     mlo_tensor *t = files[i];
     if (!open_name || strcmp(open_name, t->src_file)) {
       if (fd >= 0) close(fd);
-      fd = open(t->src_file, O_RDONLY | O_CLOEXEC);
       open_name = t->src_file;
-      if (fd < 0) {
-        rc = mlo_fail(c->pipe, MLO_EIO, "%s: cannot open '%s': %s", c->name, t->src_file,
-                      strerror(errno));
-        break;
-      }
-      posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+      rc = open_source(c, t, &fd);
+      if (rc) break;
     }
-    rc = read_range(c, fd, t, (char *)c->slab + t->dev_offset, &done, total);
+    rc = read_range(c, fd, t, (char *)c->slab + t->dev_offset, &done, total, ps);
   }
   if (fd >= 0) close(fd);
   return rc;
@@ -121,7 +144,7 @@ int mlo_slab_materialize(mlo_component *c) {
       return mlo_fail(pipe, rc == MLO_ENOMEM ? MLO_ENOMEM : rc,
                       "%s: cannot allocate a %llu-byte host slab", c->name,
                       (unsigned long long)slab_bytes);
-    files = malloc(c->ntensors * sizeof *files);
+    files = mlo_malloc(c->ntensors * sizeof *files);
     if (!files) {
       rc = mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
       goto out_free_slab;
@@ -144,7 +167,12 @@ int mlo_slab_materialize(mlo_component *c) {
     }
   }
   c->slab = slab; /* fill_from_files reads through c->slab */
-  if (nfiles) rc = fill_from_files(c, files, nfiles, file_bytes);
+  progress_sink ps;
+  pthread_mutex_lock(&pipe->lock);
+  ps.fn = pipe->progress;
+  ps.user = pipe->progress_user;
+  pthread_mutex_unlock(&pipe->lock);
+  if (nfiles) rc = fill_from_files(c, files, nfiles, file_bytes, &ps);
   if (rc) goto out_free_slab;
   free(files);
   pthread_mutex_lock(&pipe->lock);
@@ -191,11 +219,11 @@ void mlo_slab_free(mlo_component *c) {
 
 int mlo_component_materialize(mlo_component *c) {
   if (!c) return MLO_EINVAL;
-  pthread_mutex_lock(&c->pipe->lock);
+  MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
   bool done = c->materialized; /* lets delegates load inside their enable */
   pthread_mutex_unlock(&c->pipe->lock);
   if (done) return MLO_OK;
-  pthread_mutex_lock(&c->pipe->setup_lock);
+  MLO_LOCK_OR(&c->pipe->setup_lock, mlo_reentered(c->pipe));
   int rc = mlo_slab_materialize(c);
   pthread_mutex_unlock(&c->pipe->setup_lock);
   return rc;
@@ -203,7 +231,7 @@ int mlo_component_materialize(mlo_component *c) {
 
 int mlo_pipeline_materialize(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
-  pthread_mutex_lock(&pipe->setup_lock);
+  MLO_LOCK_OR(&pipe->setup_lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
   pthread_mutex_unlock(&pipe->setup_lock);

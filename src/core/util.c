@@ -96,12 +96,21 @@ void mlo_logf(mlo_log_level level, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   static const char *tags[] = {"debug", "info", "warning", "error", "off"};
+  /* The callback runs outside log_lock, so it may call mlo_set_log or any
+   * mlo function that logs; a message logged from inside the callback
+   * itself goes to stderr instead of recursing. */
+  static _Thread_local int in_callback;
   pthread_mutex_lock(&log_lock);
-  if (log_fn)
-    log_fn(level, msg, log_user);
-  else
-    fprintf(stderr, "mlo: %s: %s\n", tags[level], msg);
+  mlo_log_fn fn = log_fn;
+  void *user = log_user;
   pthread_mutex_unlock(&log_lock);
+  if (fn && !in_callback) {
+    in_callback++;
+    fn(level, msg, user);
+    in_callback--;
+  } else {
+    fprintf(stderr, "mlo: %s: %s\n", tags[level], msg);
+  }
 }
 
 int mlo_errf(char *err, size_t errlen, int status, const char *fmt, ...) {

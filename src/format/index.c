@@ -5,7 +5,9 @@
  * is checked before a single tensor is declared; each problem is its own
  * message naming the folder and the file (rules in include/mlo/checkpoint.h).
  */
+#include "core/sysio.h"
 #include "format/index.h"
+#include "format/json.h"
 
 #include "core/log.h"
 
@@ -25,7 +27,7 @@ static const char *const known_stems[] = {"diffusion_pytorch_model", "model"};
 
 char *mlo_path_join(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
-  char *p = malloc(la + lb + 2);
+  char *p = mlo_malloc(la + lb + 2);
   if (!p) return NULL;
   memcpy(p, a, la);
   size_t n = la;
@@ -65,12 +67,12 @@ static void names_free(name_list *l) {
 static int names_push(name_list *l, const char *name) {
   if (l->count == l->cap) {
     size_t cap = l->cap ? l->cap * 2 : 16;
-    char **grown = realloc(l->names, cap * sizeof *grown);
+    char **grown = mlo_realloc(l->names, cap * sizeof *grown);
     if (!grown) return MLO_ENOMEM;
     l->names = grown;
     l->cap = cap;
   }
-  if (!(l->names[l->count] = strdup(name))) return MLO_ENOMEM;
+  if (!(l->names[l->count] = mlo_strdup(name))) return MLO_ENOMEM;
   l->count++;
   return MLO_OK;
 }
@@ -79,8 +81,10 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Regular files (symlinks followed: the Hugging Face cache links into
- * blobs/) whose names end in .safetensors or .json, sorted. */
+/* Entries whose names end in .safetensors or .json, sorted; folders are
+ * left out.  Anything else is listed even when it is not a regular file (a
+ * FIFO, a dangling link into the Hugging Face cache's blobs/): opening it
+ * then says what it is, instead of the file silently not being there. */
 static int list_folder(const char *folder, name_list *out, char *err, size_t errlen) {
   DIR *d = opendir(folder);
   if (!d)
@@ -93,7 +97,7 @@ static int list_folder(const char *folder, name_list *out, char *err, size_t err
     struct stat st;
     if (!full)
       rc = MLO_ENOMEM;
-    else if (stat(full, &st) == 0 && S_ISREG(st.st_mode))
+    else if (stat(full, &st) != 0 || !S_ISDIR(st.st_mode))
       rc = names_push(out, e->d_name);
     free(full);
   }
@@ -127,44 +131,12 @@ static bool shard_name_ok(const char *name) {
          !strchr(name, '\\');
 }
 
-static int read_small_file(const char *path, char **out, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return mlo_errf(err, errlen, MLO_EIO, "%s: cannot open: %s", path, strerror(errno));
-  int rc = MLO_OK;
-  char *buf = NULL;
-  long len = -1;
-  if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-  if (len < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot read: %s", path, strerror(errno));
-    goto out_close;
-  }
-  if ((unsigned long)len > INDEX_FILE_CAP) {
-    rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: %ld bytes is too large for a JSON index (cap %u)",
-                  path, len, INDEX_FILE_CAP);
-    goto out_close;
-  }
-  if (!(buf = malloc((size_t)len + 1))) {
-    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
-    goto out_close;
-  }
-  if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: short read", path);
-    free(buf);
-    goto out_close;
-  }
-  buf[len] = '\0';
-  *out = buf;
-out_close:
-  fclose(f);
-  return rc;
-}
-
 /* Collects the distinct shard names of the weight map (sorted) and the
  * map itself (sorted by tensor), checking every entry's shape. */
 static int parse_weight_map(const char *where, const cJSON *wm, name_list *shards,
                             map_entry **map_out, size_t *count_out, char *err, size_t errlen) {
   size_t n = (size_t)cJSON_GetArraySize(wm);
-  map_entry *map = calloc(n ? n : 1, sizeof *map);
+  map_entry *map = mlo_calloc(n ? n : 1, sizeof *map);
   if (!map) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
   size_t i = 0;
   const cJSON *it;
@@ -299,11 +271,13 @@ static int check_strays(const char *folder, const char *index_name, const name_l
 static int load_index_json(const char *where, const char *path, cJSON **root_out, char *err,
                            size_t errlen) {
   char *text = NULL;
-  int rc = read_small_file(path, &text, err, errlen);
-  if (rc != MLO_OK) return rc;
-  cJSON *root = cJSON_Parse(text);
+  size_t len = 0;
+  int rc = mlo_read_file(path, NULL, INDEX_FILE_CAP, &text, &len, err, errlen);
+  if (rc != MLO_OK) return rc == MLO_ENOTFOUND ? MLO_EIO : rc;
+  cJSON *root = NULL;
+  rc = mlo_json_parse(where, NULL, text, len, 0, &root, err, errlen);
   free(text);
-  if (!root) return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not valid JSON", where);
+  if (rc) return rc;
   if (!cJSON_IsObject(root)) {
     cJSON_Delete(root);
     return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where);
@@ -324,7 +298,7 @@ static int load_index_json(const char *where, const char *path, cJSON **root_out
 
 static int open_shards(const char *folder, const char *index_name, const name_list *shards,
                        mlo_weight_set *ws, char *err, size_t errlen) {
-  if (!(ws->files = calloc(shards->count, sizeof *ws->files)))
+  if (!(ws->files = mlo_calloc(shards->count, sizeof *ws->files)))
     return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
   for (size_t s = 0; s < shards->count; s++) {
     char *path = mlo_path_join(folder, shards->names[s]);
@@ -358,17 +332,17 @@ int mlo_weight_set_open_index(const char *folder, const char *index_name, bool a
   if (rc != MLO_OK) goto out_free_path;
   rc = parse_weight_map(where, cJSON_GetObjectItemCaseSensitive(root, "weight_map"), &shards, &map,
                         &n, err, errlen);
-  if (rc != MLO_OK) goto out_free_json;
-  rc = open_shards(folder, index_name, &shards, ws, err, errlen);
+  if (rc == MLO_OK) rc = open_shards(folder, index_name, &shards, ws, err, errlen);
   if (rc == MLO_OK) rc = cross_check(where, ws, &shards, map, n, err, errlen);
   if (rc == MLO_OK) rc = check_strays(folder, index_name, &shards, allow_stray, err, errlen);
-  if (rc == MLO_OK && !(ws->index_name = strdup(index_name)))
+  if (rc == MLO_OK && !(ws->index_name = mlo_strdup(index_name)))
     rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", where);
   if (rc != MLO_OK) mlo_weight_set_close(ws);
   free(map);
-  names_free(&shards);
-out_free_json:
+  names_free(&shards); /* a failed parse leaves the names it collected */
   cJSON_Delete(root);
+  free(path);
+  return rc;
 out_free_path:
   free(path);
   return rc;
@@ -379,8 +353,8 @@ static int open_single(const char *folder, const char *name, mlo_weight_set *ws,
   memset(ws, 0, sizeof *ws);
   char *path = mlo_path_join(folder, name);
   if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", folder);
-  int rc = MLO_ENOMEM;
-  if ((ws->files = calloc(1, sizeof *ws->files)))
+  int rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of host memory", folder);
+  if ((ws->files = mlo_calloc(1, sizeof *ws->files)))
     rc = mlo_st_open(path, &ws->files[0], err, errlen);
   free(path);
   if (rc == MLO_OK)

@@ -7,10 +7,12 @@
  * The pipeline is built privately and handed out only when everything
  * succeeded, so a failed open leaves nothing behind.
  */
+#include "core/sysio.h"
 #include "mlo/checkpoint.h"
 
 #include "core/log.h"
 #include "format/index.h"
+#include "format/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -99,27 +101,14 @@ static int add_folder(open_ctx *c, const char *name, const char *cls, const char
   return rc;
 }
 
-static int read_text(open_ctx *c, const char *path, const char *what, char **out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return fail(c, MLO_EIO, "%s: cannot open %s: %s", c->root, what, strerror(errno));
-  char *buf = malloc(MODEL_INDEX_CAP + 1);
-  size_t n = buf ? fread(buf, 1, MODEL_INDEX_CAP + 1, f) : 0;
-  bool error = ferror(f);
-  fclose(f);
-  int rc = MLO_OK;
-  if (!buf)
-    rc = fail(c, MLO_ENOMEM, "%s: out of memory reading %s", c->root, what);
-  else if (error)
-    rc = fail(c, MLO_EIO, "%s: cannot read %s", c->root, what);
-  else if (n > MODEL_INDEX_CAP)
-    rc = fail(c, MLO_EFORMAT, "%s: %s is too large", c->root, what);
-  if (rc != MLO_OK) {
-    free(buf);
-    return rc;
-  }
-  buf[n] = '\0';
-  *out = buf;
-  return MLO_OK;
+static int read_json(open_ctx *c, const char *path, cJSON **out) {
+  char *text = NULL;
+  size_t len = 0;
+  int rc = mlo_read_file(path, NULL, MODEL_INDEX_CAP, &text, &len, c->err, c->errlen);
+  if (rc == MLO_ENOTFOUND) rc = MLO_EIO;
+  if (!rc) rc = mlo_json_parse(path, NULL, text, len, 0, out, c->err, c->errlen);
+  free(text);
+  return rc;
 }
 
 static bool plain_name(const char *s) {
@@ -167,12 +156,9 @@ static int open_entry(open_ctx *c, const cJSON *entry) {
 }
 
 static int open_pipeline_dir(open_ctx *c, const char *index_path) {
-  char *text = NULL;
-  int rc = read_text(c, index_path, "model_index.json", &text);
+  cJSON *root = NULL;
+  int rc = read_json(c, index_path, &root);
   if (rc != MLO_OK) return rc;
-  cJSON *root = cJSON_Parse(text);
-  free(text);
-  if (!root) return fail(c, MLO_EFORMAT, "%s/model_index.json: not valid JSON", c->root);
   if (!cJSON_IsObject(root))
     rc = fail(c, MLO_EFORMAT, "%s/model_index.json: not a JSON object", c->root);
   const cJSON *entry;
@@ -193,7 +179,7 @@ static char *base_name(const char *path, const char *suffix) {
   while (start > 0 && path[start - 1] != '/') start--;
   size_t ls = suffix ? strlen(suffix) : 0;
   if (ls && len - start > ls && !strncmp(path + len - ls, suffix, ls)) len -= ls;
-  char *name = malloc(len - start + 1);
+  char *name = mlo_malloc(len - start + 1);
   if (name) memcpy(name, path + start, len - start), name[len - start] = '\0';
   return name;
 }
@@ -201,25 +187,29 @@ static char *base_name(const char *path, const char *suffix) {
 /* The class of a lone component folder, from its config.json when there
  * is one (diffusers "_class_name", transformers "architectures"[0]). */
 static char *folder_class(const char *folder) {
-  char *path = mlo_path_join(folder, "config.json"), *cls = NULL;
-  FILE *f = path ? fopen(path, "rb") : NULL;
+  char *path = mlo_path_join(folder, "config.json"), *cls = NULL, *text = NULL;
+  size_t len = 0;
+  char why[512];
+  cJSON *root = NULL;
+  /* Best effort: the class only names the role.  Absent is fine; a config
+   * that cannot be read (a FIFO, bad JSON) is said, not guessed through. */
+  int rc =
+      path ? mlo_read_file(path, NULL, MODEL_INDEX_CAP, &text, &len, why, sizeof why) : MLO_ENOMEM;
+  if (!rc) rc = mlo_json_parse(path, NULL, text, len, 0, &root, why, sizeof why);
+  if (rc && rc != MLO_ENOTFOUND && path) mlo_logf(MLO_LOG_WARN, "%s; its class is not used", why);
+  free(text);
   free(path);
-  if (!f) return NULL;
-  char buf[65536];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  cJSON *root = cJSON_Parse(buf);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
   if (!cJSON_IsString(v))
     v = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0);
-  if (cJSON_IsString(v)) cls = strdup(v->valuestring);
+  if (cJSON_IsString(v)) cls = mlo_strdup(v->valuestring);
   cJSON_Delete(root);
   return cls;
 }
 
 static int open_single_file(open_ctx *c) {
-  char *name = c->oo->single_name ? strdup(c->oo->single_name) : base_name(c->root, ".safetensors");
+  char *name =
+      c->oo->single_name ? mlo_strdup(c->oo->single_name) : base_name(c->root, ".safetensors");
   if (!name) return fail(c, MLO_ENOMEM, "%s: out of memory", c->root);
   mlo_st_file *f = NULL;
   mlo_component *comp = NULL;
@@ -232,7 +222,7 @@ static int open_single_file(open_ctx *c) {
 }
 
 static int open_component_dir(open_ctx *c) {
-  char *name = c->oo->single_name ? strdup(c->oo->single_name) : base_name(c->root, NULL);
+  char *name = c->oo->single_name ? mlo_strdup(c->oo->single_name) : base_name(c->root, NULL);
   char *cls = folder_class(c->root);
   int rc = name ? add_folder(c, name, cls, c->root) : fail(c, MLO_ENOMEM, "out of memory");
   if (rc == MLO_ENOTFOUND)

@@ -14,6 +14,8 @@
 #include "format/safetensors.h"
 
 #include "core/log.h" /* MLO_PRINTF only */
+#include "core/sysio.h"
+#include "format/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -81,32 +83,9 @@ static int check_header_len(const st_ctx *c, uint64_t file_size, uint64_t hlen) 
 size_t mlo_st_utf8_bad_offset(const uint8_t *s, size_t len) {
   size_t i = 0;
   while (i < len) {
-    uint8_t b = s[i];
-    if (b == 0) return i;
-    if (b < 0x80) {
-      i++;
-      continue;
-    }
-    size_t n;
-    uint32_t cp;
-    if (b >= 0xC2 && b <= 0xDF)
-      n = 1, cp = b & 0x1F;
-    else if (b >= 0xE0 && b <= 0xEF)
-      n = 2, cp = b & 0x0F;
-    else if (b >= 0xF0 && b <= 0xF4)
-      n = 3, cp = b & 0x07;
-    else
-      return i;
-    if (len - i <= n) return i;
-    for (size_t k = 1; k <= n; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    /* overlong forms, UTF-16 surrogates, past U+10FFFF */
-    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return i;
-    i += n + 1;
+    size_t n = mlo_utf8_seq_len(s + i, len - i);
+    if (!n) return i;
+    i += n;
   }
   return len;
 }
@@ -208,6 +187,12 @@ static int check_size(const st_ctx *c, const mlo_st_tensor *t, uint64_t data_len
  * Other keys are ignored, as the reference implementation does. */
 static int parse_entry(const st_ctx *c, const cJSON *entry, mlo_st_tensor *t, uint64_t data_len) {
   if (!cJSON_IsObject(entry)) return st_fail(c, MLO_EFORMAT, t->name, "entry is not an object");
+  static const char *const fields[] = {"dtype", "shape", "data_offsets"};
+  for (int k = 0; k < 3; k++) { /* serde: "duplicate field" (unknown ones are ignored) */
+    int seen = 0;
+    for (const cJSON *f = entry->child; f; f = f->next) seen += !strcmp(f->string, fields[k]);
+    if (seen > 1) return st_fail(c, MLO_EFORMAT, t->name, "field \"%s\" given twice", fields[k]);
+  }
   const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
   if (!dtype) return st_fail(c, MLO_EFORMAT, t->name, "no \"dtype\"");
   if (!cJSON_IsString(dtype)) return st_fail(c, MLO_EFORMAT, t->name, "\"dtype\" is not a string");
@@ -224,7 +209,7 @@ static int parse_meta(const st_ctx *c, const cJSON *obj, mlo_st_file *f) {
   if (cJSON_IsNull(obj)) return MLO_OK;
   if (!cJSON_IsObject(obj)) return st_fail(c, MLO_EFORMAT, NULL, "__metadata__ is not an object");
   size_t n = (size_t)cJSON_GetArraySize(obj);
-  f->meta = calloc(n ? n : 1, sizeof *f->meta);
+  f->meta = mlo_calloc(n ? n : 1, sizeof *f->meta);
   if (!f->meta) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
   const cJSON *kv;
   cJSON_ArrayForEach(kv, obj) {
@@ -232,8 +217,8 @@ static int parse_meta(const st_ctx *c, const cJSON *obj, mlo_st_file *f) {
       return st_fail(c, MLO_EFORMAT, NULL, "__metadata__ value of '%.80s' is not a string",
                      kv->string);
     mlo_st_meta *m = &f->meta[f->meta_count];
-    m->key = strdup(kv->string);
-    m->value = strdup(kv->valuestring);
+    m->key = mlo_strdup(kv->string);
+    m->value = mlo_strdup(kv->valuestring);
     f->meta_count++; /* counted before the check so close frees a half pair */
     if (!m->key || !m->value) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
   }
@@ -249,7 +234,7 @@ static int cmp_meta_key(const void *a, const void *b) {
  * hostile header). */
 static int check_meta_unique(const st_ctx *c, const mlo_st_file *f) {
   if (f->meta_count < 2) return MLO_OK;
-  mlo_st_meta **idx = malloc(f->meta_count * sizeof *idx);
+  mlo_st_meta **idx = mlo_malloc(f->meta_count * sizeof *idx);
   if (!idx) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
   for (size_t i = 0; i < f->meta_count; i++) idx[i] = &f->meta[i];
   qsort(idx, f->meta_count, sizeof *idx, cmp_meta_key);
@@ -303,7 +288,7 @@ static int check_layout(const st_ctx *c, const mlo_st_file *f, uint64_t data_len
 /* Counts tensors and __metadata__ keys, parses each child. */
 static int parse_root(const st_ctx *c, const cJSON *root, mlo_st_file *f, uint64_t data_len) {
   size_t n = (size_t)cJSON_GetArraySize(root);
-  f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+  f->tensors = mlo_calloc(n ? n : 1, sizeof *f->tensors);
   if (!f->tensors) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
   int seen_meta = 0;
   const cJSON *child;
@@ -315,8 +300,10 @@ static int parse_root(const st_ctx *c, const cJSON *root, mlo_st_file *f, uint64
       if (rc) return rc;
       continue;
     }
+    if (!child->string[0]) /* stricter than the reference: docs/formats.md */
+      return st_fail(c, MLO_EFORMAT, NULL, "a tensor has an empty name");
     mlo_st_tensor *t = &f->tensors[f->count];
-    t->name = strdup(child->string);
+    t->name = mlo_strdup(child->string);
     if (!t->name) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
     f->count++;
     int rc = parse_entry(c, child, t, data_len);
@@ -328,7 +315,7 @@ static int parse_root(const st_ctx *c, const cJSON *root, mlo_st_file *f, uint64
 /* Sorts the name index and refuses duplicate names (cJSON keeps both). */
 static int index_names(const st_ctx *c, st_file_impl *impl) {
   mlo_st_file *f = &impl->pub;
-  impl->by_name = malloc((f->count ? f->count : 1) * sizeof *impl->by_name);
+  impl->by_name = mlo_malloc((f->count ? f->count : 1) * sizeof *impl->by_name);
   if (!impl->by_name) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
   for (size_t i = 0; i < f->count; i++) impl->by_name[i] = &f->tensors[i];
   qsort(impl->by_name, f->count, sizeof *impl->by_name, cmp_name);
@@ -338,23 +325,25 @@ static int index_names(const st_ctx *c, st_file_impl *impl) {
   return MLO_OK;
 }
 
-/* Parses the JSON text: UTF-8, one value, only whitespace after it. */
+/* Parses the JSON text as the reference does (format/json.h): UTF-8 first,
+ * then the strict grammar, integers where serde wants usize. */
 static int parse_json(const st_ctx *c, const uint8_t *hdr, size_t hlen, cJSON **out) {
   size_t bad = mlo_st_utf8_bad_offset(hdr, hlen);
   if (bad < hlen)
     return st_fail(c, MLO_EFORMAT, NULL, "header is not valid UTF-8 (byte 0x%02x at %zu)", hdr[bad],
                    bad);
-  const char *end = NULL;
-  cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, hlen, &end, 0);
-  size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
-  if (!root) return st_fail(c, MLO_EFORMAT, NULL, "header is not valid JSON (at byte %zu)", at);
-  for (; at < hlen; at++) {
-    char ch = (char)hdr[at];
-    if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r') {
-      cJSON_Delete(root);
-      return st_fail(c, MLO_EFORMAT, NULL, "header is not valid JSON (extra text at byte %zu)", at);
-    }
+  unsigned flags = MLO_JSON_ST_INTEGERS | MLO_JSON_KEEP_DUPLICATES;
+  size_t at = 0;
+  char why[256];
+  if (mlo_json_check((const char *)hdr, hlen, flags, &at, why, sizeof why)) {
+    if (!strncmp(why, "tensor '", 8)) /* "tensor 'a': ...": the usual prefix */
+      return st_fail(c, MLO_EFORMAT, NULL, "%s (header byte %zu)", why, at);
+    return st_fail(c, MLO_EFORMAT, NULL, "header is not valid JSON at byte %zu: %s", at, why);
   }
+  char msg[256];
+  cJSON *root = NULL;
+  int rc = mlo_json_parse("header", NULL, (const char *)hdr, hlen, flags, &root, msg, sizeof msg);
+  if (rc) return st_fail(c, rc, NULL, "%s", msg);
   if (!cJSON_IsObject(root)) {
     cJSON_Delete(root);
     return st_fail(c, MLO_EFORMAT, NULL, "header JSON is not an object");
@@ -366,12 +355,12 @@ static int parse_json(const st_ctx *c, const uint8_t *hdr, size_t hlen, cJSON **
 /* Validates a header of hlen bytes taken from a file of file_size bytes. */
 static int st_build(const st_ctx *c, const uint8_t *hdr, uint64_t hlen, uint64_t file_size,
                     mlo_st_file **out) {
-  st_file_impl *impl = calloc(1, sizeof *impl);
+  st_file_impl *impl = mlo_calloc(1, sizeof *impl);
   if (!impl) return st_fail(c, MLO_ENOMEM, NULL, "out of memory");
   mlo_st_file *f = &impl->pub;
   cJSON *root = NULL;
   int rc = MLO_ENOMEM;
-  f->path = strdup(c->path);
+  f->path = mlo_strdup(c->path);
   if (!f->path) {
     rc = st_fail(c, MLO_ENOMEM, NULL, "out of memory");
     goto fail_free_file;
@@ -416,7 +405,7 @@ int mlo_st_parse(const char *name, const uint8_t *bytes, size_t len, mlo_st_file
   if (rc) return rc;
   /* cJSON gets a NUL-terminated copy: the caller's bytes end exactly at
    * len, and a parser bug must not be able to read past them */
-  uint8_t *hdr = malloc((size_t)hlen + 1);
+  uint8_t *hdr = mlo_malloc((size_t)hlen + 1);
   if (!hdr) return st_fail(&c, MLO_ENOMEM, NULL, "out of memory");
   memcpy(hdr, bytes + 8, (size_t)hlen);
   hdr[hlen] = '\0';
@@ -427,15 +416,9 @@ int mlo_st_parse(const char *name, const uint8_t *bytes, size_t len, mlo_st_file
 
 /* pread until len bytes arrive; a short file is an error of its own. */
 static int pread_full(const st_ctx *c, int fd, void *buf, size_t len, uint64_t off) {
-  size_t done = 0;
-  while (done < len) {
-    ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return st_fail(c, MLO_EIO, NULL, "read failed: %s", strerror(errno));
-    if (n == 0) return st_fail(c, MLO_EIO, NULL, "file shrank while reading the header");
-    done += (size_t)n;
-  }
-  return MLO_OK;
+  if (mlo_pread_full(fd, buf, len, off) == 0) return MLO_OK;
+  if (errno) return st_fail(c, MLO_EIO, NULL, "read failed: %s", strerror(errno));
+  return st_fail(c, MLO_EIO, NULL, "file shrank while reading the header");
 }
 
 int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen) {
@@ -443,20 +426,17 @@ int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (!path || !out) return st_fail(&c, MLO_EINVAL, NULL, "invalid arguments");
   *out = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return st_fail(&c, MLO_EIO, NULL, "cannot open: %s", strerror(errno));
+  int fd;
+  mlo_file_id id;
+  char why[512];
+  int rc = mlo_open_regular(path, NULL, &fd, &id, why, sizeof why);
+  if (rc) {
+    /* why starts with the path already */
+    if (err && errlen) snprintf(err, errlen, "%s", why);
+    return rc == MLO_ENOTFOUND ? MLO_EIO : rc;
+  }
   uint8_t *hdr = NULL;
-  int rc;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    rc = st_fail(&c, MLO_EIO, NULL, "cannot stat: %s", strerror(errno));
-    goto close_fd;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    rc = st_fail(&c, MLO_EIO, NULL, "not a regular file");
-    goto close_fd;
-  }
-  uint64_t size = (uint64_t)st.st_size;
+  uint64_t size = id.size;
   if (size < 8) {
     rc = st_fail(&c, MLO_EFORMAT, NULL, "truncated: %llu bytes, less than the 8-byte header length",
                  (unsigned long long)size);
@@ -468,7 +448,7 @@ int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen) {
   uint64_t hlen = read_le64(prefix);
   rc = check_header_len(&c, size, hlen);
   if (rc) goto close_fd;
-  hdr = malloc((size_t)hlen + 1); /* NUL-terminated, as in mlo_st_parse */
+  hdr = mlo_malloc((size_t)hlen + 1); /* NUL-terminated, as in mlo_st_parse */
   if (!hdr) {
     rc = st_fail(&c, MLO_ENOMEM, NULL, "out of memory for a %llu-byte header",
                  (unsigned long long)hlen);
@@ -477,6 +457,7 @@ int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen) {
   rc = pread_full(&c, fd, hdr, (size_t)hlen, 8);
   hdr[hlen] = '\0';
   if (!rc) rc = st_build(&c, hdr, hlen, size, out);
+  if (!rc) (*out)->id = id;
   free(hdr);
 close_fd:
   close(fd);

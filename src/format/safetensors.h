@@ -10,6 +10,7 @@
 #ifndef MLO_SAFETENSORS_H
 #define MLO_SAFETENSORS_H
 
+#include "core/sysio.h"
 #include "mlo/mlo.h"
 
 #include <stddef.h>
@@ -38,6 +39,7 @@ typedef struct {
   mlo_st_tensor *tensors; /* sorted by begin offset */
   size_t meta_count;
   mlo_st_meta *meta; /* the __metadata__ string map, in file order */
+  mlo_file_id id;    /* the file that was validated (mlo_st_open only) */
 } mlo_st_file;
 
 /* Reads and validates the header of a file.  err gets "FILE: tensor 'X':

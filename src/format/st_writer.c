@@ -6,9 +6,12 @@
  * padded with spaces so the data section starts on an 8-byte boundary, as
  * the reference writer does.  Generated tensors are produced in bounded
  * chunks so that no tensor is ever held whole in memory.  The file appears
- * atomically: it is written to a temporary name and renamed into place, so
+ * atomically (core/outfile.c: a temporary beside it, fsync, rename; never
+ * over a device or a FIFO), so
  * a failure never leaves a partial checkpoint behind.
  */
+#include "core/nameset.h"
+#include "core/sysio.h"
 #include "format/safetensors.h"
 
 #include "core/log.h" /* mlo_errf */
@@ -41,13 +44,14 @@ typedef struct {
 struct mlo_st_writer {
   w_tensor *t;
   size_t count, cap;
+  mlo_nameset names; /* a repeated name is refused in O(1) */
   mlo_st_meta *meta;
   size_t meta_count, meta_cap;
 };
 
 int mlo_st_writer_create(mlo_st_writer **out) {
   if (!out) return MLO_EINVAL;
-  *out = calloc(1, sizeof **out);
+  *out = mlo_calloc(1, sizeof **out);
   return *out ? MLO_OK : MLO_ENOMEM;
 }
 
@@ -62,6 +66,7 @@ void mlo_st_writer_free(mlo_st_writer *w) {
     free(w->meta[i].value);
   }
   free(w->t);
+  mlo_nameset_free(&w->names);
   free(w->meta);
   free(w);
 }
@@ -83,8 +88,7 @@ static int check_new(const mlo_st_writer *w, const char *name, mlo_dtype dtype, 
     if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel)) return MLO_EINVAL;
   }
   if (mlo_dtype_nbytes(dtype, numel, nbytes) != MLO_OK) return MLO_EINVAL;
-  for (size_t i = 0; i < w->count; i++)
-    if (strcmp(w->t[i].name, name) == 0) return MLO_EEXIST;
+  if (mlo_nameset_get(&w->names, name, NULL)) return MLO_EEXIST;
   return MLO_OK;
 }
 
@@ -93,15 +97,17 @@ static int push(mlo_st_writer *w, const char *name, mlo_dtype dtype, int ndim, c
                 uint64_t nbytes, w_tensor **out) {
   if (w->count == w->cap) {
     size_t cap = w->cap ? w->cap * 2 : 16;
-    w_tensor *t = realloc(w->t, cap * sizeof *t);
+    w_tensor *t = mlo_realloc(w->t, cap * sizeof *t);
     if (!t) return MLO_ENOMEM;
     w->t = t;
     w->cap = cap;
   }
+  if (mlo_nameset_reserve(&w->names, 1)) return MLO_ENOMEM;
   w_tensor *t = &w->t[w->count];
   memset(t, 0, sizeof *t);
-  t->name = strdup(name);
+  t->name = mlo_strdup(name);
   if (!t->name) return MLO_ENOMEM;
+  mlo_nameset_put(&w->names, t->name, w->count);
   t->dtype = dtype;
   t->ndim = ndim;
   for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
@@ -118,7 +124,7 @@ int mlo_st_writer_add(mlo_st_writer *w, const char *name, mlo_dtype dtype, int n
   if (need != nbytes || (nbytes && !data) || nbytes > SIZE_MAX) return MLO_EINVAL;
   void *owned = NULL;
   if (copy && nbytes) {
-    owned = malloc((size_t)nbytes);
+    owned = mlo_malloc((size_t)nbytes);
     if (!owned) return MLO_ENOMEM;
     memcpy(owned, data, (size_t)nbytes);
   }
@@ -151,7 +157,7 @@ int mlo_st_writer_add_generated(mlo_st_writer *w, const char *name, mlo_dtype dt
 
 int mlo_st_writer_set_metadata(mlo_st_writer *w, const char *key, const char *value) {
   if (!w || !key || !value || !valid_text(key) || !valid_text(value)) return MLO_EINVAL;
-  char *v = strdup(value);
+  char *v = mlo_strdup(value);
   if (!v) return MLO_ENOMEM;
   for (size_t i = 0; i < w->meta_count; i++) {
     if (strcmp(w->meta[i].key, key) == 0) {
@@ -162,12 +168,12 @@ int mlo_st_writer_set_metadata(mlo_st_writer *w, const char *key, const char *va
   }
   if (w->meta_count == w->meta_cap) {
     size_t cap = w->meta_cap ? w->meta_cap * 2 : 8;
-    mlo_st_meta *m = realloc(w->meta, cap * sizeof *m);
+    mlo_st_meta *m = mlo_realloc(w->meta, cap * sizeof *m);
     if (!m) goto fail_free_value;
     w->meta = m;
     w->meta_cap = cap;
   }
-  char *k = strdup(key);
+  char *k = mlo_strdup(key);
   if (!k) goto fail_free_value;
   w->meta[w->meta_count].key = k;
   w->meta[w->meta_count].value = v;
@@ -224,7 +230,7 @@ static int build_header(const mlo_st_writer *w, char **out, size_t *len) {
   char *text = cJSON_PrintUnformatted(root);
   if (!text) goto free_root;
   size_t n = strlen(text), padded = (n + 7) & ~(size_t)7;
-  char *buf = realloc(text, padded);
+  char *buf = mlo_realloc(text, padded);
   if (!buf) {
     free(text);
     goto free_root;
@@ -273,7 +279,7 @@ static int write_body(const mlo_st_writer *w, int fd, const char *hdr, size_t hl
       rc = write_all(fd, t->data, (size_t)t->nbytes);
       continue;
     }
-    if (!chunk && !(chunk = malloc(ST_CHUNK))) {
+    if (!chunk && !(chunk = mlo_malloc(ST_CHUNK))) {
       errno = ENOMEM;
       rc = -1;
       break;
@@ -293,40 +299,16 @@ int mlo_st_writer_write(mlo_st_writer *w, const char *path, char *err, size_t er
   if (rc)
     return mlo_errf(err, errlen, rc, "%s: cannot build the header: %s", path,
                     rc == MLO_ENOMEM ? "out of memory" : "data larger than 2^64 bytes");
-  size_t plen = strlen(path);
-  char *tmp = malloc(plen + 16);
-  if (!tmp) {
-    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
-    goto free_header;
-  }
-  snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot create a temporary file: %s", path,
-                  strerror(errno));
-    goto free_tmp;
-  }
-  /* mkstemp makes the file 0600; a checkpoint is as readable as any file */
-  if (fchmod(fd, 0644) != 0 || write_body(w, fd, hdr, hlen) != 0) {
+  mlo_outfile out;
+  rc = mlo_out_begin(&out, path, err, errlen);
+  if (rc) goto free_header;
+  if (write_body(w, out.fd, hdr, hlen) != 0) {
     rc = mlo_errf(err, errlen, errno == ENOMEM ? MLO_ENOMEM : MLO_EIO, "%s: cannot write: %s", path,
                   strerror(errno));
-    close(fd);
-    goto unlink_tmp;
+    mlo_out_abort(&out);
+    goto free_header;
   }
-  if (close(fd) != 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
-    goto unlink_tmp;
-  }
-  if (rename(tmp, path) != 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
-    goto unlink_tmp;
-  }
-  rc = MLO_OK;
-  goto free_tmp;
-unlink_tmp:
-  unlink(tmp);
-free_tmp:
-  free(tmp);
+  rc = mlo_out_commit(&out, err, errlen);
 free_header:
   free(hdr);
   return rc;

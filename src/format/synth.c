@@ -7,6 +7,7 @@
  * a stamp so that a finished directory is recognised and reused.  The
  * contract is in include/mlo/checkpoint.h.
  */
+#include "core/sysio.h"
 #include "format/synth.h"
 
 #include "core/hash.h"
@@ -62,7 +63,7 @@ void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
   if (!e->record) return;
   if (e->count == e->cap) {
     size_t cap = e->cap ? 2 * e->cap : 256;
-    syn_rec *grown = realloc(e->list, cap * sizeof *grown);
+    syn_rec *grown = mlo_realloc(e->list, cap * sizeof *grown);
     if (!grown) {
       e->status = MLO_ENOMEM;
       return;
@@ -76,7 +77,7 @@ void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
   va_start(ap, fmt);
   vsnprintf(name, sizeof name, fmt, ap);
   va_end(ap);
-  if (!(r->name = strdup(name))) {
+  if (!(r->name = mlo_strdup(name))) {
     e->status = MLO_ENOMEM;
     return;
   }
@@ -244,7 +245,7 @@ static void plan_free(syn_plan *pl) {
 static int plan_build(const syn_preset *p, double scale, syn_plan *pl) {
   memset(pl, 0, sizeof *pl);
   pl->preset = p, pl->scale = scale;
-  if (!(pl->comps = calloc(p->ncomponents, sizeof *pl->comps))) return MLO_ENOMEM;
+  if (!(pl->comps = mlo_calloc(p->ncomponents, sizeof *pl->comps))) return MLO_ENOMEM;
   for (size_t i = 0; i < p->ncomponents; i++) {
     comp_plan *cp = &pl->comps[i];
     cp->spec = &p->components[i];
@@ -375,18 +376,18 @@ static cJSON *model_index_json(const syn_preset *p) {
   for (size_t i = 0; i < p->ncomponents && n < 64; i++) {
     const char *pair[2] = {p->components[i].library, p->components[i].class_name};
     entries[n] = cJSON_CreateStringArray(pair, 2);
-    entries[n++]->string = strdup(p->components[i].folder);
+    entries[n++]->string = mlo_strdup(p->components[i].folder);
   }
   for (size_t i = 0; i < p->naux && n < 64; i++) {
     const char *pair[2] = {p->aux[i].library, p->aux[i].class_name};
     entries[n] = cJSON_CreateStringArray(pair, 2);
-    entries[n++]->string = strdup(p->aux[i].folder);
+    entries[n++]->string = mlo_strdup(p->aux[i].folder);
   }
   for (const char *const *a = p->absent; a && *a && n < 64; a++) {
     entries[n] = cJSON_CreateArray();
     cJSON_AddItemToArray(entries[n], cJSON_CreateNull());
     cJSON_AddItemToArray(entries[n], cJSON_CreateNull());
-    entries[n++]->string = strdup(*a);
+    entries[n++]->string = mlo_strdup(*a);
   }
   qsort(entries, n, sizeof *entries, cmp_key);
   for (size_t i = 0; i < n; i++) {
@@ -471,8 +472,8 @@ static int write_index(const char *dir, const comp_plan *cp, char *err, size_t e
 static int write_component(const char *dir, const syn_plan *pl, const comp_plan *cp,
                            syn_progress *pr, char *err, size_t errlen) {
   char *folder = mlo_path_join(dir, cp->spec->folder);
-  fill_ctx *ctx = calloc(cp->tensors.count ? cp->tensors.count : 1, sizeof *ctx);
-  int rc = folder && ctx ? syn_make_dir(folder, err, errlen)
+  fill_ctx *ctx = mlo_calloc(cp->tensors.count ? cp->tensors.count : 1, sizeof *ctx);
+  int rc = folder && ctx ? syn_make_subdir(dir, cp->spec->folder, err, errlen)
                          : mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
   char rel[512], name[256];
   if (rc == MLO_OK) {
@@ -484,7 +485,8 @@ static int write_component(const char *dir, const syn_plan *pl, const comp_plan 
   for (int s = 0; rc == MLO_OK && s < (cp->nshards ? cp->nshards : 1); s++) {
     shard_name(cp, s, name, sizeof name);
     snprintf(rel, sizeof rel, "%s/%s", cp->spec->folder, name);
-    rc = write_shard(folder, cp, s, ctx, pr, rel, err, errlen);
+    rc = syn_check_target(dir, rel, err, errlen);
+    if (rc == MLO_OK) rc = write_shard(folder, cp, s, ctx, pr, rel, err, errlen);
   }
   if (rc == MLO_OK && cp->nshards) rc = write_index(dir, cp, err, errlen);
   free(ctx);
@@ -518,10 +520,8 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
   rc = syn_write_json(dir, "model_index.json", index, true, err, errlen);
   cJSON_Delete(index);
   for (size_t i = 0; rc == MLO_OK && i < p->naux; i++) {
-    char *folder = mlo_path_join(dir, p->aux[i].folder), rel[512];
-    rc = folder ? syn_make_dir(folder, err, errlen)
-                : mlo_errf(err, errlen, MLO_ENOMEM, "out of memory");
-    free(folder);
+    char rel[512];
+    rc = syn_make_subdir(dir, p->aux[i].folder, err, errlen);
     snprintf(rel, sizeof rel, "%s/%s", p->aux[i].folder, p->aux[i].file);
     if (rc == MLO_OK) rc = syn_write_text(dir, rel, p->aux[i].content, err, errlen);
   }

@@ -90,7 +90,13 @@ typedef struct {
 
 /* synth_files.c: atomic files and the stamp. */
 int syn_make_dir(const char *path, char *err, size_t errlen);
-/* Writes dir/rel through a temporary file renamed into place. */
+/* Creates the folder dir/rel (not through a link; an existing folder is
+ * fine). */
+int syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen);
+/* MLO_OK if dir/rel may be written: absent or a regular file, no link on
+ * the way. */
+int syn_check_target(const char *dir, const char *rel, char *err, size_t errlen);
+/* Writes dir/rel atomically, never through a link (syn_check_target). */
 int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen);
 int syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
                    size_t errlen);

@@ -1,19 +1,24 @@
 /*
  * synth_files.c — the generator's dealings with the file system: files
- * written atomically (temporary name, then rename), and the stamp
+ * written atomically (outfile.c) and only inside the folder (paths walked
+ * from its descriptor, links refused), and the stamp
  * `.mlo-synth.json` that says which run wrote a directory, which files it
  * wrote and whether it finished.  The stamp is what lets `mlo demo` reuse a
  * generated pipeline, lets a changed run remove exactly the earlier run's
  * files (no strays left for the loader to reject), and keeps the generator
  * off folders it did not make.
  */
+#include "core/sysio.h"
 #include "format/synth.h"
 
+#include "core/log.h"
 #include "format/index.h"
+#include "format/json.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,7 +29,57 @@
 
 #define STAMP_NAME ".mlo-synth.json"
 
-/* ---- writing files atomically -------------------------------------------------------------- */
+/* ---- paths inside the generated folder, never through a link ------------------------------ */
+
+/* A planted symlink (lnk -> /etc) inside a folder the generator manages must
+ * not let it write or delete outside: every relative path is walked from
+ * the folder's descriptor with O_NOFOLLOW, component by component. */
+
+/* Opens the folder that holds rel's last component; *base points into rel.
+ * Refuses a link or a non-folder on the way (ELOOP/ENOTDIR). */
+static int open_parent(const char *dir, const char *rel, int *pfd, const char **base) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const char *p = rel;
+  for (const char *slash; (slash = strchr(p, '/')) != NULL; p = slash + 1) {
+    char part[256];
+    size_t n = (size_t)(slash - p);
+    if (n == 0 || n >= sizeof part) {
+      close(fd);
+      errno = EINVAL;
+      return -1;
+    }
+    memcpy(part, p, n);
+    part[n] = '\0';
+    int next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    close(fd);
+    if (next < 0) return -1;
+    fd = next;
+  }
+  *pfd = fd;
+  *base = p;
+  return 0;
+}
+
+typedef enum { ENTRY_ABSENT, ENTRY_REGULAR, ENTRY_FOLDER, ENTRY_OTHER } entry_kind;
+
+/* What rel is inside dir, links not followed (a link is ENTRY_OTHER, and so
+ * is a path through one). */
+static entry_kind entry_at(const char *dir, const char *rel) {
+  int pfd;
+  const char *base;
+  if (open_parent(dir, rel, &pfd, &base) != 0) return errno == ENOENT ? ENTRY_ABSENT : ENTRY_OTHER;
+  struct stat st;
+  entry_kind k = ENTRY_OTHER;
+  if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    k = errno == ENOENT ? ENTRY_ABSENT : ENTRY_OTHER;
+  else if (S_ISREG(st.st_mode))
+    k = ENTRY_REGULAR;
+  else if (S_ISDIR(st.st_mode))
+    k = ENTRY_FOLDER;
+  close(pfd);
+  return k;
+}
 
 int syn_make_dir(const char *path, char *err, size_t errlen) {
   struct stat st;
@@ -33,32 +88,39 @@ int syn_make_dir(const char *path, char *err, size_t errlen) {
   return mlo_errf(err, errlen, MLO_EIO, "%s: cannot create folder: %s", path, strerror(errno));
 }
 
-/* Writes text to dir/rel through a temporary file renamed into place. */
+int syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen) {
+  int pfd;
+  const char *base;
+  if (open_parent(dir, rel, &pfd, &base) != 0)
+    return mlo_errf(err, errlen, MLO_EIO, "%s/%s: cannot create folder: %s", dir, rel,
+                    strerror(errno));
+  int rc = MLO_OK;
+  struct stat st;
+  if (mkdirat(pfd, base, 0755) != 0 &&
+      !(errno == EEXIST && fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISDIR(st.st_mode)))
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s/%s: cannot create folder (%s)", dir, rel,
+                  errno == EEXIST ? "something that is not a folder is there" : strerror(errno));
+  close(pfd);
+  return rc;
+}
+
+int syn_check_target(const char *dir, const char *rel, char *err, size_t errlen) {
+  entry_kind k = entry_at(dir, rel);
+  if (k == ENTRY_ABSENT || k == ENTRY_REGULAR) return MLO_OK;
+  return mlo_errf(err, errlen, MLO_EIO,
+                  "%s/%s: is a link, a folder or a special file inside the generated folder; "
+                  "refusing to write through it",
+                  dir, rel);
+}
+
+/* Writes text to dir/rel, replacing only a regular file (outfile.c). */
 int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen) {
+  int rc = syn_check_target(dir, rel, err, errlen);
+  if (rc) return rc;
   char *path = mlo_path_join(dir, rel);
   if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
-  size_t len = strlen(path) + 16;
-  char *tmp = malloc(len);
-  int rc = MLO_OK, fd = -1;
-  if (!tmp) {
-    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);
-    goto out_free_path;
-  }
-  snprintf(tmp, len, "%s.tmp.XXXXXX", path);
-  if ((fd = mkstemp(tmp)) < 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot create: %s", path, strerror(errno));
-    goto out_free_tmp;
-  }
-  size_t n = strlen(text);
-  bool ok = fchmod(fd, 0644) == 0 && write(fd, text, n) == (ssize_t)n;
-  ok = (close(fd) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot write: %s", path, strerror(errno));
-    unlink(tmp);
-  }
-out_free_tmp:
-  free(tmp);
-out_free_path:
+  rc = mlo_out_write_all(path, text, strlen(text), err, errlen);
   free(path);
   return rc;
 }
@@ -75,18 +137,16 @@ int syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, c
 /* ---- the stamp: what was written, and whether it finished ---------------- */
 
 static cJSON *read_stamp(const char *dir) {
-  char *path = mlo_path_join(dir, STAMP_NAME);
-  FILE *f = path ? fopen(path, "rb") : NULL;
+  if (entry_at(dir, STAMP_NAME) != ENTRY_REGULAR) return NULL; /* a link is no stamp */
+  char *path = mlo_path_join(dir, STAMP_NAME), *text = NULL;
+  size_t len = 0;
+  char why[512];
+  cJSON *stamp = NULL;
+  int rc = path ? mlo_read_file(path, NULL, 1u << 20, &text, &len, why, sizeof why) : MLO_ENOMEM;
+  if (!rc) rc = mlo_json_parse(path, NULL, text, len, 0, &stamp, why, sizeof why);
+  free(text);
   free(path);
-  if (!f) return NULL;
-  size_t cap = 1u << 20;
-  char *buf = malloc(cap + 1);
-  size_t n = buf ? fread(buf, 1, cap, f) : 0;
-  fclose(f);
-  if (!buf) return NULL;
-  buf[n] = '\0';
-  cJSON *stamp = cJSON_Parse(buf);
-  free(buf);
+  if (rc) return NULL;
   const cJSON *gen = cJSON_GetObjectItemCaseSensitive(stamp, "generator");
   if (!cJSON_IsString(gen) || strcmp(gen->valuestring, "mlo synth")) {
     cJSON_Delete(stamp);
@@ -117,11 +177,7 @@ static bool stamp_matches(const cJSON *stamp, const char *dir, const char *prese
     return false;
   cJSON_ArrayForEach(it, files) { /* a deleted shard must not pass for a cache hit */
     if (!cJSON_IsString(it) || !safe_relative(it->valuestring)) return false;
-    char *path = mlo_path_join(dir, it->valuestring);
-    struct stat st;
-    bool present = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
-    free(path);
-    if (!present) return false;
+    if (entry_at(dir, it->valuestring) != ENTRY_REGULAR) return false;
   }
   return true;
 }
@@ -134,19 +190,40 @@ bool mlo_synth_is_complete(const char *preset, const char *dir, double scale) {
   return ok;
 }
 
-/* Removes the files an earlier run listed, and then their folders if empty. */
+/* Removes the files an earlier run listed, and then their folders if empty.
+ * Only regular files inside dir go: a listed name that is a link, or lies
+ * behind one, is left alone (and said). */
 static void remove_listed(const char *dir, const cJSON *stamp) {
   const cJSON *files = cJSON_GetObjectItemCaseSensitive(stamp, "files"), *it;
   cJSON_ArrayForEach(it, files) {
-    if (!cJSON_IsString(it) || !safe_relative(it->valuestring)) continue;
-    char *path = mlo_path_join(dir, it->valuestring);
-    if (path) unlink(path);
-    char *slash = path ? strrchr(path, '/') : NULL;
-    if (slash && strchr(it->valuestring, '/')) {
-      *slash = '\0';
-      rmdir(path); /* fails harmlessly while other files remain */
+    const char *rel = cJSON_IsString(it) ? it->valuestring : NULL;
+    if (!rel || !safe_relative(rel)) continue;
+    int pfd;
+    const char *base;
+    if (open_parent(dir, rel, &pfd, &base) != 0) {
+      if (errno != ENOENT)
+        mlo_logf(MLO_LOG_WARN, "%s: not removing %s: a link or a non-folder is on its path", dir,
+                 rel);
+      continue;
     }
-    free(path);
+    struct stat st;
+    if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      if (S_ISREG(st.st_mode))
+        unlinkat(pfd, base, 0);
+      else
+        mlo_logf(MLO_LOG_WARN, "%s: not removing %s: it is not a regular file", dir, rel);
+    }
+    close(pfd);
+    const char *slash = strrchr(rel, '/');
+    if (slash) { /* its folder, if now empty (fails harmlessly otherwise) */
+      char folder[512];
+      snprintf(folder, sizeof folder, "%.*s", (int)(slash - rel), rel);
+      if (open_parent(dir, folder, &pfd, &base) == 0) {
+        if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+          unlinkat(pfd, base, AT_REMOVEDIR);
+        close(pfd);
+      }
+    }
   }
 }
 

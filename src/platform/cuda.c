@@ -19,6 +19,7 @@
  * Host slabs are pinned with cudaHostAlloc (portable), falling back to
  * pageable memory with one warning; MLO_NO_PINNED=1 or pinned=0 turn it off.
  */
+#include "core/sysio.h"
 #include "core/log.h"
 #include "platform/platform.h"
 
@@ -471,7 +472,7 @@ int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (!rc) rc = find_device(opt.index, err, errlen);
   if (rc) return rc;
-  struct cuda_ctx *c = calloc(1, sizeof *c);
+  struct cuda_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
   c->device = (int)opt.index;

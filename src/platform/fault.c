@@ -13,6 +13,7 @@
  * inner's defaults for optional slots apply) and counts calls per kind
  * under a mutex; the one armed fault fires once and never again.
  */
+#include "core/sysio.h"
 #include "platform/fault.h"
 
 #include <errno.h>
@@ -209,11 +210,13 @@ static const struct mlo_platform_ops fault_ops = {
 struct fault_options {
   mlo_fault_kind kind;
   uint64_t nth;
+  bool have_kind, have_nth;
 };
 
 static int fault_option(const char *key, const char *value, void *user, char *err, size_t errlen) {
   struct fault_options *o = user;
   if (!strcmp(key, "kind")) {
+    o->have_kind = true;
     if (!mlo_fault_kind_from_name(value, &o->kind)) return MLO_OK;
     snprintf(err, errlen,
              "fault platform: kind=%s is not one of dev_alloc, host_alloc, copy, event, sync, any",
@@ -226,6 +229,7 @@ static int fault_option(const char *key, const char *value, void *user, char *er
     unsigned long long v = strtoull(value, &end, 10);
     if (value[0] >= '0' && value[0] <= '9' && !*end && !errno) {
       o->nth = v;
+      o->have_nth = true;
       return MLO_OK;
     }
     snprintf(err, errlen, "fault platform: nth=%s is not a non-negative integer", value);
@@ -267,13 +271,22 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
     snprintf(err, errlen, "fault platform: inner= cannot be another fault platform");
     return MLO_EINVAL;
   }
-  char *opts = strndup(spec_args, opts_len);
+  char *opts = mlo_malloc(opts_len + 1);
   if (!opts) return MLO_ENOMEM;
-  struct fault_options o = {MLO_FAULT_ANY, 0};
+  memcpy(opts, spec_args, opts_len);
+  opts[opts_len] = '\0';
+  struct fault_options o = {MLO_FAULT_ANY, 0, false, false};
   int rc = mlo_spec_parse_kv(opts, fault_option, &o, err, errlen);
   free(opts);
   if (rc) return rc;
-  struct fault_ctx *f = calloc(1, sizeof *f);
+  /* Without both the spec means nothing: it would never fail a call. */
+  if (!o.have_kind || !o.have_nth) {
+    snprintf(err, errlen,
+             "fault platform: needs kind=K and nth=N (which call to fail), e.g. "
+             "fault:kind=copy,nth=3,inner=host");
+    return MLO_EINVAL;
+  }
+  struct fault_ctx *f = mlo_calloc(1, sizeof *f);
   if (!f) return MLO_ENOMEM;
   char inner_err[200] = "";
   rc = mlo_platform_open(inner_spec ? inner_spec : "host", &f->inner, inner_err, sizeof inner_err);

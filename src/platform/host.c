@@ -25,6 +25,7 @@
  * another component's data, and under ASan it is reported.  The pool only
  * holds room that is not allocated, so host memory stays within capacity.
  */
+#include "core/sysio.h"
 #include "platform/platform.h"
 
 #include "core/hash.h"
@@ -38,6 +39,8 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+
+#define HOST_MIN_BW 1000000u /* bytes per second */
 
 #if defined(__SANITIZE_ADDRESS__)
 #define HOST_ASAN 1
@@ -282,16 +285,16 @@ static int host_dev_alloc(void *vctx, size_t bytes, void **block) {
   struct host_block *b = take_pooled(ctx, padded);
   pthread_mutex_unlock(&ctx->lock);
 
-  if (!b) b = aligned_alloc(HOST_ALIGN, HOST_ALIGN + padded);
+  if (!b) b = mlo_aligned_alloc(HOST_ALIGN, HOST_ALIGN + padded);
   pthread_mutex_lock(&ctx->lock);
   if (!b) {
-    /* The host ran out before the modelled device did; to the caller it is
-     * the same thing: this block does not fit. */
+    /* The host ran out before the modelled device did: that is host memory
+     * (MLO_ENOMEM), not a device too small, and must be reported as such. */
     ctx->live_bytes -= bytes;
     ctx->physical_bytes -= bytes;
     pthread_cond_broadcast(&ctx->done_cv);
     pthread_mutex_unlock(&ctx->lock);
-    return MLO_ENOMEM_DEVICE;
+    return MLO_ENOMEM;
   }
   b->bytes = bytes;
   b->padded = padded;
@@ -348,7 +351,7 @@ static int host_host_alloc(void *vctx, size_t bytes, bool pinned, void **ptr, bo
   *got_pinned = false;
   size_t rounded = page_round(bytes);
   if (!rounded) return MLO_ENOMEM;
-  *ptr = aligned_alloc((size_t)sysconf(_SC_PAGESIZE), rounded);
+  *ptr = mlo_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), rounded);
   if (!*ptr) return MLO_ENOMEM;
   if (pinned) *got_pinned = mlock(*ptr, rounded) == 0;
   return MLO_OK;
@@ -368,7 +371,7 @@ static int queue_copy(struct host_ctx *ctx, enum host_op_kind kind, const void *
                       size_t offset, void *host_ptr, size_t bytes) {
   if (!host_ptr) return MLO_EINVAL;
   if (!bytes) return MLO_OK;
-  struct host_op *op = calloc(1, sizeof *op);
+  struct host_op *op = mlo_calloc(1, sizeof *op);
   if (!op) return MLO_ENOMEM;
   pthread_mutex_lock(&ctx->lock);
   struct host_block *b = find_live(ctx, handle);
@@ -400,7 +403,7 @@ static int host_copy_d2h(void *vctx, void *dst, const void *block, size_t offset
 
 static int host_event_create(void *vctx, mlo_event **ev) {
   (void)vctx;
-  *ev = calloc(1, sizeof **ev);
+  *ev = mlo_calloc(1, sizeof **ev);
   return *ev ? MLO_OK : MLO_ENOMEM;
 }
 
@@ -548,8 +551,11 @@ static int host_option(const char *key, const char *value, void *user, char *err
     return MLO_OK;
   }
   if (!strcmp(key, "bw")) {
-    if (mlo_parse_size(value, false, &o->bw))
-      return bad_value(err, errlen, key, value, "bytes per second such as 25e9 or 25G");
+    /* Below 1 MB/s a modelled link is not a link: bw=1 would take a day per
+     * 100 KB and look like a hang. */
+    if (mlo_parse_size(value, false, &o->bw) || o->bw < HOST_MIN_BW)
+      return bad_value(err, errlen, key, value,
+                       "bytes per second of at least 1e6, such as 25e9 or 25G");
     return MLO_OK;
   }
   if (!strcmp(key, "seed")) {
@@ -594,7 +600,7 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   struct host_options opt = {.capacity = HOST_DEFAULT_CAPACITY, .poison = true};
   int rc = mlo_spec_parse_kv(spec_args, host_option, &opt, err, errlen);
   if (rc) return rc;
-  struct host_ctx *ctx = calloc(1, sizeof *ctx);
+  struct host_ctx *ctx = mlo_calloc(1, sizeof *ctx);
   if (!ctx) return MLO_ENOMEM;
   ctx->opt = opt;
   ctx->rng = opt.seed;

@@ -21,6 +21,7 @@
  */
 #define CL_TARGET_OPENCL_VERSION 120
 
+#include "core/sysio.h"
 #include "core/log.h"
 #include "platform/platform.h"
 
@@ -183,7 +184,7 @@ static void warn_pageable_once(struct ocl_ctx *c, const char *why) {
 /* A CL_MEM_ALLOC_HOST_PTR buffer mapped for the host: the driver's pinned
  * memory, which its DMA engine reads without a staging copy. */
 static int pinned_alloc(struct ocl_ctx *c, size_t bytes, void **ptr) {
-  struct host_map *m = calloc(1, sizeof *m);
+  struct host_map *m = mlo_calloc(1, sizeof *m);
   if (!m) return MLO_ENOMEM;
   cl_int err = CL_SUCCESS;
   m->mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL, &err);
@@ -271,7 +272,7 @@ static int ocl_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, 
 
 static int ocl_event_create(void *ctx, mlo_event **ev) {
   (void)ctx;
-  *ev = calloc(1, sizeof **ev);
+  *ev = mlo_calloc(1, sizeof **ev);
   return *ev ? MLO_OK : MLO_ENOMEM;
 }
 
@@ -472,7 +473,7 @@ static int find_device(unsigned long index, cl_platform_id *plat_out, cl_device_
     cl_uint ndev = 0;
     if (clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, 0, NULL, &ndev) != CL_SUCCESS) continue;
     if (index < seen + ndev) {
-      cl_device_id *devs = calloc(ndev, sizeof *devs);
+      cl_device_id *devs = mlo_calloc(ndev, sizeof *devs);
       if (!devs) return MLO_ENOMEM;
       cerr = clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, ndev, devs, NULL);
       *plat_out = plats[i];
@@ -533,7 +534,7 @@ int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err
   int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (rc) return rc;
   cl_platform_id plat = NULL;
-  struct ocl_ctx *c = calloc(1, sizeof *c);
+  struct ocl_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
   rc = find_device(opt.index, &plat, &c->device, err, errlen);

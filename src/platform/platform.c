@@ -3,6 +3,7 @@
  * around the vtable: defaults for optional slots, the fallback from events
  * to synchronize, call counting and used/peak device accounting.
  */
+#include "core/sysio.h"
 #include "platform/platform.h"
 
 #include "platform/fault.h"
@@ -19,7 +20,7 @@ static void set_err(char *err, size_t errlen, const char *msg, const char *what)
 int mlo_spec_parse_kv(const char *args, mlo_spec_kv_fn fn, void *user, char *err, size_t errlen) {
   if (!args || !*args) return MLO_OK;
   size_t len = strlen(args);
-  char *copy = malloc(len + 1);
+  char *copy = mlo_malloc(len + 1);
   if (!copy) return MLO_ENOMEM;
   memcpy(copy, args, len + 1);
   int rc = MLO_OK;
@@ -82,11 +83,12 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
     set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N] or opencl[:N])", spec);
     return MLO_EINVAL;
   }
-  mlo_platform *p = calloc(1, sizeof *p);
-  pthread_mutex_t *lock = malloc(sizeof *lock);
+  mlo_platform *p = mlo_calloc(1, sizeof *p);
+  pthread_mutex_t *lock = mlo_malloc(sizeof *lock);
   if (!p || !lock) {
     free(p);
     free(lock);
+    set_err(errbuf, errlen, "out of host memory opening the platform", spec);
     return MLO_ENOMEM;
   }
   pthread_mutex_init(lock, NULL);

@@ -16,6 +16,7 @@
  * offloaded run's digest equals an all-resident run's on the same device.
  * One context is used by one thread at a time (mlo run's schedule).
  */
+#include "core/sysio.h"
 #include "core/log.h"
 #include "workload/workload.h"
 
@@ -136,7 +137,7 @@ static int cb_create(mlo_platform *p, void **ctx) {
   *ctx = NULL;
   cudaStream_t stream = mlo_platform_compute_queue(p);
   if (!stream) return MLO_EINVAL;
-  struct cuda_blas *b = calloc(1, sizeof *b);
+  struct cuda_blas *b = mlo_calloc(1, sizeof *b);
   if (!b) return MLO_ENOMEM;
   b->stream = stream;
   int rc = cu_status(cudaStreamGetDevice(stream, &b->device), "cudaStreamGetDevice");

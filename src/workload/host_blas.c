@@ -10,6 +10,7 @@
  * OpenBLAS's sgemm is deterministic for a fixed thread count, which a
  * process keeps; digests are compared only within one process and config.
  */
+#include "core/sysio.h"
 #include "workload/workload.h"
 
 #include <cblas.h>
@@ -35,9 +36,9 @@ struct host_ctx {
 
 static int host_create(mlo_platform *p, void **ctx) {
   (void)p;
-  struct host_ctx *c = calloc(1, sizeof *c);
+  struct host_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
-  c->w = malloc(SLICE_BYTES);
+  c->w = mlo_malloc(SLICE_BYTES);
   if (!c->w) {
     free(c);
     return MLO_ENOMEM;
@@ -59,7 +60,7 @@ static void host_destroy(void *ctx) {
 static int grow(float **buf, size_t *cap, size_t n) {
   if (n <= *cap) return MLO_OK;
   if (n > SIZE_MAX / sizeof(float)) return MLO_ENOMEM;
-  float *b = realloc(*buf, n * sizeof(float));
+  float *b = mlo_realloc(*buf, n * sizeof(float));
   if (!b) return MLO_ENOMEM;
   *buf = b;
   *cap = n;
@@ -142,7 +143,7 @@ static int host_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dty
     int64_t slice = (int64_t)(SLICE_BYTES / sizeof(float)) / in;
     if (slice < 1) {
       /* One row wider than the scratch: grow the scratch to one row. */
-      float *bigger = realloc(c->w, (size_t)in * sizeof(float));
+      float *bigger = mlo_realloc(c->w, (size_t)in * sizeof(float));
       if (!bigger) return MLO_ENOMEM;
       c->w = bigger;
       slice = 1;

@@ -14,6 +14,7 @@
  */
 #define CL_TARGET_OPENCL_VERSION 120
 
+#include "core/sysio.h"
 #include "core/log.h"
 #include "workload/workload.h"
 
@@ -118,7 +119,7 @@ static int ocl_blas_create(mlo_platform *p, void **ctx) {
   *ctx = NULL;
   cl_command_queue q = mlo_platform_compute_queue(p);
   if (!q) return MLO_EINVAL;
-  struct ocl_blas *b = calloc(1, sizeof *b);
+  struct ocl_blas *b = mlo_calloc(1, sizeof *b);
   if (!b) return MLO_ENOMEM;
   cl_int err = clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof b->context, &b->context, NULL);
   if (err != CL_SUCCESS) {
@@ -143,7 +144,7 @@ static int ensure_input(struct ocl_blas *b, uint64_t seed, int tokens, int64_t i
   size_t n = (size_t)tokens * (size_t)in;
   int rc = ensure(b, &b->x, n * sizeof(float));
   if (rc) return rc;
-  float *x = malloc(n * sizeof(float));
+  float *x = mlo_malloc(n * sizeof(float));
   if (!x) return MLO_ENOMEM;
   for (int t = 0; t < tokens; t++)
     for (int64_t k = 0; k < in; k++)
@@ -194,7 +195,7 @@ static int sgemm_rows(struct ocl_blas *b, cl_mem wmem, size_t w_first, int64_t o
 
 static int fold_y(struct ocl_blas *b, size_t bytes, uint64_t *digest) {
   if (bytes > b->host_y_bytes) {
-    float *grown = realloc(b->host_y, bytes);
+    float *grown = mlo_realloc(b->host_y, bytes);
     if (!grown) return MLO_ENOMEM;
     b->host_y = grown;
     b->host_y_bytes = bytes;
@@ -237,7 +238,7 @@ static int ocl_blas_bytes_digest(void *ctx, void *block, size_t offset, uint64_t
                                  uint64_t *digest) {
   struct ocl_blas *b = ctx;
   if (nbytes > SIZE_MAX) return MLO_EINVAL;
-  void *host = malloc(nbytes ? (size_t)nbytes : 1);
+  void *host = mlo_malloc(nbytes ? (size_t)nbytes : 1);
   if (!host) return MLO_ENOMEM;
   cl_int err = clEnqueueReadBuffer(b->queue, (cl_mem)block, CL_TRUE, offset, (size_t)nbytes, host,
                                    0, NULL, NULL);

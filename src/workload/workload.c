@@ -6,6 +6,7 @@
  * arithmetic on device memory; everything that decides what a digest covers
  * lives here so that every platform folds the same things in the same order.
  */
+#include "core/sysio.h"
 #include "workload/workload.h"
 
 #include "core/hash.h"
@@ -67,7 +68,7 @@ int mlo_workload_open(mlo_platform *platform, mlo_workload **out) {
   if (!platform) return MLO_EINVAL;
   const struct mlo_workload_ops *ops = find_backend(mlo_platform_name(platform));
   if (!ops) return MLO_ENODEV;
-  mlo_workload *w = calloc(1, sizeof *w);
+  mlo_workload *w = mlo_calloc(1, sizeof *w);
   if (!w) return MLO_ENOMEM;
   w->ops = ops;
   w->platform = platform;
@@ -197,8 +198,8 @@ int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_wo
   *calls = NULL;
   *count = 0;
   size_t ncomp = mlo_pipeline_component_count(pipe);
-  mlo_component **dits = calloc(ncomp ? ncomp : 1, sizeof *dits);
-  mlo_workload_call *list = calloc(ncomp + (size_t)steps, sizeof *list);
+  mlo_component **dits = mlo_calloc(ncomp ? ncomp : 1, sizeof *dits);
+  mlo_workload_call *list = mlo_calloc(ncomp + (size_t)steps, sizeof *list);
   if (!dits || !list) {
     free(dits);
     free(list);

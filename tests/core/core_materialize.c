@@ -210,18 +210,31 @@ static void test_file_vanishes(void **state) {
   d.file = tmp;
   mlo_tensor *t = NULL;
   assert_ok(mlo_tensor_add(comp, &d, &t));
+  char keep[sizeof tmp + 8];
+  snprintf(keep, sizeof keep, "%s.keep", tmp);
+  assert_int_equal(link(tmp, keep), 0); /* the same file, to put back later */
   unlink(tmp);
   assert_status(mlo_component_materialize(comp), MLO_EIO);
   if (!strstr(mlo_pipeline_errmsg(tp->pipe), tmp))
     fail_msg("message \"%s\" does not name the file", mlo_pipeline_errmsg(tp->pipe));
   assert_int_equal(mlo_component_residency(comp), MLO_RES_UNMATERIALIZED);
   assert_null(mlo_tensor_host_data(t));
+  /* Another file with the same bytes at the path is not the file that was
+   * declared: refused, naming the change (a swapped shard must not load). */
   f = fopen(tmp, "wb");
   assert_non_null(f);
   assert_int_equal(fwrite(bytes, 1, sizeof bytes, f), sizeof bytes);
   fclose(f);
+  assert_status(mlo_component_materialize(comp), MLO_EIO);
+  if (!strstr(mlo_pipeline_errmsg(tp->pipe), "changed since"))
+    fail_msg("message \"%s\" does not say the file changed", mlo_pipeline_errmsg(tp->pipe));
+  assert_int_equal(mlo_component_residency(comp), MLO_RES_UNMATERIALIZED);
+  /* The declared file back in place: the retry loads it. */
+  unlink(tmp);
+  assert_int_equal(link(keep, tmp), 0);
   assert_ok(mlo_component_materialize(comp));
   assert_memory_equal(mlo_tensor_host_data(t), bytes, sizeof bytes);
+  unlink(keep);
   unlink(tmp);
   tu_pipe_free(tp);
   mlo_platform_close(plat);

@@ -1,0 +1,242 @@
+/*
+ * sysio.c — host allocations and file reads through one fault point
+ * (sysio.h says why).  With no fault armed the cost is one relaxed atomic
+ * load per call.
+ */
+#include "core/sysio.h"
+
+#include "core/log.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the fault point ---------------------------------------------------- */
+
+static atomic_bool fault_counting;
+static atomic_int fault_kind = -1;
+static atomic_uint_fast64_t fault_nth;
+static atomic_uint_fast64_t fault_calls[MLO_SYSFAULT_KINDS];
+static atomic_bool fault_fired;
+
+void mlo_sysfault_arm(mlo_sysfault_kind kind, uint64_t nth) {
+  for (int k = 0; k < MLO_SYSFAULT_KINDS; k++) atomic_store(&fault_calls[k], 0);
+  atomic_store(&fault_fired, false);
+  atomic_store(&fault_nth, nth);
+  atomic_store(&fault_kind, (int)kind);
+  atomic_store(&fault_counting, true);
+}
+
+void mlo_sysfault_disarm(void) {
+  atomic_store(&fault_counting, false);
+  atomic_store(&fault_kind, -1);
+}
+
+uint64_t mlo_sysfault_calls(mlo_sysfault_kind kind) {
+  return (unsigned)kind < MLO_SYSFAULT_KINDS ? atomic_load(&fault_calls[kind]) : 0;
+}
+
+bool mlo_sysfault_fired(void) {
+  return atomic_load(&fault_fired);
+}
+
+const char *mlo_sysfault_name(mlo_sysfault_kind kind) {
+  static const char *names[] = {"alloc", "open", "read", "short"};
+  return (unsigned)kind < MLO_SYSFAULT_KINDS ? names[kind] : "?";
+}
+
+/* True if this call of kind is the one to fail. */
+static bool fault_hit(mlo_sysfault_kind kind) {
+  if (!atomic_load_explicit(&fault_counting, memory_order_relaxed)) return false;
+  uint64_t n = atomic_fetch_add(&fault_calls[kind], 1) + 1;
+  if (atomic_load(&fault_kind) != (int)kind || n != atomic_load(&fault_nth)) return false;
+  atomic_store(&fault_fired, true);
+  return true;
+}
+
+/* ---- host memory -------------------------------------------------------- */
+
+static _Thread_local uint64_t alloc_failures;
+
+uint64_t mlo_alloc_failures(void) {
+  return alloc_failures;
+}
+
+static void *note_failure(void *p) {
+  if (!p) alloc_failures++;
+  return p;
+}
+
+void *mlo_malloc(size_t n) {
+  if (fault_hit(MLO_SYSFAULT_ALLOC)) return note_failure(NULL);
+  return note_failure(malloc(n ? n : 1));
+}
+
+void *mlo_calloc(size_t n, size_t size) {
+  if (fault_hit(MLO_SYSFAULT_ALLOC)) return note_failure(NULL);
+  return note_failure(calloc(n ? n : 1, size ? size : 1));
+}
+
+void *mlo_realloc(void *p, size_t n) {
+  if (fault_hit(MLO_SYSFAULT_ALLOC)) return note_failure(NULL);
+  return note_failure(realloc(p, n ? n : 1));
+}
+
+void *mlo_aligned_alloc(size_t align, size_t n) {
+  if (fault_hit(MLO_SYSFAULT_ALLOC)) return note_failure(NULL);
+  size_t rounded = n ? (n + align - 1) / align * align : align;
+  if (rounded < n) return note_failure(NULL);
+  return note_failure(aligned_alloc(align, rounded));
+}
+
+char *mlo_strdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = mlo_malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+static void *json_malloc(size_t n) {
+  return mlo_malloc(n);
+}
+
+static pthread_once_t json_once = PTHREAD_ONCE_INIT;
+static void json_install(void) {
+  cJSON_Hooks hooks = {json_malloc, free};
+  cJSON_InitHooks(&hooks);
+}
+void mlo_json_use_hooks(void) {
+  pthread_once(&json_once, json_install);
+}
+
+/* ---- files in ----------------------------------------------------------- */
+
+void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id) {
+  id->dev = (uint64_t)st->st_dev;
+  id->ino = (uint64_t)st->st_ino;
+  id->size = (uint64_t)st->st_size;
+  id->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b) {
+  return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
+}
+
+static const char *kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+int mlo_open_regular(const char *path, const char *what, int *fd_out, mlo_file_id *id, char *err,
+                     size_t errlen) {
+  *fd_out = -1;
+  const char *sep = what ? ": " : "", *w = what ? what : "";
+  if (fault_hit(MLO_SYSFAULT_OPEN))
+    return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: cannot open: %s", path, sep, w, strerror(EIO));
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    int e = errno;
+    return mlo_errf(err, errlen, e == ENOENT ? MLO_ENOTFOUND : MLO_EIO, "%s%s%s: cannot open: %s",
+                    path, sep, w, strerror(e));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: cannot stat: %s", path, sep, w, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: is %s, not a regular file", path, sep, w,
+                    kind_of(st.st_mode));
+  }
+  int flags = fcntl(fd, F_GETFL);
+  if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  if (id) mlo_file_id_from_stat(&st, id);
+  *fd_out = fd;
+  return 0;
+}
+
+ssize_t mlo_pread(int fd, void *buf, size_t n, uint64_t offset) {
+  if (fault_hit(MLO_SYSFAULT_READ)) {
+    errno = EIO;
+    return -1;
+  }
+  if (n > 1 && fault_hit(MLO_SYSFAULT_SHORT)) n /= 2;
+  for (;;) {
+    ssize_t got = pread(fd, buf, n, (off_t)offset);
+    if (got >= 0 || errno != EINTR) return got;
+  }
+}
+
+int mlo_pread_full(int fd, void *buf, size_t n, uint64_t offset) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = mlo_pread(fd, (char *)buf + done, n - done, offset + done);
+    if (got < 0) return MLO_EIO;
+    if (got == 0) {
+      errno = 0;
+      return MLO_EIO;
+    }
+    done += (size_t)got;
+  }
+  return 0;
+}
+
+int mlo_read_file(const char *path, const char *what, size_t cap, char **out, size_t *len,
+                  char *err, size_t errlen) {
+  *out = NULL;
+  if (len) *len = 0;
+  int fd;
+  mlo_file_id id;
+  int rc = mlo_open_regular(path, what, &fd, &id, err, errlen);
+  if (rc) return rc;
+  const char *sep = what ? ": " : "", *w = what ? what : "";
+  char *buf = NULL;
+  if (id.size > cap) {
+    rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s%s%s: %llu bytes is over the %zu-byte cap", path,
+                  sep, w, (unsigned long long)id.size, cap);
+    goto out_close;
+  }
+  buf = mlo_malloc((size_t)id.size + 1);
+  if (!buf) {
+    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s%s%s: out of host memory", path, sep, w);
+    goto out_close;
+  }
+  if (mlo_pread_full(fd, buf, (size_t)id.size, 0) != 0) {
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s%s%s: cannot read: %s", path, sep, w,
+                  errno ? strerror(errno) : "the file shrank while reading");
+    free(buf);
+    goto out_close;
+  }
+  buf[id.size] = '\0';
+  *out = buf;
+  if (len) *len = (size_t)id.size;
+out_close:
+  close(fd);
+  return rc;
+}
+
+int mlo_write_full(int fd, const void *data, size_t len) {
+  const char *p = data;
+  while (len) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return -1;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
