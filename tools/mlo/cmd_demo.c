@@ -218,6 +218,9 @@ int cmd_demo(int argc, char **argv) {
     snprintf(svg, sizeof svg, "%s", d.timeline);
   else
     snprintf(svg, sizeof svg, "%s/demo-timeline.svg", d.cache);
+  if ((code = tool_check_output("demo", "--timeline", svg)) ||
+      (code = tool_check_output("demo", "--trace", d.trace)))
+    return code;
   if ((code = ensure_pipeline(dir, d.scale))) return code;
   return demo(&d, dir, svg);
 }

@@ -236,6 +236,10 @@ int cmd_run(int argc, char **argv) {
     code = TOOL_EXIT_OK;
   }
   if (code || !ra.path) goto out_free;
+  /* Before any work: a run of minutes must not end in "cannot write". */
+  if ((code = tool_check_output("run", "--trace", ra.trace)) ||
+      (code = tool_check_output("run", "--timeline", ra.timeline)))
+    goto out_free;
   char spec[512];
   if (ra.have_capacity)
     spec_with_capacity(ra.platform, ra.capacity, spec, sizeof spec);

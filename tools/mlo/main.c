@@ -5,6 +5,7 @@
  */
 #include "tool.h"
 
+#include <errno.h>
 #include <string.h>
 
 static const struct {
@@ -32,7 +33,17 @@ static void usage(FILE *out) {
                "MLO_NO_PROGRESS=1 (no progress bar even on a terminal).\n");
 }
 
-int main(int argc, char **argv) {
+/* A report nobody received is a failure: stdout on a full disk, a closed
+ * pipe or /dev/full must not end in exit 0. */
+static int finish(int code) {
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "mlo: cannot write to standard output: %s\n", strerror(errno));
+    if (code == TOOL_EXIT_OK) code = TOOL_EXIT_FAIL;
+  }
+  return code;
+}
+
+static int run(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
     return TOOL_EXIT_USAGE;
@@ -51,4 +62,8 @@ int main(int argc, char **argv) {
   fprintf(stderr, "mlo: unknown command '%s'\n", cmd);
   usage(stderr);
   return TOOL_EXIT_USAGE;
+}
+
+int main(int argc, char **argv) {
+  return finish(run(argc, argv));
 }

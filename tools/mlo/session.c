@@ -13,7 +13,26 @@
 void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t outlen) {
   /* "host[:opts]", "cuda[:N][:opts]", "opencl[:N][:opts]": keep the name,
    * the device index (0 by default) and every option but capacity, then
-   * append ours.  Other specs (fault:...) are passed through. */
+   * append ours.  A fault: wrapper gets it on its inner platform. */
+  if (!strncmp(spec, "fault:", 6) || !strcmp(spec, "fault")) {
+    /* A wrapper: the capacity belongs to the platform inside it, which
+     * comes last as inner=SPEC (host when none is named). */
+    const char *args = spec[5] ? spec + 6 : "", *inner = NULL;
+    for (const char *p = args; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+      if (!strncmp(p, "inner=", 6)) {
+        inner = p + 6;
+        break;
+      }
+    size_t head = inner ? (size_t)(inner - spec) : strlen(spec);
+    char wrapped[512];
+    spec_with_capacity(inner && *inner ? inner : "host", capacity, wrapped, sizeof wrapped);
+    if (inner)
+      snprintf(out, outlen, "%.*s%s", (int)head, spec, wrapped);
+    else
+      snprintf(out, outlen, "%s%sinner=%s", spec, spec[5] && spec[6] ? "," : (spec[5] ? "" : ":"),
+               wrapped);
+    return;
+  }
   const char *colon = strchr(spec, ':');
   size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
   bool host = name_len == 4 && !strncmp(spec, "host", 4);

@@ -121,8 +121,12 @@ int tool_trace_write_json(const tool_trace *t, const char *path, char *err, size
 /* ---- timeline_svg.c ---- */
 int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
                             const char *title, const char *path, char *err, size_t errlen);
-/* Writes a file atomically from a buffer (path.tmp, then rename). */
+/* Writes an output file: a regular file is replaced atomically, a symlink
+ * followed, a device, FIFO or socket refused (core/outfile.c). */
 int tool_write_file(const char *path, const char *data, size_t len, char *err, size_t errlen);
+/* Checks before any work that an output path can be written (NULL: none);
+ * prints "mlo CMD: FLAG: why" and returns an exit code, 0 if it can. */
+int tool_check_output(const char *cmd, const char *flag, const char *path);
 
 /* ---- session.c: a checkpoint opened on a platform, and runs of it ---- */
 typedef struct {

@@ -8,6 +8,8 @@
  */
 #include "tool.h"
 
+#include "core/sysio.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <pthread.h>
@@ -54,26 +56,16 @@ void tool_trace_hook(const mlo_trace_event *ev, void *user) {
 }
 
 int tool_write_file(const char *path, const char *data, size_t len, char *err, size_t errlen) {
-  size_t plen = strlen(path);
-  char *tmp = malloc(plen + 16);
-  if (!tmp) return MLO_ENOMEM;
-  snprintf(tmp, plen + 16, "%s.tmp%ld", path, (long)(mlo_now_ns() % 100000));
-  FILE *f = fopen(tmp, "wb");
-  if (!f) {
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-    free(tmp);
-    return MLO_EIO;
-  }
-  bool ok = fwrite(data, 1, len, f) == len;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-    remove(tmp); /* leave nothing partial behind */
-    free(tmp);
-    return MLO_EIO;
-  }
-  free(tmp);
-  return MLO_OK;
+  return mlo_out_write_all(path, data, len, err, errlen);
+}
+
+int tool_check_output(const char *cmd, const char *flag, const char *path) {
+  if (!path) return TOOL_EXIT_OK;
+  char why[1024];
+  int rc = mlo_out_check(path, why, sizeof why);
+  if (!rc) return TOOL_EXIT_OK;
+  fprintf(stderr, "mlo %s: %s: %s\n", cmd, flag, why);
+  return rc == MLO_ENOMEM ? TOOL_EXIT_FAIL : TOOL_EXIT_USAGE;
 }
 
 static double us_since(uint64_t t_ns, uint64_t t0) {
