@@ -256,6 +256,22 @@ class BadInputTests(Fixture):
         self.assertNotIn("Segmentation", err)
         return err
 
+    def test_platform_values_that_cannot_work(self):
+        c = self.ckpt
+        self.bad("run", c, "--platform", "host:bw=1", words=("bw=1", "at least 1e6"))
+        self.bad("run", c, "--platform", "fault:inner=host", words=("needs kind=K and nth=N",))
+        self.bad("run", c, "--platform", "fault:kind=copy", words=("needs kind=K and nth=N",))
+
+    def test_device_memory_reaches_a_wrapped_platform(self):
+        cap = self.capacity_for_offload()
+        rc, out, err = mlo("run", self.ckpt, "--json", "--verify", "--device-memory", cap,
+                           "--platform", "fault:kind=copy,nth=1000000,inner=host:jitter=1")
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertEqual(res["device_capacity_bytes"], int(cap))
+        self.assertIn("fault injection", res["platform"])
+        self.assertTrue(res["verified"])
+
     def test_bad_flags(self):
         c = self.ckpt
         self.bad("run", c, "--frobnicate", words=("--frobnicate",))
@@ -349,6 +365,70 @@ class OutputFileTests(Fixture):
         rc, _, err = mlo("run", self.ckpt, "--trace", os.path.join(self.tmp, "no/such/dir/t.json"))
         self.assertEqual(rc, 2, err)
         self.assertIn("t.json", err)
+
+    def test_outputs_checked_before_any_work(self):
+        # A platform whose first copy fails: had the run started, the copy
+        # fault (exit 4) would come first.  The bad path is refused up front.
+        bad = os.path.join(self.tmp, "no/such/dir/t.svg")
+        for flag in ("--trace", "--timeline"):
+            rc, out, err = mlo("run", self.ckpt, "--json", flag, bad,
+                               "--platform", "fault:kind=copy,nth=1,inner=host")
+            self.assertEqual(rc, 2, err)
+            self.assertIn(flag, err)
+            self.assertIn("t.svg", err)
+            self.assertEqual(out, "")
+        rc, _, err = mlo("demo", "--timeline", bad, env={"MLO_CACHE": os.path.join(self.tmp, "c")})
+        self.assertEqual(rc, 2, err)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "c", "wan2.2-t2v-0.005")))
+
+    def test_special_files_never_replaced(self):
+        # Made here, inside our own temporary folder: a FIFO, a socket and
+        # (as root, as CI runs) a character device like /dev/null.
+        import socket
+        import stat
+        specials = {}
+        fifo = os.path.join(self.tmp, "out.fifo")
+        os.mkfifo(fifo)
+        specials[fifo] = (stat.S_ISFIFO, "a FIFO")
+        sock_path = os.path.join(self.tmp, "out.sock")
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(sock_path)
+        specials[sock_path] = (stat.S_ISSOCK, "a socket")
+        node = os.path.join(self.tmp, "null-node")
+        try:
+            os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            specials[node] = (stat.S_ISCHR, "a character device")
+        except PermissionError:
+            self.assertNotEqual(os.geteuid(), 0)
+        for path, (is_kind, words) in specials.items():
+            for flag in ("--trace", "--timeline"):
+                rc, _, err = mlo("run", self.ckpt, flag, path)
+                self.assertEqual(rc, 2, err)
+                self.assertIn(words, err)
+                self.assertTrue(is_kind(os.lstat(path).st_mode), f"{path} was replaced")
+        sock.close()
+        # a symlink is followed: the link stays, its target gets the trace
+        target = os.path.join(self.tmp, "real.json")
+        with open(target, "w") as f:
+            f.write("old")
+        link = os.path.join(self.tmp, "link.json")
+        os.symlink(target, link)
+        mlo("run", self.ckpt, "--trace", link, check=0)
+        self.assertTrue(os.path.islink(link))
+        with open(target) as f:
+            self.assertIn("traceEvents", json.load(f))
+
+    def test_stdout_write_failure_is_an_error(self):
+        # stdout is a pipe nobody reads: the report cannot be delivered.
+        r, w = os.pipe()
+        os.close(r)
+        import signal
+        p = subprocess.run([MLO, "inspect", self.ckpt], stdout=w, stderr=subprocess.PIPE,
+                           text=True, timeout=120,
+                           preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN))
+        os.close(w)
+        self.assertEqual(p.returncode, 4, p.stderr)
+        self.assertIn("cannot write to standard output", p.stderr)
 
 
 class InspectTests(Fixture):

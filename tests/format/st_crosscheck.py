@@ -7,6 +7,9 @@ package (driven by test_st_crosscheck.c).
                                          mlo) as MANIFEST says
   st_crosscheck.py write FILE MANIFEST   the reference writes FILE; MANIFEST
                                          says what mlo must read back
+  st_crosscheck.py verdicts DIR OUT      for every DIR/*.safetensors, whether
+                                         the reference opens it: OUT gets
+                                         {"name": true|false, ...}
 
 A manifest is JSON: {"metadata": {k: v}, "tensors": [{"name", "dtype",
 "shape", "hex"}]}, dtype spelled as in safetensors ("BF16").
@@ -130,7 +133,27 @@ def write(path, manifest_path):
         json.dump({"metadata": meta, "tensors": tensors}, f)
 
 
+def verdicts(folder, out_path):
+    """Header-grammar cases (test_st_crosscheck.c): open each with the
+    reference and record whether it was accepted."""
+    result = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        try:
+            with safe_open(os.path.join(folder, name), "np") as f:
+                list(f.keys())
+            result[name[:-len(".safetensors")]] = True
+        except Exception:  # the reference refused it: that is the datum
+            result[name[:-len(".safetensors")]] = False
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "verdicts":
+        verdicts(sys.argv[2], sys.argv[3])
+        return 0
     if len(sys.argv) == 2 and sys.argv[1] == "probe":
         print(f"st_crosscheck: safetensors {safetensors.__version__}, numpy {np.__version__}")
         return 0

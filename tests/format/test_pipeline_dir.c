@@ -16,6 +16,7 @@
 #include "mlo/checkpoint.h"
 
 #include <ftw.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,6 +362,162 @@ static void test_variants(void **state) {
 }
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+/* ---- hostile directories (hardening) ----------------------------------- */
+
+static void put_bytes(const char *rel, const char *bytes, size_t n) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", root, rel);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(bytes, 1, n, f), n);
+  fclose(f);
+}
+
+static void replace_with_fifo(const char *rel) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", root, rel);
+  unlink(path);
+  assert_int_equal(mkfifo(path, 0600), 0);
+}
+
+/* A FIFO where a file belongs: opening must fail at once, naming it (a
+ * blocking open would hang here; alarm turns a hang into a failure). */
+static void test_fifo_never_hangs(void **state) {
+  (void)state;
+  static const char *const where[] = {"model_index.json", "transformer/" INDEX,
+                                      "transformer/" SHARD1,
+                                      "vae/diffusion_pytorch_model.safetensors"};
+  for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+    assert_int_equal(teardown(NULL), 0);
+    assert_int_equal(setup(NULL), 0);
+    replace_with_fifo(where[i]);
+    alarm(20);
+    expect_fail("", NULL, MLO_EIO, strrchr(where[i], '/') ? strrchr(where[i], '/') + 1 : where[i],
+                "FIFO");
+    alarm(0);
+  }
+  /* a component folder opened alone: its config.json is only a class hint */
+  assert_int_equal(teardown(NULL), 0);
+  assert_int_equal(setup(NULL), 0);
+  replace_with_fifo("transformer/config.json");
+  alarm(20);
+  mlo_pipeline *pipe;
+  assert_ok(open_at("transformer", NULL, &pipe));
+  alarm(0);
+  mlo_pipeline_free(pipe);
+}
+
+/* model_index.json and weight maps: JSON as Python's json (diffusers)
+ * reads it, and names that are C strings. */
+static void test_index_json_strict(void **state) {
+  (void)state;
+  static const char bom[] = "\xEF\xBB\xBF{\"vae\": [\"diffusers\", \"AutoencoderKLWan\"]}";
+  put_bytes("model_index.json", bom, sizeof bom - 1);
+  expect_fail("", NULL, MLO_EFORMAT, "model_index.json", "not valid JSON at byte 0");
+  put("model_index.json", "{\"vae\": [\"diffusers\", \"AutoencoderKLWan\"]} trailing");
+  expect_fail("", NULL, MLO_EFORMAT, "model_index.json", "trailing characters");
+  static const char nul[] = "{\"vae\": [\"diffusers\", \"AutoencoderKLWan\"]}\0{\"x\": 1}";
+  put_bytes("model_index.json", nul, sizeof nul - 1);
+  expect_fail("", NULL, MLO_EFORMAT, "model_index.json", "trailing characters");
+  put("model_index.json", "{\"vae\\u0000x\": [\"diffusers\", \"AutoencoderKLWan\"]}");
+  expect_fail("", NULL, MLO_EFORMAT, "model_index.json", "\\u0000");
+  put("model_index.json", "{\"vae\": [\"diffusers\", \"Autoencoder\\u0000KLWan\"]}");
+  expect_fail("", NULL, MLO_EFORMAT, "model_index.json", "\\u0000");
+  put("model_index.json", "{\"vae\": [\"diffusers\", \"A\"], \"vae\": [\"diffusers\", \"B\"]}");
+  expect_fail("", NULL, MLO_EFORMAT, "model_index.json", "'vae' appears twice");
+  put("model_index.json", good_index);
+  put_index("transformer", "{\"a.weight\": \"" SHARD1 "\\u0000\", \"b.weight\": \"" SHARD1 "\"}");
+  expect_fail("", NULL, MLO_EFORMAT, INDEX, "\\u0000");
+  put_index("transformer", GOOD_MAP " x");
+  expect_fail("", NULL, MLO_EFORMAT, INDEX, "expected ',' or '}'");
+  /* a good entry, then a bad one: the names collected so far are freed
+   * (LeakSanitizer checks this path in the ASan run) */
+  put_index("transformer",
+            "{\"a.weight\": \"" SHARD1 "\", \"b.weight\": \"" SHARD2 "\", \"c\": 3}");
+  expect_fail("", NULL, MLO_EFORMAT, "'c'", "not a file name string");
+}
+
+/* A shard swapped after its header was validated is refused at
+ * materialize, not loaded: another valid shard, or a link to a device. */
+static void test_shard_swapped_after_open(void **state) {
+  (void)state;
+  char shard[512], other[512];
+  snprintf(shard, sizeof shard, "%s/transformer/" SHARD2, root);
+  snprintf(other, sizeof other, "%s/other.safetensors", root);
+  for (int how = 0; how < 2; how++) {
+    mlo_pipeline *pipe;
+    assert_ok(open_at("", NULL, &pipe));
+    if (how == 0) { /* the same tensors and sizes, another file */
+      put_st("other.safetensors", (const char *[]){"c.weight", NULL}, (int[]){5});
+      assert_int_equal(rename(other, shard), 0);
+    } else { /* input only: /dev/zero is read, never written */
+      assert_int_equal(unlink(shard), 0);
+      assert_int_equal(symlink("/dev/zero", shard), 0);
+    }
+    mlo_component *t = mlo_pipeline_find(pipe, "transformer");
+    assert_status(mlo_component_materialize(t), MLO_EIO);
+    const char *msg = mlo_pipeline_errmsg(pipe);
+    if (!strstr(msg, SHARD2) || !strstr(msg, how == 0 ? "changed since" : "character device"))
+      fail_msg("message \"%s\"", msg);
+    assert_int_equal(mlo_component_residency(t), MLO_RES_UNMATERIALIZED);
+    mlo_pipeline_free(pipe);
+    unlink(shard);
+    put_st("transformer/" SHARD2, (const char *[]){"c.weight", NULL}, (int[]){5});
+  }
+}
+
+/* Opening works on a thread with a small stack (no 64 KiB buffers). */
+static void *open_on_thread(void *arg) {
+  mlo_pipeline *pipe = NULL;
+  *(int *)arg = open_at("transformer", NULL, &pipe);
+  mlo_pipeline_free(pipe);
+  return NULL;
+}
+
+static void test_small_stack(void **state) {
+  (void)state;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 64u << 10);
+  pthread_t th;
+  int rc = -1;
+  assert_int_equal(pthread_create(&th, &attr, open_on_thread, &rc), 0);
+  pthread_join(th, NULL);
+  pthread_attr_destroy(&attr);
+  assert_ok(rc);
+}
+
+/* 100,000 tensors in one header: declared, found by name, a duplicate
+ * refused (the name index is a hash table, not a linear scan). */
+static void test_many_tensors(void **state) {
+  (void)state;
+  enum { N = 100000 };
+  mlo_st_writer *w;
+  assert_ok(mlo_st_writer_create(&w));
+  static const uint8_t two[2] = {1, 2};
+  int64_t shape[1] = {1};
+  char name[32];
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "blocks.%d.w", i);
+    assert_ok(mlo_st_writer_add(w, name, MLO_DTYPE_BF16, 1, shape, two, 2, true));
+  }
+  char path[512];
+  snprintf(path, sizeof path, "%s/many.safetensors", root);
+  assert_ok(mlo_st_writer_write(w, path, err, sizeof err));
+  mlo_st_writer_free(w);
+  mlo_pipeline *pipe;
+  assert_ok(open_at("many.safetensors", NULL, &pipe));
+  mlo_component *c = mlo_pipeline_component_at(pipe, 0);
+  assert_int_equal(mlo_component_tensor_count(c), N);
+  assert_non_null(mlo_component_find_tensor(c, "blocks.77777.w"));
+  assert_null(mlo_component_find_tensor(c, "blocks.100000.w"));
+  mlo_tensor_desc d = MLO_TENSOR_DESC_INIT;
+  d.name = "blocks.31337.w";
+  assert_status(mlo_tensor_add(c, &d, NULL), MLO_EEXIST);
+  mlo_pipeline_free(pipe);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_opens_pipeline),
@@ -375,6 +532,11 @@ int main(void) {
       T(test_model_index_malformed),
       T(test_ambiguous_files),
       T(test_variants),
+      T(test_fifo_never_hangs),
+      T(test_index_json_strict),
+      T(test_shard_swapped_after_open),
+      T(test_small_stack),
+      T(test_many_tensors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

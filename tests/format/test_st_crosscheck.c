@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -194,6 +195,164 @@ static int remove_tmpdir(void **state) {
   return rmdir(tmpdir);
 }
 
+/* ---- the header grammar, against the reference, both ways --------------- */
+
+/* One header text; the data section is 4 bytes (tensor "a": F32 [1] at
+ * [0, 4) unless the text says otherwise).  `stricter` is NULL where mlo
+ * must decide exactly as the reference does, else why mlo refuses a
+ * header the reference reads (docs/formats.md lists the same). */
+typedef struct {
+  const char *name, *header;
+  const char *stricter;
+} grammar_case;
+
+#define ENTRY "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"
+static const grammar_case grammar[] = {
+    {"ok", "{" ENTRY "}", NULL},
+    {"leading_space", "  {" ENTRY "}", NULL},
+    {"trailing_space", "{" ENTRY "}   ", NULL},
+    {"bom", "\xEF\xBB\xBF{" ENTRY "}", NULL},
+    {"trailing_nul", "{" ENTRY "}\0", NULL},
+    {"nul_then_text", "{" ENTRY "}\0junk", NULL},
+    {"float_shape", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", NULL},
+    {"exponent_offset", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4e0]}}", NULL},
+    {"leading_zero", "{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", NULL},
+    {"negative_zero", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-0,4]}}", NULL},
+    {"plus_sign", "{\"a\":{\"dtype\":\"F32\",\"shape\":[+1],\"data_offsets\":[0,4]}}", NULL},
+    {"control_in_name", "{\"a\x01\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     NULL},
+    {"tab_in_name", "{\"a\t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", NULL},
+    {"vt_between", "{\x0B" ENTRY "}", NULL},
+    {"ff_between", "{\x0C" ENTRY "}", NULL},
+    {"duplicate_field",
+     "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", NULL},
+    {"nul_in_dtype", "{\"a\":{\"dtype\":\"F32\\u0000\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     NULL},
+    {"lone_surrogate", "{\"a\\ud800\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     NULL},
+    {"paired_surrogate",
+     "{\"a\\ud83d\\ude00\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", NULL},
+    {"bad_escape", "{\"a\\x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", NULL},
+    {"escaped_name", "{\"\\u0061\\/\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     NULL},
+    {"escaped_field", "{\"a\":{\"dtype\":\"F32\",\"sh\\u0061pe\":[1.0],\"data_offsets\":[0,4]}}",
+     NULL},
+    {"unknown_field_any",
+     "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],"
+     "\"x\":[-1.5e3,\"z\",{\"q\":null},true]}}",
+     NULL},
+    {"trailing_comma", "{" ENTRY ",}", NULL},
+    {"metadata_null", "{\"__metadata__\":null," ENTRY "}", NULL},
+    {"metadata_number", "{\"__metadata__\":{\"k\":1}," ENTRY "}", NULL},
+    {"metadata_twice", "{\"__metadata__\":{},\"__metadata__\":{}," ENTRY "}", NULL},
+    {"top_array", "[]", NULL},
+    {"del_in_name", "{\"a\x7F\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", NULL},
+    {"nul_in_name", "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     "a name is a C string: \\u0000 would cut it to another name"},
+    {"empty_name", "{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+     "a tensor is addressed by its name; an empty one is refused by mlo_tensor_add"},
+    {"duplicate_name", "{" ENTRY "," ENTRY "}",
+     "the reference keeps the last entry silently; which one was meant is a guess"},
+    {"metadata_duplicate_key", "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}," ENTRY "}",
+     "the reference keeps the last value silently; which one was meant is a guess"},
+};
+
+/* 126 and 127 nested arrays under a tensor entry (two levels): serde_json
+ * stops at 128 levels. */
+static char *nested(int arrays) {
+  size_t n = (size_t)arrays * 2 + 128;
+  char *s = malloc(n);
+  int k = snprintf(s, n, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":");
+  for (int i = 0; i < arrays; i++) s[k++] = '[';
+  for (int i = 0; i < arrays; i++) s[k++] = ']';
+  snprintf(s + k, n - (size_t)k, "}}");
+  return s;
+}
+
+static void write_case(const char *dir, const char *name, const char *hdr, size_t hlen) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  uint8_t prefix[8];
+  for (int i = 0; i < 8; i++) prefix[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+  static const uint8_t data[4] = {0};
+  assert_int_equal(fwrite(prefix, 1, 8, f), 8);
+  assert_int_equal(fwrite(hdr, 1, hlen, f), hlen);
+  assert_int_equal(fwrite(data, 1, 4, f), 4);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* Header lengths: the table's texts may hold a NUL, so they are sized by
+ * the literal, not by strlen. */
+#define GRAMMAR_LEN(i) (strlen(grammar[i].header) + extra_nul(grammar[i].name))
+static size_t extra_nul(const char *name) {
+  if (!strcmp(name, "trailing_nul")) return 1;
+  if (!strcmp(name, "nul_then_text")) return 5;
+  return 0;
+}
+
+static void test_header_grammar_matches_reference(void **state) {
+  (void)state;
+  char dir[300], out[320];
+  snprintf(dir, sizeof dir, "%s/grammar", tmpdir);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  size_t n = sizeof grammar / sizeof grammar[0];
+  for (size_t i = 0; i < n; i++)
+    write_case(dir, grammar[i].name, grammar[i].header, GRAMMAR_LEN(i));
+  char *deep_ok = nested(125), *deep_bad = nested(126);
+  write_case(dir, "depth_127", deep_ok, strlen(deep_ok));
+  write_case(dir, "depth_128", deep_bad, strlen(deep_bad));
+  free(deep_ok);
+  free(deep_bad);
+  snprintf(out, sizeof out, "%s/verdicts.json", tmpdir);
+  assert_int_equal(run_script("verdicts", dir, out), 0);
+  FILE *f = fopen(out, "rb");
+  assert_non_null(f);
+  char buf[8192];
+  size_t len = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[len] = '\0';
+  cJSON *ref = cJSON_Parse(buf);
+  assert_non_null(ref);
+  int disagree = 0;
+  for (size_t i = 0; i < n + 2; i++) {
+    const char *name = i < n ? grammar[i].name : i == n ? "depth_127" : "depth_128";
+    const char *stricter = i < n ? grammar[i].stricter : NULL;
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);
+    mlo_st_file *st = NULL;
+    bool mlo_ok = mlo_st_open(path, &st, err, sizeof err) == MLO_OK;
+    mlo_st_close(st);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(ref, name);
+    assert_true(cJSON_IsBool(v));
+    bool ref_ok = cJSON_IsTrue(v);
+    bool want = stricter ? false : ref_ok;
+    if (stricter && !ref_ok) {
+      fprintf(stderr, "grammar %s: marked stricter, but the reference refuses it too\n", name);
+      disagree++;
+    } else if (mlo_ok != want) {
+      fprintf(stderr, "grammar %s: reference %s, mlo %s (%s)\n", name,
+              ref_ok ? "accepts" : "refuses", mlo_ok ? "accepts" : "refuses", err);
+      disagree++;
+    } else if (!mlo_ok && !err[0]) {
+      fprintf(stderr, "grammar %s: refused without a message\n", name);
+      disagree++;
+    }
+  }
+  cJSON_Delete(ref);
+  for (size_t i = 0; i < n + 2; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.safetensors", dir,
+             i < n    ? grammar[i].name
+             : i == n ? "depth_127"
+                      : "depth_128");
+    unlink(path);
+  }
+  rmdir(dir);
+  assert_int_equal(disagree, 0);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s st_crosscheck.py\n", argv[0]);
@@ -214,6 +373,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_reads_mlo),
       cmocka_unit_test(test_mlo_reads_reference),
+      cmocka_unit_test(test_header_grammar_matches_reference),
   };
   return cmocka_run_group_tests(tests, NULL, remove_tmpdir);
 }

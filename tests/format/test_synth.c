@@ -320,6 +320,67 @@ static void test_cache_and_rewrite(void **state) {
   assert_false(exists(file));
 }
 
+static void put_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  assert_int_equal(fclose(f), 0);
+}
+
+/* A planted stamp that lists files behind a symlink out of the folder:
+ * the generator removes only regular files inside its folder, and never
+ * writes through a link it finds there. */
+static void test_links_never_followed(void **state) {
+  (void)state;
+  char dir[300], outside[300], secret[400], path[2048];
+  sub(dir, sizeof dir, "gen", NULL);
+  sub(outside, sizeof outside, "outside", NULL);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  assert_int_equal(mkdir(outside, 0755), 0);
+  snprintf(secret, sizeof secret, "%s/secret", outside);
+  put_file(secret, "not the generator's");
+  snprintf(path, sizeof path, "%s/lnk", dir);
+  assert_int_equal(symlink(outside, path), 0);
+  snprintf(path, sizeof path, "%s/alias.json", dir);
+  assert_int_equal(symlink(secret, path), 0);
+  snprintf(path, sizeof path, "%s/.mlo-synth.json", dir);
+  put_file(path, "{\"generator\": \"mlo synth\", \"version\": 1, \"preset\": \"flux\","
+                 " \"scale\": 1, \"complete\": true,"
+                 " \"files\": [\"lnk/secret\", \"alias.json\", \"../outside/secret\"]}");
+  tu_log_capture_begin();
+  assert_ok(mlo_synth_write("sd3", dir, TINY, NULL, NULL, err, sizeof err));
+  tu_log_capture_end();
+  assert_true(exists(secret)); /* not removed through lnk/ nor through ../ */
+  struct stat st;
+  snprintf(path, sizeof path, "%s/alias.json", dir);
+  assert_int_equal(lstat(path, &st), 0); /* a listed link is left, not followed */
+  assert_true(S_ISLNK(st.st_mode));
+  mlo_pipeline_free(open_dir(dir));
+  /* a link planted where the generator writes a shard: refused, not written through */
+  char sub_dir[400];
+  snprintf(sub_dir, sizeof sub_dir, "%s/transformer", dir);
+  snprintf(path, sizeof path, "%s/diffusion_pytorch_model-00001-of-00002.safetensors", sub_dir);
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(symlink(secret, path), 0);
+  assert_false(mlo_synth_is_complete("sd3", dir, TINY)); /* a link is no shard */
+  tu_log_capture_begin();
+  int rc = mlo_synth_write("sd3", dir, TINY, NULL, NULL, err, sizeof err);
+  tu_log_capture_end();
+  assert_status(rc, MLO_EIO);
+  assert_non_null(strstr(err, "refusing to write through it"));
+  FILE *f = fopen(secret, "r");
+  char buf[64] = "";
+  assert_non_null(fgets(buf, sizeof buf, f));
+  fclose(f);
+  assert_string_equal(buf, "not the generator's");
+  /* a whole component folder replaced by a link out of the folder */
+  snprintf(path, sizeof path, "rm -rf '%s' && ln -s '%s' '%s'", sub_dir, outside, sub_dir);
+  assert_int_equal(system(path), 0);
+  assert_status(mlo_synth_write("sd3", dir, TINY, NULL, NULL, err, sizeof err), MLO_EIO);
+  snprintf(path, sizeof path, "%s/config.json", outside);
+  assert_false(exists(path));
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -329,6 +390,7 @@ int main(void) {
       T(test_wan_structure),
       T(test_weights_deterministic_and_small),
       T(test_cache_and_rewrite),
+      T(test_links_never_followed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,7 +45,9 @@ MAYBE_VALID = {
                "-9223372036854775808", "4294967296", "8e9", "1G", "0B"],
     "pair": ["dit=1", "dit=0", "dit=-1", "dit=nan", "dit=1e999", "x=dit", "=dit", "dit=",
              "vae=vae", "text_encoder=vae"],
-    "path": ["/dev/null", "/nonexistent/dir/file", "/", ".", "..", "/proc/self/mem",
+    # Paths are made inside the run's own temporary folder (special_paths):
+    # no test hands a real device such as /dev/null to a flag that writes.
+    "path": ["{missing}/dir/file", "{fifo}", "{node}", "{folder}", ".", "..",
              "x" * 4097 + "/y", "%s%n"],
     "platform": ["host:capacity=0", "host:capacity=-1", "host:jitter=2", "host:bw=nan",
                  "cuda:99", "opencl:-1", "host:" + "a" * 10000 + "=1",
@@ -138,6 +140,7 @@ def main():
     rng = random.Random(seed)
     tmp = tempfile.mkdtemp(prefix="mlo-cli-fuzz-")
     try:
+        special_paths(tmp)
         ckpt = os.path.join(tmp, "wan")
         rc, err, _ = run(mlo, ["synth", "wan2.2-t2v", ckpt, "--scale", SCALE])
         if rc != 0:
@@ -146,6 +149,26 @@ def main():
         return fuzz(mlo, ckpt, tmp, rng, budget, seed, every)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def special_paths(tmp):
+    """Fills in the {placeholders} of MAYBE_VALID["path"] with things made in
+    tmp: a FIFO, a device node like /dev/null (a socket when not root), a
+    folder, and a path under a missing folder."""
+    import socket
+    import stat
+    made = {"missing": os.path.join(tmp, "missing"), "fifo": os.path.join(tmp, "fifo"),
+            "node": os.path.join(tmp, "node"), "folder": os.path.join(tmp, "folder")}
+    os.mkfifo(made["fifo"])
+    os.mkdir(made["folder"])
+    try:
+        os.mknod(made["node"], 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(made["node"])
+        s.close()
+    MAYBE_VALID["path"] = [v.format(**made) if "{" in v else v for v in MAYBE_VALID["path"]]
+    return made
 
 
 def pick(values, rng, every):
@@ -198,8 +221,9 @@ def cases(mlo, ckpt, tmp, rng, every):
                     ["synth", "wan2.2-t2v", v, "--scale", SCALE], None, False))
         out.append((f"mlo {short(v)}", [v], None, True))
     # Environment variables the library and the tool read.
-    env_values = NEVER_VALID[:14] + ["debug", "DEBUG", "off", "1", "0", "-1", "/nonexistent/x",
-                                "/dev/null", "/proc", "x" * 4097] + junk_bytes
+    env_values = NEVER_VALID[:14] + ["debug", "DEBUG", "off", "1", "0", "-1",
+                                     os.path.join(tmp, "missing", "x"), os.path.join(tmp, "fifo"),
+                                     os.path.join(tmp, "node"), "x" * 4097] + junk_bytes
     for v in pick(env_values, rng, every):
         for var in ("MLO_LOG", "MLO_NO_PINNED", "MLO_NO_PROGRESS"):
             out.append((f"{var}={short(v)} run", ["run", ckpt, "--steps", "1"], {var: v}, False))
