@@ -34,13 +34,16 @@ endif
 # Sanitizer runs.  OPENBLAS_NUM_THREADS=1: OpenBLAS's worker pool is not
 # instrumented, so TSan cannot see its synchronization (false reports) and
 # ASan cannot attribute its buffers; one BLAS thread also keeps ctest -j from
-# oversubscribing a two-core CI machine.  The LSan suppressions name only
+# oversubscribing a two-core CI machine.  allocator_may_return_null: an
+# impossible allocation (a 4 EiB slab in core_hardening) must come back as
+# NULL, which the library reports as MLO_ENOMEM, as libc does; ASan would
+# abort instead.  The LSan suppressions name only
 # third-party libraries (the OpenCL ICD loader, PoCL and its LLVM), never mlo.
 SAN_ENV = OPENBLAS_NUM_THREADS=1 \
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:allocator_may_return_null=1 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1
 # TSan covers the threaded tests on the host platform only (OpenCL and CUDA
 # are not built there): PoCL's and the CUDA runtime's own threads are not
 # instrumented and would only add noise.  Only these targets are built.

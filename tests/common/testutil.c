@@ -362,7 +362,11 @@ int tu_forward_check(mlo_component *comp, void *user) {
     tu_note_failure(tp, "inside forward: %s", why);
     bad = 1;
   }
-  if (tp->exclusion_in_forward && !tu_exclusion_ok(tp, comp, why, sizeof why)) {
+  /* The rule holds while offload is enabled.  That state cannot change
+   * during a forward (enable and disable refuse with MLO_EBUSY while anything
+   * executes), so a test that toggles it still checks every hooked forward. */
+  if (tp->exclusion_in_forward && mlo_offload_is_enabled(tp->pipe) &&
+      !tu_exclusion_ok(tp, comp, why, sizeof why)) {
     atomic_fetch_add(&tp->excluded_resident, 1);
     tu_note_failure(tp, "inside forward: %s", why);
     bad = 1;

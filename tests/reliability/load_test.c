@@ -12,6 +12,9 @@
  * weights), and no device bytes after the pipeline is freed.  It reports
  * forwards per second; that figure is information, never asserted.
  *
+ * A second run of half the length switches offload off and on under the
+ * loaders (refused while anything executes), checking every hooked forward.
+ *
  * Usage: load_test [THREADS [SECONDS]] (default 4 threads, 5 s).
  */
 #include "testutil.h"
@@ -28,6 +31,7 @@ typedef struct {
   uint64_t deadline_ns, rng;
   unsigned forwards;
   int first_error;
+  bool pauses; /* rest 1 ms every 16 forwards, so all threads are sometimes idle */
 } loader;
 
 static void *load(void *arg) {
@@ -42,6 +46,32 @@ static void *load(void *arg) {
       break;
     }
     l->forwards++;
+    if (l->pauses && l->forwards % 16 == (l->rng >> 60)) tu_sleep_ms(1);
+  }
+  return NULL;
+}
+
+/* Disables and re-enables offload for the run's length while the loaders
+ * forward: each call is refused (MLO_EBUSY) whenever anything executes. */
+typedef struct {
+  tu_pipe *tp;
+  uint64_t deadline_ns;
+  unsigned toggles, refused;
+  int first_error;
+} toggler;
+
+static void *toggle(void *arg) {
+  toggler *t = arg;
+  while (mlo_now_ns() < t->deadline_ns && !t->first_error) {
+    bool on = mlo_offload_is_enabled(t->tp->pipe);
+    int rc = on ? mlo_offload_disable(t->tp->pipe) : mlo_offload_enable(t->tp->pipe, NULL);
+    if (rc == MLO_OK)
+      t->toggles++;
+    else if (rc == MLO_EBUSY)
+      t->refused++;
+    else
+      t->first_error = rc;
+    tu_sleep_ms(1);
   }
   return NULL;
 }
@@ -64,7 +94,7 @@ static void test_load(void **state) {
   assert_true(n_threads >= 1 && n_threads <= 16);
   uint64_t t0 = mlo_now_ns(), deadline = t0 + (uint64_t)(seconds * 1e9);
   for (unsigned i = 0; i < n_threads; i++) {
-    ls[i] = (loader){tp, deadline, 0x2545F4914F6CDD1Dull * (i + 1), 0, 0};
+    ls[i] = (loader){tp, deadline, 0x2545F4914F6CDD1Dull * (i + 1), 0, 0, false};
     assert_int_equal(pthread_create(&th[i], NULL, load, &ls[i]), 0);
   }
   unsigned total = 0;
@@ -104,9 +134,49 @@ static void test_load(void **state) {
   mlo_platform_close(plat);
 }
 
+/* The same loaders with offload switched off and on under them, on a device
+ * that holds everything (unhooked forwards evict nothing). */
+static void test_load_with_toggles(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("capacity=4M,jitter=0");
+  tu_pipe *tp = tu_pipe_build_wan(plat);
+  tp->exclusion_in_forward = true; /* checked whenever offload is on */
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  loader ls[16];
+  pthread_t th[16], tt;
+  uint64_t deadline = mlo_now_ns() + (uint64_t)(seconds / 2 * 1e9);
+  toggler tg = {tp, deadline, 0, 0, 0};
+  for (unsigned i = 0; i < n_threads; i++) {
+    ls[i] = (loader){tp, deadline, 0x9E3779B97F4A7C15ull * (i + 3), 0, 0, true};
+    assert_int_equal(pthread_create(&th[i], NULL, load, &ls[i]), 0);
+  }
+  assert_int_equal(pthread_create(&tt, NULL, toggle, &tg), 0);
+  unsigned total = 0;
+  for (unsigned i = 0; i < n_threads; i++) {
+    pthread_join(th[i], NULL);
+    if (ls[i].first_error)
+      fail_msg("thread %u: a forward returned %s: %s", i, mlo_err_name(ls[i].first_error),
+               mlo_pipeline_errmsg(tp->pipe));
+    total += ls[i].forwards;
+  }
+  pthread_join(tt, NULL);
+  if (tg.first_error) fail_msg("enable/disable returned %s", mlo_err_name(tg.first_error));
+  printf("load with toggles: %u threads: %u forwards; %u enable/disable calls took, %u refused "
+         "(busy)\n",
+         n_threads, total, tg.toggles, tg.refused);
+  tu_assert_forwards_clean(tp);
+  assert_true(tg.toggles > 0);
+  assert_ok(mlo_offload_disable(tp->pipe));
+  tu_assert_audit(tp);
+  tu_pipe_free(tp);
+  assert_int_equal(tu_device_used(plat), 0);
+  mlo_platform_close(plat);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) n_threads = (unsigned)strtoul(argv[1], NULL, 10);
   if (argc > 2) seconds = strtod(argv[2], NULL);
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_load)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_load),
+                                     cmocka_unit_test(test_load_with_toggles)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,9 @@
  * host device whose capacity is either exactly what offload needs or less
  * (forcing eviction, or out-of-memory), random copy delays (jitter), a sync
  * mode, and 2-4 threads that forward, acquire/hold/release, try_acquire and
- * nest acquires in random order with random pauses.  Inside every forward
+ * nest acquires in random order with random pauses; in one schedule in
+ * three they also disable and re-enable offload between their calls (while
+ * others forward: refused with MLO_EBUSY whenever anything executes).  Inside every forward
  * the component must be resident with the right bytes, nothing it excludes
  * resident, and the audit clean; after each schedule the audit must pass,
  * device accounting match, and every device byte come back at the end.
@@ -107,8 +109,10 @@ typedef struct {
   uint64_t rng;
   unsigned ops;
   pthread_barrier_t *start;
+  bool toggles; /* this schedule's workers also disable and re-enable */
+  const mlo_offload_settings *settings;
   /* outcomes, read after join */
-  unsigned forwards, oom, busy, deadlk;
+  unsigned forwards, oom, busy, deadlk, toggled;
   char failure[256];
 } worker;
 
@@ -127,7 +131,9 @@ static bool excludes(mlo_component *a, mlo_component *b) {
 /* Records a status; false (with the failure noted) when it is not allowed. */
 static bool accept(worker *w, int rc, const char *what, mlo_component *c, int also_ok) {
   if (rc == MLO_OK || rc == also_ok) return true;
-  if (rc == MLO_ENOMEM_DEVICE && w->l->undersized) {
+  /* Out of memory is allowed on an undersized device, and where offload is
+   * switched off now and then: unhooked loads evict nothing. */
+  if (rc == MLO_ENOMEM_DEVICE && (w->l->undersized || w->toggles)) {
     w->oom++;
     return true;
   }
@@ -143,9 +149,11 @@ static bool hold(worker *w, mlo_component *c) {
   bool ok = tu_forward_check(c, w->tp) == 0;
   w->forwards++;
   mlo_component *d = pick(w);
+  /* stable while c is held: enable/disable refuse while anything executes */
+  bool hooked = mlo_offload_is_enabled(w->tp->pipe);
   if (ok && d != c) {
     rc = mlo_component_acquire(d);
-    if (excludes(c, d)) { /* the same thread holds a conflicting one: refused, never a hang */
+    if (hooked && excludes(c, d)) { /* this thread holds a conflicting one: refused, no hang */
       if (rc == MLO_OK) mlo_component_release(d);
       if (rc != MLO_EDEADLK) {
         snprintf(w->failure, sizeof w->failure, "acquire(%s) while holding %s -> %s, not EDEADLK",
@@ -172,9 +180,16 @@ static void *work(void *arg) {
   pthread_barrier_wait(w->start);
   for (unsigned i = 0; i < w->ops && !w->failure[0]; i++) {
     mlo_component *c = pick(w);
-    unsigned op = below(&w->rng, 8);
+    unsigned op = below(&w->rng, w->toggles ? 9 : 8);
     int rc;
-    if (op < 5) {
+    if (op == 8) { /* off and on again while the others run */
+      bool on = mlo_offload_is_enabled(w->tp->pipe);
+      rc = on ? mlo_offload_disable(w->tp->pipe) : mlo_offload_enable(w->tp->pipe, w->settings);
+      if (rc == MLO_EBUSY)
+        w->busy++;
+      else if (accept(w, rc, on ? "disable" : "enable", c, MLO_OK) && rc == MLO_OK)
+        w->toggled++;
+    } else if (op < 5) {
       rc = tu_forward(w->tp, c);
       w->forwards++;
       accept(w, rc, "forward", c, MLO_OK);
@@ -195,7 +210,8 @@ static void *work(void *arg) {
 
 typedef struct {
   unsigned schedules, threads, forwards, oom, busy, deadlk, undersized, jitter, device_sync;
-  unsigned enable_refused; /* undersized below encoders + VAEs: nothing ran */
+  unsigned toggling, toggled; /* schedules with enable/disable in them; toggles that took */
+  unsigned enable_refused;    /* undersized below encoders + VAEs: nothing ran */
 } totals;
 
 /* One schedule; fails the test naming the seed on any violation. */
@@ -230,15 +246,22 @@ static tu_pipe *open_pipe(uint64_t seed, uint64_t *rng, const layout *l, bool ji
 }
 
 /* Runs 2-4 workers to completion; returns how many. */
-static unsigned run_workers(tu_pipe *tp, const layout *l, uint64_t *rng, uint64_t seed, totals *t) {
+static unsigned run_workers(tu_pipe *tp, const layout *l, uint64_t *rng, uint64_t seed, totals *t,
+                            const mlo_offload_settings *s) {
   unsigned nthreads = 2 + below(rng, 3);
+  bool toggles = below(rng, 3) == 0;
   worker w[4];
   pthread_t th[4];
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, nthreads);
   for (unsigned i = 0; i < nthreads; i++) {
-    w[i] =
-        (worker){.tp = tp, .l = l, .rng = splitmix(rng), .ops = 3 + below(rng, 6), .start = &start};
+    w[i] = (worker){.tp = tp,
+                    .l = l,
+                    .rng = splitmix(rng),
+                    .ops = 3 + below(rng, 6),
+                    .start = &start,
+                    .toggles = toggles,
+                    .settings = s};
     assert_int_equal(pthread_create(&th[i], NULL, work, &w[i]), 0);
   }
   for (unsigned i = 0; i < nthreads; i++) {
@@ -249,7 +272,9 @@ static unsigned run_workers(tu_pipe *tp, const layout *l, uint64_t *rng, uint64_
     t->oom += w[i].oom;
     t->busy += w[i].busy;
     t->deadlk += w[i].deadlk;
+    t->toggled += w[i].toggled;
   }
+  t->toggling += toggles;
   pthread_barrier_destroy(&start);
   return nthreads;
 }
@@ -273,7 +298,7 @@ static void run_schedule(uint64_t seed, totals *t) {
   if (rc)
     t->enable_refused++;
   else
-    t->threads += run_workers(tp, &l, &rng, seed, t);
+    t->threads += run_workers(tp, &l, &rng, seed, t, &s);
   if (tp->first_failure[0])
     fail_msg("seed %llu: inside a forward: %s", (unsigned long long)seed, tp->first_failure);
   rc = mlo_pipeline_audit(tp->pipe);
@@ -301,10 +326,13 @@ static void test_race_sweep(void **state) {
   for (unsigned i = 0; i < n_schedules; i++) run_schedule(first_seed + i, &t);
   printf("schedules: %u (seeds %llu..%llu), %u threads in all, %u forwards checked; "
          "%u with jitter, %u sync=device, %u undersized (%u out-of-memory refusals, %u at enable), "
-         "%u try_acquire EBUSY, %u nested conflicts refused\n",
+         "%u EBUSY (try_acquire, enable/disable), %u nested conflicts refused; %u schedules "
+         "toggling offload (%u toggles)\n",
          t.schedules, (unsigned long long)first_seed,
          (unsigned long long)(first_seed + n_schedules - 1), t.threads, t.forwards, t.jitter,
-         t.device_sync, t.undersized, t.oom, t.enable_refused, t.busy, t.deadlk);
+         t.device_sync, t.undersized, t.oom, t.enable_refused, t.busy, t.deadlk, t.toggling,
+         t.toggled);
+  assert_true(t.toggled > 0 || n_schedules < 10);
   assert_int_equal(t.schedules, n_schedules);
 }
 
