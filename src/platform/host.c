@@ -580,7 +580,7 @@ static int host_option(const char *key, const char *value, void *user, char *err
 /* Whether page-locking works here at all (RLIMIT_MEMLOCK, privileges). */
 static bool probe_mlock(void) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  void *p = aligned_alloc(page, page);
+  void *p = mlo_aligned_alloc(page, page);
   if (!p) return false;
   bool ok = mlock(p, page) == 0;
   if (ok) munlock(p, page);

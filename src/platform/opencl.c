@@ -219,7 +219,7 @@ static int ocl_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool
   }
   size_t rounded = (bytes + 4095) & ~(size_t)4095;
   if (rounded < bytes) return MLO_ENOMEM;
-  *ptr = aligned_alloc(4096, rounded ? rounded : 4096);
+  *ptr = mlo_aligned_alloc(4096, rounded ? rounded : 4096);
   return *ptr ? MLO_OK : MLO_ENOMEM;
 }
 

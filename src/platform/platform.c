@@ -193,7 +193,7 @@ int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, 
   *got_pinned = false;
   if (p->ops->host_alloc) return p->ops->host_alloc(p->ctx, bytes, pinned, ptr, got_pinned);
   size_t rounded = (bytes + 4095) & ~(size_t)4095;
-  *ptr = aligned_alloc(4096, rounded ? rounded : 4096);
+  *ptr = mlo_aligned_alloc(4096, rounded ? rounded : 4096);
   return *ptr ? MLO_OK : MLO_ENOMEM;
 }
 
