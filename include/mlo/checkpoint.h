@@ -108,9 +108,9 @@ typedef struct {
  * mlo_pipeline_free); tensors are declared as file ranges and no weight byte
  * has been read.  On failure *out is NULL, nothing is left allocated or
  * open, and err (when given) holds a message naming the folder and file. */
-int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
-                           const mlo_open_options *oo, mlo_pipeline **out, char *err,
-                           size_t errlen);
+MLO_API int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
+                                   const mlo_open_options *oo, mlo_pipeline **out, char *err,
+                                   size_t errlen);
 
 /* ------------------------------------------------------------------------
  * Synthetic pipelines (the generator behind `mlo demo` and the benches)
@@ -145,7 +145,7 @@ typedef struct {
 } mlo_synth_preset_info;
 
 /* The presets, terminated by an entry whose name is NULL.  Static storage. */
-const mlo_synth_preset_info *mlo_synth_presets(void);
+MLO_API const mlo_synth_preset_info *mlo_synth_presets(void);
 
 /* Progress: bytes of tensor data written so far over the total, and the
  * file being written (relative to dir). */
@@ -155,7 +155,7 @@ typedef void (*mlo_synth_progress_fn)(const char *file, uint64_t done, uint64_t 
  * sum of mlo_tensor_nbytes) that mlo_synth_write(preset, ..., scale) would
  * write.  Computes shapes only.  MLO_ENOTFOUND for an unknown preset,
  * MLO_EINVAL for a scale outside (0, 4]. */
-int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes);
+MLO_API int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes);
 
 /* Writes the preset at scale into dir (created if missing).  If dir holds
  * a complete stamp for the same preset and scale, returns MLO_OK without
@@ -164,11 +164,11 @@ int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes);
  * A dir that is not empty and has no stamp is refused (MLO_EEXIST): the
  * generator never writes over files it did not make.  progress may be NULL.
  * On failure err names the file. */
-int mlo_synth_write(const char *preset, const char *dir, double scale,
-                    mlo_synth_progress_fn progress, void *user, char *err, size_t errlen);
+MLO_API int mlo_synth_write(const char *preset, const char *dir, double scale,
+                            mlo_synth_progress_fn progress, void *user, char *err, size_t errlen);
 
 /* True if dir holds a complete stamp for preset at scale. */
-bool mlo_synth_is_complete(const char *preset, const char *dir, double scale);
+MLO_API bool mlo_synth_is_complete(const char *preset, const char *dir, double scale);
 
 #ifdef __cplusplus
 }

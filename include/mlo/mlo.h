@@ -54,11 +54,21 @@
 extern "C" {
 #endif
 
+/* Marks the functions libmlo.so exports; everything else in the library is
+ * hidden.  Define MLO_API yourself to override (e.g. empty). */
+#ifndef MLO_API
+#if defined(__GNUC__) || defined(__clang__)
+#define MLO_API __attribute__((visibility("default")))
+#else
+#define MLO_API
+#endif
+#endif
+
 #define MLO_VERSION_MAJOR 0
 #define MLO_VERSION_MINOR 1
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
-const char *mlo_version(void);
+MLO_API const char *mlo_version(void);
 
 /* ------------------------------------------------------------------------
  * Status codes
@@ -83,9 +93,9 @@ enum {
 };
 /* A one-line description of a status code ("device out of memory"). Static
  * storage; unknown codes give "unknown error". */
-const char *mlo_strerror(int status);
+MLO_API const char *mlo_strerror(int status);
 /* The code's name ("MLO_ENOMEM_DEVICE"); static storage. */
-const char *mlo_err_name(int status);
+MLO_API const char *mlo_err_name(int status);
 
 /* ------------------------------------------------------------------------
  * Logging.  The library logs one line per notable event (a transfer, a
@@ -101,7 +111,7 @@ typedef enum {
   MLO_LOG_OFF
 } mlo_log_level;
 typedef void (*mlo_log_fn)(mlo_log_level level, const char *msg, void *user);
-void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level);
+MLO_API void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level);
 
 /* ------------------------------------------------------------------------
  * Data types: every dtype of the safetensors format.
@@ -130,14 +140,14 @@ typedef enum {
   MLO_DTYPE_COUNT
 } mlo_dtype;
 /* The safetensors name ("BF16"); NULL for an invalid value. */
-const char *mlo_dtype_name(mlo_dtype dtype);
+MLO_API const char *mlo_dtype_name(mlo_dtype dtype);
 /* Parses a safetensors dtype name; MLO_EINVAL if unknown. */
-int mlo_dtype_from_name(const char *name, mlo_dtype *out);
+MLO_API int mlo_dtype_from_name(const char *name, mlo_dtype *out);
 /* Bits per element (4 for F4, 6 for F6_*, 16 for BF16, ...); 0 if invalid. */
-unsigned mlo_dtype_bits(mlo_dtype dtype);
+MLO_API unsigned mlo_dtype_bits(mlo_dtype dtype);
 /* Bytes for numel elements, overflow-checked: MLO_EINVAL if numel*bits is
  * not a whole number of bytes (sub-byte types), MLO_EFORMAT on overflow. */
-int mlo_dtype_nbytes(mlo_dtype dtype, uint64_t numel, uint64_t *bytes);
+MLO_API int mlo_dtype_nbytes(mlo_dtype dtype, uint64_t numel, uint64_t *bytes);
 
 /* ------------------------------------------------------------------------
  * Sizes in human units, shared by the library and the tool.
@@ -145,9 +155,9 @@ int mlo_dtype_nbytes(mlo_dtype dtype, uint64_t numel, uint64_t *bytes);
 /* Parses "6G", "512M", "1.5GiB", "4096", "8e9" (K/M/G/T = 1024-based; a
  * plain number is bytes).  MLO_EINVAL for anything else, zero included when
  * allow_zero is false. */
-int mlo_parse_size(const char *text, bool allow_zero, uint64_t *out);
+MLO_API int mlo_parse_size(const char *text, bool allow_zero, uint64_t *out);
 /* Formats bytes as "1.50 GiB" / "12.0 MiB" / "512 B" into buf; returns buf. */
-char *mlo_format_size(uint64_t bytes, char *buf, size_t buflen);
+MLO_API char *mlo_format_size(uint64_t bytes, char *buf, size_t buflen);
 
 /* ------------------------------------------------------------------------
  * Platforms
@@ -173,14 +183,14 @@ typedef struct mlo_platform mlo_platform;
  *       inner= comes last and defaults to "host".
  * On failure *out is NULL and, when errbuf is given, a message naming the
  * offending part of the spec is written there. */
-int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen);
+MLO_API int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen);
 /* Closes a platform.  All pipelines using it must be freed first.
  * NULL is a no-op. */
-void mlo_platform_close(mlo_platform *platform);
+MLO_API void mlo_platform_close(mlo_platform *platform);
 /* "host", "cuda", "opencl". */
-const char *mlo_platform_name(const mlo_platform *platform);
+MLO_API const char *mlo_platform_name(const mlo_platform *platform);
 /* A human description of the device ("host-backed, capacity 8.00 GiB"). */
-const char *mlo_platform_description(const mlo_platform *platform);
+MLO_API const char *mlo_platform_description(const mlo_platform *platform);
 
 typedef struct {
   bool async_copy;      /* copies overlap with the host and with compute */
@@ -190,7 +200,7 @@ typedef struct {
   bool blocking_d2h;    /* the XPU rule: device-to-host copies must block */
   bool device_pointers; /* a device block is addressable as a pointer */
 } mlo_platform_caps;
-void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
+MLO_API void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
 
 typedef struct {
   uint64_t total_bytes; /* device capacity */
@@ -198,15 +208,15 @@ typedef struct {
   uint64_t used_bytes;  /* allocated through this platform now */
   uint64_t peak_bytes;  /* high-water mark of used_bytes since reset */
 } mlo_platform_memory;
-int mlo_platform_get_memory(mlo_platform *platform, mlo_platform_memory *mem);
+MLO_API int mlo_platform_get_memory(mlo_platform *platform, mlo_platform_memory *mem);
 /* Resets peak_bytes to the current used_bytes. */
-void mlo_platform_reset_peak(mlo_platform *platform);
+MLO_API void mlo_platform_reset_peak(mlo_platform *platform);
 /* The native compute queue the library orders its loads against: a
  * cudaStream_t for CUDA, a cl_command_queue for OpenCL, NULL for host (host
  * compute runs on the calling thread). */
-void *mlo_platform_compute_queue(mlo_platform *platform);
+MLO_API void *mlo_platform_compute_queue(mlo_platform *platform);
 /* Waits until everything submitted to the platform has finished. */
-int mlo_platform_synchronize(mlo_platform *platform);
+MLO_API int mlo_platform_synchronize(mlo_platform *platform);
 
 /* ------------------------------------------------------------------------
  * Pipelines, components, tensors
@@ -222,13 +232,13 @@ typedef enum {
   MLO_ROLE_OTHER,
   MLO_ROLE_AUTO, /* only as an argument: guess from the name (warns once) */
 } mlo_role;
-const char *mlo_role_name(mlo_role role); /* "dit", "encoder", "vae", "other" */
+MLO_API const char *mlo_role_name(mlo_role role); /* "dit", "encoder", "vae", "other" */
 /* Parses "dit", "encoder", "vae", "other" (case-insensitive). */
-int mlo_role_from_name(const char *name, mlo_role *out);
+MLO_API int mlo_role_from_name(const char *name, mlo_role *out);
 /* The role a name heuristic gives (transformer*, dit, unet -> DIT;
  * text_encoder*, image_encoder, mllm -> ENCODER; vae, audio_vae -> VAE;
  * anything else -> OTHER).  class_name may be NULL. */
-mlo_role mlo_role_guess(const char *name, const char *class_name);
+MLO_API mlo_role mlo_role_guess(const char *name, const char *class_name);
 
 /* Where a component's role came from (C1: a declaration always wins). */
 typedef enum {
@@ -236,7 +246,7 @@ typedef enum {
   MLO_ROLE_FROM_OVERRIDE,    /* set by the caller over a guess (CLI --role) */
   MLO_ROLE_FROM_HEURISTIC,   /* guessed from the component's name */
 } mlo_role_source;
-const char *mlo_role_source_name(mlo_role_source source);
+MLO_API const char *mlo_role_source_name(mlo_role_source source);
 
 typedef struct {
   size_t size;            /* sizeof(mlo_pipeline_options) */
@@ -248,29 +258,30 @@ typedef struct {
   { sizeof(mlo_pipeline_options), NULL, true, 256 }
 
 /* Creates an empty pipeline on a platform.  Free with mlo_pipeline_free. */
-int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
+MLO_API int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
 /* Frees the pipeline: disables offload, releases every device block and
  * host slab.  Waits for in-flight copies.  NULL is a no-op.  Never call
  * while another thread is inside a forward on the same pipeline. */
-void mlo_pipeline_free(mlo_pipeline *pipe);
+MLO_API void mlo_pipeline_free(mlo_pipeline *pipe);
 /* The message of the last failure on this pipeline ("" if none). */
-const char *mlo_pipeline_errmsg(mlo_pipeline *pipe);
-mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe);
+MLO_API const char *mlo_pipeline_errmsg(mlo_pipeline *pipe);
+MLO_API mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe);
 
 /* Adds a component.  role MLO_ROLE_AUTO guesses from the name and logs a
  * warning once per pipeline; a concrete role is a declaration (C1).
  * Names are unique (MLO_EEXIST).  The component is owned by the pipeline. */
-int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_component **out);
+MLO_API int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role,
+                              mlo_component **out);
 /* Changes a component's role: an override of a guess or of a previous
  * declaration.  Refused (MLO_ESTATE) while offload is enabled. */
-int mlo_component_set_role(mlo_component *comp, mlo_role role, mlo_role_source source);
-size_t mlo_pipeline_component_count(mlo_pipeline *pipe);
-mlo_component *mlo_pipeline_component_at(mlo_pipeline *pipe, size_t index);
-mlo_component *mlo_pipeline_find(mlo_pipeline *pipe, const char *name);
-const char *mlo_component_name(const mlo_component *comp);
-mlo_role mlo_component_role(const mlo_component *comp);
-mlo_role_source mlo_component_role_source(const mlo_component *comp);
-mlo_pipeline *mlo_component_pipeline(const mlo_component *comp);
+MLO_API int mlo_component_set_role(mlo_component *comp, mlo_role role, mlo_role_source source);
+MLO_API size_t mlo_pipeline_component_count(mlo_pipeline *pipe);
+MLO_API mlo_component *mlo_pipeline_component_at(mlo_pipeline *pipe, size_t index);
+MLO_API mlo_component *mlo_pipeline_find(mlo_pipeline *pipe, const char *name);
+MLO_API const char *mlo_component_name(const mlo_component *comp);
+MLO_API mlo_role mlo_component_role(const mlo_component *comp);
+MLO_API mlo_role_source mlo_component_role_source(const mlo_component *comp);
+MLO_API mlo_pipeline *mlo_component_pipeline(const mlo_component *comp);
 
 /* Tensor flags. */
 enum {
@@ -314,52 +325,52 @@ typedef struct {
  * file.  The file's identity (device, inode, size, modification time) is
  * recorded: if another file is at the path when the component is
  * materialized, that fails with MLO_EIO instead of loading it. */
-int mlo_tensor_add(mlo_component *comp, const mlo_tensor_desc *desc, mlo_tensor **out);
+MLO_API int mlo_tensor_add(mlo_component *comp, const mlo_tensor_desc *desc, mlo_tensor **out);
 /* Adds `name` to comp as another name for `target`.  If target belongs to
  * comp, it is a shared (tied) tensor: stored and moved once (C6).  If it
  * belongs to another component, it is a reference that comp's transfers
  * never follow: it is resident only when its owner is. */
-int mlo_tensor_add_alias(mlo_component *comp, const char *name, mlo_tensor *target);
+MLO_API int mlo_tensor_add_alias(mlo_component *comp, const char *name, mlo_tensor *target);
 
-size_t mlo_component_tensor_count(const mlo_component *comp); /* aliases included */
-mlo_tensor *mlo_component_tensor_at(const mlo_component *comp, size_t index);
-mlo_tensor *mlo_component_find_tensor(const mlo_component *comp, const char *name);
+MLO_API size_t mlo_component_tensor_count(const mlo_component *comp); /* aliases included */
+MLO_API mlo_tensor *mlo_component_tensor_at(const mlo_component *comp, size_t index);
+MLO_API mlo_tensor *mlo_component_find_tensor(const mlo_component *comp, const char *name);
 /* Bytes this component moves on a load: its own storage, each shared
  * tensor once, references to other components excluded, padding included. */
-uint64_t mlo_component_bytes(const mlo_component *comp);
+MLO_API uint64_t mlo_component_bytes(const mlo_component *comp);
 
-const char *mlo_tensor_name(const mlo_tensor *t);
-mlo_dtype mlo_tensor_dtype(const mlo_tensor *t);
-int mlo_tensor_ndim(const mlo_tensor *t);
-const int64_t *mlo_tensor_shape(const mlo_tensor *t);
-uint64_t mlo_tensor_nbytes(const mlo_tensor *t);
-unsigned mlo_tensor_flags(const mlo_tensor *t);
+MLO_API const char *mlo_tensor_name(const mlo_tensor *t);
+MLO_API mlo_dtype mlo_tensor_dtype(const mlo_tensor *t);
+MLO_API int mlo_tensor_ndim(const mlo_tensor *t);
+MLO_API const int64_t *mlo_tensor_shape(const mlo_tensor *t);
+MLO_API uint64_t mlo_tensor_nbytes(const mlo_tensor *t);
+MLO_API unsigned mlo_tensor_flags(const mlo_tensor *t);
 /* The component that owns the storage (for a reference: the other one). */
-mlo_component *mlo_tensor_owner(const mlo_tensor *t);
+MLO_API mlo_component *mlo_tensor_owner(const mlo_tensor *t);
 /* The host copy (NULL before materialization).  Authoritative whenever the
  * component is not resident; while resident, mutable tensors may be newer on
  * the device. */
-const void *mlo_tensor_host_data(const mlo_tensor *t);
+MLO_API const void *mlo_tensor_host_data(const mlo_tensor *t);
 /* The device copy: the platform's block handle and the byte offset in it.
  * MLO_ESTATE if the owner is not resident.  On pointer platforms (host,
  * CUDA) the address is (char*)block + offset; on OpenCL block is a cl_mem. */
-int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
+MLO_API int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
 /* Convenience for pointer platforms: the device address or NULL. */
-void *mlo_tensor_device_ptr(const mlo_tensor *t);
+MLO_API void *mlo_tensor_device_ptr(const mlo_tensor *t);
 
 /* Load progress for materialization: bytes done of total, per component.
  * A materialization uses the callback set when it started; see "Callbacks"
  * for what the callback may call. */
 typedef void (*mlo_progress_fn)(const mlo_component *comp, uint64_t done, uint64_t total,
                                 void *user);
-void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user);
+MLO_API void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *user);
 
 /* Packs every component's tensors into its host slab (reading file-backed
  * tensors once, sequentially, straight into the slab).  Called implicitly
  * by enable and by the first load; explicit calls let a caller show load
  * progress and measure it.  Idempotent. */
-int mlo_pipeline_materialize(mlo_pipeline *pipe);
-int mlo_component_materialize(mlo_component *comp);
+MLO_API int mlo_pipeline_materialize(mlo_pipeline *pipe);
+MLO_API int mlo_component_materialize(mlo_component *comp);
 
 /* ------------------------------------------------------------------------
  * Residency
@@ -370,27 +381,27 @@ typedef enum {
   MLO_RES_LOADING,        /* device block allocated, copies in flight */
   MLO_RES_DEVICE,         /* resident (copies may still be completing) */
 } mlo_residency;
-const char *mlo_residency_name(mlo_residency r);
-mlo_residency mlo_component_residency(mlo_component *comp);
-bool mlo_component_is_resident(mlo_component *comp); /* LOADING or DEVICE */
+MLO_API const char *mlo_residency_name(mlo_residency r);
+MLO_API mlo_residency mlo_component_residency(mlo_component *comp);
+MLO_API bool mlo_component_is_resident(mlo_component *comp); /* LOADING or DEVICE */
 
 /* Loads a component without evicting anything (no contract applied).
  * Used by the all-resident mode and by callers managing residency by hand
  * while offload is disabled. MLO_ESTATE while offload is enabled. */
-int mlo_component_load(mlo_component *comp);
+MLO_API int mlo_component_load(mlo_component *comp);
 /* Evicts a component by hand (mutable tensors written back).  MLO_EBUSY if
  * it is executing; MLO_ESTATE while offload is enabled. */
-int mlo_component_evict(mlo_component *comp);
+MLO_API int mlo_component_evict(mlo_component *comp);
 /* Loads every component (all-resident mode); MLO_ESTATE while enabled. */
-int mlo_pipeline_load_all(mlo_pipeline *pipe);
+MLO_API int mlo_pipeline_load_all(mlo_pipeline *pipe);
 
 /* Checks the residency invariant now: with offload enabled, no two
  * components that exclude each other are resident at once, no component is
  * executing while non-resident, and device bytes match the resident blocks.
  * MLO_OK, or MLO_ESTATE with the violation in mlo_pipeline_errmsg. */
-int mlo_pipeline_audit(mlo_pipeline *pipe);
+MLO_API int mlo_pipeline_audit(mlo_pipeline *pipe);
 /* Audit automatically at every acquire (used by `mlo run --verify`). */
-void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);
+MLO_API void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);
 
 /* ------------------------------------------------------------------------
  * The offload backend (the contract, C1–C17)
@@ -403,8 +414,8 @@ typedef enum {
                            prove that the race detector catches a missing
                            wait; never use it for real work. */
 } mlo_sync_mode;
-const char *mlo_sync_name(mlo_sync_mode mode);
-int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
+MLO_API const char *mlo_sync_name(mlo_sync_mode mode);
+MLO_API int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
 
 typedef struct {
   size_t size;            /* sizeof(mlo_offload_settings) */
@@ -432,7 +443,7 @@ typedef struct mlo_delegate_ops {
   int (*disable)(void *self, mlo_pipeline *pipe);
 } mlo_delegate_ops;
 /* Installs (ops != NULL) or removes a delegate.  MLO_ESTATE while enabled. */
-int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, void *self);
+MLO_API int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, void *self);
 
 /* Enables model-level offload.  MLO_EBUSY while any component executes (a
  * forward or acquire made with offload off would escape the hooks).
@@ -444,11 +455,11 @@ int mlo_pipeline_set_delegate(mlo_pipeline *pipe, const mlo_delegate_ops *ops, v
  * exclusion hooks.  settings may be NULL for defaults.  Idempotent with the
  * same settings (C11); MLO_EOWNED if another strategy owns the hooks or
  * the settings differ (C16).  On failure nothing is installed (C15). */
-int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings);
+MLO_API int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings);
 /* Removes the hooks.  Moves nothing (C14).  Idempotent (C11).  MLO_EBUSY if
  * a component is executing. */
-int mlo_offload_disable(mlo_pipeline *pipe);
-bool mlo_offload_is_enabled(mlo_pipeline *pipe);
+MLO_API int mlo_offload_disable(mlo_pipeline *pipe);
+MLO_API bool mlo_offload_is_enabled(mlo_pipeline *pipe);
 
 /* A hooked forward (C3/C4/C8): applies the exclusion rule for comp (waiting
  * while a conflicting component executes on another thread), loads comp if
@@ -457,7 +468,7 @@ bool mlo_offload_is_enabled(mlo_pipeline *pipe);
  * (C9).  Without offload, loads comp if needed and evicts nothing.
  * fn's non-zero return is passed through as MLO_ECALLBACK. */
 typedef int (*mlo_forward_fn)(mlo_component *comp, void *user);
-int mlo_component_forward(mlo_component *comp, mlo_forward_fn fn, void *user);
+MLO_API int mlo_component_forward(mlo_component *comp, mlo_forward_fn fn, void *user);
 
 /* Scoped form for entry points other than forward (C17): a VAE's decode,
  * an encoder's encode.  Between acquire and release the component is
@@ -467,9 +478,9 @@ int mlo_component_forward(mlo_component *comp, mlo_forward_fn fn, void *user);
  * that holds a component and acquires a conflicting one gets MLO_EDEADLK.
  * Freeing a pipeline with acquires outstanding logs an error and frees
  * them with it; nothing of them outlives the pipeline. */
-int mlo_component_acquire(mlo_component *comp);
-int mlo_component_try_acquire(mlo_component *comp);
-int mlo_component_release(mlo_component *comp);
+MLO_API int mlo_component_acquire(mlo_component *comp);
+MLO_API int mlo_component_try_acquire(mlo_component *comp);
+MLO_API int mlo_component_release(mlo_component *comp);
 
 /* ------------------------------------------------------------------------
  * Exclusion groups: the building block for delegates (C10)
@@ -479,14 +490,14 @@ typedef struct mlo_group mlo_group;
  * the others first.  Only while the pipeline has a delegate installed
  * (MLO_EOWNED otherwise: the generic hooks own the pipeline).  Freed by
  * mlo_group_free or with the pipeline. */
-int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out);
-int mlo_group_add(mlo_group *group, mlo_component *comp);
+MLO_API int mlo_group_create(mlo_pipeline *pipe, const char *name, mlo_group **out);
+MLO_API int mlo_group_add(mlo_group *group, mlo_component *comp);
 /* Removes the group's hooks and frees it; moves nothing.  NULL is a no-op.
  * mlo_offload_disable removes every group's hooks but does not free the
  * group objects: a delegate (or whoever created a group) frees each with
  * this call, before or after disable, or leaves it to mlo_pipeline_free.
  * Adding to a group after disable gives MLO_ESTATE. */
-void mlo_group_free(mlo_group *group);
+MLO_API void mlo_group_free(mlo_group *group);
 
 /* ------------------------------------------------------------------------
  * Counters and trace
@@ -499,7 +510,7 @@ typedef struct {
   uint64_t wait_ns;        /* time the caller waited on transfers */
   uint64_t forward_ns;     /* time inside forward callbacks */
 } mlo_component_stats;
-int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
+MLO_API int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
 /* Sums over every component, plus pipeline-level figures. */
 typedef struct {
   mlo_component_stats total;
@@ -508,8 +519,8 @@ typedef struct {
   uint64_t host_slab_bytes;   /* host slabs allocated */
   uint64_t pinned_bytes;      /* of which pinned */
 } mlo_pipeline_stats;
-int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
-void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
+MLO_API int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
+MLO_API void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
 
 typedef enum {
   MLO_TRACE_LOAD_BEGIN, /* bytes = component bytes */
@@ -531,9 +542,9 @@ typedef struct {
  * lock held: it must be quick, and a call back into the pipeline returns
  * MLO_EDEADLK (see "Callbacks" at the top). */
 typedef void (*mlo_trace_fn)(const mlo_trace_event *ev, void *user);
-void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user);
+MLO_API void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user);
 /* Monotonic nanoseconds, the clock trace events use. */
-uint64_t mlo_now_ns(void);
+MLO_API uint64_t mlo_now_ns(void);
 
 #ifdef __cplusplus
 }

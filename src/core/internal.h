@@ -17,9 +17,9 @@
 #ifndef MLO_CORE_INTERNAL_H
 #define MLO_CORE_INTERNAL_H
 
-#include "core/log.h"
-#include "core/nameset.h"
-#include "core/sysio.h"
+#include "base/log.h"
+#include "base/nameset.h"
+#include "base/sysio.h"
 #include "platform/platform.h"
 
 #include <pthread.h>

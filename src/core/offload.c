@@ -8,7 +8,7 @@
  * mlo_excludes() applies when a component is acquired.  Removing the hooks
  * is switching the strategy off; nothing moves (C14).
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "core/internal.h"
 
 #include <stdlib.h>

@@ -3,10 +3,10 @@
  * components and their tensors (declaration only; storage is slab.c's and
  * residency is residency.c's), plus the read-only accessors and counters.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "core/internal.h"
 
-#include "core/nameset.h"
+#include "base/nameset.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@
  * mlo_res_wait_loaded, which waits and so must not hold it.
  */
 #include "core/internal.h"
-#include "core/sysio.h"
+#include "base/sysio.h"
 
 #include <stdlib.h>
 

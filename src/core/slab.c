@@ -12,7 +12,7 @@
  * Materialization reads file-backed tensors once, file by file in offset
  * order, straight into the slab (no intermediate whole-file buffer).
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "core/internal.h"
 
 #include <errno.h>

@@ -5,11 +5,11 @@
  * is checked before a single tensor is declared; each problem is its own
  * message naming the folder and the file (rules in include/mlo/checkpoint.h).
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "format/index.h"
 #include "format/json.h"
 
-#include "core/log.h"
+#include "base/log.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>

@@ -8,8 +8,8 @@
  */
 #include "format/json.h"
 
-#include "core/log.h"
-#include "core/sysio.h"
+#include "base/log.h"
+#include "base/sysio.h"
 #include "mlo/mlo.h"
 
 #include <stdbool.h>

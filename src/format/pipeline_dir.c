@@ -7,10 +7,10 @@
  * The pipeline is built privately and handed out only when everything
  * succeeded, so a failed open leaves nothing behind.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "mlo/checkpoint.h"
 
-#include "core/log.h"
+#include "base/log.h"
 #include "format/index.h"
 #include "format/json.h"
 

@@ -13,8 +13,8 @@
  */
 #include "format/safetensors.h"
 
-#include "core/log.h" /* MLO_PRINTF only */
-#include "core/sysio.h"
+#include "base/log.h" /* MLO_PRINTF only */
+#include "base/sysio.h"
 #include "format/json.h"
 
 #include <cjson/cJSON.h>

@@ -10,7 +10,7 @@
 #ifndef MLO_SAFETENSORS_H
 #define MLO_SAFETENSORS_H
 
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "mlo/mlo.h"
 
 #include <stddef.h>

@@ -10,11 +10,11 @@
  * over a device or a FIFO), so
  * a failure never leaves a partial checkpoint behind.
  */
-#include "core/nameset.h"
-#include "core/sysio.h"
+#include "base/nameset.h"
+#include "base/sysio.h"
 #include "format/safetensors.h"
 
-#include "core/log.h" /* mlo_errf */
+#include "base/log.h" /* mlo_errf */
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -19,8 +19,8 @@
  * Host slabs are pinned with cudaHostAlloc (portable), falling back to
  * pageable memory with one warning; MLO_NO_PINNED=1 or pinned=0 turn it off.
  */
-#include "core/sysio.h"
-#include "core/log.h"
+#include "base/sysio.h"
+#include "base/log.h"
 #include "platform/platform.h"
 
 #include <cuda_runtime_api.h>

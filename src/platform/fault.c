@@ -13,7 +13,7 @@
  * inner's defaults for optional slots apply) and counts calls per kind
  * under a mutex; the one armed fault fires once and never again.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "platform/fault.h"
 
 #include <errno.h>

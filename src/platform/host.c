@@ -25,11 +25,11 @@
  * another component's data, and under ASan it is reported.  The pool only
  * holds room that is not allocated, so host memory stays within capacity.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "platform/platform.h"
 
-#include "core/hash.h"
-#include "core/log.h"
+#include "base/hash.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -21,8 +21,8 @@
  */
 #define CL_TARGET_OPENCL_VERSION 120
 
-#include "core/sysio.h"
-#include "core/log.h"
+#include "base/sysio.h"
+#include "base/log.h"
 #include "platform/platform.h"
 
 #include <CL/cl.h>
@@ -509,9 +509,9 @@ static void configure(struct ocl_ctx *c, const struct ocl_options *o, mlo_platfo
   c->pinned = o->pinned != 0 && !(no_pinned && !strcmp(no_pinned, "1"));
   char cap[32];
   mlo_format_size(c->capacity, cap, sizeof cap);
-  snprintf(p->description, sizeof p->description, "OpenCL device %lu: %s (%s), capacity %s%s%s",
-           o->index, name, vendor, cap, c->blocking_d2h ? ", blocking d2h" : "",
-           c->pinned ? "" : ", pageable host memory");
+  snprintf(p->description, sizeof p->description,
+           "OpenCL device %lu: %.80s (%.80s), capacity %s%s%s", o->index, name, vendor, cap,
+           c->blocking_d2h ? ", blocking d2h" : "", c->pinned ? "" : ", pageable host memory");
 }
 
 static int create_queues(struct ocl_ctx *c, cl_platform_id plat, char *err, size_t errlen) {

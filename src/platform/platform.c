@@ -3,7 +3,7 @@
  * around the vtable: defaults for optional slots, the fallback from events
  * to synchronize, call counting and used/peak device accounting.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "platform/platform.h"
 
 #include "platform/fault.h"

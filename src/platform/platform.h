@@ -78,7 +78,7 @@ struct mlo_platform_ops {
 struct mlo_platform {
   const struct mlo_platform_ops *ops;
   void *ctx;
-  char description[160];
+  char description[320]; /* sized for the longest device names: never truncated */
   mlo_platform_caps caps;
   /* Accounting done by the wrappers, not by each platform. */
   void *acct_lock; /* pthread_mutex_t*, opaque here to keep headers light */

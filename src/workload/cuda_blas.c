@@ -16,8 +16,8 @@
  * offloaded run's digest equals an all-resident run's on the same device.
  * One context is used by one thread at a time (mlo run's schedule).
  */
-#include "core/sysio.h"
-#include "core/log.h"
+#include "base/sysio.h"
+#include "base/log.h"
 #include "workload/workload.h"
 
 #include <cublas_v2.h>

@@ -10,7 +10,7 @@
  * OpenBLAS's sgemm is deterministic for a fixed thread count, which a
  * process keeps; digests are compared only within one process and config.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "workload/workload.h"
 
 #include <cblas.h>

@@ -14,8 +14,8 @@
  */
 #define CL_TARGET_OPENCL_VERSION 120
 
-#include "core/sysio.h"
-#include "core/log.h"
+#include "base/sysio.h"
+#include "base/log.h"
 #include "workload/workload.h"
 
 #include <CL/cl.h>

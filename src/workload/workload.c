@@ -6,10 +6,10 @@
  * arithmetic on device memory; everything that decides what a digest covers
  * lives here so that every platform folds the same things in the same order.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "workload/workload.h"
 
-#include "core/hash.h"
+#include "base/hash.h"
 
 #include <stdlib.h>
 #include <string.h>

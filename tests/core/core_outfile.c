@@ -9,7 +9,7 @@
  */
 #include "testutil.h"
 
-#include "core/sysio.h"
+#include "base/sysio.h"
 
 #include <errno.h>
 #include <fcntl.h>

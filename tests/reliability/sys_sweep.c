@@ -27,9 +27,9 @@
 #define _XOPEN_SOURCE 700 /* nftw */
 #include "testutil.h"
 
-#include "core/sysio.h"
+#include "base/sysio.h"
 #include "format/safetensors.h"
-#include "format/synth.h"
+#include "synth/synth.h"
 #include "mlo/checkpoint.h"
 
 #include <ftw.h>

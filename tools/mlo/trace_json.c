@@ -8,7 +8,7 @@
  */
 #include "tool.h"
 
-#include "core/sysio.h"
+#include "base/sysio.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

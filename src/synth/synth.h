@@ -6,7 +6,7 @@
 #ifndef MLO_FORMAT_SYNTH_H
 #define MLO_FORMAT_SYNTH_H
 
-#include "core/log.h" /* mlo_errf, MLO_PRINTF */
+#include "base/log.h" /* mlo_errf, MLO_PRINTF */
 #include "mlo/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -23,94 +23,96 @@ typedef enum {
   SYN_HEAD_DIM, /* x sqrt(g), multiple of 8, at least 8 */
   SYN_DEPTH,    /* x g, at least 1 */
   SYN_VOCAB,    /* x g^2 (embedding bytes then follow f), multiple of 64, >= 64 */
-} syn_kind;
+} mlo_syn_kind;
 
 #define SYN_MAX_PARAMS 16
 
 typedef struct {
   const char *key; /* config.json key, NULL for a value only the emitter uses */
   int base;        /* the real model's value (scale 1.0) */
-  syn_kind kind;
-} syn_param;
+  mlo_syn_kind kind;
+} mlo_syn_param;
 
-typedef struct syn_emitter syn_emitter;
+typedef struct mlo_syn_emitter mlo_syn_emitter;
 
 /* Declares one tensor; name is printf-formatted.  Errors are sticky in the
  * emitter, so architecture code does not check each call. */
-void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape, const char *fmt,
-                ...) MLO_PRINTF(5, 6);
+void mlo_syn_tensor(mlo_syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
+                    const char *fmt, ...) MLO_PRINTF(5, 6);
 /* The component's weight dtype (BF16, or F32 for the Wan VAE). */
-mlo_dtype syn_dtype(const syn_emitter *e);
+mlo_dtype mlo_syn_dtype(const mlo_syn_emitter *e);
 
 /* Shorthands: one tensor of 1-5 dimensions. */
-#define T1(e, dt, a, ...) syn_tensor(e, dt, 1, (const int64_t[]){a}, __VA_ARGS__)
-#define T2(e, dt, a, b, ...) syn_tensor(e, dt, 2, (const int64_t[]){a, b}, __VA_ARGS__)
-#define T3(e, dt, a, b, c, ...) syn_tensor(e, dt, 3, (const int64_t[]){a, b, c}, __VA_ARGS__)
-#define T4(e, dt, a, b, c, d, ...) syn_tensor(e, dt, 4, (const int64_t[]){a, b, c, d}, __VA_ARGS__)
+#define T1(e, dt, a, ...) mlo_syn_tensor(e, dt, 1, (const int64_t[]){a}, __VA_ARGS__)
+#define T2(e, dt, a, b, ...) mlo_syn_tensor(e, dt, 2, (const int64_t[]){a, b}, __VA_ARGS__)
+#define T3(e, dt, a, b, c, ...) mlo_syn_tensor(e, dt, 3, (const int64_t[]){a, b, c}, __VA_ARGS__)
+#define T4(e, dt, a, b, c, d, ...)                                                                 \
+  mlo_syn_tensor(e, dt, 4, (const int64_t[]){a, b, c, d}, __VA_ARGS__)
 #define T5(e, dt, a, b, c, d, f, ...)                                                              \
-  syn_tensor(e, dt, 5, (const int64_t[]){a, b, c, d, f}, __VA_ARGS__)
+  mlo_syn_tensor(e, dt, 5, (const int64_t[]){a, b, c, d, f}, __VA_ARGS__)
 
 /* A linear layer "<prefix>.weight" [out, in] and optionally "<prefix>.bias". */
-void syn_lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, const char *fmt, ...)
-    MLO_PRINTF(6, 7);
+void mlo_syn_lin(mlo_syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias,
+                 const char *fmt, ...) MLO_PRINTF(6, 7);
 
 typedef struct {
-  const syn_param *params;
+  const mlo_syn_param *params;
   size_t nparams;
   const char *extra_config; /* a JSON object merged into config.json */
-  void (*emit)(syn_emitter *e, const int *p);
+  void (*emit)(mlo_syn_emitter *e, const int *p);
   /* Adds derived config.json fields (hidden_size, channel lists); may be NULL. */
   void (*config)(cJSON *cfg, const int *p);
-} syn_arch;
+} mlo_syn_arch;
 
 typedef struct {
   const char *folder;  /* model_index.json key */
   const char *library; /* "diffusers" or "transformers" */
   const char *class_name;
-  const syn_arch *arch;
+  const mlo_syn_arch *arch;
   mlo_dtype dtype;
   bool sharded; /* written as shards with a weight map (at least two) */
-} syn_component;
+} mlo_syn_component;
 
 /* A folder without weights (tokenizer, scheduler): one small JSON file. */
 typedef struct {
   const char *folder, *library, *class_name, *file, *content;
-} syn_aux;
+} mlo_syn_aux;
 
 typedef struct {
   const char *name, *description;
   const char *pipeline_class;
   const char *extra_index; /* a JSON object merged into model_index.json */
-  const syn_component *components;
+  const mlo_syn_component *components;
   size_t ncomponents;
-  const syn_aux *aux;
+  const mlo_syn_aux *aux;
   size_t naux;
   const char *const *absent; /* keys written as [null, null]; NULL-terminated */
-} syn_preset;
+} mlo_syn_preset;
 
 /* synth_files.c: atomic files and the stamp. */
-int syn_make_dir(const char *path, char *err, size_t errlen);
+int mlo_syn_make_dir(const char *path, char *err, size_t errlen);
 /* Creates the folder dir/rel (not through a link; an existing folder is
  * fine). */
-int syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen);
+int mlo_syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen);
 /* MLO_OK if dir/rel may be written: absent or a regular file, no link on
  * the way. */
-int syn_check_target(const char *dir, const char *rel, char *err, size_t errlen);
-/* Writes dir/rel atomically, never through a link (syn_check_target). */
-int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen);
-int syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
-                   size_t errlen);
+int mlo_syn_check_target(const char *dir, const char *rel, char *err, size_t errlen);
+/* Writes dir/rel atomically, never through a link (mlo_syn_check_target). */
+int mlo_syn_write_text(const char *dir, const char *rel, const char *text, char *err,
+                       size_t errlen);
+int mlo_syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
+                       size_t errlen);
 /* Creates dir, or accepts it if empty or stamped by an earlier run: a
  * finished run of the same preset and scale sets *cached; any other run's
  * listed files are removed.  MLO_EEXIST for a foreign non-empty folder. */
-int syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached, char *err,
-                      size_t errlen);
+int mlo_syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached,
+                          char *err, size_t errlen);
 /* Writes the stamp; takes ownership of files (a JSON array of paths). */
-int syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
-                    bool complete, cJSON *files, char *err, size_t errlen);
+int mlo_syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
+                        bool complete, cJSON *files, char *err, size_t errlen);
 
-extern const syn_arch syn_vae2d, syn_wan_vae; /* synth_vae.c */
-extern const syn_preset syn_presets[];
-extern const size_t syn_preset_count;
+extern const mlo_syn_arch mlo_syn_vae2d, mlo_syn_wan_vae; /* synth_vae.c */
+extern const mlo_syn_preset mlo_syn_presets[];
+extern const size_t mlo_syn_preset_count;
 
 #endif

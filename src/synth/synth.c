@@ -7,10 +7,10 @@
  * a stamp so that a finished directory is recognised and reused.  The
  * contract is in include/mlo/checkpoint.h.
  */
-#include "core/sysio.h"
-#include "format/synth.h"
+#include "base/sysio.h"
+#include "synth/synth.h"
 
-#include "core/hash.h"
+#include "base/hash.h"
 #include "format/index.h"
 #include "format/safetensors.h"
 
@@ -38,23 +38,23 @@ typedef struct {
   int64_t shape[MLO_MAX_DIMS];
   uint64_t nbytes;
   int shard;
-} syn_rec;
+} mlo_syn_rec;
 
-struct syn_emitter {
+struct mlo_syn_emitter {
   mlo_dtype dtype;
   bool record;
-  syn_rec *list;
+  mlo_syn_rec *list;
   size_t count, cap;
   uint64_t bytes;
   int status;
 };
 
-mlo_dtype syn_dtype(const syn_emitter *e) {
+mlo_dtype mlo_syn_dtype(const mlo_syn_emitter *e) {
   return e->dtype;
 }
 
-void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape, const char *fmt,
-                ...) {
+void mlo_syn_tensor(mlo_syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
+                    const char *fmt, ...) {
   if (e->status != MLO_OK) return;
   uint64_t numel = 1, nbytes = 0;
   for (int i = 0; i < ndim; i++) numel *= (uint64_t)shape[i];
@@ -63,14 +63,14 @@ void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
   if (!e->record) return;
   if (e->count == e->cap) {
     size_t cap = e->cap ? 2 * e->cap : 256;
-    syn_rec *grown = mlo_realloc(e->list, cap * sizeof *grown);
+    mlo_syn_rec *grown = mlo_realloc(e->list, cap * sizeof *grown);
     if (!grown) {
       e->status = MLO_ENOMEM;
       return;
     }
     e->list = grown, e->cap = cap;
   }
-  syn_rec *r = &e->list[e->count];
+  mlo_syn_rec *r = &e->list[e->count];
   memset(r, 0, sizeof *r);
   char name[256];
   va_list ap;
@@ -86,8 +86,8 @@ void syn_tensor(syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
   e->count++;
 }
 
-void syn_lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, const char *fmt,
-             ...) {
+void mlo_syn_lin(mlo_syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias,
+                 const char *fmt, ...) {
   char prefix[256];
   va_list ap;
   va_start(ap, fmt);
@@ -97,7 +97,7 @@ void syn_lin(syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias, c
   if (bias) T1(e, dt, out, "%s.bias", prefix);
 }
 
-static void emitter_free(syn_emitter *e) {
+static void emitter_free(mlo_syn_emitter *e) {
   for (size_t i = 0; i < e->count; i++) free(e->list[i].name);
   free(e->list);
   memset(e, 0, sizeof *e);
@@ -110,7 +110,7 @@ static int round_to(double x, int multiple, int minimum) {
   return v < minimum ? minimum : (int)v;
 }
 
-static void scale_params(const syn_arch *a, double f, int *out) {
+static void scale_params(const mlo_syn_arch *a, double f, int *out) {
   double g = cbrt(f), sg = sqrt(g);
   for (size_t i = 0; i < a->nparams; i++) {
     double b = a->params[i].base;
@@ -137,17 +137,17 @@ static void scale_params(const syn_arch *a, double f, int *out) {
   }
 }
 
-static uint64_t arch_bytes(const syn_component *c, double f) {
+static uint64_t arch_bytes(const mlo_syn_component *c, double f) {
   int p[SYN_MAX_PARAMS];
   scale_params(c->arch, f, p);
-  syn_emitter e = {c->dtype, false, NULL, 0, 0, 0, MLO_OK};
+  mlo_syn_emitter e = {c->dtype, false, NULL, 0, 0, 0, MLO_OK};
   c->arch->emit(&e, p);
   return e.bytes;
 }
 
 /* The factor f whose byte count is closest to scale x the full size.
  * Bytes are monotone in f, so bisection on log f finds the crossing. */
-static double find_factor(const syn_component *c, double scale) {
+static double find_factor(const mlo_syn_component *c, double scale) {
   if (scale == 1.0) return 1.0;
   double target = scale * (double)arch_bytes(c, 1.0);
   double lo = log(1e-12), hi = log(8.0);
@@ -162,9 +162,9 @@ static double find_factor(const syn_component *c, double scale) {
   return fabs(blo - target) < fabs(bhi - target) ? exp(lo) : exp(hi);
 }
 
-static const syn_preset *find_preset(const char *name) {
-  for (size_t i = 0; name && i < syn_preset_count; i++)
-    if (!strcmp(syn_presets[i].name, name)) return &syn_presets[i];
+static const mlo_syn_preset *find_preset(const char *name) {
+  for (size_t i = 0; name && i < mlo_syn_preset_count; i++)
+    if (!strcmp(mlo_syn_presets[i].name, name)) return &mlo_syn_presets[i];
   return NULL;
 }
 
@@ -173,7 +173,7 @@ static bool scale_ok(double scale) {
 }
 
 int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes) {
-  const syn_preset *p = find_preset(preset);
+  const mlo_syn_preset *p = find_preset(preset);
   if (!p) return MLO_ENOTFOUND;
   if (!scale_ok(scale) || !bytes) return MLO_EINVAL;
   uint64_t total = 0;
@@ -187,8 +187,8 @@ static pthread_once_t infos_once = PTHREAD_ONCE_INIT;
 static mlo_synth_preset_info infos[16];
 
 static void infos_init(void) {
-  for (size_t i = 0; i < syn_preset_count && i + 1 < sizeof infos / sizeof *infos; i++)
-    infos[i] = (mlo_synth_preset_info){syn_presets[i].name, syn_presets[i].description};
+  for (size_t i = 0; i < mlo_syn_preset_count && i + 1 < sizeof infos / sizeof *infos; i++)
+    infos[i] = (mlo_synth_preset_info){mlo_syn_presets[i].name, mlo_syn_presets[i].description};
 }
 
 const mlo_synth_preset_info *mlo_synth_presets(void) {
@@ -199,28 +199,28 @@ const mlo_synth_preset_info *mlo_synth_presets(void) {
 /* ---- the plan: every component's tensors, shards and file names --------- */
 
 typedef struct {
-  const syn_component *spec;
+  const mlo_syn_component *spec;
   double factor;
   int params[SYN_MAX_PARAMS];
-  syn_emitter tensors; /* recorded */
-  int nshards;         /* 0: one unsharded file */
+  mlo_syn_emitter tensors; /* recorded */
+  int nshards;             /* 0: one unsharded file */
 } comp_plan;
 
 typedef struct {
-  const syn_preset *preset;
+  const mlo_syn_preset *preset;
   double scale;
   comp_plan *comps;
   uint64_t bytes;
-} syn_plan;
+} mlo_syn_plan;
 
-static const char *stem_of(const syn_component *c) {
+static const char *stem_of(const mlo_syn_component *c) {
   return strcmp(c->library, "diffusers") ? "model" : "diffusion_pytorch_model";
 }
 
 /* Greedy split at byte-count boundaries: at least two shards, about
  * SHARD_TARGET bytes each. */
 static void assign_shards(comp_plan *cp) {
-  syn_emitter *e = &cp->tensors;
+  mlo_syn_emitter *e = &cp->tensors;
   uint64_t n = (uint64_t)ceil((double)e->bytes / SHARD_TARGET), cum = 0;
   if (n < 2) n = 2;
   int last = -1, used = 0;
@@ -235,14 +235,14 @@ static void assign_shards(comp_plan *cp) {
   cp->nshards = used;
 }
 
-static void plan_free(syn_plan *pl) {
+static void plan_free(mlo_syn_plan *pl) {
   if (pl->comps)
     for (size_t i = 0; i < pl->preset->ncomponents; i++) emitter_free(&pl->comps[i].tensors);
   free(pl->comps);
   memset(pl, 0, sizeof *pl);
 }
 
-static int plan_build(const syn_preset *p, double scale, syn_plan *pl) {
+static int plan_build(const mlo_syn_preset *p, double scale, mlo_syn_plan *pl) {
   memset(pl, 0, sizeof *pl);
   pl->preset = p, pl->scale = scale;
   if (!(pl->comps = mlo_calloc(p->ncomponents, sizeof *pl->comps))) return MLO_ENOMEM;
@@ -251,7 +251,7 @@ static int plan_build(const syn_preset *p, double scale, syn_plan *pl) {
     cp->spec = &p->components[i];
     cp->factor = find_factor(cp->spec, scale);
     scale_params(cp->spec->arch, cp->factor, cp->params);
-    cp->tensors = (syn_emitter){cp->spec->dtype, true, NULL, 0, 0, 0, MLO_OK};
+    cp->tensors = (mlo_syn_emitter){cp->spec->dtype, true, NULL, 0, 0, 0, MLO_OK};
     cp->spec->arch->emit(&cp->tensors, cp->params);
     if (cp->tensors.status != MLO_OK) {
       int rc = cp->tensors.status;
@@ -272,7 +272,7 @@ static void shard_name(const comp_plan *cp, int shard, char *buf, size_t len) {
 }
 
 /* Every file the plan writes, relative to the directory (for the stamp). */
-static cJSON *plan_files(const syn_plan *pl) {
+static cJSON *plan_files(const mlo_syn_plan *pl) {
   cJSON *files = cJSON_CreateArray();
   char buf[512], name[256];
   cJSON_AddItemToArray(files, cJSON_CreateString("model_index.json"));
@@ -303,12 +303,12 @@ typedef struct {
   void *user;
   const char *file;
   uint64_t done, total, reported;
-} syn_progress;
+} mlo_syn_progress;
 
 typedef struct {
   uint64_t seed;
   mlo_dtype dtype;
-  syn_progress *progress;
+  mlo_syn_progress *progress;
 } fill_ctx;
 
 static uint64_t name_seed(const char *name) {
@@ -348,7 +348,7 @@ static void fill_weights(void *buf, uint64_t offset, size_t len, void *user) {
       out += take, pos += take;
     }
   }
-  syn_progress *pr = c->progress;
+  mlo_syn_progress *pr = c->progress;
   pr->done += len;
   if (pr->fn && (pr->done - pr->reported >= PROGRESS_STEP || pr->done == pr->total)) {
     pr->fn(pr->file, pr->done, pr->total, pr->user);
@@ -367,7 +367,7 @@ static int cmp_key(const void *a, const void *b) {
 }
 
 /* model_index.json: metadata first, then entries sorted as diffusers does. */
-static cJSON *model_index_json(const syn_preset *p) {
+static cJSON *model_index_json(const mlo_syn_preset *p) {
   cJSON *root = cJSON_CreateObject(), *entries[64];
   size_t n = 0;
   cJSON_AddStringToObject(root, "_class_name", p->pipeline_class);
@@ -399,8 +399,8 @@ static cJSON *model_index_json(const syn_preset *p) {
   return root;
 }
 
-static cJSON *config_json(const syn_plan *pl, const comp_plan *cp) {
-  const syn_component *c = cp->spec;
+static cJSON *config_json(const mlo_syn_plan *pl, const comp_plan *cp) {
+  const mlo_syn_component *c = cp->spec;
   cJSON *cfg = cJSON_CreateObject();
   bool diffusers = !strcmp(c->library, "diffusers");
   if (diffusers) {
@@ -423,13 +423,13 @@ static cJSON *config_json(const syn_plan *pl, const comp_plan *cp) {
 }
 
 static int write_shard(const char *folder, const comp_plan *cp, int shard, fill_ctx *ctx,
-                       syn_progress *pr, const char *rel, char *err, size_t errlen) {
+                       mlo_syn_progress *pr, const char *rel, char *err, size_t errlen) {
   mlo_st_writer *w = NULL;
   int rc = mlo_st_writer_create(&w);
   if (rc == MLO_OK) rc = mlo_st_writer_set_metadata(w, "format", "pt");
-  const syn_emitter *e = &cp->tensors;
+  const mlo_syn_emitter *e = &cp->tensors;
   for (size_t i = 0; i < e->count && rc == MLO_OK; i++) {
-    const syn_rec *r = &e->list[i];
+    const mlo_syn_rec *r = &e->list[i];
     if (cp->nshards && r->shard != shard) continue;
     /* Seeded by folder and tensor: two DiTs of one shape (Wan2.2's experts)
      * get different weights, so a forward that read the wrong one changes
@@ -464,28 +464,28 @@ static int write_index(const char *dir, const comp_plan *cp, char *err, size_t e
     cJSON_AddStringToObject(map, cp->tensors.list[i].name, name);
   }
   snprintf(rel, sizeof rel, "%s/%s.safetensors.index.json", cp->spec->folder, stem_of(cp->spec));
-  int rc = syn_write_json(dir, rel, root, true, err, errlen);
+  int rc = mlo_syn_write_json(dir, rel, root, true, err, errlen);
   cJSON_Delete(root);
   return rc;
 }
 
-static int write_component(const char *dir, const syn_plan *pl, const comp_plan *cp,
-                           syn_progress *pr, char *err, size_t errlen) {
+static int write_component(const char *dir, const mlo_syn_plan *pl, const comp_plan *cp,
+                           mlo_syn_progress *pr, char *err, size_t errlen) {
   char *folder = mlo_path_join(dir, cp->spec->folder);
   fill_ctx *ctx = mlo_calloc(cp->tensors.count ? cp->tensors.count : 1, sizeof *ctx);
-  int rc = folder && ctx ? syn_make_subdir(dir, cp->spec->folder, err, errlen)
+  int rc = folder && ctx ? mlo_syn_make_subdir(dir, cp->spec->folder, err, errlen)
                          : mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
   char rel[512], name[256];
   if (rc == MLO_OK) {
     cJSON *cfg = config_json(pl, cp);
     snprintf(rel, sizeof rel, "%s/config.json", cp->spec->folder);
-    rc = syn_write_json(dir, rel, cfg, true, err, errlen);
+    rc = mlo_syn_write_json(dir, rel, cfg, true, err, errlen);
     cJSON_Delete(cfg);
   }
   for (int s = 0; rc == MLO_OK && s < (cp->nshards ? cp->nshards : 1); s++) {
     shard_name(cp, s, name, sizeof name);
     snprintf(rel, sizeof rel, "%s/%s", cp->spec->folder, name);
-    rc = syn_check_target(dir, rel, err, errlen);
+    rc = mlo_syn_check_target(dir, rel, err, errlen);
     if (rc == MLO_OK) rc = write_shard(folder, cp, s, ctx, pr, rel, err, errlen);
   }
   if (rc == MLO_OK && cp->nshards) rc = write_index(dir, cp, err, errlen);
@@ -497,39 +497,39 @@ static int write_component(const char *dir, const syn_plan *pl, const comp_plan 
 int mlo_synth_write(const char *preset, const char *dir, double scale,
                     mlo_synth_progress_fn progress, void *user, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
-  const syn_preset *p = find_preset(preset);
+  const mlo_syn_preset *p = find_preset(preset);
   if (!p)
     return mlo_errf(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
                     preset ? preset : "(null)");
   if (!dir || !scale_ok(scale))
     return mlo_errf(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
                     scale);
-  syn_plan pl;
+  mlo_syn_plan pl;
   int rc = plan_build(p, scale, &pl);
   if (rc != MLO_OK)
     return mlo_errf(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
   bool cached = false;
-  rc = syn_stamp_prepare(dir, p->name, scale, &cached, err, errlen);
+  rc = mlo_syn_stamp_prepare(dir, p->name, scale, &cached, err, errlen);
   if (rc != MLO_OK || cached) goto out_free_plan;
   /* The stamp goes first, incomplete, so an interrupted run is recognised
    * and cleaned by the next one; it is marked complete last. */
-  if ((rc = syn_stamp_write(dir, p->name, scale, pl.bytes, false, plan_files(&pl), err, errlen)) !=
-      MLO_OK)
+  if ((rc = mlo_syn_stamp_write(dir, p->name, scale, pl.bytes, false, plan_files(&pl), err,
+                                errlen)) != MLO_OK)
     goto out_free_plan;
   cJSON *index = model_index_json(p);
-  rc = syn_write_json(dir, "model_index.json", index, true, err, errlen);
+  rc = mlo_syn_write_json(dir, "model_index.json", index, true, err, errlen);
   cJSON_Delete(index);
   for (size_t i = 0; rc == MLO_OK && i < p->naux; i++) {
     char rel[512];
-    rc = syn_make_subdir(dir, p->aux[i].folder, err, errlen);
+    rc = mlo_syn_make_subdir(dir, p->aux[i].folder, err, errlen);
     snprintf(rel, sizeof rel, "%s/%s", p->aux[i].folder, p->aux[i].file);
-    if (rc == MLO_OK) rc = syn_write_text(dir, rel, p->aux[i].content, err, errlen);
+    if (rc == MLO_OK) rc = mlo_syn_write_text(dir, rel, p->aux[i].content, err, errlen);
   }
-  syn_progress pr = {progress, user, NULL, 0, pl.bytes, 0};
+  mlo_syn_progress pr = {progress, user, NULL, 0, pl.bytes, 0};
   for (size_t i = 0; rc == MLO_OK && i < p->ncomponents; i++)
     rc = write_component(dir, &pl, &pl.comps[i], &pr, err, errlen);
   if (rc == MLO_OK)
-    rc = syn_stamp_write(dir, p->name, scale, pl.bytes, true, plan_files(&pl), err, errlen);
+    rc = mlo_syn_stamp_write(dir, p->name, scale, pl.bytes, true, plan_files(&pl), err, errlen);
 out_free_plan:
   plan_free(&pl);
   return rc;

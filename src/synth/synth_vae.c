@@ -5,7 +5,7 @@
  * names.  Kept apart from synth_presets.c because convolution stacks are
  * long to spell out and share nothing with the transformers.
  */
-#include "format/synth.h"
+#include "synth/synth.h"
 
 #include <stdio.h>
 
@@ -15,11 +15,11 @@
 /* ---- AutoencoderKL (2-D, Flux / SD3) --------------------------------------- */
 
 enum { VAE_CH, VAE_BLOCKS, VAE_LATENT };
-static const syn_param vae2d_params[] = {
+static const mlo_syn_param vae2d_params[] = {
     {NULL, 128, SYN_WIDTH}, {"layers_per_block", 2, SYN_DEPTH}, {"latent_channels", 16, SYN_FIXED}};
 
-static void vae2d_resnet(syn_emitter *e, const char *pre, int64_t cin, int64_t cout) {
-  mlo_dtype dt = syn_dtype(e);
+static void vae2d_resnet(mlo_syn_emitter *e, const char *pre, int64_t cin, int64_t cout) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   T1(e, dt, cin, "%s.norm1.weight", pre);
   T1(e, dt, cin, "%s.norm1.bias", pre);
   T4(e, dt, cout, cin, 3, 3, "%s.conv1.weight", pre);
@@ -33,8 +33,8 @@ static void vae2d_resnet(syn_emitter *e, const char *pre, int64_t cin, int64_t c
   T1(e, dt, cout, "%s.conv_shortcut.bias", pre);
 }
 
-static void vae2d_mid(syn_emitter *e, const char *side, int64_t c) {
-  mlo_dtype dt = syn_dtype(e);
+static void vae2d_mid(mlo_syn_emitter *e, const char *side, int64_t c) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   char pre[96];
   snprintf(pre, sizeof pre, "%s.mid_block.resnets.0", side);
   vae2d_resnet(e, pre, c, c);
@@ -42,13 +42,13 @@ static void vae2d_mid(syn_emitter *e, const char *side, int64_t c) {
   T1(e, dt, c, "%s.mid_block.attentions.0.group_norm.bias", side);
   static const char *const proj[] = {"to_q", "to_k", "to_v", "to_out.0"};
   for (int k = 0; k < 4; k++)
-    syn_lin(e, dt, c, c, true, "%s.mid_block.attentions.0.%s", side, proj[k]);
+    mlo_syn_lin(e, dt, c, c, true, "%s.mid_block.attentions.0.%s", side, proj[k]);
   snprintf(pre, sizeof pre, "%s.mid_block.resnets.1", side);
   vae2d_resnet(e, pre, c, c);
 }
 
-static void vae2d_emit(syn_emitter *e, const int *p) {
-  mlo_dtype dt = syn_dtype(e);
+static void vae2d_emit(mlo_syn_emitter *e, const int *p) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   static const int mult[4] = {1, 2, 4, 4};
   int64_t ch = p[VAE_CH], lat = p[VAE_LATENT], top = ch * mult[3], c = ch;
   char pre[96];
@@ -96,24 +96,24 @@ static void vae2d_config(cJSON *cfg, const int *p) {
   cJSON_AddItemToObject(cfg, "block_out_channels", cJSON_CreateIntArray(ch, 4));
 }
 
-const syn_arch syn_vae2d = {vae2d_params, COUNT(vae2d_params),
-                            "{\"in_channels\":3,"
-                            "\"out_channels\":3,\"use_quant_conv\":false,"
-                            "\"use_post_quant_conv\":false,\"scaling_factor\":1.5035}",
-                            vae2d_emit, vae2d_config};
+const mlo_syn_arch mlo_syn_vae2d = {vae2d_params, COUNT(vae2d_params),
+                                    "{\"in_channels\":3,"
+                                    "\"out_channels\":3,\"use_quant_conv\":false,"
+                                    "\"use_post_quant_conv\":false,\"scaling_factor\":1.5035}",
+                                    vae2d_emit, vae2d_config};
 
 /* ---- AutoencoderKLWan (3-D causal VAE; also AutoencoderKLQwenImage) ------- */
 
 enum { WV_BASE, WV_RES, WV_Z };
-static const syn_param wan_vae_params[] = {
+static const mlo_syn_param wan_vae_params[] = {
     {"base_dim", 96, SYN_WIDTH}, {"num_res_blocks", 2, SYN_DEPTH}, {"z_dim", 16, SYN_FIXED}};
 
-static void wv_gamma(syn_emitter *e, int64_t c, const char *fmt, const char *pre) {
+static void wv_gamma(mlo_syn_emitter *e, int64_t c, const char *fmt, const char *pre) {
   T4(e, F32, c, 1, 1, 1, fmt, pre);
 }
 
-static void wv_resnet(syn_emitter *e, const char *pre, int64_t cin, int64_t cout) {
-  mlo_dtype dt = syn_dtype(e);
+static void wv_resnet(mlo_syn_emitter *e, const char *pre, int64_t cin, int64_t cout) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   wv_gamma(e, cin, "%s.norm1.gamma", pre);
   T5(e, dt, cout, cin, 3, 3, 3, "%s.conv1.weight", pre);
   T1(e, dt, cout, "%s.conv1.bias", pre);
@@ -125,8 +125,8 @@ static void wv_resnet(syn_emitter *e, const char *pre, int64_t cin, int64_t cout
   T1(e, dt, cout, "%s.conv_shortcut.bias", pre);
 }
 
-static void wv_mid(syn_emitter *e, const char *side, int64_t c) {
-  mlo_dtype dt = syn_dtype(e);
+static void wv_mid(mlo_syn_emitter *e, const char *side, int64_t c) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   char pre[96];
   snprintf(pre, sizeof pre, "%s.mid_block.resnets.0", side);
   wv_resnet(e, pre, c, c);
@@ -141,9 +141,9 @@ static void wv_mid(syn_emitter *e, const char *side, int64_t c) {
 
 /* Spatial resampling "resample.1" and, where the stride is temporal too,
  * "time_conv".  Upsampling halves the channels, as in the real decoder. */
-static void wv_resample(syn_emitter *e, const char *pre, int64_t cout, int64_t cin, bool temporal,
-                        int64_t time_out) {
-  mlo_dtype dt = syn_dtype(e);
+static void wv_resample(mlo_syn_emitter *e, const char *pre, int64_t cout, int64_t cin,
+                        bool temporal, int64_t time_out) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   T4(e, dt, cout, cin, 3, 3, "%s.resample.1.weight", pre);
   T1(e, dt, cout, "%s.resample.1.bias", pre);
   if (!temporal) return;
@@ -151,8 +151,8 @@ static void wv_resample(syn_emitter *e, const char *pre, int64_t cout, int64_t c
   T1(e, dt, time_out, "%s.time_conv.bias", pre);
 }
 
-static void wan_vae_emit(syn_emitter *e, const int *p) {
-  mlo_dtype dt = syn_dtype(e);
+static void wan_vae_emit(mlo_syn_emitter *e, const int *p) {
+  mlo_dtype dt = mlo_syn_dtype(e);
   static const int mult[4] = {1, 2, 4, 4};
   int64_t b = p[WV_BASE], z = p[WV_Z], top = 4 * b, c = b;
   char pre[96];
@@ -197,7 +197,7 @@ static void wan_vae_emit(syn_emitter *e, const int *p) {
   T1(e, dt, 3, "decoder.conv_out.bias");
 }
 
-const syn_arch syn_wan_vae = {wan_vae_params, COUNT(wan_vae_params),
-                              "{\"dim_mult\":[1,2,4,4],\"attn_scales\":[],"
-                              "\"temperal_downsample\":[false,true,true],\"dropout\":0.0}",
-                              wan_vae_emit, NULL};
+const mlo_syn_arch mlo_syn_wan_vae = {wan_vae_params, COUNT(wan_vae_params),
+                                      "{\"dim_mult\":[1,2,4,4],\"attn_scales\":[],"
+                                      "\"temperal_downsample\":[false,true,true],\"dropout\":0.0}",
+                                      wan_vae_emit, NULL};

@@ -3,7 +3,7 @@
  * codes, logging, the clock, sizes in human units, and the names of roles,
  * sync modes and residency states.
  */
-#include "core/log.h"
+#include "base/log.h"
 
 #include <ctype.h>
 #include <errno.h>

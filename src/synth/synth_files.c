@@ -8,10 +8,10 @@
  * files (no strays left for the loader to reject), and keeps the generator
  * off folders it did not make.
  */
-#include "core/sysio.h"
-#include "format/synth.h"
+#include "base/sysio.h"
+#include "synth/synth.h"
 
-#include "core/log.h"
+#include "base/log.h"
 #include "format/index.h"
 #include "format/json.h"
 
@@ -81,14 +81,14 @@ static entry_kind entry_at(const char *dir, const char *rel) {
   return k;
 }
 
-int syn_make_dir(const char *path, char *err, size_t errlen) {
+int mlo_syn_make_dir(const char *path, char *err, size_t errlen) {
   struct stat st;
   if (mkdir(path, 0755) == 0 || (errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
     return MLO_OK;
   return mlo_errf(err, errlen, MLO_EIO, "%s: cannot create folder: %s", path, strerror(errno));
 }
 
-int syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen) {
+int mlo_syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen) {
   int pfd;
   const char *base;
   if (open_parent(dir, rel, &pfd, &base) != 0)
@@ -105,7 +105,7 @@ int syn_make_subdir(const char *dir, const char *rel, char *err, size_t errlen) 
   return rc;
 }
 
-int syn_check_target(const char *dir, const char *rel, char *err, size_t errlen) {
+int mlo_syn_check_target(const char *dir, const char *rel, char *err, size_t errlen) {
   entry_kind k = entry_at(dir, rel);
   if (k == ENTRY_ABSENT || k == ENTRY_REGULAR) return MLO_OK;
   return mlo_errf(err, errlen, MLO_EIO,
@@ -115,8 +115,9 @@ int syn_check_target(const char *dir, const char *rel, char *err, size_t errlen)
 }
 
 /* Writes text to dir/rel, replacing only a regular file (outfile.c). */
-int syn_write_text(const char *dir, const char *rel, const char *text, char *err, size_t errlen) {
-  int rc = syn_check_target(dir, rel, err, errlen);
+int mlo_syn_write_text(const char *dir, const char *rel, const char *text, char *err,
+                       size_t errlen) {
+  int rc = mlo_syn_check_target(dir, rel, err, errlen);
   if (rc) return rc;
   char *path = mlo_path_join(dir, rel);
   if (!path) return mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", dir);
@@ -125,10 +126,10 @@ int syn_write_text(const char *dir, const char *rel, const char *text, char *err
   return rc;
 }
 
-int syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
-                   size_t errlen) {
+int mlo_syn_write_json(const char *dir, const char *rel, cJSON *json, bool pretty, char *err,
+                       size_t errlen) {
   char *text = json ? (pretty ? cJSON_Print(json) : cJSON_PrintUnformatted(json)) : NULL;
-  int rc = text ? syn_write_text(dir, rel, text, err, errlen)
+  int rc = text ? mlo_syn_write_text(dir, rel, text, err, errlen)
                 : mlo_errf(err, errlen, MLO_ENOMEM, "%s/%s: out of memory", dir, rel);
   free(text);
   return rc;
@@ -237,8 +238,8 @@ static bool dir_is_empty(const char *dir) {
   return empty;
 }
 
-int syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
-                    bool complete, cJSON *files, char *err, size_t errlen) {
+int mlo_syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
+                        bool complete, cJSON *files, char *err, size_t errlen) {
   cJSON *stamp = cJSON_CreateObject();
   cJSON_AddStringToObject(stamp, "generator", "mlo synth");
   cJSON_AddNumberToObject(stamp, "version", 1);
@@ -247,15 +248,15 @@ int syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t 
   cJSON_AddNumberToObject(stamp, "tensor_bytes", (double)bytes);
   cJSON_AddBoolToObject(stamp, "complete", complete);
   cJSON_AddItemToObject(stamp, "files", files);
-  int rc = syn_write_json(dir, STAMP_NAME, stamp, true, err, errlen);
+  int rc = mlo_syn_write_json(dir, STAMP_NAME, stamp, true, err, errlen);
   cJSON_Delete(stamp);
   return rc;
 }
 
-int syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached, char *err,
-                      size_t errlen) {
+int mlo_syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached,
+                          char *err, size_t errlen) {
   *cached = false;
-  int rc = syn_make_dir(dir, err, errlen);
+  int rc = mlo_syn_make_dir(dir, err, errlen);
   if (rc != MLO_OK) return rc;
   cJSON *stamp = read_stamp(dir);
   if (!stamp) {

@@ -10,8 +10,8 @@
  * message, never replaced.  Run as root, a rename over /dev/null would turn
  * it into a regular file and break the machine; that is what this prevents.
  */
-#include "core/log.h"
-#include "core/sysio.h"
+#include "base/log.h"
+#include "base/sysio.h"
 
 #include <errno.h>
 #include <fcntl.h>

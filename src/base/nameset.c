@@ -2,10 +2,10 @@
  * nameset.c — the name index of nameset.h: FNV-1a mixed through splitmix,
  * linear probing, doubling when half full.
  */
-#include "core/nameset.h"
+#include "base/nameset.h"
 
-#include "core/hash.h"
-#include "core/sysio.h"
+#include "base/hash.h"
+#include "base/sysio.h"
 #include "mlo/mlo.h"
 
 #include <stdint.h>

@@ -3,9 +3,9 @@
  * (sysio.h says why).  With no fault armed the cost is one relaxed atomic
  * load per call.
  */
-#include "core/sysio.h"
+#include "base/sysio.h"
 
-#include "core/log.h"
+#include "base/log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
