@@ -4,18 +4,19 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# Warnings are errors in our own test builds (make test and its sanitizer
+# runs), never for people who only build mlo: MLO_WERROR is off in CMake.
+WERROR ?= OFF
 
-.PHONY: all bootstrap build demo test test-asan test-tsan clean
+.PHONY: all bootstrap build demo test test-asan test-tsan test-install test-build-types clean
 
 all: build
 
 bootstrap:
 	@bash scripts/bootstrap.sh
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
-
-build: bootstrap $(BUILD)/CMakeCache.txt
+build: bootstrap
+	cmake -S . -B $(BUILD) -DMLO_WERROR=$(WERROR) $(CMAKE_FLAGS) > /dev/null
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 demo: build
@@ -25,11 +26,32 @@ demo: build
 # threaded tests under TSan (docs/reliability.md); any sanitizer report fails
 # the run.  SANITIZE=0 skips the sanitizer builds (a quick local run).
 SANITIZE ?= 1
+test: WERROR = ON
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE '^(fuzz|slow)$$'
+	$(MAKE) --no-print-directory test-install test-build-types
 ifneq ($(SANITIZE),0)
 	$(MAKE) --no-print-directory test-asan test-tsan
 endif
+
+# Install into a temporary prefix and build a consumer in C and C++, with
+# pkg-config and find_package, static and shared, and as a subproject.
+test-install:
+	bash scripts/install-check.sh $(BUILD)
+
+# Every build type, and one with a user's own sanitizer flags, warning-free
+# (library and tool; the suite itself runs in the RelWithDebInfo build).
+BUILD_TYPES = Debug Release MinSizeRel
+test-build-types: bootstrap
+	@for bt in $(BUILD_TYPES) user-sanitize; do \
+	  flags="-DCMAKE_BUILD_TYPE=$$bt"; \
+	  [ $$bt = user-sanitize ] && flags="-DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-fsanitize=address,undefined"; \
+	  echo "build type $$bt"; \
+	  cmake -S . -B build-types/$$bt $$flags -DMLO_WERROR=ON -DMLO_BUILD_TESTS=OFF \
+	    -DMLO_BUILD_BENCH=OFF -DMLO_BUILD_EXAMPLES=OFF $(CMAKE_FLAGS) > /dev/null && \
+	  cmake --build build-types/$$bt -j $(JOBS) -- --no-print-directory > build-types/$$bt.log 2>&1 || \
+	  { cat build-types/$$bt.log; exit 1; }; \
+	done
 
 # Sanitizer runs.  OPENBLAS_NUM_THREADS=1: OpenBLAS's worker pool is not
 # instrumented, so TSan cannot see its synchronization (false reports) and
@@ -53,16 +75,16 @@ empty :=
 space := $(empty) $(empty)
 
 test-asan: bootstrap
-	cmake -S . -B build-asan -DMLO_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake -S . -B build-asan -DMLO_SANITIZE=ON -DMLO_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) \
 	  -LE '^(fuzz|fuzz-smoke|slow|bench)$$'
 
 test-tsan: bootstrap
-	cmake -S . -B build-tsan -DMLO_TSAN=ON -DMLO_WITH_CUDA=OFF -DMLO_WITH_OPENCL=OFF $(CMAKE_FLAGS)
+	cmake -S . -B build-tsan -DMLO_TSAN=ON -DMLO_WITH_CUDA=OFF -DMLO_WITH_OPENCL=OFF -DMLO_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
 	cd build-tsan && $(SAN_ENV) MLO_TEST_PLATFORM=host ctest --output-on-failure -j $(JOBS) \
 	  -R '^($(subst $(space),|,$(strip $(TSAN_TESTS))))$$'
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-types
