@@ -22,11 +22,25 @@
 /* Counts a platform call against the component (counters are exact). */
 #define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
 
-void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
+static void trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint64_t t_ns) {
   mlo_pipeline *pipe = c->pipe;
   if (!pipe->trace) return;
-  mlo_trace_event ev = {kind, c, mlo_now_ns(), bytes, pipe->device_bytes};
+  mlo_trace_event ev = {kind, c, t_ns, bytes, pipe->device_bytes};
   pipe->trace(&ev, pipe->trace_user);
+}
+
+void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
+  if (c->pipe->trace) trace_at(c, kind, bytes, mlo_now_ns());
+}
+
+/* When c's load really completed on the device (the platform's stamp), no
+ * later than `latest`; `latest` where the platform cannot tell.  Traces and
+ * timelines show a load ending when its copy did, not when someone first
+ * waited for it (a VAE loaded at enable and used at the end). */
+static uint64_t load_done_ns(mlo_component *c, uint64_t latest) {
+  uint64_t t = latest;
+  if (mlo_plat_event_time(c->pipe->platform, c->load_ev, &t) != MLO_OK || t > latest) t = latest;
+  return t;
 }
 
 static int ensure_event(mlo_component *c, mlo_event **ev) {
@@ -168,6 +182,11 @@ int mlo_res_evict(mlo_component *c) {
     c->state = MLO_RES_HOST;
     return MLO_OK;
   }
+  if (!c->load_waited && pipe->trace) { /* loaded, never used: end the load where it ended */
+    uint64_t t = 0;
+    if (mlo_plat_event_time(pipe->platform, c->load_ev, &t) == MLO_OK)
+      trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, t);
+  }
   uint64_t back = 0;
   int rc = write_back(c, &back);
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
@@ -217,7 +236,8 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     if (pipe->trace) {
       mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
       mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
-      mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, t1, c->block_bytes, pipe->device_bytes};
+      mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, load_done_ns(c, t1), c->block_bytes,
+                            pipe->device_bytes};
       pipe->trace(&e1, pipe->trace_user);
       pipe->trace(&e2, pipe->trace_user);
       pipe->trace(&e3, pipe->trace_user);

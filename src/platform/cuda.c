@@ -223,50 +223,93 @@ static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, s
   return copy_chunks(ctx, dst, (const char *)block + offset, bytes, cudaMemcpyDeviceToHost);
 }
 
-/* ---- events: an mlo_event is a cudaEvent_t ------------------------------ */
+/* ---- events: a cudaEvent_t and its completion stamp --------------------- */
+
+struct mlo_event {
+  cudaEvent_t e;
+  mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
+  pthread_mutex_t lock;
+};
 
 static int cu_event_create(void *ctx, mlo_event **ev) {
   int rc = use_device(ctx);
   if (rc) return rc;
-  cudaEvent_t e = NULL;
-  rc = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-  *ev = rc ? NULL : (mlo_event *)e;
-  return rc;
+  mlo_event *m = mlo_calloc(1, sizeof *m);
+  if (!m) return MLO_ENOMEM;
+  rc = cuda_status(cudaEventCreateWithFlags(&m->e, cudaEventDisableTiming), "cudaEventCreate");
+  if (rc) {
+    free(m);
+    return rc;
+  }
+  pthread_mutex_init(&m->lock, NULL);
+  *ev = m;
+  return MLO_OK;
 }
 
 static void cu_event_destroy(void *ctx, mlo_event *ev) {
   (void)ctx;
-  cuda_status(cudaEventDestroy((cudaEvent_t)ev), "cudaEventDestroy");
+  cuda_status(cudaEventDestroy(ev->e), "cudaEventDestroy");
+  mlo_stamp_put(ev->stamp);
+  pthread_mutex_destroy(&ev->lock);
+  free(ev);
+}
+
+/* Runs on a driver thread once the copy stream reaches it; only records. */
+static void CUDART_CB stamp_host_fn(void *user) {
+  mlo_stamp_fire(user);
 }
 
 static int cu_event_record_copy(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaEventRecord((cudaEvent_t)ev, c->copy), "cudaEventRecord(copy)");
+  int rc = cuda_status(cudaEventRecord(ev->e, c->copy), "cudaEventRecord(copy)");
+  if (rc) return rc;
+  /* The completion time, for traces; best effort (no stamp: unknown). */
+  mlo_stamp *stamp = mlo_stamp_new();
+  if (stamp && cudaLaunchHostFunc(c->copy, stamp_host_fn, stamp) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not sticky: a launch the runtime refused */
+    mlo_stamp_put(stamp);
+    mlo_stamp_put(stamp);
+    stamp = NULL;
+  }
+  pthread_mutex_lock(&ev->lock);
+  mlo_stamp *old = ev->stamp;
+  ev->stamp = stamp;
+  pthread_mutex_unlock(&ev->lock);
+  mlo_stamp_put(old);
+  return MLO_OK;
+}
+
+static int cu_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
+  (void)ctx;
+  pthread_mutex_lock(&ev->lock);
+  int rc = mlo_stamp_time(ev->stamp, t_ns);
+  pthread_mutex_unlock(&ev->lock);
+  return rc;
 }
 
 static int cu_event_record_compute(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaEventRecord((cudaEvent_t)ev, c->compute), "cudaEventRecord(compute)");
+  return cuda_status(cudaEventRecord(ev->e, c->compute), "cudaEventRecord(compute)");
 }
 
 static int cu_compute_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaStreamWaitEvent(c->compute, (cudaEvent_t)ev, 0), "cudaStreamWaitEvent");
+  return cuda_status(cudaStreamWaitEvent(c->compute, ev->e, 0), "cudaStreamWaitEvent");
 }
 
 static int cu_copy_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaStreamWaitEvent(c->copy, (cudaEvent_t)ev, 0), "cudaStreamWaitEvent");
+  return cuda_status(cudaStreamWaitEvent(c->copy, ev->e, 0), "cudaStreamWaitEvent");
 }
 
 static int cu_event_sync(void *ctx, mlo_event *ev) {
   (void)ctx;
-  return cuda_status(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize");
+  return cuda_status(cudaEventSynchronize(ev->e), "cudaEventSynchronize");
 }
 
 static int cu_event_query(void *ctx, mlo_event *ev) {
   (void)ctx;
-  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  cudaError_t e = cudaEventQuery(ev->e);
   if (e == cudaErrorNotReady) {
     (void)cudaGetLastError();
     return MLO_EBUSY;
@@ -337,6 +380,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .copy_wait = cu_copy_wait,
     .event_sync = cu_event_sync,
     .event_query = cu_event_query,
+    .event_time = cu_event_time,
     .synchronize = cu_synchronize,
     .compute_queue = cu_compute_queue,
 };

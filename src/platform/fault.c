@@ -168,6 +168,12 @@ static int fault_event_sync(void *ctx, mlo_event *ev) {
   return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_event_sync(f->inner, ev));
 }
 
+/* Trace timing only: passed through, never failed. */
+static int fault_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
+  struct fault_ctx *f = ctx;
+  return mlo_plat_event_time(f->inner, ev, t_ns);
+}
+
 static int fault_event_query(void *ctx, mlo_event *ev) {
   struct fault_ctx *f = ctx;
   return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_event_query(f->inner, ev));
@@ -201,6 +207,7 @@ static const struct mlo_platform_ops fault_ops = {
     .copy_wait = fault_copy_wait,
     .event_sync = fault_event_sync,
     .event_query = fault_event_query,
+    .event_time = fault_event_time,
     .synchronize = fault_synchronize,
     .compute_queue = fault_compute_queue,
 };

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #define HOST_MIN_BW 1000000u /* bytes per second */
+#define HOST_TIMES 1024      /* completion times kept for event_time */
 
 #if defined(__SANITIZE_ADDRESS__)
 #define HOST_ASAN 1
@@ -101,6 +102,8 @@ struct host_ctx {
   pthread_cond_t done_cv; /* waiters: completed_seq advanced, room released */
   struct host_op *head, *tail;
   uint64_t submitted_seq, completed_seq;
+  /* when each of the last HOST_TIMES ops completed, for event_time */
+  uint64_t done_seq[HOST_TIMES], done_ns[HOST_TIMES];
   uint64_t live_bytes;     /* allocated and not yet freed by the caller */
   uint64_t physical_bytes; /* live plus freed blocks whose free has not run */
   uint64_t pooled_bytes;   /* poisoned blocks kept for reuse (padded) */
@@ -112,7 +115,8 @@ struct host_ctx {
 };
 
 struct mlo_event {
-  uint64_t seq; /* complete once completed_seq >= seq; 0 is always complete */
+  uint64_t seq;         /* complete once completed_seq >= seq; 0 is always complete */
+  uint64_t recorded_ns; /* when it was recorded (its time if nothing was pending) */
 };
 
 static void *block_data(struct host_block *b) {
@@ -202,6 +206,8 @@ static void *engine_main(void *arg) {
 
     pthread_mutex_lock(&ctx->lock);
     ctx->completed_seq = op->seq;
+    ctx->done_seq[op->seq % HOST_TIMES] = op->seq;
+    ctx->done_ns[op->seq % HOST_TIMES] = now_ns();
     if (op->kind == HOST_OP_FREE)
       release_block(ctx, op->block); /* op lives in it */
     else
@@ -418,7 +424,8 @@ static void host_event_destroy(void *vctx, mlo_event *ev) {
 static int host_event_record_copy(void *vctx, mlo_event *ev) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
-  ev->seq = ctx->submitted_seq;
+  ev->seq = ctx->submitted_seq > ctx->completed_seq ? ctx->submitted_seq : 0;
+  ev->recorded_ns = now_ns();
   pthread_mutex_unlock(&ctx->lock);
   return MLO_OK;
 }
@@ -428,6 +435,7 @@ static int host_event_record_compute(void *vctx, mlo_event *ev) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
   ev->seq = 0;
+  ev->recorded_ns = now_ns();
   pthread_mutex_unlock(&ctx->lock);
   return MLO_OK;
 }
@@ -448,6 +456,23 @@ static int host_copy_wait(void *vctx, mlo_event *ev) {
   (void)vctx;
   (void)ev;
   return MLO_OK;
+}
+
+/* The engine stamps each op as it completes; an event is the op it follows. */
+static int host_event_time(void *vctx, mlo_event *ev, uint64_t *t_ns) {
+  struct host_ctx *ctx = vctx;
+  pthread_mutex_lock(&ctx->lock);
+  int rc = MLO_OK;
+  if (!ev->seq)
+    *t_ns = ev->recorded_ns;
+  else if (ctx->completed_seq < ev->seq)
+    rc = MLO_EBUSY;
+  else if (ctx->done_seq[ev->seq % HOST_TIMES] == ev->seq)
+    *t_ns = ctx->done_ns[ev->seq % HOST_TIMES];
+  else
+    rc = MLO_EUNSUPPORTED; /* long gone from the ring */
+  pthread_mutex_unlock(&ctx->lock);
+  return rc;
 }
 
 static int host_event_query(void *vctx, mlo_event *ev) {
@@ -523,6 +548,7 @@ static const struct mlo_platform_ops host_ops = {
     .copy_wait = host_copy_wait,
     .event_sync = host_event_sync,
     .event_query = host_event_query,
+    .event_time = host_event_time,
     .synchronize = host_synchronize,
     .compute_queue = NULL, /* host compute runs on the calling thread */
 };

@@ -35,6 +35,7 @@
  * before the first record (waiting on it is then a no-op, as in CUDA). */
 struct mlo_event {
   cl_event last;
+  mlo_stamp *stamp; /* when `last` completed (copy-queue records only) */
 };
 
 /* A pinned host buffer: the cl_mem behind a mapped pointer, kept so that
@@ -279,33 +280,57 @@ static int ocl_event_create(void *ctx, mlo_event **ev) {
 static void ocl_event_destroy(void *ctx, mlo_event *ev) {
   (void)ctx;
   if (ev->last) clReleaseEvent(ev->last);
+  mlo_stamp_put(ev->stamp);
   free(ev);
+}
+
+static void CL_CALLBACK stamp_on_complete(cl_event e, cl_int status, void *user) {
+  (void)e, (void)status; /* an error completes the command too */
+  mlo_stamp_fire(user);
 }
 
 /* A marker completes when everything enqueued before it has.  The flush is
  * required: a command on another queue may only wait on this event once
  * it has been submitted (OpenCL 1.2 §5.13). */
-static int record_on(struct ocl_ctx *c, cl_command_queue q, mlo_event *ev) {
+static int record_on(struct ocl_ctx *c, cl_command_queue q, mlo_event *ev, bool stamped) {
   cl_event marker = NULL;
   cl_int err = clEnqueueMarkerWithWaitList(q, 0, NULL, &marker);
   if (err != CL_SUCCESS) return map_err(err, "clEnqueueMarkerWithWaitList");
+  /* The completion time, for traces; best effort (no stamp: unknown). */
+  mlo_stamp *stamp = stamped ? mlo_stamp_new() : NULL;
+  if (stamp && clSetEventCallback(marker, CL_COMPLETE, stamp_on_complete, stamp) != CL_SUCCESS) {
+    mlo_stamp_put(stamp);
+    mlo_stamp_put(stamp);
+    stamp = NULL;
+  }
   err = clFlush(q);
   pthread_mutex_lock(&c->lock);
   cl_event old = ev->last;
+  mlo_stamp *old_stamp = ev->stamp;
   ev->last = marker;
+  ev->stamp = stamp;
   pthread_mutex_unlock(&c->lock);
   if (old) clReleaseEvent(old);
+  mlo_stamp_put(old_stamp);
   return map_err(err, "clFlush");
 }
 
 static int ocl_event_record_copy(void *ctx, mlo_event *ev) {
   struct ocl_ctx *c = ctx;
-  return record_on(c, c->copy_q, ev);
+  return record_on(c, c->copy_q, ev, true);
 }
 
 static int ocl_event_record_compute(void *ctx, mlo_event *ev) {
   struct ocl_ctx *c = ctx;
-  return record_on(c, c->compute_q, ev);
+  return record_on(c, c->compute_q, ev, false);
+}
+
+static int ocl_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
+  struct ocl_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  int rc = mlo_stamp_time(ev->stamp, t_ns);
+  pthread_mutex_unlock(&c->lock);
+  return rc;
 }
 
 /* The event's current cl_event, retained so that a concurrent record cannot
@@ -414,6 +439,7 @@ static const struct mlo_platform_ops opencl_ops = {
     .event_create = ocl_event_create,
     .event_destroy = ocl_event_destroy,
     .event_record_copy = ocl_event_record_copy,
+    .event_time = ocl_event_time,
     .event_record_compute = ocl_event_record_compute,
     .compute_wait = ocl_compute_wait,
     .copy_wait = ocl_copy_wait,

@@ -9,6 +9,7 @@
 #include "platform/fault.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,42 @@ int mlo_plat_event_sync(mlo_platform *p, mlo_event *ev) {
 int mlo_plat_event_query(mlo_platform *p, mlo_event *ev) {
   count_call(p);
   return p->caps.events ? p->ops->event_query(p->ctx, ev) : p->ops->synchronize(p->ctx);
+}
+
+struct mlo_stamp {
+  atomic_int refs;
+  atomic_uint_fast64_t done_ns; /* 0 until fired */
+};
+
+mlo_stamp *mlo_stamp_new(void) {
+  mlo_stamp *s = mlo_malloc(sizeof *s);
+  if (!s) return NULL;
+  atomic_init(&s->refs, 2);
+  atomic_init(&s->done_ns, 0);
+  return s;
+}
+
+void mlo_stamp_put(mlo_stamp *s) {
+  if (s && atomic_fetch_sub(&s->refs, 1) == 1) free(s);
+}
+
+void mlo_stamp_fire(mlo_stamp *s) {
+  uint64_t now = mlo_now_ns();
+  atomic_store(&s->done_ns, now ? now : 1);
+  mlo_stamp_put(s);
+}
+
+int mlo_stamp_time(mlo_stamp *s, uint64_t *t_ns) {
+  if (!s) return MLO_EUNSUPPORTED;
+  uint64_t t = atomic_load(&s->done_ns);
+  if (!t) return MLO_EBUSY;
+  *t_ns = t;
+  return MLO_OK;
+}
+
+int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns) {
+  if (!p->caps.events || !p->ops->event_time || !ev) return MLO_EUNSUPPORTED;
+  return p->ops->event_time(p->ctx, ev, t_ns);
 }
 
 int mlo_plat_synchronize(mlo_platform *p) {

@@ -67,6 +67,11 @@ struct mlo_platform_ops {
   int (*event_sync)(void *ctx, mlo_event *ev);           /* the host waits */
   /* MLO_OK if complete, MLO_EBUSY if pending. */
   int (*event_query)(void *ctx, mlo_event *ev);
+  /* Optional, for traces: when a copy-queue event completed, on the clock
+   * of mlo_now_ns (the device's own completion, not when someone waited).
+   * MLO_OK with *t_ns, MLO_EBUSY if not complete yet, MLO_EUNSUPPORTED if
+   * the platform cannot tell.  Never blocks; never a fault point. */
+  int (*event_time)(void *ctx, mlo_event *ev, uint64_t *t_ns);
 
   /* Waits for both queues to drain. */
   int (*synchronize)(void *ctx);
@@ -108,6 +113,19 @@ int mlo_plat_compute_wait(mlo_platform *p, mlo_event *ev);
 int mlo_plat_copy_wait(mlo_platform *p, mlo_event *ev);
 int mlo_plat_event_sync(mlo_platform *p, mlo_event *ev);
 int mlo_plat_event_query(mlo_platform *p, mlo_event *ev);
+/* A completion stamp for device platforms' event_time: a device callback
+ * (cudaLaunchHostFunc, clSetEventCallback) fires it when the copy queue
+ * reaches it; the event keeps one reference, the pending callback another,
+ * so neither can free it under the other. */
+typedef struct mlo_stamp mlo_stamp;
+mlo_stamp *mlo_stamp_new(void);                   /* two references; NULL if out of memory */
+void mlo_stamp_fire(mlo_stamp *s);                /* the callback's: records now, drops its ref */
+void mlo_stamp_put(mlo_stamp *s);                 /* drops a reference (NULL: nothing) */
+int mlo_stamp_time(mlo_stamp *s, uint64_t *t_ns); /* MLO_OK, MLO_EBUSY; NULL: MLO_EUNSUPPORTED */
+
+/* The event_time slot, or MLO_EUNSUPPORTED without one (not counted as a
+ * platform call: it only feeds the trace). */
+int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns);
 int mlo_plat_synchronize(mlo_platform *p);
 /* Number of wrapper calls made so far (for tests: C13). */
 uint64_t mlo_plat_call_count(mlo_platform *p);

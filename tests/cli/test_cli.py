@@ -361,6 +361,20 @@ class OutputFileTests(Fixture):
         self.assertIn("time (s)", text)
         self.assertIn("device memory", text)
 
+    def test_loads_end_when_their_copy_does(self):
+        # The VAE loads at enable and is used last: its load must end when
+        # its copy did (the platform's stamp), not when the run first waited
+        # for it, which drew it across the whole run.
+        trace = os.path.join(self.tmp, "ends.json")
+        res = self.run_json("--trace", trace, "--platform", "host:bw=4e9")
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+        loads = {e["name"]: e for e in events if e.get("tid") == 1 and e["ph"] == "X"}
+        wall_us = res["wall_s"] * 1e6
+        vae = loads["vae"]
+        self.assertLess(vae["dur"], 0.5 * wall_us, f"vae load drawn as {vae['dur']} us of {wall_us}")
+        self.assertNotIn("unfinished", vae["args"])
+
     def test_unwritable_trace(self):
         rc, _, err = mlo("run", self.ckpt, "--trace", os.path.join(self.tmp, "no/such/dir/t.json"))
         self.assertEqual(rc, 2, err)

@@ -191,6 +191,38 @@ static void test_bw_throttles_copies(void **state) {
   mlo_platform_close(p);
 }
 
+/* event_time: when the copy engine finished, not when someone asked.  A
+ * 16 MiB copy at 100 MiB/s ends about 160 ms after it was queued; asked
+ * 400 ms later, the stamp is still the copy's end. */
+static void test_event_time_is_the_copys_end(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("host:capacity=64M,bw=100M");
+  const size_t bytes = 16 * MIB;
+  unsigned char *src = pattern(bytes, 6);
+  void *block = NULL;
+  mlo_event *ev = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, bytes, &block));
+  assert_ok(mlo_plat_event_create(p, &ev));
+  uint64_t t0 = mlo_now_ns(), t = 0;
+  assert_ok(mlo_plat_copy_h2d(p, block, 0, src, bytes));
+  assert_ok(mlo_plat_event_record_copy(p, ev));
+  assert_status(mlo_plat_event_time(p, ev, &t), MLO_EBUSY); /* still copying */
+  tu_sleep_ms(600);
+  uint64_t asked = mlo_now_ns();
+  assert_ok(mlo_plat_event_time(p, ev, &t));
+  double after_s = (double)(t - t0) / 1e9, before_ask_s = (double)(asked - t) / 1e9;
+  assert_true(after_s >= 0.9 * (double)bytes / (100.0 * MIB)); /* not before the copy ran */
+  assert_true(before_ask_s > 0.2);                             /* not when it was asked */
+  assert_ok(mlo_plat_event_record_copy(p, ev)); /* nothing queued: complete when recorded */
+  uint64_t t2 = 0;
+  assert_ok(mlo_plat_event_time(p, ev, &t2));
+  assert_true(t2 >= asked);
+  mlo_plat_event_destroy(p, ev);
+  mlo_plat_dev_free(p, block, bytes);
+  mlo_platform_close(p);
+  free(src);
+}
+
 /* Released memory is poisoned before it can be handed out again: the next
  * block of the same size comes from the pool and reads 0xA5 throughout. */
 static void test_poison_fills_released_memory(void **state) {
@@ -355,6 +387,7 @@ int main(void) {
       cmocka_unit_test(test_h2d_then_event_sync),
       cmocka_unit_test(test_jitter_makes_missing_wait_visible),
       cmocka_unit_test(test_bw_throttles_copies),
+      cmocka_unit_test(test_event_time_is_the_copys_end),
       cmocka_unit_test(test_poison_fills_released_memory),
       cmocka_unit_test(test_copy_wait_orders_d2h),
       cmocka_unit_test(test_synchronize_drains),

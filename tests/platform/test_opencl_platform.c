@@ -92,6 +92,18 @@ static void test_round_trip(void **state) {
   assert_ok(mlo_plat_event_sync(p, loaded));
   assert_ok(mlo_plat_event_query(p, loaded));
   assert_memory_equal(back, (char *)slab + 4096, n - 4096);
+  /* the completion stamp comes from the runtime's callback, which may run
+   * just after event_sync returns: wait for it, then it lies in the past */
+  uint64_t done = 0, t_sync = mlo_now_ns();
+  int trc = MLO_EBUSY;
+  for (int i = 0; i < 2000 && trc == MLO_EBUSY; i++) {
+    trc = mlo_plat_event_time(p, loaded, &done);
+    if (trc == MLO_EBUSY) tu_sleep_ms(1);
+  }
+  assert_ok(trc);
+  assert_true(done > 0 && done <= mlo_now_ns());
+  assert_true(done <= t_sync + 2000000000ull);
+  assert_status(mlo_plat_event_time(p, used, &done), MLO_EUNSUPPORTED); /* compute side */
 
   mlo_plat_event_destroy(p, loaded);
   mlo_plat_event_destroy(p, used);
