@@ -267,11 +267,18 @@ MLO_API void mlo_pipeline_free(mlo_pipeline *pipe);
 MLO_API const char *mlo_pipeline_errmsg(mlo_pipeline *pipe);
 MLO_API mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe);
 
-/* Adds a component.  role MLO_ROLE_AUTO guesses from the name and logs a
- * warning once per pipeline; a concrete role is a declaration (C1).
+/* Adds a component.  role MLO_ROLE_AUTO guesses from the name (see
+ * mlo_pipeline_warn_guessed); a concrete role is a declaration (C1).
  * Names are unique (MLO_EEXIST).  The component is owned by the pipeline. */
 MLO_API int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role,
                               mlo_component **out);
+/* Logs one warning naming every component whose role is still a guess
+ * from its name ("roles guessed from the component names: text_encoder
+ * (encoder), transformer (dit); ..."), once per pipeline; nothing when no
+ * role is guessed.  Materialization and mlo_offload_enable call it, so the
+ * warning comes when roles start to matter and after any overrides; a tool
+ * that only inspects may call it itself. */
+MLO_API void mlo_pipeline_warn_guessed(mlo_pipeline *pipe);
 /* Changes a component's role: an override of a guess or of a previous
  * declaration.  Refused (MLO_ESTATE) while offload is enabled. */
 MLO_API int mlo_component_set_role(mlo_component *comp, mlo_role role, mlo_role_source source);

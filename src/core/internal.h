@@ -80,6 +80,7 @@ struct mlo_component {
   mlo_residency state;
   void *block;
   mlo_event *load_ev;      /* recorded on the copy queue after the load */
+  uint64_t load_begin_ns;  /* when the current load was issued (trace, log) */
   bool load_waited;        /* the load is known complete for compute */
   mlo_event *compute_ev;   /* recorded after forwards that write (mutable) */
   mlo_event *writeback_ev; /* pending async write-back into host memory */

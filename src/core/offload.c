@@ -396,6 +396,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
 
 int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings) {
   if (!pipe) return MLO_EINVAL;
+  mlo_pipeline_warn_guessed(pipe); /* discovery is about to trust them */
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   if (settings) {
     int rc = check_settings(pipe, settings);

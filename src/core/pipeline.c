@@ -174,14 +174,7 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
   c->state = MLO_RES_UNMATERIALIZED;
   if (role == MLO_ROLE_AUTO) {
     c->role = mlo_role_guess(name, NULL);
-    c->role_source = MLO_ROLE_FROM_HEURISTIC;
-    if (!pipe->warned_heuristic) {
-      pipe->warned_heuristic = true;
-      mlo_logf(MLO_LOG_WARN,
-               "role of '%s' guessed from its name (%s); declare roles to be sure "
-               "(this warning is shown once per pipeline)",
-               name, mlo_role_name(c->role));
-    }
+    c->role_source = MLO_ROLE_FROM_HEURISTIC; /* said by mlo_pipeline_warn_guessed */
   } else {
     c->role = role;
     c->role_source = MLO_ROLE_FROM_DECLARATION;
@@ -194,6 +187,30 @@ out_nomem:
 out_unlock:
   unlock_lists(pipe);
   return rc;
+}
+
+void mlo_pipeline_warn_guessed(mlo_pipeline *pipe) {
+  if (!pipe) return;
+  MLO_LOCK_OR_VOID(&pipe->lock);
+  char list[768];
+  size_t len = 0, n = 0;
+  list[0] = '\0';
+  for (size_t i = 0; i < pipe->ncomps && !pipe->warned_heuristic; i++) {
+    const mlo_component *c = pipe->comps[i];
+    if (c->role_source != MLO_ROLE_FROM_HEURISTIC) continue;
+    n++;
+    if (len < sizeof list - 1)
+      len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (%s)", len ? ", " : "", c->name,
+                              mlo_role_name(c->role));
+  }
+  if (n && !pipe->warned_heuristic) {
+    pipe->warned_heuristic = true;
+    mlo_logf(MLO_LOG_WARN,
+             "role%s guessed from the component name%s: %s; declare %s to be sure (the mlo "
+             "tool: --role NAME=ROLE; in code: a role at mlo_component_add)",
+             n > 1 ? "s" : "", n > 1 ? "s" : "", list, n > 1 ? "them" : "it");
+  }
+  pthread_mutex_unlock(&pipe->lock);
 }
 
 int mlo_component_set_role(mlo_component *c, mlo_role role, mlo_role_source source) {

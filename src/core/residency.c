@@ -25,7 +25,11 @@
 static void trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint64_t t_ns) {
   mlo_pipeline *pipe = c->pipe;
   if (!pipe->trace) return;
-  mlo_trace_event ev = {kind, c, t_ns, bytes, pipe->device_bytes};
+  /* device_bytes is the figure after the event: a load's block counts from
+   * its LOAD_BEGIN (allocated), though it is accounted once its copies are
+   * queued. */
+  uint64_t dev = pipe->device_bytes + (kind == MLO_TRACE_LOAD_BEGIN ? c->block_bytes : 0);
+  mlo_trace_event ev = {kind, c, t_ns, bytes, dev};
   pipe->trace(&ev, pipe->trace_user);
 }
 
@@ -53,6 +57,18 @@ static void log_transfer(const mlo_component *c, const char *what, uint64_t byte
   char size[32];
   mlo_logf(MLO_LOG_DEBUG, "%s %s: %s in %zu cop%s", what, c->name,
            mlo_format_size(bytes, size, sizeof size), copies, copies == 1 ? "y" : "ies");
+}
+
+/* The line stable-diffusion.cpp users know, once per load, when it is
+ * known to be complete: component, size, tensors, seconds, GB/s, device. */
+static void log_load_done(const mlo_component *c, uint64_t done_ns) {
+  if (!mlo_log_enabled(MLO_LOG_INFO)) return;
+  char size[32];
+  double secs = done_ns > c->load_begin_ns ? (double)(done_ns - c->load_begin_ns) / 1e9 : 0.0;
+  mlo_logf(MLO_LOG_INFO, "loaded %s: %s, %zu tensors, %.4f s, %.2f GB/s, %s", c->name,
+           mlo_format_size(c->block_bytes, size, sizeof size), c->own_count, secs,
+           secs > 0 ? (double)c->block_bytes / secs / 1e9 : 0.0,
+           mlo_platform_name(c->pipe->platform));
 }
 
 /* Enqueues the host-to-device copies of a load; returns copies issued. */
@@ -116,7 +132,8 @@ int mlo_res_load(mlo_component *c) {
                     mlo_format_size(mem.total_bytes, total, sizeof total),
                     mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
   }
-  mlo_res_trace(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes);
+  c->load_begin_ns = mlo_now_ns();
+  trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
   rc = enqueue_load_copies(c, &copies);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
@@ -182,10 +199,12 @@ int mlo_res_evict(mlo_component *c) {
     c->state = MLO_RES_HOST;
     return MLO_OK;
   }
-  if (!c->load_waited && pipe->trace) { /* loaded, never used: end the load where it ended */
+  if (!c->load_waited) { /* loaded, never used: end the load where it ended */
     uint64_t t = 0;
-    if (mlo_plat_event_time(pipe->platform, c->load_ev, &t) == MLO_OK)
+    if (mlo_plat_event_time(pipe->platform, c->load_ev, &t) == MLO_OK) {
       trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, t);
+      log_load_done(c, t);
+    }
   }
   uint64_t back = 0;
   int rc = write_back(c, &back);
@@ -232,6 +251,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   c->stats.wait_ns += t1 - t0;
   if (!rc && pending) {
     c->load_waited = true;
+    log_load_done(c, load_done_ns(c, t1));
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
     if (pipe->trace) {
       mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};

@@ -231,6 +231,7 @@ int mlo_component_materialize(mlo_component *c) {
 
 int mlo_pipeline_materialize(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
+  mlo_pipeline_warn_guessed(pipe);
   MLO_LOCK_OR(&pipe->setup_lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);

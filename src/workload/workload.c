@@ -235,7 +235,7 @@ int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t cou
       if (failed) *failed = calls[i].comp;
       return rc;
     }
-    if (step_fn) step_fn(i + 1, count, user);
+    if (step_fn) step_fn(i + 1, count, calls[i].comp, user);
   }
   *digest = h;
   return MLO_OK;

@@ -93,8 +93,10 @@ typedef struct {
  * boundary outside [0, 1]. */
 int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_workload_call **calls,
                           size_t *count);
-/* Called after each forward of a run (progress display). */
-typedef void (*mlo_workload_step_fn)(size_t done, size_t total, void *user);
+/* Called after each forward of a run (progress display): done of total
+ * forwards, comp the one that just ran. */
+typedef void (*mlo_workload_step_fn)(size_t done, size_t total, const mlo_component *comp,
+                                     void *user);
 /* Runs the calls in order; *digest gets the run digest.  Stops at the first
  * failure; *failed (if given) is the component that failed. */
 int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t count,

@@ -119,6 +119,73 @@ def expected_counts(components, steps, boundary, offload):
 
 
 class RunTests(Fixture):
+    def test_progress_line_on_a_terminal(self):
+        # stderr is a terminal (a pty): the progress line shows step/total,
+        # the component, the rate and the time left, and labels the
+        # --verify reference run.
+        import pty
+        import select
+        master, slave = pty.openpty()
+        env = dict(os.environ)
+        env.pop("MLO_NO_PROGRESS", None)
+        p = subprocess.Popen([MLO, "run", self.ckpt, "--verify", "--steps", "12",
+                              "--platform", "host:bw=1e9"], stdout=subprocess.DEVNULL,
+                             stderr=slave, env=env)
+        os.close(slave)
+        chunks = []
+        while True:
+            ready, _, _ = select.select([master], [], [], 120)
+            if not ready:
+                break
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        self.assertEqual(p.wait(timeout=120), 0)
+        screen = b"".join(chunks).decode(errors="replace").replace("\r", "\n")
+        import re
+        line = re.compile(r"(offloaded|reference) +(\d+)/(\d+) +(\S+) +[\d.]+ (it/s|s/it), "
+                          r"[\d.]+ s left")
+        seen = [m.groups() for m in map(line.search, screen.splitlines()) if m]
+        self.assertTrue(any(g[0] == "offloaded" for g in seen), screen[-2000:])
+        self.assertTrue(any(g[0] == "reference" for g in seen), screen[-2000:])
+        names = {c["name"] for c in self.info["components"]}
+        self.assertTrue(all(g[3] in names for g in seen))
+        self.assertTrue(any(g[1] == g[2] for g in seen))  # the last step is shown
+
+    def test_info_log_has_one_line_per_transfer(self):
+        rc, out, err = mlo("run", self.ckpt, "--json", env={"MLO_LOG": "info"})
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        import re
+        lines = re.findall(r"loaded (\S+): [\d.]+ (?:B|KiB|MiB|GiB), (\d+) tensors, [\d.]+ s, "
+                           r"[\d.]+ GB/s, host$", err, re.M)
+        self.assertEqual(len(lines), res["loads"], err)
+        tensors = {c["name"]: c["tensors"] for c in self.info["components"]}
+        for name, n in lines:
+            self.assertEqual(int(n), tensors[name])
+
+    def test_version_lists_platforms(self):
+        rc, out, _ = mlo("--version")
+        self.assertEqual(rc, 0)
+        self.assertRegex(out, r"^mlo \d+\.\d+\.\d+\nplatforms built: host, fault")
+
+    def test_guessed_roles_said_once_by_name(self):
+        rc, _, err = mlo("run", self.ckpt, "--steps", "1", env={"MLO_LOG": "warn"})
+        self.assertEqual(rc, 0, err)
+        warn = [l for l in err.splitlines() if "guessed" in l]
+        self.assertEqual(len(warn), 1, err)
+        for c in self.info["components"]:
+            self.assertIn(f"{c['name']} ({c['role']})", warn[0])
+        self.assertIn("--role", warn[0])
+        rc, _, err = mlo("run", self.ckpt, "--steps", "1", "--role", "vae=vae",
+                         env={"MLO_LOG": "warn"})
+        self.assertNotIn("vae (vae)", err)  # an override is no guess
+
     def check_schedule(self, res, steps, boundary, offload):
         loads, evictions = expected_counts(res["components"], steps, boundary, offload)
         calls = schedule(res["components"], steps, boundary)
@@ -216,6 +283,32 @@ class OutOfMemoryTests(Fixture):
         self.assertIn("needs at least", err)
         self.assertIn("--device-memory is 1.00 MiB", err)
         self.assertEqual(out, "")
+        # the need is a DiT phase here: the DiT it counts and every VAE, by name
+        self.assertIn("for transformer + vae;", err)
+
+    def test_json_failure_is_one_json_object(self):
+        rc, out, err = mlo("run", self.ckpt, "--device-memory", "1M", "--json")
+        self.assertEqual(rc, 3, err)
+        doc = json.loads(out)
+        self.assertEqual(doc["code"], 3)
+        self.assertEqual(doc["error"], "out_of_device_memory")
+        self.assertIn("needs at least", doc["message"])
+        rc, out, _ = mlo("run", os.path.join(self.tmp, "missing"), "--json")
+        self.assertEqual(rc, 2)
+        doc = json.loads(out)
+        self.assertEqual((doc["code"], doc["error"]), (2, "bad_input"))
+        self.assertEqual(doc["message"].count(os.path.join(self.tmp, "missing")), 1)
+        rc, out, _ = mlo("inspect", self.ckpt, "--json", "--no-such-flag")
+        self.assertEqual(json.loads(out)["code"], 2)
+
+    def test_device_memory_over_platform_capacity_is_said(self):
+        cap = self.capacity_for_offload()
+        rc, out, err = mlo("run", self.ckpt, "--json", "--device-memory", cap,
+                           "--platform", "host:capacity=8G")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("--device-memory", err)
+        self.assertIn("instead of the capacity= in --platform", err)
+        self.assertEqual(json.loads(out)["device_capacity_bytes"], int(cap))
 
     def test_too_small_for_all_resident(self):
         cap = self.capacity_for_offload()
@@ -360,6 +453,15 @@ class OutputFileTests(Fixture):
             self.assertIn(c["name"], text)
         self.assertIn("time (s)", text)
         self.assertIn("device memory", text)
+        # the subtitle names platform, mode, steps and wall time; a legend; an
+        # axis under each part
+        self.assertIn("host-backed", text)
+        self.assertIn("model-level offload", text)
+        self.assertIn(f"{res['steps']} steps", text)
+        self.assertIn("wall ", text)
+        for key in ("resident: DiT", "encoder", "VAE", "loading (copy in flight)", "forward"):
+            self.assertIn(key, text)
+        self.assertEqual(text.count("time (s)"), 2)
 
     def test_loads_end_when_their_copy_does(self):
         # The VAE loads at enable and is used last: its load must end when
@@ -390,7 +492,9 @@ class OutputFileTests(Fixture):
             self.assertEqual(rc, 2, err)
             self.assertIn(flag, err)
             self.assertIn("t.svg", err)
-            self.assertEqual(out, "")
+            doc = json.loads(out)  # no report: the one JSON object is the error
+            self.assertEqual(doc["code"], 2)
+            self.assertIn(flag, doc["message"])
         rc, _, err = mlo("demo", "--timeline", bad, env={"MLO_CACHE": os.path.join(self.tmp, "c")})
         self.assertEqual(rc, 2, err)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "c", "wan2.2-t2v-0.005")))

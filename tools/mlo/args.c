@@ -6,19 +6,50 @@
  */
 #include "tool.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+char tool_last_error[1024];
+bool tool_json_printed;
+
 void tool_err(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("mlo: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(tool_last_error, sizeof tool_last_error, fmt, ap);
   va_end(ap);
+  fprintf(stderr, "mlo: %s\n", tool_last_error);
+}
+
+void tool_failf(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tool_last_error, sizeof tool_last_error, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "mlo %s: %s\n", cmd, tool_last_error);
+}
+
+int tool_print_json_text(char *text) {
+  if (!text) return TOOL_EXIT_FAIL;
+  puts(text);
+  cJSON_free(text);
+  tool_json_printed = true;
+  return TOOL_EXIT_OK;
+}
+
+void tool_print_json_error(int code) {
+  static const char *const names[] = {"ok", "verification_failed", "bad_input",
+                                      "out_of_device_memory", "failure"};
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "error", names[code >= 0 && code <= 4 ? code : 4]);
+  cJSON_AddNumberToObject(o, "code", code);
+  cJSON_AddStringToObject(o, "message", tool_last_error[0] ? tool_last_error : "failed");
+  tool_print_json_text(o ? cJSON_Print(o) : NULL);
+  cJSON_Delete(o);
 }
 
 const char *tool_size(uint64_t bytes) {
@@ -74,10 +105,9 @@ bool targs_is_help(const targs *a) {
 void targs_error(targs *a, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "mlo %s: ", a->cmd);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nTry 'mlo %s --help'.\n", a->cmd);
+  vsnprintf(tool_last_error, sizeof tool_last_error, fmt, ap);
   va_end(ap);
+  fprintf(stderr, "mlo %s: %s\nTry 'mlo %s --help'.\n", a->cmd, tool_last_error, a->cmd);
   a->failed = true;
 }
 

@@ -287,8 +287,7 @@ static void print_json(const bench_args *ba, const bench_results *r) {
   cJSON_AddNumberToObject(e, "peak_literal_bytes", (double)r->peak_literal);
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
-  if (text) puts(text);
-  cJSON_free(text);
+  tool_print_json_text(text);
 }
 
 int cmd_bench(int argc, char **argv) {

@@ -121,7 +121,10 @@ static int pick_capacity(const char *dir, uint64_t *capacity) {
   oo.override_count = tool_wan_nroles;
   if (!rc) rc = mlo_pipeline_open_path(&po, dir, &oo, &pipe, err, sizeof err);
   if (rc) {
-    tool_err("demo: cannot open %s: %s", dir, err[0] ? err : mlo_strerror(rc));
+    if (err[0] && !strncmp(err, dir, strlen(dir))) /* the message names the path already */
+      tool_err("demo: %s", err);
+    else
+      tool_err("demo: cannot open %s: %s", dir, err[0] ? err : mlo_strerror(rc));
     mlo_platform_close(plat);
     return tool_exit_for(rc);
   }
@@ -149,8 +152,8 @@ static int run_offloaded(const session_config *cfg, const run_options *o, const 
   if (!rc) rc = session_run(&s, o, &r, err, sizeof err);
   if (!rc)
     rc = session_write_pictures(o->trace, &s,
-                                "mlo demo: Wan2.2-shaped pipeline, model-level offload", d->trace,
-                                svg, err, sizeof err);
+                                "mlo demo: Wan2.2-shaped pipeline, model-level offload", o, &r,
+                                d->trace, svg, err, sizeof err);
   if (!rc) rc = report_snapshot(rep, &s, &r);
   if (rc) tool_err("demo: %s", err[0] ? err : mlo_strerror(rc));
   if (s.pipe) session_close(&s);

@@ -129,10 +129,7 @@ static int print_json(const char *path, mlo_pipeline *pipe) {
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)n.max_comp);
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
-  if (!text) return TOOL_EXIT_FAIL;
-  puts(text);
-  cJSON_free(text);
-  return TOOL_EXIT_OK;
+  return tool_print_json_text(text);
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -173,6 +170,7 @@ int cmd_inspect(int argc, char **argv) {
     oo.overrides = roles;
     oo.override_count = nroles;
     rc = mlo_pipeline_open_path(&po, path, &oo, &pipe, err, sizeof err);
+    if (!rc) mlo_pipeline_warn_guessed(pipe); /* after the --role overrides */
   }
   if (rc) {
     tool_err("inspect %s: %s", path, err[0] ? err : mlo_strerror(rc));

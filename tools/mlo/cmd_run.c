@@ -37,7 +37,8 @@ static void help(void) {
          "  --platform P          host[:opts] | cuda[:N] | opencl[:N] (default host)\n"
          "  --device-memory SIZE  the device memory mlo may use, e.g. 512M, 24G: the\n"
          "                        host device's capacity, or a cap on a real GPU\n"
-         "                        (to run as on a smaller card)\n"
+         "                        (to run as on a smaller card); wins over a\n"
+         "                        capacity= inside --platform (a note says so)\n"
          "  --offload MODE        model (default): only the executing component resident;\n"
          "                        none: every component resident\n"
          "  --sync MODE           event (default) | device (synchronize before each\n"
@@ -144,8 +145,7 @@ static int refuse_too_small(const run_args *ra, tool_session *s) {
     snprintf(have, sizeof have, "--device-memory is %s", tool_size(s->capacity));
   else
     snprintf(have, sizeof have, "the device has %s", tool_size(s->capacity));
-  fprintf(stderr, "mlo run: needs at least %s of device memory for %s; %s\n", tool_size(need), what,
-          have);
+  tool_failf("run", "needs at least %s of device memory for %s; %s", tool_size(need), what, have);
   if (ra->offload == 0)
     fprintf(stderr, "  try --offload model (needs %s)\n",
             tool_size(mlo_workload_model_offload_bytes(s->pipe, NULL)));
@@ -175,7 +175,7 @@ static int run_main(const run_args *ra, const session_config *cfg, run_options *
   tool_session s;
   int rc = session_open(&s, cfg, err, sizeof err);
   if (rc) {
-    fprintf(stderr, "mlo run: %s\n", err);
+    tool_failf("run", "%s", err);
     return tool_exit_for(rc);
   }
   int code = refuse_too_small(ra, &s);
@@ -183,15 +183,16 @@ static int run_main(const run_args *ra, const session_config *cfg, run_options *
   run_result r;
   rc = session_run(&s, o, &r, err, sizeof err);
   if (rc) {
-    fprintf(stderr, "mlo run: %s%s%s\n", r.failed ? mlo_component_name(r.failed) : "",
-            r.failed ? ": " : "", err);
+    tool_failf("run", "%s%s%s", r.failed ? mlo_component_name(r.failed) : "", r.failed ? ": " : "",
+               err);
     code = (ra->verify && rc == MLO_ESTATE) ? TOOL_EXIT_VERIFY : tool_exit_for(rc);
     goto out_close;
   }
   if (o->trace) {
-    rc = session_write_pictures(o->trace, &s, ra->path, ra->trace, ra->timeline, err, sizeof err);
+    rc = session_write_pictures(o->trace, &s, ra->path, o, &r, ra->trace, ra->timeline, err,
+                                sizeof err);
     if (rc) {
-      fprintf(stderr, "mlo run: %s\n", err);
+      tool_failf("run", "%s", err);
       code = tool_exit_for(rc);
       goto out_close;
     }
@@ -220,7 +221,7 @@ static int verify_against_resident(const session_config *cfg, const run_options 
   int rc = session_reference_run(&ref, o, rep->all_resident, &rep->ref, err, sizeof err);
   free(roles);
   if (rc) {
-    fprintf(stderr, "mlo run: all-resident reference run: %s\n", err);
+    tool_failf("run", "all-resident reference run: %s", err);
     return tool_exit_for(rc);
   }
   rep->verify = true;
@@ -241,6 +242,11 @@ int cmd_run(int argc, char **argv) {
       (code = tool_check_output("run", "--timeline", ra.timeline)))
     goto out_free;
   char spec[512];
+  if (ra.have_capacity && strstr(ra.platform, "capacity="))
+    fprintf(stderr,
+            "mlo run: note: --device-memory %s is used instead of the capacity= in "
+            "--platform\n",
+            tool_size(ra.capacity));
   if (ra.have_capacity)
     spec_with_capacity(ra.platform, ra.capacity, spec, sizeof spec);
   else
@@ -271,8 +277,8 @@ int cmd_run(int argc, char **argv) {
     else
       report_print_text(&rep, stdout);
     if (rep.verify && !rep.identical) {
-      fprintf(stderr, "mlo run: verification failed: the offloaded digest differs from the "
-                      "all-resident one\n");
+      tool_failf("run", "verification failed: the offloaded digest differs from the "
+                        "all-resident one");
       code = TOOL_EXIT_VERIFY;
     }
   }

@@ -54,7 +54,18 @@ static int run(int argc, char **argv) {
     return TOOL_EXIT_OK;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("mlo %s\n", mlo_version());
+    printf("mlo %s\nplatforms built: host, fault%s%s\n", mlo_version(),
+#ifdef MLO_HAVE_CUDA
+           ", cuda",
+#else
+           "",
+#endif
+#ifdef MLO_HAVE_OPENCL
+           ", opencl"
+#else
+           ""
+#endif
+    );
     return TOOL_EXIT_OK;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -64,6 +75,17 @@ static int run(int argc, char **argv) {
   return TOOL_EXIT_USAGE;
 }
 
+/* With --json, a failure still answers in JSON: one object on stdout
+ * naming the error, when the command printed none of its own. */
+static bool wants_json(int argc, char **argv) {
+  for (int i = 2; i < argc; i++)
+    if (!strcmp(argv[i], "--json")) return true;
+  return false;
+}
+
 int main(int argc, char **argv) {
-  return finish(run(argc, argv));
+  int code = run(argc, argv);
+  if (code != TOOL_EXIT_OK && !tool_json_printed && wants_json(argc, argv))
+    tool_print_json_error(code);
+  return finish(code);
 }

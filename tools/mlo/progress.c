@@ -6,6 +6,7 @@
  */
 #include "tool.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,7 +47,7 @@ void progress_update(tool_progress *p, uint64_t done, uint64_t total) {
 void progress_finish(tool_progress *p) {
   if (!p || !p->enabled || p->last_permille < 0) return;
   /* Clear the line so the next output starts clean. */
-  fprintf(stderr, "\r%*s\r", BAR_WIDTH + 32, "");
+  fprintf(stderr, "\r%*s\r", BAR_WIDTH + 64, "");
   fflush(stderr);
   p->last_permille = -1;
 }
@@ -69,6 +70,25 @@ void progress_synth_cb(const char *file, uint64_t done, uint64_t total, void *us
   progress_update(user, done, total);
 }
 
-void progress_step_cb(size_t done, size_t total, void *user) {
-  progress_update(user, done, total);
+static void format_rate(double s_per_it, char *buf, size_t len) {
+  if (s_per_it >= 1.0)
+    snprintf(buf, len, "%.2f s/it", s_per_it);
+  else
+    snprintf(buf, len, "%.1f it/s", s_per_it > 0 ? 1.0 / s_per_it : 0.0);
+}
+
+void progress_step_cb(size_t done, size_t total, const mlo_component *comp, void *user) {
+  tool_progress *p = user;
+  if (!p || !p->enabled) return;
+  uint64_t now = mlo_now_ns();
+  if (!p->t0_ns) p->t0_ns = now; /* set by the caller at the first forward's start */
+  if (done < total && now - p->last_ns < REDRAW_NS) return;
+  p->last_ns = now;
+  double per = done ? (double)(now - p->t0_ns) / 1e9 / (double)done : 0.0;
+  char rate[32];
+  format_rate(per, rate, sizeof rate);
+  fprintf(stderr, "\r  %-9s %zu/%zu  %-16.16s %s, %.2f s left   ", p->label, done, total,
+          mlo_component_name(comp), rate, per * (double)(total - done));
+  fflush(stderr);
+  p->last_permille = (int)(done * 1000 / (total ? total : 1));
 }

@@ -159,5 +159,6 @@ int report_print_json(const tool_report *rep, FILE *out) {
   if (!text) return MLO_ENOMEM;
   fprintf(out, "%s\n", text);
   cJSON_free(text);
+  tool_json_printed = true;
   return MLO_OK;
 }

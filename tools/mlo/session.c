@@ -69,7 +69,11 @@ static int open_pipeline(tool_session *s, const session_config *cfg, char *err, 
   oo.override_count = cfg->override_count;
   char msg[512] = "";
   int rc = mlo_pipeline_open_path(&po, cfg->path, &oo, &s->pipe, msg, sizeof msg);
-  if (rc) snprintf(err, errlen, "cannot open %s: %s", cfg->path, msg[0] ? msg : mlo_strerror(rc));
+  /* The library's messages start with the path already: say it once. */
+  if (rc && msg[0] && !strncmp(msg, cfg->path, strlen(cfg->path)))
+    snprintf(err, errlen, "%s", msg);
+  else if (rc)
+    snprintf(err, errlen, "cannot open %s: %s", cfg->path, msg[0] ? msg : mlo_strerror(rc));
   return rc;
 }
 
@@ -126,11 +130,30 @@ void session_close(tool_session *s) {
   memset(s, 0, sizeof *s);
 }
 
+/* "transformer + vae": every component the offload need counts — the VAEs
+ * and either every encoder or the largest DiT, whichever phase is larger. */
+static const char *need_names(mlo_pipeline *pipe, const mlo_component *largest) {
+  static char names[512];
+  size_t len = 0;
+  names[0] = '\0';
+  bool encoders = largest && mlo_component_role(largest) == MLO_ROLE_ENCODER;
+  size_t n = mlo_pipeline_component_count(pipe);
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    mlo_role r = mlo_component_role(c);
+    bool counted = r == MLO_ROLE_VAE || (encoders ? r == MLO_ROLE_ENCODER : c == largest);
+    if (!counted || len >= sizeof names - 1) continue;
+    len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? " + " : "",
+                            mlo_component_name(c));
+  }
+  return names[0] ? names : "the pipeline";
+}
+
 bool session_fits(tool_session *s, bool offload, uint64_t *need, const char **what) {
   mlo_component *largest = NULL;
   if (offload) {
     *need = mlo_workload_model_offload_bytes(s->pipe, &largest);
-    *what = largest ? mlo_component_name(largest) : "the pipeline";
+    *what = need_names(s->pipe, largest);
   } else {
     *need = mlo_workload_all_resident_bytes(s->pipe);
     *what = "every component at once (--offload none)";
@@ -153,8 +176,13 @@ static int make_cold(tool_session *s) {
 static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *calls, size_t count,
                      run_result *r) {
   tool_progress bar;
-  progress_init(&bar, o->offload ? "offloaded" : "resident", count);
+  progress_init(&bar,
+                o->progress_label ? o->progress_label
+                : o->offload      ? "offloaded"
+                                  : "resident",
+                count);
   uint64_t t0 = mlo_now_ns();
+  bar.t0_ns = t0;
   int rc = o->offload ? mlo_offload_enable(s->pipe, &o->settings) : mlo_pipeline_load_all(s->pipe);
   if (!rc)
     rc = mlo_workload_run(s->workload, calls, count, &r->digest,
@@ -219,6 +247,7 @@ int session_reference_run(const session_config *cfg, const run_options *o, uint6
   ro.offload = false;
   ro.audit = false;
   ro.trace = NULL;
+  ro.progress_label = "reference"; /* the all-resident run --verify compares with */
   uint64_t need;
   const char *what;
   if (!session_fits(&s, false, &need, &what)) {
@@ -233,14 +262,20 @@ int session_reference_run(const session_config *cfg, const run_options *o, uint6
 }
 
 int session_write_pictures(const tool_trace *t, tool_session *s, const char *title,
-                           const char *trace_path, const char *svg_path, char *err, size_t errlen) {
+                           const run_options *o, const run_result *r, const char *trace_path,
+                           const char *svg_path, char *err, size_t errlen) {
   int rc = MLO_OK;
   if (t->overflow) {
     snprintf(err, errlen, "the trace is incomplete (out of memory while recording)");
     return MLO_ENOMEM;
   }
   if (trace_path) rc = tool_trace_write_json(t, trace_path, err, errlen);
+  char subtitle[512];
+  snprintf(subtitle, sizeof subtitle, "%s  |  %s, sync %s  |  %d steps  |  wall %.3f s",
+           mlo_platform_description(s->platform),
+           o->offload ? "model-level offload" : "all resident", mlo_sync_name(o->settings.sync),
+           o->steps, r->wall_s);
   if (!rc && svg_path)
-    rc = tool_timeline_write_svg(t, s->pipe, s->capacity, title, svg_path, err, errlen);
+    rc = tool_timeline_write_svg(t, s->pipe, s->capacity, title, subtitle, svg_path, err, errlen);
   return rc;
 }

@@ -3,7 +3,9 @@
  * and what `mlo demo` writes): one row per component with a bar for each
  * time it was resident (the loading part hatched darker, forwards as dark
  * ticks), the component's name on the row and on its bars, and below it the
- * device-memory curve against the capacity, with labelled axes.  A plain
+ * device-memory curve against the capacity, with a time axis under each
+ * part.  Above: a title, a line naming platform, offload mode, steps and
+ * wall time, and a legend of the marks.  A plain
  * SVG with no scripts or external references, readable in any browser.
  */
 #include "tool.h"
@@ -15,7 +17,7 @@
 #define W 1000.0
 #define LEFT 170.0
 #define RIGHT 30.0
-#define TOP 50.0
+#define TOP 88.0 /* title, subtitle and legend above the rows */
 #define ROW_H 26.0
 #define ROW_GAP 8.0
 #define MEM_H 170.0
@@ -234,6 +236,9 @@ static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, uint64_t c
   uint64_t cur = 0;
   for (size_t i = 0; i < t->count; i++) {
     const mlo_trace_event *ev = &t->events[i];
+    /* Memory changes at loads (the block is allocated) and evictions only;
+     * a LOAD_END is stamped with the copy's end, earlier than it is emitted. */
+    if (ev->kind != MLO_TRACE_LOAD_BEGIN && ev->kind != MLO_TRACE_EVICT) continue;
     double x = xpos(f, ev->t_ns);
     sb_printf(b, " %.1f,%.1f %.1f,%.1f", x, YMEM(cur), x, YMEM(ev->device_bytes));
     cur = ev->device_bytes;
@@ -244,8 +249,31 @@ static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, uint64_t c
 #undef YMEM
 }
 
+/* What the marks mean: bar colours by role, the loading overlay, forwards. */
+static void draw_legend(sbuf *b, double y) {
+  static const struct {
+    const char *label, *fill, *opacity;
+    double h;
+  } keys[] = {
+      {"resident: DiT", "#f4a259", "1", 12}, {"encoder", "#5b8e7d", "1", 12},
+      {"VAE", "#8cb369", "1", 12},           {"loading (copy in flight)", "#000", "0.25", 12},
+      {"forward", "#222", "1", 5},
+  };
+  double x = LEFT;
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    sb_printf(b,
+              "<rect x='%.1f' y='%.1f' width='14' height='%.0f' fill='%s' fill-opacity='%s' "
+              "stroke='#999' stroke-width='0.5'/>\n",
+              x, y - keys[i].h, keys[i].h, keys[i].fill, keys[i].opacity);
+    sb_printf(b, "<text x='%.1f' y='%.1f' font-size='11'>%s</text>\n", x + 18, y - 1,
+              keys[i].label);
+    x += 18 + 6.5 * (double)strlen(keys[i].label) + 18;
+  }
+}
+
 int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
-                            const char *title, const char *path, char *err, size_t errlen) {
+                            const char *title, const char *subtitle, const char *path, char *err,
+                            size_t errlen) {
   size_t ncomp = mlo_pipeline_component_count(pipe);
   frame f = {0, 1, W - LEFT - RIGHT};
   if (t->count) {
@@ -255,21 +283,28 @@ int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t ca
   }
   double rows_h = (double)ncomp * (ROW_H + ROW_GAP);
   double axis_y = TOP + rows_h + 4, mem_y = axis_y + 60;
-  double height = mem_y + MEM_H + 30;
+  double height = mem_y + MEM_H + 50; /* a second time axis under the memory chart */
   sbuf b = {0};
   sb_printf(&b,
             "<?xml version='1.0' encoding='UTF-8'?>\n"
             "<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' height='%.0f' "
             "viewBox='0 0 %.0f %.0f' font-family='sans-serif'>\n"
             "<rect width='100%%' height='100%%' fill='#fff'/>\n"
-            "<text x='%.1f' y='28' font-size='16' font-weight='bold'>",
+            "<text x='%.1f' y='26' font-size='16' font-weight='bold'>",
             W, height, W, height, LEFT);
   sb_text(&b, title ? title : "mlo residency timeline");
   sb_printf(&b, "</text>\n");
+  if (subtitle) {
+    sb_printf(&b, "<text x='%.1f' y='48' font-size='12' fill='#333'>", LEFT);
+    sb_text(&b, subtitle);
+    sb_printf(&b, "</text>\n");
+  }
+  draw_legend(&b, 72);
   for (size_t i = 0; i < ncomp; i++)
     draw_row(&b, &f, t, mlo_pipeline_component_at(pipe, i), TOP + (double)i * (ROW_H + ROW_GAP));
   draw_time_axis(&b, &f, axis_y);
   draw_memory(&b, &f, t, capacity, mem_y);
+  draw_time_axis(&b, &f, mem_y + MEM_H);
   sb_printf(&b, "</svg>\n");
   int rc;
   if (b.oom) {

@@ -81,6 +81,18 @@ void targs_free_roles(mlo_role_override *list, size_t count);
 
 /* Prints an error line "mlo: ..." to stderr. */
 void tool_err(const char *fmt, ...) TOOL_PRINTF(1, 2);
+/* Prints "mlo CMD: ..." to stderr; like tool_err and targs_error it keeps
+ * the message for the JSON error object. */
+void tool_failf(const char *cmd, const char *fmt, ...) TOOL_PRINTF(2, 3);
+/* The last error message, and whether a command printed its JSON already:
+ * with --json, a failure that printed none prints {"error", "code",
+ * "message"} on stdout instead (main.c). */
+extern char tool_last_error[1024];
+extern bool tool_json_printed;
+/* Prints a cJSON_Print result (freeing it) as the command's JSON output;
+ * TOOL_EXIT_FAIL for NULL (out of memory). */
+int tool_print_json_text(char *text);
+void tool_print_json_error(int code);
 /* A size as "1.50 GiB" in a static rotating buffer (for printf). */
 const char *tool_size(uint64_t bytes);
 
@@ -93,6 +105,7 @@ typedef struct {
   /* materialization: bytes of finished components + the current one's */
   const void *cur_comp;
   uint64_t base, cur, total;
+  uint64_t t0_ns; /* runs: when the first forward started, for s/it and time left */
 } tool_progress;
 void progress_init(tool_progress *p, const char *label, uint64_t total);
 void progress_update(tool_progress *p, uint64_t done, uint64_t total);
@@ -101,7 +114,9 @@ void progress_finish(tool_progress *p);
  * mlo_workload_run. */
 void progress_load_cb(const mlo_component *comp, uint64_t done, uint64_t total, void *user);
 void progress_synth_cb(const char *file, uint64_t done, uint64_t total, void *user);
-void progress_step_cb(size_t done, size_t total, void *user);
+/* Runs: "  offloaded   9/11  transformer_2   23.5 it/s, 0.09 s left", as
+ * stable-diffusion.cpp users know it (s/it when a forward takes over 1 s). */
+void progress_step_cb(size_t done, size_t total, const mlo_component *comp, void *user);
 
 /* ---- trace_json.c: the recorder behind --trace and --timeline ---- */
 typedef struct {
@@ -120,7 +135,8 @@ void tool_trace_hook(const mlo_trace_event *ev, void *user);
 int tool_trace_write_json(const tool_trace *t, const char *path, char *err, size_t errlen);
 /* ---- timeline_svg.c ---- */
 int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
-                            const char *title, const char *path, char *err, size_t errlen);
+                            const char *title, const char *subtitle, const char *path, char *err,
+                            size_t errlen);
 /* Writes an output file: a regular file is replaced atomically, a symlink
  * followed, a device, FIFO or socket refused (core/outfile.c). */
 int tool_write_file(const char *path, const char *data, size_t len, char *err, size_t errlen);
@@ -159,7 +175,8 @@ typedef struct {
   double boundary;
   bool audit;
   bool progress;
-  tool_trace *trace; /* NULL: no trace */
+  const char *progress_label; /* NULL: "offloaded" or "resident" */
+  tool_trace *trace;          /* NULL: no trace */
 } run_options;
 
 typedef struct {
@@ -182,9 +199,12 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
  * closed again before returning.  o->offload/audit/trace are ignored. */
 int session_reference_run(const session_config *cfg, const run_options *o, uint64_t all_resident,
                           run_result *r, char *err, size_t errlen);
-/* Writes the trace JSON and/or the SVG timeline (either path may be NULL). */
+/* Writes the trace JSON and/or the SVG timeline (either path may be NULL);
+ * the timeline's second line names the platform, the run's mode, steps and
+ * wall time. */
 int session_write_pictures(const tool_trace *t, tool_session *s, const char *title,
-                           const char *trace_path, const char *svg_path, char *err, size_t errlen);
+                           const run_options *o, const run_result *r, const char *trace_path,
+                           const char *svg_path, char *err, size_t errlen);
 
 /* The device bytes the run mode needs and the component that sets it, for
  * the "needs at least ..." message; false if it does not fit. */

@@ -64,7 +64,7 @@ int tool_check_output(const char *cmd, const char *flag, const char *path) {
   char why[1024];
   int rc = mlo_out_check(path, why, sizeof why);
   if (!rc) return TOOL_EXIT_OK;
-  fprintf(stderr, "mlo %s: %s: %s\n", cmd, flag, why);
+  tool_failf(cmd, "%s: %s", flag, why);
   return rc == MLO_ENOMEM ? TOOL_EXIT_FAIL : TOOL_EXIT_USAGE;
 }
 
@@ -151,8 +151,9 @@ static cJSON *build_trace(const tool_trace *t) {
     default:
       break;
     }
-    if (ev->kind == MLO_TRACE_LOAD_BEGIN || ev->kind == MLO_TRACE_EVICT ||
-        ev->kind == MLO_TRACE_LOAD_END)
+    /* Memory changes at a load's allocation and at an eviction; a LOAD_END
+     * carries an earlier time (the copy's end) than the bytes it was emitted with. */
+    if (ev->kind == MLO_TRACE_LOAD_BEGIN || ev->kind == MLO_TRACE_EVICT)
       add_memory_sample(list, ev, t0);
   }
   return root;
