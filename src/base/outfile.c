@@ -21,15 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 /* The file an output to path replaces (symlinks resolved), or path itself
  * when nothing is there yet; *exists says which.  Refuses what is not a
  * regular file. */
@@ -53,7 +44,7 @@ static int resolve_target(const char *path, char **target, bool *exists, struct 
   if (!S_ISREG(st->st_mode))
     return mlo_errf(err, errlen, MLO_EIO,
                     "%s: is %s; outputs are written only to regular files (refusing to replace it)",
-                    path, kind_of(st->st_mode));
+                    path, mlo_file_kind(st->st_mode));
   char *real = realpath(path, NULL);
   if (!real) return mlo_errf(err, errlen, MLO_EIO, "%s: cannot resolve: %s", path, strerror(errno));
   *target = mlo_strdup(real);
@@ -133,7 +124,7 @@ int mlo_out_commit(mlo_outfile *o, char *err, size_t errlen) {
   struct stat st;
   if (lstat(o->target, &st) == 0 && !S_ISREG(st.st_mode)) {
     rc = mlo_errf(err, errlen, MLO_EIO, "%s: became %s while writing; not replacing it", o->target,
-                  kind_of(st.st_mode));
+                  mlo_file_kind(st.st_mode));
     goto out_abort;
   }
   if (rename(o->tmp, o->target) != 0) {

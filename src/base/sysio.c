@@ -127,7 +127,7 @@ bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b) {
   return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
 }
 
-static const char *kind_of(mode_t mode) {
+const char *mlo_file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a folder";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISCHR(mode)) return "a character device";
@@ -157,7 +157,7 @@ int mlo_open_regular(const char *path, const char *what, int *fd_out, mlo_file_i
   if (!S_ISREG(st.st_mode)) {
     close(fd);
     return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: is %s, not a regular file", path, sep, w,
-                    kind_of(st.st_mode));
+                    mlo_file_kind(st.st_mode));
   }
   int flags = fcntl(fd, F_GETFL);
   if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);

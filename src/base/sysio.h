@@ -44,6 +44,9 @@ typedef struct {
 void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id);
 bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b);
 
+/* "a FIFO", "a character device", "a folder", ... for messages. */
+const char *mlo_file_kind(mode_t mode);
+
 /* Opens path for reading without blocking (O_NONBLOCK: a FIFO or a tty
  * cannot hang the open), checks on the descriptor that it is a regular
  * file, then clears O_NONBLOCK.  On failure err gets "PATH: why" (what,

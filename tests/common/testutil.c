@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -602,4 +603,18 @@ void tu_holder_start(tu_holder *h, mlo_component *comp) {
 void tu_holder_finish(tu_holder *h) {
   atomic_store(&h->phase, 2);
   pthread_join(h->thread, NULL);
+}
+
+void tu_temp_file(char *path_template, const void *data, size_t n) {
+  int fd = mkstemp(path_template);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, data, n), (ssize_t)n);
+  assert_int_equal(close(fd), 0);
+}
+
+void tu_write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_true(fputs(text, f) >= 0);
+  assert_int_equal(fclose(f), 0);
 }

@@ -230,6 +230,11 @@ bool tu_log_contains(const char *needle);
 bool tu_contains_ci(const char *haystack, const char *needle);
 /* Sleeps for ms milliseconds (only to widen a race window, never to time). */
 void tu_sleep_ms(unsigned ms);
+/* Creates a temporary file from path_template ("/tmp/name_XXXXXX", rewritten
+ * in place) holding n bytes of data; fails the test if it cannot. */
+void tu_temp_file(char *path_template, const void *data, size_t n);
+/* Writes text to path (created or truncated); fails the test if it cannot. */
+void tu_write_text(const char *path, const char *text);
 
 /* Another thread that acquires a component and holds it until told to go:
  * tu_holder_start returns once the acquire has returned (rc_acquire says

@@ -75,11 +75,8 @@ static void test_callbacks_reenter(void **state) {
 
   /* progress: called with setup_lock held (a file-backed tensor reports) */
   char path[] = "/tmp/mlo_reenter_XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
   static uint8_t bytes[4096];
-  assert_int_equal(write(fd, bytes, sizeof bytes), (ssize_t)sizeof bytes);
-  close(fd);
+  tu_temp_file(path, bytes, sizeof bytes);
   tp = tu_pipe_build_wan(plat);
   mlo_tensor_desc d = MLO_TENSOR_DESC_INIT;
   d.name = "from_file";
@@ -246,11 +243,8 @@ static void test_add_tensor_during_materialize(void **state) {
   (void)state;
   alarm(30);
   char path[] = "/tmp/mlo_addmat_XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
   static uint8_t bytes[1 << 16];
-  assert_int_equal(write(fd, bytes, sizeof bytes), (ssize_t)sizeof bytes);
-  close(fd);
+  tu_temp_file(path, bytes, sizeof bytes);
   mlo_platform *plat = tu_platform_open(NULL);
   tu_pipe *tp = tu_pipe_new(plat, true);
   mlo_component *c = NULL;
@@ -424,11 +418,8 @@ static void *toggle_progress(void *v) {
 static void test_set_progress_during_materialize(void **state) {
   (void)state;
   char path[] = "/tmp/mlo_progress_XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
   static uint8_t bytes[1 << 12];
-  assert_int_equal(write(fd, bytes, sizeof bytes), (ssize_t)sizeof bytes);
-  close(fd);
+  tu_temp_file(path, bytes, sizeof bytes);
   mlo_platform *plat = tu_platform_open(NULL);
   for (int round = 0; round < 20; round++) {
     tu_pipe *tp = tu_pipe_new(plat, true);

@@ -34,10 +34,7 @@ static char err[1024];
 static void put(const char *rel, const char *text) {
   char path[512];
   snprintf(path, sizeof path, "%s/%s", root, rel);
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
+  tu_write_text(path, text);
 }
 
 static void mkdir_rel(const char *rel) {

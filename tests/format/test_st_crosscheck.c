@@ -292,6 +292,12 @@ static size_t extra_nul(const char *name) {
   return 0;
 }
 
+#define GRAMMAR_CASES (sizeof grammar / sizeof grammar[0])
+/* The table's cases, then the two nesting-depth cases. */
+static const char *case_name(size_t i) {
+  return i < GRAMMAR_CASES ? grammar[i].name : i == GRAMMAR_CASES ? "depth_127" : "depth_128";
+}
+
 static void test_header_grammar_matches_reference(void **state) {
   (void)state;
   char dir[300], out[320];
@@ -317,7 +323,7 @@ static void test_header_grammar_matches_reference(void **state) {
   assert_non_null(ref);
   int disagree = 0;
   for (size_t i = 0; i < n + 2; i++) {
-    const char *name = i < n ? grammar[i].name : i == n ? "depth_127" : "depth_128";
+    const char *name = case_name(i);
     const char *stricter = i < n ? grammar[i].stricter : NULL;
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);

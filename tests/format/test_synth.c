@@ -320,13 +320,6 @@ static void test_cache_and_rewrite(void **state) {
   assert_false(exists(file));
 }
 
-static void put_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  assert_int_equal(fclose(f), 0);
-}
-
 /* A planted stamp that lists files behind a symlink out of the folder:
  * the generator removes only regular files inside its folder, and never
  * writes through a link it finds there. */
@@ -338,15 +331,15 @@ static void test_links_never_followed(void **state) {
   assert_int_equal(mkdir(dir, 0755), 0);
   assert_int_equal(mkdir(outside, 0755), 0);
   snprintf(secret, sizeof secret, "%s/secret", outside);
-  put_file(secret, "not the generator's");
+  tu_write_text(secret, "not the generator's");
   snprintf(path, sizeof path, "%s/lnk", dir);
   assert_int_equal(symlink(outside, path), 0);
   snprintf(path, sizeof path, "%s/alias.json", dir);
   assert_int_equal(symlink(secret, path), 0);
   snprintf(path, sizeof path, "%s/.mlo-synth.json", dir);
-  put_file(path, "{\"generator\": \"mlo synth\", \"version\": 1, \"preset\": \"flux\","
-                 " \"scale\": 1, \"complete\": true,"
-                 " \"files\": [\"lnk/secret\", \"alias.json\", \"../outside/secret\"]}");
+  tu_write_text(path, "{\"generator\": \"mlo synth\", \"version\": 1, \"preset\": \"flux\","
+                      " \"scale\": 1, \"complete\": true,"
+                      " \"files\": [\"lnk/secret\", \"alias.json\", \"../outside/secret\"]}");
   tu_log_capture_begin();
   assert_ok(mlo_synth_write("sd3", dir, TINY, NULL, NULL, err, sizeof err));
   tu_log_capture_end();

@@ -76,6 +76,20 @@ static void *toggle(void *arg) {
   return NULL;
 }
 
+/* Joins the loaders; fails on the first error; the forwards they ran. */
+static unsigned join_loaders(loader *ls, pthread_t *th, tu_pipe *tp, bool each_must_run) {
+  unsigned total = 0;
+  for (unsigned i = 0; i < n_threads; i++) {
+    pthread_join(th[i], NULL);
+    if (ls[i].first_error)
+      fail_msg("thread %u: a forward returned %s: %s", i, mlo_err_name(ls[i].first_error),
+               mlo_pipeline_errmsg(tp->pipe));
+    if (each_must_run && !ls[i].forwards) fail_msg("thread %u never got to run a forward", i);
+    total += ls[i].forwards;
+  }
+  return total;
+}
+
 static void test_load(void **state) {
   (void)state;
   /* Capacity: exactly what offload needs for tu_wan_specs (text_encoder +
@@ -97,15 +111,7 @@ static void test_load(void **state) {
     ls[i] = (loader){tp, deadline, 0x2545F4914F6CDD1Dull * (i + 1), 0, 0, false};
     assert_int_equal(pthread_create(&th[i], NULL, load, &ls[i]), 0);
   }
-  unsigned total = 0;
-  for (unsigned i = 0; i < n_threads; i++) {
-    pthread_join(th[i], NULL);
-    if (ls[i].first_error)
-      fail_msg("thread %u: a forward returned %s: %s", i, mlo_err_name(ls[i].first_error),
-               mlo_pipeline_errmsg(tp->pipe));
-    if (!ls[i].forwards) fail_msg("thread %u never got to run a forward", i);
-    total += ls[i].forwards;
-  }
+  unsigned total = join_loaders(ls, th, tp, true);
   double wall = (double)(mlo_now_ns() - t0) / 1e9;
   tu_assert_forwards_clean(tp); /* resident + right bytes + exclusion, every forward */
   assert_int_equal(atomic_load(&tp->forwards), total);
@@ -151,14 +157,7 @@ static void test_load_with_toggles(void **state) {
     assert_int_equal(pthread_create(&th[i], NULL, load, &ls[i]), 0);
   }
   assert_int_equal(pthread_create(&tt, NULL, toggle, &tg), 0);
-  unsigned total = 0;
-  for (unsigned i = 0; i < n_threads; i++) {
-    pthread_join(th[i], NULL);
-    if (ls[i].first_error)
-      fail_msg("thread %u: a forward returned %s: %s", i, mlo_err_name(ls[i].first_error),
-               mlo_pipeline_errmsg(tp->pipe));
-    total += ls[i].forwards;
-  }
+  unsigned total = join_loaders(ls, th, tp, false);
   pthread_join(tt, NULL);
   if (tg.first_error) fail_msg("enable/disable returned %s", mlo_err_name(tg.first_error));
   printf("load with toggles: %u threads: %u forwards; %u enable/disable calls took, %u refused "

@@ -42,12 +42,9 @@
 static char root[256];
 
 static void put_text(const char *rel, const char *text) {
-  char path[512];
+  char path[800];
   snprintf(path, sizeof path, "%s/%s", root, rel);
-  FILE *f = fopen(path, "wb");
-  assert_non_null(f);
-  fputs(text, f);
-  assert_int_equal(fclose(f), 0);
+  tu_write_text(path, text);
 }
 
 /* A safetensors file of n bf16 tensors [rows, 8] with bytes from seed. */
