@@ -5,7 +5,7 @@
 # only reports what is missing.
 set -euo pipefail
 
-debs=(cmake make gcc pkg-config libcjson-dev libcmocka-dev libopenblas-dev
+debs=(cmake make gcc g++ pkg-config libcjson-dev libcmocka-dev libopenblas-dev
       ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev clang
       libclang-rt-dev)
 # Python is needed by the tests only.  One that is already on PATH (pyenv,
