@@ -114,6 +114,11 @@ void mlo_json_use_hooks(void) {
   pthread_once(&json_once, json_install);
 }
 
+bool mlo_env_flag(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
+}
+
 /* ---- files in ----------------------------------------------------------- */
 
 void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id) {

@@ -34,6 +34,11 @@ uint64_t mlo_alloc_failures(void);
 /* Routes cJSON's allocations through mlo_malloc (idempotent, thread-safe). */
 void mlo_json_use_hooks(void);
 
+/* ---- the environment ---------------------------------------------------- */
+/* True if the variable is set to anything but "" or "0": the one reading of
+ * switches such as MLO_NO_PINNED, shared by the core and every platform. */
+bool mlo_env_flag(const char *name);
+
 /* ---- files in ---------------------------------------------------------- */
 /* Identity of an opened file: a file swapped between the validation of its
  * header and the reading of its data is refused, not loaded. */

@@ -136,9 +136,7 @@ int mlo_slab_materialize(mlo_component *c) {
   size_t nfiles = 0;
   uint64_t file_bytes = 0;
   if (slab_bytes) {
-    bool want_pin = pipe->pin_host;
-    const char *kill = getenv("MLO_NO_PINNED");
-    if (kill && *kill && strcmp(kill, "0")) want_pin = false;
+    bool want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED");
     rc = mlo_plat_host_alloc(pipe->platform, slab_bytes, want_pin, &slab, &pinned);
     if (rc)
       return mlo_fail(pipe, rc == MLO_ENOMEM ? MLO_ENOMEM : rc,

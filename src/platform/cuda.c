@@ -91,6 +91,14 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   size_t n = bytes ? bytes : 1;
   cudaError_t e =
       c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy) : cudaMalloc(&ptr, n);
+  if (e == cudaErrorMemoryAllocation && c->pool) {
+    /* A block freed with cudaFreeAsync behind queued work may not count as
+     * free until the host has seen the free complete: drain the release
+     * stream and try once more before calling it out of memory. */
+    (void)cudaGetLastError();
+    if (cudaStreamSynchronize(c->release) == cudaSuccess)
+      e = cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy);
+  }
   rc = cuda_status(e, "allocating a device block");
   if (!rc) {
     *block = ptr;
@@ -104,16 +112,22 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
 
 /* Ordered after every copy and compute already submitted: RELEASE waits for
  * both tails, then returns the block to the pool.  No host wait. */
-static void cu_dev_free(void *ctx, void *block, size_t bytes) {
-  struct cuda_ctx *c = ctx;
+/* The bytes a block held stop counting once its free is queued: a free
+ * that fails leaves them held, as they are. */
+static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
+  if (rc) return;
   pthread_mutex_lock(&c->lock);
   c->used -= bytes;
   pthread_mutex_unlock(&c->lock);
+}
+
+static void cu_dev_free(void *ctx, void *block, size_t bytes) {
+  struct cuda_ctx *c = ctx;
   if (use_device(c)) return;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
     cudaStreamSynchronize(c->copy);
     cudaStreamSynchronize(c->compute);
-    cuda_status(cudaFree(block), "cudaFree");
+    freed(c, bytes, cuda_status(cudaFree(block), "cudaFree"));
     return;
   }
   pthread_mutex_lock(&c->lock);
@@ -128,7 +142,7 @@ static void cu_dev_free(void *ctx, void *block, size_t bytes) {
     cudaStreamSynchronize(c->copy);
     cudaStreamSynchronize(c->compute);
   }
-  cuda_status(cudaFreeAsync(block, c->release), "cudaFreeAsync");
+  freed(c, bytes, cuda_status(cudaFreeAsync(block, c->release), "cudaFreeAsync"));
 }
 
 /* Free memory as the device sees it, plus what our pool holds in reserve
@@ -193,14 +207,18 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
   return *ptr ? MLO_OK : MLO_ENOMEM;
 }
 
-/* cudaFreeHost waits for copies that still read the buffer. */
+/* cudaFreeHost does not wait for copies still reading the buffer (it is no
+ * synchronization), and neither does free: the copy stream drains first,
+ * for pageable buffers too (a copy stages from them asynchronously). */
 static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
+  struct cuda_ctx *c = ctx;
   (void)bytes;
+  if (!use_device(c)) cuda_status(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
   if (!pinned) {
     free(ptr);
     return;
   }
-  if (!use_device(ctx)) cuda_status(cudaFreeHost(ptr), "cudaFreeHost");
+  cuda_status(cudaFreeHost(ptr), "cudaFreeHost");
 }
 
 /* ---- copies ------------------------------------------------------------- */
@@ -236,7 +254,9 @@ static int cu_event_create(void *ctx, mlo_event **ev) {
   if (rc) return rc;
   mlo_event *m = mlo_calloc(1, sizeof *m);
   if (!m) return MLO_ENOMEM;
-  rc = cuda_status(cudaEventCreateWithFlags(&m->e, cudaEventDisableTiming), "cudaEventCreate");
+  /* BlockingSync: a host waiting on it sleeps instead of spinning a core. */
+  rc = cuda_status(cudaEventCreateWithFlags(&m->e, cudaEventDisableTiming | cudaEventBlockingSync),
+                   "cudaEventCreate");
   if (rc) {
     free(m);
     return rc;
@@ -439,8 +459,11 @@ static int find_device(unsigned long index, char *err, size_t errlen) {
   return MLO_OK;
 }
 
-/* Our own pool, so that its reserve is ours to report and reuse: nothing is
- * returned to the driver at synchronize points (threshold: never). */
+/* Our own pool, so that its reserve is ours to report and reuse.  Capped
+ * (capacity=), the pool may not grow past the cap (maxSize) and keeps up to
+ * it in reserve; uncapped, the release threshold is 0, so memory freed by
+ * evictions goes back to the driver at synchronize points and can serve the
+ * user's own allocations and other processes (docs/platforms.md). */
 static cudaError_t create_pool(struct cuda_ctx *c) {
   int supported = 0;
   cudaError_t e = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, c->device);
@@ -455,11 +478,13 @@ static cudaError_t create_pool(struct cuda_ctx *c) {
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = c->device;
+  bool capped = c->capacity != 0;
+  if (capped) props.maxSize = (size_t)c->capacity;
   e = cudaMemPoolCreate(&c->pool, &props);
-  uint64_t keep_all = UINT64_MAX;
+  uint64_t threshold = capped ? c->capacity : 0;
   int on = 1;
   if (e == cudaSuccess)
-    e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &threshold);
   if (e == cudaSuccess)
     e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolReuseAllowInternalDependencies, &on);
   return e;
@@ -522,9 +547,8 @@ int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   c->device = (int)opt.index;
   c->chunk = (size_t)opt.chunk;
   c->capacity = opt.capacity;
-  const char *no_pinned = getenv("MLO_NO_PINNED");
   /* The environment is a kill switch: it wins over pinned=1. */
-  c->pinned = opt.pinned != 0 && !(no_pinned && !strcmp(no_pinned, "1"));
+  c->pinned = opt.pinned != 0 && !mlo_env_flag("MLO_NO_PINNED");
   rc = create_streams(c, err, errlen);
   if (rc) {
     cu_destroy(c);

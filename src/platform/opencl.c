@@ -530,9 +530,8 @@ static void configure(struct ocl_ctx *c, const struct ocl_options *o, mlo_platfo
   /* Intel GPUs (the XPU rule of the specification) need blocking reads. */
   bool intel_gpu = strstr(vendor, "Intel") && (type & CL_DEVICE_TYPE_GPU);
   c->blocking_d2h = o->blocking_d2h >= 0 ? o->blocking_d2h == 1 : intel_gpu;
-  const char *no_pinned = getenv("MLO_NO_PINNED");
   /* The environment is a kill switch: it wins over pinned=1. */
-  c->pinned = o->pinned != 0 && !(no_pinned && !strcmp(no_pinned, "1"));
+  c->pinned = o->pinned != 0 && !mlo_env_flag("MLO_NO_PINNED");
   char cap[32];
   mlo_format_size(c->capacity, cap, sizeof cap);
   snprintf(p->description, sizeof p->description,

@@ -182,7 +182,7 @@ static void test_capacity_caps(void **state) {
 
 static void test_no_pinned(void **state) {
   (void)state;
-  setenv("MLO_NO_PINNED", "1", 1);
+  setenv("MLO_NO_PINNED", "yes", 1); /* any value but "" or "0", as the core reads it */
   mlo_platform *p = tu_open_spec("cuda:0");
   unsetenv("MLO_NO_PINNED");
   mlo_platform_caps caps;
