@@ -58,7 +58,12 @@ static int add_weights(mlo_component *comp, const struct demo_component *dc, uin
 static int forward(mlo_component *comp, void *user) {
   double *checksum = user;
   const mlo_tensor *w = mlo_component_tensor_at(comp, 0);
-  const uint16_t *dev = mlo_tensor_device_ptr(w); /* NULL on OpenCL */
+  mlo_platform_caps caps;
+  mlo_platform_get_caps(mlo_pipeline_platform(mlo_component_pipeline(comp)), &caps);
+  /* Only the host-backed device may be read through its pointer; on CUDA
+   * the address is for kernels (dereferencing it on the host crashes), on
+   * OpenCL there is none. */
+  const uint16_t *dev = caps.host_addressable ? mlo_tensor_device_ptr(w) : NULL;
   if (dev) *checksum += dev[0] + dev[mlo_tensor_nbytes(w) / 2 - 1];
   return 0;
 }

@@ -193,12 +193,15 @@ MLO_API const char *mlo_platform_name(const mlo_platform *platform);
 MLO_API const char *mlo_platform_description(const mlo_platform *platform);
 
 typedef struct {
-  bool async_copy;      /* copies overlap with the host and with compute */
-  bool events;          /* ordering through events is available */
-  bool pinned_host;     /* page-locked host memory can be allocated */
-  bool host_register;   /* existing host memory can be pinned in place */
-  bool blocking_d2h;    /* the XPU rule: device-to-host copies must block */
-  bool device_pointers; /* a device block is addressable as a pointer */
+  bool async_copy;       /* copies overlap with the host and with compute */
+  bool events;           /* ordering through events is available */
+  bool pinned_host;      /* page-locked host memory can be allocated */
+  bool host_register;    /* existing host memory can be pinned in place */
+  bool blocking_d2h;     /* the XPU rule: device-to-host copies must block */
+  bool device_pointers;  /* a device block is addressable as a pointer (by the device) */
+  bool host_addressable; /* ... and the host may read and write it through that pointer
+                            (only the host-backed platform: never dereference a CUDA
+                            device pointer on the host) */
 } mlo_platform_caps;
 MLO_API void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
 

@@ -502,6 +502,7 @@ static void host_get_caps(void *vctx, mlo_platform_caps *caps) {
       .host_register = false,
       .blocking_d2h = ctx->opt.blocking_d2h,
       .device_pointers = true,
+      .host_addressable = true,
   };
 }
 

@@ -103,6 +103,13 @@ bool tu_device_pointers(const mlo_platform *plat) {
   return caps.device_pointers;
 }
 
+bool tu_host_addressable(const mlo_platform *plat) {
+  mlo_platform_caps caps;
+  memset(&caps, 0, sizeof caps);
+  mlo_platform_get_caps(plat, &caps);
+  return caps.host_addressable;
+}
+
 /* ----------------------------------------------------------------- content */
 
 static uint32_t fnv1a(const char *s, uint32_t h) {
@@ -150,6 +157,7 @@ tu_pipe *tu_pipe_new(mlo_platform *plat, bool pin_host) {
   assert_non_null(tp);
   tp->plat = plat;
   tp->device_pointers = tu_device_pointers(plat);
+  tp->host_addressable = tu_host_addressable(plat);
   atomic_flag_clear(&tp->failure_taken);
   mlo_pipeline_options opts = MLO_PIPELINE_OPTIONS_INIT;
   opts.platform = plat;
@@ -241,7 +249,7 @@ tu_tensor_rec *tu_rec(tu_pipe *tp, const mlo_tensor *t) {
 /* ------------------------------------------------------------ device bytes */
 
 int tu_read_device(tu_pipe *tp, const mlo_tensor *t, void *dst, size_t bytes) {
-  if (tp->device_pointers) {
+  if (tp->host_addressable) {
     const void *p = mlo_tensor_device_ptr(t);
     if (!p) return MLO_ESTATE;
     memcpy(dst, p, bytes);
@@ -256,7 +264,7 @@ int tu_read_device(tu_pipe *tp, const mlo_tensor *t, void *dst, size_t bytes) {
 }
 
 int tu_write_device(tu_pipe *tp, const mlo_tensor *t, const void *src, size_t bytes) {
-  if (tp->device_pointers) {
+  if (tp->host_addressable) {
     void *p = mlo_tensor_device_ptr(t);
     if (!p) return MLO_ESTATE;
     memcpy(p, src, bytes);

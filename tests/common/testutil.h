@@ -76,6 +76,9 @@ mlo_platform *tu_open_spec(const char *spec);
 /* Writes the merged spec into buf (exposed for the spec-merging logic). */
 void tu_merge_host_spec(const char *base, const char *overrides, char *buf, size_t len);
 bool tu_device_pointers(const mlo_platform *plat);
+/* Whether the host may read device blocks through their pointers (the host
+ * platform only); elsewhere tests copy with copy_d2h/copy_h2d. */
+bool tu_host_addressable(const mlo_platform *plat);
 
 /* ------------------------------------------------------------------------
  * Deterministic content
@@ -111,7 +114,8 @@ typedef struct {
 typedef struct tu_pipe {
   mlo_platform *plat;
   mlo_pipeline *pipe;
-  bool device_pointers;
+  bool device_pointers;  /* mlo_tensor_device_ptr gives an address (host, CUDA) */
+  bool host_addressable; /* the test may dereference it (host only) */
   size_t nrecs;
   tu_tensor_rec recs[TU_MAX_TENSORS];
   size_t nsources;
