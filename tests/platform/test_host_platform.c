@@ -192,8 +192,9 @@ static void test_bw_throttles_copies(void **state) {
 }
 
 /* event_time: when the copy engine finished, not when someone asked.  A
- * 16 MiB copy at 100 MiB/s ends about 160 ms after it was queued; asked
- * 400 ms later, the stamp is still the copy's end. */
+ * 16 MiB copy at 100 MiB/s ends about 160 ms after it was queued; asked a
+ * second later (slack for a loaded machine), the stamp is still the copy's
+ * end, well before the question. */
 static void test_event_time_is_the_copys_end(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("host:capacity=64M,bw=100M");
@@ -207,7 +208,7 @@ static void test_event_time_is_the_copys_end(void **state) {
   assert_ok(mlo_plat_copy_h2d(p, block, 0, src, bytes));
   assert_ok(mlo_plat_event_record_copy(p, ev));
   assert_status(mlo_plat_event_time(p, ev, &t), MLO_EBUSY); /* still copying */
-  tu_sleep_ms(600);
+  tu_sleep_ms(1000);
   uint64_t asked = mlo_now_ns();
   assert_ok(mlo_plat_event_time(p, ev, &t));
   double after_s = (double)(t - t0) / 1e9, before_ask_s = (double)(asked - t) / 1e9;
