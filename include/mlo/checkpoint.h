@@ -44,7 +44,8 @@
  *
  * Roles.  Directories declare no roles, so each component's role is the
  * heuristic mlo_role_guess(key, class_name) (source MLO_ROLE_FROM_HEURISTIC;
- * the pipeline warns once) unless the caller overrides it (source
+ * one warning names every guess, see mlo_pipeline_warn_guessed) unless the
+ * caller overrides it (source
  * MLO_ROLE_FROM_OVERRIDE).  An override naming a component that is not in
  * the pipeline is an error (MLO_ENOTFOUND), so a typo never goes unnoticed.
  *

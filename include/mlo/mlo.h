@@ -233,7 +233,7 @@ typedef enum {
   MLO_ROLE_ENCODER,
   MLO_ROLE_VAE,
   MLO_ROLE_OTHER,
-  MLO_ROLE_AUTO, /* only as an argument: guess from the name (warns once) */
+  MLO_ROLE_AUTO, /* only as an argument: guess from the name (mlo_pipeline_warn_guessed says so) */
 } mlo_role;
 MLO_API const char *mlo_role_name(mlo_role role); /* "dit", "encoder", "vae", "other" */
 /* Parses "dit", "encoder", "vae", "other" (case-insensitive). */

@@ -64,7 +64,8 @@ static const mlo_role_override *find_override(const open_ctx *c, const char *nam
 }
 
 /* Adds one component with its role: the caller's override, else the
- * heuristic on key and class (mlo_component_add warns once for AUTO). */
+ * heuristic on key and class (said once, for every guess, by
+ * mlo_pipeline_warn_guessed). */
 static int add_component(open_ctx *c, const char *name, const char *cls, mlo_component **out) {
   const mlo_role_override *ov = find_override(c, name);
   mlo_role role = ov ? ov->role : MLO_ROLE_AUTO;
