@@ -219,7 +219,7 @@ static void test_pinned_off(void **state) {
   setenv("MLO_NO_PINNED", "1", 1);
   expect_pageable("opencl:0");
   expect_pageable("opencl:0:pinned=1"); /* the environment is a kill switch */
-  setenv("MLO_NO_PINNED", "yes", 1);     /* one reading everywhere: not only "1" */
+  setenv("MLO_NO_PINNED", "yes", 1);    /* one reading everywhere: not only "1" */
   expect_pageable("opencl:0");
   unsetenv("MLO_NO_PINNED");
 }
