@@ -135,7 +135,8 @@ struct mlo_pipeline {
  * already holds one (a trace, log, progress or delegate callback calling
  * back into its own pipeline) gets EDEADLK from pthread_mutex_lock instead
  * of hanging, and the entry point returns MLO_EDEADLK (mlo.h, "Callbacks").
- * Only an entry point's first lock can fail that way. */
+ * Only an entry point's first lock can fail that way; later locks in the
+ * same call use pthread_mutex_lock. */
 int mlo_reentered(mlo_pipeline *pipe);
 #define MLO_LOCK_OR(m, ret)                                                                        \
   do {                                                                                             \
@@ -152,6 +153,10 @@ int mlo_reentered(mlo_pipeline *pipe);
     }                                                                                              \
   } while (0)
 void mlo_log_reentry(const char *func);
+/* setup_lock, then lock (the order of internal.h's rule); MLO_EDEADLK, with
+ * neither held, when this thread already holds one of them. */
+int mlo_lock_both(mlo_pipeline *pipe);
+void mlo_unlock_both(mlo_pipeline *pipe);
 
 /* Resident or loading; lock held. */
 static inline bool mlo_res_is_resident(const mlo_component *c) {

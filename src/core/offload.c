@@ -250,7 +250,7 @@ int mlo_component_forward(mlo_component *c, mlo_forward_fn fn, void *user) {
   int rc = acquire(c, false);
   if (rc) return rc;
   mlo_pipeline *pipe = c->pipe;
-  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  pthread_mutex_lock(&pipe->lock); /* acquire took it on this thread: cannot fail */
   mlo_res_trace(c, MLO_TRACE_FORWARD_BEGIN, 0);
   pthread_mutex_unlock(&pipe->lock);
   uint64_t t0 = mlo_now_ns();
@@ -332,7 +332,7 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   int rc = MLO_OK;
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
   if (rc) return rc;
-  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  pthread_mutex_lock(&pipe->lock);
   pipe->strategy = STRATEGY_DELEGATE; /* lets the delegate create groups */
   pipe->settings = *s;
   pthread_mutex_unlock(&pipe->lock);
@@ -356,7 +356,7 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
  * leave DiTs where they are.  Rolls back the loads it made on failure. */
 static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   size_t dits = 0, encoders = 0;
-  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  pthread_mutex_lock(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     dits += pipe->comps[i]->role == MLO_ROLE_DIT;
     encoders += pipe->comps[i]->role == MLO_ROLE_ENCODER;
@@ -404,15 +404,11 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
     s = *settings;
     s.size = sizeof s;
   }
-  MLO_LOCK_OR(&pipe->setup_lock, mlo_reentered(pipe));
-  if (pthread_mutex_lock(&pipe->lock)) {
-    pthread_mutex_unlock(&pipe->setup_lock);
-    return mlo_reentered(pipe);
-  }
+  int rc = mlo_lock_both(pipe);
+  if (rc) return rc;
   bool enabled = pipe->enabled;
   bool same = enabled && same_settings(&pipe->settings, &s);
   bool delegate = pipe->delegate != NULL;
-  int rc = MLO_OK;
   for (size_t i = 0; i < pipe->ncomps && !enabled && !rc; i++)
     if (pipe->comps[i]->users) /* it runs unhooked: hooking it now breaks exclusion */
       rc = mlo_fail(pipe, MLO_EBUSY, "cannot enable offload while '%s' executes",
@@ -440,12 +436,8 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
 
 int mlo_offload_disable(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
-  MLO_LOCK_OR(&pipe->setup_lock, mlo_reentered(pipe));
-  if (pthread_mutex_lock(&pipe->lock)) {
-    pthread_mutex_unlock(&pipe->setup_lock);
-    return mlo_reentered(pipe);
-  }
-  int rc = MLO_OK;
+  int rc = mlo_lock_both(pipe);
+  if (rc) return rc;
   if (!pipe->enabled) goto out_unlock; /* C11 */
   for (size_t i = 0; i < pipe->ncomps; i++)
     if (pipe->comps[i]->users) {
@@ -473,8 +465,7 @@ int mlo_offload_disable(mlo_pipeline *pipe) {
   pipe->strategy = STRATEGY_NONE;
   pipe->enabled = false;
 out_unlock:
-  pthread_mutex_unlock(&pipe->lock);
-  pthread_mutex_unlock(&pipe->setup_lock);
+  mlo_unlock_both(pipe);
   return rc;
 }
 

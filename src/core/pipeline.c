@@ -34,10 +34,7 @@ void mlo_log_reentry(const char *func) {
   mlo_logf(MLO_LOG_ERROR, "%s: called from inside a callback of the same pipeline; refused", func);
 }
 
-/* The lists are written with both locks held (internal.h): a tensor added
- * while another thread materializes waits for it instead of growing the
- * list under its reader. */
-static int lock_lists(mlo_pipeline *pipe) {
+int mlo_lock_both(mlo_pipeline *pipe) {
   if (pthread_mutex_lock(&pipe->setup_lock)) return mlo_reentered(pipe);
   if (pthread_mutex_lock(&pipe->lock)) {
     pthread_mutex_unlock(&pipe->setup_lock);
@@ -46,7 +43,7 @@ static int lock_lists(mlo_pipeline *pipe) {
   return MLO_OK;
 }
 
-static void unlock_lists(mlo_pipeline *pipe) {
+void mlo_unlock_both(mlo_pipeline *pipe) {
   pthread_mutex_unlock(&pipe->lock);
   pthread_mutex_unlock(&pipe->setup_lock);
 }
@@ -146,7 +143,7 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
   if (!pipe) return MLO_EINVAL;
   if (!name || !*name) return mlo_fail(pipe, MLO_EINVAL, "component name is empty");
   if (!valid_role(role)) return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role", name);
-  int rc = lock_lists(pipe);
+  int rc = mlo_lock_both(pipe);
   if (rc) return rc;
   if (pipe->enabled) {
     rc = mlo_fail(pipe, MLO_ESTATE, "cannot add component '%s' while offload is enabled", name);
@@ -185,17 +182,21 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
 out_nomem:
   rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding component '%s'", name);
 out_unlock:
-  unlock_lists(pipe);
+  mlo_unlock_both(pipe);
   return rc;
 }
 
 void mlo_pipeline_warn_guessed(mlo_pipeline *pipe) {
   if (!pipe) return;
   MLO_LOCK_OR_VOID(&pipe->lock);
+  if (pipe->warned_heuristic) {
+    pthread_mutex_unlock(&pipe->lock);
+    return;
+  }
   char list[768];
   size_t len = 0, n = 0;
   list[0] = '\0';
-  for (size_t i = 0; i < pipe->ncomps && !pipe->warned_heuristic; i++) {
+  for (size_t i = 0; i < pipe->ncomps; i++) {
     const mlo_component *c = pipe->comps[i];
     if (c->role_source != MLO_ROLE_FROM_HEURISTIC) continue;
     n++;
@@ -203,7 +204,7 @@ void mlo_pipeline_warn_guessed(mlo_pipeline *pipe) {
       len += (size_t)snprintf(list + len, sizeof list - len, "%s%s (%s)", len ? ", " : "", c->name,
                               mlo_role_name(c->role));
   }
-  if (n && !pipe->warned_heuristic) {
+  if (n) {
     pipe->warned_heuristic = true;
     mlo_logf(MLO_LOG_WARN,
              "role%s guessed from the component name%s: %s; declare %s to be sure (the mlo "
@@ -392,7 +393,7 @@ int mlo_tensor_add(mlo_component *c, const mlo_tensor_desc *d, mlo_tensor **out)
   t->src_offset = d->file_offset;
   t->src_id = id;
   if (t->flags & MLO_TENSOR_EXTERNAL) t->host = (void *)d->data;
-  rc = lock_lists(pipe);
+  rc = mlo_lock_both(pipe);
   if (rc) {
     tensor_free(t);
     return rc;
@@ -411,7 +412,7 @@ int mlo_tensor_add(mlo_component *c, const mlo_tensor_desc *d, mlo_tensor **out)
     c->own_count++;
     if (t->flags & MLO_TENSOR_MUTABLE) c->has_mutable = true;
   }
-  unlock_lists(pipe);
+  mlo_unlock_both(pipe);
   if (rc) {
     tensor_free(t);
     return rc;
@@ -439,7 +440,7 @@ int mlo_tensor_add_alias(mlo_component *c, const char *name, mlo_tensor *target)
   memcpy(t->shape, target->shape, sizeof t->shape);
   t->nbytes = target->nbytes;
   t->flags = target->flags;
-  int rc = lock_lists(pipe);
+  int rc = mlo_lock_both(pipe);
   if (rc) {
     tensor_free(t);
     return rc;
@@ -453,7 +454,7 @@ int mlo_tensor_add_alias(mlo_component *c, const char *name, mlo_tensor *target)
     rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding alias '%s'", name);
   else
     append_tensor(c, t);
-  unlock_lists(pipe);
+  mlo_unlock_both(pipe);
   if (rc) tensor_free(t);
   return rc;
 }

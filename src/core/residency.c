@@ -237,7 +237,7 @@ void mlo_res_drop(mlo_component *c) {
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
-  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  pthread_mutex_lock(&pipe->lock); /* internal: acquire released it just before */
   bool pending = !c->load_waited;
   bool empty = !c->block_bytes;
   mlo_event *ev = c->load_ev;
@@ -251,13 +251,13 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   c->stats.wait_ns += t1 - t0;
   if (!rc && pending) {
     c->load_waited = true;
-    log_load_done(c, load_done_ns(c, t1));
+    uint64_t done = load_done_ns(c, t1); /* one question to the platform */
+    log_load_done(c, done);
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
     if (pipe->trace) {
       mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
       mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
-      mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, load_done_ns(c, t1), c->block_bytes,
-                            pipe->device_bytes};
+      mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, done, c->block_bytes, pipe->device_bytes};
       pipe->trace(&e1, pipe->trace_user);
       pipe->trace(&e2, pipe->trace_user);
       pipe->trace(&e3, pipe->trace_user);
