@@ -141,27 +141,21 @@ const char *mlo_file_kind(mode_t mode) {
   return "not a regular file";
 }
 
-int mlo_open_regular(const char *path, const char *what, int *fd_out, mlo_file_id *id, char *err,
-                     size_t errlen) {
+int mlo_open_regular(const char *path, int *fd_out, mlo_file_id *id, char *err, size_t errlen) {
   *fd_out = -1;
-  const char *sep = what ? ": " : "", *w = what ? what : "";
   if (fault_hit(MLO_SYSFAULT_OPEN))
-    return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: cannot open: %s", path, sep, w, strerror(EIO));
+    return mlo_errf(err, errlen, MLO_EIO, "%s: cannot open: %s", path, strerror(EIO));
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) {
-    int e = errno;
-    return mlo_errf(err, errlen, e == ENOENT ? MLO_ENOTFOUND : MLO_EIO, "%s%s%s: cannot open: %s",
-                    path, sep, w, strerror(e));
-  }
+  if (fd < 0) return mlo_errf(err, errlen, MLO_EIO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int e = errno;
     close(fd);
-    return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: cannot stat: %s", path, sep, w, strerror(e));
+    return mlo_errf(err, errlen, MLO_EIO, "%s: cannot stat: %s", path, strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return mlo_errf(err, errlen, MLO_EIO, "%s%s%s: is %s, not a regular file", path, sep, w,
+    return mlo_errf(err, errlen, MLO_EIO, "%s: is %s, not a regular file", path,
                     mlo_file_kind(st.st_mode));
   }
   int flags = fcntl(fd, F_GETFL);
@@ -197,28 +191,26 @@ int mlo_pread_full(int fd, void *buf, size_t n, uint64_t offset) {
   return 0;
 }
 
-int mlo_read_file(const char *path, const char *what, size_t cap, char **out, size_t *len,
-                  char *err, size_t errlen) {
+int mlo_read_file(const char *path, size_t cap, char **out, size_t *len, char *err, size_t errlen) {
   *out = NULL;
   if (len) *len = 0;
   int fd;
   mlo_file_id id;
-  int rc = mlo_open_regular(path, what, &fd, &id, err, errlen);
+  int rc = mlo_open_regular(path, &fd, &id, err, errlen);
   if (rc) return rc;
-  const char *sep = what ? ": " : "", *w = what ? what : "";
   char *buf = NULL;
   if (id.size > cap) {
-    rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s%s%s: %llu bytes is over the %zu-byte cap", path,
-                  sep, w, (unsigned long long)id.size, cap);
+    rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: %llu bytes is over the %zu-byte cap", path,
+                  (unsigned long long)id.size, cap);
     goto out_close;
   }
   buf = mlo_malloc((size_t)id.size + 1);
   if (!buf) {
-    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s%s%s: out of host memory", path, sep, w);
+    rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of host memory", path);
     goto out_close;
   }
   if (mlo_pread_full(fd, buf, (size_t)id.size, 0) != 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s%s%s: cannot read: %s", path, sep, w,
+    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot read: %s", path,
                   errno ? strerror(errno) : "the file shrank while reading");
     free(buf);
     goto out_close;

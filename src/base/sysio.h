@@ -54,11 +54,9 @@ const char *mlo_file_kind(mode_t mode);
 
 /* Opens path for reading without blocking (O_NONBLOCK: a FIFO or a tty
  * cannot hang the open), checks on the descriptor that it is a regular
- * file, then clears O_NONBLOCK.  On failure err gets "PATH: why" (what,
- * e.g. "model_index.json", names the file's part when not NULL) and the
- * status is MLO_EIO (MLO_ENOTFOUND when it does not exist). */
-int mlo_open_regular(const char *path, const char *what, int *fd, mlo_file_id *id, char *err,
-                     size_t errlen);
+ * file, then clears O_NONBLOCK.  On failure err gets "PATH: why" and the
+ * status is MLO_EIO, a missing file included. */
+int mlo_open_regular(const char *path, int *fd, mlo_file_id *id, char *err, size_t errlen);
 /* pread through the fault point; EINTR is retried inside. */
 ssize_t mlo_pread(int fd, void *buf, size_t n, uint64_t offset);
 /* Reads exactly n bytes at offset: 0, or MLO_EIO with errno set (errno 0:
@@ -66,8 +64,7 @@ ssize_t mlo_pread(int fd, void *buf, size_t n, uint64_t offset);
 int mlo_pread_full(int fd, void *buf, size_t n, uint64_t offset);
 /* Reads a whole small regular file (at most cap bytes) into a NUL-
  * terminated buffer the caller frees.  MLO_EFORMAT when it is larger. */
-int mlo_read_file(const char *path, const char *what, size_t cap, char **out, size_t *len,
-                  char *err, size_t errlen);
+int mlo_read_file(const char *path, size_t cap, char **out, size_t *len, char *err, size_t errlen);
 
 /* ---- files out (outfile.c) --------------------------------------------- */
 typedef struct {

@@ -89,8 +89,8 @@ static int read_range(mlo_component *c, int fd, const mlo_tensor *t, char *dst, 
 static int open_source(mlo_component *c, const mlo_tensor *t, int *fd) {
   char why[512];
   mlo_file_id now;
-  int rc = mlo_open_regular(t->src_file, NULL, fd, &now, why, sizeof why);
-  if (rc) return mlo_fail(c->pipe, rc == MLO_ENOTFOUND ? MLO_EIO : rc, "%s: %s", c->name, why);
+  int rc = mlo_open_regular(t->src_file, fd, &now, why, sizeof why);
+  if (rc) return mlo_fail(c->pipe, rc, "%s: %s", c->name, why);
   if (!mlo_file_id_equal(&now, &t->src_id)) {
     close(*fd);
     *fd = -1;

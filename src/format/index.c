@@ -270,13 +270,8 @@ static int check_strays(const char *folder, const char *index_name, const name_l
 
 static int load_index_json(const char *where, const char *path, cJSON **root_out, char *err,
                            size_t errlen) {
-  char *text = NULL;
-  size_t len = 0;
-  int rc = mlo_read_file(path, NULL, INDEX_FILE_CAP, &text, &len, err, errlen);
-  if (rc != MLO_OK) return rc == MLO_ENOTFOUND ? MLO_EIO : rc;
   cJSON *root = NULL;
-  rc = mlo_json_parse(where, NULL, text, len, 0, &root, err, errlen);
-  free(text);
+  int rc = mlo_json_read_file(path, INDEX_FILE_CAP, 0, &root, err, errlen);
   if (rc) return rc;
   if (!cJSON_IsObject(root)) {
     cJSON_Delete(root);

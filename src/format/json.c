@@ -384,3 +384,14 @@ int mlo_json_parse(const char *name, const char *what, const char *text, size_t 
   *out = root;
   return MLO_OK;
 }
+
+int mlo_json_read_file(const char *path, size_t cap, unsigned flags, cJSON **out, char *err,
+                       size_t errlen) {
+  *out = NULL;
+  char *text = NULL;
+  size_t len = 0;
+  int rc = mlo_read_file(path, cap, &text, &len, err, errlen);
+  if (!rc) rc = mlo_json_parse(path, NULL, text, len, flags, out, err, errlen);
+  free(text);
+  return rc;
+}

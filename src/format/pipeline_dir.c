@@ -22,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define MODEL_INDEX_CAP (16u * 1024u * 1024u)
 
@@ -102,16 +103,6 @@ static int add_folder(open_ctx *c, const char *name, const char *cls, const char
   return rc;
 }
 
-static int read_json(open_ctx *c, const char *path, cJSON **out) {
-  char *text = NULL;
-  size_t len = 0;
-  int rc = mlo_read_file(path, NULL, MODEL_INDEX_CAP, &text, &len, c->err, c->errlen);
-  if (rc == MLO_ENOTFOUND) rc = MLO_EIO;
-  if (!rc) rc = mlo_json_parse(path, NULL, text, len, 0, out, c->err, c->errlen);
-  free(text);
-  return rc;
-}
-
 static bool plain_name(const char *s) {
   return s[0] && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/') && !strchr(s, '\\');
 }
@@ -158,7 +149,7 @@ static int open_entry(open_ctx *c, const cJSON *entry) {
 
 static int open_pipeline_dir(open_ctx *c, const char *index_path) {
   cJSON *root = NULL;
-  int rc = read_json(c, index_path, &root);
+  int rc = mlo_json_read_file(index_path, MODEL_INDEX_CAP, 0, &root, c->err, c->errlen);
   if (rc != MLO_OK) return rc;
   if (!cJSON_IsObject(root))
     rc = fail(c, MLO_EFORMAT, "%s/model_index.json: not a JSON object", c->root);
@@ -188,17 +179,14 @@ static char *base_name(const char *path, const char *suffix) {
 /* The class of a lone component folder, from its config.json when there
  * is one (diffusers "_class_name", transformers "architectures"[0]). */
 static char *folder_class(const char *folder) {
-  char *path = mlo_path_join(folder, "config.json"), *cls = NULL, *text = NULL;
-  size_t len = 0;
+  char *path = mlo_path_join(folder, "config.json"), *cls = NULL;
   char why[512];
   cJSON *root = NULL;
   /* Best effort: the class only names the role.  Absent is fine; a config
    * that cannot be read (a FIFO, bad JSON) is said, not guessed through. */
-  int rc =
-      path ? mlo_read_file(path, NULL, MODEL_INDEX_CAP, &text, &len, why, sizeof why) : MLO_ENOMEM;
-  if (!rc) rc = mlo_json_parse(path, NULL, text, len, 0, &root, why, sizeof why);
-  if (rc && rc != MLO_ENOTFOUND && path) mlo_logf(MLO_LOG_WARN, "%s; its class is not used", why);
-  free(text);
+  if (path && access(path, F_OK) == 0 &&
+      mlo_json_read_file(path, MODEL_INDEX_CAP, 0, &root, why, sizeof why))
+    mlo_logf(MLO_LOG_WARN, "%s; its class is not used", why);
   free(path);
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
   if (!cJSON_IsString(v))

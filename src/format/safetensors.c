@@ -429,11 +429,11 @@ int mlo_st_open(const char *path, mlo_st_file **out, char *err, size_t errlen) {
   int fd;
   mlo_file_id id;
   char why[512];
-  int rc = mlo_open_regular(path, NULL, &fd, &id, why, sizeof why);
+  int rc = mlo_open_regular(path, &fd, &id, why, sizeof why);
   if (rc) {
     /* why starts with the path already */
     if (err && errlen) snprintf(err, errlen, "%s", why);
-    return rc == MLO_ENOTFOUND ? MLO_EIO : rc;
+    return rc;
   }
   uint8_t *hdr = NULL;
   uint64_t size = id.size;

@@ -139,13 +139,10 @@ int mlo_syn_write_json(const char *dir, const char *rel, cJSON *json, bool prett
 
 static cJSON *read_stamp(const char *dir) {
   if (entry_at(dir, STAMP_NAME) != ENTRY_REGULAR) return NULL; /* a link is no stamp */
-  char *path = mlo_path_join(dir, STAMP_NAME), *text = NULL;
-  size_t len = 0;
+  char *path = mlo_path_join(dir, STAMP_NAME);
   char why[512];
   cJSON *stamp = NULL;
-  int rc = path ? mlo_read_file(path, NULL, 1u << 20, &text, &len, why, sizeof why) : MLO_ENOMEM;
-  if (!rc) rc = mlo_json_parse(path, NULL, text, len, 0, &stamp, why, sizeof why);
-  free(text);
+  int rc = path ? mlo_json_read_file(path, 1u << 20, 0, &stamp, why, sizeof why) : MLO_ENOMEM;
   free(path);
   if (rc) return NULL;
   const cJSON *gen = cJSON_GetObjectItemCaseSensitive(stamp, "generator");
