@@ -25,6 +25,14 @@ void tool_err(const char *fmt, ...) {
   fprintf(stderr, "mlo: %s\n", tool_last_error);
 }
 
+const char *tool_open_message(const char *path, const char *msg, int rc, char *out, size_t outlen) {
+  if (msg[0] && !strncmp(msg, path, strlen(path))) /* the library named the path already */
+    snprintf(out, outlen, "%s", msg);
+  else
+    snprintf(out, outlen, "cannot open %s: %s", path, msg[0] ? msg : mlo_strerror(rc));
+  return out;
+}
+
 void tool_failf(const char *cmd, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

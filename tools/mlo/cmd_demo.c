@@ -121,10 +121,8 @@ static int pick_capacity(const char *dir, uint64_t *capacity) {
   oo.override_count = tool_wan_nroles;
   if (!rc) rc = mlo_pipeline_open_path(&po, dir, &oo, &pipe, err, sizeof err);
   if (rc) {
-    if (err[0] && !strncmp(err, dir, strlen(dir))) /* the message names the path already */
-      tool_err("demo: %s", err);
-    else
-      tool_err("demo: cannot open %s: %s", dir, err[0] ? err : mlo_strerror(rc));
+    char msg[1024];
+    tool_err("demo: %s", tool_open_message(dir, err, rc, msg, sizeof msg));
     mlo_platform_close(plat);
     return tool_exit_for(rc);
   }

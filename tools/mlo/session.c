@@ -69,11 +69,7 @@ static int open_pipeline(tool_session *s, const session_config *cfg, char *err, 
   oo.override_count = cfg->override_count;
   char msg[512] = "";
   int rc = mlo_pipeline_open_path(&po, cfg->path, &oo, &s->pipe, msg, sizeof msg);
-  /* The library's messages start with the path already: say it once. */
-  if (rc && msg[0] && !strncmp(msg, cfg->path, strlen(cfg->path)))
-    snprintf(err, errlen, "%s", msg);
-  else if (rc)
-    snprintf(err, errlen, "cannot open %s: %s", cfg->path, msg[0] ? msg : mlo_strerror(rc));
+  if (rc) tool_open_message(cfg->path, msg, rc, err, errlen);
   return rc;
 }
 

@@ -84,6 +84,9 @@ void tool_err(const char *fmt, ...) TOOL_PRINTF(1, 2);
 /* Prints "mlo CMD: ..." to stderr; like tool_err and targs_error it keeps
  * the message for the JSON error object. */
 void tool_failf(const char *cmd, const char *fmt, ...) TOOL_PRINTF(2, 3);
+/* "cannot open PATH: why", or the library's message alone when it starts
+ * with PATH already (a path is said once); returns out. */
+const char *tool_open_message(const char *path, const char *msg, int rc, char *out, size_t outlen);
 /* The last error message, and whether a command printed its JSON already:
  * with --json, a failure that printed none prints {"error", "code",
  * "message"} on stdout instead (main.c). */
