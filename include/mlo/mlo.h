@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define MLO_VERSION_MAJOR 0
-#define MLO_VERSION_MINOR 1
+#define MLO_VERSION_MINOR 2
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
 MLO_API const char *mlo_version(void);
@@ -406,7 +406,8 @@ MLO_API int mlo_component_evict(mlo_component *comp);
 MLO_API int mlo_pipeline_load_all(mlo_pipeline *pipe);
 
 /* Checks the residency invariant now: with offload enabled, no two
- * components that exclude each other are resident at once, no component is
+ * components that exclude each other are resident at once (STRICT) or the
+ * resident bytes are within the budget (BUDGET), no component is
  * executing while non-resident, and device bytes match the resident blocks.
  * MLO_OK, or MLO_ESTATE with the violation in mlo_pipeline_errmsg. */
 MLO_API int mlo_pipeline_audit(mlo_pipeline *pipe);
@@ -427,6 +428,32 @@ typedef enum {
 MLO_API const char *mlo_sync_name(mlo_sync_mode mode);
 MLO_API int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
 
+/* Residency policies (docs/planner.md).
+ *
+ * STRICT is the specification: the exclusion rule of C3/C4 (a DiT's forward
+ * evicts encoders and other DiTs, an encoder's evicts DiTs), nothing kept
+ * that the rule excludes, whatever memory is free.  C1–C17 are its tests.
+ *
+ * BUDGET keeps components on the device while they fit in a budget and
+ * evicts one only when a load needs the room.  The victim is the idle
+ * resident component whose next use in the declared schedule
+ * (mlo_pipeline_set_schedule) is farthest away — Belady's rule, optimal
+ * for a known call sequence — and the least recently used one where the
+ * schedule says nothing.  No component is evicted while it executes or is
+ * acquired.  With prefetch on, the components the schedule calls next are
+ * loaded on the copy queue as soon as they fit beside what must stay
+ * (evicting only components needed later than them), so the copy overlaps
+ * the current compute; a forward still waits on its load's event (C8) and
+ * nothing is freed under a running copy or compute (C9).  The audit checks
+ * device bytes <= budget and every executing component resident. */
+typedef enum {
+  MLO_POLICY_STRICT, /* the specification (default) */
+  MLO_POLICY_BUDGET, /* keep what fits in budget_bytes; evict by next use */
+} mlo_policy;
+MLO_API const char *
+mlo_policy_name(mlo_policy policy); /* "strict", "budget" ("invalid" otherwise) */
+MLO_API int mlo_policy_from_name(const char *name, mlo_policy *out);
+
 typedef struct {
   size_t size;            /* sizeof(mlo_offload_settings) */
   mlo_sync_mode sync;     /* default MLO_SYNC_EVENT */
@@ -435,9 +462,23 @@ typedef struct {
   bool per_tensor_copies; /* one copy per tensor instead of one per slab:
                              the specification-literal baseline for benches */
   bool copy_back;         /* write every tensor back on eviction (baseline) */
+  /* --- since 0.2; a caller built against 0.1 passes the shorter size and
+   * gets the defaults below --- */
+  mlo_policy policy;      /* default MLO_POLICY_STRICT */
+  uint64_t budget_bytes;  /* BUDGET: device bytes the pipeline may keep; 0 =
+                             the device's free memory at enable (plus what the
+                             pipeline already holds) minus reserve_bytes */
+  uint64_t reserve_bytes; /* BUDGET with budget_bytes 0: left free for the
+                             caller's own allocations (activations,
+                             workspaces), as ComfyUI's --reserve-vram */
+  bool prefetch;          /* BUDGET: load scheduled components ahead of their
+                             forward (default true; needs a schedule) */
 } mlo_offload_settings;
 #define MLO_OFFLOAD_SETTINGS_INIT                                                                  \
-  { sizeof(mlo_offload_settings), MLO_SYNC_EVENT, true, false, false, false }
+  {                                                                                                \
+    sizeof(mlo_offload_settings), MLO_SYNC_EVENT, true, false, false, false, MLO_POLICY_STRICT, 0, \
+        0, true                                                                                    \
+  }
 
 /* An offload delegate (C10): a pipeline whose mutually exclusive parts are
  * nested inside one component (a reasoner and a generator inside one
@@ -493,6 +534,33 @@ MLO_API int mlo_component_try_acquire(mlo_component *comp);
 MLO_API int mlo_component_release(mlo_component *comp);
 
 /* ------------------------------------------------------------------------
+ * The declared schedule: what the pipeline will call, so the BUDGET policy
+ * can keep, evict and prefetch by next use.  A request is a list of runs,
+ * each a component called `repeat` times in a row; it repeats request after
+ * request (prompt after prompt).  For Wan2.2 with 8 steps split 3/5:
+ *
+ *     mlo_schedule_entry request[] = {
+ *         {text_encoder, 1}, {transformer, 3}, {transformer_2, 5}, {vae, 1}};
+ *     mlo_pipeline_set_schedule(pipe, request, 4);
+ *
+ * A cursor follows every hooked forward and acquire.  A call the schedule
+ * does not expect next is still served (on demand) and moves the cursor to
+ * the next place the schedule has that component, so a schedule that is
+ * wrong or shorter than the request is never incorrect, only unprefetched.
+ * STRICT ignores the schedule.
+ * ---------------------------------------------------------------------- */
+typedef struct {
+  mlo_component *comp; /* a component of this pipeline */
+  uint32_t repeat;     /* consecutive calls; 0 counts as 1 */
+} mlo_schedule_entry;
+/* Declares (or, with count 0, clears) the schedule and puts the cursor at
+ * its start.  MLO_EINVAL for a component of another pipeline or a request
+ * of more than 2^32 calls.  May be called at any time, offload enabled or
+ * not. */
+MLO_API int mlo_pipeline_set_schedule(mlo_pipeline *pipe, const mlo_schedule_entry *entries,
+                                      size_t count);
+
+/* ------------------------------------------------------------------------
  * Exclusion groups: the building block for delegates (C10)
  * ---------------------------------------------------------------------- */
 typedef struct mlo_group mlo_group;
@@ -517,8 +585,10 @@ typedef struct {
   uint64_t h2d_bytes, d2h_bytes;
   uint64_t copy_calls;     /* platform copy calls issued */
   uint64_t platform_calls; /* every platform call made for this component */
-  uint64_t wait_ns;        /* time the caller waited on transfers */
+  uint64_t wait_ns;        /* time the caller waited on transfers, and on the
+                              device allocator while a load found no room */
   uint64_t forward_ns;     /* time inside forward callbacks */
+  uint64_t prefetches;     /* loads issued ahead of use (BUDGET, counted in loads) */
 } mlo_component_stats;
 MLO_API int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
 /* Sums over every component, plus pipeline-level figures. */
@@ -528,6 +598,7 @@ typedef struct {
   uint64_t peak_device_bytes; /* high-water mark of device_bytes */
   uint64_t host_slab_bytes;   /* host slabs allocated */
   uint64_t pinned_bytes;      /* of which pinned */
+  uint64_t budget_bytes;      /* the BUDGET policy's budget while enabled; else 0 */
 } mlo_pipeline_stats;
 MLO_API int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
 MLO_API void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
@@ -540,6 +611,7 @@ typedef enum {
   MLO_TRACE_FORWARD_END,
   MLO_TRACE_WAIT_BEGIN, /* the caller starts waiting on a transfer */
   MLO_TRACE_WAIT_END,
+  MLO_TRACE_PREFETCH, /* the LOAD_BEGIN just traced for comp is a prefetch */
 } mlo_trace_kind;
 typedef struct {
   mlo_trace_kind kind;

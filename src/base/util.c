@@ -16,8 +16,10 @@
 #include <strings.h>
 #include <time.h>
 
+#define MLO_STR2(x) #x
+#define MLO_STR(x) MLO_STR2(x)
 const char *mlo_version(void) {
-  return "0.1.0";
+  return MLO_STR(MLO_VERSION_MAJOR) "." MLO_STR(MLO_VERSION_MINOR) "." MLO_STR(MLO_VERSION_PATCH);
 }
 
 static const struct {
@@ -274,6 +276,27 @@ int mlo_sync_from_name(const char *name, mlo_sync_mode *out) {
     *out = MLO_SYNC_EVENT;
   else if (!strcasecmp(name, "device"))
     *out = MLO_SYNC_DEVICE;
+  else
+    return MLO_EINVAL;
+  return MLO_OK;
+}
+
+const char *mlo_policy_name(mlo_policy policy) {
+  switch (policy) {
+  case MLO_POLICY_STRICT:
+    return "strict";
+  case MLO_POLICY_BUDGET:
+    return "budget";
+  }
+  return "invalid";
+}
+
+int mlo_policy_from_name(const char *name, mlo_policy *out) {
+  if (!name || !out) return MLO_EINVAL;
+  if (!strcasecmp(name, "strict"))
+    *out = MLO_POLICY_STRICT;
+  else if (!strcasecmp(name, "budget"))
+    *out = MLO_POLICY_BUDGET;
   else
     return MLO_EINVAL;
   return MLO_OK;

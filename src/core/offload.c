@@ -11,6 +11,7 @@
 #include "base/sysio.h"
 #include "core/internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@ bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_co
   if (a == b) return false;
   switch (pipe->strategy) {
   case STRATEGY_GENERIC:
+    if (pipe->settings.policy == MLO_POLICY_BUDGET) return false; /* the budget decides */
     if (a->role == MLO_ROLE_DIT) return b->role == MLO_ROLE_DIT || b->role == MLO_ROLE_ENCODER;
     if (a->role == MLO_ROLE_ENCODER) return b->role == MLO_ROLE_DIT;
     return false; /* C5: VAEs (and OTHER) are outside the set */
@@ -33,6 +35,9 @@ bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_co
 
 static int audit_locked(mlo_pipeline *pipe) {
   uint64_t resident_bytes = 0;
+  if (mlo_budget_policy(pipe) && pipe->device_bytes > pipe->budget)
+    return mlo_fail(pipe, MLO_ESTATE, "audit: %llu device bytes resident, over the budget of %llu",
+                    (unsigned long long)pipe->device_bytes, (unsigned long long)pipe->budget);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     if (mlo_res_is_resident(c)) resident_bytes += c->block_bytes;
@@ -142,8 +147,35 @@ static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
   return NULL;
 }
 
-/* Applies the exclusion rule and makes c resident; lock held.  On success
- * c->users has been raised. */
+/* BUDGET: makes room for c by next use and loads it, waiting while the
+ * room is held by components executing on other threads; lock held. */
+static int budget_load_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
+  for (;;) {
+    if (must_wait_reconfig(pipe)) {
+      if (try_only)
+        return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured", c->name);
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      continue;
+    }
+    if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
+    int rc = mlo_plan_make_room(pipe, c);
+    if (rc == MLO_EBUSY) {
+      if (try_only)
+        return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: its room in the budget is in use",
+                        c->name);
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      continue;
+    }
+    if (!rc) rc = mlo_res_load(c);
+    /* The device ran out below the budget (someone else's allocations):
+     * give up one more idle component and try again. */
+    if (rc == MLO_ENOMEM_DEVICE && mlo_plan_evict_one(pipe, c)) continue;
+    return rc;
+  }
+}
+
+/* Applies the exclusion rule (STRICT) or the budget (BUDGET) and makes c
+ * resident; lock held.  On success c->users has been raised. */
 static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
   mlo_component *other = held_conflict(pipe, c);
   if (other)
@@ -158,16 +190,19 @@ static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     pthread_cond_wait(&pipe->idle, &pipe->lock);
     other = NULL;
   }
-  for (size_t i = 0; i < pipe->ncomps; i++) {
+  bool budget = mlo_budget_policy(pipe);
+  for (size_t i = 0; i < pipe->ncomps && !budget; i++) {
     mlo_component *o = pipe->comps[i];
     if (mlo_res_is_resident(o) && mlo_excludes(pipe, c, o)) {
       int rc = mlo_res_evict(o);
       if (rc) return rc;
     }
   }
-  int rc = mlo_res_load(c);
+  int rc = budget ? budget_load_locked(pipe, c, try_only) : mlo_res_load(c);
   if (!rc) rc = add_holder(c);
   if (rc) return rc;
+  mlo_plan_advance(pipe, c);
+  if (budget) mlo_plan_prefetch(pipe); /* c is held now: never a victim */
   if (pipe->audit_each && (rc = audit_locked(pipe))) {
     drop_holder(c);
     pthread_cond_broadcast(&pipe->idle);
@@ -235,7 +270,10 @@ static int release(mlo_component *c, uint64_t forward_ns) {
     }
   }
   drop_holder(c);
-  if (c->users == 0) pthread_cond_broadcast(&pipe->idle);
+  if (c->users == 0) {
+    pthread_cond_broadcast(&pipe->idle);
+    if (mlo_budget_policy(pipe)) mlo_plan_prefetch(pipe); /* c may be displaceable now */
+  }
 out_unlock:
   pthread_mutex_unlock(&pipe->lock);
   return rc;
@@ -298,18 +336,37 @@ int mlo_pipeline_load_all(mlo_pipeline *pipe) {
 
 /* ---- enable / disable -------------------------------------------------- */
 
-static int check_settings(mlo_pipeline *pipe, const mlo_offload_settings *s) {
-  if (s->size < sizeof(mlo_offload_settings))
-    return mlo_fail(pipe, MLO_EINVAL, "offload settings: size field is %zu, expected %zu", s->size,
+/* The settings of 0.1 ended at copy_back: a caller built against them
+ * passes that size and gets the later fields' defaults. */
+#define SETTINGS_SIZE_0_1 offsetof(mlo_offload_settings, policy)
+
+/* Validates the caller's settings into *out (a full struct). */
+static int read_settings(mlo_pipeline *pipe, const mlo_offload_settings *in,
+                         mlo_offload_settings *out) {
+  if (in->size != SETTINGS_SIZE_0_1 && in->size < sizeof(mlo_offload_settings))
+    return mlo_fail(pipe, MLO_EINVAL, "offload settings: size field is %zu, expected %zu", in->size,
                     sizeof(mlo_offload_settings));
-  if ((unsigned)s->sync > MLO_SYNC_UNSAFE_NONE)
-    return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid sync mode %d", (int)s->sync);
+  *out = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  memcpy(out, in, in->size < sizeof *out ? in->size : sizeof *out);
+  out->size = sizeof *out;
+  if ((unsigned)out->sync > MLO_SYNC_UNSAFE_NONE)
+    return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid sync mode %d", (int)out->sync);
+  if ((unsigned)out->policy > MLO_POLICY_BUDGET)
+    return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid policy %d", (int)out->policy);
+  if (out->policy == MLO_POLICY_STRICT && (out->budget_bytes || out->reserve_bytes))
+    return mlo_fail(pipe, MLO_EINVAL,
+                    "offload settings: budget_bytes and reserve_bytes need the budget policy");
+  if (out->budget_bytes && out->reserve_bytes)
+    return mlo_fail(pipe, MLO_EINVAL,
+                    "offload settings: give budget_bytes or reserve_bytes, not both");
   return MLO_OK;
 }
 
 static bool same_settings(const mlo_offload_settings *a, const mlo_offload_settings *b) {
   return a->sync == b->sync && a->pin_host == b->pin_host && a->distributed == b->distributed &&
-         a->per_tensor_copies == b->per_tensor_copies && a->copy_back == b->copy_back;
+         a->per_tensor_copies == b->per_tensor_copies && a->copy_back == b->copy_back &&
+         a->policy == b->policy && a->budget_bytes == b->budget_bytes &&
+         a->reserve_bytes == b->reserve_bytes && a->prefetch == b->prefetch;
 }
 
 /* Removes every group's hooks (members leave it); the group objects stay
@@ -352,6 +409,32 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   return MLO_OK;
 }
 
+/* BUDGET: roles do not decide residency, the budget and the schedule do.
+ * What is resident already stays within the budget; with a schedule and
+ * prefetch on, the first components the schedule calls start loading. */
+static int enable_budget(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  int rc = MLO_OK;
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
+  if (rc) return rc;
+  pthread_mutex_lock(&pipe->lock);
+  uint64_t budget = 0;
+  rc = mlo_plan_budget(pipe, s, &budget);
+  if (!rc) {
+    pipe->settings = *s;
+    pipe->budget = budget;
+    pipe->strategy = STRATEGY_GENERIC;
+    pipe->enabled = true;
+    rc = mlo_plan_fit(pipe);
+    if (rc) {
+      pipe->strategy = STRATEGY_NONE;
+      pipe->enabled = false;
+    }
+  }
+  if (!rc) mlo_plan_prefetch(pipe);
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
 /* C1/C2: discover from declared roles, make encoders and VAEs resident,
  * leave DiTs where they are.  Rolls back the loads it made on failure. */
 static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
@@ -363,6 +446,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   }
   if (!s->pin_host) pipe->pin_host = false;
   pthread_mutex_unlock(&pipe->lock);
+  if (s->policy == MLO_POLICY_BUDGET) return enable_budget(pipe, s);
   if (!dits || !encoders)
     return mlo_fail(pipe, MLO_EUNSUPPORTED,
                     "model-level offload needs at least one DiT and one encoder declared; this "
@@ -399,10 +483,8 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
   mlo_pipeline_warn_guessed(pipe); /* discovery is about to trust them */
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   if (settings) {
-    int rc = check_settings(pipe, settings);
+    int rc = read_settings(pipe, settings, &s);
     if (rc) return rc;
-    s = *settings;
-    s.size = sizeof s;
   }
   int rc = mlo_lock_both(pipe);
   if (rc) return rc;
@@ -425,7 +507,11 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
                 : mlo_fail(pipe, MLO_EOWNED,
                            "offload is already enabled with other settings; disable it first");
   }
-  rc = delegate ? enable_delegate(pipe, &s) : enable_generic(pipe, &s);
+  if (delegate && s.policy != MLO_POLICY_STRICT)
+    rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
+                  "the budget policy needs the generic hooks; this pipeline has a delegate");
+  else
+    rc = delegate ? enable_delegate(pipe, &s) : enable_generic(pipe, &s);
   pthread_mutex_lock(&pipe->lock);
   pipe->reconfiguring = false;
   pthread_cond_broadcast(&pipe->idle);

@@ -119,6 +119,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     free(pipe->groups[i]);
   }
   free(pipe->groups);
+  mlo_plan_free(pipe);
   free(pipe->comps);
   pthread_mutex_unlock(&pipe->lock);
   pthread_mutex_destroy(&pipe->lock);
@@ -593,7 +594,9 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
     out->total.platform_calls += s->platform_calls;
     out->total.wait_ns += s->wait_ns;
     out->total.forward_ns += s->forward_ns;
+    out->total.prefetches += s->prefetches;
   }
+  out->budget_bytes = mlo_budget_policy(pipe) ? pipe->budget : 0;
   out->device_bytes = pipe->device_bytes;
   out->peak_device_bytes = pipe->peak_device_bytes;
   out->host_slab_bytes = pipe->host_slab_bytes;

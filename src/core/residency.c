@@ -105,7 +105,11 @@ int mlo_res_load(mlo_component *c) {
   mlo_platform *p = pipe->platform;
   int rc = ensure_event(c, &c->load_ev);
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
+  /* An allocation that waits (a pool reclaiming frees still queued behind
+   * copies) stalls the caller like a copy does: it counts as waiting. */
+  uint64_t a0 = mlo_now_ns();
   rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->block_bytes, &c->block));
+  c->stats.wait_ns += mlo_now_ns() - a0;
   if (rc == MLO_ENOMEM) {
     c->block = NULL;
     char need[32];

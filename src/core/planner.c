@@ -1,0 +1,242 @@
+/*
+ * planner.c — the BUDGET residency policy (docs/planner.md): the declared
+ * schedule and its cursor, next-use distances, Belady's eviction rule and
+ * prefetch.
+ *
+ * The schedule is kept as runs (component, repeat), so a 40-step request is
+ * four runs and every decision costs O(runs), not O(steps).  The cursor is
+ * (run, calls done in it): the call expected next is that run's component.
+ *
+ * Every decision is made with the pipeline lock held, and every move goes
+ * through residency.c, so the ordering rules (C8: compute waits on the
+ * load's event; C9: a block is freed stream-ordered after the work that
+ * uses it) hold for prefetches exactly as for demand loads.  A component
+ * with users (executing, or acquired) is never a victim.
+ */
+#include "base/sysio.h"
+#include "core/internal.h"
+
+#include <stdlib.h>
+
+/* ---- the schedule ------------------------------------------------------ */
+
+#define SCHED_MAX_CALLS ((uint64_t)1 << 32)
+
+int mlo_pipeline_set_schedule(mlo_pipeline *pipe, const mlo_schedule_entry *entries, size_t count) {
+  if (!pipe || (count && !entries)) return MLO_EINVAL;
+  struct mlo_sched_run *runs = NULL;
+  size_t nruns = 0;
+  uint64_t calls = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (!entries[i].comp || entries[i].comp->pipe != pipe)
+      return mlo_fail(pipe, MLO_EINVAL, "schedule entry %zu: %s", i,
+                      entries[i].comp ? "a component of another pipeline" : "no component");
+    calls += entries[i].repeat ? entries[i].repeat : 1;
+    if (calls > SCHED_MAX_CALLS)
+      return mlo_fail(pipe, MLO_EINVAL, "schedule: more than 2^32 calls in one request");
+  }
+  if (count && !(runs = mlo_calloc(count, sizeof *runs)))
+    return mlo_fail(pipe, MLO_ENOMEM, "out of host memory for the schedule");
+  for (size_t i = 0; i < count; i++) { /* consecutive calls of one component: one run */
+    uint64_t n = entries[i].repeat ? entries[i].repeat : 1;
+    if (nruns && runs[nruns - 1].comp == entries[i].comp)
+      runs[nruns - 1].repeat += n;
+    else
+      runs[nruns++] = (struct mlo_sched_run){entries[i].comp, n};
+  }
+  /* A request that ends with the component it starts with is one run
+   * across the wrap; the cursor's arithmetic does not need it merged. */
+  MLO_LOCK_OR(&pipe->lock, (free(runs), mlo_reentered(pipe)));
+  free(pipe->sched);
+  pipe->sched = runs;
+  pipe->nsched = nruns;
+  pipe->cur_run = 0;
+  pipe->cur_done = 0;
+  pthread_mutex_unlock(&pipe->lock);
+  return MLO_OK;
+}
+
+void mlo_plan_free(mlo_pipeline *pipe) {
+  free(pipe->sched);
+  pipe->sched = NULL;
+  pipe->nsched = 0;
+}
+
+uint64_t mlo_plan_next_use(const mlo_pipeline *pipe, const mlo_component *c) {
+  uint64_t d = 0;
+  for (size_t k = 0; k < pipe->nsched; k++) {
+    const struct mlo_sched_run *r = &pipe->sched[(pipe->cur_run + k) % pipe->nsched];
+    if (r->comp == c) return d;
+    d += k ? r->repeat : r->repeat - pipe->cur_done;
+  }
+  return UINT64_MAX;
+}
+
+static void step_cursor(mlo_pipeline *pipe) {
+  if (++pipe->cur_done < pipe->sched[pipe->cur_run].repeat) return;
+  pipe->cur_run = (pipe->cur_run + 1) % pipe->nsched;
+  pipe->cur_done = 0;
+}
+
+void mlo_plan_advance(mlo_pipeline *pipe, mlo_component *c) {
+  c->last_use = ++pipe->tick;
+  if (!pipe->nsched) return;
+  if (pipe->sched[pipe->cur_run].comp == c) {
+    step_cursor(pipe);
+    return;
+  }
+  /* Off the schedule: resynchronize at the next run of c, counting this
+   * call as its first; a component the schedule never calls moves nothing. */
+  for (size_t k = 1; k < pipe->nsched; k++) {
+    size_t r = (pipe->cur_run + k) % pipe->nsched;
+    if (pipe->sched[r].comp != c) continue;
+    pipe->cur_run = r;
+    pipe->cur_done = 0;
+    step_cursor(pipe);
+    return;
+  }
+}
+
+/* ---- eviction by next use ---------------------------------------------- */
+
+/* The idle resident component to evict: farthest next use, then least
+ * recently used.  With `after`, only components used strictly later than
+ * `after` calls from now (a prefetch may only displace what is needed after
+ * the component it loads).  NULL if none qualifies. */
+static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep, bool limited,
+                                  uint64_t after) {
+  mlo_component *best = NULL;
+  uint64_t best_next = 0;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *o = pipe->comps[i];
+    if (o == keep || o->users || !mlo_res_is_resident(o) || !o->block_bytes) continue;
+    uint64_t next = mlo_plan_next_use(pipe, o);
+    if (limited && next <= after) continue;
+    if (!best || next > best_next || (next == best_next && o->last_use < best->last_use)) {
+      best = o;
+      best_next = next;
+    }
+  }
+  return best;
+}
+
+bool mlo_plan_evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
+  mlo_component *v = pick_victim(pipe, keep, false, 0);
+  return v && mlo_res_evict(v) == MLO_OK;
+}
+
+static bool held_by_this_thread(const mlo_component *c) {
+  for (int i = 0; i < c->users; i++)
+    if (pthread_equal(c->holders[i], pthread_self())) return true;
+  return false;
+}
+
+int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
+  uint64_t need = c->block_bytes;
+  char a[32], b[32];
+  if (need > pipe->budget)
+    return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) does not fit in the budget of %s", c->name,
+                    mlo_format_size(need, a, sizeof a), mlo_format_size(pipe->budget, b, sizeof b));
+  while (pipe->device_bytes + need > pipe->budget) {
+    mlo_component *v = pick_victim(pipe, c, false, 0);
+    if (v) {
+      int rc = mlo_res_evict(v);
+      if (rc) return rc;
+      continue;
+    }
+    /* Everything resident is in use.  Room held by this thread never comes
+     * back while it waits; room held by others does, at their release. */
+    uint64_t mine = 0;
+    const mlo_component *held = NULL;
+    for (size_t i = 0; i < pipe->ncomps; i++) {
+      mlo_component *o = pipe->comps[i];
+      if (o->users && mlo_res_is_resident(o) && held_by_this_thread(o)) {
+        mine += o->block_bytes;
+        held = o;
+      }
+    }
+    if (mine + need > pipe->budget)
+      return mlo_fail(pipe, MLO_EDEADLK,
+                      "'%s' (%s) needs room in the budget of %s that this thread holds ('%s')",
+                      c->name, mlo_format_size(need, a, sizeof a),
+                      mlo_format_size(pipe->budget, b, sizeof b), held ? held->name : "?");
+    return MLO_EBUSY;
+  }
+  return MLO_OK;
+}
+
+int mlo_plan_fit(mlo_pipeline *pipe) {
+  while (pipe->device_bytes > pipe->budget) {
+    mlo_component *v = pick_victim(pipe, NULL, false, 0);
+    if (!v)
+      return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
+                      "the components in use hold more than the budget of %s",
+                      mlo_format_size(pipe->budget, (char[32]){0}, 32));
+    int rc = mlo_res_evict(v);
+    if (rc) return rc;
+  }
+  return MLO_OK;
+}
+
+/* ---- prefetch ---------------------------------------------------------- */
+
+void mlo_plan_prefetch(mlo_pipeline *pipe) {
+  if (!pipe->settings.prefetch || !pipe->nsched) return;
+  uint64_t d = 0;
+  for (size_t k = 0; k < pipe->nsched; k++) {
+    const struct mlo_sched_run *r = &pipe->sched[(pipe->cur_run + k) % pipe->nsched];
+    uint64_t here = d;
+    d += k ? r->repeat : r->repeat - pipe->cur_done;
+    mlo_component *t = r->comp;
+    if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
+    if (!t->materialized || t->block_bytes > pipe->budget) return;
+    while (pipe->device_bytes + t->block_bytes > pipe->budget) {
+      mlo_component *v = pick_victim(pipe, t, true, here);
+      if (!v || mlo_res_evict(v) != MLO_OK) return; /* the rest must wait for their turn */
+    }
+    /* A failed prefetch changes nothing (mlo_res_load rolls back) and costs
+     * nothing but the overlap: the forward loads on demand. */
+    if (mlo_res_load(t) != MLO_OK) {
+      mlo_logf(MLO_LOG_DEBUG, "prefetch of %s not issued: %s", t->name, pipe->errmsg);
+      return;
+    }
+    t->stats.prefetches++;
+    mlo_res_trace(t, MLO_TRACE_PREFETCH, t->block_bytes);
+  }
+}
+
+/* ---- the budget -------------------------------------------------------- */
+
+int mlo_plan_budget(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
+  mlo_platform_memory mem = {0};
+  int rc = mlo_platform_get_memory(pipe->platform, &mem);
+  if (rc) return mlo_fail(pipe, rc, "budget: cannot read the device's memory");
+  char a[32], b[32];
+  uint64_t got;
+  if (s->budget_bytes) {
+    if (s->budget_bytes > mem.total_bytes)
+      return mlo_fail(pipe, MLO_EINVAL, "budget %s exceeds the device's %s",
+                      mlo_format_size(s->budget_bytes, a, sizeof a),
+                      mlo_format_size(mem.total_bytes, b, sizeof b));
+    got = s->budget_bytes;
+  } else {
+    /* What is free now plus what this pipeline already holds: it may keep
+     * those, and they are not the caller's. */
+    uint64_t avail = mem.free_bytes + pipe->device_bytes;
+    if (avail > mem.total_bytes) avail = mem.total_bytes;
+    if (s->reserve_bytes >= avail)
+      return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "a reserve of %s leaves nothing of the %s free",
+                      mlo_format_size(s->reserve_bytes, a, sizeof a),
+                      mlo_format_size(avail, b, sizeof b));
+    got = avail - s->reserve_bytes;
+  }
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    const mlo_component *c = pipe->comps[i];
+    if (c->block_bytes > got)
+      return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "a budget of %s cannot hold '%s' (%s)",
+                      mlo_format_size(got, a, sizeof a), c->name,
+                      mlo_format_size(c->block_bytes, b, sizeof b));
+  }
+  *budget = got;
+  return MLO_OK;
+}
