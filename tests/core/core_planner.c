@@ -1,0 +1,379 @@
+/*
+ * core_planner.c — the BUDGET policy's decisions (docs/planner.md) against
+ * sequences computed by hand: Belady's victims with a declared schedule,
+ * least recently used without one, ties, a schedule shorter than the
+ * request, calls off the schedule, prefetch that never displaces what is
+ * executing or acquired, a prefetch that fails, waiting for room held by
+ * another thread, zero copies in the steady state when everything fits, and
+ * the settings' validation.
+ *
+ * The components are four one-tensor components of 64 KiB, so a budget of
+ * 128 KiB holds exactly two; the trace records every load and eviction as
+ * "+P" / "-P", and each test compares that string with the hand-made one.
+ */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define KB64 (64 * 1024)
+
+static const tu_comp_spec four[] = {
+    {"P", MLO_ROLE_ENCODER, 1, KB64, 0},
+    {"Q", MLO_ROLE_DIT, 1, KB64, 0},
+    {"R", MLO_ROLE_DIT, 1, KB64, 0},
+    {"S", MLO_ROLE_VAE, 1, KB64, 0},
+};
+
+typedef struct {
+  char moves[1024];
+  unsigned prefetch_events;
+} recorder;
+
+static void record(const mlo_trace_event *ev, void *user) {
+  recorder *r = user;
+  const char *sign = ev->kind == MLO_TRACE_LOAD_BEGIN ? "+"
+                     : ev->kind == MLO_TRACE_EVICT    ? "-"
+                                                      : NULL;
+  if (ev->kind == MLO_TRACE_PREFETCH) r->prefetch_events++;
+  if (!sign) return;
+  size_t len = strlen(r->moves);
+  snprintf(r->moves + len, sizeof r->moves - len, "%s%s%s", len ? " " : "", sign,
+           mlo_component_name(ev->comp));
+}
+
+typedef struct {
+  mlo_platform *plat;
+  tu_pipe *tp;
+  recorder rec;
+} fixture;
+
+/* Four components, traced, offload enabled with the budget policy. */
+static void setup(fixture *f, const char *host_opts, uint64_t budget, bool prefetch) {
+  memset(f, 0, sizeof *f);
+  f->plat = tu_platform_open(host_opts);
+  f->tp = tu_pipe_build(f->plat, four, 4);
+  f->tp->audit_in_forward = true;
+  mlo_pipeline_set_trace(f->tp->pipe, record, &f->rec);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = budget;
+  s.prefetch = prefetch;
+  assert_ok(mlo_offload_enable(f->tp->pipe, &s));
+}
+
+static void teardown(fixture *f) {
+  mlo_pipeline_set_trace(f->tp->pipe, NULL, NULL);
+  tu_pipe_free(f->tp);
+  mlo_platform_close(f->plat);
+}
+
+static void schedule(fixture *f, const char *names) {
+  mlo_schedule_entry e[16];
+  size_t n = 0;
+  for (const char *p = names; *p; p++)
+    e[n++] = (mlo_schedule_entry){tu_comp(f->tp, (char[2]){*p, 0}), 1};
+  assert_ok(mlo_pipeline_set_schedule(f->tp->pipe, e, n));
+}
+
+static void run(fixture *f, const char *names) {
+  for (const char *p = names; *p; p++)
+    assert_ok(tu_forward(f->tp, tu_comp(f->tp, (char[2]){*p, 0})));
+  tu_assert_forwards_clean(f->tp);
+  tu_assert_audit(f->tp);
+}
+
+static void expect_moves(fixture *f, const char *want) {
+  if (strcmp(f->rec.moves, want)) fail_msg("moves\n  got:  %s\n  want: %s", f->rec.moves, want);
+  f->rec.moves[0] = '\0';
+}
+
+/* P Q R P S with room for two.  Making room for R (P next in 1 call, Q in
+ * 4) evicts Q; for S (P in 1, R in 3) evicts R; next request, for Q (P in
+ * 2, S in 3) evicts S; then as before. */
+static void test_belady_by_hand(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M", 2 * KB64, false);
+  schedule(&f, "PQRPS");
+  run(&f, "PQRPS");
+  expect_moves(&f, "+P +Q -Q +R -R +S");
+  run(&f, "PQRPS");
+  expect_moves(&f, "-S +Q -Q +R -R +S");
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(f.tp->pipe, &st));
+  assert_int_equal(st.total.loads, 7); /* least recently used needs 8 (below) */
+  assert_int_equal(st.total.prefetches, 0);
+  assert_int_equal(st.budget_bytes, 2 * KB64);
+  assert_true(st.peak_device_bytes <= 2 * KB64);
+  teardown(&f);
+}
+
+/* The same calls with nothing declared: least recently used. */
+static void test_lru_without_schedule(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M", 2 * KB64, true);
+  run(&f, "PQRPS");
+  expect_moves(&f, "+P +Q -P +R -Q +P -R +S");
+  run(&f, "PQRPS");
+  expect_moves(&f, "-S +Q -P +R -Q +P -R +S");
+  teardown(&f);
+}
+
+/* X and Y are never scheduled (next use: never), so both tie at infinity
+ * and the older goes first; then Y (never) before P (2 calls away); then Q
+ * (2 away) before P (1 away). */
+static void test_ties_and_unscheduled(void **state) {
+  (void)state;
+  static const tu_comp_spec specs[] = {
+      {"P", MLO_ROLE_ENCODER, 1, KB64, 0}, {"Q", MLO_ROLE_DIT, 1, KB64, 0},
+      {"R", MLO_ROLE_DIT, 1, KB64, 0},     {"X", MLO_ROLE_OTHER, 1, KB64, 0},
+      {"Y", MLO_ROLE_OTHER, 1, KB64, 0},
+  };
+  fixture f;
+  memset(&f, 0, sizeof f);
+  f.plat = tu_platform_open("capacity=1M");
+  f.tp = tu_pipe_build(f.plat, specs, 5);
+  mlo_pipeline_set_trace(f.tp->pipe, record, &f.rec);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 2 * KB64;
+  s.prefetch = false;
+  assert_ok(mlo_offload_enable(f.tp->pipe, &s));
+  schedule(&f, "PQR");
+  run(&f, "XYPQR");
+  expect_moves(&f, "+X +Y -X +P -Y +Q -Q +R");
+  teardown(&f);
+}
+
+/* The schedule says Q twice, the request calls it four times and adds an
+ * unscheduled call of S: every call is served correctly, and the cursor
+ * resynchronizes so the next request is planned as declared. */
+static void test_schedule_shorter_and_off_schedule(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M,jitter=1", 3 * KB64, true);
+  mlo_schedule_entry e[] = {
+      {tu_comp(f.tp, "P"), 1}, {tu_comp(f.tp, "Q"), 2}, {tu_comp(f.tp, "R"), 0}};
+  assert_ok(mlo_pipeline_set_schedule(f.tp->pipe, e, 3));
+  run(&f, "PQQQQSR");
+  run(&f, "PQQR");
+  run(&f, "RRPQ"); /* wildly off: still correct */
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(f.tp->pipe, &st));
+  assert_true(st.peak_device_bytes <= 3 * KB64);
+  assert_int_equal(st.total.forwards, 15);
+  teardown(&f);
+}
+
+/* Prefetch: with room for three and P Q R declared, enable loads P, Q, R
+ * ahead of their first calls (the first three), and no call waits on a load
+ * it issued itself. */
+static void test_prefetch_loads_ahead(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M,jitter=1", 3 * KB64, true);
+  schedule(&f, "PQR");
+  /* The schedule came after enable: the first call issues the prefetch. */
+  run(&f, "P");
+  expect_moves(&f, "+P +Q +R");
+  assert_int_equal(f.rec.prefetch_events, 2);
+  run(&f, "QRPQRPQR");
+  expect_moves(&f, ""); /* everything fits: nothing moves again */
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(f.tp->pipe, &st));
+  assert_int_equal(st.total.loads, 3);
+  assert_int_equal(st.total.prefetches, 2);
+  assert_int_equal(st.total.evictions, 0);
+  teardown(&f);
+}
+
+/* Room for two, P Q R declared.  Right after P's call the next uses are
+ * Q in 0 calls, R in 1, P in 2: P is the one Belady would displace to
+ * prefetch R, but P is acquired, so R waits.  Q's release makes Q (next in
+ * 2) displaceable, and R loads then, with P still held. */
+static void test_prefetch_never_displaces_held(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M", 2 * KB64, true);
+  schedule(&f, "PQR");
+  mlo_component *P = tu_comp(f.tp, "P"), *Q = tu_comp(f.tp, "Q"), *R = tu_comp(f.tp, "R");
+  assert_ok(mlo_component_acquire(P)); /* prefetches Q beside it, not R */
+  expect_moves(&f, "+P +Q");
+  assert_false(mlo_component_is_resident(R));
+  assert_ok(tu_forward(f.tp, Q));
+  expect_moves(&f, "-Q +R");
+  assert_true(mlo_component_is_resident(P));
+  assert_ok(mlo_component_release(P));
+  expect_moves(&f, "");
+  run(&f, "RP");
+  teardown(&f);
+}
+
+/* A prefetch that fails — its allocation, or its copy — leaves nothing
+ * behind: the audit and the accounting are clean, and the next call issues
+ * it again and runs correctly. */
+static void test_prefetch_fault_is_harmless(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  static const char *const specs[] = {
+      "fault:kind=dev_alloc,nth=2,inner=host:capacity=1M,jitter=1",
+      "fault:kind=copy,nth=2,inner=host:capacity=1M,jitter=1",
+  };
+  for (size_t k = 0; k < 2; k++) {
+    mlo_platform *plat = tu_open_spec(specs[k]);
+    tu_pipe *tp = tu_pipe_build(plat, four, 4);
+    tp->audit_in_forward = true;
+    mlo_schedule_entry e[] = {{tu_comp(tp, "P"), 1}, {tu_comp(tp, "Q"), 1}};
+    assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = 2 * KB64;
+    assert_ok(mlo_offload_enable(tp->pipe, &s)); /* prefetches P (call 1), Q (call 2: fails) */
+    assert_true(mlo_component_is_resident(tu_comp(tp, "P")));
+    assert_false(mlo_component_is_resident(tu_comp(tp, "Q")));
+    tu_assert_audit(tp);
+    mlo_pipeline_stats st;
+    assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+    assert_int_equal(st.device_bytes, KB64);
+    mlo_platform_memory mem;
+    assert_ok(mlo_platform_get_memory(plat, &mem));
+    assert_int_equal(mem.used_bytes, KB64);
+    assert_ok(tu_forward(tp, tu_comp(tp, "P"))); /* issues Q's prefetch again */
+    assert_ok(tu_forward(tp, tu_comp(tp, "Q")));
+    tu_assert_forwards_clean(tp);
+    tu_assert_audit(tp);
+    mlo_component_stats q = tu_cstats(tu_comp(tp, "Q"));
+    assert_int_equal(q.loads, 1);
+    assert_int_equal(q.prefetches, 1);
+    tu_pipe_free(tp);
+    mlo_platform_close(plat);
+  }
+}
+
+/* Room held by another thread is waited for (try_acquire: MLO_EBUSY); room
+ * held by this thread never comes back, so that is MLO_EDEADLK; a component
+ * larger than the budget is MLO_ENOMEM_DEVICE at enable. */
+static void test_room_held(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M", KB64, false);
+  mlo_component *P = tu_comp(f.tp, "P"), *Q = tu_comp(f.tp, "Q");
+  tu_holder h;
+  tu_holder_start(&h, P);
+  assert_ok(h.rc_acquire);
+  assert_status(mlo_component_try_acquire(Q), MLO_EBUSY);
+  tu_holder_finish(&h);
+  assert_ok(h.rc_release);
+  assert_ok(mlo_component_acquire(P));
+  assert_status(mlo_component_acquire(Q), MLO_EDEADLK);
+  assert_true(tu_contains_ci(mlo_pipeline_errmsg(f.tp->pipe), "this thread holds"));
+  assert_ok(mlo_component_release(P));
+  assert_ok(tu_forward(f.tp, Q));
+  tu_assert_audit(f.tp);
+  teardown(&f);
+}
+
+static void expect_enable(mlo_platform *plat, mlo_offload_settings *s, int want, const char *msg) {
+  tu_pipe *tp = tu_pipe_build(plat, four, 4);
+  assert_status(mlo_offload_enable(tp->pipe, s), want);
+  assert_true(tu_contains_ci(mlo_pipeline_errmsg(tp->pipe), msg));
+  assert_false(mlo_offload_is_enabled(tp->pipe));
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+  assert_int_equal(st.device_bytes, 0);
+  tu_pipe_free(tp);
+}
+
+static void test_settings_validation(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("capacity=1M");
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 2u << 20;
+  expect_enable(plat, &s, MLO_EINVAL, "exceeds the device");
+  s.budget_bytes = KB64 / 2;
+  expect_enable(plat, &s, MLO_ENOMEM_DEVICE, "cannot hold");
+  s.budget_bytes = 0;
+  s.reserve_bytes = 1u << 20;
+  expect_enable(plat, &s, MLO_ENOMEM_DEVICE, "reserve");
+  s.budget_bytes = KB64;
+  expect_enable(plat, &s, MLO_EINVAL, "not both");
+  s = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  s.budget_bytes = KB64;
+  expect_enable(plat, &s, MLO_EINVAL, "budget policy");
+  s.budget_bytes = 0;
+  s.policy = (mlo_policy)7;
+  expect_enable(plat, &s, MLO_EINVAL, "invalid policy");
+
+  /* A 0.1 caller's shorter struct: strict, the rest defaults. */
+  tu_pipe *tp = tu_pipe_build(plat, four, 4);
+  s = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  s.size = offsetof(mlo_offload_settings, policy);
+  s.policy = (mlo_policy)7; /* beyond the size it gave: never read */
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+  assert_int_equal(st.budget_bytes, 0);
+  tu_pipe_free(tp);
+
+  /* budget 0: free memory minus the reserve */
+  tp = tu_pipe_build(plat, four, 4);
+  s = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.reserve_bytes = 256 * 1024;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+  assert_int_equal(st.budget_bytes, (1u << 20) - 256 * 1024);
+  tu_pipe_free(tp);
+
+  /* schedules: another pipeline's component, an empty entry */
+  tp = tu_pipe_build(plat, four, 4);
+  tu_pipe *other = tu_pipe_build(plat, four, 4);
+  mlo_schedule_entry bad[] = {{tu_comp(other, "P"), 1}};
+  assert_status(mlo_pipeline_set_schedule(tp->pipe, bad, 1), MLO_EINVAL);
+  mlo_schedule_entry none[] = {{NULL, 1}};
+  assert_status(mlo_pipeline_set_schedule(tp->pipe, none, 1), MLO_EINVAL);
+  assert_ok(mlo_pipeline_set_schedule(tp->pipe, NULL, 0));
+  tu_pipe_free(other);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* Loaded by hand beyond the budget, then enabled: enable evicts down to it. */
+static void test_enable_fits_budget(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("capacity=1M");
+  tu_pipe *tp = tu_pipe_build(plat, four, 4);
+  assert_ok(mlo_pipeline_load_all(tp->pipe));
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 2 * KB64;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+  assert_true(st.device_bytes <= 2 * KB64);
+  tu_assert_audit(tp);
+  assert_ok(mlo_offload_disable(tp->pipe));
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+  assert_int_equal(st.budget_bytes, 0);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_belady_by_hand),
+      cmocka_unit_test(test_lru_without_schedule),
+      cmocka_unit_test(test_ties_and_unscheduled),
+      cmocka_unit_test(test_schedule_shorter_and_off_schedule),
+      cmocka_unit_test(test_prefetch_loads_ahead),
+      cmocka_unit_test(test_prefetch_never_displaces_held),
+      cmocka_unit_test(test_prefetch_fault_is_harmless),
+      cmocka_unit_test(test_room_held),
+      cmocka_unit_test(test_settings_validation),
+      cmocka_unit_test(test_enable_fits_budget),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
