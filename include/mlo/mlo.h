@@ -170,7 +170,11 @@ typedef struct mlo_platform mlo_platform;
  *       bw=BYTES_PER_S throttle copies to a link bandwidth, at least 1e6
  *                      (default: none)
  *       jitter=0|1     random copy delays, to flush out missing waits
- *       poison=0|1     fill released device memory with 0xA5 (default 1)
+ *       poison=0|1     fill released device memory with 0xA5, off the copy
+ *                      queue (default 1)
+ *       prefault=0|1   touch all device memory at open, as a GPU driver backs
+ *                      it, so no copy pays a page fault (default 0: pages are
+ *                      touched on first use and kept, like a caching pool)
  *       seed=N         seed for jitter
  *       blocking_d2h=0|1  declare the XPU rule (device-to-host copies block)
  *   "cuda[:N]"    NVIDIA GPU N (default 0); MLO_ENODEV if not built or absent

@@ -2,28 +2,36 @@
  * host.c — the host-backed device ("host:..."): a stand-in for a GPU that
  * runs everywhere, CI included, and keeps a GPU's semantics rather than
  * taking synchronous shortcuts, so that ordering bugs in core show up here.
+ * It is also what the benchmarks measure on, so it must cost what a GPU
+ * costs and nothing a GPU does not (docs/platforms.md).
  *
- *  - Device memory is a separate allocation per block, accounted against a
- *    capacity, so out-of-memory and peak figures are real.
+ *  - Device memory is one arena reserved at open, carved by a first-fit
+ *    sub-allocator, as a GPU's caching allocator carves its pool: memory
+ *    once touched stays mapped, so a block reused in the steady state never
+ *    page-faults (fresh pages fault at 1.8-2 GB/s, a quarter of memcpy).
+ *    prefault=1 touches it all at open, like memory a GPU driver backs.
  *  - Copies run on one copy-engine thread per platform, in FIFO order, and
  *    complete later: optionally throttled to a link rate (bw=) and delayed
  *    at random (jitter=), so a missing wait reads stale data.
  *  - Events are sequence numbers on that queue.  Host "compute" runs on the
  *    caller's thread, so a compute-side event is complete when recorded.
- *  - dev_free is stream-ordered: the block is released (and poisoned) by
- *    the engine after every copy submitted before it, never by the caller.
+ *  - dev_free is stream-ordered, as cudaFreeAsync is: the range is free at
+ *    once for allocations whose copies queue after everything submitted so
+ *    far (the FIFO keeps the old owner's copies first), and the caller never
+ *    waits for it.
  *
- * Accounting choice: the bytes of a freed block count as free as soon as
- * dev_free returns (free_bytes and the wrapper's used_bytes agree, and an
- * allocation of free_bytes succeeds).  The memory itself is released when
- * the queued free runs; dev_alloc waits for pending frees when it needs
- * their room, the way a stream-ordered pool reuses memory.
+ * With poison=1 (the default) a released range is filled with 0xA5 (and
+ * ASan-poisoned in ASan builds) by a scrubber thread once the copies queued
+ * before its release have run — off the copy queue, so a switch costs its
+ * bytes over the link and no more.  A range handed out again before it was
+ * scrubbed is simply not scrubbed; synchronize waits for the scrubber, so
+ * after it a use-after-evict reads 0xA5 or another component's data.
  *
- * With poison=1 released blocks are kept (filled with 0xA5, and
- * ASan-poisoned in ASan builds) and handed out again for an allocation of
- * the same size, like a device pool: a use-after-evict reads 0xA5 or
- * another component's data, and under ASan it is reported.  The pool only
- * holds room that is not allocated, so host memory stays within capacity.
+ * Accounting: used bytes are the requested sizes of live blocks; the bytes
+ * of a freed block count as free as soon as dev_free returns.  The arena's
+ * address range is twice the capacity (reserved, untouched pages cost
+ * nothing) so that fragmentation does not refuse an allocation the
+ * accounting allows; first fit keeps what is touched near the low end.
  */
 #include "base/sysio.h"
 #include "platform/platform.h"
@@ -69,10 +77,10 @@ struct host_options {
   uint64_t capacity;
   uint64_t bw; /* bytes per second; 0 = unlimited */
   uint64_t seed;
-  bool jitter, poison, blocking_d2h;
+  bool jitter, poison, blocking_d2h, prefault;
 };
 
-enum host_op_kind { HOST_OP_H2D, HOST_OP_D2H, HOST_OP_FREE };
+enum host_op_kind { HOST_OP_H2D, HOST_OP_D2H };
 
 struct host_op {
   enum host_op_kind kind;
@@ -80,37 +88,39 @@ struct host_op {
   void *dst;
   const void *src;
   size_t bytes;
-  struct host_block *block; /* HOST_OP_FREE */
   struct host_op *next;
 };
 
-/* Sits in the first HOST_ALIGN bytes of each allocation; the handle given
- * out is the address just past it.  The free op is embedded so that
- * dev_free never allocates and cannot fail. */
-struct host_block {
-  size_t bytes;                   /* as requested: what is accounted */
-  size_t padded;                  /* usable size, multiple of HOST_ALIGN */
-  struct host_block *prev, *next; /* live list or pool list */
-  struct host_op free_op;
+/* A range of the arena: a live block, or free room (the free list is sorted
+ * by offset and coalesced). */
+struct host_range {
+  size_t off, len;   /* in the arena; len is a multiple of HOST_ALIGN */
+  size_t bytes;      /* live: as requested (what is accounted) */
+  uint64_t free_seq; /* free: copies up to this sequence number may still use it */
+  bool dirty;        /* free: not yet poisoned */
+  bool scrubbing;    /* free: the scrubber is filling it (not to be handed out) */
+  struct host_range *prev, *next;
 };
-_Static_assert(sizeof(struct host_block) <= HOST_ALIGN, "block header must fit its slot");
 
 struct host_ctx {
   struct host_options opt;
   pthread_mutex_t lock;
   pthread_cond_t work_cv; /* the engine: an op arrived or we are stopping */
-  pthread_cond_t done_cv; /* waiters: completed_seq advanced, room released */
+  pthread_cond_t done_cv; /* waiters and the scrubber: completed_seq advanced,
+                             a range was released or scrubbed */
   struct host_op *head, *tail;
   uint64_t submitted_seq, completed_seq;
   /* when each of the last HOST_TIMES ops completed, for event_time */
   uint64_t done_seq[HOST_TIMES], done_ns[HOST_TIMES];
-  uint64_t live_bytes;     /* allocated and not yet freed by the caller */
-  uint64_t physical_bytes; /* live plus freed blocks whose free has not run */
-  uint64_t pooled_bytes;   /* poisoned blocks kept for reuse (padded) */
-  struct host_block *live, *pool;
+  uint64_t live_bytes; /* allocated and not yet freed by the caller */
+  char *arena;
+  size_t arena_len;
+  struct host_range *live, *free_list;
   bool stopping;
   bool pinned_ok;
-  pthread_t engine;
+  bool scrub; /* released ranges are poisoned (poison=1, or ASan) */
+  pthread_t engine, scrubber;
+  bool scrubber_started;
   uint64_t rng; /* touched by the engine thread only */
 };
 
@@ -118,10 +128,6 @@ struct mlo_event {
   uint64_t seq;         /* complete once completed_seq >= seq; 0 is always complete */
   uint64_t recorded_ns; /* when it was recorded (its time if nothing was pending) */
 };
-
-static void *block_data(struct host_block *b) {
-  return (char *)b + HOST_ALIGN;
-}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -171,21 +177,6 @@ static void run_copy(struct host_ctx *ctx, struct host_op *op) {
   throttled_copy(ctx, op->dst, op->src, op->bytes);
 }
 
-/* Called with the lock held: releases a freed block's memory to the pool
- * (poisoned) or to the system. */
-static void release_block(struct host_ctx *ctx, struct host_block *b) {
-  ctx->physical_bytes -= b->bytes;
-  if (!ctx->opt.poison) {
-    free(b);
-    return;
-  }
-  b->prev = NULL;
-  b->next = ctx->pool;
-  if (ctx->pool) ctx->pool->prev = b;
-  ctx->pool = b;
-  ctx->pooled_bytes += b->padded;
-}
-
 static void *engine_main(void *arg) {
   struct host_ctx *ctx = arg;
   pthread_mutex_lock(&ctx->lock);
@@ -196,22 +187,12 @@ static void *engine_main(void *arg) {
     ctx->head = op->next;
     if (!ctx->head) ctx->tail = NULL;
     pthread_mutex_unlock(&ctx->lock);
-
-    if (op->kind == HOST_OP_FREE && ctx->opt.poison) {
-      memset(block_data(op->block), HOST_POISON_BYTE, op->block->padded);
-      HOST_ASAN_POISON(block_data(op->block), op->block->padded);
-    } else if (op->kind != HOST_OP_FREE) {
-      run_copy(ctx, op);
-    }
-
+    run_copy(ctx, op);
     pthread_mutex_lock(&ctx->lock);
     ctx->completed_seq = op->seq;
     ctx->done_seq[op->seq % HOST_TIMES] = op->seq;
     ctx->done_ns[op->seq % HOST_TIMES] = now_ns();
-    if (op->kind == HOST_OP_FREE)
-      release_block(ctx, op->block); /* op lives in it */
-    else
-      free(op);
+    free(op);
     pthread_cond_broadcast(&ctx->done_cv);
   }
   pthread_mutex_unlock(&ctx->lock);
@@ -237,38 +218,121 @@ static void wait_seq(struct host_ctx *ctx, uint64_t seq) {
 /* ---- device memory ----------------------------------------------------- */
 
 /* Called with the lock held; NULL if handle is not a live block. */
-static struct host_block *find_live(struct host_ctx *ctx, const void *handle) {
-  for (struct host_block *b = ctx->live; b; b = b->next)
-    if (block_data(b) == handle) return b;
+static struct host_range *find_live(struct host_ctx *ctx, const void *handle) {
+  for (struct host_range *b = ctx->live; b; b = b->next)
+    if (ctx->arena + b->off == handle) return b;
   return NULL;
 }
 
-static void unlink_block(struct host_block **list, struct host_block *b) {
+static void unlink_range(struct host_range **list, struct host_range *b) {
   if (b->prev)
     b->prev->next = b->next;
   else
     *list = b->next;
   if (b->next) b->next->prev = b->prev;
+  b->prev = b->next = NULL;
 }
 
-/* Called with the lock held: a pooled block of exactly this size, or room
- * made for a new one by returning pooled blocks to the system. */
-static struct host_block *take_pooled(struct host_ctx *ctx, size_t padded) {
-  for (struct host_block *b = ctx->pool; b; b = b->next) {
-    if (b->padded != padded) continue;
-    unlink_block(&ctx->pool, b);
-    ctx->pooled_bytes -= padded;
-    HOST_ASAN_UNPOISON(block_data(b), padded);
-    return b;
+/* Merges b with its right neighbour when both are free, adjacent, not
+ * being scrubbed and alike (a dirty range merged into clean room would have
+ * the scrubber fill — and fault in — room nobody used); the neighbour's node
+ * goes. */
+static void merge_right(struct host_ctx *ctx, struct host_range *b) {
+  struct host_range *n = b->next;
+  if (!n || b->scrubbing || n->scrubbing || b->dirty != n->dirty || b->off + b->len != n->off)
+    return;
+  b->len += n->len;
+  if (n->free_seq > b->free_seq) b->free_seq = n->free_seq;
+  unlink_range(&ctx->free_list, n);
+  free(n);
+}
+
+/* Puts a range on the free list in offset order and coalesces it. */
+static void insert_free(struct host_ctx *ctx, struct host_range *b) {
+  struct host_range *prev = NULL, *cur = ctx->free_list;
+  while (cur && cur->off < b->off) {
+    prev = cur;
+    cur = cur->next;
   }
-  while (ctx->pool && ctx->physical_bytes + ctx->pooled_bytes > ctx->opt.capacity) {
-    struct host_block *b = ctx->pool;
-    unlink_block(&ctx->pool, b);
-    ctx->pooled_bytes -= b->padded;
-    HOST_ASAN_UNPOISON(block_data(b), b->padded);
-    free(b);
+  b->prev = prev;
+  b->next = cur;
+  if (cur) cur->prev = b;
+  if (prev)
+    prev->next = b;
+  else
+    ctx->free_list = b;
+  merge_right(ctx, b);
+  if (prev) merge_right(ctx, prev);
+}
+
+/* Poisons released ranges once nothing queued before their release can
+ * touch them; never on the copy engine, never under the lock. */
+static void *scrubber_main(void *arg) {
+  struct host_ctx *ctx = arg;
+  pthread_mutex_lock(&ctx->lock);
+  for (;;) {
+    struct host_range *b = ctx->free_list;
+    while (b && !(b->dirty && !b->scrubbing && b->free_seq <= ctx->completed_seq)) b = b->next;
+    if (!b) {
+      if (ctx->stopping) break;
+      pthread_cond_wait(&ctx->done_cv, &ctx->lock);
+      continue;
+    }
+    b->scrubbing = true;
+    char *mem = ctx->arena + b->off;
+    size_t len = b->len;
+    pthread_mutex_unlock(&ctx->lock);
+    if (ctx->opt.poison) memset(mem, HOST_POISON_BYTE, len);
+    HOST_ASAN_POISON(mem, len);
+    pthread_mutex_lock(&ctx->lock);
+    b->scrubbing = false;
+    b->dirty = false;
+    merge_right(ctx, b);
+    if (b->prev) merge_right(ctx, b->prev);
+    pthread_cond_broadcast(&ctx->done_cv);
   }
+  pthread_mutex_unlock(&ctx->lock);
   return NULL;
+}
+
+static bool any_scrubbing(const struct host_ctx *ctx) {
+  for (const struct host_range *b = ctx->free_list; b; b = b->next)
+    if (b->scrubbing) return true;
+  return false;
+}
+
+/* First fit from the low end: a run of adjacent free ranges (dirty or
+ * clean alike: the new owner overwrites what it uses) that none is being
+ * scrubbed; waits for the scrubber when only such runs would do.  Lock held. */
+static bool carve(struct host_ctx *ctx, size_t padded, struct host_range *blk) {
+  for (;;) {
+    for (struct host_range *f = ctx->free_list; f; f = f->next) {
+      size_t have = 0;
+      for (struct host_range *g = f; g && !g->scrubbing && have < padded; g = g->next) {
+        if (g != f && g->prev->off + g->prev->len != g->off) break;
+        have += g->len;
+      }
+      if (have < padded) continue;
+      blk->off = f->off;
+      blk->len = padded;
+      for (size_t need = padded; need;) { /* whole ranges, then part of the last */
+        struct host_range *g = f;
+        f = f->next;
+        if (g->len <= need) {
+          need -= g->len;
+          unlink_range(&ctx->free_list, g);
+          free(g);
+        } else {
+          g->off += need;
+          g->len -= need;
+          need = 0;
+        }
+      }
+      return true;
+    }
+    if (!any_scrubbing(ctx)) return false;
+    pthread_cond_wait(&ctx->done_cv, &ctx->lock);
+  }
 }
 
 static int host_dev_alloc(void *vctx, size_t bytes, void **block) {
@@ -276,47 +340,31 @@ static int host_dev_alloc(void *vctx, size_t bytes, void **block) {
   *block = NULL;
   if (bytes > SIZE_MAX - 2 * HOST_ALIGN) return MLO_ENOMEM_DEVICE;
   size_t padded = bytes ? (bytes + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN : HOST_ALIGN;
-
+  /* The node is allocated first: running out of host memory for it is
+   * MLO_ENOMEM (host), never a device too small. */
+  struct host_range *blk = mlo_calloc(1, sizeof *blk);
+  if (!blk) return MLO_ENOMEM;
   pthread_mutex_lock(&ctx->lock);
-  if (bytes > ctx->opt.capacity - ctx->live_bytes) {
+  if (bytes > ctx->opt.capacity - ctx->live_bytes || !carve(ctx, padded, blk)) {
     pthread_mutex_unlock(&ctx->lock);
+    free(blk);
     return MLO_ENOMEM_DEVICE;
   }
   ctx->live_bytes += bytes;
-  /* The room is ours (live fits), but a queued free may still hold it:
-   * wait for the engine to release it rather than overcommit. */
-  while (ctx->physical_bytes + bytes > ctx->opt.capacity)
-    pthread_cond_wait(&ctx->done_cv, &ctx->lock);
-  ctx->physical_bytes += bytes;
-  struct host_block *b = take_pooled(ctx, padded);
+  blk->bytes = bytes;
+  blk->next = ctx->live;
+  if (ctx->live) ctx->live->prev = blk;
+  ctx->live = blk;
+  HOST_ASAN_UNPOISON(ctx->arena + blk->off, padded);
   pthread_mutex_unlock(&ctx->lock);
-
-  if (!b) b = mlo_aligned_alloc(HOST_ALIGN, HOST_ALIGN + padded);
-  pthread_mutex_lock(&ctx->lock);
-  if (!b) {
-    /* The host ran out before the modelled device did: that is host memory
-     * (MLO_ENOMEM), not a device too small, and must be reported as such. */
-    ctx->live_bytes -= bytes;
-    ctx->physical_bytes -= bytes;
-    pthread_cond_broadcast(&ctx->done_cv);
-    pthread_mutex_unlock(&ctx->lock);
-    return MLO_ENOMEM;
-  }
-  b->bytes = bytes;
-  b->padded = padded;
-  b->prev = NULL;
-  b->next = ctx->live;
-  if (ctx->live) ctx->live->prev = b;
-  ctx->live = b;
-  pthread_mutex_unlock(&ctx->lock);
-  *block = block_data(b);
+  *block = ctx->arena + blk->off;
   return MLO_OK;
 }
 
 static void host_dev_free(void *vctx, void *block, size_t bytes) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
-  struct host_block *b = find_live(ctx, block);
+  struct host_range *b = find_live(ctx, block);
   if (!b) {
     pthread_mutex_unlock(&ctx->lock);
     mlo_logf(MLO_LOG_ERROR, "host platform: dev_free of %p, which is not a live block", block);
@@ -325,10 +373,13 @@ static void host_dev_free(void *vctx, void *block, size_t bytes) {
   if (b->bytes != bytes)
     mlo_logf(MLO_LOG_WARN, "host platform: dev_free of a %zu-byte block as %zu bytes", b->bytes,
              bytes);
-  unlink_block(&ctx->live, b);
+  unlink_range(&ctx->live, b);
   ctx->live_bytes -= b->bytes;
-  b->free_op = (struct host_op){.kind = HOST_OP_FREE, .block = b};
-  enqueue(ctx, &b->free_op);
+  b->free_seq = ctx->submitted_seq; /* stream-ordered: after everything queued so far */
+  b->dirty = ctx->scrub;
+  b->scrubbing = false;
+  insert_free(ctx, b);
+  pthread_cond_broadcast(&ctx->done_cv);
   pthread_mutex_unlock(&ctx->lock);
 }
 
@@ -380,13 +431,13 @@ static int queue_copy(struct host_ctx *ctx, enum host_op_kind kind, const void *
   struct host_op *op = mlo_calloc(1, sizeof *op);
   if (!op) return MLO_ENOMEM;
   pthread_mutex_lock(&ctx->lock);
-  struct host_block *b = find_live(ctx, handle);
+  struct host_range *b = find_live(ctx, handle);
   if (!b || offset > b->bytes || bytes > b->bytes - offset) {
     pthread_mutex_unlock(&ctx->lock);
     free(op);
     return MLO_EINVAL;
   }
-  char *device_ptr = (char *)block_data(b) + offset;
+  char *device_ptr = ctx->arena + b->off + offset;
   op->kind = kind;
   op->dst = kind == HOST_OP_H2D ? (void *)device_ptr : host_ptr;
   op->src = kind == HOST_OP_H2D ? (const void *)host_ptr : device_ptr;
@@ -483,10 +534,19 @@ static int host_event_query(void *vctx, mlo_event *ev) {
   return rc;
 }
 
+static bool scrub_pending(const struct host_ctx *ctx) {
+  for (const struct host_range *b = ctx->free_list; b; b = b->next)
+    if (b->dirty) return true;
+  return false;
+}
+
+/* Both queues drain, and so does the scrubber: after it, released memory
+ * reads 0xA5 (tests rely on it to see a use-after-evict). */
 static int host_synchronize(void *vctx) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
   wait_seq(ctx, ctx->submitted_seq);
+  while (scrub_pending(ctx)) pthread_cond_wait(&ctx->done_cv, &ctx->lock);
   pthread_mutex_unlock(&ctx->lock);
   return MLO_OK;
 }
@@ -506,10 +566,9 @@ static void host_get_caps(void *vctx, mlo_platform_caps *caps) {
   };
 }
 
-static void free_list(struct host_block *b, bool asan_poisoned) {
+static void free_ranges(struct host_range *b) {
   while (b) {
-    struct host_block *next = b->next;
-    if (asan_poisoned) HOST_ASAN_UNPOISON(block_data(b), b->padded);
+    struct host_range *next = b->next;
     free(b);
     b = next;
   }
@@ -520,10 +579,14 @@ static void host_destroy(void *vctx) {
   pthread_mutex_lock(&ctx->lock);
   ctx->stopping = true;
   pthread_cond_signal(&ctx->work_cv);
+  pthread_cond_broadcast(&ctx->done_cv);
   pthread_mutex_unlock(&ctx->lock);
   pthread_join(ctx->engine, NULL); /* the engine drains the queue first */
-  free_list(ctx->live, false);     /* blocks the caller leaked */
-  free_list(ctx->pool, true);
+  if (ctx->scrubber_started) pthread_join(ctx->scrubber, NULL);
+  free_ranges(ctx->live); /* blocks the caller leaked */
+  free_ranges(ctx->free_list);
+  HOST_ASAN_UNPOISON(ctx->arena, ctx->arena_len);
+  munmap(ctx->arena, ctx->arena_len);
   pthread_cond_destroy(&ctx->done_cv);
   pthread_cond_destroy(&ctx->work_cv);
   pthread_mutex_destroy(&ctx->lock);
@@ -597,9 +660,10 @@ static int host_option(const char *key, const char *value, void *user, char *err
   if (!strcmp(key, "jitter")) return parse_flag(key, value, &o->jitter, err, errlen);
   if (!strcmp(key, "poison")) return parse_flag(key, value, &o->poison, err, errlen);
   if (!strcmp(key, "blocking_d2h")) return parse_flag(key, value, &o->blocking_d2h, err, errlen);
+  if (!strcmp(key, "prefault")) return parse_flag(key, value, &o->prefault, err, errlen);
   snprintf(err, errlen,
            "unknown host platform option %s=%s (known: capacity, bw, jitter, seed, poison, "
-           "blocking_d2h)",
+           "blocking_d2h, prefault)",
            key, value);
   return MLO_EINVAL;
 }
@@ -619,8 +683,39 @@ static void describe(mlo_platform *p, const struct host_options *o) {
   char cap[32], bw[48] = "unlimited";
   mlo_format_size(o->capacity, cap, sizeof cap);
   if (o->bw) snprintf(bw, sizeof bw, "%.2f GB/s", (double)o->bw / 1e9);
-  snprintf(p->description, sizeof p->description, "host-backed, capacity %s, bw %s%s%s", cap, bw,
-           o->jitter ? ", jitter" : "", o->blocking_d2h ? ", blocking d2h" : "");
+  snprintf(p->description, sizeof p->description, "host-backed, capacity %s, bw %s%s%s%s", cap, bw,
+           o->jitter ? ", jitter" : "", o->blocking_d2h ? ", blocking d2h" : "",
+           o->prefault ? ", prefaulted" : "");
+}
+
+/* Reserves the arena (twice the capacity of address space, untouched) and
+ * with prefault=1 touches the capacity's worth of it now. */
+static int map_arena(struct host_ctx *ctx, char *err, size_t errlen) {
+  size_t cap = (size_t)((ctx->opt.capacity + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN);
+  ctx->arena_len = 2 * cap;
+  void *m = mmap(NULL, ctx->arena_len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) {
+    char size[32];
+    snprintf(err, errlen, "host platform: cannot reserve %s of address space for capacity=%s: %s",
+             mlo_format_size(ctx->arena_len, size, sizeof size),
+             mlo_format_size(ctx->opt.capacity, (char[32]){0}, 32), strerror(errno));
+    return MLO_ENOMEM;
+  }
+  ctx->arena = m;
+  struct host_range *all = mlo_calloc(1, sizeof *all);
+  if (!all) {
+    munmap(m, ctx->arena_len);
+    snprintf(err, errlen, "host platform: out of host memory");
+    return MLO_ENOMEM;
+  }
+  all->len = ctx->arena_len;
+  ctx->free_list = all;
+  if (ctx->opt.prefault) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < cap; off += page) ctx->arena[off] = 0;
+  }
+  return MLO_OK;
 }
 
 int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
@@ -632,23 +727,43 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   ctx->opt = opt;
   ctx->rng = opt.seed;
   ctx->pinned_ok = probe_mlock();
+#ifdef HOST_ASAN
+  ctx->scrub = true; /* ASan-poison released ranges even without the fill */
+#else
+  ctx->scrub = opt.poison;
+#endif
+  rc = map_arena(ctx, err, errlen);
+  if (rc) {
+    free(ctx);
+    return rc;
+  }
   pthread_mutex_init(&ctx->lock, NULL);
   pthread_cond_init(&ctx->work_cv, NULL);
   pthread_cond_init(&ctx->done_cv, NULL);
   rc = pthread_create(&ctx->engine, NULL, engine_main, ctx);
+  if (!rc && ctx->scrub) {
+    rc = pthread_create(&ctx->scrubber, NULL, scrubber_main, ctx);
+    if (rc) { /* stop the engine again */
+      pthread_mutex_lock(&ctx->lock);
+      ctx->stopping = true;
+      pthread_cond_signal(&ctx->work_cv);
+      pthread_mutex_unlock(&ctx->lock);
+      pthread_join(ctx->engine, NULL);
+    }
+    ctx->scrubber_started = !rc;
+  }
   if (rc) {
-    snprintf(err, errlen, "host platform: cannot start the copy engine thread: %s", strerror(rc));
-    goto out_destroy_sync;
+    snprintf(err, errlen, "host platform: cannot start its threads: %s", strerror(rc));
+    pthread_cond_destroy(&ctx->done_cv);
+    pthread_cond_destroy(&ctx->work_cv);
+    pthread_mutex_destroy(&ctx->lock);
+    free_ranges(ctx->free_list);
+    munmap(ctx->arena, ctx->arena_len);
+    free(ctx);
+    return MLO_EPLATFORM;
   }
   p->ops = &host_ops;
   p->ctx = ctx;
   describe(p, &opt);
   return MLO_OK;
-
-out_destroy_sync:
-  pthread_cond_destroy(&ctx->done_cv);
-  pthread_cond_destroy(&ctx->work_cv);
-  pthread_mutex_destroy(&ctx->lock);
-  free(ctx);
-  return MLO_EPLATFORM;
 }

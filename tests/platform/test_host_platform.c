@@ -224,26 +224,74 @@ static void test_event_time_is_the_copys_end(void **state) {
   free(src);
 }
 
-/* Released memory is poisoned before it can be handed out again: the next
- * block of the same size comes from the pool and reads 0xA5 throughout. */
+/* Released memory is poisoned once the copies queued before its release
+ * have run, by the scrubber, and synchronize waits for it: a block of the
+ * same size allocated after that gets the same room and reads 0xA5. */
 static void test_poison_fills_released_memory(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("host:capacity=4M");
   const size_t bytes = 4 * MIB;
   unsigned char *src = pattern(bytes, 6);
-  void *block = NULL;
+  void *block = NULL, *again = NULL;
   assert_ok(mlo_plat_dev_alloc(p, bytes, &block));
   assert_ok(mlo_plat_copy_h2d(p, block, 0, src, bytes));
   mlo_plat_dev_free(p, block, bytes);
-  assert_ok(mlo_plat_dev_alloc(p, bytes, &block)); /* waits for the free, reuses it */
   assert_ok(mlo_plat_synchronize(p));
-  const unsigned char *dev = block;
+  assert_ok(mlo_plat_dev_alloc(p, bytes, &again));
+  assert_ptr_equal(again, block); /* first fit: the room it had */
+  const unsigned char *dev = again;
   size_t poisoned = 0;
   for (size_t i = 0; i < bytes; i++) poisoned += dev[i] == 0xA5;
   assert_int_equal(poisoned, bytes);
-  mlo_plat_dev_free(p, block, bytes);
+  mlo_plat_dev_free(p, again, bytes);
   mlo_platform_close(p);
   free(src);
+}
+
+/* Freeing is stream-ordered, as cudaFreeAsync: the room is handed out again
+ * at once, and the old owner's queued copies still run first, so the new
+ * owner's data is what lands — on a slow link, with jitter, and with the
+ * scrubber never filling room that is in use again. */
+static void test_reuse_is_stream_ordered(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("host:capacity=2M,bw=2e8,jitter=1");
+  const size_t bytes = 1 * MIB;
+  unsigned char *old_src = pattern(bytes, 7), *new_src = pattern(bytes, 8);
+  unsigned char *back = malloc(bytes);
+  assert_non_null(back);
+  for (int round = 0; round < 4; round++) {
+    void *a = NULL, *b = NULL;
+    assert_ok(mlo_plat_dev_alloc(p, bytes, &a));
+    assert_ok(mlo_plat_copy_h2d(p, a, 0, old_src, bytes));
+    mlo_plat_dev_free(p, a, bytes); /* the copy is still queued (5 ms on this link) */
+    assert_ok(mlo_plat_dev_alloc(p, bytes, &b));
+    assert_ptr_equal(b, a);
+    assert_ok(mlo_plat_copy_h2d(p, b, 0, new_src, bytes));
+    assert_ok(mlo_plat_copy_d2h(p, back, b, 0, bytes));
+    assert_ok(mlo_plat_synchronize(p));
+    assert_memory_equal(back, new_src, bytes);
+    assert_memory_equal(b, new_src, bytes);
+    mlo_plat_dev_free(p, b, bytes);
+  }
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(p, &mem));
+  assert_int_equal(mem.used_bytes, 0);
+  mlo_platform_close(p);
+  free(back);
+  free(new_src);
+  free(old_src);
+}
+
+/* prefault=1 is an option like the others, and says so in the description. */
+static void test_prefault_option(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("host:capacity=8M,prefault=1");
+  assert_non_null(strstr(mlo_platform_description(p), "prefaulted"));
+  void *a = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, 8 * MIB, &a));
+  assert_int_equal(((unsigned char *)a)[8 * MIB - 1], 0); /* never used: zero */
+  mlo_plat_dev_free(p, a, 8 * MIB);
+  mlo_platform_close(p);
 }
 
 /* D2H after copy_wait on a copy event sees the H2D; D2H after copy_wait on
@@ -374,6 +422,7 @@ static void test_bad_options_named(void **state) {
   expect_einval("host:jitter", "jitter");
   expect_einval("host:jitter=2", "jitter=2");
   expect_einval("host:poison=yes", "poison=yes");
+  expect_einval("host:prefault=2", "prefault=2");
   expect_einval("host:blocking_d2h=", "blocking_d2h");
   expect_einval("host:seed=-1", "seed=-1");
   expect_einval("host:bw=fast", "bw=fast");
@@ -390,6 +439,8 @@ int main(void) {
       cmocka_unit_test(test_bw_throttles_copies),
       cmocka_unit_test(test_event_time_is_the_copys_end),
       cmocka_unit_test(test_poison_fills_released_memory),
+      cmocka_unit_test(test_reuse_is_stream_ordered),
+      cmocka_unit_test(test_prefault_option),
       cmocka_unit_test(test_copy_wait_orders_d2h),
       cmocka_unit_test(test_synchronize_drains),
       cmocka_unit_test(test_bad_copies_refused),
