@@ -9,6 +9,11 @@
  * summation order, hence the digest, never depends on run-time state.
  * OpenBLAS's sgemm is deterministic for a fixed thread count, which a
  * process keeps; digests are compared only within one process and config.
+ *
+ * The host platform's copy engine is a thread: left to itself OpenBLAS
+ * takes every core and the "DMA" steals compute time from the forwards,
+ * which a GPU's copy engine never does.  So compute gets one core fewer
+ * than the machine has (at least one), unless OPENBLAS_NUM_THREADS says.
  */
 #include "base/sysio.h"
 #include "workload/workload.h"
@@ -17,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Bytes of widened f32 weights per gemm call. */
 #define SLICE_BYTES (4u << 20)
@@ -34,8 +40,15 @@ struct host_ctx {
   int x_valid;
 };
 
+static void leave_a_core_for_copies(void) {
+  if (getenv("OPENBLAS_NUM_THREADS")) return; /* the user's choice */
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  openblas_set_num_threads(cpus > 2 ? (int)cpus - 1 : 1);
+}
+
 static int host_create(mlo_platform *p, void **ctx) {
   (void)p;
+  leave_a_core_for_copies();
   struct host_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
   c->w = mlo_malloc(SLICE_BYTES);

@@ -248,6 +248,21 @@ uint64_t mlo_workload_all_resident_bytes(mlo_pipeline *pipe) {
   return sum;
 }
 
+uint64_t mlo_workload_largest_bytes(mlo_pipeline *pipe, mlo_component **largest) {
+  uint64_t best = 0;
+  mlo_component *big = NULL;
+  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (!big || mlo_component_bytes(c) > best) {
+      big = c;
+      best = mlo_component_bytes(c);
+    }
+  }
+  if (largest) *largest = big;
+  return best;
+}
+
 uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **largest) {
   uint64_t vae = 0, enc = 0, dit = 0;
   mlo_component *big_enc = NULL, *big_dit = NULL;

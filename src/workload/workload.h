@@ -110,5 +110,8 @@ int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t cou
  * model-level figure from below (the largest DiT or encoder), may be NULL. */
 uint64_t mlo_workload_all_resident_bytes(mlo_pipeline *pipe);
 uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **largest);
+/* The budget policy's least budget: the largest component alone (every
+ * other one can be evicted while it runs); *largest gets it, may be NULL. */
+uint64_t mlo_workload_largest_bytes(mlo_pipeline *pipe, mlo_component **largest);
 
 #endif

@@ -19,7 +19,11 @@ static void help(void) {
          "mode needs at its peak:\n"
          "  all resident        the sum of every component\n"
          "  model-level offload the larger of (VAEs + encoders), resident together after\n"
-         "                      enable, and (VAEs + the largest DiT)\n\n"
+         "                      enable, and (VAEs + the largest DiT)\n"
+         "  budget policy       at least the largest component; with room for the next\n"
+         "                      component beside the strict need, prefetch hides the\n"
+         "                      switches; with everything, nothing moves after the\n"
+         "                      first prompt (docs/planner.md)\n\n"
          "flags:\n"
          "  --json              one JSON object on stdout\n"
          "  --role NAME=ROLE    override a component's role (dit, encoder, vae, other)\n\n"
@@ -30,7 +34,7 @@ static void help(void) {
 
 typedef struct {
   uint64_t vae, enc, max_dit, all, max_comp;
-  const char *max_dit_name;
+  const char *max_dit_name, *max_comp_name;
 } needs;
 
 static void compute_needs(mlo_pipeline *pipe, needs *n) {
@@ -39,7 +43,10 @@ static void compute_needs(mlo_pipeline *pipe, needs *n) {
     mlo_component *c = mlo_pipeline_component_at(pipe, i);
     uint64_t b = mlo_component_bytes(c);
     n->all += b;
-    if (b > n->max_comp) n->max_comp = b;
+    if (b > n->max_comp || !n->max_comp_name) {
+      n->max_comp = b;
+      n->max_comp_name = mlo_component_name(c);
+    }
     mlo_role r = mlo_component_role(c);
     if (r == MLO_ROLE_VAE) n->vae += b;
     if (r == MLO_ROLE_ENCODER) n->enc += b;
@@ -93,6 +100,13 @@ static void print_text(const char *path, mlo_pipeline *pipe) {
   printf("  %-36s %10s\n", "model-level offload", tool_size(model));
   printf("  %-36s %10s\n", "  after enable: VAEs + encoders", tool_size(n.vae + n.enc));
   printf("  %-36s %10s\n", dit_label, tool_size(n.vae + n.max_dit));
+  char least[96];
+  snprintf(least, sizeof least, "  least: %s alone", n.max_comp_name ? n.max_comp_name : "-");
+  uint64_t ahead = model + n.max_comp < n.all ? model + n.max_comp : n.all;
+  printf("  %-36s\n", "budget policy (--policy budget --budget SIZE)");
+  printf("  %-36s %10s\n", least, tool_size(n.max_comp));
+  printf("  %-36s %10s\n", "  prefetch: strict need + next", tool_size(ahead));
+  printf("  %-36s %10s\n", "  no copies after the first prompt", tool_size(n.all));
   if (!n.max_dit_name || !n.enc)
     printf("\nnote: model-level offload needs at least one DiT and one encoder; "
            "use --role NAME=ROLE to declare them.\n");
@@ -127,6 +141,12 @@ static int print_json(const char *path, mlo_pipeline *pipe) {
   cJSON_AddNumberToObject(root, "enable_phase_bytes", (double)(n.vae + n.enc));
   cJSON_AddNumberToObject(root, "dit_phase_bytes", (double)(n.vae + n.max_dit));
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)n.max_comp);
+  uint64_t model = n.vae + (n.enc > n.max_dit ? n.enc : n.max_dit);
+  cJSON *budget = cJSON_AddObjectToObject(root, "budget_policy");
+  cJSON_AddNumberToObject(budget, "least_bytes", (double)n.max_comp);
+  cJSON_AddNumberToObject(budget, "prefetch_bytes",
+                          (double)(model + n.max_comp < n.all ? model + n.max_comp : n.all));
+  cJSON_AddNumberToObject(budget, "no_copies_bytes", (double)n.all);
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   return tool_print_json_text(text);

@@ -13,8 +13,12 @@
 
 typedef struct {
   const char *path, *platform, *trace, *timeline;
-  bool have_capacity, verify, json, literal;
+  bool have_capacity, verify, json, literal, no_prefetch;
   uint64_t capacity;
+  int policy; /* index into policy_words */
+  bool have_budget, have_reserve;
+  uint64_t budget, reserve;
+  long prompts;
   int offload; /* index into offload_words */
   int sync;    /* index into sync_words */
   long steps;
@@ -26,6 +30,7 @@ typedef struct {
 
 static const char *const offload_words[] = {"none", "model", NULL};
 static const char *const sync_words[] = {"event", "device", NULL};
+static const char *const policy_words[] = {"strict", "budget", NULL};
 
 static void help(void) {
   printf("usage: mlo run PATH [flags]\n\n"
@@ -41,6 +46,17 @@ static void help(void) {
          "                        capacity= inside --platform (a note says so)\n"
          "  --offload MODE        model (default): only the executing component resident;\n"
          "                        none: every component resident\n"
+         "  --policy P            strict (default): the specification's exclusion rule,\n"
+         "                        nothing kept that it excludes; budget: keep what fits\n"
+         "                        in a device budget, evict by next use in the run's\n"
+         "                        schedule, prefetch what comes next (docs/planner.md)\n"
+         "  --budget SIZE         budget policy: device memory mlo may keep (default:\n"
+         "                        what is free at enable, less --reserve)\n"
+         "  --reserve SIZE        budget policy: leave SIZE free for your own\n"
+         "                        allocations (activations, workspaces)\n"
+         "  --no-prefetch         budget policy: load on demand only\n"
+         "  --prompts N           N generations in one process (default 1); the report\n"
+         "                        shows each, so the warm steady state is visible\n"
          "  --sync MODE           event (default) | device (synchronize before each\n"
          "                        forward, as the specification states it)\n"
          "  --literal             the specification-literal baseline: --sync device,\n"
@@ -56,6 +72,7 @@ static void help(void) {
          "  --timeline FILE.svg   residency timeline picture\n\n"
          "examples:\n"
          "  mlo run ./mlo-cache/wan2.2-t2v-0.005 --device-memory 256M --verify\n"
+         "  mlo run ckpt --policy budget --budget 1G --prompts 4 --verify\n"
          "  mlo run /models/Wan2.2-T2V-A14B --platform cuda:0 --steps 40 --json\n"
          "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n\n"
          "exit codes: 0 ok, 1 verification failed, 2 bad usage or input,\n"
@@ -92,6 +109,16 @@ static bool parse_flag(targs *a, run_args *r) {
     r->have_capacity = targs_size(a, "--device-memory", v, &r->capacity);
   } else if (targs_value(a, "--offload", &v)) {
     targs_choice(a, "--offload", v, offload_words, &r->offload);
+  } else if (targs_value(a, "--policy", &v)) {
+    targs_choice(a, "--policy", v, policy_words, &r->policy);
+  } else if (targs_value(a, "--budget", &v)) {
+    r->have_budget = targs_size(a, "--budget", v, &r->budget);
+  } else if (targs_value(a, "--reserve", &v)) {
+    r->have_reserve = targs_size(a, "--reserve", v, &r->reserve);
+  } else if (targs_value(a, "--prompts", &v)) {
+    targs_int(a, "--prompts", v, 1, 1000, &r->prompts);
+  } else if (targs_flag(a, "--no-prefetch")) {
+    r->no_prefetch = true;
   } else if (targs_value(a, "--sync", &v)) {
     targs_choice(a, "--sync", v, sync_words, &r->sync);
   } else if (targs_value(a, "--steps", &v)) {
@@ -133,12 +160,38 @@ static int parse(int argc, char **argv, run_args *r) {
       targs_error(&a, "unexpected argument '%s'", targs_cur(&a));
   }
   if (!a.failed && !r->path) targs_error(&a, "needs a PATH (a pipeline directory or a file)");
+  bool budget = r->policy == 1;
+  if (!a.failed && (r->have_budget || r->have_reserve || r->no_prefetch) && !budget)
+    targs_error(&a, "%s needs --policy budget",
+                r->have_budget    ? "--budget"
+                : r->have_reserve ? "--reserve"
+                                  : "--no-prefetch");
+  if (!a.failed && r->have_budget && r->have_reserve)
+    targs_error(&a, "give --budget or --reserve, not both");
+  if (!a.failed && budget && r->offload == 0)
+    targs_error(&a, "--policy budget needs --offload model");
   return a.failed ? TOOL_EXIT_USAGE : 0;
 }
 
 static int refuse_too_small(const run_args *ra, tool_session *s) {
   uint64_t need;
   const char *what;
+  if (ra->policy == 1) {
+    /* budget: the largest component, alone, must fit the budget and the device */
+    uint64_t room = ra->have_budget ? ra->budget : s->capacity;
+    if (ra->have_budget && ra->budget > s->capacity) {
+      tool_failf("run", "--budget %s is more than the device's %s", tool_size(ra->budget),
+                 tool_size(s->capacity));
+      return TOOL_EXIT_USAGE;
+    }
+    mlo_component *largest = NULL;
+    need = mlo_workload_largest_bytes(s->pipe, &largest);
+    if (need <= room) return 0;
+    tool_failf("run", "needs at least %s of device memory for %s, its largest component; %s is %s",
+               tool_size(need), largest ? mlo_component_name(largest) : "?",
+               ra->have_budget ? "--budget" : "the device", tool_size(room));
+    return TOOL_EXIT_NOMEM;
+  }
   if (session_fits(s, ra->offload == 1, &need, &what)) return 0;
   char have[96];
   if (ra->have_capacity)
@@ -161,6 +214,11 @@ static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, 
   o->settings.sync = ra->sync == 1 || ra->literal ? MLO_SYNC_DEVICE : MLO_SYNC_EVENT;
   o->settings.per_tensor_copies = ra->literal;
   o->settings.copy_back = ra->literal;
+  o->settings.policy = ra->policy == 1 ? MLO_POLICY_BUDGET : MLO_POLICY_STRICT;
+  o->settings.budget_bytes = ra->have_budget ? ra->budget : 0;
+  o->settings.reserve_bytes = ra->have_reserve ? ra->reserve : 0;
+  o->settings.prefetch = !ra->no_prefetch;
+  o->prompts = (int)ra->prompts;
   o->steps = (int)ra->steps;
   o->boundary = ra->boundary;
   o->audit = ra->verify;
@@ -182,6 +240,7 @@ static int run_main(const run_args *ra, const session_config *cfg, run_options *
   if (code) goto out_close;
   run_result r;
   rc = session_run(&s, o, &r, err, sizeof err);
+  if (rc) run_result_free(&r);
   if (rc) {
     tool_failf("run", "%s%s%s", r.failed ? mlo_component_name(r.failed) : "", r.failed ? ": " : "",
                err);
@@ -230,7 +289,7 @@ static int verify_against_resident(const session_config *cfg, const run_options 
 }
 
 int cmd_run(int argc, char **argv) {
-  run_args ra = {.platform = "host", .offload = 1, .steps = 8, .boundary = 0.875};
+  run_args ra = {.platform = "host", .offload = 1, .steps = 8, .boundary = 0.875, .prompts = 1};
   int code = parse(argc, argv, &ra);
   if (code == -1) {
     help();
@@ -265,6 +324,8 @@ int cmd_run(int argc, char **argv) {
   tool_report rep = {0};
   rep.offload = offload_words[ra.offload];
   rep.sync = mlo_sync_name(o.settings.sync);
+  rep.policy = mlo_policy_name(o.settings.policy);
+  rep.prefetch = o.settings.policy == MLO_POLICY_BUDGET && o.settings.prefetch;
   rep.steps = (int)ra.steps;
   rep.boundary = ra.boundary;
   rep.trace_path = ra.trace;
@@ -276,7 +337,10 @@ int cmd_run(int argc, char **argv) {
       report_print_json(&rep, stdout);
     else
       report_print_text(&rep, stdout);
-    if (rep.verify && !rep.identical) {
+    if (!rep.run.digests_agree) {
+      tool_failf("run", "verification failed: the prompts' digests differ from each other");
+      code = TOOL_EXIT_VERIFY;
+    } else if (rep.verify && !rep.identical) {
       tool_failf("run", "verification failed: the offloaded digest differs from the "
                         "all-resident one");
       code = TOOL_EXIT_VERIFY;

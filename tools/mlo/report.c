@@ -51,6 +51,8 @@ void report_free(tool_report *rep) {
   free(rep->platform);
   rep->comps = NULL;
   rep->platform = NULL;
+  run_result_free(&rep->run);
+  run_result_free(&rep->ref);
 }
 
 static double ratio(double a, double b) {
@@ -59,8 +61,16 @@ static double ratio(double a, double b) {
 
 void report_print_text(const tool_report *rep, FILE *out) {
   fprintf(out, "platform   %s\n", rep->platform);
-  fprintf(out, "offload    %s (sync %s), %d steps, %zu forwards\n\n", rep->offload, rep->sync,
-          rep->steps, rep->run.calls);
+  fprintf(out, "offload    %s (sync %s", rep->offload, rep->sync);
+  if (!strcmp(rep->offload, "model")) {
+    fprintf(out, ", policy %s", rep->policy);
+    if (rep->run.stats.budget_bytes)
+      fprintf(out, " %s%s", tool_size(rep->run.stats.budget_bytes),
+              rep->prefetch ? " with prefetch" : ", no prefetch");
+  }
+  fprintf(out, "), %d steps, %zu forwards", rep->steps, rep->run.calls);
+  if (rep->run.ngens > 1) fprintf(out, ", %d prompts", rep->run.ngens);
+  fprintf(out, "\n\n");
   fprintf(out, "  %-18s %-8s %10s %6s %9s %10s %10s\n", "component", "role", "size", "loads",
           "evictions", "copied in", "copied out");
   for (size_t i = 0; i < rep->ncomp; i++) {
@@ -82,6 +92,25 @@ void report_print_text(const tool_report *rep, FILE *out) {
           " evictions, waited %.3f s\n",
           tool_size(st->total.h2d_bytes), tool_size(st->total.d2h_bytes), st->total.loads,
           st->total.evictions, (double)st->total.wait_ns / 1e9);
+  if (rep->run.ngens > 1) {
+    fprintf(out, "\n  %-7s %9s %9s %10s %6s %9s %10s\n", "prompt", "wall", "stall", "copied in",
+            "loads", "evictions", "prefetches");
+    for (int g = 0; g < rep->run.ngens; g++) {
+      const gen_result *r = &rep->run.gens[g];
+      fprintf(out, "  %-7d %7.3f s %7.3f s %10s %6" PRIu64 " %9" PRIu64 " %10" PRIu64 "%s\n", g + 1,
+              r->wall_s, r->stall_s, tool_size(r->h2d_bytes), r->loads, r->evictions, r->prefetches,
+              g ? "" : "  (cold: includes enable)");
+    }
+    double steady = run_steady_wall(&rep->run);
+    fprintf(out, "steady state       %.3f s per prompt (median of prompts 2-%d)", steady,
+            rep->run.ngens);
+    if (rep->verify)
+      fprintf(out, "; all resident, warm, %.3f s (%.2fx)", run_steady_wall(&rep->ref),
+              ratio(steady, run_steady_wall(&rep->ref)));
+    fprintf(out, "\n");
+  }
+  if (!rep->run.digests_agree && rep->run.ngens > 1)
+    fprintf(out, "digests            DIFFER between prompts\n");
   if (rep->verify) {
     fprintf(out, "wall time          %.3f s; all resident %.3f s (%.2fx)\n", rep->run.wall_s,
             rep->ref.wall_s, ratio(rep->run.wall_s, rep->ref.wall_s));
@@ -111,6 +140,10 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddStringToObject(root, "platform", rep->platform);
   cJSON_AddStringToObject(root, "offload", rep->offload);
   cJSON_AddStringToObject(root, "sync", rep->sync);
+  cJSON_AddStringToObject(root, "policy", rep->policy);
+  cJSON_AddNumberToObject(root, "budget_bytes", (double)rep->run.stats.budget_bytes);
+  cJSON_AddBoolToObject(root, "prefetch", rep->prefetch);
+  cJSON_AddNumberToObject(root, "prompts", rep->run.ngens);
   cJSON_AddNumberToObject(root, "steps", rep->steps);
   cJSON_AddNumberToObject(root, "boundary", rep->boundary);
   cJSON_AddNumberToObject(root, "forwards_scheduled", (double)rep->run.calls);
@@ -125,14 +158,34 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddNumberToObject(root, "load_s", rep->load_s);
   cJSON_AddNumberToObject(root, "load_bytes", (double)rep->load_bytes);
   add_stats(root, &rep->run.stats.total);
+  cJSON_AddNumberToObject(root, "prefetches", (double)rep->run.stats.total.prefetches);
   snprintf(hex, sizeof hex, "%016" PRIx64, rep->run.digest);
   cJSON_AddStringToObject(root, "digest", hex);
+  cJSON_AddBoolToObject(root, "digests_agree", rep->run.digests_agree);
+  cJSON_AddNumberToObject(root, "steady_wall_s", run_steady_wall(&rep->run));
+  cJSON *gens = cJSON_AddArrayToObject(root, "generations");
+  for (int g = 0; g < rep->run.ngens; g++) {
+    const gen_result *r = &rep->run.gens[g];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "wall_s", r->wall_s);
+    cJSON_AddNumberToObject(o, "stall_s", r->stall_s);
+    cJSON_AddNumberToObject(o, "h2d_bytes", (double)r->h2d_bytes);
+    cJSON_AddNumberToObject(o, "loads", (double)r->loads);
+    cJSON_AddNumberToObject(o, "evictions", (double)r->evictions);
+    cJSON_AddNumberToObject(o, "prefetches", (double)r->prefetches);
+    snprintf(hex, sizeof hex, "%016" PRIx64, r->digest);
+    cJSON_AddStringToObject(o, "digest", hex);
+    cJSON_AddItemToArray(gens, o);
+  }
   if (rep->verify) {
     cJSON_AddBoolToObject(root, "verified", rep->identical);
     snprintf(hex, sizeof hex, "%016" PRIx64, rep->ref.digest);
     cJSON_AddStringToObject(root, "reference_digest", hex);
     cJSON_AddNumberToObject(root, "reference_wall_s", rep->ref.wall_s);
     cJSON_AddNumberToObject(root, "wall_ratio", ratio(rep->run.wall_s, rep->ref.wall_s));
+    cJSON_AddNumberToObject(root, "reference_steady_wall_s", run_steady_wall(&rep->ref));
+    cJSON_AddNumberToObject(root, "steady_ratio",
+                            ratio(run_steady_wall(&rep->run), run_steady_wall(&rep->ref)));
   } else {
     cJSON_AddNullToObject(root, "verified");
   }

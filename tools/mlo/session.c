@@ -169,26 +169,91 @@ static int make_cold(tool_session *s) {
   return mlo_platform_synchronize(s->platform);
 }
 
+/* Declares the run's call list as the pipeline's schedule: one request,
+ * repeating prompt after prompt (consecutive calls merge into runs). */
+static int declare_schedule(tool_session *s, const mlo_workload_call *calls, size_t count) {
+  mlo_schedule_entry *e = calloc(count ? count : 1, sizeof *e);
+  if (!e) return MLO_ENOMEM;
+  for (size_t i = 0; i < count; i++) e[i] = (mlo_schedule_entry){calls[i].comp, 1};
+  int rc = mlo_pipeline_set_schedule(s->pipe, e, count);
+  free(e);
+  return rc;
+}
+
+/* The progress bar spans every generation. */
+typedef struct {
+  tool_progress *bar;
+  size_t base, total;
+} gen_progress;
+
+static void gen_step_cb(size_t done, size_t total, const mlo_component *comp, void *user) {
+  (void)total;
+  gen_progress *g = user;
+  progress_step_cb(g->base + done, g->total, comp, g->bar);
+}
+
 static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *calls, size_t count,
                      run_result *r) {
   tool_progress bar;
+  int prompts = o->prompts > 0 ? o->prompts : 1;
   progress_init(&bar,
                 o->progress_label ? o->progress_label
                 : o->offload      ? "offloaded"
                                   : "resident",
-                count);
+                count * (size_t)prompts);
+  r->gens = calloc((size_t)prompts, sizeof *r->gens);
+  if (!r->gens) return MLO_ENOMEM;
   uint64_t t0 = mlo_now_ns();
   bar.t0_ns = t0;
   int rc = o->offload ? mlo_offload_enable(s->pipe, &o->settings) : mlo_pipeline_load_all(s->pipe);
-  if (!rc)
-    rc = mlo_workload_run(s->workload, calls, count, &r->digest,
-                          o->progress ? progress_step_cb : NULL, &bar, &r->failed);
-  int sync_rc = mlo_platform_synchronize(s->platform);
-  if (!rc) rc = sync_rc;
+  uint64_t g0 = t0;
+  mlo_pipeline_stats before = {0}, after;
+  r->digests_agree = true;
+  for (int p = 0; p < prompts && !rc; p++) {
+    gen_progress gp = {&bar, count * (size_t)p, count * (size_t)prompts};
+    gen_result *g = &r->gens[p];
+    rc = mlo_workload_run(s->workload, calls, count, &g->digest, o->progress ? gen_step_cb : NULL,
+                          &gp, &r->failed);
+    int sync_rc = mlo_platform_synchronize(s->platform);
+    if (!rc) rc = sync_rc;
+    uint64_t g1 = mlo_now_ns();
+    mlo_pipeline_get_stats(s->pipe, &after);
+    g->wall_s = (double)(g1 - g0) / 1e9;
+    g->stall_s = (double)(after.total.wait_ns - before.total.wait_ns) / 1e9;
+    g->h2d_bytes = after.total.h2d_bytes - before.total.h2d_bytes;
+    g->loads = after.total.loads - before.total.loads;
+    g->evictions = after.total.evictions - before.total.evictions;
+    g->prefetches = after.total.prefetches - before.total.prefetches;
+    if (!rc) r->ngens = p + 1;
+    if (g->digest != r->gens[0].digest) r->digests_agree = false;
+    before = after;
+    g0 = g1;
+  }
+  r->digest = r->gens[0].digest;
   r->wall_s = (double)(mlo_now_ns() - t0) / 1e9;
   progress_finish(&bar);
   if (!rc && o->audit) rc = mlo_pipeline_audit(s->pipe);
   return rc;
+}
+
+void run_result_free(run_result *r) {
+  free(r->gens);
+  r->gens = NULL;
+  r->ngens = 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double run_steady_wall(const run_result *r) {
+  if (r->ngens <= 1) return r->ngens ? r->gens[0].wall_s : r->wall_s;
+  double v[256];
+  size_t n = 0;
+  for (int i = 1; i < r->ngens && n < sizeof v / sizeof v[0]; i++) v[n++] = r->gens[i].wall_s;
+  qsort(v, n, sizeof v[0], cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen) {
@@ -200,6 +265,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
     return rc;
   }
   rc = make_cold(s);
+  if (!rc) rc = declare_schedule(s, calls, r->calls);
   if (rc) {
     const char *why = mlo_pipeline_errmsg(s->pipe); /* empty when a platform call failed */
     snprintf(err, errlen, "cannot reset residency: %s", why[0] ? why : mlo_strerror(rc));
@@ -222,6 +288,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
   if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) r->platform_peak = mem.peak_bytes;
   int off_rc = mlo_offload_disable(s->pipe);
   if (!rc) rc = off_rc;
+  mlo_pipeline_set_schedule(s->pipe, NULL, 0);
   free(calls);
   return rc;
 }

@@ -122,16 +122,17 @@ static double nice_step(double range, int want) {
 }
 
 static void draw_bar(sbuf *b, const frame *f, mlo_component *c, double y, uint64_t begin,
-                     uint64_t loaded, uint64_t end) {
+                     uint64_t loaded, uint64_t end, bool prefetch) {
   double x0 = xpos(f, begin), x1 = xpos(f, end), xl = xpos(f, loaded);
   if (x1 - x0 < 1) x1 = x0 + 1;
   sb_printf(b, "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s' rx='3'/>\n", x0, y,
             x1 - x0, ROW_H, role_fill(mlo_component_role(c)));
-  if (xl > x0)
+  if (xl > x0) /* a prefetch's copy in blue: it overlaps other work */
     sb_printf(b,
-              "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='#000' "
-              "fill-opacity='0.25'><title>loading</title></rect>\n",
-              x0, y, xl - x0, ROW_H);
+              "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s' "
+              "fill-opacity='%s'><title>%s</title></rect>\n",
+              x0, y, xl - x0, ROW_H, prefetch ? "#3a6ea5" : "#000", prefetch ? "0.55" : "0.25",
+              prefetch ? "prefetch (copy ahead of use)" : "loading");
   const char *name = mlo_component_name(c);
   if (x1 - x0 > 7.0 * (double)strlen(name) + 8) {
     sb_printf(b, "<text x='%.1f' y='%.1f' font-size='12' fill='#111'>", x0 + 4, y + ROW_H / 2 + 4);
@@ -151,22 +152,25 @@ static void draw_row(sbuf *b, const frame *f, const tool_trace *t, mlo_component
             "%s, %s</text>\n",
             LEFT - 8, y + ROW_H / 2 + 10, mlo_role_name(mlo_component_role(c)),
             tool_size(mlo_component_bytes(c)));
-  bool open = false;
+  bool open = false, prefetch = false;
   uint64_t begin = 0, loaded = 0, fwd = 0;
   for (size_t i = 0; i < t->count; i++) {
     const mlo_trace_event *ev = &t->events[i];
     if (ev->comp != c) continue;
     if (ev->kind == MLO_TRACE_LOAD_BEGIN && !open) {
       open = true;
+      prefetch = false;
       begin = loaded = ev->t_ns;
+    } else if (ev->kind == MLO_TRACE_PREFETCH && open) {
+      prefetch = true;
     } else if (ev->kind == MLO_TRACE_LOAD_END && open) {
       loaded = ev->t_ns;
     } else if (ev->kind == MLO_TRACE_EVICT && open) {
-      draw_bar(b, f, c, y, begin, loaded, ev->t_ns);
+      draw_bar(b, f, c, y, begin, loaded, ev->t_ns, prefetch);
       open = false;
     }
   }
-  if (open) draw_bar(b, f, c, y, begin, loaded, f->t1);
+  if (open) draw_bar(b, f, c, y, begin, loaded, f->t1, prefetch);
   for (size_t i = 0; i < t->count; i++) {
     const mlo_trace_event *ev = &t->events[i];
     if (ev->comp != c) continue;
@@ -257,7 +261,7 @@ static void draw_legend(sbuf *b, double y) {
   } keys[] = {
       {"resident: DiT", "#f4a259", "1", 12}, {"encoder", "#5b8e7d", "1", 12},
       {"VAE", "#8cb369", "1", 12},           {"loading (copy in flight)", "#000", "0.25", 12},
-      {"forward", "#222", "1", 5},
+      {"prefetch", "#3a6ea5", "0.55", 12},   {"forward", "#222", "1", 5},
   };
   double x = LEFT;
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {

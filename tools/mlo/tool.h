@@ -172,8 +172,9 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
 void session_close(tool_session *s);
 
 typedef struct {
-  bool offload; /* model-level offload; false = all resident */
-  mlo_offload_settings settings;
+  bool offload;                  /* model-level offload; false = all resident */
+  mlo_offload_settings settings; /* policy, budget and prefetch included */
+  int prompts;                   /* generations in one process (0 counts as 1) */
   int steps;
   double boundary;
   bool audit;
@@ -182,8 +183,19 @@ typedef struct {
   tool_trace *trace;          /* NULL: no trace */
 } run_options;
 
+/* One generation (prompt) of a run: the first includes enable (cold), the
+ * rest show the steady state. */
 typedef struct {
+  double wall_s, stall_s;
+  uint64_t h2d_bytes, loads, evictions, prefetches;
   uint64_t digest;
+} gen_result;
+
+typedef struct {
+  uint64_t digest;    /* the first generation's */
+  bool digests_agree; /* every generation's digest equals the first's */
+  gen_result *gens;   /* ngens of them (malloc'd; run_result_free) */
+  int ngens;
   double wall_s;
   mlo_pipeline_stats stats;
   uint64_t platform_peak; /* the platform's own high-water mark */
@@ -191,11 +203,17 @@ typedef struct {
   mlo_component *failed;  /* the component a failure happened in */
 } run_result;
 
-/* Runs the reference schedule once, cold: every component starts on the
- * host (evicted first), stats are reset, and the time covers enable (or
- * load-all) through the last forward and a synchronize.  Offload is
- * disabled again afterwards. */
+/* Runs the reference schedule for o->prompts generations, starting cold:
+ * every component starts on the host (evicted first), stats are reset, the
+ * schedule is declared to the library (the budget policy plans from it),
+ * and the time covers enable (or load-all) through the last forward and a
+ * synchronize; each generation is also measured on its own.  Offload is
+ * disabled again afterwards.  Free r with run_result_free. */
 int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen);
+void run_result_free(run_result *r);
+/* The median wall time of generations 2.. (the warm steady state); the
+ * first's when there is only one. */
+double run_steady_wall(const run_result *r);
 
 /* The all-resident reference of --verify and the demo: the same checkpoint
  * in a fresh session (on host, with a capacity that holds everything),
@@ -226,6 +244,9 @@ typedef struct {
   char *platform;      /* mlo_platform_description */
   const char *offload; /* "model" or "none" */
   const char *sync;
+  const char *policy; /* "strict" or "budget" */
+  bool prefetch;
+  int prompts;
   int steps;
   double boundary;
   uint64_t capacity, all_resident, model_need, max_comp;

@@ -99,16 +99,28 @@ static size_t find_end(const tool_trace *t, size_t i, mlo_trace_kind end_kind) {
   return t->count;
 }
 
+/* Whether the load that begins at index i is a prefetch (its PREFETCH mark
+ * follows before anything else of the component). */
+static bool is_prefetch(const tool_trace *t, size_t i) {
+  for (size_t j = i + 1; j < t->count; j++)
+    if (t->events[j].comp == t->events[i].comp) return t->events[j].kind == MLO_TRACE_PREFETCH;
+  return false;
+}
+
 static void add_span(cJSON *list, const tool_trace *t, size_t i, mlo_trace_kind end_kind, int tid,
                      uint64_t t0) {
   const mlo_trace_event *b = &t->events[i];
   size_t j = find_end(t, i, end_kind);
   uint64_t end_ns = j < t->count ? t->events[j].t_ns : t->events[t->count - 1].t_ns;
-  cJSON *e = add_event(list, mlo_component_name(b->comp), "X", tid, us_since(b->t_ns, t0));
+  bool prefetch = tid == TRACK_LOADS && is_prefetch(t, i);
+  char name[160];
+  snprintf(name, sizeof name, "%s%s", prefetch ? "prefetch " : "", mlo_component_name(b->comp));
+  cJSON *e = add_event(list, name, "X", tid, us_since(b->t_ns, t0));
   cJSON_AddNumberToObject(e, "dur", us_since(end_ns, b->t_ns));
   cJSON *args = cJSON_AddObjectToObject(e, "args");
   cJSON_AddStringToObject(args, "role", mlo_role_name(mlo_component_role(b->comp)));
   if (tid == TRACK_LOADS) cJSON_AddNumberToObject(args, "bytes", (double)b->bytes);
+  if (prefetch) cJSON_AddBoolToObject(args, "prefetch", true);
   if (j == t->count) cJSON_AddBoolToObject(args, "unfinished", true);
 }
 
