@@ -276,6 +276,108 @@ class RunTests(Fixture):
         self.assertIs(res["verified"], True)
 
 
+class PolicyTests(Fixture):
+    """The budget policy from the command line: the steady state, the
+    bound on device bytes, digests equal to every other mode's, the
+    prefetches in the trace, and flags that do not go together."""
+
+    def budget_ahead(self):
+        # strict need + the largest component: room to prefetch the next one
+        return self.info["budget_policy"]["prefetch_bytes"]
+
+    def test_everything_fits_no_copies_after_the_first_prompt(self):
+        res = self.run_json("--policy", "budget", "--prompts", "3", "--verify",
+                            "--platform", "host:jitter=1")
+        self.assertEqual(res["policy"], "budget")
+        self.assertEqual(res["prompts"], 3)
+        self.assertGreaterEqual(res["budget_bytes"], res["all_resident_bytes"])
+        self.assertIs(res["verified"], True)
+        self.assertIs(res["digests_agree"], True)
+        gens = res["generations"]
+        self.assertEqual(len(gens), 3)
+        run = set(schedule(res["components"], 8, 0.875))
+        self.assertEqual(gens[0]["loads"], len(run))
+        for g in gens[1:]:
+            self.assertEqual((g["loads"], g["evictions"], g["h2d_bytes"]), (0, 0, 0), g)
+        self.assertEqual(len({g["digest"] for g in gens}), 1)
+
+    def test_digests_equal_across_policies_and_budget_bounds_peak(self):
+        jitter = ("--platform", "host:jitter=1,seed=7")
+        least = self.info["budget_policy"]["least_bytes"]
+        ref = self.run_json("--offload", "none", *jitter)["digest"]
+        strict = self.run_json("--device-memory", self.capacity_for_offload(), *jitter)
+        self.assertEqual(strict["policy"], "strict")
+        self.assertEqual(strict["digest"], ref)
+        for budget, extra in ((self.budget_ahead(), ()), (least, ()),
+                              (self.budget_ahead(), ("--no-prefetch",))):
+            res = self.run_json("--policy", "budget", "--budget", str(budget), "--prompts", "2",
+                                "--verify", *extra, *jitter)
+            self.assertEqual(res["digest"], ref, (budget, extra))
+            self.assertIs(res["digests_agree"], True)
+            self.assertEqual(res["budget_bytes"], budget)
+            self.assertLessEqual(res["peak_device_bytes"], budget)
+            self.assertEqual(res["prefetch"], not extra)
+            if extra:
+                self.assertEqual(res["prefetches"], 0)
+        # with room for the next component, every prompt prefetches
+        res = self.run_json("--policy", "budget", "--budget", str(self.budget_ahead()),
+                            "--prompts", "2")
+        for g in res["generations"]:
+            self.assertGreater(g["prefetches"], 0, g)
+
+    def test_text_report_shows_each_prompt(self):
+        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--prompts", "3", "--verify")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("policy budget", out)
+        self.assertIn("with prefetch", out)
+        self.assertIn("cold: includes enable", out)
+        self.assertIn("steady state", out)
+        self.assertIn("all resident, warm", out)
+
+    def test_prefetches_on_the_copy_track(self):
+        trace = os.path.join(self.tmp, "p.json")
+        svg = os.path.join(self.tmp, "p.svg")
+        res = self.run_json("--policy", "budget", "--budget", str(self.budget_ahead()),
+                            "--prompts", "2", "--trace", trace, "--timeline", svg)
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+        copies = [e for e in events if e.get("ph") == "X" and e["name"].startswith("prefetch ")]
+        self.assertEqual(len(copies), res["prefetches"])
+        self.assertTrue(all(e["args"]["prefetch"] for e in copies))
+        root = ET.parse(svg).getroot()
+        text = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
+        self.assertIn("prefetch", text)
+        self.assertIn("budget", text)
+
+    def test_flags_that_do_not_go_together(self):
+        c = self.ckpt
+        for args, words in ((("--budget", "1G"), ("--budget", "--policy budget")),
+                            (("--reserve", "1G"), ("--reserve",)),
+                            (("--no-prefetch",), ("--no-prefetch",)),
+                            (("--policy", "budget", "--budget", "1G", "--reserve", "1M"),
+                             ("not both",)),
+                            (("--policy", "budget", "--offload", "none"), ("--offload model",)),
+                            (("--policy", "lavish"), ("--policy", "lavish")),
+                            (("--prompts", "0"), ("--prompts",)),
+                            (("--policy", "budget", "--budget", "many"), ("--budget",))):
+            rc, _, err = mlo("run", c, *args)
+            self.assertEqual(rc, 2, (args, err))
+            for w in words:
+                self.assertIn(w, err)
+        # more than the device has is bad usage; less than the largest
+        # component is out of device memory, naming it
+        rc, _, err = mlo("run", c, "--policy", "budget", "--device-memory", "64M",
+                         "--budget", "65M")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("more than the device", err)
+        rc, _, err = mlo("run", c, "--policy", "budget", "--budget", "64K")
+        self.assertEqual(rc, 3, err)
+        self.assertIn("largest component", err)
+        rc, _, err = mlo("run", c, "--policy", "budget", "--reserve", "8G")
+        self.assertEqual(rc, 3, err)
+        self.assertIn("reserve", err)
+
+
 class OutOfMemoryTests(Fixture):
     def test_too_small_for_offload(self):
         rc, out, err = mlo("run", self.ckpt, "--device-memory", "1M")

@@ -333,11 +333,17 @@ int session_write_pictures(const tool_trace *t, tool_session *s, const char *tit
     return MLO_ENOMEM;
   }
   if (trace_path) rc = tool_trace_write_json(t, trace_path, err, errlen);
-  char subtitle[512];
-  snprintf(subtitle, sizeof subtitle, "%s  |  %s, sync %s  |  %d steps  |  wall %.3f s",
-           mlo_platform_description(s->platform),
-           o->offload ? "model-level offload" : "all resident", mlo_sync_name(o->settings.sync),
-           o->steps, r->wall_s);
+  char subtitle[512], mode[96] = "all resident";
+  if (o->offload && o->settings.policy == MLO_POLICY_BUDGET)
+    snprintf(mode, sizeof mode, "model-level offload, budget %s%s",
+             tool_size(r->stats.budget_bytes), o->settings.prefetch ? " + prefetch" : "");
+  else if (o->offload)
+    snprintf(mode, sizeof mode, "model-level offload");
+  int prompts = r->ngens > 1 ? r->ngens : 1;
+  snprintf(subtitle, sizeof subtitle, "%s  |  %s, sync %s  |  %d steps%s%.0d%s  |  wall %.3f s",
+           mlo_platform_description(s->platform), mode, mlo_sync_name(o->settings.sync), o->steps,
+           prompts > 1 ? " x " : "", prompts > 1 ? prompts : 0, prompts > 1 ? " prompts" : "",
+           r->wall_s);
   if (!rc && svg_path)
     rc = tool_timeline_write_svg(t, s->pipe, s->capacity, title, subtitle, svg_path, err, errlen);
   return rc;
