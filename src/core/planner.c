@@ -99,12 +99,28 @@ void mlo_plan_advance(mlo_pipeline *pipe, mlo_component *c) {
 
 /* ---- eviction by next use ---------------------------------------------- */
 
-/* The idle resident component to evict: farthest next use, then least
- * recently used.  With `after`, only components used strictly later than
- * `after` calls from now (a prefetch may only displace what is needed after
- * the component it loads).  NULL if none qualifies. */
+/* The idle resident component to evict for `short_by` bytes of room.
+ * Belady's rule (farthest next use, then least recently used) is optimal
+ * in misses when components are the same size; ours are not, and in a
+ * repeating schedule every component comes back, so bytes decide: among
+ * the components that alone free enough room, the smallest, then the
+ * farthest next use, then the least recently used; where none does alone,
+ * the farthest (it goes, and the search runs again).  With `limited`, only
+ * components used strictly later than `after` calls from now qualify (a
+ * prefetch may only displace what is needed after what it loads).  NULL if
+ * none qualifies. */
+static bool better_victim(const mlo_component *o, uint64_t next, const mlo_component *best,
+                          uint64_t best_next, uint64_t short_by) {
+  if (!best) return true;
+  bool covers = o->block_bytes >= short_by, best_covers = best->block_bytes >= short_by;
+  if (covers != best_covers) return covers;
+  if (covers && o->block_bytes != best->block_bytes) return o->block_bytes < best->block_bytes;
+  if (next != best_next) return next > best_next;
+  return o->last_use < best->last_use;
+}
+
 static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep, bool limited,
-                                  uint64_t after) {
+                                  uint64_t after, uint64_t short_by) {
   mlo_component *best = NULL;
   uint64_t best_next = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
@@ -112,7 +128,7 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
     if (o == keep || o->users || !mlo_res_is_resident(o) || !o->block_bytes) continue;
     uint64_t next = mlo_plan_next_use(pipe, o);
     if (limited && next <= after) continue;
-    if (!best || next > best_next || (next == best_next && o->last_use < best->last_use)) {
+    if (better_victim(o, next, best, best_next, short_by)) {
       best = o;
       best_next = next;
     }
@@ -120,8 +136,14 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
   return best;
 }
 
+/* Bytes missing for `need` more within the budget (0 if it fits). */
+static uint64_t short_by(const mlo_pipeline *pipe, uint64_t need) {
+  uint64_t want = pipe->device_bytes + need;
+  return want > pipe->budget ? want - pipe->budget : 0;
+}
+
 bool mlo_plan_evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
-  mlo_component *v = pick_victim(pipe, keep, false, 0);
+  mlo_component *v = pick_victim(pipe, keep, false, 0, UINT64_MAX);
   return v && mlo_res_evict(v) == MLO_OK;
 }
 
@@ -138,28 +160,36 @@ int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
     return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) does not fit in the budget of %s", c->name,
                     mlo_format_size(need, a, sizeof a), mlo_format_size(pipe->budget, b, sizeof b));
   while (pipe->device_bytes + need > pipe->budget) {
-    mlo_component *v = pick_victim(pipe, c, false, 0);
+    mlo_component *v = pick_victim(pipe, c, false, 0, short_by(pipe, need));
     if (v) {
       int rc = mlo_res_evict(v);
       if (rc) return rc;
       continue;
     }
     /* Everything resident is in use.  Room held by this thread never comes
-     * back while it waits; room held by others does, at their release. */
+     * back while it waits; room held by others does, at their release —
+     * unless they wait for room this thread holds.  So a thread that holds
+     * anything does not wait (no cycle can form); one that holds nothing
+     * does, and every holder it waits for can finish. */
     uint64_t mine = 0;
     const mlo_component *held = NULL;
     for (size_t i = 0; i < pipe->ncomps; i++) {
       mlo_component *o = pipe->comps[i];
-      if (o->users && mlo_res_is_resident(o) && held_by_this_thread(o)) {
-        mine += o->block_bytes;
+      if (o->users && held_by_this_thread(o)) {
+        mine += mlo_res_is_resident(o) ? o->block_bytes : 0;
         held = o;
       }
     }
-    if (mine + need > pipe->budget)
+    if (held && mine + need > pipe->budget)
       return mlo_fail(pipe, MLO_EDEADLK,
                       "'%s' (%s) needs room in the budget of %s that this thread holds ('%s')",
                       c->name, mlo_format_size(need, a, sizeof a),
-                      mlo_format_size(pipe->budget, b, sizeof b), held ? held->name : "?");
+                      mlo_format_size(pipe->budget, b, sizeof b), held->name);
+    if (held)
+      return mlo_fail(pipe, MLO_EDEADLK,
+                      "'%s' needs room in the budget that other threads hold, and this thread "
+                      "holds '%s': waiting could deadlock",
+                      c->name, held->name);
     return MLO_EBUSY;
   }
   return MLO_OK;
@@ -167,7 +197,7 @@ int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
 
 int mlo_plan_fit(mlo_pipeline *pipe) {
   while (pipe->device_bytes > pipe->budget) {
-    mlo_component *v = pick_victim(pipe, NULL, false, 0);
+    mlo_component *v = pick_victim(pipe, NULL, false, 0, pipe->device_bytes - pipe->budget);
     if (!v)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
                       "the components in use hold more than the budget of %s",
@@ -191,7 +221,7 @@ void mlo_plan_prefetch(mlo_pipeline *pipe) {
     if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
     if (!t->materialized || t->block_bytes > pipe->budget) return;
     while (pipe->device_bytes + t->block_bytes > pipe->budget) {
-      mlo_component *v = pick_victim(pipe, t, true, here);
+      mlo_component *v = pick_victim(pipe, t, true, here, short_by(pipe, t->block_bytes));
       if (!v || mlo_res_evict(v) != MLO_OK) return; /* the rest must wait for their turn */
     }
     /* A failed prefetch changes nothing (mlo_res_load rolls back) and costs

@@ -731,10 +731,29 @@ class DemoBenchTests(unittest.TestCase):
         for key in ("switch_s", "ideal_s", "literal_s", "ratio", "literal_ratio"):
             self.assertGreater(res["switch"][key], 0, key)
         e2e = res["end_to_end"]
-        for key in ("resident_s", "offloaded_s", "literal_s", "ratio", "literal_ratio"):
-            self.assertGreater(e2e[key], 0, key)
-        self.assertLess(e2e["peak_offloaded_bytes"], e2e["peak_resident_bytes"])
-
+        self.assertGreater(e2e["dit_step_s"], 0)
+        self.assertLess(e2e["strict_need_bytes"], e2e["all_resident_bytes"])
+        self.assertEqual(len(e2e["links"]), 1)
+        link = e2e["links"][0]
+        self.assertEqual(link["dit_steps_per_dit_load"], 1)
+        # the link is set from the measured compute rate: one DiT per DiT step
+        self.assertAlmostEqual(link["bw"], e2e["dit_bytes"] / e2e["dit_step_s"],
+                               delta=link["bw"] * 0.01 + 1)
+        self.assertGreater(link["resident_s"], 0)
+        modes = {m["mode"].split(" ")[0] + ("+p" if m["prefetch"] else ""): m
+                 for m in link["modes"]}
+        self.assertIn("strict", modes)
+        for m in link["modes"]:
+            self.assertGreater(m["overhead"], 0, m)
+            if m["policy"] == "budget":
+                self.assertLessEqual(m["peak_device_bytes"], m["budget_bytes"])
+        # everything kept: no copies in the steady state
+        full = [m for m in link["modes"] if m["budget_bytes"] == e2e["all_resident_bytes"]]
+        self.assertEqual(len(full), 1)
+        self.assertEqual((full[0]["h2d_bytes"], full[0]["loads"]), (0, 0))
+        # strict moves bytes every prompt and waits for them
+        self.assertGreater(modes["strict"]["h2d_bytes"], 0)
+        self.assertGreater(modes["strict"]["stall_vs_bytes"], 0)
 
 if __name__ == "__main__":
     MLO = sys.argv[1]

@@ -109,6 +109,32 @@ static void test_belady_by_hand(void **state) {
   teardown(&f);
 }
 
+/* Sizes decide before distance: X (128 KiB) is used after Y (64 KiB), so
+ * Belady would evict X for Z; but Y alone frees the room and is half the
+ * bytes to bring back, so Y goes, then Z for Y's return. */
+static void test_smallest_that_frees_enough(void **state) {
+  (void)state;
+  static const tu_comp_spec specs[] = {
+      {"X", MLO_ROLE_DIT, 1, 2 * KB64, 0},
+      {"Y", MLO_ROLE_ENCODER, 1, KB64, 0},
+      {"Z", MLO_ROLE_DIT, 1, KB64, 0},
+  };
+  fixture f;
+  memset(&f, 0, sizeof f);
+  f.plat = tu_platform_open("capacity=1M");
+  f.tp = tu_pipe_build(f.plat, specs, 3);
+  mlo_pipeline_set_trace(f.tp->pipe, record, &f.rec);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 3 * KB64;
+  s.prefetch = false;
+  assert_ok(mlo_offload_enable(f.tp->pipe, &s));
+  schedule(&f, "XYZY");
+  run(&f, "XYZY");
+  expect_moves(&f, "+X +Y -Y +Z -Z +Y");
+  teardown(&f);
+}
+
 /* The same calls with nothing declared: least recently used. */
 static void test_lru_without_schedule(void **state) {
   (void)state;
@@ -366,6 +392,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_belady_by_hand),
       cmocka_unit_test(test_lru_without_schedule),
+      cmocka_unit_test(test_smallest_that_frees_enough),
       cmocka_unit_test(test_ties_and_unscheduled),
       cmocka_unit_test(test_schedule_shorter_and_off_schedule),
       cmocka_unit_test(test_prefetch_loads_ahead),

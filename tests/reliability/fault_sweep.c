@@ -14,6 +14,10 @@
  *   - succeed on a retry of the same cycle (the fault fires once), with the
  *     same digest of device bytes as a clean run,
  *   - release every device byte when the pipeline is freed.
+ * Under the budget policy a failure inside a prefetch is not the caller's:
+ * the cycle goes on and must still end with the clean digest, the
+ * forwards seeing the right bytes (the prefetch is issued again or the
+ * forward loads on demand).
  * A last phase fails each call made by mlo_pipeline_free itself: it cannot
  * report an error, so it must still release everything.  Leaks are caught
  * by LeakSanitizer in the sanitizer build (make test-asan).
@@ -46,14 +50,19 @@ typedef struct {
   const char *host_opts; /* options for the inner host platform */
   mlo_sync_mode sync;
   bool per_tensor, copy_back;
-  unsigned k, m; /* forwards of the first and second DiT */
+  unsigned k, m;   /* forwards of the first and second DiT */
+  uint64_t budget; /* non-zero: the budget policy with prefetch, this budget */
 } sweep_cfg;
 
 static const sweep_cfg configs[] = {
-    {"event", "capacity=1M,jitter=1", MLO_SYNC_EVENT, false, false, 3, 2},
-    {"device", "capacity=1M,jitter=0", MLO_SYNC_DEVICE, false, false, 2, 2},
-    {"literal", "capacity=1M,jitter=0", MLO_SYNC_DEVICE, true, true, 2, 1},
-    {"blocking_d2h", "capacity=1M,jitter=0,blocking_d2h=1", MLO_SYNC_EVENT, false, true, 2, 1},
+    {"event", "capacity=1M,jitter=1", MLO_SYNC_EVENT, false, false, 3, 2, 0},
+    {"device", "capacity=1M,jitter=0", MLO_SYNC_DEVICE, false, false, 2, 2, 0},
+    {"literal", "capacity=1M,jitter=0", MLO_SYNC_DEVICE, true, true, 2, 1, 0},
+    {"blocking_d2h", "capacity=1M,jitter=0,blocking_d2h=1", MLO_SYNC_EVENT, false, true, 2, 1, 0},
+    /* room for VAE + both DiTs (prefetch hides the DiT switch), and for one
+     * DiT + the VAE + a little (every switch evicts) */
+    {"budget", "capacity=1M,jitter=1", MLO_SYNC_EVENT, false, false, 3, 2, 300 * 1024},
+    {"budget_tight", "capacity=1M,jitter=0", MLO_SYNC_EVENT, false, false, 2, 2, 160 * 1024},
 };
 
 /* A single configuration / kind / point to replay (argv), or all. */
@@ -128,6 +137,10 @@ static int run_prompt(tu_pipe *tp, const sweep_cfg *cfg, cycle_state *cs_out) {
   s.sync = cfg->sync;
   s.per_tensor_copies = cfg->per_tensor;
   s.copy_back = cfg->copy_back;
+  if (cfg->budget) {
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = cfg->budget;
+  }
   int rc = mlo_offload_enable(tp->pipe, &s);
   if (!rc) rc = mlo_component_forward(tu_comp(tp, "text_encoder"), digest_forward, &cs);
   for (unsigned i = 0; i < cfg->k && !rc; i++)
@@ -171,11 +184,19 @@ static mlo_platform *open_fault(const sweep_cfg *cfg) {
   return plat;
 }
 
-static tu_pipe *build_pipe(mlo_platform *plat) {
+static tu_pipe *build_pipe(const sweep_cfg *cfg, mlo_platform *plat) {
   tu_pipe *tp = tu_pipe_build(plat, specs, NSPECS);
   /* A caller-owned tensor: copied from where the caller keeps it (C7). */
   tu_add_tensor(tp, tu_comp(tp, "text_encoder"), "external", 4096, MLO_TENSOR_EXTERNAL);
-  tp->audit_in_forward = tp->exclusion_in_forward = true;
+  tp->audit_in_forward = true;
+  tp->exclusion_in_forward = !cfg->budget; /* under a budget, the budget decides */
+  if (cfg->budget) {
+    mlo_schedule_entry e[] = {{tu_comp(tp, "text_encoder"), 1},
+                              {tu_comp(tp, "transformer"), cfg->k},
+                              {tu_comp(tp, "transformer_2"), cfg->m},
+                              {tu_comp(tp, "vae"), 1}};
+    assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 4));
+  }
   return tp;
 }
 
@@ -196,11 +217,13 @@ static void assert_consistent(tu_pipe *tp, const char *when) {
  * teardown that frees slabs without draining the copies is caught (under
  * ASan: a read of freed memory by the copy engine). */
 static tu_pipe *before_teardown(const sweep_cfg *cfg, mlo_platform *plat) {
-  tu_pipe *tp = build_pipe(plat);
+  tu_pipe *tp = build_pipe(cfg, plat);
   uint64_t digest = 0;
   assert_ok(run_cycle(tp, cfg, &digest));
-  assert_false(mlo_component_is_resident(tu_comp(tp, "text_encoder")));
-  assert_ok(mlo_component_load(tu_comp(tp, "text_encoder")));
+  mlo_component *enc = tu_comp(tp, "text_encoder");
+  if (cfg->budget && mlo_component_is_resident(enc)) assert_ok(mlo_component_evict(enc));
+  assert_false(mlo_component_is_resident(enc));
+  assert_ok(mlo_component_load(enc));
   return tp;
 }
 
@@ -213,7 +236,7 @@ typedef struct {
 static void measure_baseline(const sweep_cfg *cfg, baseline *b) {
   snprintf(point_name, sizeof point_name, "%s: clean run", cfg->name);
   mlo_platform *plat = open_fault(cfg);
-  tu_pipe *tp = build_pipe(plat);
+  tu_pipe *tp = build_pipe(cfg, plat);
   mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
   alarm(WATCHDOG_S);
   assert_ok(run_cycle(tp, cfg, &b->clean_digest));
@@ -237,6 +260,8 @@ static void measure_baseline(const sweep_cfg *cfg, baseline *b) {
   mlo_platform_close(plat);
 }
 
+static unsigned absorbed_points; /* faults in a prefetch, which the cycle survives */
+
 /* One point: the nth call of kind fails during the cycle. */
 static void sweep_point(const sweep_cfg *cfg, const baseline *b, mlo_fault_kind kind,
                         uint64_t nth) {
@@ -244,16 +269,22 @@ static void sweep_point(const sweep_cfg *cfg, const baseline *b, mlo_fault_kind 
            mlo_fault_kind_name(kind), (unsigned long long)nth, (unsigned long long)b->counts[kind]);
   alarm(WATCHDOG_S);
   mlo_platform *plat = open_fault(cfg);
-  tu_pipe *tp = build_pipe(plat);
+  tu_pipe *tp = build_pipe(cfg, plat);
   mlo_fault_arm(plat, kind, nth);
   uint64_t digest = 0;
   int rc = run_cycle(tp, cfg, &digest);
   if (!mlo_fault_fired(plat)) fail_msg("%s: the fault never fired", point_name);
   int want = mlo_fault_status(kind);
-  if (rc != want)
+  if (rc == MLO_OK && cfg->budget) { /* it hit a prefetch: the cycle went on, correctly */
+    tu_assert_forwards_clean(tp);
+    if (digest != b->clean_digest) fail_msg("%s: a failed prefetch changed the digest", point_name);
+    absorbed_points++;
+  } else if (rc != want) {
     fail_msg("%s: the cycle returned %s (%s), expected %s", point_name, mlo_err_name(rc),
              mlo_pipeline_errmsg(tp->pipe), mlo_err_name(want));
-  if (!mlo_pipeline_errmsg(tp->pipe)[0]) fail_msg("%s: no error message", point_name);
+  } else if (!mlo_pipeline_errmsg(tp->pipe)[0]) {
+    fail_msg("%s: no error message", point_name);
+  }
   assert_consistent(tp, "after the fault");
   tu_reset_observations(tp);
   rc = run_cycle(tp, cfg, &digest);
@@ -333,7 +364,9 @@ static void test_fault_sweep(void **state) {
     printf(" %s=%u", mlo_fault_kind_name((mlo_fault_kind)k), total_points[k]);
     total += total_points[k];
   }
-  printf(" (total %u), in pipeline_free %u\n", total, total_free_points);
+  printf(" (total %u), in pipeline_free %u; %u in a prefetch, survived\n", total, total_free_points,
+         absorbed_points);
+  if (!only_cfg) assert_true(absorbed_points > 0); /* the prefetch paths were reached */
 }
 
 /* Teardown while a load is still reading the host slab, and the drain
@@ -342,7 +375,7 @@ static void test_fault_sweep(void **state) {
 static void test_teardown_inflight_sync_fault(void **state) {
   (void)state;
   static const tu_comp_spec one[] = {{"text_encoder", MLO_ROLE_ENCODER, 4, 256 * 1024, 0}};
-  const sweep_cfg cfg = {"teardown", "capacity=8M,jitter=1,bw=1G", MLO_SYNC_EVENT, 0, 0, 0, 0};
+  const sweep_cfg cfg = {"teardown", "capacity=8M,jitter=1,bw=1G", MLO_SYNC_EVENT, 0, 0, 0, 0, 0};
   for (int round = 0; round < 20; round++) {
     mlo_platform *plat = open_fault(&cfg);
     tu_pipe *tp = tu_pipe_build(plat, one, 1);

@@ -11,9 +11,13 @@
  * mode, and 2-4 threads that forward, acquire/hold/release, try_acquire and
  * nest acquires in random order with random pauses; in one schedule in
  * three they also disable and re-enable offload between their calls (while
- * others forward: refused with MLO_EBUSY whenever anything executes).  Inside every forward
- * the component must be resident with the right bytes, nothing it excludes
- * resident, and the audit clean; after each schedule the audit must pass,
+ * others forward: refused with MLO_EBUSY whenever anything executes).  One
+ * schedule in three runs the budget policy instead of strict, with prefetch
+ * on or off, a budget anywhere from the largest component to the capacity
+ * and a declared schedule the random calls mostly ignore (so the cursor
+ * resynchronizes all the time).  Inside every forward the component must be
+ * resident with the right bytes, nothing it excludes resident (strict), the
+ * audit clean (the budget held, for budget); after each schedule the audit must pass,
  * device accounting match, and every device byte come back at the end.
  *
  * Usage: race_sweep [SCHEDULES [FIRST_SEED]].  A failure names its seed;
@@ -110,6 +114,7 @@ typedef struct {
   unsigned ops;
   pthread_barrier_t *start;
   bool toggles; /* this schedule's workers also disable and re-enable */
+  bool budget;  /* the budget policy: nested acquires may be refused with EDEADLK */
   const mlo_offload_settings *settings;
   /* outcomes, read after join */
   unsigned forwards, oom, busy, deadlk, toggled;
@@ -153,7 +158,9 @@ static bool hold(worker *w, mlo_component *c) {
   bool hooked = mlo_offload_is_enabled(w->tp->pipe);
   if (ok && d != c) {
     rc = mlo_component_acquire(d);
-    if (hooked && excludes(c, d)) { /* this thread holds a conflicting one: refused, no hang */
+    if (hooked && w->budget && rc == MLO_EDEADLK) { /* no room while this thread holds c */
+      w->deadlk++;
+    } else if (hooked && !w->budget && excludes(c, d)) { /* a conflicting one: refused, no hang */
       if (rc == MLO_OK) mlo_component_release(d);
       if (rc != MLO_EDEADLK) {
         snprintf(w->failure, sizeof w->failure, "acquire(%s) while holding %s -> %s, not EDEADLK",
@@ -212,6 +219,7 @@ typedef struct {
   unsigned schedules, threads, forwards, oom, busy, deadlk, undersized, jitter, device_sync;
   unsigned toggling, toggled; /* schedules with enable/disable in them; toggles that took */
   unsigned enable_refused;    /* undersized below encoders + VAEs: nothing ran */
+  unsigned budget;            /* schedules under the budget policy */
 } totals;
 
 /* One schedule; fails the test naming the seed on any violation. */
@@ -245,9 +253,25 @@ static tu_pipe *open_pipe(uint64_t seed, uint64_t *rng, const layout *l, bool ji
   return tp;
 }
 
+/* A schedule in the pipeline's order: each encoder once, each DiT for a
+ * few steps, each VAE once. */
+static void declare_schedule(tu_pipe *tp, uint64_t *rng) {
+  mlo_schedule_entry e[TU_MAX_COMPS];
+  size_t n = 0;
+  static const mlo_role order[] = {MLO_ROLE_ENCODER, MLO_ROLE_DIT, MLO_ROLE_VAE};
+  for (size_t r = 0; r < 3; r++)
+    for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
+      mlo_component *c = mlo_pipeline_component_at(tp->pipe, i);
+      if (mlo_component_role(c) == order[r])
+        e[n++] = (mlo_schedule_entry){c, order[r] == MLO_ROLE_DIT ? 1 + below(rng, 4) : 1};
+    }
+  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, n));
+}
+
 /* Runs 2-4 workers to completion; returns how many. */
 static unsigned run_workers(tu_pipe *tp, const layout *l, uint64_t *rng, uint64_t seed, totals *t,
                             const mlo_offload_settings *s) {
+  bool budget = s->policy == MLO_POLICY_BUDGET;
   unsigned nthreads = 2 + below(rng, 3);
   bool toggles = below(rng, 3) == 0;
   worker w[4];
@@ -261,6 +285,7 @@ static unsigned run_workers(tu_pipe *tp, const layout *l, uint64_t *rng, uint64_
                     .ops = 3 + below(rng, 6),
                     .start = &start,
                     .toggles = toggles,
+                    .budget = budget,
                     .settings = s};
     assert_int_equal(pthread_create(&th[i], NULL, work, &w[i]), 0);
   }
@@ -291,6 +316,25 @@ static void run_schedule(uint64_t seed, totals *t) {
   mlo_platform *plat = tp->plat;
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   s.sync = sync;
+  /* Drawn from a stream of its own, so the strict schedules of a seed stay
+   * what they were before the budget policy existed. */
+  uint64_t prng = seed ^ 0x6275646765740000ull;
+  uint64_t largest = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
+    uint64_t b = mlo_component_bytes(mlo_pipeline_component_at(tp->pipe, i));
+    if (b > largest) largest = b;
+  }
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(plat, &mem));
+  if (below(&prng, 3) == 0 && largest <= mem.total_bytes) { /* else no budget can hold it */
+    s.policy = MLO_POLICY_BUDGET;
+    s.prefetch = below(&prng, 4) != 0;
+    s.budget_bytes = largest + splitmix(&prng) % (mem.total_bytes - largest + 1);
+    if (!s.budget_bytes) s.budget_bytes = 1; /* only empty components: any budget holds them */
+    declare_schedule(tp, &prng);
+    tp->exclusion_in_forward = false; /* the budget decides, not the roles */
+    t->budget++;
+  }
   int rc = mlo_offload_enable(tp->pipe, &s);
   if (rc && !(rc == MLO_ENOMEM_DEVICE && l.undersized))
     fail_msg("seed %llu: enable -> %s: %s", (unsigned long long)seed, mlo_err_name(rc),
@@ -327,11 +371,12 @@ static void test_race_sweep(void **state) {
   printf("schedules: %u (seeds %llu..%llu), %u threads in all, %u forwards checked; "
          "%u with jitter, %u sync=device, %u undersized (%u out-of-memory refusals, %u at enable), "
          "%u EBUSY (try_acquire, enable/disable), %u nested conflicts refused; %u schedules "
-         "toggling offload (%u toggles)\n",
+         "toggling offload (%u toggles); %u under the budget policy\n",
          t.schedules, (unsigned long long)first_seed,
          (unsigned long long)(first_seed + n_schedules - 1), t.threads, t.forwards, t.jitter,
          t.device_sync, t.undersized, t.oom, t.enable_refused, t.busy, t.deadlk, t.toggling,
-         t.toggled);
+         t.toggled, t.budget);
+  assert_true(t.budget > 0 || n_schedules < 10);
   assert_true(t.toggled > 0 || n_schedules < 10);
   assert_int_equal(t.schedules, n_schedules);
 }

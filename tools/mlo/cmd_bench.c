@@ -3,9 +3,14 @@
  * run (design.md §6): load throughput against a raw copy from 1 MiB to
  * 1 GiB (capped by the memory available), the hot path of a resident
  * hooked forward, a switch against bytes / peak bandwidth, and end to end
- * offloaded / all-resident wall time with the specification-literal mode
- * (--sync device, per-tensor copies, copy-back) beside it as the baseline.
- * Every figure is a median of several runs.
+ * the overhead curve of each residency policy against a warm all-resident
+ * baseline (weights kept across prompts, as a server runs), over the budget
+ * from the strict need to everything, on a link throttled so that one DiT
+ * load takes one (and three) DiT steps — the ratio of transfer to compute
+ * that decides whether offload costs anything (docs/planner.md).
+ * Every figure is a median of several runs; end-to-end ratios are paired
+ * per repetition (each mode against the resident run of the same
+ * repetition) so that drift on a busy machine cancels.
  */
 #ifndef _XOPEN_SOURCE
 #define _XOPEN_SOURCE 700 /* nftw, before any system header */
@@ -20,6 +25,8 @@
 
 #define MIB (1ull << 20)
 #define MAX_SIZES 11
+#define MAX_POINTS 8
+#define MAX_REPS 9
 
 typedef struct {
   const char *platform, *path;
@@ -27,14 +34,40 @@ typedef struct {
   uint64_t max_size;
 } bench_args;
 
+/* One mode on one link: the steady state (prompts 2..) against the warm
+ * all-resident run of the same repetition. */
+typedef struct {
+  char label[64];
+  mlo_policy policy;
+  uint64_t budget; /* BUDGET only */
+  bool prefetch;
+  double ratio;          /* median over repetitions of steady wall / resident steady wall */
+  double stall_s;        /* per steady prompt (median) */
+  uint64_t h2d_bytes;    /* per steady prompt */
+  uint64_t loads;        /* per steady prompt */
+  uint64_t peak;         /* device bytes */
+  double stall_vs_bytes; /* stall / (h2d bytes / link bandwidth); 0 when nothing moved */
+} curve_point;
+
+typedef struct {
+  double steps_per_load; /* a DiT load takes this many DiT steps on this link */
+  uint64_t bw;           /* bytes per second; 0 = the platform's own link */
+  double resident_s;     /* warm all-resident seconds per prompt (median) */
+  size_t npoints;
+  curve_point points[MAX_POINTS];
+} curve;
+
 typedef struct {
   size_t nloads;
   bench_load loads[MAX_SIZES];
   double hot_ns, hot_calls;
   bench_switch sw;
-  int reps, steps;
-  double e2e_resident, e2e_offload, e2e_literal;
-  uint64_t peak_resident, peak_offload, peak_literal;
+  int reps, steps, prompts;
+  double dit_step_s;         /* one DiT forward, measured resident */
+  uint64_t dit_bytes;        /* the largest DiT */
+  uint64_t need, ahead, all; /* strict need, + the largest component, everything */
+  size_t ncurves;
+  curve curves[2];
   char e2e_what[256];
 } bench_results;
 
@@ -47,8 +80,12 @@ static void help(void) {
          "  switch      a DiT <-> encoder switch / (bytes / raw copy bandwidth), and the\n"
          "              specification-literal mode (sync device, per-tensor copies,\n"
          "              copy-back) beside it\n"
-         "  end to end  offloaded / all-resident wall time of the reference workload on\n"
-         "              a generated Wan2.2-shaped pipeline (or --path), literal mode beside\n\n"
+         "  end to end  per-prompt time of each policy / a warm all-resident run (weights\n"
+         "              kept across prompts), steady state over several prompts, on a\n"
+         "              generated Wan2.2-shaped pipeline (or --path), at budgets from\n"
+         "              the strict need to everything, on host links throttled so one\n"
+         "              DiT load takes 1 and 3 DiT steps; with stall per prompt,\n"
+         "              bytes moved per prompt and peak device memory\n\n"
          "flags:\n"
          "  --platform P      host (default) | cuda[:N] | opencl[:N]\n"
          "  --quick           small sizes and few runs (seconds; for tests)\n"
@@ -126,65 +163,133 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
   return remove(path);
 }
 
-/* One run of a mode; keeps its wall time and peak. */
-static int timed_run(tool_session *s, run_options *o, const mlo_offload_settings *settings,
-                     bool offload, double *wall, uint64_t *peak, char *err, size_t errlen) {
-  run_result r;
-  o->offload = offload;
-  o->settings = *settings;
-  int rc = session_run(s, o, &r, err, errlen);
-  if (rc) return rc;
-  *wall = r.wall_s;
-  *peak = r.stats.peak_device_bytes;
-  return MLO_OK;
-}
-
 static int open_mode(const bench_args *ba, const char *path, const mlo_open_options *oo,
-                     uint64_t capacity, tool_session *s, char *err, size_t errlen) {
-  char spec[512];
+                     const char *extra, uint64_t capacity, tool_session *s, char *err,
+                     size_t errlen) {
+  char spec[512], with[600];
   bench_spec(ba->platform, capacity, spec, sizeof spec);
-  session_config cfg = {path, spec, oo->overrides, oo->override_count, false, {0}};
+  /* On host: device memory touched up front as a GPU's is, no poison fill
+   * (a simulator's check, not a cost a GPU has: it would compete with the
+   * forwards for the CPU), and the link throttled where asked. */
+  if (is_host(ba->platform))
+    snprintf(with, sizeof with, "%s,prefault=1,poison=0%s", spec, extra);
+  else
+    snprintf(with, sizeof with, "%s", spec);
+  session_config cfg = {path, with, oo->overrides, oo->override_count, false, {0}};
   return session_open(s, &cfg, err, errlen);
 }
 
-/* The three modes run in turn within each repetition (resident, offloaded,
- * literal), so that drift on a busy machine touches all of them alike; the
- * figures are medians over the repetitions. */
-static int e2e_modes(const bench_args *ba, const char *path, const mlo_open_options *oo,
-                     uint64_t all, uint64_t need, run_options *o, bench_results *res, char *err,
-                     size_t errlen) {
-  tool_session resident, offload;
-  int rc = open_mode(ba, path, oo, all + all / 8 + 64 * MIB, &resident, err, errlen);
+/* A steady-state figure of a run: the median over prompts 2.. */
+static double steady(const run_result *r, int what) {
+  double v[64];
+  size_t n = 0;
+  for (int g = r->ngens > 1 ? 1 : 0; g < r->ngens && n < 64; g++)
+    v[n++] = what == 0   ? r->gens[g].stall_s
+             : what == 1 ? (double)r->gens[g].h2d_bytes
+                         : (double)r->gens[g].loads;
+  return n ? bench_median(v, n) : 0;
+}
+
+static int run_mode(tool_session *s, const bench_results *res, const curve_point *pt, bool offload,
+                    run_result *r, char *err, size_t errlen) {
+  run_options o = {
+      .offload = offload, .steps = res->steps, .boundary = 0.875, .prompts = res->prompts};
+  o.settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  if (pt) {
+    o.settings.policy = pt->policy;
+    o.settings.budget_bytes = pt->budget;
+    o.settings.prefetch = pt->prefetch;
+  }
+  return session_run(s, &o, r, err, errlen);
+}
+
+/* The compute rate: one DiT forward's seconds, from a resident run on an
+ * unthrottled link. */
+static int measure_dit_step(tool_session *s, bench_results *res, char *err, size_t errlen) {
+  run_result r;
+  int rc = run_mode(s, res, NULL, false, &r, err, errlen);
+  run_result_free(&r);
   if (rc) return rc;
-  rc = open_mode(ba, path, oo, need + need / 8 + 16 * MIB, &offload, err, errlen);
-  if (rc) {
-    session_close(&resident);
-    return rc;
+  uint64_t ns = 0, n = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(s->pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
+    mlo_component_stats st;
+    if (mlo_component_role(c) != MLO_ROLE_DIT || mlo_component_get_stats(c, &st)) continue;
+    ns += st.forward_ns;
+    n += st.forwards;
+    if (mlo_component_bytes(c) > res->dit_bytes) res->dit_bytes = mlo_component_bytes(c);
   }
-  mlo_offload_settings fast = MLO_OFFLOAD_SETTINGS_INIT, literal = fast;
-  literal.sync = MLO_SYNC_DEVICE;
-  literal.per_tensor_copies = true;
-  literal.copy_back = true;
-  double t_res[16], t_off[16], t_lit[16];
+  if (!n || !ns) {
+    snprintf(err, errlen, "the end-to-end pipeline has no DiT forwards to time");
+    return MLO_EINVAL;
+  }
+  res->dit_step_s = (double)ns / 1e9 / (double)n;
+  return MLO_OK;
+}
+
+static void add_point(curve *c, mlo_policy policy, uint64_t budget, bool prefetch) {
+  if (c->npoints == MAX_POINTS) return;
+  curve_point *p = &c->points[c->npoints++];
+  memset(p, 0, sizeof *p);
+  p->policy = policy;
+  p->budget = budget;
+  p->prefetch = prefetch;
+  if (policy == MLO_POLICY_STRICT)
+    snprintf(p->label, sizeof p->label, "strict");
+  else
+    snprintf(p->label, sizeof p->label, "budget %s%s", tool_size(budget),
+             prefetch ? " + prefetch" : "");
+}
+
+/* One link: every mode in turn within each repetition, each against that
+ * repetition's resident run. */
+static int run_curve(const bench_args *ba, const char *path, const mlo_open_options *oo,
+                     bench_results *res, curve *cv, char *err, size_t errlen) {
+  char extra[64] = "";
+  if (cv->bw) snprintf(extra, sizeof extra, ",bw=%llu", (unsigned long long)cv->bw);
+  tool_session s;
+  int rc = open_mode(ba, path, oo, extra, res->all + res->all / 8 + 64 * MIB, &s, err, errlen);
+  if (rc) return rc;
+  double resident[MAX_REPS], ratio[MAX_POINTS][MAX_REPS], stall[MAX_POINTS][MAX_REPS];
+  double h2d[MAX_POINTS][MAX_REPS], loads[MAX_POINTS][MAX_REPS];
   for (int i = 0; i < res->reps && !rc; i++) {
-    rc = timed_run(&resident, o, &fast, false, &t_res[i], &res->peak_resident, err, errlen);
-    if (!rc) rc = timed_run(&offload, o, &fast, true, &t_off[i], &res->peak_offload, err, errlen);
-    if (!rc)
-      rc = timed_run(&offload, o, &literal, true, &t_lit[i], &res->peak_literal, err, errlen);
+    run_result base;
+    rc = run_mode(&s, res, NULL, false, &base, err, errlen);
+    resident[i] = run_steady_wall(&base);
+    run_result_free(&base);
+    for (size_t k = 0; k < cv->npoints && !rc; k++) {
+      run_result r;
+      curve_point *pt = &cv->points[k];
+      rc = run_mode(&s, res, pt, true, &r, err, errlen);
+      if (!rc) {
+        ratio[k][i] = resident[i] > 0 ? run_steady_wall(&r) / resident[i] : 0;
+        stall[k][i] = steady(&r, 0);
+        h2d[k][i] = steady(&r, 1);
+        loads[k][i] = steady(&r, 2);
+        if (r.stats.peak_device_bytes > pt->peak) pt->peak = r.stats.peak_device_bytes;
+      }
+      run_result_free(&r);
+    }
   }
-  if (!rc) {
-    res->e2e_resident = bench_median(t_res, (size_t)res->reps);
-    res->e2e_offload = bench_median(t_off, (size_t)res->reps);
-    res->e2e_literal = bench_median(t_lit, (size_t)res->reps);
+  session_close(&s);
+  if (rc) return rc;
+  size_t n = (size_t)res->reps;
+  cv->resident_s = bench_median(resident, n);
+  for (size_t k = 0; k < cv->npoints; k++) {
+    curve_point *pt = &cv->points[k];
+    pt->ratio = bench_median(ratio[k], n);
+    pt->stall_s = bench_median(stall[k], n);
+    pt->h2d_bytes = (uint64_t)bench_median(h2d[k], n);
+    pt->loads = (uint64_t)bench_median(loads[k], n);
+    if (cv->bw && pt->h2d_bytes)
+      pt->stall_vs_bytes = pt->stall_s / ((double)pt->h2d_bytes / (double)cv->bw);
   }
-  session_close(&offload);
-  session_close(&resident);
-  return rc;
+  return MLO_OK;
 }
 
 /* The device bytes of each mode, from the headers alone. */
-static int size_modes(const char *path, const mlo_open_options *oo, uint64_t *all, uint64_t *need,
-                      char *err, size_t errlen) {
+static int size_modes(const char *path, const mlo_open_options *oo, bench_results *res, char *err,
+                      size_t errlen) {
   mlo_platform *plat = NULL;
   mlo_pipeline *pipe = NULL;
   mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
@@ -192,8 +297,10 @@ static int size_modes(const char *path, const mlo_open_options *oo, uint64_t *al
   po.platform = plat;
   if (!rc) rc = mlo_pipeline_open_path(&po, path, oo, &pipe, err, errlen);
   if (!rc) {
-    *all = mlo_workload_all_resident_bytes(pipe);
-    *need = mlo_workload_model_offload_bytes(pipe, NULL);
+    res->all = mlo_workload_all_resident_bytes(pipe);
+    res->need = mlo_workload_model_offload_bytes(pipe, NULL);
+    uint64_t ahead = res->need + mlo_workload_largest_bytes(pipe, NULL);
+    res->ahead = ahead < res->all ? ahead : res->all;
   }
   mlo_pipeline_free(pipe);
   mlo_platform_close(plat);
@@ -217,12 +324,35 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
     oo.overrides = tool_wan_roles; /* generated here: its roles are known */
     oo.override_count = tool_wan_nroles;
   }
-  snprintf(res->e2e_what, sizeof res->e2e_what, "%s, %d steps",
-           ba->path ? ba->path : "generated wan2.2-t2v", res->steps);
-  run_options o = {.steps = res->steps, .boundary = 0.875};
-  uint64_t all = 0, need = 0;
-  if (!rc) rc = size_modes(path, &oo, &all, &need, err, errlen);
-  if (!rc) rc = e2e_modes(ba, path, &oo, all, need, &o, res, err, errlen);
+  snprintf(res->e2e_what, sizeof res->e2e_what, "%s, %d steps, %d prompts",
+           ba->path ? ba->path : "generated wan2.2-t2v", res->steps, res->prompts);
+  if (!rc) rc = size_modes(path, &oo, res, err, errlen);
+  if (!rc) { /* the compute rate, unthrottled */
+    tool_session s;
+    rc = open_mode(ba, path, &oo, "", res->all + res->all / 8 + 64 * MIB, &s, err, errlen);
+    if (!rc) rc = measure_dit_step(&s, res, err, errlen);
+    if (!rc) session_close(&s);
+  }
+  /* Host links at one and three DiT steps per DiT load; a real device's
+   * own link once. */
+  static const double per_load[] = {1, 3};
+  size_t nlinks = is_host(ba->platform) ? (ba->quick ? 1 : 2) : 1;
+  for (size_t l = 0; l < nlinks && !rc; l++) {
+    curve *cv = &res->curves[res->ncurves++];
+    cv->steps_per_load = is_host(ba->platform) ? per_load[l] : 0;
+    if (cv->steps_per_load) {
+      double bw = (double)res->dit_bytes / (per_load[l] * res->dit_step_s);
+      cv->bw = bw < 1e6 ? 1000000u : (uint64_t)bw;
+    }
+    add_point(cv, MLO_POLICY_STRICT, 0, false);
+    uint64_t budgets[] = {res->need, res->ahead, res->all};
+    for (size_t b = ba->quick ? 1 : 0; b < 3; b++) {
+      if (b && budgets[b] == budgets[b - 1]) continue;
+      if (!ba->quick) add_point(cv, MLO_POLICY_BUDGET, budgets[b], false);
+      add_point(cv, MLO_POLICY_BUDGET, budgets[b], true);
+    }
+    rc = run_curve(ba, path, &oo, res, cv, err, errlen);
+  }
   if (tmp[0]) nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   return rc;
 }
@@ -243,13 +373,30 @@ static void print_text(const bench_args *ba, const bench_results *r) {
          "%.2fx\n",
          tool_size(r->sw.bytes), r->sw.switch_s * 1e3, ratio(r->sw.switch_s, r->sw.ideal_s),
          r->sw.ideal_s * 1e3, r->sw.literal_s * 1e3, ratio(r->sw.literal_s, r->sw.ideal_s));
-  printf("\nend to end (%s; medians of %d runs)\n", r->e2e_what, r->reps);
-  printf("  all resident  %8.3f s          peak %s\n", r->e2e_resident,
-         tool_size(r->peak_resident));
-  printf("  offloaded     %8.3f s  %5.2fx  peak %s\n", r->e2e_offload,
-         ratio(r->e2e_offload, r->e2e_resident), tool_size(r->peak_offload));
-  printf("  literal mode  %8.3f s  %5.2fx  peak %s\n", r->e2e_literal,
-         ratio(r->e2e_literal, r->e2e_resident), tool_size(r->peak_literal));
+  printf("\nend to end (%s; medians of %d paired runs)\n", r->e2e_what, r->reps);
+  printf("  one DiT step takes %.1f ms (measured, all resident); the largest DiT is %s\n",
+         r->dit_step_s * 1e3, tool_size(r->dit_bytes));
+  printf("  budgets: the strict need %s, + the largest component %s, everything %s\n",
+         tool_size(r->need), tool_size(r->ahead), tool_size(r->all));
+  for (size_t l = 0; l < r->ncurves; l++) {
+    const curve *cv = &r->curves[l];
+    if (cv->bw)
+      printf("\n  link %.2f GB/s (a DiT load takes %.0f DiT step%s); warm all resident %.3f s "
+             "per prompt\n",
+             (double)cv->bw / 1e9, cv->steps_per_load, cv->steps_per_load == 1 ? "" : "s",
+             cv->resident_s);
+    else
+      printf("\n  the device's own link; warm all resident %.3f s per prompt\n", cv->resident_s);
+    printf("    %-30s %8s %12s %12s %6s %10s %12s\n", "mode", "overhead", "stall/prompt",
+           "moved/prompt", "loads", "peak", "stall/(B/bw)");
+    for (size_t k = 0; k < cv->npoints; k++) {
+      const curve_point *p = &cv->points[k];
+      char sv[16] = "-";
+      if (p->stall_vs_bytes > 0) snprintf(sv, sizeof sv, "%.2f", p->stall_vs_bytes);
+      printf("    %-30s %7.2fx %10.3f s %12s %6llu %10s %12s\n", p->label, p->ratio, p->stall_s,
+             tool_size(p->h2d_bytes), (unsigned long long)p->loads, tool_size(p->peak), sv);
+    }
+  }
 }
 
 static void print_json(const bench_args *ba, const bench_results *r) {
@@ -277,14 +424,37 @@ static void print_json(const bench_args *ba, const bench_results *r) {
   cJSON *e = cJSON_AddObjectToObject(root, "end_to_end");
   cJSON_AddStringToObject(e, "pipeline", r->e2e_what);
   cJSON_AddNumberToObject(e, "runs", r->reps);
-  cJSON_AddNumberToObject(e, "resident_s", r->e2e_resident);
-  cJSON_AddNumberToObject(e, "offloaded_s", r->e2e_offload);
-  cJSON_AddNumberToObject(e, "literal_s", r->e2e_literal);
-  cJSON_AddNumberToObject(e, "ratio", ratio(r->e2e_offload, r->e2e_resident));
-  cJSON_AddNumberToObject(e, "literal_ratio", ratio(r->e2e_literal, r->e2e_resident));
-  cJSON_AddNumberToObject(e, "peak_resident_bytes", (double)r->peak_resident);
-  cJSON_AddNumberToObject(e, "peak_offloaded_bytes", (double)r->peak_offload);
-  cJSON_AddNumberToObject(e, "peak_literal_bytes", (double)r->peak_literal);
+  cJSON_AddNumberToObject(e, "prompts", r->prompts);
+  cJSON_AddNumberToObject(e, "dit_step_s", r->dit_step_s);
+  cJSON_AddNumberToObject(e, "dit_bytes", (double)r->dit_bytes);
+  cJSON_AddNumberToObject(e, "strict_need_bytes", (double)r->need);
+  cJSON_AddNumberToObject(e, "need_plus_next_bytes", (double)r->ahead);
+  cJSON_AddNumberToObject(e, "all_resident_bytes", (double)r->all);
+  cJSON *links = cJSON_AddArrayToObject(e, "links");
+  for (size_t l = 0; l < r->ncurves; l++) {
+    const curve *cv = &r->curves[l];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "dit_steps_per_dit_load", cv->steps_per_load);
+    cJSON_AddNumberToObject(o, "bw", (double)cv->bw);
+    cJSON_AddNumberToObject(o, "resident_s", cv->resident_s);
+    cJSON *pts = cJSON_AddArrayToObject(o, "modes");
+    for (size_t k = 0; k < cv->npoints; k++) {
+      const curve_point *p = &cv->points[k];
+      cJSON *m = cJSON_CreateObject();
+      cJSON_AddStringToObject(m, "mode", p->label);
+      cJSON_AddStringToObject(m, "policy", mlo_policy_name(p->policy));
+      cJSON_AddNumberToObject(m, "budget_bytes", (double)p->budget);
+      cJSON_AddBoolToObject(m, "prefetch", p->prefetch);
+      cJSON_AddNumberToObject(m, "overhead", p->ratio);
+      cJSON_AddNumberToObject(m, "stall_s", p->stall_s);
+      cJSON_AddNumberToObject(m, "h2d_bytes", (double)p->h2d_bytes);
+      cJSON_AddNumberToObject(m, "loads", (double)p->loads);
+      cJSON_AddNumberToObject(m, "peak_device_bytes", (double)p->peak);
+      cJSON_AddNumberToObject(m, "stall_vs_bytes", p->stall_vs_bytes);
+      cJSON_AddItemToArray(pts, m);
+    }
+    cJSON_AddItemToArray(links, o);
+  }
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   tool_print_json_text(text);
@@ -298,7 +468,7 @@ int cmd_bench(int argc, char **argv) {
     return TOOL_EXIT_OK;
   }
   if (code) return code;
-  bench_results res = {.reps = ba.quick ? 1 : 7, .steps = ba.quick ? 2 : 8};
+  bench_results res = {.reps = ba.quick ? 1 : 3, .steps = ba.quick ? 2 : 8, .prompts = 3};
   char err[1024] = "", spec[512];
   int rc = run_loads(&ba, &res, err, sizeof err);
   bench_spec(ba.platform, 64 * MIB, spec, sizeof spec);
