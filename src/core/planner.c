@@ -215,13 +215,17 @@ void mlo_plan_prefetch(mlo_pipeline *pipe) {
   uint64_t d = 0;
   for (size_t k = 0; k < pipe->nsched; k++) {
     const struct mlo_sched_run *r = &pipe->sched[(pipe->cur_run + k) % pipe->nsched];
-    uint64_t here = d;
-    d += k ? r->repeat : r->repeat - pipe->cur_done;
+    uint64_t here = d, run = k ? r->repeat : r->repeat - pipe->cur_done;
+    d += run;
     mlo_component *t = r->comp;
     if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
     if (!t->materialized || t->block_bytes > pipe->budget) return;
+    /* Only what is needed after t's run and at least one call more: a
+     * component displaced now and called right after t would have to come
+     * back with nothing to hide its copy under — the stall moves from t to
+     * it, and the bytes double (an encoder prefetched over the first DiT). */
     while (pipe->device_bytes + t->block_bytes > pipe->budget) {
-      mlo_component *v = pick_victim(pipe, t, true, here, short_by(pipe, t->block_bytes));
+      mlo_component *v = pick_victim(pipe, t, true, here + run, short_by(pipe, t->block_bytes));
       if (!v || mlo_res_evict(v) != MLO_OK) return; /* the rest must wait for their turn */
     }
     /* A failed prefetch changes nothing (mlo_res_load rolls back) and costs

@@ -215,15 +215,16 @@ static void test_prefetch_loads_ahead(void **state) {
   teardown(&f);
 }
 
-/* Room for two, P Q R declared.  Right after P's call the next uses are
- * Q in 0 calls, R in 1, P in 2: P is the one Belady would displace to
- * prefetch R, but P is acquired, so R waits.  Q's release makes Q (next in
- * 2) displaceable, and R loads then, with P still held. */
+/* Room for two, P Q R S declared.  Right after P's call Q fits beside it;
+ * R (next in 1 call) may displace only what is needed after R's call and
+ * one more: P (next in 3) qualifies, but P is acquired, so R waits.  Q's
+ * release makes Q (next in 3) displaceable, and R loads then, with P still
+ * held; nothing qualifies for S (P is next in 2, and held). */
 static void test_prefetch_never_displaces_held(void **state) {
   (void)state;
   fixture f;
   setup(&f, "capacity=1M", 2 * KB64, true);
-  schedule(&f, "PQR");
+  schedule(&f, "PQRS");
   mlo_component *P = tu_comp(f.tp, "P"), *Q = tu_comp(f.tp, "Q"), *R = tu_comp(f.tp, "R");
   assert_ok(mlo_component_acquire(P)); /* prefetches Q beside it, not R */
   expect_moves(&f, "+P +Q");
@@ -233,7 +234,29 @@ static void test_prefetch_never_displaces_held(void **state) {
   assert_true(mlo_component_is_resident(P));
   assert_ok(mlo_component_release(P));
   expect_moves(&f, "");
-  run(&f, "RP");
+  run(&f, "RS");
+  teardown(&f);
+}
+
+/* A prefetch does not displace a component called right after the one it
+ * loads.  Room for two, P Q R declared.  At Q's release R (next) may not
+ * displace P (called right after R) though P is idle; Q goes (two calls
+ * after R).  Then each component is loaded once per request, always ahead
+ * of its call and never over the one called after it: at P's release Q
+ * displaces P (R comes between), at R's release P displaces R. */
+static void test_prefetch_keeps_what_comes_right_after(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M", 2 * KB64, true);
+  schedule(&f, "PQR");
+  run(&f, "PQ");
+  expect_moves(&f, "+P +Q -Q +R");
+  run(&f, "RPQR");
+  expect_moves(&f, "-P +Q -R +P");
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(f.tp->pipe, &st));
+  assert_int_equal(st.total.loads, 5);
+  assert_int_equal(st.total.prefetches, 4); /* all but the very first */
   teardown(&f);
 }
 
@@ -397,6 +420,7 @@ int main(void) {
       cmocka_unit_test(test_schedule_shorter_and_off_schedule),
       cmocka_unit_test(test_prefetch_loads_ahead),
       cmocka_unit_test(test_prefetch_never_displaces_held),
+      cmocka_unit_test(test_prefetch_keeps_what_comes_right_after),
       cmocka_unit_test(test_prefetch_fault_is_harmless),
       cmocka_unit_test(test_room_held),
       cmocka_unit_test(test_settings_validation),

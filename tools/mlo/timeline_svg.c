@@ -131,7 +131,7 @@ static void draw_bar(sbuf *b, const frame *f, mlo_component *c, double y, uint64
     sb_printf(b,
               "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s' "
               "fill-opacity='%s'><title>%s</title></rect>\n",
-              x0, y, xl - x0, ROW_H, prefetch ? "#3a6ea5" : "#000", prefetch ? "0.55" : "0.25",
+              x0, y, xl - x0, ROW_H, prefetch ? "#2f5d9b" : "#000", prefetch ? "0.85" : "0.25",
               prefetch ? "prefetch (copy ahead of use)" : "loading");
   const char *name = mlo_component_name(c);
   if (x1 - x0 > 7.0 * (double)strlen(name) + 8) {
@@ -259,9 +259,12 @@ static void draw_legend(sbuf *b, double y) {
     const char *label, *fill, *opacity;
     double h;
   } keys[] = {
-      {"resident: DiT", "#f4a259", "1", 12}, {"encoder", "#5b8e7d", "1", 12},
-      {"VAE", "#8cb369", "1", 12},           {"loading (copy in flight)", "#000", "0.25", 12},
-      {"prefetch", "#3a6ea5", "0.55", 12},   {"forward", "#222", "1", 5},
+      {"resident: DiT", "#f4a259", "1", 12},
+      {"encoder", "#5b8e7d", "1", 12},
+      {"VAE", "#8cb369", "1", 12},
+      {"loading (copy in flight)", "#000", "0.25", 12},
+      {"prefetch (copy ahead of use)", "#2f5d9b", "0.85", 12},
+      {"forward", "#222", "1", 5},
   };
   double x = LEFT;
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {

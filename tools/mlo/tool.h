@@ -200,6 +200,7 @@ typedef struct {
   mlo_pipeline_stats stats;
   uint64_t platform_peak; /* the platform's own high-water mark */
   size_t calls;           /* forwards in the schedule */
+  double dit_step_s;      /* mean seconds of one DiT forward (0 without DiTs) */
   mlo_component *failed;  /* the component a failure happened in */
 } run_result;
 
