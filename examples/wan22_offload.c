@@ -9,10 +9,17 @@
  * than the whole pipeline, so this runs anywhere; pass another platform
  * spec as the first argument ("cuda:0", "opencl:0") to use a real one.
  *
- *   ./wan22_offload [PLATFORM] [STEPS]
+ * The third argument picks the residency policy: "strict" (the default)
+ * is the specification's rule; "budget" keeps what fits in the device's
+ * free memory, evicts by next use in the schedule the pipeline declares,
+ * and loads the next component while the current one computes.  Two
+ * prompts run, so the second shows the steady state.
+ *
+ *   ./wan22_offload [PLATFORM] [STEPS] [strict|budget]
  */
 #include "mlo/mlo.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,10 +95,25 @@ static void print_counters(mlo_pipeline *pipe) {
          mlo_format_size(ps.peak_device_bytes, peak, sizeof peak), ps.total.wait_ns / 1e6);
 }
 
+/* One request of the Wan2.2 call sequence: encode, DiT1 x k, DiT2 x the
+ * rest, decode. */
+static int run_request(mlo_component *comps[NCOMP], int steps, int k, double *checksum) {
+  int rc = mlo_component_forward(comps[0], forward, checksum);
+  for (int s = 0; s < steps && !rc; s++)
+    rc = mlo_component_forward(s < k ? comps[1] : comps[2], forward, checksum);
+  /* Decode is not a forward: acquire/release give it the same treatment. */
+  if (!rc && !(rc = mlo_component_acquire(comps[3]))) {
+    forward(comps[3], checksum);
+    rc = mlo_component_release(comps[3]);
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   const char *spec = argc > 1 ? argv[1] : "host:capacity=10M";
   int steps = argc > 2 ? atoi(argv[2]) : 8;
   if (steps < 1) steps = 8;
+  bool budget = argc > 3 && !strcmp(argv[3], "budget");
   char err[256];
   mlo_platform *platform = NULL;
   int rc = mlo_platform_open(spec, &platform, err, sizeof err);
@@ -109,23 +131,41 @@ int main(int argc, char **argv) {
     rc = mlo_component_add(pipe, wan22[i].name, wan22[i].role, &comps[i]);
     if (!rc) rc = add_weights(comps[i], &wan22[i], weights);
   }
-  /* Enable offload: encoders and the VAE become resident, DiTs wait. */
-  if (!rc) rc = mlo_offload_enable(pipe, NULL);
-  double checksum = 0;
   int k = steps / 2; /* Wan2.2 switches experts at a boundary step */
-  if (!rc) rc = mlo_component_forward(comps[0], forward, &checksum);
-  for (int s = 0; s < steps && !rc; s++)
-    rc = mlo_component_forward(s < k ? comps[1] : comps[2], forward, &checksum);
-  /* Decode is not a forward: acquire/release give it the same treatment. */
-  if (!rc && !(rc = mlo_component_acquire(comps[3]))) {
-    forward(comps[3], &checksum);
-    rc = mlo_component_release(comps[3]);
+  mlo_offload_settings settings = MLO_OFFLOAD_SETTINGS_INIT;
+  if (budget && !rc) {
+    /* Say what the pipeline will call, so mlo can plan: one request is the
+     * encoder once, each expert for its steps, the VAE once. */
+    mlo_schedule_entry request[NCOMP];
+    size_t n = 0;
+    request[n++] = (mlo_schedule_entry){comps[0], 1};
+    if (k) request[n++] = (mlo_schedule_entry){comps[1], (uint32_t)k};
+    if (steps - k) request[n++] = (mlo_schedule_entry){comps[2], (uint32_t)(steps - k)};
+    request[n++] = (mlo_schedule_entry){comps[3], 1};
+    rc = mlo_pipeline_set_schedule(pipe, request, n);
+    settings.policy = MLO_POLICY_BUDGET; /* budget_bytes 0: the device's free memory */
+  }
+  /* Enable offload.  strict: encoders and the VAE become resident, DiTs
+   * wait.  budget: the first components of the request start loading. */
+  if (!rc) rc = mlo_offload_enable(pipe, &settings);
+  double checksum = 0;
+  for (int prompt = 1; prompt <= 2 && !rc; prompt++) {
+    mlo_pipeline_stats before, after;
+    mlo_pipeline_get_stats(pipe, &before);
+    rc = run_request(comps, steps, k, &checksum);
+    mlo_pipeline_get_stats(pipe, &after);
+    if (!rc)
+      printf("prompt %d: %llu loads (%llu ahead of use), %llu evictions\n", prompt,
+             (unsigned long long)(after.total.loads - before.total.loads),
+             (unsigned long long)(after.total.prefetches - before.total.prefetches),
+             (unsigned long long)(after.total.evictions - before.total.evictions));
   }
   if (rc) {
     fprintf(stderr, "error: %s (%s)\n", mlo_pipeline_errmsg(pipe), mlo_err_name(rc));
   } else {
-    printf("platform: %s; %d steps (%d on transformer, %d on transformer_2)\n",
-           mlo_platform_description(platform), steps, k, steps - k);
+    printf("platform: %s; policy %s; %d steps (%d on transformer, %d on transformer_2)\n",
+           mlo_platform_description(platform), mlo_policy_name(settings.policy), steps, k,
+           steps - k);
     print_counters(pipe);
   }
   mlo_pipeline_free(pipe);
