@@ -518,9 +518,10 @@ MLO_API bool mlo_offload_is_enabled(mlo_pipeline *pipe);
 
 /* A hooked forward (C3/C4/C8): applies the exclusion rule for comp (waiting
  * while a conflicting component executes on another thread), loads comp if
- * needed, orders compute after the load, calls fn(comp, user), and records
- * the compute so that no later eviction frees memory it may still read
- * (C9).  Without offload, loads comp if needed and evicts nothing.
+ * needed, orders compute after the load and calls fn(comp, user); a later
+ * eviction is ordered after every compute submitted before it, so it never
+ * frees or copies back memory that compute may still use (C9).  Without
+ * offload, loads comp if needed and evicts nothing.
  * fn's non-zero return is passed through as MLO_ECALLBACK. */
 typedef int (*mlo_forward_fn)(mlo_component *comp, void *user);
 MLO_API int mlo_component_forward(mlo_component *comp, mlo_forward_fn fn, void *user);

@@ -253,22 +253,6 @@ static int release(mlo_component *c, uint64_t forward_ns) {
     c->stats.forward_ns += forward_ns;
     mlo_res_trace(c, MLO_TRACE_FORWARD_END, 0);
   }
-  /* A write-back must wait for the compute that wrote; record it. */
-  if (c->block_bytes && (c->has_mutable || pipe->settings.copy_back)) {
-    mlo_platform *p = pipe->platform;
-    c->stats.platform_calls++;
-    rc = c->compute_ev ? MLO_OK : mlo_plat_event_create(p, &c->compute_ev);
-    if (!rc) {
-      c->stats.platform_calls++;
-      rc = mlo_plat_event_record_compute(p, c->compute_ev);
-    }
-    if (rc) { /* no event to order the write-back after: wait for the compute now */
-      c->stats.platform_calls++;
-      mlo_plat_synchronize(p);
-      rc = mlo_fail(pipe, rc, "'%s': cannot record the end of its compute (%s)", c->name,
-                    mlo_strerror(rc));
-    }
-  }
   drop_holder(c);
   if (c->users == 0) {
     pthread_cond_broadcast(&pipe->idle);

@@ -164,13 +164,20 @@ static bool needs_writeback(const mlo_component *c, const mlo_tensor *t) {
 }
 
 /* Copies mutable tensors back to their host storage, after the compute
- * that wrote them.  Under the XPU rule the copy completes before return. */
+ * that wrote them: an event recorded on the compute queue right now, which
+ * follows every kernel submitted so far (one recorded at the last release
+ * would miss work queued since, and cost two platform calls on every hot
+ * forward).  Under the XPU rule the copy completes before return. */
 static int write_back(mlo_component *c, uint64_t *bytes) {
   mlo_platform *p = c->pipe->platform;
   size_t copies = 0;
   *bytes = 0;
-  int rc = MLO_OK;
-  if (c->compute_ev) rc = PCALL(c, mlo_plat_copy_wait(p, c->compute_ev));
+  bool any = false;
+  for (size_t i = 0; i < c->ntensors && !any; i++) any = needs_writeback(c, c->tensors[i]);
+  if (!any) return MLO_OK;
+  int rc = ensure_event(c, &c->compute_ev);
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_copy_wait(p, c->compute_ev));
   for (size_t i = 0; i < c->ntensors && !rc; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!needs_writeback(c, t)) continue;
