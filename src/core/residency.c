@@ -139,7 +139,12 @@ int mlo_res_load(mlo_component *c) {
   c->load_begin_ns = mlo_now_ns();
   trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
-  rc = enqueue_load_copies(c, &copies);
+  /* A write-back into this component's host memory may still be running on
+   * a readback queue of its own: the load reads that memory after it. */
+  rc = c->writeback_pending && mlo_plat_separate_readback(p)
+           ? PCALL(c, mlo_plat_copy_wait(p, c->writeback_ev))
+           : MLO_OK;
+  if (!rc) rc = enqueue_load_copies(c, &copies);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
   if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
     c->stats.platform_calls++;
@@ -177,7 +182,7 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   if (!any) return MLO_OK;
   int rc = ensure_event(c, &c->compute_ev);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
-  if (!rc) rc = PCALL(c, mlo_plat_copy_wait(p, c->compute_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_readback_wait(p, c->compute_ev));
   for (size_t i = 0; i < c->ntensors && !rc; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!needs_writeback(c, t)) continue;
@@ -187,7 +192,7 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   }
   if (!copies || rc) return rc;
   rc = ensure_event(c, &c->writeback_ev);
-  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->writeback_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_readback(p, c->writeback_ev));
   if (rc) return rc;
   c->writeback_pending = true;
   c->stats.copy_calls += copies;

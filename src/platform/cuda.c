@@ -42,21 +42,70 @@ struct cuda_options {
 
 struct cuda_ctx {
   int device;
-  cudaStream_t copy, compute, release;
-  cudaEvent_t copy_tail, compute_tail; /* free ordering; guarded by lock */
-  cudaMemPool_t pool;                  /* NULL: no pool support, plain cudaMalloc */
+  /* COPY: loads; READBACK: write-backs (so an evicted component's
+   * write-back, which waits for its compute, never holds up the next load);
+   * COMPUTE: the user's queue; RELEASE: frees. */
+  cudaStream_t copy, readback, compute, release;
+  cudaEvent_t copy_tail, readback_tail, compute_tail; /* free ordering; guarded by lock */
+  cudaMemPool_t pool;                                 /* NULL: no pool support, plain cudaMalloc */
   size_t chunk;
   bool pinned, host_register;
   pthread_mutex_t lock;
   bool warned_pageable;
   uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
   uint64_t used;     /* bytes of live blocks; guarded by lock */
+  /* A sticky error (an illegal address, a kernel fault) poisons the context
+   * for good: every later call fails the same way.  The first one is kept
+   * and every entry point answers MLO_EPLATFORM with it, without calling
+   * the runtime again.  Guarded by lock. */
+  bool sticky;
+  char sticky_msg[256];
 };
 
-/* Maps a runtime error to a status and clears it from the thread's last
- * error, so the next unrelated call does not report it again. */
-static int cuda_status(cudaError_t e, const char *what) {
+/* Errors after which the context is unusable (CUDA runtime API, "sticky"
+ * errors: the process must exit to recover). */
+static bool is_sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorIllegalAddress:
+  case cudaErrorLaunchFailure:
+  case cudaErrorHardwareStackError:
+  case cudaErrorIllegalInstruction:
+  case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace:
+  case cudaErrorInvalidPc:
+  case cudaErrorAssert:
+  case cudaErrorECCUncorrectable:
+  case cudaErrorContextIsDestroyed:
+  case cudaErrorLaunchTimeout:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* Maps a runtime error to a status.  A non-sticky error is cleared from the
+ * thread's last error (it is ours: the call just returned it), so the next
+ * unrelated call does not report it again; a sticky one cannot be cleared
+ * and is remembered.  Never called with cudaErrorNotReady (not an error:
+ * clearing after it would drop an error the user has not read yet). */
+static int cuda_status(struct cuda_ctx *c, cudaError_t e, const char *what) {
   if (e == cudaSuccess) return MLO_OK;
+  if (is_sticky(e)) {
+    pthread_mutex_lock(&c->lock);
+    bool first = !c->sticky;
+    if (first) {
+      c->sticky = true;
+      snprintf(c->sticky_msg, sizeof c->sticky_msg, "%s: %s (%s)", what, cudaGetErrorString(e),
+               cudaGetErrorName(e));
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (first)
+      mlo_logf(MLO_LOG_ERROR,
+               "cuda: %s failed: %s (%s); the device context is lost, every "
+               "later call fails",
+               what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return MLO_EPLATFORM;
+  }
   (void)cudaGetLastError();
   if (e == cudaErrorMemoryAllocation) {
     mlo_logf(MLO_LOG_INFO, "cuda: %s: device out of memory", what);
@@ -67,10 +116,34 @@ static int cuda_status(cudaError_t e, const char *what) {
   return MLO_EPLATFORM;
 }
 
-/* The current device is per host thread; every entry point may run on a
- * thread that has never selected ours. */
-static int use_device(struct cuda_ctx *c) {
-  return cuda_status(cudaSetDevice(c->device), "cudaSetDevice");
+/* The current device is per host thread and belongs to the caller: every
+ * entry point selects ours if it is not current and puts the caller's back
+ * on the way out (a thread that never selected one gets device 0 back,
+ * which is what it had).  A lost context answers at once. */
+typedef struct {
+  int prev;
+  bool switched;
+} dev_guard;
+
+static int enter(struct cuda_ctx *c, dev_guard *g) {
+  g->switched = false;
+  pthread_mutex_lock(&c->lock);
+  bool lost = c->sticky;
+  pthread_mutex_unlock(&c->lock);
+  if (lost) return MLO_EPLATFORM;
+  int cur = -1;
+  int rc = cuda_status(c, cudaGetDevice(&cur), "cudaGetDevice");
+  if (rc || cur == c->device) return rc;
+  rc = cuda_status(c, cudaSetDevice(c->device), "cudaSetDevice");
+  if (!rc) {
+    g->prev = cur;
+    g->switched = true;
+  }
+  return rc;
+}
+
+static void leave(struct cuda_ctx *c, const dev_guard *g) {
+  if (g->switched) cuda_status(c, cudaSetDevice(g->prev), "cudaSetDevice (restoring)");
 }
 
 /* ---- device blocks ------------------------------------------------------ */
@@ -78,7 +151,8 @@ static int use_device(struct cuda_ctx *c) {
 static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   struct cuda_ctx *c = ctx;
   *block = NULL;
-  int rc = use_device(c);
+  dev_guard g;
+  int rc = enter(c, &g);
   if (rc) return rc;
   /* Reserve against the capacity first (capacity= lets a big GPU stand in
    * for a smaller one), so two threads cannot both pass the check. */
@@ -86,7 +160,10 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   bool fits = bytes <= c->capacity - c->used;
   if (fits) c->used += bytes;
   pthread_mutex_unlock(&c->lock);
-  if (!fits) return MLO_ENOMEM_DEVICE;
+  if (!fits) {
+    leave(c, &g);
+    return MLO_ENOMEM_DEVICE;
+  }
   void *ptr = NULL;
   size_t n = bytes ? bytes : 1;
   cudaError_t e =
@@ -99,19 +176,18 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
     if (cudaStreamSynchronize(c->release) == cudaSuccess)
       e = cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy);
   }
-  rc = cuda_status(e, "allocating a device block");
+  rc = cuda_status(c, e, "allocating a device block");
   if (!rc) {
     *block = ptr;
-    return MLO_OK;
+  } else {
+    pthread_mutex_lock(&c->lock);
+    c->used -= bytes;
+    pthread_mutex_unlock(&c->lock);
   }
-  pthread_mutex_lock(&c->lock);
-  c->used -= bytes;
-  pthread_mutex_unlock(&c->lock);
+  leave(c, &g);
   return rc;
 }
 
-/* Ordered after every copy and compute already submitted: RELEASE waits for
- * both tails, then returns the block to the pool.  No host wait. */
 /* The bytes a block held stop counting once its free is queued: a free
  * that fails leaves them held, as they are. */
 static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
@@ -121,46 +197,58 @@ static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* Ordered after every copy (either way) and every kernel already
+ * submitted: RELEASE waits for the three tails, then returns the block to
+ * the pool.  No host wait. */
 static void cu_dev_free(void *ctx, void *block, size_t bytes) {
   struct cuda_ctx *c = ctx;
-  if (use_device(c)) return;
+  dev_guard g;
+  if (enter(c, &g)) return;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
     cudaStreamSynchronize(c->copy);
+    cudaStreamSynchronize(c->readback);
     cudaStreamSynchronize(c->compute);
-    freed(c, bytes, cuda_status(cudaFree(block), "cudaFree"));
+    freed(c, bytes, cuda_status(c, cudaFree(block), "cudaFree"));
+    leave(c, &g);
     return;
   }
   pthread_mutex_lock(&c->lock);
   cudaError_t e = cudaEventRecord(c->copy_tail, c->copy);
+  if (e == cudaSuccess) e = cudaEventRecord(c->readback_tail, c->readback);
   if (e == cudaSuccess) e = cudaEventRecord(c->compute_tail, c->compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->copy_tail, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->readback_tail, 0);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->compute_tail, 0);
   pthread_mutex_unlock(&c->lock);
   if (e != cudaSuccess) {
     /* Could not order it: leaking is wrong, freeing early is worse. */
-    cuda_status(e, "ordering a free");
+    cuda_status(c, e, "ordering a free");
     cudaStreamSynchronize(c->copy);
+    cudaStreamSynchronize(c->readback);
     cudaStreamSynchronize(c->compute);
   }
-  freed(c, bytes, cuda_status(cudaFreeAsync(block, c->release), "cudaFreeAsync"));
+  freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
+  leave(c, &g);
 }
 
 /* Free memory as the device sees it, plus what our pool holds in reserve
  * (freed blocks it keeps for reuse, which cudaMemGetInfo counts as used). */
 static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
   struct cuda_ctx *c = ctx;
-  int rc = use_device(c);
+  dev_guard g;
+  int rc = enter(c, &g);
   if (rc) return rc;
   size_t f = 0, t = 0;
-  rc = cuda_status(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
-  if (rc) return rc;
+  rc = cuda_status(c, cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
   uint64_t reserved = 0, used = 0;
-  if (c->pool &&
+  if (!rc && c->pool &&
       cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemCurrent, &reserved) ==
           cudaSuccess &&
       cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess &&
       reserved > used)
     f += (size_t)(reserved - used);
+  leave(c, &g);
+  if (rc) return rc;
   if (f > t) f = t;
   /* Under capacity= the device looks as big as the cap, and no freer than
    * the cap leaves or the device really is. */
@@ -187,18 +275,21 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
   *ptr = NULL;
   *got_pinned = false;
   if (pinned && !c->pinned) warn_pageable_once(c, "pinning disabled (pinned=0 or MLO_NO_PINNED=1)");
-  if (pinned && c->pinned && bytes && !use_device(c)) {
+  dev_guard g;
+  if (pinned && c->pinned && bytes && !enter(c, &g)) {
     /* Portable: the slab stays pinned for every device and context. */
     cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
     if (e == cudaSuccess) {
       *got_pinned = true;
+      leave(c, &g);
       return MLO_OK;
     }
-    (void)cudaGetLastError();
     *ptr = NULL;
     char why[160];
     snprintf(why, sizeof why, "cudaHostAlloc of %zu bytes failed (%s)", bytes,
              cudaGetErrorString(e));
+    cuda_status(c, e, "cudaHostAlloc");
+    leave(c, &g);
     warn_pageable_once(c, why);
   }
   size_t rounded = (bytes + 4095) & ~(size_t)4095;
@@ -208,37 +299,52 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
 }
 
 /* cudaFreeHost does not wait for copies still reading the buffer (it is no
- * synchronization), and neither does free: the copy stream drains first,
+ * synchronization), and neither does free: both copy streams drain first,
  * for pageable buffers too (a copy stages from them asynchronously). */
 static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   struct cuda_ctx *c = ctx;
   (void)bytes;
-  if (!use_device(c)) cuda_status(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
-  if (!pinned) {
-    free(ptr);
-    return;
+  dev_guard g;
+  bool in = !enter(c, &g);
+  if (in) {
+    cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
+    cuda_status(c, cudaStreamSynchronize(c->readback), "cudaStreamSynchronize(readback)");
   }
-  cuda_status(cudaFreeHost(ptr), "cudaFreeHost");
+  if (!pinned)
+    free(ptr);
+  else
+    cuda_status(c, cudaFreeHost(ptr), "cudaFreeHost");
+  if (in) leave(c, &g);
 }
 
 /* ---- copies ------------------------------------------------------------- */
 
-static int copy_chunks(struct cuda_ctx *c, char *dst, const char *src, size_t bytes,
-                       enum cudaMemcpyKind kind) {
-  int rc = use_device(c);
+/* Pinned sources copy asynchronously at link speed in any size; the chunk
+ * only bounds each call (pageable ones the driver stages through its own
+ * buffer, chunked or not, and the call returns once staged). */
+static int copy_chunks(struct cuda_ctx *c, cudaStream_t stream, char *dst, const char *src,
+                       size_t bytes, enum cudaMemcpyKind kind) {
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
   for (size_t done = 0; !rc && done < bytes; done += c->chunk) {
     size_t n = bytes - done < c->chunk ? bytes - done : c->chunk;
-    rc = cuda_status(cudaMemcpyAsync(dst + done, src + done, n, kind, c->copy), "cudaMemcpyAsync");
+    rc =
+        cuda_status(c, cudaMemcpyAsync(dst + done, src + done, n, kind, stream), "cudaMemcpyAsync");
   }
+  leave(c, &g);
   return rc;
 }
 
 static int cu_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
-  return copy_chunks(ctx, (char *)block + offset, src, bytes, cudaMemcpyHostToDevice);
+  struct cuda_ctx *c = ctx;
+  return copy_chunks(c, c->copy, (char *)block + offset, src, bytes, cudaMemcpyHostToDevice);
 }
 
 static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, size_t bytes) {
-  return copy_chunks(ctx, dst, (const char *)block + offset, bytes, cudaMemcpyDeviceToHost);
+  struct cuda_ctx *c = ctx;
+  return copy_chunks(c, c->readback, dst, (const char *)block + offset, bytes,
+                     cudaMemcpyDeviceToHost);
 }
 
 /* ---- events: a cudaEvent_t and its completion stamp --------------------- */
@@ -250,13 +356,20 @@ struct mlo_event {
 };
 
 static int cu_event_create(void *ctx, mlo_event **ev) {
-  int rc = use_device(ctx);
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  int rc = enter(c, &g);
   if (rc) return rc;
   mlo_event *m = mlo_calloc(1, sizeof *m);
-  if (!m) return MLO_ENOMEM;
+  if (!m) {
+    leave(c, &g);
+    return MLO_ENOMEM;
+  }
   /* BlockingSync: a host waiting on it sleeps instead of spinning a core. */
-  rc = cuda_status(cudaEventCreateWithFlags(&m->e, cudaEventDisableTiming | cudaEventBlockingSync),
+  rc = cuda_status(c,
+                   cudaEventCreateWithFlags(&m->e, cudaEventDisableTiming | cudaEventBlockingSync),
                    "cudaEventCreate");
+  leave(c, &g);
   if (rc) {
     free(m);
     return rc;
@@ -267,8 +380,13 @@ static int cu_event_create(void *ctx, mlo_event **ev) {
 }
 
 static void cu_event_destroy(void *ctx, mlo_event *ev) {
-  (void)ctx;
-  cuda_status(cudaEventDestroy(ev->e), "cudaEventDestroy");
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  bool in = !enter(c, &g);
+  if (in) {
+    cuda_status(c, cudaEventDestroy(ev->e), "cudaEventDestroy");
+    leave(c, &g);
+  }
   mlo_stamp_put(ev->stamp);
   pthread_mutex_destroy(&ev->lock);
   free(ev);
@@ -279,24 +397,42 @@ static void CUDART_CB stamp_host_fn(void *user) {
   mlo_stamp_fire(user);
 }
 
-static int cu_event_record_copy(void *ctx, mlo_event *ev) {
-  struct cuda_ctx *c = ctx;
-  int rc = cuda_status(cudaEventRecord(ev->e, c->copy), "cudaEventRecord(copy)");
-  if (rc) return rc;
-  /* The completion time, for traces; best effort (no stamp: unknown). */
-  mlo_stamp *stamp = mlo_stamp_new();
-  if (stamp && cudaLaunchHostFunc(c->copy, stamp_host_fn, stamp) != cudaSuccess) {
-    (void)cudaGetLastError(); /* not sticky: a launch the runtime refused */
-    mlo_stamp_put(stamp);
-    mlo_stamp_put(stamp);
-    stamp = NULL;
+/* Records on a stream; with `stamped`, also a host function behind it that
+ * notes the completion time, for traces (best effort: no stamp, unknown). */
+static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, bool stamped,
+                     const char *what) {
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (!rc) rc = cuda_status(c, cudaEventRecord(ev->e, stream), what);
+  mlo_stamp *stamp = NULL;
+  if (!rc && stamped) {
+    stamp = mlo_stamp_new();
+    cudaError_t e = stamp ? cudaLaunchHostFunc(stream, stamp_host_fn, stamp) : cudaSuccess;
+    if (e != cudaSuccess) {
+      cuda_status(c, e, "cudaLaunchHostFunc"); /* a refused launch, unless the context is lost */
+      mlo_stamp_put(stamp);
+      mlo_stamp_put(stamp);
+      stamp = NULL;
+    }
   }
+  leave(c, &g);
+  if (rc || !stamped) return rc;
   pthread_mutex_lock(&ev->lock);
   mlo_stamp *old = ev->stamp;
   ev->stamp = stamp;
   pthread_mutex_unlock(&ev->lock);
   mlo_stamp_put(old);
   return MLO_OK;
+}
+
+static int cu_event_record_copy(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return record_on(c, ev, c->copy, true, "cudaEventRecord(copy)");
+}
+
+static int cu_event_record_readback(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return record_on(c, ev, c->readback, false, "cudaEventRecord(readback)");
 }
 
 static int cu_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
@@ -309,40 +445,65 @@ static int cu_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
 
 static int cu_event_record_compute(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaEventRecord(ev->e, c->compute), "cudaEventRecord(compute)");
+  return record_on(c, ev, c->compute, false, "cudaEventRecord(compute)");
+}
+
+static int stream_wait(struct cuda_ctx *c, cudaStream_t stream, mlo_event *ev) {
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
+  rc = cuda_status(c, cudaStreamWaitEvent(stream, ev->e, 0), "cudaStreamWaitEvent");
+  leave(c, &g);
+  return rc;
 }
 
 static int cu_compute_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaStreamWaitEvent(c->compute, ev->e, 0), "cudaStreamWaitEvent");
+  return stream_wait(c, c->compute, ev);
 }
 
 static int cu_copy_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return cuda_status(cudaStreamWaitEvent(c->copy, ev->e, 0), "cudaStreamWaitEvent");
+  return stream_wait(c, c->copy, ev);
+}
+
+static int cu_readback_wait(void *ctx, mlo_event *ev) {
+  struct cuda_ctx *c = ctx;
+  return stream_wait(c, c->readback, ev);
 }
 
 static int cu_event_sync(void *ctx, mlo_event *ev) {
-  (void)ctx;
-  return cuda_status(cudaEventSynchronize(ev->e), "cudaEventSynchronize");
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
+  rc = cuda_status(c, cudaEventSynchronize(ev->e), "cudaEventSynchronize");
+  leave(c, &g);
+  return rc;
 }
 
+/* cudaErrorNotReady is an answer, not an error: nothing is cleared after
+ * it (that would drop an error the user's own work left to be read). */
 static int cu_event_query(void *ctx, mlo_event *ev) {
-  (void)ctx;
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
   cudaError_t e = cudaEventQuery(ev->e);
-  if (e == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return MLO_EBUSY;
-  }
-  return cuda_status(e, "cudaEventQuery");
+  rc = e == cudaErrorNotReady ? MLO_EBUSY : cuda_status(c, e, "cudaEventQuery");
+  leave(c, &g);
+  return rc;
 }
 
 static int cu_synchronize(void *ctx) {
   struct cuda_ctx *c = ctx;
-  int rc = use_device(c);
-  if (!rc) rc = cuda_status(cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
-  if (!rc) rc = cuda_status(cudaStreamSynchronize(c->compute), "cudaStreamSynchronize(compute)");
-  if (!rc) rc = cuda_status(cudaStreamSynchronize(c->release), "cudaStreamSynchronize(release)");
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
+  cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
+  for (int i = 0; i < 4 && !rc; i++)
+    rc = cuda_status(c, cudaStreamSynchronize(streams[i]), "cudaStreamSynchronize");
+  leave(c, &g);
   return rc;
 }
 
@@ -365,18 +526,21 @@ static void cu_get_caps(void *ctx, mlo_platform_caps *caps) {
 static void cu_destroy(void *ctx) {
   struct cuda_ctx *c = ctx;
   if (!c) return;
-  if (!use_device(c)) {
-    cudaStream_t streams[] = {c->copy, c->compute, c->release};
-    for (int i = 0; i < 3; i++)
+  dev_guard g;
+  if (!enter(c, &g)) {
+    cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
+    for (int i = 0; i < 4; i++)
       if (streams[i]) {
         cudaStreamSynchronize(streams[i]);
         cudaStreamDestroy(streams[i]);
       }
     if (c->copy_tail) cudaEventDestroy(c->copy_tail);
+    if (c->readback_tail) cudaEventDestroy(c->readback_tail);
     if (c->compute_tail) cudaEventDestroy(c->compute_tail);
     if (c->pool) cudaMemPoolDestroy(c->pool);
+    (void)cudaGetLastError();
+    leave(c, &g);
   }
-  (void)cudaGetLastError();
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
@@ -398,6 +562,8 @@ static const struct mlo_platform_ops cuda_ops = {
     .event_record_compute = cu_event_record_compute,
     .compute_wait = cu_compute_wait,
     .copy_wait = cu_copy_wait,
+    .event_record_readback = cu_event_record_readback,
+    .readback_wait = cu_readback_wait,
     .event_sync = cu_event_sync,
     .event_query = cu_event_query,
     .event_time = cu_event_time,
@@ -491,23 +657,33 @@ static cudaError_t create_pool(struct cuda_ctx *c) {
 }
 
 static int create_streams(struct cuda_ctx *c, char *err, size_t errlen) {
-  cudaError_t e = cudaSetDevice(c->device);
-  const char *what = "cudaSetDevice";
-  cudaStream_t *streams[] = {&c->copy, &c->compute, &c->release};
-  for (int i = 0; i < 3 && e == cudaSuccess; i++) {
+  int prev = -1;
+  cudaError_t e = cudaGetDevice(&prev);
+  const char *what = "cudaGetDevice";
+  if (e == cudaSuccess) {
+    what = "cudaSetDevice";
+    e = cudaSetDevice(c->device);
+  }
+  cudaStream_t *streams[] = {&c->copy, &c->readback, &c->compute, &c->release};
+  for (int i = 0; i < 4 && e == cudaSuccess; i++) {
     what = "cudaStreamCreateWithFlags";
     e = cudaStreamCreateWithFlags(streams[i], cudaStreamNonBlocking);
   }
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->copy_tail, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->compute_tail, cudaEventDisableTiming);
+  cudaEvent_t *tails[] = {&c->copy_tail, &c->readback_tail, &c->compute_tail};
+  for (int i = 0; i < 3 && e == cudaSuccess; i++)
+    e = cudaEventCreateWithFlags(tails[i], cudaEventDisableTiming);
   if (e == cudaSuccess) {
     what = "creating the memory pool";
     e = create_pool(c);
   }
-  if (e == cudaSuccess) return MLO_OK;
-  (void)cudaGetLastError();
-  snprintf(err, errlen, "cuda platform: %s failed: %s", what, cudaGetErrorString(e));
-  return e == cudaErrorMemoryAllocation ? MLO_ENOMEM_DEVICE : MLO_EPLATFORM;
+  int rc = MLO_OK;
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(err, errlen, "cuda platform: %s failed: %s", what, cudaGetErrorString(e));
+    rc = e == cudaErrorMemoryAllocation ? MLO_ENOMEM_DEVICE : MLO_EPLATFORM;
+  }
+  if (prev >= 0 && prev != c->device) cudaSetDevice(prev); /* the caller's, back */
+  return rc;
 }
 
 static void describe(struct cuda_ctx *c, mlo_platform *p) {

@@ -163,6 +163,16 @@ static int fault_copy_wait(void *ctx, mlo_event *ev) {
   return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_copy_wait(f->inner, ev));
 }
 
+static int fault_event_record_readback(void *ctx, mlo_event *ev) {
+  struct fault_ctx *f = ctx;
+  return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_event_record_readback(f->inner, ev));
+}
+
+static int fault_readback_wait(void *ctx, mlo_event *ev) {
+  struct fault_ctx *f = ctx;
+  return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_readback_wait(f->inner, ev));
+}
+
 static int fault_event_sync(void *ctx, mlo_event *ev) {
   struct fault_ctx *f = ctx;
   return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_event_sync(f->inner, ev));
@@ -205,6 +215,8 @@ static const struct mlo_platform_ops fault_ops = {
     .event_record_compute = fault_event_record_compute,
     .compute_wait = fault_compute_wait,
     .copy_wait = fault_copy_wait,
+    .event_record_readback = fault_event_record_readback,
+    .readback_wait = fault_readback_wait,
     .event_sync = fault_event_sync,
     .event_query = fault_event_query,
     .event_time = fault_event_time,
@@ -306,7 +318,11 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
   f->armed = o.kind;
   f->nth = o.nth;
   f->ops = fault_ops;
-  f->ops.name = mlo_platform_name(f->inner); /* the workload picks by name */
+  f->ops.name = mlo_platform_name(f->inner);   /* the workload picks by name */
+  if (!mlo_plat_separate_readback(f->inner)) { /* one copy queue inside: so outside */
+    f->ops.event_record_readback = NULL;
+    f->ops.readback_wait = NULL;
+  }
   p->ops = &f->ops;
   p->ctx = f;
   snprintf(p->description, sizeof p->description, "fault injection (%s #%llu) over %.100s",

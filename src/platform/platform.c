@@ -251,6 +251,22 @@ int mlo_plat_copy_wait(mlo_platform *p, mlo_event *ev) {
   return p->caps.events ? p->ops->copy_wait(p->ctx, ev) : p->ops->synchronize(p->ctx);
 }
 
+int mlo_plat_event_record_readback(mlo_platform *p, mlo_event *ev) {
+  if (!p->ops->event_record_readback) return mlo_plat_event_record_copy(p, ev);
+  count_call(p);
+  return p->caps.events ? p->ops->event_record_readback(p->ctx, ev) : MLO_OK;
+}
+
+int mlo_plat_readback_wait(mlo_platform *p, mlo_event *ev) {
+  if (!p->ops->readback_wait) return mlo_plat_copy_wait(p, ev);
+  count_call(p);
+  return p->caps.events ? p->ops->readback_wait(p->ctx, ev) : p->ops->synchronize(p->ctx);
+}
+
+bool mlo_plat_separate_readback(const mlo_platform *p) {
+  return p->ops->event_record_readback != NULL;
+}
+
 int mlo_plat_event_sync(mlo_platform *p, mlo_event *ev) {
   count_call(p);
   return p->caps.events ? p->ops->event_sync(p->ctx, ev) : p->ops->synchronize(p->ctx);

@@ -7,11 +7,11 @@
  * default the wrappers below apply when a slot is NULL.
  *
  * Model of a device: two queues, COPY and COMPUTE.  Copies are enqueued on
- * the copy queue and may complete later; events recorded on a queue complete
- * when everything enqueued on it before them has.  Compute is whatever the
- * user's forward submits: on CUDA/OpenCL it goes to the native compute
- * queue, on host it runs on the calling thread (so "the compute queue waits
- * for an event" means "the calling thread waits").
+ * the copy queue and may complete later (a platform may give device-to-host
+ * copies a queue of their own, READBACK; it is the copy queue otherwise); events recorded on a
+ * queue complete when everything enqueued on it before them has.  Compute is whatever the user's
+ * forward submits: on CUDA/OpenCL it goes to the native compute queue, on host it runs on the
+ * calling thread (so "the compute queue waits for an event" means "the calling thread waits").
  *
  * Device memory is handed out as BLOCKS: an opaque handle (an address on
  * pointer platforms, a cl_mem on OpenCL) plus byte offsets into it.
@@ -54,6 +54,7 @@ struct mlo_platform_ops {
    * memory must stay valid until an event recorded after the copy has
    * completed. */
   int (*copy_h2d)(void *ctx, void *block, size_t offset, const void *src, size_t bytes);
+  /* On the READBACK queue (the copy queue where there is no other). */
   int (*copy_d2h)(void *ctx, void *dst, const void *block, size_t offset, size_t bytes);
 
   /* Events.  Optional as a set (caps.events false): the wrappers then fall
@@ -65,6 +66,12 @@ struct mlo_platform_ops {
   int (*compute_wait)(void *ctx, mlo_event *ev);         /* compute queue waits */
   int (*copy_wait)(void *ctx, mlo_event *ev);            /* copy queue waits */
   int (*event_sync)(void *ctx, mlo_event *ev);           /* the host waits */
+  /* Optional, for a separate READBACK queue (CUDA: write-backs do not queue
+   * behind loads, nor loads behind a write-back waiting for compute): record
+   * on it, make it wait.  NULL: the copy queue's slots, which order d2h
+   * copies already (one queue). */
+  int (*event_record_readback)(void *ctx, mlo_event *ev);
+  int (*readback_wait)(void *ctx, mlo_event *ev);
   /* MLO_OK if complete, MLO_EBUSY if pending. */
   int (*event_query)(void *ctx, mlo_event *ev);
   /* Optional, for traces: when a copy-queue event completed, on the clock
@@ -111,6 +118,11 @@ int mlo_plat_event_record_copy(mlo_platform *p, mlo_event *ev);
 int mlo_plat_event_record_compute(mlo_platform *p, mlo_event *ev);
 int mlo_plat_compute_wait(mlo_platform *p, mlo_event *ev);
 int mlo_plat_copy_wait(mlo_platform *p, mlo_event *ev);
+int mlo_plat_event_record_readback(mlo_platform *p, mlo_event *ev);
+int mlo_plat_readback_wait(mlo_platform *p, mlo_event *ev);
+/* Whether d2h copies have a queue of their own: then a load must wait for
+ * a pending write-back into the same host memory explicitly. */
+bool mlo_plat_separate_readback(const mlo_platform *p);
 int mlo_plat_event_sync(mlo_platform *p, mlo_event *ev);
 int mlo_plat_event_query(mlo_platform *p, mlo_event *ev);
 /* A completion stamp for device platforms' event_time: a device callback
