@@ -183,6 +183,11 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   int rc = ensure_event(c, &c->compute_ev);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
   if (!rc) rc = PCALL(c, mlo_plat_readback_wait(p, c->compute_ev));
+  /* A component evicted before any forward waited for its load: on a
+   * readback queue of its own the copies back must wait for that load too
+   * (on one queue they follow it anyway). */
+  if (!rc && !c->load_waited && mlo_plat_separate_readback(p))
+    rc = PCALL(c, mlo_plat_readback_wait(p, c->load_ev));
   for (size_t i = 0; i < c->ntensors && !rc; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!needs_writeback(c, t)) continue;

@@ -259,8 +259,18 @@ int tu_read_device(tu_pipe *tp, const mlo_tensor *t, void *dst, size_t bytes) {
   size_t offset = 0;
   int rc = mlo_tensor_device(t, &block, &offset);
   if (rc) return rc;
-  rc = mlo_plat_copy_d2h(tp->plat, dst, block, offset, bytes);
-  return rc ? rc : mlo_plat_synchronize(tp->plat);
+  /* As a kernel would read it: after what the compute queue has waited for
+   * (the load, if the forward ordered itself after it — and not if it did
+   * not, which is what the race checks must be able to see), whichever
+   * queue the platform copies device-to-host on. */
+  mlo_event *ev = NULL;
+  rc = mlo_plat_event_create(tp->plat, &ev);
+  if (!rc) rc = mlo_plat_event_record_compute(tp->plat, ev);
+  if (!rc) rc = mlo_plat_readback_wait(tp->plat, ev);
+  if (!rc) rc = mlo_plat_copy_d2h(tp->plat, dst, block, offset, bytes);
+  if (!rc) rc = mlo_plat_synchronize(tp->plat);
+  mlo_plat_event_destroy(tp->plat, ev);
+  return rc;
 }
 
 int tu_write_device(tu_pipe *tp, const mlo_tensor *t, const void *src, size_t bytes) {
