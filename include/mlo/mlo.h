@@ -210,10 +210,14 @@ typedef struct {
 MLO_API void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
 
 typedef struct {
-  uint64_t total_bytes; /* device capacity */
-  uint64_t free_bytes;  /* free now */
-  uint64_t used_bytes;  /* allocated through this platform now */
-  uint64_t peak_bytes;  /* high-water mark of used_bytes since reset */
+  uint64_t total_bytes;         /* device capacity */
+  uint64_t free_bytes;          /* free now */
+  uint64_t used_bytes;          /* allocated through this platform now */
+  uint64_t peak_bytes;          /* high-water mark of used_bytes since reset */
+  uint64_t reserved_peak_bytes; /* the most device memory the platform's allocator held at
+                                   once since reset, its pool's reserve included (CUDA:
+                                   cudaMemPoolAttrReservedMemHigh, what nvidia-smi saw);
+                                   peak_bytes where there is no pool */
 } mlo_platform_memory;
 MLO_API int mlo_platform_get_memory(mlo_platform *platform, mlo_platform_memory *mem);
 /* Resets peak_bytes to the current used_bytes. */

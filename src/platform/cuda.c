@@ -260,6 +260,31 @@ static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
   return MLO_OK;
 }
 
+/* The pool's reserve high-water mark: what the device really gave us,
+ * which capacity= bounds through the pool's maxSize. */
+static int cu_reserved_peak(void *ctx, uint64_t *bytes) {
+  struct cuda_ctx *c = ctx;
+  if (!c->pool) return MLO_EUNSUPPORTED;
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
+  rc = cuda_status(c, cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, bytes),
+                   "cudaMemPoolGetAttribute(ReservedMemHigh)");
+  leave(c, &g);
+  return rc;
+}
+
+/* Setting the high-water attribute to 0 resets it (to the current reserve). */
+static void cu_reset_reserved_peak(void *ctx) {
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  if (!c->pool || enter(c, &g)) return;
+  uint64_t zero = 0;
+  cuda_status(c, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &zero),
+              "cudaMemPoolSetAttribute(ReservedMemHigh)");
+  leave(c, &g);
+}
+
 /* ---- host memory -------------------------------------------------------- */
 
 static void warn_pageable_once(struct cuda_ctx *c, const char *why) {
@@ -550,6 +575,8 @@ static const struct mlo_platform_ops cuda_ops = {
     .destroy = cu_destroy,
     .get_caps = cu_get_caps,
     .get_memory = cu_get_memory,
+    .reserved_peak = cu_reserved_peak,
+    .reset_reserved_peak = cu_reset_reserved_peak,
     .dev_alloc = cu_dev_alloc,
     .dev_free = cu_dev_free,
     .host_alloc = cu_host_alloc,

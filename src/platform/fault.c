@@ -163,6 +163,18 @@ static int fault_copy_wait(void *ctx, mlo_event *ev) {
   return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_copy_wait(f->inner, ev));
 }
 
+/* Accounting only, never a fault point: passed through. */
+static int fault_reserved_peak(void *ctx, uint64_t *bytes) {
+  mlo_platform_memory mem;
+  int rc = mlo_platform_get_memory(((struct fault_ctx *)ctx)->inner, &mem);
+  if (!rc) *bytes = mem.reserved_peak_bytes;
+  return rc;
+}
+
+static void fault_reset_reserved_peak(void *ctx) {
+  mlo_platform_reset_peak(((struct fault_ctx *)ctx)->inner);
+}
+
 static int fault_event_record_readback(void *ctx, mlo_event *ev) {
   struct fault_ctx *f = ctx;
   return FAULT_OR(f, MLO_FAULT_EVENT, mlo_plat_event_record_readback(f->inner, ev));
@@ -215,6 +227,8 @@ static const struct mlo_platform_ops fault_ops = {
     .event_record_compute = fault_event_record_compute,
     .compute_wait = fault_compute_wait,
     .copy_wait = fault_copy_wait,
+    .reserved_peak = fault_reserved_peak,
+    .reset_reserved_peak = fault_reset_reserved_peak,
     .event_record_readback = fault_event_record_readback,
     .readback_wait = fault_readback_wait,
     .event_sync = fault_event_sync,

@@ -151,6 +151,11 @@ int mlo_platform_get_memory(mlo_platform *p, mlo_platform_memory *mem) {
   mem->used_bytes = p->used_bytes;
   mem->peak_bytes = p->peak_bytes;
   pthread_mutex_unlock(p->acct_lock);
+  mem->reserved_peak_bytes = mem->peak_bytes;
+  uint64_t reserved = 0;
+  if (p->ops->reserved_peak && p->ops->reserved_peak(p->ctx, &reserved) == MLO_OK &&
+      reserved > mem->reserved_peak_bytes)
+    mem->reserved_peak_bytes = reserved;
   return MLO_OK;
 }
 
@@ -159,6 +164,7 @@ void mlo_platform_reset_peak(mlo_platform *p) {
   pthread_mutex_lock(p->acct_lock);
   p->peak_bytes = p->used_bytes;
   pthread_mutex_unlock(p->acct_lock);
+  if (p->ops->reset_reserved_peak) p->ops->reset_reserved_peak(p->ctx);
 }
 
 void *mlo_platform_compute_queue(mlo_platform *p) {

@@ -35,6 +35,10 @@ struct mlo_platform_ops {
   void (*get_caps)(void *ctx, mlo_platform_caps *caps);
   /* total/free from the device; used/peak are tracked by the wrapper. */
   int (*get_memory)(void *ctx, uint64_t *total, uint64_t *free_bytes);
+  /* Optional: the allocator's reserved high-water mark, and its reset (for
+   * mlo_platform_memory.reserved_peak_bytes).  NULL: the used peak. */
+  int (*reserved_peak)(void *ctx, uint64_t *bytes);
+  void (*reset_reserved_peak)(void *ctx);
 
   /* Device blocks.  alloc returns MLO_ENOMEM_DEVICE when the device is full
    * (never aborts).  free is ordered after all work already submitted to

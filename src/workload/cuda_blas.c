@@ -7,10 +7,12 @@
  * (CUBLAS_COMPUTE_32F: f32 products and sums, never TF32).  cublasGemmEx needs A and B of one type,
  * so X — mlo_workload_input's f32 values — is rounded to W's dtype (round to
  * nearest even) when W is bf16/f16; for f32 it is exact.  X is generated on
- * the host into pinned memory, copied on the compute stream (scratch comes
- * from the stream-ordered allocator on that stream) and cached per
- * (seed, tokens, in, dtype).  Y is copied back on the compute stream and
- * folded on the host, which is the one synchronize a digest needs.
+ * the host into pinned memory, copied on the compute stream and cached per
+ * (seed, tokens, in, dtype).  Device scratch (X, Y and cuBLAS's workspace)
+ * comes from the platform's own allocator, so capacity= bounds it with the
+ * weights and a pool's reserve reports it; a block it allocates (ordered
+ * on the copy stream) is handed to compute through an event.  Y is copied back on the compute
+ * stream and folded on the host, which is the one synchronize a digest needs.
  *
  * cuBLAS is bit-reproducible for one configuration on one GPU model, so an
  * offloaded run's digest equals an all-resident run's on the same device.
@@ -18,6 +20,7 @@
  */
 #include "base/sysio.h"
 #include "base/log.h"
+#include "platform/platform.h"
 #include "workload/workload.h"
 
 #include <cublas_v2.h>
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #define X_CACHE 4
+#define WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
 
 /* A device input X with the pinned host copy it came from. */
 struct x_entry {
@@ -46,9 +50,12 @@ struct host_buf {
 };
 
 struct cuda_blas {
+  mlo_platform *platform;
   int device;
   cudaStream_t stream;
   cublasHandle_t handle;
+  void *workspace;
+  mlo_event *ready; /* orders a fresh platform block into the compute stream */
   struct x_entry x[X_CACHE];
   unsigned next_victim;
   float *y;
@@ -114,22 +121,51 @@ static int grow_host(struct host_buf *b, size_t bytes) {
   return MLO_OK;
 }
 
-static void free_entry(struct x_entry *e, cudaStream_t stream) {
-  if (e->dev) cudaFreeAsync(e->dev, stream);
-  if (e->host) cudaFreeHost(e->host); /* waits for the upload that read it */
+/* A device buffer from the platform, usable on the compute stream. */
+static int scratch_alloc(struct cuda_blas *b, size_t bytes, void **ptr) {
+  int rc = mlo_plat_dev_alloc(b->platform, bytes, ptr);
+  if (rc) return rc;
+  if (!b->ready) rc = mlo_plat_event_create(b->platform, &b->ready);
+  if (!rc) rc = mlo_plat_event_record_copy(b->platform, b->ready);
+  if (!rc) rc = mlo_plat_compute_wait(b->platform, b->ready);
+  if (rc) {
+    mlo_plat_dev_free(b->platform, *ptr, bytes);
+    *ptr = NULL;
+  }
+  return rc;
+}
+
+/* Stream-ordered after every queued use (the platform's dev_free). */
+static void scratch_free(struct cuda_blas *b, void *ptr, size_t bytes) {
+  if (ptr) mlo_plat_dev_free(b->platform, ptr, bytes);
+}
+
+/* The host copy is freed only after the upload that read it: cudaFreeHost
+ * is no synchronization. */
+static void free_entry(struct cuda_blas *b, struct x_entry *e) {
+  scratch_free(b, e->dev, e->bytes);
+  if (e->host) {
+    cudaStreamSynchronize(b->stream);
+    cudaFreeHost(e->host);
+  }
   memset(e, 0, sizeof *e);
 }
 
 static void cb_destroy(void *ctx) {
   struct cuda_blas *b = ctx;
   if (!b) return;
+  int prev = -1;
+  cudaGetDevice(&prev);
   cudaSetDevice(b->device);
-  for (int i = 0; i < X_CACHE; i++) free_entry(&b->x[i], b->stream);
-  if (b->y) cudaFreeAsync(b->y, b->stream);
+  for (int i = 0; i < X_CACHE; i++) free_entry(b, &b->x[i]);
+  scratch_free(b, b->y, b->y_bytes);
   cudaStreamSynchronize(b->stream);
+  if (b->handle) cublasDestroy(b->handle); /* before its workspace goes */
+  scratch_free(b, b->workspace, WORKSPACE_BYTES);
   if (b->host.ptr) cudaFreeHost(b->host.ptr);
-  if (b->handle) cublasDestroy(b->handle);
+  mlo_plat_event_destroy(b->platform, b->ready);
   (void)cudaGetLastError();
+  if (prev >= 0) cudaSetDevice(prev);
   free(b);
 }
 
@@ -140,10 +176,16 @@ static int cb_create(mlo_platform *p, void **ctx) {
   struct cuda_blas *b = mlo_calloc(1, sizeof *b);
   if (!b) return MLO_ENOMEM;
   b->stream = stream;
+  b->platform = p;
   int rc = cu_status(cudaStreamGetDevice(stream, &b->device), "cudaStreamGetDevice");
   if (!rc) rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
   if (!rc) rc = blas_status(cublasCreate(&b->handle), "cublasCreate");
   if (!rc) rc = blas_status(cublasSetStream(b->handle, stream), "cublasSetStream");
+  /* Its workspace from the platform, so capacity= counts it. */
+  if (!rc) rc = scratch_alloc(b, WORKSPACE_BYTES, &b->workspace);
+  if (!rc)
+    rc = blas_status(cublasSetWorkspace(b->handle, b->workspace, WORKSPACE_BYTES),
+                     "cublasSetWorkspace");
   if (rc) {
     cb_destroy(b);
     return rc;
@@ -177,17 +219,18 @@ static int get_input(struct cuda_blas *b, mlo_dtype dtype, uint64_t seed, int to
     }
   }
   struct x_entry *e = &b->x[b->next_victim++ % X_CACHE];
-  free_entry(e, b->stream);
+  free_entry(b, e);
   size_t bytes = (size_t)tokens * (size_t)in * (dtype == MLO_DTYPE_F32 ? 4 : 2);
+  e->bytes = bytes; /* what scratch_free returns, set before anything can fail */
   int rc = cu_status(cudaMallocHost(&e->host, bytes), "cudaMallocHost (X)");
-  if (!rc) rc = cu_status(cudaMallocAsync(&e->dev, bytes, b->stream), "cudaMallocAsync (X)");
+  if (!rc) rc = scratch_alloc(b, bytes, &e->dev);
   if (!rc) {
     fill_input(e->host, dtype, seed, tokens, in);
     rc = cu_status(cudaMemcpyAsync(e->dev, e->host, bytes, cudaMemcpyHostToDevice, b->stream),
                    "cudaMemcpyAsync (X)");
   }
   if (rc) {
-    free_entry(e, b->stream);
+    free_entry(b, e);
     return rc;
   }
   e->seed = seed;
@@ -225,10 +268,10 @@ static int cb_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dtype
   if (!rc) rc = get_input(b, dtype, seed, tokens, in, &x);
   size_t y_bytes = (size_t)tokens * (size_t)out * sizeof(float);
   if (!rc && y_bytes > b->y_bytes) {
-    if (b->y) cudaFreeAsync(b->y, b->stream);
+    scratch_free(b, b->y, b->y_bytes);
     b->y = NULL;
     b->y_bytes = 0;
-    rc = cu_status(cudaMallocAsync((void **)&b->y, y_bytes, b->stream), "cudaMallocAsync (Y)");
+    rc = scratch_alloc(b, y_bytes, (void **)&b->y);
     if (!rc) b->y_bytes = y_bytes;
   }
   /* Column-major view: Y^T (out x tokens) = W (op T of in x out) * X^T. */

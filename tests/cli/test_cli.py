@@ -213,6 +213,8 @@ class RunTests(Fixture):
         self.assertEqual(res["offload"], "model")
         self.assertEqual(res["sync"], "event")
         self.assertLessEqual(res["peak_device_bytes"], int(cap))
+        # the allocator's reserve peak is reported beside it, never below it
+        self.assertGreaterEqual(res["platform_reserved_peak_bytes"], res["platform_peak_bytes"])
         self.assertLess(res["peak_device_bytes"], res["all_resident_bytes"])
         self.assertEqual(res["all_resident_bytes"], self.info["all_resident_bytes"])
         self.assertEqual(res["max_component_bytes"],

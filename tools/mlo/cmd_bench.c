@@ -48,6 +48,7 @@ typedef struct {
   uint64_t h2d_bytes;        /* per steady prompt */
   uint64_t loads;            /* per steady prompt */
   uint64_t peak;             /* device bytes */
+  uint64_t reserved;         /* the allocator's reserve high-water mark (CUDA pool) */
   double stall_vs_bytes;     /* stall / (h2d bytes / link bandwidth); 0 when nothing moved */
 } curve_point;
 
@@ -265,6 +266,7 @@ static int run_curve(const bench_args *ba, const char *path, const mlo_open_opti
         h2d[k][i] = steady(&r, 1);
         loads[k][i] = steady(&r, 2);
         if (r.stats.peak_device_bytes > pt->peak) pt->peak = r.stats.peak_device_bytes;
+        if (r.reserved_peak > pt->reserved) pt->reserved = r.reserved_peak;
       }
       run_result_free(&r);
     }
@@ -463,6 +465,7 @@ static void print_json(const bench_args *ba, const bench_results *r) {
       cJSON_AddNumberToObject(m, "h2d_bytes", (double)p->h2d_bytes);
       cJSON_AddNumberToObject(m, "loads", (double)p->loads);
       cJSON_AddNumberToObject(m, "peak_device_bytes", (double)p->peak);
+      cJSON_AddNumberToObject(m, "reserved_peak_bytes", (double)p->reserved);
       cJSON_AddNumberToObject(m, "stall_vs_bytes", p->stall_vs_bytes);
       cJSON_AddItemToArray(pts, m);
     }

@@ -87,6 +87,9 @@ void report_print_text(const tool_report *rep, FILE *out) {
   fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
           tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
           100.0 * ratio((double)st->peak_device_bytes, (double)rep->all_resident));
+  if (rep->run.reserved_peak > rep->run.platform_peak)
+    fprintf(out, "                   the allocator held up to %s (its pool's reserve included)\n",
+            tool_size(rep->run.reserved_peak));
   fprintf(out,
           "moved              %s in, %s out, %" PRIu64 " loads, %" PRIu64
           " evictions, waited %.3f s\n",
@@ -151,6 +154,7 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddNumberToObject(root, "device_capacity_bytes", (double)rep->capacity);
   cJSON_AddNumberToObject(root, "peak_device_bytes", (double)rep->run.stats.peak_device_bytes);
   cJSON_AddNumberToObject(root, "platform_peak_bytes", (double)rep->run.platform_peak);
+  cJSON_AddNumberToObject(root, "platform_reserved_peak_bytes", (double)rep->run.reserved_peak);
   cJSON_AddNumberToObject(root, "all_resident_bytes", (double)rep->all_resident);
   cJSON_AddNumberToObject(root, "model_offload_bytes", (double)rep->model_need);
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)rep->max_comp);

@@ -300,7 +300,10 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
   }
   r->dit_step_s = dit_forwards ? (double)dit_ns / 1e9 / (double)dit_forwards : 0;
   mlo_platform_memory mem;
-  if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) r->platform_peak = mem.peak_bytes;
+  if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) {
+    r->platform_peak = mem.peak_bytes;
+    r->reserved_peak = mem.reserved_peak_bytes;
+  }
   int off_rc = mlo_offload_disable(s->pipe);
   if (!rc) rc = off_rc;
   mlo_pipeline_set_schedule(s->pipe, NULL, 0);

@@ -199,6 +199,7 @@ typedef struct {
   double wall_s;
   mlo_pipeline_stats stats;
   uint64_t platform_peak; /* the platform's own high-water mark */
+  uint64_t reserved_peak; /* its allocator's reserve high-water mark (CUDA pool) */
   size_t calls;           /* forwards in the schedule */
   double dit_step_s;      /* mean seconds of one DiT forward (0 without DiTs) */
   mlo_component *failed;  /* the component a failure happened in */
