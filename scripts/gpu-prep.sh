@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# gpu-prep.sh — runs HERE, before a device session.  The GPU machine has the
+# CUDA toolkit, PyTorch and compute-sanitizer but not the Debian libraries
+# we build against (cJSON, cmocka, OpenBLAS) and no network, so nothing is
+# configured or built there: this script builds with CUDA here and packs
+# what the check runs into one folder that travels as is (under 64 MiB):
+#
+#   build-gpu/pack/bin/    mlo, platform_cuda, the contract tests, the example
+#   build-gpu/pack/libs/   every shared library they need that is neither
+#                          glibc nor CUDA's (the GPU machine has those)
+#   build-gpu/pack/MANIFEST  what was packed, from which commit
+#
+# Then, on the device: scripts/gpu-check.sh (carry build-gpu/pack).
+# Exit status: 0 when the pack is complete and small enough.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${MLO_GPU_BUILD:-build-gpu}
+pack="$build/pack"
+limit_mib=${MLO_GPU_PACK_MIB:-60}
+
+if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  echo "gpu-prep: no CUDA toolkit here (/usr/local/cuda): cannot build the CUDA platform" >&2
+  exit 1
+fi
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
+  -DMLO_WITH_OPENCL=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON -DMLO_BUILD_BENCH=OFF \
+  -DMLO_WERROR=ON >"$build.configure.log" 2>&1 || {
+  tail -20 "$build.configure.log" >&2
+  exit 1
+}
+cmake --build "$build" -j"$(nproc)" >"$build.build.log" 2>&1 || {
+  tail -30 "$build.build.log" >&2
+  exit 1
+}
+
+bins=("$build/tools/mlo/mlo" "$build/tests/platform/platform_cuda" "$build/examples/wan22_offload")
+for t in "$build"/tests/C[0-9]*_*; do
+  [ -x "$t" ] && [ -f "$t" ] && bins+=("$t")
+done
+for b in "${bins[@]}"; do
+  [ -x "$b" ] || { echo "gpu-prep: missing $b (is CUDA built?)" >&2; exit 1; }
+done
+if [ "${#bins[@]}" -lt 18 ]; then
+  echo "gpu-prep: found ${#bins[@]} programs; the contract tests are missing" >&2
+  exit 1
+fi
+
+rm -rf "$pack"
+mkdir -p "$pack/bin" "$pack/libs"
+for b in "${bins[@]}"; do
+  cp "$b" "$pack/bin/"
+  strip --strip-unneeded "$pack/bin/$(basename "$b")"
+done
+# The libraries to carry: everything ldd resolves outside glibc and CUDA.
+is_system() {
+  case "$(basename "$1")" in
+  libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | linux-vdso*) return 0 ;;
+  libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so* | libnccl.so* | libnvidia*) return 0 ;;
+  esac
+  case "$1" in /usr/local/cuda*) return 0 ;; esac
+  return 1
+}
+for b in "$pack"/bin/*; do
+  ldd "$b" | awk '/=>/ {print $3}' | while read -r lib; do
+    [ -n "$lib" ] && [ -f "$lib" ] || continue
+    is_system "$lib" && continue
+    cp -L -n "$lib" "$pack/libs/$(basename "$lib")"
+  done
+done
+
+# Self-contained: with only the pack, glibc and CUDA on the path, nothing
+# is missing (what a machine without our Debian libraries will see).
+missing=0
+for b in "$pack"/bin/*; do
+  while read -r lib; do
+    case "$lib" in
+    "$pack"/libs/* | /lib*/libc.so* | /lib*/libm.so* | /lib*/ld-linux* | /usr/local/cuda*) ;;
+    *) is_system "$lib" || { echo "gpu-prep: $(basename "$b") resolves $lib outside the pack" >&2; missing=1; } ;;
+    esac
+  done < <(env -i LD_LIBRARY_PATH="$pack/libs" ldd "$b" | awk '/=>/ {print $3}')
+  if env -i LD_LIBRARY_PATH="$pack/libs:/usr/local/cuda/lib64:/usr/local/cuda/lib" ldd "$b" |
+    grep -q "not found"; then
+    echo "gpu-prep: $(basename "$b") has unresolved libraries" >&2
+    missing=1
+  fi
+done
+[ "$missing" -eq 0 ] || exit 1
+
+{
+  echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
+  echo "programs:"
+  for b in "$pack"/bin/*; do echo "  bin/$(basename "$b")"; done
+  echo "libraries:"
+  for l in "$pack"/libs/*; do echo "  libs/$(basename "$l")"; done
+} >"$pack/MANIFEST"
+
+size_kib=$(du -sk "$pack" | cut -f1)
+echo "gpu-prep: $pack: ${#bins[@]} programs, $(ls "$pack/libs" | wc -l) libraries, $((size_kib / 1024)) MiB"
+if [ "$size_kib" -gt $((limit_mib * 1024)) ]; then
+  echo "gpu-prep: the pack is over ${limit_mib} MiB" >&2
+  exit 1
+fi
