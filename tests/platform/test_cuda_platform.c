@@ -13,6 +13,8 @@
 #include "platform/platform.h"
 #include "workload/workload.h"
 
+#include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +212,174 @@ static void test_no_pinned(void **state) {
   mlo_platform_close(p);
 }
 
+/* ---- review findings, each on the device -------------------------------- */
+
+/* Index of the first byte of a device range that differs from the pattern
+ * (n if none), read back after everything queued has finished. */
+static size_t dev_pattern_mismatch(const void *dev, size_t n, uint32_t seed, unsigned char *host) {
+  if (cudaDeviceSynchronize() != cudaSuccess) return 0;
+  if (cudaMemcpy(host, dev, n, cudaMemcpyDeviceToHost) != cudaSuccess) return 0;
+  return tu_pattern_mismatch(host, n, seed);
+}
+
+static void *use_from_fresh_thread(void *arg) {
+  mlo_platform *p = arg;
+  void *block = NULL;
+  intptr_t bad = mlo_plat_dev_alloc(p, 1 << 20, &block) != MLO_OK;
+  if (!bad) {
+    mlo_plat_dev_free(p, block, 1 << 20);
+    bad = mlo_plat_synchronize(p) != MLO_OK;
+  }
+  return (void *)bad;
+}
+
+/* Finding 5: a thread that never selected a device works, and a caller's
+ * current device is given back (with two devices: device 1 stays current
+ * across calls on cuda:0). */
+static void test_current_device_kept(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("cuda:0");
+  pthread_t t;
+  void *bad = NULL;
+  assert_int_equal(pthread_create(&t, NULL, use_from_fresh_thread, p), 0);
+  pthread_join(t, &bad);
+  assert_null(bad);
+  int count = 0;
+  assert_int_equal(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count > 1) {
+    assert_int_equal(cudaSetDevice(1), cudaSuccess);
+    void *block = NULL;
+    assert_ok(mlo_plat_dev_alloc(p, 1 << 20, &block));
+    mlo_plat_dev_free(p, block, 1 << 20);
+    assert_ok(mlo_plat_synchronize(p));
+    int cur = -1;
+    assert_int_equal(cudaGetDevice(&cur), cudaSuccess);
+    assert_int_equal(cur, 1);
+    cudaSetDevice(0);
+  } else {
+    printf("one device: the restore of another current device is not observable here\n");
+  }
+  mlo_platform_close(p);
+}
+
+/* Copies a device range to another on the compute stream: "compute" that
+ * reads a block, as a kernel would. */
+static void compute_copy(mlo_platform *p, void *dst, const void *src, size_t n) {
+  cudaStream_t s = mlo_platform_compute_queue(p);
+  assert_int_equal(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s), cudaSuccess);
+}
+
+/* C8 on the device: a 1 GiB load, compute_wait, then compute reads it into
+ * scratch: the scratch holds the load's bytes, every time.  The negative
+ * control (no wait) is reported, not asserted: whether the race shows
+ * depends on the copy engines' timing. */
+static void test_load_ordering(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("cuda:0");
+  const size_t n = (size_t)1 << 30;
+  unsigned char *slab = NULL, *host = malloc(n);
+  bool pinned = false;
+  assert_non_null(host);
+  assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&slab, &pinned));
+  void *block = NULL, *scratch = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, n, &scratch));
+  mlo_event *loaded = NULL;
+  assert_ok(mlo_plat_event_create(p, &loaded));
+  unsigned caught = 0;
+  for (int round = 0; round < 6; round++) {
+    uint32_t seed = 100 + (uint32_t)round;
+    tu_fill_pattern(slab, n, seed);
+    assert_ok(mlo_platform_synchronize(p));
+    assert_int_equal(cudaMemset(scratch, 0, n), cudaSuccess);
+    assert_ok(mlo_plat_dev_alloc(p, n, &block));
+    assert_ok(mlo_plat_copy_h2d(p, block, 0, slab, n));
+    assert_ok(mlo_plat_event_record_copy(p, loaded));
+    bool wait = round % 2 == 0;
+    if (wait) assert_ok(mlo_plat_compute_wait(p, loaded));
+    compute_copy(p, scratch, block, n);
+    if (wait) {
+      assert_int_equal(dev_pattern_mismatch(scratch, n, seed, host), n);
+    } else {
+      caught += dev_pattern_mismatch(scratch, n, seed, host) < n;
+    }
+    mlo_plat_dev_free(p, block, n);
+  }
+  printf("C8 negative control: %u of 3 unordered reads saw unloaded bytes\n", caught);
+  mlo_plat_event_destroy(p, loaded);
+  mlo_plat_dev_free(p, scratch, n);
+  assert_ok(mlo_platform_synchronize(p));
+  mlo_plat_host_free(p, slab, n, pinned);
+  free(host);
+  mlo_platform_close(p);
+}
+
+/* C9 on the device: compute reads block A (several large copies, tens of
+ * ms), A is freed, B allocated (the pool hands back A's memory) and loaded
+ * with a second pattern: the scratch compute filled from A still holds the
+ * first pattern. */
+static void test_free_ordering(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("cuda:0");
+  const size_t n = (size_t)256 << 20;
+  unsigned char *one = NULL, *two = NULL, *host = malloc(n);
+  bool p1 = false, p2 = false;
+  assert_non_null(host);
+  assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&one, &p1));
+  assert_ok(mlo_plat_host_alloc(p, n, true, (void **)&two, &p2));
+  tu_fill_pattern(one, n, 1);
+  tu_fill_pattern(two, n, 2);
+  void *a = NULL, *b = NULL, *scratch = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, n, &scratch));
+  assert_ok(mlo_plat_dev_alloc(p, n, &a));
+  assert_ok(mlo_plat_copy_h2d(p, a, 0, one, n));
+  mlo_event *loaded = NULL;
+  assert_ok(mlo_plat_event_create(p, &loaded));
+  assert_ok(mlo_plat_event_record_copy(p, loaded));
+  assert_ok(mlo_plat_compute_wait(p, loaded));
+  for (int i = 0; i < 16; i++) compute_copy(p, scratch, a, n); /* long work reading A */
+  mlo_plat_dev_free(p, a, n);
+  assert_ok(mlo_plat_dev_alloc(p, n, &b));
+  if (b != a) printf("the pool gave B other memory than A: the reuse is not exercised\n");
+  assert_ok(mlo_plat_copy_h2d(p, b, 0, two, n));
+  assert_int_equal(dev_pattern_mismatch(scratch, n, 1, host), n);
+  mlo_plat_event_destroy(p, loaded);
+  mlo_plat_dev_free(p, b, n);
+  mlo_plat_dev_free(p, scratch, n);
+  assert_ok(mlo_platform_synchronize(p));
+  mlo_plat_host_free(p, one, n, p1);
+  mlo_plat_host_free(p, two, n, p2);
+  free(host);
+  mlo_platform_close(p);
+}
+
+/* Findings 2 and the leak check: memory freed by evictions goes back to the
+ * driver at a synchronize (uncapped pool, release threshold 0), and after
+ * close the device is where it was. */
+static void test_memory_given_back(void **state) {
+  (void)state;
+  size_t free0 = 0, total = 0;
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  assert_int_equal(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  mlo_platform *p = tu_open_spec("cuda:0");
+  const size_t n = (size_t)2 << 30;
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, n, &block));
+  size_t held = 0;
+  assert_int_equal(cudaMemGetInfo(&held, &total), cudaSuccess);
+  assert_true(held + n / 2 < free0); /* the allocation is visible */
+  mlo_plat_dev_free(p, block, n);
+  assert_ok(mlo_platform_synchronize(p));
+  size_t after = 0;
+  assert_int_equal(cudaMemGetInfo(&after, &total), cudaSuccess);
+  assert_true(after + ((size_t)256 << 20) >= free0); /* back to the driver */
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(p, &mem));
+  assert_true(mem.reserved_peak_bytes >= n);
+  mlo_platform_close(p);
+  assert_int_equal(cudaMemGetInfo(&after, &total), cudaSuccess);
+  assert_true(after + ((size_t)64 << 20) >= free0);
+}
+
 static uint16_t bf16_round(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);
@@ -298,6 +468,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_capacity_caps),
       cmocka_unit_test(test_no_pinned),
       cmocka_unit_test(test_workload_gemm),
+      cmocka_unit_test(test_current_device_kept),
+      cmocka_unit_test(test_load_ordering),
+      cmocka_unit_test(test_free_ordering),
+      cmocka_unit_test(test_memory_given_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
