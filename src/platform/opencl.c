@@ -112,9 +112,13 @@ static const char *cl_err_name(cl_int err) {
 /* Maps an OpenCL error to a status; device exhaustion is MLO_ENOMEM_DEVICE
  * (CL_OUT_OF_RESOURCES is how most drivers report a buffer they could not
  * back at first use), everything else is logged and MLO_EPLATFORM. */
+static bool is_oom(cl_int err) {
+  return err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES;
+}
+
 static int map_err(cl_int err, const char *what) {
   if (err == CL_SUCCESS) return MLO_OK;
-  if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES) {
+  if (is_oom(err)) {
     mlo_logf(MLO_LOG_INFO, "opencl: %s: device out of memory (%s)", what, cl_err_name(err));
     return MLO_ENOMEM_DEVICE;
   }
@@ -124,6 +128,15 @@ static int map_err(cl_int err, const char *what) {
 }
 
 /* ---- device blocks ------------------------------------------------------ */
+
+/* The memory of released buffers returns only when the commands that used
+ * them finish, and implementations allocate a buffer's memory lazily, at
+ * its first command: an allocation failure right after evictions may be
+ * room not yet given back.  Drain both queues (once) before believing it. */
+static void drain_for_memory(struct ocl_ctx *c) {
+  clFinish(c->copy_q);
+  clFinish(c->compute_q);
+}
 
 static int ocl_dev_alloc(void *ctx, size_t bytes, void **block) {
   struct ocl_ctx *c = ctx;
@@ -143,6 +156,10 @@ static int ocl_dev_alloc(void *ctx, size_t bytes, void **block) {
   if (!fits) return MLO_ENOMEM_DEVICE;
   cl_int err = CL_SUCCESS;
   cl_mem mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
+  if (is_oom(err)) {
+    drain_for_memory(c);
+    mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
+  }
   if (err != CL_SUCCESS) {
     pthread_mutex_lock(&c->lock);
     c->used -= bytes;
@@ -254,6 +271,11 @@ static int ocl_copy_h2d(void *ctx, void *block, size_t offset, const void *src, 
   struct ocl_ctx *c = ctx;
   cl_int err =
       clEnqueueWriteBuffer(c->copy_q, (cl_mem)block, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
+  if (is_oom(err)) { /* the lazy allocation of the block, at its first write */
+    drain_for_memory(c);
+    err =
+        clEnqueueWriteBuffer(c->copy_q, (cl_mem)block, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
+  }
   if (err != CL_SUCCESS) return map_err(err, "clEnqueueWriteBuffer");
   /* Start the copy now, so that it overlaps whatever the host does next. */
   return map_err(clFlush(c->copy_q), "clFlush");
