@@ -4,15 +4,22 @@
  * Y = X * W^T is one cublasGemmEx on the platform's compute stream (so it is
  * ordered after the load by the platform's compute_wait), with W read in
  * place in its own dtype (f32, bf16 or f16) and f32 accumulation
- * (CUBLAS_COMPUTE_32F: f32 products and sums, never TF32).  cublasGemmEx needs A and B of one type,
- * so X — mlo_workload_input's f32 values — is rounded to W's dtype (round to
- * nearest even) when W is bf16/f16; for f32 it is exact.  X is generated on
- * the host into pinned memory, copied on the compute stream and cached per
- * (seed, tokens, in, dtype).  Device scratch (X, Y and cuBLAS's workspace)
- * comes from the platform's own allocator, so capacity= bounds it with the
- * weights and a pool's reserve reports it; a block it allocates (ordered
- * on the copy stream) is handed to compute through an event.  Y is copied back on the compute
- * stream and folded on the host, which is the one synchronize a digest needs.
+ * (CUBLAS_COMPUTE_32F: f32 products and sums, never TF32).  cublasGemmEx
+ * needs A and B of one type, so X — mlo_workload_input's f32 values — is
+ * rounded to W's dtype (round to nearest even) when W is bf16/f16; for f32
+ * it is exact.  X is generated on the host into pinned memory, copied on
+ * the compute stream and cached per (seed, tokens, in, dtype).
+ *
+ * Y (or a tensor's raw bytes) is copied back on the compute stream into a
+ * ring of pinned slots and folded only when its slot is needed again or at
+ * flush: the host never drains the GPU per gemm, forwards return with
+ * GEMMs in flight, and the releases and evictions behind them rely on C9's
+ * stream-ordered frees, as a real engine's do.
+ *
+ * Device scratch (X, Y and cuBLAS's workspace) comes from the platform's
+ * own allocator, so capacity= bounds it with the weights and a pool's
+ * reserve reports it; a block it allocates (ordered on the copy stream) is
+ * handed to compute through an event.
  *
  * cuBLAS is bit-reproducible for one configuration on one GPU model, so an
  * offloaded run's digest equals an all-resident run's on the same device.
@@ -30,22 +37,37 @@
 #include <string.h>
 
 #define X_CACHE 4
+#define RING 8                             /* results in flight before the oldest must be folded */
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
 
-/* A device input X with the pinned host copy it came from. */
+/* A pinned host buffer that only grows. */
+struct host_buf {
+  void *ptr;
+  size_t bytes;
+};
+
+/* A device input X with the pinned host copy it was uploaded from (reused:
+ * overwritten only after `uploaded`). */
 struct x_entry {
   uint64_t seed;
   int64_t in;
   int tokens;
   mlo_dtype dtype;
   void *dev;
-  void *host;
-  size_t bytes;
+  size_t dev_bytes;
+  struct host_buf host;
+  cudaEvent_t uploaded;
+  bool valid, pending;
 };
 
-/* A pinned host buffer that only grows. */
-struct host_buf {
-  void *ptr;
+/* One result on its way to the fold: Y on the device, its copy on the host,
+ * the event behind that copy, and the digest it goes into. */
+struct slot {
+  void *y;
+  size_t y_bytes;
+  struct host_buf host;
+  cudaEvent_t done;
+  uint64_t *digest;
   size_t bytes;
 };
 
@@ -58,9 +80,8 @@ struct cuda_blas {
   mlo_event *ready; /* orders a fresh platform block into the compute stream */
   struct x_entry x[X_CACHE];
   unsigned next_victim;
-  float *y;
-  size_t y_bytes;
-  struct host_buf host; /* Y or raw tensor bytes on their way to the fold */
+  struct slot ring[RING]; /* FIFO: `count` slots from `head` are in flight */
+  unsigned head, count;
 };
 
 static int cu_status(cudaError_t e, const char *what) {
@@ -110,6 +131,7 @@ static uint16_t f16_from_float(float f) {
   return (uint16_t)(sign | h);
 }
 
+/* Grows a pinned buffer nothing is copying from or into any more. */
 static int grow_host(struct host_buf *b, size_t bytes) {
   if (bytes <= b->bytes) return MLO_OK;
   if (b->ptr) cudaFreeHost(b->ptr);
@@ -140,15 +162,48 @@ static void scratch_free(struct cuda_blas *b, void *ptr, size_t bytes) {
   if (ptr) mlo_plat_dev_free(b->platform, ptr, bytes);
 }
 
-/* The host copy is freed only after the upload that read it: cudaFreeHost
- * is no synchronization. */
-static void free_entry(struct cuda_blas *b, struct x_entry *e) {
-  scratch_free(b, e->dev, e->bytes);
-  if (e->host) {
-    cudaStreamSynchronize(b->stream);
-    cudaFreeHost(e->host);
+/* Folds the oldest result in flight, once its copy has landed. */
+static int retire_oldest(struct cuda_blas *b) {
+  struct slot *sl = &b->ring[b->head];
+  int rc = cu_status(cudaEventSynchronize(sl->done), "cudaEventSynchronize (result)");
+  if (!rc) *sl->digest = mlo_digest_fold(*sl->digest, sl->host.ptr, sl->bytes);
+  b->head = (b->head + 1) % RING;
+  b->count--;
+  return rc;
+}
+
+static int cb_flush(void *ctx) {
+  struct cuda_blas *b = ctx;
+  int rc = MLO_OK;
+  while (b->count) {
+    int r = retire_oldest(b);
+    if (!rc) rc = r;
   }
-  memset(e, 0, sizeof *e);
+  return rc;
+}
+
+/* The next free slot (folding the oldest when all are in flight). */
+static int take_slot(struct cuda_blas *b, struct slot **out) {
+  int rc = b->count == RING ? retire_oldest(b) : MLO_OK;
+  if (rc) return rc;
+  *out = &b->ring[(b->head + b->count) % RING];
+  return MLO_OK;
+}
+
+/* Queues the copy of `bytes` at `src` into the slot and its fold into
+ * *digest; the slot counts as in flight from here. */
+static int queue_result(struct cuda_blas *b, struct slot *sl, const void *src, size_t bytes,
+                        uint64_t *digest) {
+  int rc = grow_host(&sl->host, bytes ? bytes : 1);
+  if (!rc)
+    rc = cu_status(cudaMemcpyAsync(sl->host.ptr, src, bytes, cudaMemcpyDeviceToHost, b->stream),
+                   "cudaMemcpyAsync (result)");
+  if (!rc) rc = cu_status(cudaEventRecord(sl->done, b->stream), "cudaEventRecord (result)");
+  if (rc) return rc;
+  sl->digest = digest;
+  sl->bytes = bytes;
+  b->count++;
+  return MLO_OK;
 }
 
 static void cb_destroy(void *ctx) {
@@ -157,12 +212,20 @@ static void cb_destroy(void *ctx) {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(b->device);
-  for (int i = 0; i < X_CACHE; i++) free_entry(b, &b->x[i]);
-  scratch_free(b, b->y, b->y_bytes);
-  cudaStreamSynchronize(b->stream);
+  cudaStreamSynchronize(b->stream); /* nothing reads or writes what goes below */
+  b->count = 0;                     /* results never flushed are dropped */
+  for (int i = 0; i < X_CACHE; i++) {
+    scratch_free(b, b->x[i].dev, b->x[i].dev_bytes);
+    if (b->x[i].host.ptr) cudaFreeHost(b->x[i].host.ptr);
+    if (b->x[i].uploaded) cudaEventDestroy(b->x[i].uploaded);
+  }
+  for (int i = 0; i < RING; i++) {
+    scratch_free(b, b->ring[i].y, b->ring[i].y_bytes);
+    if (b->ring[i].host.ptr) cudaFreeHost(b->ring[i].host.ptr);
+    if (b->ring[i].done) cudaEventDestroy(b->ring[i].done);
+  }
   if (b->handle) cublasDestroy(b->handle); /* before its workspace goes */
   scratch_free(b, b->workspace, WORKSPACE_BYTES);
-  if (b->host.ptr) cudaFreeHost(b->host.ptr);
   mlo_plat_event_destroy(b->platform, b->ready);
   (void)cudaGetLastError();
   if (prev >= 0) cudaSetDevice(prev);
@@ -183,6 +246,11 @@ static int cb_create(mlo_platform *p, void **ctx) {
   if (!rc) rc = blas_status(cublasSetStream(b->handle, stream), "cublasSetStream");
   /* Its workspace from the platform, so capacity= counts it. */
   if (!rc) rc = scratch_alloc(b, WORKSPACE_BYTES, &b->workspace);
+  const unsigned flags = cudaEventDisableTiming | cudaEventBlockingSync;
+  for (int i = 0; i < RING && !rc; i++)
+    rc = cu_status(cudaEventCreateWithFlags(&b->ring[i].done, flags), "cudaEventCreate");
+  for (int i = 0; i < X_CACHE && !rc; i++)
+    rc = cu_status(cudaEventCreateWithFlags(&b->x[i].uploaded, flags), "cudaEventCreate");
   if (!rc)
     rc = blas_status(cublasSetWorkspace(b->handle, b->workspace, WORKSPACE_BYTES),
                      "cublasSetWorkspace");
@@ -208,49 +276,48 @@ static void fill_input(void *host, mlo_dtype dtype, uint64_t seed, int tokens, i
     }
 }
 
-/* The device X for these parameters, generated and uploaded on a miss. */
+/* The device X for these parameters, generated and uploaded on a miss into
+ * the least recently filled entry, whose buffers are reused: the host copy
+ * once its last upload is done, the device copy in stream order (the
+ * GEMMs that read it were queued before the new upload). */
 static int get_input(struct cuda_blas *b, mlo_dtype dtype, uint64_t seed, int tokens, int64_t in,
                      const void **dev) {
   for (int i = 0; i < X_CACHE; i++) {
     struct x_entry *e = &b->x[i];
-    if (e->dev && e->seed == seed && e->tokens == tokens && e->in == in && e->dtype == dtype) {
+    if (e->valid && e->seed == seed && e->tokens == tokens && e->in == in && e->dtype == dtype) {
       *dev = e->dev;
       return MLO_OK;
     }
   }
   struct x_entry *e = &b->x[b->next_victim++ % X_CACHE];
-  free_entry(b, e);
+  e->valid = false;
   size_t bytes = (size_t)tokens * (size_t)in * (dtype == MLO_DTYPE_F32 ? 4 : 2);
-  e->bytes = bytes; /* what scratch_free returns, set before anything can fail */
-  int rc = cu_status(cudaMallocHost(&e->host, bytes), "cudaMallocHost (X)");
-  if (!rc) rc = scratch_alloc(b, bytes, &e->dev);
+  int rc = e->pending ? cu_status(cudaEventSynchronize(e->uploaded), "cudaEventSynchronize (X)")
+                      : MLO_OK;
+  e->pending = false;
+  if (!rc) rc = grow_host(&e->host, bytes);
+  if (!rc && bytes > e->dev_bytes) {
+    scratch_free(b, e->dev, e->dev_bytes);
+    e->dev = NULL;
+    e->dev_bytes = 0;
+    rc = scratch_alloc(b, bytes, &e->dev);
+    if (!rc) e->dev_bytes = bytes;
+  }
   if (!rc) {
-    fill_input(e->host, dtype, seed, tokens, in);
-    rc = cu_status(cudaMemcpyAsync(e->dev, e->host, bytes, cudaMemcpyHostToDevice, b->stream),
+    fill_input(e->host.ptr, dtype, seed, tokens, in);
+    rc = cu_status(cudaMemcpyAsync(e->dev, e->host.ptr, bytes, cudaMemcpyHostToDevice, b->stream),
                    "cudaMemcpyAsync (X)");
   }
-  if (rc) {
-    free_entry(b, e);
-    return rc;
-  }
+  if (!rc) rc = cu_status(cudaEventRecord(e->uploaded, b->stream), "cudaEventRecord (X)");
+  if (rc) return rc;
+  e->pending = true;
+  e->valid = true;
   e->seed = seed;
   e->tokens = tokens;
   e->in = in;
   e->dtype = dtype;
-  e->bytes = bytes;
   *dev = e->dev;
   return MLO_OK;
-}
-
-/* Copies `bytes` of device memory to the host buffer on the compute stream
- * and waits: the fold needs the values. */
-static int fetch(struct cuda_blas *b, const void *src, size_t bytes) {
-  int rc = grow_host(&b->host, bytes ? bytes : 1);
-  if (!rc)
-    rc = cu_status(cudaMemcpyAsync(b->host.ptr, src, bytes, cudaMemcpyDeviceToHost, b->stream),
-                   "cudaMemcpyAsync (result)");
-  if (!rc) rc = cu_status(cudaStreamSynchronize(b->stream), "cudaStreamSynchronize");
-  return rc;
 }
 
 static int cb_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dtype, int64_t out,
@@ -267,23 +334,24 @@ static int cb_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dtype
   const void *x = NULL;
   if (!rc) rc = get_input(b, dtype, seed, tokens, in, &x);
   size_t y_bytes = (size_t)tokens * (size_t)out * sizeof(float);
-  if (!rc && y_bytes > b->y_bytes) {
-    scratch_free(b, b->y, b->y_bytes);
-    b->y = NULL;
-    b->y_bytes = 0;
-    rc = scratch_alloc(b, y_bytes, (void **)&b->y);
-    if (!rc) b->y_bytes = y_bytes;
+  struct slot *sl = NULL;
+  if (!rc) rc = take_slot(b, &sl);
+  if (!rc && y_bytes > sl->y_bytes) {
+    scratch_free(b, sl->y, sl->y_bytes);
+    sl->y = NULL;
+    sl->y_bytes = 0;
+    rc = scratch_alloc(b, y_bytes, &sl->y);
+    if (!rc) sl->y_bytes = y_bytes;
   }
   /* Column-major view: Y^T (out x tokens) = W (op T of in x out) * X^T. */
   const float one = 1.0f, zero = 0.0f;
   if (!rc)
     rc = blas_status(cublasGemmEx(b->handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, tokens, (int)in,
                                   &one, (const char *)block + offset, type, (int)in, x, type,
-                                  (int)in, &zero, b->y, CUDA_R_32F, (int)out, CUBLAS_COMPUTE_32F,
+                                  (int)in, &zero, sl->y, CUDA_R_32F, (int)out, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
-  if (!rc) rc = fetch(b, b->y, y_bytes);
-  if (!rc) *digest = mlo_digest_fold(*digest, b->host.ptr, y_bytes);
+  if (!rc) rc = queue_result(b, sl, sl->y, y_bytes, digest);
   return rc;
 }
 
@@ -292,8 +360,9 @@ static int cb_bytes_digest(void *ctx, void *block, size_t offset, uint64_t nbyte
   struct cuda_blas *b = ctx;
   if (nbytes > SIZE_MAX) return MLO_EINVAL;
   int rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
-  if (!rc) rc = fetch(b, (const char *)block + offset, (size_t)nbytes);
-  if (!rc) *digest = mlo_digest_fold(*digest, b->host.ptr, (size_t)nbytes);
+  struct slot *sl = NULL;
+  if (!rc) rc = take_slot(b, &sl);
+  if (!rc) rc = queue_result(b, sl, (const char *)block + offset, (size_t)nbytes, digest);
   return rc;
 }
 
@@ -303,4 +372,5 @@ const struct mlo_workload_ops mlo_workload_cuda_ops = {
     .destroy = cb_destroy,
     .gemm_digest = cb_gemm_digest,
     .bytes_digest = cb_bytes_digest,
+    .flush = cb_flush,
 };

@@ -127,19 +127,32 @@ static int tensor_digest(mlo_workload *w, const mlo_tensor *t, int tokens, uint6
   return w->ops->bytes_digest(w->ctx, block, offset, nbytes, digest);
 }
 
-int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t seed,
-                                  uint64_t *digest) {
-  if (!w || !comp || !digest) return MLO_EINVAL;
+/* Issues a forward's folds into *h (deferred where the backend defers). */
+static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t seed, uint64_t *h) {
   mlo_role role = mlo_component_role(comp);
   int tokens = role_index_ok(role) ? w->tokens[role] : w->tokens[MLO_ROLE_OTHER];
-  uint64_t h = FOLD_BASIS;
   size_t n = mlo_component_tensor_count(comp);
   for (size_t i = 0; i < n; i++) {
     const mlo_tensor *t = mlo_component_tensor_at(comp, i);
     if (!t || mlo_tensor_owner(t) != comp) continue; /* a reference: not ours to read */
-    int rc = tensor_digest(w, t, tokens, seed, &h);
+    int rc = tensor_digest(w, t, tokens, seed, h);
     if (rc) return rc;
   }
+  return MLO_OK;
+}
+
+static int flush(mlo_workload *w) {
+  return w->ops->flush ? w->ops->flush(w->ctx) : MLO_OK;
+}
+
+int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t seed,
+                                  uint64_t *digest) {
+  if (!w || !comp || !digest) return MLO_EINVAL;
+  uint64_t h = FOLD_BASIS;
+  int rc = component_digest_into(w, comp, seed, &h);
+  int frc = flush(w); /* h is the backend's until then, failure or not */
+  if (!rc) rc = frc;
+  if (rc) return rc;
   *digest = h;
   return MLO_OK;
 }
@@ -147,26 +160,37 @@ int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t
 struct forward_args {
   mlo_workload *w;
   uint64_t seed;
-  uint64_t digest;
+  uint64_t *digest; /* final after the backend's flush when deferred */
+  bool deferred;
   int status; /* the library status behind a callback failure */
 };
 
 static int forward_cb(mlo_component *comp, void *user) {
   struct forward_args *a = user;
-  a->status = mlo_workload_component_digest(a->w, comp, a->seed, &a->digest);
+  *a->digest = FOLD_BASIS;
+  a->status = a->deferred ? component_digest_into(a->w, comp, a->seed, a->digest)
+                          : mlo_workload_component_digest(a->w, comp, a->seed, a->digest);
   return a->status ? 1 : 0;
+}
+
+/* One hooked forward; its digest lands in *digest (at flush, if deferred). */
+static int forward_into(mlo_workload *w, mlo_component *comp, uint64_t step, bool deferred,
+                        uint64_t *digest) {
+  struct forward_args a = {w, step, digest, deferred, MLO_OK};
+  int rc = mlo_component_forward(comp, forward_cb, &a);
+  /* Report the workload's own status rather than the generic
+   * MLO_ECALLBACK, so a caller sees e.g. MLO_ENOMEM. */
+  if (rc == MLO_ECALLBACK && a.status) return a.status;
+  return rc;
 }
 
 int mlo_workload_forward(mlo_workload *w, mlo_component *comp, uint64_t step,
                          uint64_t *run_digest) {
   if (!w || !comp || !run_digest) return MLO_EINVAL;
-  struct forward_args a = {w, step, 0, MLO_OK};
-  int rc = mlo_component_forward(comp, forward_cb, &a);
-  /* Report the workload's own status rather than the generic
-   * MLO_ECALLBACK, so a caller sees e.g. MLO_ENOMEM. */
-  if (rc == MLO_ECALLBACK && a.status) return a.status;
+  uint64_t d = 0;
+  int rc = forward_into(w, comp, step, false, &d);
   if (rc) return rc;
-  uint64_t pair[2] = {step, a.digest};
+  uint64_t pair[2] = {step, d};
   *run_digest = mlo_digest_fold(*run_digest, pair, sizeof pair);
   return MLO_OK;
 }
@@ -228,15 +252,26 @@ int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t cou
                      mlo_component **failed) {
   if (failed) *failed = NULL;
   if (!w || (!calls && count) || !digest) return MLO_EINVAL;
-  uint64_t h = FOLD_BASIS;
-  for (size_t i = 0; i < count; i++) {
-    int rc = mlo_workload_forward(w, calls[i].comp, calls[i].step, &h);
-    if (rc) {
-      if (failed) *failed = calls[i].comp;
-      return rc;
-    }
-    if (step_fn) step_fn(i + 1, count, calls[i].comp, user);
+  /* Each forward's digest is folded by the backend when its results are
+   * back (a deferring backend keeps the device busy across forwards);
+   * the run's digest folds them in order once all are in. */
+  uint64_t *fd = mlo_calloc(count ? count : 1, sizeof *fd);
+  if (!fd) return MLO_ENOMEM;
+  int rc = MLO_OK;
+  for (size_t i = 0; i < count && !rc; i++) {
+    rc = forward_into(w, calls[i].comp, calls[i].step, true, &fd[i]);
+    if (rc && failed) *failed = calls[i].comp;
+    if (!rc && step_fn) step_fn(i + 1, count, calls[i].comp, user);
   }
+  int frc = flush(w); /* fd is the backend's until then */
+  if (!rc) rc = frc;
+  uint64_t h = FOLD_BASIS;
+  for (size_t i = 0; i < count && !rc; i++) {
+    uint64_t pair[2] = {calls[i].step, fd[i]};
+    h = mlo_digest_fold(h, pair, sizeof pair);
+  }
+  free(fd);
+  if (rc) return rc;
   *digest = h;
   return MLO_OK;
 }

@@ -32,6 +32,13 @@ struct mlo_workload_ops {
                      int64_t in, int tokens, uint64_t seed, uint64_t *digest);
   /* Folds a tensor's raw device bytes into *digest (non-2-D tensors). */
   int (*bytes_digest)(void *ctx, void *block, size_t offset, uint64_t nbytes, uint64_t *digest);
+  /* Optional.  A backend with flush may defer the folds of the two calls
+   * above (the device keeps computing while the host goes on, so forwards
+   * return, and components are released and evicted, with work in flight —
+   * as in a real engine); *digest must stay valid, and is final, only after
+   * flush, which folds everything pending in the order it was issued.
+   * NULL: folds are done before the calls return. */
+  int (*flush)(void *ctx);
 };
 
 extern const struct mlo_workload_ops mlo_workload_host_ops;
