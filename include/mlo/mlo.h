@@ -312,7 +312,11 @@ enum {
                                     or when evict returns on a blocking_d2h
                                     platform (the XPU rule). */
   MLO_TENSOR_EXTERNAL = 1u << 2, /* host storage belongs to the caller: used in
-                                    place, never copied, pinned or freed (C7) */
+                                    place, never copied into a slab or freed
+                                    (C7); page-locked in place (CUDA:
+                                    cudaHostRegister) where the platform can
+                                    and pin_host is on, until the pipeline is
+                                    freed */
   MLO_TENSOR_SHARDED = 1u << 3,  /* a shard of a distributed tensor; implies
                                     EXTERNAL (the C form of a DTensor) */
 };

@@ -43,6 +43,7 @@ struct mlo_tensor {
   /* storage */
   uint64_t dev_offset; /* offset in the device block (and in the slab) */
   void *host;          /* host copy after materialization */
+  bool registered;     /* EXTERNAL: page-locked in place by the platform */
 };
 
 /* Which strategy owns the pipeline's hooks (C16). */
@@ -74,7 +75,9 @@ struct mlo_component {
   void *slab;
   uint64_t slab_bytes; /* packed non-external tensors, the first bytes of a block */
   bool slab_pinned;
-  uint64_t block_bytes; /* slab_bytes + external tensors, aligned */
+  uint64_t block_bytes;    /* slab_bytes + external tensors, aligned */
+  uint64_t pageable_bytes; /* of the block, copied from pageable host memory */
+  bool warned_pageable;    /* its first load said so */
 
   /* device residency */
   mlo_residency state;

@@ -152,6 +152,16 @@ int mlo_res_load(mlo_component *c) {
     c->block = NULL;
     return mlo_fail(pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
   }
+  if (c->pageable_bytes && !c->warned_pageable && p->caps.host_register) {
+    /* A platform that can pin memory copies pageable memory through a
+     * staging buffer of its own: below link speed, and the caller blocks. */
+    c->warned_pageable = true;
+    char size[32];
+    mlo_logf(MLO_LOG_WARN,
+             "loading '%s': %s of it is pageable host memory, copied below link speed with "
+             "the caller blocked (pinning failed or is off: pin_host, MLO_NO_PINNED, pinned=)",
+             c->name, mlo_format_size(c->pageable_bytes, size, sizeof size));
+  }
   c->state = MLO_RES_LOADING;
   c->load_waited = false;
   c->stats.loads++;

@@ -123,6 +123,26 @@ static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, 
   return rc;
 }
 
+/* Caller-owned tensors are copied from where the caller keeps them (C7);
+ * where the platform can page-lock memory in place and pinning is on, they
+ * are (never SHARDED ones: a distributed tensor's storage is not ours to
+ * pin, as the specification says of DTensors).  What stays pageable is
+ * added to *pageable. */
+static void register_external(mlo_component *c, uint64_t *pageable) {
+  mlo_pipeline *pipe = c->pipe;
+  bool may = pipe->pin_host && pipe->platform->caps.host_register && !mlo_env_flag("MLO_NO_PINNED");
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || !is_external(t) || !t->nbytes) continue;
+    if (may && !(t->flags & MLO_TENSOR_SHARDED) && !t->registered) {
+      c->stats.platform_calls++;
+      t->registered =
+          mlo_plat_host_register(pipe->platform, (void *)t->src_data, (size_t)t->nbytes) == MLO_OK;
+    }
+    if (!t->registered) *pageable += t->nbytes;
+  }
+}
+
 int mlo_slab_materialize(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   if (c->materialized) return MLO_OK;
@@ -173,6 +193,8 @@ int mlo_slab_materialize(mlo_component *c) {
   if (nfiles) rc = fill_from_files(c, files, nfiles, file_bytes, &ps);
   if (rc) goto out_free_slab;
   free(files);
+  uint64_t pageable = pinned ? 0 : slab_bytes;
+  register_external(c, &pageable);
   pthread_mutex_lock(&pipe->lock);
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
@@ -181,6 +203,7 @@ int mlo_slab_materialize(mlo_component *c) {
   c->slab_bytes = slab_bytes;
   c->slab_pinned = pinned;
   c->block_bytes = block_bytes;
+  c->pageable_bytes = pageable;
   c->materialized = true;
   c->state = MLO_RES_HOST;
   if (slab_bytes) c->stats.platform_calls++;
@@ -207,6 +230,13 @@ out_free_slab:
 }
 
 void mlo_slab_free(mlo_component *c) {
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (!t->registered) continue;
+    c->stats.platform_calls++;
+    mlo_plat_host_unregister(c->pipe->platform, (void *)t->src_data);
+    t->registered = false;
+  }
   if (!c->slab) return;
   mlo_plat_host_free(c->pipe->platform, c->slab, c->slab_bytes, c->slab_pinned);
   c->pipe->host_slab_bytes -= c->slab_bytes;

@@ -342,6 +342,43 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   if (in) leave(c, &g);
 }
 
+/* Pins caller-owned memory in place (portable, and read-only where the
+ * device supports it: we only ever copy from it).  Best effort. */
+static int cu_host_register(void *ctx, void *ptr, size_t bytes) {
+  struct cuda_ctx *c = ctx;
+  if (!c->pinned || !bytes) return MLO_EUNSUPPORTED;
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
+  int ro = 0;
+  if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, c->device) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    ro = 0;
+  }
+  unsigned flags = cudaHostRegisterPortable | (ro ? cudaHostRegisterReadOnly : 0);
+  cudaError_t e = cudaHostRegister(ptr, bytes, flags);
+  if (e != cudaSuccess && is_sticky(e)) {
+    rc = cuda_status(c, e, "cudaHostRegister");
+  } else if (e != cudaSuccess) { /* not page-aligned, already registered, no room: pageable */
+    (void)cudaGetLastError();
+    mlo_logf(MLO_LOG_INFO, "cuda: cudaHostRegister of %zu bytes failed (%s): left pageable", bytes,
+             cudaGetErrorString(e));
+    rc = MLO_EUNSUPPORTED;
+  }
+  leave(c, &g);
+  return rc;
+}
+
+static void cu_host_unregister(void *ctx, void *ptr) {
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  if (enter(c, &g)) return;
+  cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
+  cuda_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
+  leave(c, &g);
+}
+
 /* ---- copies ------------------------------------------------------------- */
 
 /* Pinned sources copy asynchronously at link speed in any size; the chunk
@@ -581,6 +618,8 @@ static const struct mlo_platform_ops cuda_ops = {
     .dev_free = cu_dev_free,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
+    .host_register = cu_host_register,
+    .host_unregister = cu_host_unregister,
     .copy_h2d = cu_copy_h2d,
     .copy_d2h = cu_copy_d2h,
     .event_create = cu_event_create,

@@ -213,6 +213,18 @@ void mlo_plat_host_free(mlo_platform *p, void *ptr, size_t bytes, bool pinned) {
     free(ptr);
 }
 
+int mlo_plat_host_register(mlo_platform *p, void *ptr, size_t bytes) {
+  if (!p->ops->host_register || !p->caps.host_register) return MLO_EUNSUPPORTED;
+  count_call(p);
+  return p->ops->host_register(p->ctx, ptr, bytes);
+}
+
+void mlo_plat_host_unregister(mlo_platform *p, void *ptr) {
+  if (!p->ops->host_unregister) return;
+  count_call(p);
+  p->ops->host_unregister(p->ctx, ptr);
+}
+
 int mlo_plat_copy_h2d(mlo_platform *p, void *block, size_t offset, const void *src, size_t bytes) {
   count_call(p);
   return p->ops->copy_h2d(p->ctx, block, offset, src, bytes);
