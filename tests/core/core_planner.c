@@ -48,11 +48,12 @@ typedef struct {
   recorder rec;
 } fixture;
 
-/* Four components, traced, offload enabled with the budget policy. */
-static void setup(fixture *f, const char *host_opts, uint64_t budget, bool prefetch) {
+/* These components, traced, offload enabled with the budget policy. */
+static void setup_with(fixture *f, const tu_comp_spec *specs, size_t n, const char *host_opts,
+                       uint64_t budget, bool prefetch) {
   memset(f, 0, sizeof *f);
   f->plat = tu_platform_open(host_opts);
-  f->tp = tu_pipe_build(f->plat, four, 4);
+  f->tp = tu_pipe_build(f->plat, specs, n);
   f->tp->audit_in_forward = true;
   mlo_pipeline_set_trace(f->tp->pipe, record, &f->rec);
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
@@ -60,6 +61,11 @@ static void setup(fixture *f, const char *host_opts, uint64_t budget, bool prefe
   s.budget_bytes = budget;
   s.prefetch = prefetch;
   assert_ok(mlo_offload_enable(f->tp->pipe, &s));
+}
+
+/* The four 64 KiB components. */
+static void setup(fixture *f, const char *host_opts, uint64_t budget, bool prefetch) {
+  setup_with(f, four, 4, host_opts, budget, prefetch);
 }
 
 static void teardown(fixture *f) {
@@ -120,15 +126,7 @@ static void test_smallest_that_frees_enough(void **state) {
       {"Z", MLO_ROLE_DIT, 1, KB64, 0},
   };
   fixture f;
-  memset(&f, 0, sizeof f);
-  f.plat = tu_platform_open("capacity=1M");
-  f.tp = tu_pipe_build(f.plat, specs, 3);
-  mlo_pipeline_set_trace(f.tp->pipe, record, &f.rec);
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = 3 * KB64;
-  s.prefetch = false;
-  assert_ok(mlo_offload_enable(f.tp->pipe, &s));
+  setup_with(&f, specs, 3, "capacity=1M", 3 * KB64, false);
   schedule(&f, "XYZY");
   run(&f, "XYZY");
   expect_moves(&f, "+X +Y -Y +Z -Z +Y");
@@ -158,15 +156,7 @@ static void test_ties_and_unscheduled(void **state) {
       {"Y", MLO_ROLE_OTHER, 1, KB64, 0},
   };
   fixture f;
-  memset(&f, 0, sizeof f);
-  f.plat = tu_platform_open("capacity=1M");
-  f.tp = tu_pipe_build(f.plat, specs, 5);
-  mlo_pipeline_set_trace(f.tp->pipe, record, &f.rec);
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = 2 * KB64;
-  s.prefetch = false;
-  assert_ok(mlo_offload_enable(f.tp->pipe, &s));
+  setup_with(&f, specs, 5, "capacity=1M", 2 * KB64, false);
   schedule(&f, "PQR");
   run(&f, "XYPQR");
   expect_moves(&f, "+X +Y -X +P -Y +Q -Q +R");
