@@ -22,14 +22,15 @@ if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   echo "gpu-prep: no CUDA toolkit here (/usr/local/cuda): cannot build the CUDA platform" >&2
   exit 1
 fi
+mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
   -DMLO_WITH_OPENCL=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON -DMLO_BUILD_BENCH=OFF \
-  -DMLO_WERROR=ON >"$build.configure.log" 2>&1 || {
-  tail -20 "$build.configure.log" >&2
+  -DMLO_WERROR=ON >"$build/gpu-prep.configure.log" 2>&1 || {
+  tail -20 "$build/gpu-prep.configure.log" >&2
   exit 1
 }
-cmake --build "$build" -j"$(nproc)" >"$build.build.log" 2>&1 || {
-  tail -30 "$build.build.log" >&2
+cmake --build "$build" -j"$(nproc)" >"$build/gpu-prep.build.log" 2>&1 || {
+  tail -30 "$build/gpu-prep.build.log" >&2
   exit 1
 }
 

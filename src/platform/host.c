@@ -115,6 +115,7 @@ struct host_ctx {
   uint64_t live_bytes; /* allocated and not yet freed by the caller */
   char *arena;
   size_t arena_len;
+  size_t touched_end; /* no block ever reached past this offset: all that can be poisoned */
   struct host_range *live, *free_list;
   bool stopping;
   bool pinned_ok;
@@ -351,6 +352,7 @@ static int host_dev_alloc(void *vctx, size_t bytes, void **block) {
     return MLO_ENOMEM_DEVICE;
   }
   ctx->live_bytes += bytes;
+  if (blk->off + blk->len > ctx->touched_end) ctx->touched_end = blk->off + blk->len;
   blk->bytes = bytes;
   blk->next = ctx->live;
   if (ctx->live) ctx->live->prev = blk;
@@ -585,7 +587,9 @@ static void host_destroy(void *vctx) {
   if (ctx->scrubber_started) pthread_join(ctx->scrubber, NULL);
   free_ranges(ctx->live); /* blocks the caller leaked */
   free_ranges(ctx->free_list);
-  HOST_ASAN_UNPOISON(ctx->arena, ctx->arena_len);
+  /* Only what blocks ever covered can be poisoned: unpoisoning the whole
+   * reserve would write shadow for twice the capacity at every close. */
+  HOST_ASAN_UNPOISON(ctx->arena, ctx->touched_end);
   munmap(ctx->arena, ctx->arena_len);
   pthread_cond_destroy(&ctx->done_cv);
   pthread_cond_destroy(&ctx->work_cv);
