@@ -447,14 +447,17 @@ MLO_API int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
  * that the rule excludes, whatever memory is free.  C1–C17 are its tests.
  *
  * BUDGET keeps components on the device while they fit in a budget and
- * evicts one only when a load needs the room.  The victim is the idle
- * resident component whose next use in the declared schedule
- * (mlo_pipeline_set_schedule) is farthest away — Belady's rule, optimal
- * for a known call sequence — and the least recently used one where the
- * schedule says nothing.  No component is evicted while it executes or is
- * acquired.  With prefetch on, the components the schedule calls next are
- * loaded on the copy queue as soon as they fit beside what must stay
- * (evicting only components needed later than them), so the copy overlaps
+ * evicts one only when a load needs the room.  The victim is an idle
+ * resident component chosen by the declared schedule
+ * (mlo_pipeline_set_schedule): the smallest that frees enough room, then
+ * the one whose next use is farthest away (Belady's rule, optimal for a
+ * known call sequence of equal-sized blocks), then the least recently
+ * used (all that is left where the schedule says nothing).  No component
+ * is evicted while it executes or is acquired; a thread holding one that
+ * needs room others hold gets MLO_EDEADLK rather than waiting.  With
+ * prefetch on, the components the schedule calls next are loaded on the
+ * copy queue as soon as they fit beside what must stay (evicting only
+ * components needed after them and one call more), so the copy overlaps
  * the current compute; a forward still waits on its load's event (C8) and
  * nothing is freed under a running copy or compute (C9).  The audit checks
  * device bytes <= budget and every executing component resident. */
