@@ -234,6 +234,7 @@ void mlo_plan_prefetch(mlo_pipeline *pipe) {
       mlo_logf(MLO_LOG_DEBUG, "prefetch of %s not issued: %s", t->name, pipe->errmsg);
       return;
     }
+    if (!t->block_bytes) continue; /* empty (C13): nothing moved, nothing to count */
     t->stats.prefetches++;
     mlo_res_trace(t, MLO_TRACE_PREFETCH, t->block_bytes);
   }
