@@ -179,7 +179,9 @@ typedef struct mlo_platform mlo_platform;
  *       blocking_d2h=0|1  declare the XPU rule (device-to-host copies block)
  *   "cuda[:N]"    NVIDIA GPU N (default 0); MLO_ENODEV if not built or absent
  *   "opencl[:N][:key=value,...]"  OpenCL device N; blocking_d2h=0|1 forces
- *       the XPU rule (on by default for Intel GPUs).
+ *       the XPU rule (on by default for Intel GPUs); max_alloc=SIZE lowers
+ *       the largest single allocation (larger blocks are built from
+ *       segments: see mlo_platform_caps.max_block_bytes).
  *   "fault:kind=K,nth=N,inner=SPEC"  for testing failure handling: the
  *       platform SPEC, except that its Nth call of kind K (dev_alloc,
  *       host_alloc, copy, event, sync, any) fails once.  kind= and nth= are
@@ -197,15 +199,21 @@ MLO_API const char *mlo_platform_name(const mlo_platform *platform);
 MLO_API const char *mlo_platform_description(const mlo_platform *platform);
 
 typedef struct {
-  bool async_copy;       /* copies overlap with the host and with compute */
-  bool events;           /* ordering through events is available */
-  bool pinned_host;      /* page-locked host memory can be allocated */
-  bool host_register;    /* existing host memory can be pinned in place */
-  bool blocking_d2h;     /* the XPU rule: device-to-host copies must block */
-  bool device_pointers;  /* a device block is addressable as a pointer (by the device) */
-  bool host_addressable; /* ... and the host may read and write it through that pointer
-                            (only the host-backed platform: never dereference a CUDA
-                            device pointer on the host) */
+  bool async_copy;          /* copies overlap with the host and with compute */
+  bool events;              /* ordering through events is available */
+  bool pinned_host;         /* page-locked host memory can be allocated */
+  bool host_register;       /* existing host memory can be pinned in place */
+  bool blocking_d2h;        /* the XPU rule: device-to-host copies must block */
+  bool device_pointers;     /* a device block is addressable as a pointer (by the device) */
+  bool host_addressable;    /* ... and the host may read and write it through that pointer
+                               (only the host-backed platform: never dereference a CUDA
+                               device pointer on the host) */
+  uint64_t max_block_bytes; /* 0: a block may be as large as memory.  Else the largest
+                               single allocation (OpenCL: CL_DEVICE_MAX_MEM_ALLOC_SIZE): a
+                               larger component's block is built from segments this large,
+                               no tensor straddling two (a tensor larger than one is
+                               refused at materialize), and mlo_tensor_device gives each
+                               tensor the segment that holds it */
 } mlo_platform_caps;
 MLO_API void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
 
@@ -375,7 +383,9 @@ MLO_API mlo_component *mlo_tensor_owner(const mlo_tensor *t);
 MLO_API const void *mlo_tensor_host_data(const mlo_tensor *t);
 /* The device copy: the platform's block handle and the byte offset in it.
  * MLO_ESTATE if the owner is not resident.  On pointer platforms (host,
- * CUDA) the address is (char*)block + offset; on OpenCL block is a cl_mem. */
+ * CUDA) the address is (char*)block + offset; on OpenCL block is the cl_mem
+ * holding the tensor (one segment of a component larger than the device's
+ * largest allocation: see max_block_bytes) and offset is within it. */
 MLO_API int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
 /* Convenience for pointer platforms: the device address or NULL. */
 MLO_API void *mlo_tensor_device_ptr(const mlo_tensor *t);

@@ -538,8 +538,11 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
   if (!mlo_res_is_resident(owner) || (!owner->block && own->nbytes)) {
     rc = MLO_ESTATE;
   } else {
-    if (block) *block = owner->block;
-    if (offset) *offset = (size_t)own->dev_offset;
+    void *handle = NULL;
+    size_t local = 0;
+    mlo_plat_resolve(owner->pipe->platform, owner->block, (size_t)own->dev_offset, &handle, &local);
+    if (block) *block = handle;
+    if (offset) *offset = local;
   }
   pthread_mutex_unlock(&owner->pipe->lock);
   return rc;

@@ -31,14 +31,19 @@ static bool is_external(const mlo_tensor *t) {
   return t->flags & MLO_TENSOR_EXTERNAL;
 }
 
-/* Computes the layout; with assign, stores each tensor's dev_offset. */
+/* Computes the layout; with assign, stores each tensor's dev_offset.  On a
+ * platform whose blocks are built from segments (caps.max_block_bytes) a
+ * tensor that would straddle a segment boundary starts the next segment. */
 uint64_t mlo_slab_layout(mlo_component *c, bool assign, uint64_t *slab_bytes) {
   uint64_t align = c->pipe->alignment, end = 0;
+  uint64_t seg = c->pipe->platform->caps.max_block_bytes;
   for (int pass = 0; pass < 2; pass++) {
     for (size_t i = 0; i < c->ntensors; i++) {
       mlo_tensor *t = c->tensors[i];
       if (t->target || is_external(t) != (pass == 1)) continue;
       uint64_t off = t->nbytes ? align_up(end, align) : 0;
+      if (seg && t->nbytes && t->nbytes <= seg && off / seg != (off + t->nbytes - 1) / seg)
+        off = (off / seg + 1) * seg;
       if (assign) t->dev_offset = off;
       if (t->nbytes) end = off + t->nbytes;
     }
@@ -146,6 +151,18 @@ static void register_external(mlo_component *c, uint64_t *pageable) {
 int mlo_slab_materialize(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   if (c->materialized) return MLO_OK;
+  uint64_t seg = pipe->platform->caps.max_block_bytes;
+  for (size_t i = 0; seg && i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (!t->target && t->nbytes > seg) {
+      char a[32], b[32];
+      return mlo_fail(pipe, MLO_EUNSUPPORTED,
+                      "%s: tensor '%s' (%s) is larger than this device's largest allocation "
+                      "(%s): no block can hold it",
+                      c->name, t->name, mlo_format_size(t->nbytes, a, sizeof a),
+                      mlo_format_size(seg, b, sizeof b));
+    }
+  }
   uint64_t t0 = mlo_now_ns();
   uint64_t slab_bytes = 0;
   uint64_t block_bytes = mlo_slab_layout(c, true, &slab_bytes);

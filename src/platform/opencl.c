@@ -48,9 +48,20 @@ struct host_map {
 
 struct ocl_options {
   unsigned long index;
-  uint64_t capacity; /* 0: the device's global memory */
-  int blocking_d2h;  /* -1: decide from the device */
-  int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
+  uint64_t capacity;  /* 0: the device's global memory */
+  int blocking_d2h;   /* -1: decide from the device */
+  int pinned;         /* -1: on unless MLO_NO_PINNED=1 */
+  uint64_t max_alloc; /* 0: the device's; else a lower limit (tests, or a driver that lies) */
+};
+
+/* A block larger than the device's largest allocation: buffers of
+ * max_alloc bytes (the last shorter), addressed as one range.  Its handle
+ * is the struct's address, which no cl_mem can be; core's layout keeps
+ * every tensor inside one segment, and resolve gives a tensor its cl_mem. */
+struct seg_block {
+  size_t bytes, seg, n;
+  cl_mem *mems;
+  struct seg_block *next;
 };
 
 struct ocl_ctx {
@@ -64,7 +75,17 @@ struct ocl_ctx {
   uint64_t used;        /* bytes of live blocks, for capacity and free */
   struct host_map *maps;
   bool warned_pageable;
+  struct seg_block *segs; /* live segmented blocks; guarded by lock */
 };
+
+/* The segmented block behind a handle, or NULL for a plain cl_mem. */
+static struct seg_block *find_seg(struct ocl_ctx *c, const void *block) {
+  pthread_mutex_lock(&c->lock);
+  struct seg_block *b = c->segs;
+  while (b && (const void *)b != block) b = b->next;
+  pthread_mutex_unlock(&c->lock);
+  return b;
+}
 
 /* ---- errors ------------------------------------------------------------- */
 
@@ -138,43 +159,80 @@ static void drain_for_memory(struct ocl_ctx *c) {
   clFinish(c->compute_q);
 }
 
-static int ocl_dev_alloc(void *ctx, size_t bytes, void **block) {
-  struct ocl_ctx *c = ctx;
-  *block = NULL;
-  if (bytes > c->max_alloc) {
-    mlo_logf(MLO_LOG_ERROR,
-             "opencl: a block of %zu bytes exceeds this device's largest allocation "
-             "(CL_DEVICE_MAX_MEM_ALLOC_SIZE = %llu bytes)",
-             bytes, (unsigned long long)c->max_alloc);
-    return MLO_EUNSUPPORTED;
-  }
-  /* Reserve first, so that two threads cannot both pass the capacity check. */
-  pthread_mutex_lock(&c->lock);
-  bool fits = bytes <= c->capacity - c->used;
-  if (fits) c->used += bytes;
-  pthread_mutex_unlock(&c->lock);
-  if (!fits) return MLO_ENOMEM_DEVICE;
+/* One buffer, with the drain-and-retry of a failure that may be room not
+ * yet given back. */
+static int create_buffer(struct ocl_ctx *c, size_t bytes, cl_mem *out) {
   cl_int err = CL_SUCCESS;
   cl_mem mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
   if (is_oom(err)) {
     drain_for_memory(c);
     mem = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &err);
   }
-  if (err != CL_SUCCESS) {
+  if (err != CL_SUCCESS) return map_err(err, "clCreateBuffer");
+  *out = mem;
+  return MLO_OK;
+}
+
+static int ocl_dev_alloc(void *ctx, size_t bytes, void **block) {
+  struct ocl_ctx *c = ctx;
+  *block = NULL;
+  /* Reserve first, so that two threads cannot both pass the capacity check. */
+  pthread_mutex_lock(&c->lock);
+  bool fits = bytes <= c->capacity - c->used;
+  if (fits) c->used += bytes;
+  pthread_mutex_unlock(&c->lock);
+  if (!fits) return MLO_ENOMEM_DEVICE;
+  int rc = MLO_OK;
+  if (bytes <= c->max_alloc) {
+    rc = create_buffer(c, bytes, (cl_mem *)block);
+  } else { /* several buffers under the limit, one range */
+    struct seg_block *b = mlo_calloc(1, sizeof *b);
+    size_t n = (size_t)((bytes + c->max_alloc - 1) / c->max_alloc);
+    if (!b || !(b->mems = mlo_calloc(n, sizeof *b->mems))) rc = MLO_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+      size_t len = i + 1 < n ? (size_t)c->max_alloc : bytes - (n - 1) * (size_t)c->max_alloc;
+      rc = create_buffer(c, len, &b->mems[i]);
+      if (!rc) b->n = i + 1;
+    }
+    if (!rc) {
+      b->bytes = bytes;
+      b->seg = (size_t)c->max_alloc;
+      pthread_mutex_lock(&c->lock);
+      b->next = c->segs;
+      c->segs = b;
+      pthread_mutex_unlock(&c->lock);
+      *block = b;
+    } else if (b) {
+      for (size_t i = 0; i < b->n; i++) clReleaseMemObject(b->mems[i]);
+      free(b->mems);
+      free(b);
+    }
+  }
+  if (rc) {
     pthread_mutex_lock(&c->lock);
     c->used -= bytes;
     pthread_mutex_unlock(&c->lock);
-    return map_err(err, "clCreateBuffer");
   }
-  *block = mem;
-  return MLO_OK;
+  return rc;
 }
 
 /* No wait needed: the runtime deletes the buffer only after every command
  * already queued on either queue that uses it has finished. */
 static void ocl_dev_free(void *ctx, void *block, size_t bytes) {
   struct ocl_ctx *c = ctx;
-  map_err(clReleaseMemObject((cl_mem)block), "clReleaseMemObject");
+  struct seg_block *b = find_seg(c, block);
+  if (b) {
+    pthread_mutex_lock(&c->lock);
+    struct seg_block **pp = &c->segs;
+    while (*pp != b) pp = &(*pp)->next;
+    *pp = b->next;
+    pthread_mutex_unlock(&c->lock);
+    for (size_t i = 0; i < b->n; i++) map_err(clReleaseMemObject(b->mems[i]), "clReleaseMemObject");
+    free(b->mems);
+    free(b);
+  } else {
+    map_err(clReleaseMemObject((cl_mem)block), "clReleaseMemObject");
+  }
   pthread_mutex_lock(&c->lock);
   c->used -= bytes <= c->used ? bytes : c->used;
   pthread_mutex_unlock(&c->lock);
@@ -228,7 +286,16 @@ static int ocl_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool
   *ptr = NULL;
   *got_pinned = false;
   if (pinned && !c->pinned) warn_pageable_once(c, "pinning disabled (pinned=0 or MLO_NO_PINNED=1)");
-  if (pinned && c->pinned && bytes) {
+  if (pinned && c->pinned && bytes > c->max_alloc) {
+    /* One host range cannot be made of several mapped buffers (each maps
+     * where the runtime puts it), and the slab is one range: it stays
+     * pageable, and says so — a block, by contrast, is built from segments. */
+    char a[32], b[32];
+    mlo_logf(MLO_LOG_WARN,
+             "opencl: a %s host slab is larger than the device's largest allocation (%s): it "
+             "stays pageable, and loads from it are staged by the driver",
+             mlo_format_size(bytes, a, sizeof a), mlo_format_size(c->max_alloc, b, sizeof b));
+  } else if (pinned && c->pinned && bytes) {
     if (pinned_alloc(c, bytes, ptr) == MLO_OK) {
       *got_pinned = true;
       return MLO_OK;
@@ -267,28 +334,67 @@ static void ocl_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
 
 /* ---- copies ------------------------------------------------------------- */
 
-static int ocl_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
-  struct ocl_ctx *c = ctx;
-  cl_int err =
-      clEnqueueWriteBuffer(c->copy_q, (cl_mem)block, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
-  if (is_oom(err)) { /* the lazy allocation of the block, at its first write */
+static cl_int write_one(struct ocl_ctx *c, cl_mem mem, size_t offset, const void *src,
+                        size_t bytes) {
+  cl_int err = clEnqueueWriteBuffer(c->copy_q, mem, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
+  if (is_oom(err)) { /* the lazy allocation of the buffer, at its first write */
     drain_for_memory(c);
-    err =
-        clEnqueueWriteBuffer(c->copy_q, (cl_mem)block, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
+    err = clEnqueueWriteBuffer(c->copy_q, mem, CL_FALSE, offset, bytes, src, 0, NULL, NULL);
   }
-  if (err != CL_SUCCESS) return map_err(err, "clEnqueueWriteBuffer");
+  return err;
+}
+
+/* With the XPU rule the read blocks until the data is on the host. */
+static cl_int read_one(struct ocl_ctx *c, void *dst, cl_mem mem, size_t offset, size_t bytes) {
+  cl_bool blocking = c->blocking_d2h ? CL_TRUE : CL_FALSE;
+  return clEnqueueReadBuffer(c->copy_q, mem, blocking, offset, bytes, dst, 0, NULL, NULL);
+}
+
+/* A copy into or out of a block: one command, or one per segment it spans
+ * in a segmented block (all on the copy queue, in order). */
+static int copy_block(struct ocl_ctx *c, bool to_device, void *block, size_t offset, void *host,
+                      size_t bytes) {
+  struct seg_block *b = find_seg(c, block);
+  cl_int err = CL_SUCCESS;
+  if (!b) {
+    err = to_device ? write_one(c, (cl_mem)block, offset, host, bytes)
+                    : read_one(c, host, (cl_mem)block, offset, bytes);
+  } else {
+    if (offset > b->bytes || bytes > b->bytes - offset) return MLO_EINVAL;
+    for (size_t done = 0; err == CL_SUCCESS && done < bytes;) {
+      size_t at = offset + done, i = at / b->seg, local = at % b->seg;
+      size_t n = b->seg - local < bytes - done ? b->seg - local : bytes - done;
+      char *h = (char *)host + done;
+      err =
+          to_device ? write_one(c, b->mems[i], local, h, n) : read_one(c, h, b->mems[i], local, n);
+      done += n;
+    }
+  }
+  if (err != CL_SUCCESS)
+    return map_err(err, to_device ? "clEnqueueWriteBuffer" : "clEnqueueReadBuffer");
   /* Start the copy now, so that it overlaps whatever the host does next. */
   return map_err(clFlush(c->copy_q), "clFlush");
 }
 
-/* With the XPU rule the read blocks until the data is on the host. */
+static int ocl_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
+  return copy_block(ctx, true, block, offset, (void *)(uintptr_t)src, bytes);
+}
+
 static int ocl_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, size_t bytes) {
-  struct ocl_ctx *c = ctx;
-  cl_bool blocking = c->blocking_d2h ? CL_TRUE : CL_FALSE;
-  cl_int err =
-      clEnqueueReadBuffer(c->copy_q, (cl_mem)block, blocking, offset, bytes, dst, 0, NULL, NULL);
-  if (err != CL_SUCCESS) return map_err(err, "clEnqueueReadBuffer");
-  return map_err(clFlush(c->copy_q), "clFlush");
+  return copy_block(ctx, false, (void *)(uintptr_t)block, offset, dst, bytes);
+}
+
+/* The cl_mem and offset within it of a byte of a block. */
+static void ocl_resolve(void *ctx, void *block, size_t offset, void **handle, size_t *local) {
+  struct seg_block *b = find_seg(ctx, block);
+  if (!b) {
+    *handle = block;
+    *local = offset;
+    return;
+  }
+  size_t i = offset / b->seg < b->n ? offset / b->seg : b->n - 1;
+  *handle = b->mems[i];
+  *local = offset - i * b->seg;
 }
 
 /* ---- events ------------------------------------------------------------- */
@@ -424,6 +530,7 @@ static void ocl_get_caps(void *ctx, mlo_platform_caps *caps) {
       .host_register = false, /* CL_MEM_USE_HOST_PTR may copy; never promised */
       .blocking_d2h = c->blocking_d2h,
       .device_pointers = false,
+      .max_block_bytes = c->max_alloc,
   };
 }
 
@@ -467,6 +574,7 @@ static const struct mlo_platform_ops opencl_ops = {
     .copy_wait = ocl_copy_wait,
     .event_sync = ocl_event_sync,
     .event_query = ocl_event_query,
+    .resolve = ocl_resolve,
     .synchronize = ocl_synchronize,
     .compute_queue = ocl_compute_queue,
 };
@@ -494,9 +602,19 @@ static int ocl_option(const char *key, const char *value, void *user, char *err,
   }
   if (!strcmp(key, "blocking_d2h")) return parse_flag(key, value, &o->blocking_d2h, err, errlen);
   if (!strcmp(key, "pinned")) return parse_flag(key, value, &o->pinned, err, errlen);
+  if (!strcmp(key, "max_alloc")) {
+    if (mlo_parse_size(value, false, &o->max_alloc) || o->max_alloc < 4096) {
+      snprintf(err, errlen,
+               "opencl platform option max_alloc=%s: expected a size of at least 4K, such as 1G",
+               value);
+      return MLO_EINVAL;
+    }
+    return MLO_OK;
+  }
   snprintf(err, errlen,
-           "unknown opencl platform option %s=%s (known: capacity, blocking_d2h, pinned)", key,
-           value);
+           "unknown opencl platform option %s=%s (known: capacity, blocking_d2h, pinned, "
+           "max_alloc)",
+           key, value);
   return MLO_EINVAL;
 }
 
@@ -548,7 +666,8 @@ static void configure(struct ocl_ctx *c, const struct ocl_options *o, mlo_platfo
   clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof name - 1, name, NULL);
   clGetDeviceInfo(c->device, CL_DEVICE_VENDOR, sizeof vendor - 1, vendor, NULL);
   c->capacity = o->capacity && o->capacity < global ? o->capacity : global;
-  c->max_alloc = max_alloc;
+  /* max_alloc= only lowers it: buffers past the device's limit do not exist. */
+  c->max_alloc = o->max_alloc && o->max_alloc < max_alloc ? o->max_alloc : max_alloc;
   /* Intel GPUs (the XPU rule of the specification) need blocking reads. */
   bool intel_gpu = strstr(vendor, "Intel") && (type & CL_DEVICE_TYPE_GPU);
   c->blocking_d2h = o->blocking_d2h >= 0 ? o->blocking_d2h == 1 : intel_gpu;

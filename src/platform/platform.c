@@ -331,6 +331,15 @@ int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns) {
   return p->ops->event_time(p->ctx, ev, t_ns);
 }
 
+void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local) {
+  if (p->ops->resolve) {
+    p->ops->resolve(p->ctx, block, offset, handle, local);
+    return;
+  }
+  *handle = block;
+  *local = offset;
+}
+
 int mlo_plat_synchronize(mlo_platform *p) {
   count_call(p);
   return p->ops->synchronize(p->ctx);

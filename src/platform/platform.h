@@ -89,6 +89,11 @@ struct mlo_platform_ops {
    * the platform cannot tell.  Never blocks; never a fault point. */
   int (*event_time)(void *ctx, mlo_event *ev, uint64_t *t_ns);
 
+  /* Optional, for platforms that build large blocks from segments
+   * (caps.max_block_bytes): the native handle and offset within it of a
+   * byte of a block.  NULL: the block and offset themselves. */
+  void (*resolve)(void *ctx, void *block, size_t offset, void **handle, size_t *local);
+
   /* Waits for both queues to drain. */
   int (*synchronize)(void *ctx);
   /* The native compute queue (NULL for host).  Optional: NULL -> NULL. */
@@ -151,6 +156,8 @@ int mlo_stamp_time(mlo_stamp *s, uint64_t *t_ns); /* MLO_OK, MLO_EBUSY; NULL: ML
  * platform call: it only feeds the trace). */
 int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns);
 int mlo_plat_synchronize(mlo_platform *p);
+/* The resolve slot, or identity.  Not a platform call (never fails). */
+void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local);
 /* Number of wrapper calls made so far (for tests: C13). */
 uint64_t mlo_plat_call_count(mlo_platform *p);
 

@@ -28,6 +28,8 @@ static void test_bad_specs(void **state) {
       {"opencl:0:blocking_d2h=2", MLO_EINVAL, "blocking_d2h"},
       {"opencl:0:pinned=yes", MLO_EINVAL, "pinned"},
       {"opencl:0:pinned", MLO_EINVAL, "pinned"},
+      {"opencl:0:max_alloc=1K", MLO_EINVAL, "max_alloc"},
+      {"opencl:0:max_alloc=lots", MLO_EINVAL, "max_alloc"},
       {"opencl:999", MLO_ENODEV, "not present"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -157,16 +159,53 @@ static void test_capacity_oom(void **state) {
   mlo_platform_close(p);
 }
 
+/* A block larger than the largest allocation is built from segments
+ * (max_alloc= lowers the limit so a test can see it): a copy that spans
+ * segment boundaries lands whole, each tensor-sized piece resolves to its
+ * own cl_mem, and the caps say so.  More than the device has is still out
+ * of memory, with nothing left held. */
 static void test_beyond_max_alloc(void **state) {
   (void)state;
-  mlo_platform *p = tu_open_spec("opencl:0");
+  mlo_platform *p = tu_open_spec("opencl:0:max_alloc=64K");
+  mlo_platform_caps caps;
+  mlo_platform_get_caps(p, &caps);
+  assert_int_equal(caps.max_block_bytes, 64 << 10);
+  const size_t n = (200 << 10) + 123; /* four segments, the last short */
+  unsigned char *src = malloc(n), *back = malloc(n);
+  assert_non_null(src);
+  assert_non_null(back);
+  tu_fill_pattern(src, n, 9);
+  memset(back, 0, n);
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, n, &block));
+  assert_ok(mlo_plat_copy_h2d(p, block, 0, src, 100 << 10)); /* ends inside segment 1 */
+  assert_ok(mlo_plat_copy_h2d(p, block, 100 << 10, src + (100 << 10), n - (100 << 10)));
+  assert_ok(mlo_plat_copy_d2h(p, back, block, 0, n));
+  assert_ok(mlo_plat_synchronize(p));
+  assert_memory_equal(back, src, n);
+  void *h0 = NULL, *h1 = NULL, *h3 = NULL;
+  size_t o0 = 1, o1 = 1, o3 = 1;
+  mlo_plat_resolve(p, block, 100, &h0, &o0);
+  mlo_plat_resolve(p, block, (64 << 10) + 5, &h1, &o1);
+  mlo_plat_resolve(p, block, (192 << 10) + 7, &h3, &o3);
+  assert_int_equal(o0, 100);
+  assert_int_equal(o1, 5);
+  assert_int_equal(o3, 7);
+  assert_true(h0 != h1 && h1 != h3 && h0 != block);
+  memset(back, 0, n); /* a segment read through its own cl_mem */
+  assert_ok(mlo_plat_copy_d2h(p, back, h1, o1, 1000));
+  assert_ok(mlo_plat_synchronize(p));
+  assert_memory_equal(back, src + (64 << 10) + 5, 1000);
+  assert_status(mlo_plat_copy_h2d(p, block, n - 10, src, 11), MLO_EINVAL); /* past its end */
+  mlo_plat_dev_free(p, block, n);
   void *b = (void *)&b;
-  assert_int_equal(mlo_plat_dev_alloc(p, SIZE_MAX / 2, &b), MLO_EUNSUPPORTED);
-  assert_null(b);
+  assert_int_equal(mlo_plat_dev_alloc(p, SIZE_MAX / 2, &b), MLO_ENOMEM_DEVICE);
   mlo_platform_memory mem;
   assert_ok(mlo_platform_get_memory(p, &mem));
   assert_int_equal(mem.used_bytes, 0);
   mlo_platform_close(p);
+  free(src);
+  free(back);
 }
 
 static void test_blocking_d2h(void **state) {
