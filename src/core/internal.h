@@ -174,6 +174,16 @@ void mlo_log_reentry(const char *func);
 int mlo_lock_both(mlo_pipeline *pipe);
 void mlo_unlock_both(mlo_pipeline *pipe);
 
+/* Whether the calling thread is one of c's holders (its acquires or
+ * forwards in progress); lock held.  Both the exclusion rule and the budget
+ * use it to refuse a wait that could never end (MLO_EDEADLK). */
+static inline bool mlo_held_by_this_thread(const mlo_component *c) {
+  pthread_t self = pthread_self();
+  for (int i = 0; i < c->users; i++)
+    if (pthread_equal(c->holders[i], self)) return true;
+  return false;
+}
+
 /* Resident or loading; lock held. */
 static inline bool mlo_res_is_resident(const mlo_component *c) {
   return c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE;

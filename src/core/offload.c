@@ -91,20 +91,13 @@ bool mlo_component_is_resident(mlo_component *c) {
 
 /* ---- acquire / release ------------------------------------------------- */
 
-static bool held_by_self(const mlo_component *c) {
-  pthread_t self = pthread_self();
-  for (int i = 0; i < c->users; i++)
-    if (pthread_equal(c->holders[i], self)) return true;
-  return false;
-}
-
 /* A component this thread holds that c excludes: waiting for it would
  * wait forever (the rule is per component, so a release on another thread
  * is fine and a freed pipeline leaves nothing behind). */
 static mlo_component *held_conflict(mlo_pipeline *pipe, mlo_component *c) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
-    if (o->users && mlo_excludes(pipe, c, o) && held_by_self(o)) return o;
+    if (o->users && mlo_excludes(pipe, c, o) && mlo_held_by_this_thread(o)) return o;
   }
   return NULL;
 }

@@ -147,12 +147,6 @@ bool mlo_plan_evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
   return v && mlo_res_evict(v) == MLO_OK;
 }
 
-static bool held_by_this_thread(const mlo_component *c) {
-  for (int i = 0; i < c->users; i++)
-    if (pthread_equal(c->holders[i], pthread_self())) return true;
-  return false;
-}
-
 int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
   uint64_t need = c->block_bytes;
   char a[32], b[32];
@@ -175,7 +169,7 @@ int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
     const mlo_component *held = NULL;
     for (size_t i = 0; i < pipe->ncomps; i++) {
       mlo_component *o = pipe->comps[i];
-      if (o->users && held_by_this_thread(o)) {
+      if (o->users && mlo_held_by_this_thread(o)) {
         mine += mlo_res_is_resident(o) ? o->block_bytes : 0;
         held = o;
       }

@@ -182,17 +182,6 @@ static int open_mode(const bench_args *ba, const char *path, const mlo_open_opti
   return session_open(s, &cfg, err, errlen);
 }
 
-/* A steady-state figure of a run: the median over prompts 2.. */
-static double steady(const run_result *r, int what) {
-  double v[64];
-  size_t n = 0;
-  for (int g = r->ngens > 1 ? 1 : 0; g < r->ngens && n < 64; g++)
-    v[n++] = what == 0   ? r->gens[g].stall_s
-             : what == 1 ? (double)r->gens[g].h2d_bytes
-                         : (double)r->gens[g].loads;
-  return n ? bench_median(v, n) : 0;
-}
-
 static int run_mode(tool_session *s, const bench_results *res, const curve_point *pt, bool offload,
                     run_result *r, char *err, size_t errlen) {
   run_options o = {
@@ -254,17 +243,17 @@ static int run_curve(const bench_args *ba, const char *path, const mlo_open_opti
   for (int i = 0; i < res->reps && !rc; i++) {
     run_result base;
     rc = run_mode(&s, res, NULL, false, &base, err, errlen);
-    resident[i] = run_steady_wall(&base);
+    resident[i] = run_steady(&base, GEN_WALL);
     run_result_free(&base);
     for (size_t k = 0; k < cv->npoints && !rc; k++) {
       run_result r;
       curve_point *pt = &cv->points[k];
       rc = run_mode(&s, res, pt, true, &r, err, errlen);
       if (!rc) {
-        ratio[k][i] = resident[i] > 0 ? run_steady_wall(&r) / resident[i] : 0;
-        stall[k][i] = steady(&r, 0);
-        h2d[k][i] = steady(&r, 1);
-        loads[k][i] = steady(&r, 2);
+        ratio[k][i] = resident[i] > 0 ? run_steady(&r, GEN_WALL) / resident[i] : 0;
+        stall[k][i] = run_steady(&r, GEN_STALL);
+        h2d[k][i] = run_steady(&r, GEN_H2D);
+        loads[k][i] = run_steady(&r, GEN_LOADS);
         if (r.stats.peak_device_bytes > pt->peak) pt->peak = r.stats.peak_device_bytes;
         if (r.reserved_peak > pt->reserved) pt->reserved = r.reserved_peak;
       }
@@ -363,10 +352,6 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
   return rc;
 }
 
-static double ratio(double a, double b) {
-  return b > 0 ? a / b : 0;
-}
-
 static void print_text(const bench_args *ba, const bench_results *r) {
   printf("mlo bench on %s (medians)\n\nload throughput / raw copy throughput\n", ba->platform);
   printf("  %10s %12s %12s %8s\n", "size", "load", "raw copy", "ratio");
@@ -377,8 +362,8 @@ static void print_text(const bench_args *ba, const bench_results *r) {
          r->hot_ns, r->hot_calls);
   printf("switch of %s: %.3f ms = %.2fx bytes/peak bandwidth (%.3f ms); literal mode %.3f ms = "
          "%.2fx\n",
-         tool_size(r->sw.bytes), r->sw.switch_s * 1e3, ratio(r->sw.switch_s, r->sw.ideal_s),
-         r->sw.ideal_s * 1e3, r->sw.literal_s * 1e3, ratio(r->sw.literal_s, r->sw.ideal_s));
+         tool_size(r->sw.bytes), r->sw.switch_s * 1e3, tool_ratio(r->sw.switch_s, r->sw.ideal_s),
+         r->sw.ideal_s * 1e3, r->sw.literal_s * 1e3, tool_ratio(r->sw.literal_s, r->sw.ideal_s));
   printf("\nend to end (%s; medians of %d paired runs)\n", r->e2e_what, r->reps);
   printf("  exposed = 1 + stall per prompt / warm all-resident time per prompt: the transfer\n"
          "  time offload puts on the critical path, which machine noise barely moves; wall =\n"
@@ -430,9 +415,9 @@ static void print_json(const bench_args *ba, const bench_results *r) {
   cJSON_AddNumberToObject(sw, "bytes", (double)r->sw.bytes);
   cJSON_AddNumberToObject(sw, "switch_s", r->sw.switch_s);
   cJSON_AddNumberToObject(sw, "ideal_s", r->sw.ideal_s);
-  cJSON_AddNumberToObject(sw, "ratio", ratio(r->sw.switch_s, r->sw.ideal_s));
+  cJSON_AddNumberToObject(sw, "ratio", tool_ratio(r->sw.switch_s, r->sw.ideal_s));
   cJSON_AddNumberToObject(sw, "literal_s", r->sw.literal_s);
-  cJSON_AddNumberToObject(sw, "literal_ratio", ratio(r->sw.literal_s, r->sw.ideal_s));
+  cJSON_AddNumberToObject(sw, "literal_ratio", tool_ratio(r->sw.literal_s, r->sw.ideal_s));
   cJSON *e = cJSON_AddObjectToObject(root, "end_to_end");
   cJSON_AddStringToObject(e, "pipeline", r->e2e_what);
   cJSON_AddNumberToObject(e, "runs", r->reps);

@@ -177,29 +177,14 @@ static int run_one(tool_session *s, const run_options *o, const demo_args *d, co
   return tool_exit_for(rc);
 }
 
-static double ratio(double a, double b) {
-  return b > 0 ? a / b : 0;
-}
-
-static double steady_stall(const run_result *r) {
-  double sum = 0;
-  for (int g = 1; g < r->ngens; g++) sum += r->gens[g].stall_s;
-  return r->ngens > 1 ? sum / (r->ngens - 1) : (r->ngens ? r->gens[0].stall_s : 0);
-}
-
-static uint64_t steady_h2d(const run_result *r) {
-  uint64_t sum = 0;
-  for (int g = 1; g < r->ngens; g++) sum += r->gens[g].h2d_bytes;
-  return r->ngens > 1 ? sum / (uint64_t)(r->ngens - 1) : 0;
-}
-
 /* time, its ratio to the baseline (noisy on a shared machine), and the
  * exposed cost: 1 + stall / the baseline's time (what noise barely moves) */
 static void print_row(const char *label, const run_result *r, const run_result *base) {
-  double b = run_steady_wall(base);
-  printf("  %-22s %7.3f s %7.2fx %8.3fx %9.3f s %11s %10s\n", label, run_steady_wall(r),
-         ratio(run_steady_wall(r), b), b > 0 ? 1 + steady_stall(r) / b : 0, steady_stall(r),
-         tool_size(steady_h2d(r)), tool_size(r->stats.peak_device_bytes));
+  double b = run_steady(base, GEN_WALL), wall = run_steady(r, GEN_WALL);
+  double stall = run_steady(r, GEN_STALL);
+  printf("  %-22s %7.3f s %7.2fx %8.3fx %9.3f s %11s %10s\n", label, wall, tool_ratio(wall, b),
+         b > 0 ? 1 + stall / b : 0, stall, tool_size((uint64_t)run_steady(r, GEN_H2D)),
+         tool_size(r->stats.peak_device_bytes));
 }
 
 static int demo(const demo_args *d, const char *dir, const char *svg) {

@@ -55,7 +55,7 @@ void report_free(tool_report *rep) {
   run_result_free(&rep->ref);
 }
 
-static double ratio(double a, double b) {
+double tool_ratio(double a, double b) {
   return b > 0 ? a / b : 0;
 }
 
@@ -86,7 +86,7 @@ void report_print_text(const tool_report *rep, FILE *out) {
           tool_size(st->pinned_bytes));
   fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
           tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
-          100.0 * ratio((double)st->peak_device_bytes, (double)rep->all_resident));
+          100.0 * tool_ratio((double)st->peak_device_bytes, (double)rep->all_resident));
   if (rep->run.reserved_peak > rep->run.platform_peak)
     fprintf(out, "                   the allocator held up to %s (its pool's reserve included)\n",
             tool_size(rep->run.reserved_peak));
@@ -104,19 +104,19 @@ void report_print_text(const tool_report *rep, FILE *out) {
               r->wall_s, r->stall_s, tool_size(r->h2d_bytes), r->loads, r->evictions, r->prefetches,
               g ? "" : "  (cold: includes enable)");
     }
-    double steady = run_steady_wall(&rep->run);
+    double steady = run_steady(&rep->run, GEN_WALL);
     fprintf(out, "steady state       %.3f s per prompt (median of prompts 2-%d)", steady,
             rep->run.ngens);
     if (rep->verify)
-      fprintf(out, "; all resident, warm, %.3f s (%.2fx)", run_steady_wall(&rep->ref),
-              ratio(steady, run_steady_wall(&rep->ref)));
+      fprintf(out, "; all resident, warm, %.3f s (%.2fx)", run_steady(&rep->ref, GEN_WALL),
+              tool_ratio(steady, run_steady(&rep->ref, GEN_WALL)));
     fprintf(out, "\n");
   }
   if (!rep->run.digests_agree && rep->run.ngens > 1)
     fprintf(out, "digests            DIFFER between prompts\n");
   if (rep->verify) {
     fprintf(out, "wall time          %.3f s; all resident %.3f s (%.2fx)\n", rep->run.wall_s,
-            rep->ref.wall_s, ratio(rep->run.wall_s, rep->ref.wall_s));
+            rep->ref.wall_s, tool_ratio(rep->run.wall_s, rep->ref.wall_s));
     fprintf(out, "output identical:  %s (digest %016" PRIx64 ")\n", rep->identical ? "yes" : "NO",
             rep->run.digest);
   } else {
@@ -166,7 +166,7 @@ static cJSON *build_json(const tool_report *rep) {
   snprintf(hex, sizeof hex, "%016" PRIx64, rep->run.digest);
   cJSON_AddStringToObject(root, "digest", hex);
   cJSON_AddBoolToObject(root, "digests_agree", rep->run.digests_agree);
-  cJSON_AddNumberToObject(root, "steady_wall_s", run_steady_wall(&rep->run));
+  cJSON_AddNumberToObject(root, "steady_wall_s", run_steady(&rep->run, GEN_WALL));
   cJSON *gens = cJSON_AddArrayToObject(root, "generations");
   for (int g = 0; g < rep->run.ngens; g++) {
     const gen_result *r = &rep->run.gens[g];
@@ -186,10 +186,11 @@ static cJSON *build_json(const tool_report *rep) {
     snprintf(hex, sizeof hex, "%016" PRIx64, rep->ref.digest);
     cJSON_AddStringToObject(root, "reference_digest", hex);
     cJSON_AddNumberToObject(root, "reference_wall_s", rep->ref.wall_s);
-    cJSON_AddNumberToObject(root, "wall_ratio", ratio(rep->run.wall_s, rep->ref.wall_s));
-    cJSON_AddNumberToObject(root, "reference_steady_wall_s", run_steady_wall(&rep->ref));
-    cJSON_AddNumberToObject(root, "steady_ratio",
-                            ratio(run_steady_wall(&rep->run), run_steady_wall(&rep->ref)));
+    cJSON_AddNumberToObject(root, "wall_ratio", tool_ratio(rep->run.wall_s, rep->ref.wall_s));
+    cJSON_AddNumberToObject(root, "reference_steady_wall_s", run_steady(&rep->ref, GEN_WALL));
+    cJSON_AddNumberToObject(
+        root, "steady_ratio",
+        tool_ratio(run_steady(&rep->run, GEN_WALL), run_steady(&rep->ref, GEN_WALL)));
   } else {
     cJSON_AddNullToObject(root, "verified");
   }

@@ -248,18 +248,27 @@ void run_result_free(run_result *r) {
   r->ngens = 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
+static double gen_value(const gen_result *g, gen_figure what) {
+  switch (what) {
+  case GEN_WALL:
+    return g->wall_s;
+  case GEN_STALL:
+    return g->stall_s;
+  case GEN_H2D:
+    return (double)g->h2d_bytes;
+  case GEN_LOADS:
+    return (double)g->loads;
+  }
+  return 0;
 }
 
-double run_steady_wall(const run_result *r) {
-  if (r->ngens <= 1) return r->ngens ? r->gens[0].wall_s : r->wall_s;
+double run_steady(const run_result *r, gen_figure what) {
+  if (!r->ngens) return what == GEN_WALL ? r->wall_s : 0;
   double v[256];
   size_t n = 0;
-  for (int i = 1; i < r->ngens && n < sizeof v / sizeof v[0]; i++) v[n++] = r->gens[i].wall_s;
-  qsort(v, n, sizeof v[0], cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  for (int g = r->ngens > 1 ? 1 : 0; g < r->ngens && n < sizeof v / sizeof v[0]; g++)
+    v[n++] = gen_value(&r->gens[g], what);
+  return bench_median(v, n);
 }
 
 int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen) {

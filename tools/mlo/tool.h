@@ -213,9 +213,12 @@ typedef struct {
  * disabled again afterwards.  Free r with run_result_free. */
 int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen);
 void run_result_free(run_result *r);
-/* The median wall time of generations 2.. (the warm steady state); the
- * first's when there is only one. */
-double run_steady_wall(const run_result *r);
+/* One figure of a run's steady state: its median over generations 2..
+ * (the warm prompts), the first's when there is only one. */
+typedef enum { GEN_WALL, GEN_STALL, GEN_H2D, GEN_LOADS } gen_figure;
+double run_steady(const run_result *r, gen_figure what);
+/* a / b, 0 when b is not positive (a ratio to a missing baseline). */
+double tool_ratio(double a, double b);
 
 /* The all-resident reference of --verify and the demo: the same checkpoint
  * in a fresh session (on host, with a capacity that holds everything),
