@@ -29,8 +29,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # Test-time cross-check tools from PyPI (never used by the library itself).
-if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "bootstrap: installing safetensors and numpy from PyPI (tests only)"
-  python3 -m pip install --quiet --disable-pip-version-check safetensors numpy ||
-    python3 -m pip install --quiet --break-system-packages safetensors numpy
+if ! python3 -c 'import safetensors, numpy, gguf' 2>/dev/null; then
+  echo "bootstrap: installing safetensors, gguf and numpy from PyPI (tests only)"
+  python3 -m pip install --quiet --disable-pip-version-check safetensors gguf numpy ||
+    python3 -m pip install --quiet --break-system-packages safetensors gguf numpy
 fi

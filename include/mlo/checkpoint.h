@@ -42,11 +42,14 @@
  *    DIT, ENCODER or VAE (a truncated download must not load half a
  *    pipeline).
  *
- * Roles.  Directories declare no roles, so each component's role is the
- * heuristic mlo_role_guess(key, class_name) (source MLO_ROLE_FROM_HEURISTIC;
- * one warning names every guess, see mlo_pipeline_warn_guessed) unless the
- * caller overrides it (source
- * MLO_ROLE_FROM_OVERRIDE).  An override naming a component that is not in
+ * Roles.  A component whose model class (model_index.json's entry, a lone
+ * folder's config.json) is one mlo_role_from_class knows gets that role
+ * (source MLO_ROLE_FROM_CLASS: WanTransformer3DModel, UMT5EncoderModel,
+ * AutoencoderKLWan, CLIPTextModel, T5EncoderModel, ...).  Otherwise the
+ * role is the heuristic mlo_role_guess(key, class_name) (source
+ * MLO_ROLE_FROM_HEURISTIC; one warning names every guess, see
+ * mlo_pipeline_warn_guessed).  The caller's override wins over both
+ * (source MLO_ROLE_FROM_OVERRIDE).  An override naming a component that is not in
  * the pipeline is an error (MLO_ENOTFOUND), so a typo never goes unnoticed.
  *
  * Sharded components are validated as a set before anything is declared:
@@ -103,8 +106,11 @@ typedef struct {
  *    per weight-bearing entry, in the order of model_index.json;
  *  - a component folder (no model_index.json, but safetensors files): one
  *    component named after the folder;
- *  - a single .safetensors file: one component named after the file stem
- *    ("wan2.1_vae.safetensors" -> "wan2.1_vae").
+ *  - a single .safetensors or GGUF file: one component named after the
+ *    file stem ("wan2.1_vae.safetensors" -> "wan2.1_vae"), its role guessed
+ *    from that name (mlo_role_guess; for GGUF also general.architecture).
+ *    GGUF (v2, v3) tensors keep their GGML types (MLO_DTYPE_Q4_K, ...) and
+ *    move as the bytes they are.
  * oo may be NULL for defaults.  On success *out owns the pipeline (free with
  * mlo_pipeline_free); tensors are declared as file ranges and no weight byte
  * has been read.  On failure *out is NULL, nothing is left allocated or
@@ -112,6 +118,83 @@ typedef struct {
 MLO_API int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
                                    const mlo_open_options *oo, mlo_pipeline **out, char *err,
                                    size_t errlen);
+
+/* One component of a pipeline assembled from separate files, the layout of
+ * ComfyUI and stable-diffusion.cpp users ("flux1-dev.safetensors",
+ * "t5xxl_fp16.safetensors", "clip_l.safetensors", "ae.safetensors"). */
+typedef struct {
+  const char *name; /* the component's name, unique in the pipeline */
+  mlo_role role;    /* a declared role, or MLO_ROLE_AUTO: guessed from the
+                       file's name (and a GGUF's general.architecture) */
+  const char *path; /* a .safetensors or GGUF file, or a component folder */
+} mlo_component_file;
+
+/* Opens count files as one pipeline, one component each, in the order
+ * given (so a high-noise DiT listed first runs first, as Wan2.2's
+ * transformer does).  A file is GGUF when it starts with GGUF's magic,
+ * else safetensors.  oo's overrides, variant (for folders) and tensor flags
+ * apply; single_name is ignored.  A pipeline directory (model_index.json)
+ * is refused here: it is opened whole with mlo_pipeline_open_path.  The
+ * same guarantees as mlo_pipeline_open_path: nothing is read past the
+ * headers and a failure leaves nothing behind. */
+MLO_API int mlo_pipeline_open_files(const mlo_pipeline_options *opts,
+                                    const mlo_component_file *files, size_t count,
+                                    const mlo_open_options *oo, mlo_pipeline **out, char *err,
+                                    size_t errlen);
+
+/* ------------------------------------------------------------------------
+ * The denoising schedule: which expert runs each step
+ *
+ * Wan2.2 has two DiT experts.  diffusers' WanPipeline runs `transformer`
+ * (high noise) for a step whose timestep t >= boundary_ratio x
+ * num_train_timesteps, and `transformer_2` after, with the timesteps its
+ * scheduler computes, so the split depends on the scheduler's flow shift
+ * and spacing: with the UniPC scheduler (flow shift 3) a Wan2.2 directory
+ * ships, 8 steps put 3 on the high-noise expert, not 7 of 8.  These calls
+ * compute the same split, in diffusers' arithmetic.
+ * ---------------------------------------------------------------------- */
+typedef enum {
+  MLO_SCHED_FLOW_MATCH_EULER, /* FlowMatchEulerDiscreteScheduler */
+  MLO_SCHED_UNIPC_FLOW,       /* UniPCMultistepScheduler, use_flow_sigmas */
+  MLO_SCHED_UNIPC_DISCRETE,   /* UniPCMultistepScheduler, linspace/leading/trailing */
+} mlo_sched_kind;
+MLO_API const char *mlo_denoise_kind_name(mlo_sched_kind kind);
+
+typedef struct {
+  size_t size; /* sizeof(mlo_denoise_schedule) */
+  mlo_sched_kind kind;
+  char class_name[64];     /* the scheduler's class, "" for the default */
+  int num_train_timesteps; /* 1000 */
+  double shift;            /* flow shift ("shift", UniPC's "flow_shift") */
+  int spacing;             /* discrete UniPC: 0 linspace, 1 leading, 2 trailing */
+  int steps_offset;        /* leading spacing's offset */
+  double shift_terminal;   /* 0: none */
+  double boundary_ratio;   /* model_index.json's; < 0: none (every step on the first DiT) */
+  char source[32];         /* "scheduler config" or "default" */
+} mlo_denoise_schedule;
+/* The default when a pipeline has no scheduler config (files from ComfyUI
+ * or stable-diffusion.cpp): flow-match Euler, shift 5, no boundary. */
+#define MLO_DENOISE_SCHEDULE_INIT                                                                  \
+  {                                                                                                \
+    sizeof(mlo_denoise_schedule), MLO_SCHED_FLOW_MATCH_EULER, "", 1000, 5.0, 0, 0, 0.0, -1.0,      \
+        "default"                                                                                  \
+  }
+
+/* Reads dir/model_index.json's boundary_ratio and, when there is one,
+ * dir/scheduler/scheduler_config.json into *out (whose size must be set;
+ * fields it does not find keep MLO_DENOISE_SCHEDULE_INIT's values).
+ * MLO_ENOTFOUND without model_index.json; MLO_EUNSUPPORTED (naming the
+ * option) for a scheduler or option not modelled (Karras, exponential or
+ * beta sigmas, dynamic shifting); MLO_EFORMAT for malformed configs.
+ * *out is written only on success. */
+MLO_API int mlo_denoise_schedule_read(const char *dir, mlo_denoise_schedule *out, char *err,
+                                      size_t errlen);
+/* The timesteps of a steps-step run, in order, into t[0..steps). */
+MLO_API int mlo_denoise_timesteps(const mlo_denoise_schedule *s, int steps, double *t);
+/* How many of the first steps run on the first (high-noise) expert: the
+ * count of t >= boundary_ratio x num_train_timesteps (the timesteps fall,
+ * so they are a prefix); all steps when there is no boundary. */
+MLO_API int mlo_denoise_first_expert_steps(const mlo_denoise_schedule *s, int steps, int *first);
 
 /* ------------------------------------------------------------------------
  * Synthetic pipelines (the generator behind `mlo demo` and the benches)

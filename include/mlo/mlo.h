@@ -114,7 +114,9 @@ typedef void (*mlo_log_fn)(mlo_log_level level, const char *msg, void *user);
 MLO_API void mlo_set_log(mlo_log_fn fn, void *user, mlo_log_level min_level);
 
 /* ------------------------------------------------------------------------
- * Data types: every dtype of the safetensors format.
+ * Data types: every dtype of the safetensors format, then the block-
+ * quantized types of GGML (GGUF files), which mlo moves as the opaque
+ * bytes they are: a block of block_elems elements in block_bytes bytes.
  * ---------------------------------------------------------------------- */
 typedef enum {
   MLO_DTYPE_BOOL,
@@ -137,16 +139,50 @@ typedef enum {
   MLO_DTYPE_F4,
   MLO_DTYPE_F6_E2M3,
   MLO_DTYPE_F6_E3M2,
+  /* GGML block types, named as GGML names them (block elements/bytes) */
+  MLO_DTYPE_Q4_0, /* 32/18 */
+  MLO_DTYPE_Q4_1, /* 32/20 */
+  MLO_DTYPE_Q5_0, /* 32/22 */
+  MLO_DTYPE_Q5_1, /* 32/24 */
+  MLO_DTYPE_Q8_0, /* 32/34 */
+  MLO_DTYPE_Q8_1, /* 32/40 */
+  MLO_DTYPE_Q2_K, /* 256/84 */
+  MLO_DTYPE_Q3_K, /* 256/110 */
+  MLO_DTYPE_Q4_K, /* 256/144 */
+  MLO_DTYPE_Q5_K, /* 256/176 */
+  MLO_DTYPE_Q6_K, /* 256/210 */
+  MLO_DTYPE_Q8_K, /* 256/292 */
+  MLO_DTYPE_IQ2_XXS,
+  MLO_DTYPE_IQ2_XS,
+  MLO_DTYPE_IQ3_XXS,
+  MLO_DTYPE_IQ1_S,
+  MLO_DTYPE_IQ4_NL,
+  MLO_DTYPE_IQ3_S,
+  MLO_DTYPE_IQ2_S,
+  MLO_DTYPE_IQ4_XS,
+  MLO_DTYPE_IQ1_M,
+  MLO_DTYPE_TQ1_0,
+  MLO_DTYPE_TQ2_0,
+  MLO_DTYPE_MXFP4,
+  MLO_DTYPE_NVFP4, /* 64/36 */
+  MLO_DTYPE_Q1_0,  /* 128/18 */
   MLO_DTYPE_COUNT
 } mlo_dtype;
-/* The safetensors name ("BF16"); NULL for an invalid value. */
+#define MLO_DTYPE_FIRST_BLOCK MLO_DTYPE_Q4_0 /* types below are safetensors' */
+/* The name ("BF16", "Q4_K"); NULL for an invalid value. */
 MLO_API const char *mlo_dtype_name(mlo_dtype dtype);
-/* Parses a safetensors dtype name; MLO_EINVAL if unknown. */
+/* Parses a dtype name (exact spelling); MLO_EINVAL if unknown.  The
+ * safetensors reader accepts only the types below MLO_DTYPE_FIRST_BLOCK. */
 MLO_API int mlo_dtype_from_name(const char *name, mlo_dtype *out);
-/* Bits per element (4 for F4, 6 for F6_*, 16 for BF16, ...); 0 if invalid. */
+/* Bits per element (4 for F4, 6 for F6_*, 16 for BF16, ...); 0 if invalid
+ * and for block types, whose elements have no whole bit width. */
 MLO_API unsigned mlo_dtype_bits(mlo_dtype dtype);
+/* True for a GGML block type; *elems and *bytes (either may be NULL) get
+ * the block's element count and byte size. */
+MLO_API bool mlo_dtype_block(mlo_dtype dtype, uint32_t *elems, uint32_t *bytes);
 /* Bytes for numel elements, overflow-checked: MLO_EINVAL if numel*bits is
- * not a whole number of bytes (sub-byte types), MLO_EFORMAT on overflow. */
+ * not a whole number of bytes (sub-byte types) or numel is not a whole
+ * number of blocks (block types), MLO_EFORMAT on overflow. */
 MLO_API int mlo_dtype_nbytes(mlo_dtype dtype, uint64_t numel, uint64_t *bytes);
 
 /* ------------------------------------------------------------------------
@@ -254,16 +290,35 @@ typedef enum {
 MLO_API const char *mlo_role_name(mlo_role role); /* "dit", "encoder", "vae", "other" */
 /* Parses "dit", "encoder", "vae", "other" (case-insensitive). */
 MLO_API int mlo_role_from_name(const char *name, mlo_role *out);
-/* The role a name heuristic gives (transformer*, dit, unet -> DIT;
- * text_encoder*, image_encoder, mllm -> ENCODER; vae, audio_vae -> VAE;
- * anything else -> OTHER).  class_name may be NULL. */
+/* The role a name heuristic gives, first match wins:
+ *  - diffusers keys: transformer*, dit*, unet*, prior* -> DIT;
+ *    text_encoder*, image_encoder*, mllm*, encoder* -> ENCODER;
+ *    vae*, audio_vae*, vqvae* -> VAE;
+ *  - class_name (may be NULL) by its words: Transformer2D/3D, UNet -> DIT,
+ *    Autoencoder, VAE -> VAE, Encoder, TextModel, CLIP, T5 -> ENCODER;
+ *  - the file names users download (ComfyUI, stable-diffusion.cpp), by
+ *    their words (split at '.', '_', '-'): vae, ae, autoencoder -> VAE;
+ *    t5xxl, umt5, t5, clip, clip_l, clip_g, llava, llama, gemma, qwen..vl,
+ *    text_encoder -> ENCODER; flux, wan, dit, transformer, unet, sd3,
+ *    sdxl, hunyuan, ltx(v), qwen_image, chroma, hidream, lumina, mochi,
+ *    cogvideox, diffusion, high_noise, low_noise -> DIT;
+ *  - anything else -> OTHER. */
 MLO_API mlo_role mlo_role_guess(const char *name, const char *class_name);
+/* The role a model class name declares (diffusers' and transformers'
+ * naming: *Transformer2DModel, *Transformer3DModel, UNet*, PriorTransformer
+ * -> DIT; Autoencoder*, *VAE, VQModel -> VAE; *EncoderModel, CLIPText*,
+ * CLIPVision*, *TextModel*, *ForConditionalGeneration, *ForCausalLM and
+ * the Gemma/Qwen/Llama/Mistral/GLM/Bert language models -> ENCODER).
+ * MLO_ENOTFOUND for a class it does not know. */
+MLO_API int mlo_role_from_class(const char *class_name, mlo_role *out);
 
 /* Where a component's role came from (C1: a declaration always wins). */
 typedef enum {
   MLO_ROLE_FROM_DECLARATION, /* given in code by the pipeline author */
   MLO_ROLE_FROM_OVERRIDE,    /* set by the caller over a guess (CLI --role) */
   MLO_ROLE_FROM_HEURISTIC,   /* guessed from the component's name */
+  MLO_ROLE_FROM_CLASS,       /* the model class the checkpoint names
+                                (model_index.json, config.json) */
 } mlo_role_source;
 MLO_API const char *mlo_role_source_name(mlo_role_source source);
 
@@ -365,9 +420,13 @@ MLO_API int mlo_tensor_add_alias(mlo_component *comp, const char *name, mlo_tens
 MLO_API size_t mlo_component_tensor_count(const mlo_component *comp); /* aliases included */
 MLO_API mlo_tensor *mlo_component_tensor_at(const mlo_component *comp, size_t index);
 MLO_API mlo_tensor *mlo_component_find_tensor(const mlo_component *comp, const char *name);
-/* Bytes this component moves on a load: its own storage, each shared
- * tensor once, references to other components excluded, padding included. */
+/* Bytes this component moves on a load and holds on the device: its own
+ * storage, each shared tensor once, references to other components
+ * excluded, alignment padding between tensors included. */
 MLO_API uint64_t mlo_component_bytes(const mlo_component *comp);
+/* The sum of its own tensors' bytes (each shared tensor once, references
+ * excluded), without padding: the weights' size as a checkpoint states it. */
+MLO_API uint64_t mlo_component_tensor_bytes(const mlo_component *comp);
 
 MLO_API const char *mlo_tensor_name(const mlo_tensor *t);
 MLO_API mlo_dtype mlo_tensor_dtype(const mlo_tensor *t);
@@ -375,6 +434,9 @@ MLO_API int mlo_tensor_ndim(const mlo_tensor *t);
 MLO_API const int64_t *mlo_tensor_shape(const mlo_tensor *t);
 MLO_API uint64_t mlo_tensor_nbytes(const mlo_tensor *t);
 MLO_API unsigned mlo_tensor_flags(const mlo_tensor *t);
+/* The file a tensor was declared from and its byte offset there (an
+ * alias: its target's); NULL for a tensor from memory or zero-filled. */
+MLO_API const char *mlo_tensor_file(const mlo_tensor *t, uint64_t *offset);
 /* The component that owns the storage (for a reference: the other one). */
 MLO_API mlo_component *mlo_tensor_owner(const mlo_tensor *t);
 /* The host copy (NULL before materialization).  Authoritative whenever the

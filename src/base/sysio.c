@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <unistd.h>
 
 /* ---- the fault point ---------------------------------------------------- */
@@ -130,6 +131,17 @@ void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id) {
 
 bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b) {
   return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
+}
+
+int mlo_file_id_recheck(const char *path, const mlo_file_id *id, char *err, size_t errlen) {
+  if (id->ino == 0) return MLO_OK; /* parsed from memory: no identity */
+  struct stat st;
+  mlo_file_id now = {0};
+  if (stat(path, &st) == 0) mlo_file_id_from_stat(&st, &now);
+  if (mlo_file_id_equal(&now, id)) return MLO_OK;
+  if (err && errlen)
+    snprintf(err, errlen, "%s: changed while it was being opened; open it again", path);
+  return MLO_EIO;
 }
 
 const char *mlo_file_kind(mode_t mode) {

@@ -48,6 +48,9 @@ typedef struct {
 } mlo_file_id;
 void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id);
 bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b);
+/* MLO_OK if path is still the file id describes (an id of zeros: nothing
+ * to check), else MLO_EIO and "PATH: changed while it was being opened". */
+int mlo_file_id_recheck(const char *path, const mlo_file_id *id, char *err, size_t errlen);
 
 /* "a FIFO", "a character device", "a folder", ... for messages. */
 const char *mlo_file_kind(mode_t mode);

@@ -221,6 +221,8 @@ const char *mlo_role_source_name(mlo_role_source source) {
     return "override";
   case MLO_ROLE_FROM_HEURISTIC:
     return "name heuristic";
+  case MLO_ROLE_FROM_CLASS:
+    return "class name";
   }
   return "invalid";
 }
@@ -235,6 +237,68 @@ static bool contains_ci(const char *s, const char *needle) {
   for (; *s; s++)
     if (!strncasecmp(s, needle, n)) return true;
   return false;
+}
+
+/* The words of a file name ("wan2.2_t2v_high_noise_14B_fp16" -> wan2,
+ * 2, t2v, high, noise, 14b, fp16), lower-cased, at most 16 of 32 bytes. */
+typedef struct {
+  char w[16][32];
+  int n;
+} words;
+
+static void split_words(const char *s, words *out) {
+  out->n = 0;
+  while (s && *s && out->n < 16) {
+    while (*s && (*s == '.' || *s == '_' || *s == '-' || *s == ' ')) s++;
+    size_t k = 0;
+    while (*s && *s != '.' && *s != '_' && *s != '-' && *s != ' ') {
+      if (k < sizeof out->w[0] - 1) out->w[out->n][k++] = (char)tolower((unsigned char)*s);
+      s++;
+    }
+    if (k) out->w[out->n++][k] = '\0';
+  }
+}
+
+static bool has_word(const words *w, const char *word) {
+  for (int i = 0; i < w->n; i++)
+    if (!strcmp(w->w[i], word)) return true;
+  return false;
+}
+
+/* A word starting with one of the prefixes ("flux1" starts with "flux"). */
+static bool has_word_prefix(const words *w, const char *const *prefixes, size_t n) {
+  for (int i = 0; i < w->n; i++)
+    for (size_t k = 0; k < n; k++)
+      if (!strncmp(w->w[i], prefixes[k], strlen(prefixes[k]))) return true;
+  return false;
+}
+
+/* Roles from the names of the files users download (the header says
+ * which); the VAE words first ("wan2.1_vae" is Wan's VAE), then encoders
+ * ("qwen_2.5_vl" is Qwen-Image's text encoder), then DiTs. */
+static mlo_role file_name_role(const char *name) {
+  words w;
+  split_words(name, &w);
+  static const char *const vae[] = {"vae", "ae", "autoencoder", "vqvae", "taesd"};
+  static const char *const enc_word[] = {"t5", "te", "llm", "mt5", "umt5", "byt5", "clip"};
+  static const char *const enc[] = {"t5xxl", "umt5", "clip", "llava", "llama", "gemma", "siglip"};
+  static const char *const dit[] = {"flux",    "wan",    "dit",     "transformer", "unet",
+                                    "sd3",     "sdxl",   "hunyuan", "ltx",         "chroma",
+                                    "hidream", "lumina", "mochi",   "cogvideox",   "diffusion",
+                                    "mmdit",   "pixart", "sana",    "aura",        "cosmos"};
+  for (size_t i = 0; i < sizeof vae / sizeof *vae; i++)
+    if (has_word(&w, vae[i])) return MLO_ROLE_VAE;
+  if (contains_ci(name, "text_encoder") || contains_ci(name, "clip_") ||
+      (has_word(&w, "qwen") && has_word(&w, "vl")))
+    return MLO_ROLE_ENCODER;
+  for (size_t i = 0; i < sizeof enc_word / sizeof *enc_word; i++)
+    if (has_word(&w, enc_word[i])) return MLO_ROLE_ENCODER;
+  if (has_word_prefix(&w, enc, sizeof enc / sizeof *enc)) return MLO_ROLE_ENCODER;
+  if (has_word_prefix(&w, dit, sizeof dit / sizeof *dit) || contains_ci(name, "qwen_image") ||
+      contains_ci(name, "qwen-image") || contains_ci(name, "high_noise") ||
+      contains_ci(name, "low_noise"))
+    return MLO_ROLE_DIT;
+  return MLO_ROLE_OTHER;
 }
 
 mlo_role mlo_role_guess(const char *name, const char *class_name) {
@@ -255,7 +319,40 @@ mlo_role mlo_role_guess(const char *name, const char *class_name) {
   if (contains_ci(class_name, "Encoder") || contains_ci(class_name, "TextModel") ||
       contains_ci(class_name, "CLIP") || contains_ci(class_name, "T5"))
     return MLO_ROLE_ENCODER;
-  return MLO_ROLE_OTHER;
+  return file_name_role(name);
+}
+
+static bool has_suffix(const char *s, const char *suffix) {
+  size_t ls = strlen(s), lx = strlen(suffix);
+  return ls >= lx && !strcmp(s + ls - lx, suffix);
+}
+
+int mlo_role_from_class(const char *cls, mlo_role *out) {
+  if (!cls || !out) return MLO_EINVAL;
+  static const char *const dit_suffix[] = {"Transformer2DModel", "Transformer3DModel",
+                                           "PriorTransformer", "StableCascadeUNet"};
+  static const char *const enc_suffix[] = {"EncoderModel",
+                                           "TextModel",
+                                           "TextModelWithProjection",
+                                           "VisionModel",
+                                           "VisionModelWithProjection",
+                                           "ForConditionalGeneration",
+                                           "ForCausalLM"};
+  static const char *const enc_prefix[] = {"CLIPText", "CLIPVision", "Siglip", "Gemma",
+                                           "Qwen2",    "Qwen3",      "Llama",  "Mistral",
+                                           "ChatGLM",  "Glm",        "Bert",   "T5"};
+  for (size_t i = 0; i < sizeof dit_suffix / sizeof *dit_suffix; i++)
+    if (has_suffix(cls, dit_suffix[i])) return *out = MLO_ROLE_DIT, MLO_OK;
+  if (!strncmp(cls, "UNet", 4) && has_suffix(cls, "Model")) return *out = MLO_ROLE_DIT, MLO_OK;
+  if (!strncmp(cls, "Autoencoder", 11) || !strncmp(cls, "AsymmetricAutoencoder", 21) ||
+      has_suffix(cls, "VAE") || !strcmp(cls, "VQModel"))
+    return *out = MLO_ROLE_VAE, MLO_OK;
+  for (size_t i = 0; i < sizeof enc_suffix / sizeof *enc_suffix; i++)
+    if (has_suffix(cls, enc_suffix[i])) return *out = MLO_ROLE_ENCODER, MLO_OK;
+  for (size_t i = 0; i < sizeof enc_prefix / sizeof *enc_prefix; i++)
+    if (!strncmp(cls, enc_prefix[i], strlen(enc_prefix[i])) && has_suffix(cls, "Model"))
+      return *out = MLO_ROLE_ENCODER, MLO_OK;
+  return MLO_ENOTFOUND;
 }
 
 const char *mlo_sync_name(mlo_sync_mode mode) {

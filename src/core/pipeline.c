@@ -218,15 +218,18 @@ void mlo_pipeline_warn_guessed(mlo_pipeline *pipe) {
 int mlo_component_set_role(mlo_component *c, mlo_role role, mlo_role_source source) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
-  if (role == MLO_ROLE_AUTO || !valid_role(role) || (unsigned)source > MLO_ROLE_FROM_HEURISTIC)
+  if (role == MLO_ROLE_AUTO || !valid_role(role) || (unsigned)source > MLO_ROLE_FROM_CLASS)
     return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role or role source", c->name);
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = MLO_OK;
   if (pipe->enabled)
     rc = mlo_fail(pipe, MLO_ESTATE, "cannot change the role of '%s' while offload is enabled",
                   c->name);
-  else if (source == MLO_ROLE_FROM_HEURISTIC && c->role_source != MLO_ROLE_FROM_HEURISTIC)
-    /* C1: a guess never overrides a declaration or an explicit override. */
+  else if ((source == MLO_ROLE_FROM_HEURISTIC || source == MLO_ROLE_FROM_CLASS) &&
+           (c->role_source == MLO_ROLE_FROM_DECLARATION ||
+            c->role_source == MLO_ROLE_FROM_OVERRIDE))
+    /* C1: an inferred role never overrides a declaration or an explicit
+     * override. */
     rc = mlo_fail(pipe, MLO_EINVAL, "component '%s': a guessed role cannot replace a %s role",
                   c->name, mlo_role_source_name(c->role_source));
   else {
@@ -492,6 +495,23 @@ uint64_t mlo_component_bytes(const mlo_component *c) {
   uint64_t total = mlo_slab_layout((mlo_component *)c, false, NULL);
   pthread_mutex_unlock(&c->pipe->lock);
   return total;
+}
+
+uint64_t mlo_component_tensor_bytes(const mlo_component *c) {
+  if (!c) return 0;
+  MLO_LOCK_OR(&c->pipe->lock, 0);
+  uint64_t total = 0;
+  for (size_t i = 0; i < c->ntensors; i++)
+    if (!c->tensors[i]->target) total += c->tensors[i]->nbytes; /* aliases share storage */
+  pthread_mutex_unlock(&c->pipe->lock);
+  return total;
+}
+
+const char *mlo_tensor_file(const mlo_tensor *t, uint64_t *offset) {
+  if (t && t->target) t = t->target;
+  if (!t || !t->src_file) return NULL;
+  if (offset) *offset = t->src_offset;
+  return t->src_file;
 }
 
 const char *mlo_tensor_name(const mlo_tensor *t) {

@@ -388,10 +388,31 @@ static bool has_known_stem(const char *name) {
   return false;
 }
 
+/* A variant's file by its name: "<known stem>.<v>.safetensors" or a shard
+ * "<known stem>.<v>-00001-of-00002.safetensors", or the older
+ * "<stem>-00001-of-00002.<v>.safetensors".  Without a requested variant
+ * these are not candidates while plain files are there (a hub folder keeps
+ * both, and diffusers loads the plain ones). */
+static bool looks_like_variant(const char *name) {
+  for (size_t i = 0; i < sizeof known_stems / sizeof *known_stems; i++) {
+    size_t l = strlen(known_stems[i]);
+    if (!strncmp(name, known_stems[i], l) && name[l] == '.' &&
+        strncmp(name + l + 1, "safetensors", strlen("safetensors")))
+      return true;
+  }
+  if (!ends_with(name, ".safetensors")) return false;
+  size_t len = strlen(name) - strlen(".safetensors");
+  size_t dot = len;
+  while (dot > 0 && name[dot - 1] != '.') dot--; /* just after the last '.' before the suffix */
+  return dot > 1 && has_shard_suffix(name, dot - 1);
+}
+
 /* Picks the one candidate at the first priority level that has any:
- * known-stem map, known-stem file, any map, any file. */
+ * known-stem map, known-stem file, any map, any file.  plain_only (no
+ * variant requested) leaves out variant-named files. */
 static int pick_candidate(const char *folder, const name_list *all, const char *variant,
-                          const char **pick, bool *is_index, char *err, size_t errlen) {
+                          bool plain_only, const char **pick, bool *is_index, char *err,
+                          size_t errlen) {
   for (int level = 0; level < 4; level++) {
     bool want_index = level == 0 || level == 2, want_known = level < 2;
     const char *found = NULL, *second = NULL;
@@ -399,6 +420,7 @@ static int pick_candidate(const char *folder, const name_list *all, const char *
       const char *name = all->names[i];
       bool match = want_index ? is_index_for(name, variant) : is_single_for(name, variant);
       if (!match || (want_known && !has_known_stem(name))) continue;
+      if (plain_only && looks_like_variant(name)) continue;
       if (!found)
         found = name;
       else if (!second)
@@ -428,10 +450,16 @@ int mlo_weight_set_find(const char *folder, const char *variant, bool allow_stra
   if (rc != MLO_OK) return rc;
   const char *pick = NULL;
   bool is_index = false, used_variant = variant != NULL;
-  rc = pick_candidate(folder, &all, variant, &pick, &is_index, err, errlen);
+  rc = pick_candidate(folder, &all, variant, !variant, &pick, &is_index, err, errlen);
   if (rc == MLO_OK && !pick && variant) {
     used_variant = false;
-    rc = pick_candidate(folder, &all, NULL, &pick, &is_index, err, errlen);
+    rc = pick_candidate(folder, &all, NULL, true, &pick, &is_index, err, errlen);
+  }
+  if (rc == MLO_OK && !pick) { /* only variant-named files: the lone candidate is used */
+    rc = pick_candidate(folder, &all, NULL, false, &pick, &is_index, err, errlen);
+    if (rc == MLO_OK && pick)
+      mlo_logf(MLO_LOG_INFO, "%s: no plain weights; using %s (name a variant to be explicit)",
+               folder, pick);
   }
   if (rc == MLO_OK && !pick)
     rc = mlo_errf(err, errlen, MLO_ENOTFOUND, "%s: no safetensors weights in this folder", folder);

@@ -1,8 +1,9 @@
 /*
  * pipeline_dir.c — mlo_pipeline_open_path: a diffusers pipeline directory,
- * a lone component folder or a single .safetensors file becomes a pipeline
- * of file-backed components.  This file reads model_index.json, decides
- * which entries are components and what role each gets (heuristic or the
+ * a lone component folder or a single .safetensors or .gguf file becomes a
+ * pipeline of file-backed components; mlo_pipeline_open_files builds one
+ * from separate files (the ComfyUI / stable-diffusion.cpp layout).  This file reads
+ * model_index.json, decides which entries are components and what role each gets (heuristic or the
  * caller's override); index.c finds and validates each folder's weights.
  * The pipeline is built privately and handed out only when everything
  * succeeded, so a failed open leaves nothing behind.
@@ -11,6 +12,7 @@
 #include "mlo/checkpoint.h"
 
 #include "base/log.h"
+#include "format/gguf.h"
 #include "format/index.h"
 #include "format/json.h"
 
@@ -31,6 +33,8 @@ typedef struct {
   const mlo_open_options *oo; /* never NULL inside */
   mlo_pipeline *pipe;
   size_t variant_hits; /* components that had the requested variant */
+  const char *hint;    /* a second name for the role heuristic, or NULL */
+  char misses[256];    /* components without the requested variant */
   char *err;
   size_t errlen;
 } open_ctx;
@@ -64,21 +68,27 @@ static const mlo_role_override *find_override(const open_ctx *c, const char *nam
   return NULL;
 }
 
-/* Adds one component with its role: the caller's override, else the
- * heuristic on key and class (said once, for every guess, by
- * mlo_pipeline_warn_guessed). */
-static int add_component(open_ctx *c, const char *name, const char *cls, mlo_component **out) {
+/* Adds one component with its role: the caller's override, else the role
+ * it was given (a file on the command line), else the role its model class
+ * declares, else the heuristic on its name and class, then on c->hint (a
+ * file's own name, a GGUF's architecture).  Every guess is said once, by
+ * mlo_pipeline_warn_guessed. */
+static int add_component(open_ctx *c, const char *name, const char *cls, mlo_role declared,
+                         mlo_component **out) {
   const mlo_role_override *ov = find_override(c, name);
-  mlo_role role = ov ? ov->role : MLO_ROLE_AUTO;
-  int rc = mlo_component_add(c->pipe, name, role, out);
-  if (rc == MLO_OK) {
-    if (ov) {
-      rc = mlo_component_set_role(*out, ov->role, MLO_ROLE_FROM_OVERRIDE);
-    } else {
-      mlo_role guess = mlo_role_guess(name, cls);
-      if (guess != mlo_component_role(*out))
-        rc = mlo_component_set_role(*out, guess, MLO_ROLE_FROM_HEURISTIC);
-    }
+  int rc = mlo_component_add(c->pipe, name, ov ? ov->role : declared, out);
+  mlo_role role;
+  if (rc != MLO_OK) {
+  } else if (ov) {
+    rc = mlo_component_set_role(*out, ov->role, MLO_ROLE_FROM_OVERRIDE);
+  } else if (declared != MLO_ROLE_AUTO) {
+  } else if (cls && mlo_role_from_class(cls, &role) == MLO_OK) {
+    rc = mlo_component_set_role(*out, role, MLO_ROLE_FROM_CLASS);
+  } else {
+    role = mlo_role_guess(name, cls);
+    if (role == MLO_ROLE_OTHER && c->hint) role = mlo_role_guess(c->hint, NULL);
+    if (role != mlo_component_role(*out))
+      rc = mlo_component_set_role(*out, role, MLO_ROLE_FROM_HEURISTIC);
   }
   if (rc != MLO_OK)
     return fail(c, rc, "%s: component '%s': %s", c->root, name, mlo_pipeline_errmsg(c->pipe));
@@ -87,17 +97,19 @@ static int add_component(open_ctx *c, const char *name, const char *cls, mlo_com
 
 /* One component from a folder's weights.  MLO_ENOTFOUND (with a message)
  * when the folder has no safetensors file. */
-static int add_folder(open_ctx *c, const char *name, const char *cls, const char *folder) {
+static int add_folder(open_ctx *c, const char *name, const char *cls, mlo_role declared,
+                      const char *folder) {
   mlo_weight_set ws;
   int rc = mlo_weight_set_find(folder, c->oo->variant, c->oo->allow_stray, &ws, c->err, c->errlen);
   if (rc != MLO_OK) return rc;
-  if (c->oo->variant && ws.used_variant)
+  if (c->oo->variant && ws.used_variant) {
     c->variant_hits++;
-  else if (c->oo->variant)
-    mlo_logf(MLO_LOG_WARN, "%s: no '%s' variant files; using the plain weights", folder,
-             c->oo->variant);
+  } else if (c->oo->variant) { /* said once, at the end, if some component has it */
+    size_t len = strlen(c->misses);
+    snprintf(c->misses + len, sizeof c->misses - len, "%s%s", len ? ", " : "", name);
+  }
   mlo_component *comp = NULL;
-  rc = add_component(c, name, cls, &comp);
+  rc = add_component(c, name, cls, declared, &comp);
   if (rc == MLO_OK) rc = mlo_weight_set_declare(&ws, comp, c->oo->tensor_flags, c->err, c->errlen);
   mlo_weight_set_close(&ws);
   return rc;
@@ -132,7 +144,7 @@ static int open_entry(open_ctx *c, const cJSON *entry) {
               "%s: component '%s' (%s) is listed in model_index.json but its folder %s is missing",
               c->root, key, cls->valuestring, folder);
   else
-    rc = add_folder(c, key, cls->valuestring, folder);
+    rc = add_folder(c, key, cls->valuestring, MLO_ROLE_AUTO, folder);
   if (rc == MLO_ENOTFOUND && stat(folder, &st) == 0) {
     mlo_role role = mlo_role_guess(key, cls->valuestring);
     if (role == MLO_ROLE_OTHER && !find_override(c, key)) {
@@ -196,29 +208,59 @@ static char *folder_class(const char *folder) {
   return cls;
 }
 
-static int open_single_file(open_ctx *c) {
-  char *name =
-      c->oo->single_name ? mlo_strdup(c->oo->single_name) : base_name(c->root, ".safetensors");
-  if (!name) return fail(c, MLO_ENOMEM, "%s: out of memory", c->root);
-  mlo_st_file *f = NULL;
+/* One file as one component: GGUF when it starts with GGUF's magic, else
+ * safetensors.  The role heuristic also reads the file's own name and a
+ * GGUF's general.architecture. */
+static int add_file(open_ctx *c, const char *name, mlo_role declared, const char *path) {
+  uint8_t magic[4] = {0};
+  int fd;
+  mlo_file_id id;
+  int rc = mlo_open_regular(path, &fd, &id, c->err, c->errlen);
+  if (rc) return rc;
+  if (id.size >= 4 && mlo_pread_full(fd, magic, 4, 0) != 0)
+    rc = fail(c, MLO_EIO, "%s: cannot read its first bytes: %s", path,
+              errno ? strerror(errno) : "the file shrank");
+  close(fd);
+  if (rc) return rc;
+  bool gguf = id.size >= 4 && mlo_gguf_magic(magic, 4);
+  char *file_name = base_name(path, gguf ? ".gguf" : ".safetensors");
+  if (!file_name) return fail(c, MLO_ENOMEM, "%s: out of memory", path);
   mlo_component *comp = NULL;
-  int rc = mlo_st_open(c->root, &f, c->err, c->errlen);
-  if (rc == MLO_OK) rc = add_component(c, name, NULL, &comp);
-  if (rc == MLO_OK) rc = mlo_st_add_to_component(f, comp, c->oo->tensor_flags, c->err, c->errlen);
-  mlo_st_close(f);
-  free(name);
+  const char *saved_root = c->root;
+  c->root = path;
+  c->hint = file_name;
+  if (gguf) {
+    mlo_gguf_file *g = NULL;
+    rc = mlo_gguf_open(path, &g, c->err, c->errlen);
+    if (rc == MLO_OK && mlo_role_guess(file_name, NULL) == MLO_ROLE_OTHER && g->architecture)
+      c->hint = g->architecture;
+    if (rc == MLO_OK) rc = add_component(c, name ? name : file_name, NULL, declared, &comp);
+    if (rc == MLO_OK)
+      rc = mlo_gguf_add_to_component(g, comp, c->oo->tensor_flags, c->err, c->errlen);
+    mlo_gguf_close(g);
+  } else {
+    mlo_st_file *f = NULL;
+    rc = mlo_st_open(path, &f, c->err, c->errlen);
+    if (rc == MLO_OK) rc = add_component(c, name ? name : file_name, NULL, declared, &comp);
+    if (rc == MLO_OK) rc = mlo_st_add_to_component(f, comp, c->oo->tensor_flags, c->err, c->errlen);
+    mlo_st_close(f);
+  }
+  c->root = saved_root;
+  c->hint = NULL;
+  free(file_name);
   return rc;
 }
 
-static int open_component_dir(open_ctx *c) {
-  char *name = c->oo->single_name ? mlo_strdup(c->oo->single_name) : base_name(c->root, NULL);
-  char *cls = folder_class(c->root);
-  int rc = name ? add_folder(c, name, cls, c->root) : fail(c, MLO_ENOMEM, "out of memory");
+/* A folder without model_index.json as one component. */
+static int add_component_dir(open_ctx *c, const char *name, mlo_role declared, const char *path) {
+  char *own = name ? NULL : base_name(path, NULL);
+  char *cls = folder_class(path);
+  int rc = name || own ? add_folder(c, name ? name : own, cls, declared, path)
+                       : fail(c, MLO_ENOMEM, "out of memory");
   if (rc == MLO_ENOTFOUND)
-    rc = fail(c, MLO_ENOTFOUND, "%s: neither model_index.json nor safetensors weights here",
-              c->root);
+    rc = fail(c, MLO_ENOTFOUND, "%s: neither model_index.json nor safetensors weights here", path);
   free(cls);
-  free(name);
+  free(own);
   return rc;
 }
 
@@ -247,7 +289,7 @@ int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
                            const mlo_open_options *oo, mlo_pipeline **out, char *err,
                            size_t errlen) {
   static const mlo_open_options defaults = MLO_OPEN_OPTIONS_INIT;
-  open_ctx c = {path, oo ? oo : &defaults, NULL, 0, err, errlen};
+  open_ctx c = {.root = path, .oo = oo ? oo : &defaults, .err = err, .errlen = errlen};
   if (err && errlen) err[0] = '\0';
   if (!out) return MLO_EINVAL;
   *out = NULL;
@@ -265,18 +307,83 @@ int mlo_pipeline_open_path(const mlo_pipeline_options *opts, const char *path,
   if (!index_path)
     rc = fail(&c, MLO_ENOMEM, "%s: out of memory", path);
   else if (S_ISREG(st.st_mode))
-    rc = open_single_file(&c);
+    rc = add_file(&c, c.oo->single_name, MLO_ROLE_AUTO, path);
   else if (!S_ISDIR(st.st_mode))
     rc = fail(&c, MLO_EINVAL, "%s: not a file or a folder", path);
   else if (stat(index_path, &ist) == 0)
     rc = open_pipeline_dir(&c, index_path);
   else
-    rc = open_component_dir(&c);
+    rc = add_component_dir(&c, c.oo->single_name, MLO_ROLE_AUTO, path);
   free(index_path);
   if (rc == MLO_OK) rc = check_overrides(&c, true);
   if (rc == MLO_OK && S_ISDIR(st.st_mode) && c.oo->variant && c.variant_hits == 0)
     rc = fail(&c, MLO_ENOTFOUND, "%s: no component has weights for variant '%s'", path,
               c.oo->variant);
+  if (rc == MLO_OK && c.misses[0])
+    mlo_logf(MLO_LOG_WARN, "%s: no '%s' files for %s; using the plain weights there", path,
+             c.oo->variant, c.misses);
+  if (rc != MLO_OK) {
+    mlo_pipeline_free(c.pipe);
+    return rc;
+  }
+  *out = c.pipe;
+  return MLO_OK;
+}
+
+int mlo_pipeline_open_files(const mlo_pipeline_options *opts, const mlo_component_file *files,
+                            size_t count, const mlo_open_options *oo, mlo_pipeline **out, char *err,
+                            size_t errlen) {
+  static const mlo_open_options defaults = MLO_OPEN_OPTIONS_INIT;
+  open_ctx c = {.root = "(files)", .oo = oo ? oo : &defaults, .err = err, .errlen = errlen};
+  if (err && errlen) err[0] = '\0';
+  if (!out) return MLO_EINVAL;
+  *out = NULL;
+  if (!opts || !files || !count || (oo && oo->size < sizeof *oo) ||
+      (oo && oo->override_count && !oo->overrides))
+    return fail(&c, MLO_EINVAL, "mlo_pipeline_open_files: invalid arguments");
+  for (size_t i = 0; i < count; i++)
+    if (!files[i].path || !files[i].name || !files[i].name[0] ||
+        (files[i].role != MLO_ROLE_AUTO &&
+         (files[i].role < MLO_ROLE_DIT || files[i].role > MLO_ROLE_OTHER)))
+      return fail(&c, MLO_EINVAL, "component file %zu: needs a name, a path and a role", i);
+  int rc = check_overrides(&c, false);
+  if (rc != MLO_OK) return rc;
+  if ((rc = mlo_pipeline_create(opts, &c.pipe)) != MLO_OK)
+    return fail(&c, rc, "cannot create the pipeline: %s", mlo_strerror(rc));
+  size_t folders = 0;
+  for (size_t i = 0; i < count && rc == MLO_OK; i++) {
+    const mlo_component_file *f = &files[i];
+    struct stat st;
+    char *index_path = NULL;
+    c.root = f->path;
+    if (mlo_pipeline_find(c.pipe, f->name))
+      rc = fail(&c, MLO_EEXIST, "component '%s' is given twice (%s)", f->name, f->path);
+    else if (stat(f->path, &st) != 0)
+      rc = fail(&c, MLO_ENOTFOUND, "component '%s': %s: %s", f->name, f->path, strerror(errno));
+    else if (S_ISREG(st.st_mode))
+      rc = add_file(&c, f->name, f->role, f->path);
+    else if (!S_ISDIR(st.st_mode))
+      rc = fail(&c, MLO_EINVAL, "component '%s': %s is not a file or a folder", f->name, f->path);
+    else if (!(index_path = mlo_path_join(f->path, "model_index.json")))
+      rc = fail(&c, MLO_ENOMEM, "out of memory");
+    else if (access(index_path, F_OK) == 0)
+      rc = fail(&c, MLO_EINVAL,
+                "component '%s': %s is a whole pipeline (it has model_index.json); give it as "
+                "the PATH, or name one of its component folders",
+                f->name, f->path);
+    else {
+      folders++;
+      rc = add_component_dir(&c, f->name, f->role, f->path);
+    }
+    free(index_path);
+  }
+  c.root = "(files)";
+  if (rc == MLO_OK) rc = check_overrides(&c, true);
+  if (rc == MLO_OK && folders && c.oo->variant && c.variant_hits == 0)
+    rc = fail(&c, MLO_ENOTFOUND, "no component folder has weights for variant '%s'", c.oo->variant);
+  if (rc == MLO_OK && c.misses[0])
+    mlo_logf(MLO_LOG_WARN, "no '%s' files for %s; using the plain weights there", c.oo->variant,
+             c.misses);
   if (rc != MLO_OK) {
     mlo_pipeline_free(c.pipe);
     return rc;

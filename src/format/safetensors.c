@@ -196,7 +196,8 @@ static int parse_entry(const st_ctx *c, const cJSON *entry, mlo_st_tensor *t, ui
   const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
   if (!dtype) return st_fail(c, MLO_EFORMAT, t->name, "no \"dtype\"");
   if (!cJSON_IsString(dtype)) return st_fail(c, MLO_EFORMAT, t->name, "\"dtype\" is not a string");
-  if (mlo_dtype_from_name(dtype->valuestring, &t->dtype) != MLO_OK)
+  if (mlo_dtype_from_name(dtype->valuestring, &t->dtype) != MLO_OK ||
+      t->dtype >= MLO_DTYPE_FIRST_BLOCK) /* GGML's block types are not safetensors' */
     return st_fail(c, MLO_EFORMAT, t->name, "unknown dtype '%.40s'", dtype->valuestring);
   int rc = parse_shape(c, entry, t);
   if (!rc) rc = parse_offsets(c, entry, t);

@@ -6,7 +6,6 @@
 #include "format/safetensors.h"
 
 #include <stdio.h>
-#include <sys/stat.h>
 
 int mlo_st_add_to_component(const mlo_st_file *f, mlo_component *comp, unsigned flags, char *err,
                             size_t errlen) {
@@ -36,14 +35,5 @@ int mlo_st_add_to_component(const mlo_st_file *f, mlo_component *comp, unsigned 
   }
   /* The declared tensors recorded the file as it is now; if that is not the
    * file whose header was validated, it was swapped in between. */
-  struct stat st;
-  mlo_file_id now = {0};
-  bool opened = f->id.ino != 0; /* files parsed from memory have no identity */
-  if (opened && stat(f->path, &st) == 0) mlo_file_id_from_stat(&st, &now);
-  if (opened && !mlo_file_id_equal(&now, &f->id)) {
-    if (err && errlen)
-      snprintf(err, errlen, "%s: changed while it was being opened; open it again", f->path);
-    return MLO_EIO;
-  }
-  return MLO_OK;
+  return mlo_file_id_recheck(f->path, &f->id, err, errlen);
 }

@@ -79,7 +79,9 @@ static bool valid_text(const char *s) {
 
 static int check_new(const mlo_st_writer *w, const char *name, mlo_dtype dtype, int ndim,
                      const int64_t *shape, uint64_t *nbytes) {
-  if (!w || !name || strcmp(name, "__metadata__") == 0 || !mlo_dtype_name(dtype)) return MLO_EINVAL;
+  if (!w || !name || strcmp(name, "__metadata__") == 0 || !mlo_dtype_name(dtype) ||
+      dtype >= MLO_DTYPE_FIRST_BLOCK)
+    return MLO_EINVAL;
   if (!valid_text(name)) return MLO_EINVAL;
   if (ndim < 0 || ndim > MLO_MAX_DIMS || (ndim > 0 && !shape)) return MLO_EINVAL;
   uint64_t numel = 1;

@@ -137,6 +137,10 @@ int mlo_syn_write_json(const char *dir, const char *rel, cJSON *json, bool prett
 
 /* ---- the stamp: what was written, and whether it finished ---------------- */
 
+/* Bumped when what a preset writes changes (2: Wan's real scheduler
+ * config), so a cache written by an older mlo is rewritten, not reused. */
+#define SYNTH_LAYOUT 2
+
 static cJSON *read_stamp(const char *dir) {
   if (entry_at(dir, STAMP_NAME) != ENTRY_REGULAR) return NULL; /* a link is no stamp */
   char *path = mlo_path_join(dir, STAMP_NAME);
@@ -170,6 +174,8 @@ static bool stamp_matches(const cJSON *stamp, const char *dir, const char *prese
   const cJSON *s = cJSON_GetObjectItemCaseSensitive(stamp, "scale");
   const cJSON *done = cJSON_GetObjectItemCaseSensitive(stamp, "complete");
   const cJSON *files = cJSON_GetObjectItemCaseSensitive(stamp, "files"), *it;
+  const cJSON *layout = cJSON_GetObjectItemCaseSensitive(stamp, "layout");
+  if (!cJSON_IsNumber(layout) || layout->valuedouble != SYNTH_LAYOUT) return false;
   if (!cJSON_IsString(p) || strcmp(p->valuestring, preset) || !cJSON_IsNumber(s) ||
       fabs(s->valuedouble - scale) > 1e-12 * scale || !cJSON_IsTrue(done) || !cJSON_IsArray(files))
     return false;
@@ -239,6 +245,7 @@ int mlo_syn_stamp_write(const char *dir, const char *preset, double scale, uint6
                         bool complete, cJSON *files, char *err, size_t errlen) {
   cJSON *stamp = cJSON_CreateObject();
   cJSON_AddStringToObject(stamp, "generator", "mlo synth");
+  cJSON_AddNumberToObject(stamp, "layout", SYNTH_LAYOUT);
   cJSON_AddNumberToObject(stamp, "version", 1);
   cJSON_AddStringToObject(stamp, "preset", preset);
   cJSON_AddNumberToObject(stamp, "scale", scale);

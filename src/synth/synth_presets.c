@@ -418,8 +418,15 @@ static const mlo_syn_component wan_components[] = {
     {"transformer_2", "diffusers", "WanTransformer3DModel", &wan_dit, BF, true},
     {"vae", "diffusers", "AutoencoderKLWan", &mlo_syn_wan_vae, F32, false},
 };
-static const mlo_syn_aux wan_aux[] = {SCHED("UniPCMultistepScheduler"),
-                                      TOK("tokenizer", "T5TokenizerFast")};
+/* Wan2.2 T2V A14B's scheduler as its diffusers directory ships it: UniPC
+ * with flow sigmas and shift 12, so with boundary_ratio 0.875 the
+ * high-noise expert runs the first 6 of 8 steps, 26 of 40. */
+static const mlo_syn_aux wan_aux[] = {
+    {"scheduler", "diffusers", "UniPCMultistepScheduler", "scheduler_config.json",
+     "{\"_class_name\":\"UniPCMultistepScheduler\",\"num_train_timesteps\":1000,"
+     "\"prediction_type\":\"flow_prediction\",\"use_flow_sigmas\":true,\"flow_shift\":12.0,"
+     "\"solver_order\":2,\"final_sigmas_type\":\"zero\"}"},
+    TOK("tokenizer", "T5TokenizerFast")};
 
 static const mlo_syn_component flux_components[] = {
     {"text_encoder", "transformers", "CLIPTextModel", &clip_l, BF, false},

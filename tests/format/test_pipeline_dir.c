@@ -155,7 +155,8 @@ static void test_opens_pipeline(void **state) {
                 *dit = mlo_pipeline_find(pipe, "transformer");
   assert_string_equal(mlo_component_name(te), "text_encoder");
   assert_int_equal(mlo_component_role(te), MLO_ROLE_ENCODER);
-  assert_int_equal(mlo_component_role_source(te), MLO_ROLE_FROM_HEURISTIC);
+  /* the classes name the roles (UMT5EncoderModel, WanTransformer3DModel) */
+  assert_int_equal(mlo_component_role_source(te), MLO_ROLE_FROM_CLASS);
   assert_non_null(dit);
   assert_int_equal(mlo_component_role(dit), MLO_ROLE_DIT);
   assert_int_equal(mlo_component_role(mlo_pipeline_find(pipe, "vae")), MLO_ROLE_VAE);
@@ -184,7 +185,7 @@ static void test_role_overrides(void **state) {
   assert_int_equal(mlo_component_role_source(vae), MLO_ROLE_FROM_OVERRIDE);
   assert_int_equal(mlo_component_role_source(te), MLO_ROLE_FROM_OVERRIDE);
   assert_int_equal(mlo_component_role_source(mlo_pipeline_find(pipe, "transformer")),
-                   MLO_ROLE_FROM_HEURISTIC);
+                   MLO_ROLE_FROM_CLASS);
   mlo_pipeline_free(pipe);
   mlo_role_override typo = {"transfomer", MLO_ROLE_DIT};
   oo.overrides = &typo, oo.override_count = 1;

@@ -80,8 +80,8 @@ static void test_dtype_names(void **state) {
                                 "I64",  "U64", "C64",  "F4",      "F6_E2M3", "F6_E3M2"};
   static const unsigned bits[] = {8,  8,  8,  8,  8,  8,  16, 16, 16, 16,
                                   32, 32, 32, 64, 64, 64, 64, 4,  6,  6};
-  assert_int_equal(sizeof names / sizeof *names, MLO_DTYPE_COUNT);
-  for (int i = 0; i < MLO_DTYPE_COUNT; i++) {
+  assert_int_equal(sizeof names / sizeof *names, MLO_DTYPE_FIRST_BLOCK);
+  for (int i = 0; i < MLO_DTYPE_FIRST_BLOCK; i++) {
     assert_string_equal(mlo_dtype_name((mlo_dtype)i), names[i]);
     assert_int_equal(mlo_dtype_bits((mlo_dtype)i), bits[i]);
     mlo_dtype d = MLO_DTYPE_COUNT;
@@ -96,6 +96,19 @@ static void test_dtype_names(void **state) {
   assert_null(mlo_dtype_name(MLO_DTYPE_COUNT));
   assert_null(mlo_dtype_name((mlo_dtype)-1));
   assert_int_equal(mlo_dtype_bits(MLO_DTYPE_COUNT), 0);
+  /* GGML's block types: named, sized by block, never a whole bit width */
+  uint32_t elems = 0, bytes = 0;
+  assert_true(mlo_dtype_block(MLO_DTYPE_Q4_K, &elems, &bytes));
+  assert_int_equal(elems, 256);
+  assert_int_equal(bytes, 144);
+  assert_false(mlo_dtype_block(MLO_DTYPE_BF16, &elems, &bytes));
+  assert_false(mlo_dtype_block(MLO_DTYPE_COUNT, NULL, NULL));
+  assert_int_equal(mlo_dtype_from_name("Q8_0", &d), MLO_OK);
+  assert_int_equal(d, MLO_DTYPE_Q8_0);
+  for (int i = MLO_DTYPE_FIRST_BLOCK; i < MLO_DTYPE_COUNT; i++) {
+    assert_int_equal(mlo_dtype_bits((mlo_dtype)i), 0);
+    assert_true(mlo_dtype_block((mlo_dtype)i, NULL, NULL));
+  }
 }
 
 static void test_dtype_nbytes(void **state) {
@@ -122,6 +135,11 @@ static void test_dtype_nbytes(void **state) {
   assert_int_equal(mlo_dtype_nbytes(MLO_DTYPE_U64, (UINT64_MAX >> 3) + 1, &b), MLO_EFORMAT);
   assert_int_equal(mlo_dtype_nbytes(MLO_DTYPE_U16, UINT64_MAX, &b), MLO_EFORMAT);
   assert_int_equal(mlo_dtype_nbytes(MLO_DTYPE_COUNT, 1, &b), MLO_EINVAL);
+  /* block types: whole blocks only, overflow-checked */
+  assert_int_equal(mlo_dtype_nbytes(MLO_DTYPE_Q4_0, 64, &b), MLO_OK);
+  assert_int_equal(b, 36);
+  assert_int_equal(mlo_dtype_nbytes(MLO_DTYPE_Q4_0, 33, &b), MLO_EINVAL);
+  assert_int_equal(mlo_dtype_nbytes(MLO_DTYPE_Q8_K, UINT64_MAX / 256 * 256, &b), MLO_EFORMAT);
 }
 
 /* ------------------------------------------------------------- round trip */
@@ -138,7 +156,7 @@ typedef struct {
 static size_t build_all_dtypes(mlo_st_writer *w, expect_t *ex) {
   size_t n = 0;
   /* [2, 4]: 8 elements, a whole number of bytes for every dtype */
-  for (int d = 0; d < MLO_DTYPE_COUNT; d++, n++) {
+  for (int d = 0; d < MLO_DTYPE_FIRST_BLOCK; d++, n++) {
     expect_t *e = &ex[n];
     snprintf(e->name, sizeof e->name, "t.%s", mlo_dtype_name((mlo_dtype)d));
     e->dtype = (mlo_dtype)d;
@@ -318,6 +336,8 @@ static void test_writer_rejects(void **state) {
   assert_int_equal(mlo_st_writer_add(w, "b", MLO_DTYPE_U8, 9, nine, buf, 1, true), MLO_EINVAL);
   assert_int_equal(mlo_st_writer_add(w, "b", MLO_DTYPE_F4, 1, s3, buf, 1, true), MLO_EINVAL);
   assert_int_equal(mlo_st_writer_add(w, "b", MLO_DTYPE_COUNT, 1, s2, buf, 2, true), MLO_EINVAL);
+  assert_int_equal(mlo_st_writer_add(w, "q", MLO_DTYPE_Q4_0, 1, (int64_t[]){32}, buf, 18, true),
+                   MLO_EINVAL); /* a GGML block type is not a safetensors dtype */
   assert_int_equal(mlo_st_writer_add(w, "__metadata__", MLO_DTYPE_U8, 1, s2, buf, 2, true),
                    MLO_EINVAL);
   assert_int_equal(mlo_st_writer_add(w, NULL, MLO_DTYPE_U8, 1, s2, buf, 2, true), MLO_EINVAL);
