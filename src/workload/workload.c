@@ -127,18 +127,32 @@ static int tensor_digest(mlo_workload *w, const mlo_tensor *t, int tokens, uint6
   return w->ops->bytes_digest(w->ctx, block, offset, nbytes, digest);
 }
 
-/* Issues a forward's folds into *h (deferred where the backend defers). */
+static int by_name(const void *a, const void *b) {
+  return strcmp(mlo_tensor_name(*(const mlo_tensor *const *)a),
+                mlo_tensor_name(*(const mlo_tensor *const *)b));
+}
+
+/* Issues a forward's folds into *h (deferred where the backend defers).
+ * Tensors are folded in name order, not declaration order: the same
+ * weights give the same digest however files split them (sharded or not,
+ * shards in any order). */
 static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t seed, uint64_t *h) {
   mlo_role role = mlo_component_role(comp);
   int tokens = role_index_ok(role) ? w->tokens[role] : w->tokens[MLO_ROLE_OTHER];
-  size_t n = mlo_component_tensor_count(comp);
+  size_t n = mlo_component_tensor_count(comp), k = 0;
+  const mlo_tensor **own = mlo_malloc((n ? n : 1) * sizeof *own);
+  if (!own) return MLO_ENOMEM;
   for (size_t i = 0; i < n; i++) {
     const mlo_tensor *t = mlo_component_tensor_at(comp, i);
-    if (!t || mlo_tensor_owner(t) != comp) continue; /* a reference: not ours to read */
-    int rc = tensor_digest(w, t, tokens, seed, h);
-    if (rc) return rc;
+    /* a reference is not ours to read; a shared tensor is folded under
+     * each of its names (its storage is read once per name, moved once) */
+    if (t && mlo_tensor_owner(t) == comp) own[k++] = t;
   }
-  return MLO_OK;
+  qsort(own, k, sizeof *own, by_name);
+  int rc = MLO_OK;
+  for (size_t i = 0; i < k && !rc; i++) rc = tensor_digest(w, own[i], tokens, seed, h);
+  free(own);
+  return rc;
 }
 
 static int flush(mlo_workload *w) {
@@ -209,15 +223,15 @@ static size_t components_of(mlo_pipeline *pipe, mlo_role role, mlo_component **o
 }
 
 /* Which DiT runs step s of `steps` (see the header for the rule). */
-static size_t dit_for_step(size_t ndit, int s, int steps, double boundary) {
+static size_t dit_for_step(size_t ndit, int s, int steps, int first_steps) {
   if (ndit <= 1) return 0;
-  if (ndit == 2) return (double)s < boundary * (double)steps ? 0 : 1;
+  if (ndit == 2) return s < first_steps ? 0 : 1;
   return (size_t)s * ndit / (size_t)steps;
 }
 
-int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_workload_call **calls,
+int mlo_workload_schedule(mlo_pipeline *pipe, int steps, int first_steps, mlo_workload_call **calls,
                           size_t *count) {
-  if (!pipe || !calls || !count || steps < 1 || !(boundary >= 0.0 && boundary <= 1.0))
+  if (!pipe || !calls || !count || steps < 1 || first_steps < 0 || first_steps > steps)
     return MLO_EINVAL;
   *calls = NULL;
   *count = 0;
@@ -235,7 +249,7 @@ int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_wo
     if (mlo_component_role(c) == MLO_ROLE_ENCODER) list[k++].comp = c;
   }
   for (int s = 0; ndit && s < steps; s++)
-    list[k++].comp = dits[dit_for_step(ndit, s, steps, boundary)];
+    list[k++].comp = dits[dit_for_step(ndit, s, steps, first_steps)];
   for (size_t i = 0; i < ncomp; i++) {
     mlo_component *c = mlo_pipeline_component_at(pipe, i);
     if (mlo_component_role(c) == MLO_ROLE_VAE) list[k++].comp = c;

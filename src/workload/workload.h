@@ -89,16 +89,17 @@ int mlo_workload_forward(mlo_workload *w, mlo_component *comp, uint64_t step, ui
 
 /* The reference schedule of `mlo run`: every encoder once (index order),
  * the DiT(s) for `steps` steps, every VAE once; OTHER components are not
- * run.  Two DiTs split at the boundary as Wan2.2 does: the first for steps
- * s < boundary*steps, the second after; more than two share the steps
- * evenly in index order. */
+ * run.  Two DiTs split as Wan2.2's experts do: the first (high-noise) for
+ * the first `first_steps` steps, the second after (the caller computes the
+ * split from the pipeline's scheduler: mlo_denoise_first_expert_steps);
+ * more than two share the steps evenly in index order. */
 typedef struct {
   mlo_component *comp;
   uint64_t step; /* the call's ordinal: the seed and the digest's step */
 } mlo_workload_call;
-/* Builds the call list (free() it).  MLO_EINVAL for steps < 1 or a
- * boundary outside [0, 1]. */
-int mlo_workload_schedule(mlo_pipeline *pipe, int steps, double boundary, mlo_workload_call **calls,
+/* Builds the call list (free() it).  MLO_EINVAL for steps < 1 or
+ * first_steps outside [0, steps]. */
+int mlo_workload_schedule(mlo_pipeline *pipe, int steps, int first_steps, mlo_workload_call **calls,
                           size_t *count);
 /* Called after each forward of a run (progress display): done of total
  * forwards, comp the one that just ran. */

@@ -61,9 +61,31 @@ class Fixture(unittest.TestCase):
         return str(need + need // 4 + (1 << 20))
 
 
-def schedule(components, steps, boundary):
+def unipc_flow_timesteps(steps, shift, n=1000):
+    """diffusers' UniPCMultistepScheduler.set_timesteps with flow sigmas,
+    written out here independently of mlo: sigmas from numpy.linspace(1,
+    1/n, steps+1)[:-1], shifted, the first nudged below 1, timesteps
+    truncated to integers."""
+    def linspace(a, b, num, i):
+        return b if i == num - 1 else i * ((b - a) / (num - 1)) + a
+    sig = [linspace(1.0, 1.0 / n, steps + 1, i) for i in range(steps)]
+    sig = [shift * x / (1 + (shift - 1) * x) for x in sig]
+    if abs(sig[0] - 1) < 1e-6:
+        sig[0] -= 1e-6
+    return [int(x * n) for x in sig]
+
+
+def first_expert_steps(steps, shift=12.0, ratio=0.875):
+    """Steps on Wan2.2's high-noise expert: diffusers' rule t >= ratio x 1000
+    over the timesteps of the scheduler the wan2.2-t2v preset ships (UniPC,
+    flow sigmas, shift 12)."""
+    return sum(1 for t in unipc_flow_timesteps(steps, shift) if t >= ratio * 1000)
+
+
+def schedule(components, steps, first):
     """The forwards of `mlo run`, in order: encoders once, the DiTs for
-    `steps` (two split at the boundary), VAEs once; OTHER never."""
+    `steps` (two split: the first `first` steps on the first), VAEs once;
+    OTHER never."""
     names = [c["name"] for c in components]
     role = {c["name"]: c["role"] for c in components}
     dits = [n for n in names if role[n] == "dit"]
@@ -72,13 +94,13 @@ def schedule(components, steps, boundary):
         if len(dits) == 1:
             calls.append(dits[0])
         elif len(dits) == 2:
-            calls.append(dits[0] if s < boundary * steps else dits[1])
+            calls.append(dits[0] if s < first else dits[1])
         elif dits:
             calls.append(dits[s * len(dits) // steps])
     return calls + [n for n in names if role[n] == "vae"]
 
 
-def expected_counts(components, steps, boundary, offload):
+def expected_counts(components, steps, first, offload):
     """Loads and evictions per component name, from the schedule and the
     contract: enable loads encoders and VAEs (C2); a DiT's forward evicts
     encoders and other DiTs (C3); an encoder's evicts DiTs (C4); VAEs are
@@ -87,7 +109,7 @@ def expected_counts(components, steps, boundary, offload):
     role = {c["name"]: c["role"] for c in components}
     loads = {n: 0 for n in names}
     evictions = {n: 0 for n in names}
-    calls = schedule(components, steps, boundary)
+    calls = schedule(components, steps, first)
     if not offload:
         return {n: 1 for n in names}, evictions
     resident = set()
@@ -174,27 +196,52 @@ class RunTests(Fixture):
         self.assertEqual(rc, 0)
         self.assertRegex(out, r"^mlo \d+\.\d+\.\d+\nplatforms built: host, fault")
 
+    def unknown_classes_copy(self):
+        """The pipeline with classes mlo does not know: its component
+        folders linked, model_index.json rewritten."""
+        d = os.path.join(self.tmp, "unknown-classes")
+        if not os.path.isdir(d):
+            os.mkdir(d)
+            with open(os.path.join(self.ckpt, "model_index.json")) as f:
+                index = json.load(f)
+            for k, v in index.items():
+                if isinstance(v, list) and v[0]:
+                    os.symlink(os.path.join(self.ckpt, k), os.path.join(d, k))
+                    if not v[1].endswith(("Scheduler", "TokenizerFast")):
+                        index[k] = [v[0], "MysteryModel"]
+            with open(os.path.join(d, "model_index.json"), "w") as f:
+                json.dump(index, f)
+        return d
+
     def test_guessed_roles_said_once_by_name(self):
         rc, _, err = mlo("run", self.ckpt, "--steps", "1", env={"MLO_LOG": "warn"})
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("guessed", err)  # the classes name every role
+        rc, _, err = mlo("run", self.unknown_classes_copy(), "--steps", "1",
+                         env={"MLO_LOG": "warn"})
         self.assertEqual(rc, 0, err)
         warn = [l for l in err.splitlines() if "guessed" in l]
         self.assertEqual(len(warn), 1, err)
         for c in self.info["components"]:
             self.assertIn(f"{c['name']} ({c['role']})", warn[0])
         self.assertIn("--role", warn[0])
-        rc, _, err = mlo("run", self.ckpt, "--steps", "1", "--role", "vae=vae",
+        rc, _, err = mlo("run", self.unknown_classes_copy(), "--steps", "1", "--role", "vae=vae",
                          env={"MLO_LOG": "warn"})
+        self.assertIn("guessed", err)
         self.assertNotIn("vae (vae)", err)  # an override is no guess
 
-    def check_schedule(self, res, steps, boundary, offload):
-        loads, evictions = expected_counts(res["components"], steps, boundary, offload)
-        calls = schedule(res["components"], steps, boundary)
+    def check_schedule(self, res, steps, first, offload):
+        self.assertEqual(res["experts"]["first_steps"], first)
+        self.assertEqual(res["experts"]["second_steps"], steps - first)
+        loads, evictions = expected_counts(res["components"], steps, first, offload)
+        calls = schedule(res["components"], steps, first)
         self.assertEqual(res["forwards"], len(calls))
         for c in res["components"]:
             self.assertEqual(c["forwards"], calls.count(c["name"]), c["name"])
             self.assertEqual(c["loads"], loads[c["name"]], c["name"])
             self.assertEqual(c["evictions"], evictions[c["name"]], c["name"])
-            self.assertEqual(c["h2d_bytes"], c["loads"] * c["bytes"], c["name"])
+            self.assertEqual(c["h2d_bytes"], c["loads"] * c["device_bytes"], c["name"])
+            self.assertLessEqual(c["tensor_bytes"], c["device_bytes"], c["name"])
             self.assertEqual(c["d2h_bytes"], 0, "read-only weights are never copied back")
         self.assertEqual(res["loads"], sum(loads.values()))
         self.assertEqual(res["evictions"], sum(evictions.values()))
@@ -218,20 +265,35 @@ class RunTests(Fixture):
         self.assertLess(res["peak_device_bytes"], res["all_resident_bytes"])
         self.assertEqual(res["all_resident_bytes"], self.info["all_resident_bytes"])
         self.assertEqual(res["max_component_bytes"],
-                         max(c["bytes"] for c in res["components"]))
+                         max(c["device_bytes"] for c in res["components"]))
         # The checkpoint was read once into host slabs: every component's
         # bytes, at a measured (positive) time.
-        self.assertEqual(res["load_bytes"], sum(c["bytes"] for c in res["components"]))
+        self.assertEqual(res["load_bytes"], sum(c["device_bytes"] for c in res["components"]))
         self.assertGreater(res["load_s"], 0)
-        self.check_schedule(res, 8, 0.875, True)
+        # the split diffusers makes with the preset's scheduler: 6 of 8
+        self.assertEqual(first_expert_steps(8), 6)
+        self.assertEqual(res["experts"]["source"], "scheduler config")
+        self.check_schedule(res, 8, first_expert_steps(8), True)
 
     def test_boundaries_change_the_schedule(self):
         cap = self.capacity_for_offload()
-        for boundary in ("0", "0.5", "1"):
-            res = self.run_json("--device-memory", cap, "--steps", "4", "--boundary", boundary,
+        # --boundary is diffusers' boundary_ratio, over the scheduler's timesteps
+        for ratio, first in (("0", 4), ("0.9", sum(1 for t in unipc_flow_timesteps(4, 12.0)
+                                                   if t >= 900)), ("1", 0)):
+            res = self.run_json("--device-memory", cap, "--steps", "4", "--boundary", ratio,
                                 "--verify")
             self.assertIs(res["verified"], True)
-            self.check_schedule(res, 4, float(boundary), True)
+            self.check_schedule(res, 4, first, True)
+        # the flow shift moves the split: shift 1 is the plain linear schedule
+        res = self.run_json("--steps", "8", "--flow-shift", "1")
+        self.assertEqual(res["experts"]["first_steps"],
+                         sum(1 for t in unipc_flow_timesteps(8, 1.0) if t >= 875))
+        for first in (0, 2, 4):
+            res = self.run_json("--device-memory", cap, "--steps", "4", "--boundary-steps",
+                                str(first), "--verify")
+            self.assertIs(res["verified"], True)
+            self.assertEqual(res["experts"]["source"], "--boundary-steps")
+            self.check_schedule(res, 4, first, True)
 
     def test_steps_change_the_digest(self):
         a = self.run_json("--steps", "2")
@@ -243,7 +305,7 @@ class RunTests(Fixture):
         res = self.run_json("--offload", "none", "--verify")
         self.assertIs(res["verified"], True)
         self.assertEqual(res["peak_device_bytes"], res["all_resident_bytes"])
-        self.check_schedule(res, 8, 0.875, False)
+        self.check_schedule(res, 8, first_expert_steps(8), False)
 
     def test_sync_device_and_literal_match_event(self):
         cap = self.capacity_for_offload()
@@ -273,7 +335,9 @@ class RunTests(Fixture):
         t2 = [c for c in res["components"] if c["name"] == "transformer_2"][0]
         self.assertEqual(t2["role"], "other")
         self.assertEqual(t2["role_source"], "override")
-        self.assertEqual(res["components"][0]["role_source"], "name heuristic")
+        # UMT5EncoderModel in model_index.json: the class names the role
+        self.assertEqual(res["components"][0]["role_source"], "class name")
+        self.assertNotIn("experts", res)  # one DiT left: no split
         self.assertEqual(t2["forwards"], 0)
         self.assertIs(res["verified"], True)
 
@@ -297,7 +361,7 @@ class PolicyTests(Fixture):
         self.assertIs(res["digests_agree"], True)
         gens = res["generations"]
         self.assertEqual(len(gens), 3)
-        run = set(schedule(res["components"], 8, 0.875))
+        run = set(schedule(res["components"], 8, first_expert_steps(8)))
         self.assertEqual(gens[0]["loads"], len(run))
         for g in gens[1:]:
             self.assertEqual((g["loads"], g["evictions"], g["h2d_bytes"]), (0, 0, 0), g)
@@ -663,9 +727,14 @@ class InspectTests(Fixture):
         for c in comps:
             self.assertGreater(c["tensors"], 0)
             self.assertEqual(sum(c["dtypes"].values()), c["tensors"])
-            by_role.setdefault(c["role"], []).append(c["bytes"])
+            by_role.setdefault(c["role"], []).append(c["device_bytes"])
+            # the weights' bytes, then the same with each tensor aligned
+            self.assertLessEqual(c["tensor_bytes"], c["device_bytes"])
+            self.assertLess(c["device_bytes"] - c["tensor_bytes"], 256 * c["tensors"])
         self.assertEqual(sorted(by_role), ["dit", "encoder", "vae"])
-        self.assertEqual(info["all_resident_bytes"], sum(c["bytes"] for c in comps))
+        self.assertEqual(info["all_resident_bytes"], sum(c["device_bytes"] for c in comps))
+        self.assertEqual(info["tensor_bytes"], sum(c["tensor_bytes"] for c in comps))
+        self.assertEqual(info["experts"]["first_steps"], first_expert_steps(8))
         vae, enc, dit = sum(by_role["vae"]), sum(by_role["encoder"]), max(by_role["dit"])
         self.assertEqual(info["model_offload_bytes"], vae + max(enc, dit))
         self.assertEqual(info["enable_phase_bytes"], vae + enc)
@@ -696,7 +765,7 @@ class OtherPresetTests(Fixture):
         res = self.run_json("--device-memory", self.capacity_for_offload(), "--steps", "3",
                             "--verify")
         self.assertIs(res["verified"], True)
-        loads, evictions = expected_counts(res["components"], 3, 0.875, True)
+        loads, evictions = expected_counts(res["components"], 3, 3, True)
         for c in res["components"]:
             self.assertEqual((c["loads"], c["evictions"]),
                              (loads[c["name"]], evictions[c["name"]]), c["name"])
@@ -756,6 +825,186 @@ class DemoBenchTests(unittest.TestCase):
         # strict moves bytes every prompt and waits for them
         self.assertGreater(modes["strict"]["h2d_bytes"], 0)
         self.assertGreater(modes["strict"]["stall_vs_bytes"], 0)
+
+REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "format", "real")
+
+
+class RealLayoutTests(unittest.TestCase):
+    """Checkpoints as the real tools lay them out (tests/format/real/:
+    written by diffusers, transformers, safetensors and gguf themselves; see
+    its generate.py).  What mlo reports is compared with what those
+    libraries wrote and with diffusers' own expert schedule (expect.json)."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(REAL, "expect.json")) as f:
+            cls.expect = json.load(f)
+
+    roles = {"text_encoder": "encoder", "text_encoder_2": "encoder", "transformer": "dit",
+             "transformer_2": "dit", "vae": "vae"}
+
+    def inspect(self, *args):
+        rc, out, err = mlo("inspect", *args, "--json")
+        self.assertEqual(rc, 0, err)
+        return json.loads(out)
+
+    def run_json(self, *args, code=0):
+        rc, out, err = mlo("run", *args, "--json")
+        self.assertEqual(rc, code, err)
+        return json.loads(out), err
+
+    def check_view(self, comps, view):
+        """mlo's components against the reference readers' view."""
+        self.assertEqual(sorted(c["name"] for c in comps), sorted(view))
+        for c in comps:
+            v = view[c["name"]]
+            self.assertEqual(c["tensors"], v["tensors"], c["name"])
+            self.assertEqual(c["tensor_bytes"], v["tensor_bytes"], c["name"])
+            self.assertEqual(c["dtypes"], v["dtypes"], c["name"])
+
+    def test_diffusers_directories(self):
+        for d in ("wan22", "wan22-sharded", "wan22-fp16-sharded", "wan21", "flux", "wan22-hub"):
+            info = self.inspect(os.path.join(REAL, d))
+            self.check_view(info["components"], self.expect["views"][d])
+            for c in info["components"]:
+                self.assertEqual(c["role"], self.roles[c["name"]], (d, c["name"]))
+                self.assertEqual(c["role_source"], "class name", (d, c["name"]))
+
+    def test_hub_folder_variants(self):
+        # default files beside .fp16 ones: the default picks the plain
+        # files, --variant fp16 the others, as diffusers does
+        hub = os.path.join(REAL, "wan22-hub")
+        self.check_view(self.inspect(hub)["components"], self.expect["views"]["wan22-hub"])
+        self.check_view(self.inspect(hub, "--variant", "fp16")["components"],
+                        self.expect["views"]["wan22-hub@fp16"])
+        rc, out, err = mlo("inspect", hub, "--variant", "bf16")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("no component has weights for variant 'bf16'", err)
+        res, _ = self.run_json(hub, "--variant", "fp16", "--verify")
+        self.assertIs(res["verified"], True)
+
+    def test_expert_schedule_is_diffusers(self):
+        for d in ("wan22", "wan22-hub"):
+            for steps, want in self.expect[d]["schedule"].items():
+                info = self.inspect(os.path.join(REAL, d), "--steps", steps)
+                self.assertEqual(info["experts"]["first_steps"], want["first"], (d, steps))
+        # the other schedulers, from their config folders alone
+        for d in ("wan22-shift12", "wan22-flowmatch"):
+            self.assertTrue(os.path.isfile(os.path.join(REAL, d, "scheduler",
+                                                        "scheduler_config.json")))
+        res, _ = self.run_json(os.path.join(REAL, "wan22"), "--steps", "40", "--verify")
+        self.assertIs(res["verified"], True)
+        want = self.expect["wan22"]["schedule"]["40"]["first"]
+        self.assertEqual(res["experts"]["first_steps"], want)
+        by = {c["name"]: c for c in res["components"]}
+        self.assertEqual(by["transformer"]["forwards"], want)
+        self.assertEqual(by["transformer_2"]["forwards"], 40 - want)
+        # the issue's case: 8 steps put 3 on the high-noise expert
+        self.assertEqual(self.expect["wan22"]["schedule"]["8"]["first"], 3)
+        # Wan2.1 has one transformer and no boundary: no split to report
+        self.assertNotIn("experts", self.inspect(os.path.join(REAL, "wan21")))
+
+    def test_digest_ignores_the_file_layout(self):
+        plain, _ = self.run_json(os.path.join(REAL, "wan22"), "--steps", "4")
+        sharded, _ = self.run_json(os.path.join(REAL, "wan22-sharded"), "--steps", "4")
+        hub, _ = self.run_json(os.path.join(REAL, "wan22-hub"), "--steps", "4")
+        self.assertEqual(plain["digest"], sharded["digest"])
+        self.assertEqual(plain["digest"], hub["digest"])
+        fp16, _ = self.run_json(os.path.join(REAL, "wan22-fp16-sharded"), "--steps", "4")
+        self.assertNotEqual(plain["digest"], fp16["digest"])  # other weights, other digest
+        other, _ = self.run_json(os.path.join(REAL, "wan22"), "--steps", "5")
+        self.assertNotEqual(plain["digest"], other["digest"])  # the schedule counts
+
+    def test_single_files_by_their_real_names(self):
+        want = {"flux1-dev.safetensors": "dit", "wan2.2_t2v_high_noise_14B_fp16.safetensors": "dit",
+                "umt5_xxl_fp8_e4m3fn_scaled.safetensors": "encoder",
+                "t5xxl_fp16.safetensors": "encoder", "clip_l.safetensors": "encoder",
+                "ae.safetensors": "vae", "wan2.1_vae.safetensors": "vae",
+                "wan2.2_t2v_high_noise_14B_Q4_K_M.gguf": "dit",
+                "umt5-xxl-encoder-Q8_0.gguf": "encoder"}
+        for name, role in want.items():
+            info = self.inspect(os.path.join(REAL, "single", name))
+            (c,) = info["components"]
+            self.assertEqual(c["role"], role, name)
+            self.assertEqual(c["role_source"], "name heuristic", name)
+            v = self.expect["views"]["single/" + name]
+            self.assertEqual((c["tensors"], c["tensor_bytes"]), (v["tensors"], v["tensor_bytes"]))
+            self.assertEqual(c["dtypes"], {k: n for k, n in v["dtypes"].items()}, name)
+
+    def test_sdcpp_flags_build_a_pipeline(self):
+        S = os.path.join(REAL, "single")
+        wan = ["--diffusion-model", os.path.join(S, "wan2.2_t2v_low_noise_14B_fp16.safetensors"),
+               "--t5xxl", os.path.join(S, "umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
+               "--vae", os.path.join(S, "wan2.1_vae.safetensors"),
+               "--high-noise-diffusion-model",
+               os.path.join(S, "wan2.2_t2v_high_noise_14B_fp16.safetensors")]
+        res, _ = self.run_json(*wan, "--steps", "8", "--verify")
+        self.assertIs(res["verified"], True)
+        names = [(c["name"], c["role"], c["role_source"]) for c in res["components"]]
+        # the high-noise expert first, as diffusers' "transformer"
+        self.assertEqual(names[:2], [("transformer", "dit", "declared"),
+                                     ("transformer_2", "dit", "declared")])
+        self.assertEqual(res["experts"]["source"], "default")
+        self.assertEqual(res["experts"]["boundary_ratio"], 0.875)
+        flux = ["--diffusion-model", os.path.join(S, "flux1-dev.safetensors"),
+                "--t5xxl", os.path.join(S, "t5xxl_fp16.safetensors"),
+                "--clip_l", os.path.join(S, "clip_l.safetensors"),
+                "--vae", os.path.join(S, "ae.safetensors")]
+        res, _ = self.run_json(*flux, "--verify", "--device-memory", "200K")
+        self.assertIs(res["verified"], True)
+        self.assertLess(res["peak_device_bytes"], res["all_resident_bytes"])
+        # GGUF components among them, and --component for a name of one's own
+        res, _ = self.run_json("--diffusion-model",
+                               os.path.join(S, "wan2.2_t2v_high_noise_14B_Q4_K_M.gguf"),
+                               "--component",
+                               "te:encoder=" + os.path.join(S, "umt5-xxl-encoder-Q8_0.gguf"),
+                               "--verify")
+        self.assertIs(res["verified"], True)
+        self.assertEqual([c["name"] for c in res["components"]], ["transformer", "te"])
+        # PATH and files together, a file given twice: usage errors
+        rc, _, err = mlo("run", os.path.join(REAL, "wan22"), *flux)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("not both", err)
+        rc, _, err = mlo("run", *flux, "--vae", os.path.join(S, "ae.safetensors"))
+        self.assertEqual(rc, 2, err)
+        self.assertIn("given twice", err)
+
+    def test_nothing_to_run_is_refused(self):
+        clip = os.path.join(REAL, "single", "clip_l.safetensors")
+        rc, out, err = mlo("run", clip, "--role", "clip_l=other", "--offload", "none")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("nothing to run", err)
+        self.assertIn("--role clip_l=", err)
+        self.assertEqual(out, "")
+        rc, out, _ = mlo("run", clip, "--role", "clip_l=other", "--json")
+        self.assertEqual(rc, 2)
+        self.assertEqual(json.loads(out)["code"], 2)
+
+    def test_inspect_tensors(self):
+        info = self.inspect(os.path.join(REAL, "single", "flux1-dev.safetensors"), "--tensors")
+        (c,) = info["components"]
+        self.assertEqual(len(c["tensor_list"]), c["tensors"])
+        self.assertEqual(sum(t["bytes"] for t in c["tensor_list"]), c["tensor_bytes"])
+        self.assertEqual(c["files"][0]["metadata"], {"format": "pt"})
+        from_file = {}
+        with open(os.path.join(REAL, "single", "flux1-dev.safetensors"), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            hdr = json.loads(f.read(n))
+        for t in c["tensor_list"]:
+            self.assertEqual(t["dtype"], hdr[t["name"]]["dtype"])
+            self.assertEqual(t["shape"], hdr[t["name"]]["shape"])
+        g = self.inspect(os.path.join(REAL, "single", "wan2.2_t2v_high_noise_14B_Q4_K_M.gguf"),
+                         "--tensors")
+        (c,) = g["components"]
+        meta = c["files"][0]["metadata"]
+        self.assertEqual(meta["general.architecture"], '"wan"')
+        dt = {t["name"]: t["dtype"] for t in c["tensor_list"]}
+        self.assertEqual(dt["blocks.0.self_attn.q.weight"], "Q4_K")
+        rc, out, err = mlo("inspect", os.path.join(REAL, "wan22"), "--tensors")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("condition_embedder", out)
+        self.assertIn("on device", out)
+
 
 if __name__ == "__main__":
     MLO = sys.argv[1]

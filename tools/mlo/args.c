@@ -170,7 +170,9 @@ bool targs_double(targs *a, const char *flag, const char *val, double lo, double
   char *end = NULL;
   errno = 0;
   double v = strtod(val, &end);
-  if (errno || end == val || *end || !isfinite(v) || v < lo || v > hi) {
+  /* decimal only: strtod also takes "0x10", "inf" and "nan" */
+  bool decimal = val[strspn(val, "0123456789.eE+-")] == '\0';
+  if (errno || end == val || *end || !decimal || !isfinite(v) || v < lo || v > hi) {
     targs_error(a, "%s: expected a number from %g to %g, got '%s'", flag, lo, hi, val);
     return false;
   }

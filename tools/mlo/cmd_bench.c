@@ -66,6 +66,7 @@ typedef struct {
   double hot_ns, hot_calls;
   bench_switch sw;
   int reps, steps, prompts;
+  int first_steps;           /* of the two DiTs, from the pipeline's scheduler */
   double dit_step_s;         /* one DiT forward, measured resident */
   uint64_t dit_bytes;        /* the largest DiT */
   uint64_t need, ahead, all; /* strict need, + the largest component, everything */
@@ -178,14 +179,21 @@ static int open_mode(const bench_args *ba, const char *path, const mlo_open_opti
     snprintf(with, sizeof with, "%s,prefault=1,poison=0%s", spec, extra);
   else
     snprintf(with, sizeof with, "%s", spec);
-  session_config cfg = {path, with, oo->overrides, oo->override_count, false, {0}};
+  tool_source src;
+  source_init_path(&src, path);
+  session_config cfg = {.source = &src,
+                        .platform_spec = with,
+                        .overrides = oo->overrides,
+                        .override_count = oo->override_count};
   return session_open(s, &cfg, err, errlen);
 }
 
 static int run_mode(tool_session *s, const bench_results *res, const curve_point *pt, bool offload,
                     run_result *r, char *err, size_t errlen) {
-  run_options o = {
-      .offload = offload, .steps = res->steps, .boundary = 0.875, .prompts = res->prompts};
+  run_options o = {.offload = offload,
+                   .steps = res->steps,
+                   .first_steps = res->first_steps,
+                   .prompts = res->prompts};
   o.settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
   if (pt) {
     o.settings.policy = pt->policy;
@@ -296,6 +304,11 @@ static int size_modes(const char *path, const mlo_open_options *oo, bench_result
     res->need = mlo_workload_model_offload_bytes(pipe, NULL);
     uint64_t ahead = res->need + mlo_workload_largest_bytes(pipe, NULL);
     res->ahead = ahead < res->all ? ahead : res->all;
+    tool_source src;
+    source_init_path(&src, path);
+    tool_split split;
+    rc = split_resolve(&src, &(tool_split_args){0}, pipe, res->steps, &split, err, errlen);
+    res->first_steps = split.first_steps;
   }
   mlo_pipeline_free(pipe);
   mlo_platform_close(plat);

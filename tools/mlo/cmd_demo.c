@@ -120,12 +120,13 @@ static int ensure_pipeline(const char *dir, double scale) {
 typedef struct {
   uint64_t need, all, dit; /* strict need, every component, the largest DiT */
   uint64_t capacity;       /* the demo's device */
+  tool_split split;        /* the experts' steps, from the preset's scheduler */
 } demo_sizes;
 
 /* The demo's device: room for the strict need and the next component (the
  * budget at which prefetch hides the switches), below the all-resident sum
  * so that offload has work to do. */
-static int pick_capacity(const char *dir, demo_sizes *z) {
+static int pick_capacity(const char *dir, int steps, demo_sizes *z) {
   mlo_platform *plat = NULL;
   mlo_pipeline *pipe = NULL;
   char err[512] = "";
@@ -149,9 +150,13 @@ static int pick_capacity(const char *dir, demo_sizes *z) {
   z->dit = dit ? mlo_component_bytes(dit) : 0;
   uint64_t ahead = z->need + mlo_workload_largest_bytes(pipe, NULL) + (1u << 20);
   if (!z->capacity) z->capacity = ahead < z->all ? ahead : z->need + (z->all - z->need) / 2;
+  tool_source src;
+  source_init_path(&src, dir);
+  rc = split_resolve(&src, &(tool_split_args){0}, pipe, steps, &z->split, err, sizeof err);
+  if (rc) tool_err("demo: %s", err);
   mlo_pipeline_free(pipe);
   mlo_platform_close(plat);
-  return TOOL_EXIT_OK;
+  return tool_exit_for(rc);
 }
 
 static int make_dir(const char *path) {
@@ -189,25 +194,30 @@ static void print_row(const char *label, const run_result *r, const run_result *
 
 static int demo(const demo_args *d, const char *dir, const char *svg) {
   demo_sizes z = {.capacity = d->have_capacity ? d->capacity : 0};
-  int code = pick_capacity(dir, &z);
+  int code = pick_capacity(dir, (int)d->steps, &z);
   if (code) return code;
   run_options o = {.offload = false,
                    .steps = (int)d->steps,
-                   .boundary = 0.875,
+                   .first_steps = z.split.first_steps,
                    .prompts = 3,
                    .audit = true,
                    .progress = true};
   o.settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
   /* A host device that behaves like a GPU: memory backed up front, no
    * poison fill competing with compute for the CPU. */
-  session_config cfg = {dir, "host:prefault=1,poison=0", tool_wan_roles, tool_wan_nroles, true,
-                        {0}};
+  tool_source src;
+  source_init_path(&src, dir);
+  session_config cfg = {.source = &src,
+                        .platform_spec = "host:prefault=1,poison=0",
+                        .overrides = tool_wan_roles,
+                        .override_count = tool_wan_nroles,
+                        .progress = true};
   tool_report rep = {.offload = "model",
                      .sync = "event",
                      .policy = "budget",
                      .prefetch = true,
                      .steps = (int)d->steps,
-                     .boundary = 0.875,
+                     .split = z.split,
                      .trace_path = d->trace,
                      .timeline_path = svg};
   printf("1/3 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));

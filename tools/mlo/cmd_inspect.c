@@ -1,10 +1,14 @@
 /*
- * cmd_inspect.c — `mlo inspect PATH [--json]`: what a checkpoint holds and
- * what each mode would need, before anything is loaded: components, their
- * roles and where each role came from, tensor counts, dtypes, bytes, and
- * the peak device memory of all-resident versus model-level offload.
- * Reads only the safetensors headers.
+ * cmd_inspect.c — `mlo inspect PATH [--json] [--tensors]`: what a
+ * checkpoint holds and what each mode would need, before anything is
+ * loaded: components, their roles and where each role came from, tensor
+ * counts, dtypes, the weights' bytes and the bytes on the device (with
+ * alignment), the expert split of a two-DiT pipeline, the peak device
+ * memory of all-resident versus model-level offload, and with --tensors
+ * every tensor and each file's metadata.  Reads only the headers.
  */
+#include "format/gguf.h"
+#include "format/safetensors.h"
 #include "tool.h"
 
 #include <cjson/cJSON.h>
@@ -12,11 +16,14 @@
 #include <string.h>
 
 static void help(void) {
-  printf("usage: mlo inspect PATH [--json] [--role NAME=ROLE]...\n\n"
+  printf("usage: mlo inspect PATH [--json] [--tensors] [--steps N] [flags]\n"
+         "       mlo inspect --diffusion-model F --t5xxl F --vae F ... [flags]\n\n"
          "PATH is a diffusers pipeline directory (model_index.json), a component folder,\n"
-         "or a single .safetensors file.  Prints each component's role and where the\n"
-         "role came from, its tensor count, dtypes and bytes, and the device memory each\n"
-         "mode needs at its peak:\n"
+         "or a single .safetensors or .gguf file.  Prints each component's role and where\n"
+         "the role came from (class name, name heuristic, override), its tensor count,\n"
+         "dtypes, the tensors' bytes and the bytes it takes on the device (each tensor\n"
+         "aligned to 256 B), the expert split of two DiTs at --steps, and the device\n"
+         "memory each mode needs at its peak:\n"
          "  all resident        the sum of every component\n"
          "  model-level offload the larger of (VAEs + encoders), resident together after\n"
          "                      enable, and (VAEs + the largest DiT)\n"
@@ -26,14 +33,20 @@ static void help(void) {
          "                      first prompt (docs/planner.md)\n\n"
          "flags:\n"
          "  --json              one JSON object on stdout\n"
-         "  --role NAME=ROLE    override a component's role (dit, encoder, vae, other)\n\n"
+         "  --tensors           every tensor (name, dtype, shape, bytes) and each file's\n"
+         "                      metadata (safetensors __metadata__, GGUF key-values)\n"
+         "  --steps N           steps for the expert split (default 8)\n" TOOL_SPLIT_HELP
+             TOOL_SOURCE_HELP "\n"
          "examples:\n"
          "  mlo inspect ./mlo-cache/wan2.2-t2v-0.005\n"
-         "  mlo inspect flux1-dev.safetensors --json\n");
+         "  mlo inspect Wan2.2-T2V-A14B-Diffusers --variant fp16 --steps 40\n"
+         "  mlo inspect flux1-dev.safetensors --tensors --json\n"
+         "  mlo inspect --diffusion-model flux1-dev-Q4_K.gguf --t5xxl t5xxl_fp16.safetensors \\\n"
+         "              --clip_l clip_l.safetensors --vae ae.safetensors\n");
 }
 
 typedef struct {
-  uint64_t vae, enc, max_dit, all, max_comp;
+  uint64_t vae, enc, max_dit, all, max_comp, tensors;
   const char *max_dit_name, *max_comp_name;
 } needs;
 
@@ -43,6 +56,7 @@ static void compute_needs(mlo_pipeline *pipe, needs *n) {
     mlo_component *c = mlo_pipeline_component_at(pipe, i);
     uint64_t b = mlo_component_bytes(c);
     n->all += b;
+    n->tensors += mlo_component_tensor_bytes(c);
     if (b > n->max_comp || !n->max_comp_name) {
       n->max_comp = b;
       n->max_comp_name = mlo_component_name(c);
@@ -74,23 +88,147 @@ static void dtype_text(const size_t counts[MLO_DTYPE_COUNT], char *buf, size_t l
                             mlo_dtype_name((mlo_dtype)d), counts[d]);
 }
 
-static void print_text(const char *path, mlo_pipeline *pipe) {
+/* ---- --tensors ------------------------------------------------------------ */
+
+static void shape_text(const mlo_tensor *t, char *buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "[");
+  const int64_t *sh = mlo_tensor_shape(t);
+  for (int d = 0; d < mlo_tensor_ndim(t) && n < len; d++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)sh[d]);
+  if (n < len) snprintf(buf + n, len - n, "]");
+}
+
+/* The files a component's tensors come from, in first-use order. */
+static size_t component_files(const mlo_component *c, const char **files, size_t cap) {
+  size_t n = 0;
+  for (size_t i = 0; i < mlo_component_tensor_count(c); i++) {
+    const char *f = mlo_tensor_file(mlo_component_tensor_at(c, i), NULL);
+    bool seen = !f;
+    for (size_t k = 0; k < n && !seen; k++) seen = !strcmp(files[k], f);
+    if (!seen && n < cap) files[n++] = f;
+  }
+  return n;
+}
+
+/* One file's metadata as key/value pairs: safetensors' __metadata__, or a
+ * GGUF's key-values (values abridged).  Calls fn for each; false if the file
+ * cannot be read again. */
+typedef void (*meta_fn)(const char *key, const char *value, void *user);
+static bool file_metadata(const char *path, meta_fn fn, void *user) {
+  char err[256];
+  mlo_gguf_file *g = NULL;
+  mlo_st_file *f = NULL;
+  if (mlo_gguf_open(path, &g, err, sizeof err) == MLO_OK) {
+    for (size_t i = 0; i < g->kv_count; i++) fn(g->kv[i].key, g->kv[i].text, user);
+    mlo_gguf_close(g);
+    return true;
+  }
+  if (mlo_st_open(path, &f, err, sizeof err) == MLO_OK) {
+    for (size_t i = 0; i < f->meta_count; i++) fn(f->meta[i].key, f->meta[i].value, user);
+    mlo_st_close(f);
+    return true;
+  }
+  return false;
+}
+
+static void print_meta_line(const char *key, const char *value, void *user) {
+  (void)user;
+  printf("      %-28s %.100s%s\n", key, value, strlen(value) > 100 ? "..." : "");
+}
+
+static void print_tensors(mlo_pipeline *pipe) {
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    printf("\n%s (%s, %zu tensors, %s)\n", mlo_component_name(c),
+           mlo_role_name(mlo_component_role(c)), mlo_component_tensor_count(c),
+           tool_size(mlo_component_tensor_bytes(c)));
+    const char *files[64];
+    size_t nf = component_files(c, files, 64);
+    for (size_t k = 0; k < nf; k++) {
+      printf("  file %s\n", files[k]);
+      file_metadata(files[k], print_meta_line, NULL);
+    }
+    printf("  %-56s %-8s %-20s %10s\n", "tensor", "dtype", "shape", "bytes");
+    for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+      const mlo_tensor *t = mlo_component_tensor_at(c, k);
+      char shape[96];
+      shape_text(t, shape, sizeof shape);
+      bool ref = mlo_tensor_owner(t) != c;
+      printf("  %-56s %-8s %-20s %10llu%s\n", mlo_tensor_name(t),
+             mlo_dtype_name(mlo_tensor_dtype(t)), shape, (unsigned long long)mlo_tensor_nbytes(t),
+             ref ? "  (reference)" : "");
+    }
+  }
+}
+
+static void add_meta_json(const char *key, const char *value, void *user) {
+  cJSON_AddStringToObject((cJSON *)user, key, value);
+}
+
+static cJSON *tensors_json(const mlo_component *c) {
+  cJSON *files = cJSON_CreateArray();
+  const char *names[64];
+  size_t nf = component_files(c, names, 64);
+  for (size_t k = 0; k < nf; k++) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "path", names[k]);
+    file_metadata(names[k], add_meta_json, cJSON_AddObjectToObject(f, "metadata"));
+    cJSON_AddItemToArray(files, f);
+  }
+  return files;
+}
+
+static cJSON *tensor_list_json(const mlo_component *c) {
+  cJSON *arr = cJSON_CreateArray();
+  for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+    const mlo_tensor *t = mlo_component_tensor_at(c, k);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", mlo_tensor_name(t));
+    cJSON_AddStringToObject(o, "dtype", mlo_dtype_name(mlo_tensor_dtype(t)));
+    cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+    for (int d = 0; d < mlo_tensor_ndim(t); d++)
+      cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)mlo_tensor_shape(t)[d]));
+    cJSON_AddNumberToObject(o, "bytes", (double)mlo_tensor_nbytes(t));
+    if (mlo_tensor_owner(t) != c)
+      cJSON_AddStringToObject(o, "reference_to", mlo_component_name(mlo_tensor_owner(t)));
+    cJSON_AddItemToArray(arr, o);
+  }
+  return arr;
+}
+
+/* ---- the summary ------------------------------------------------------------ */
+
+typedef struct {
+  bool json, tensors;
+  int steps;
+  const tool_split *split; /* NULL when there are not two DiTs */
+  const char *first, *second;
+} view;
+
+static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   size_t ncomp = mlo_pipeline_component_count(pipe);
   needs n;
   compute_needs(pipe, &n);
-  printf("%s: %zu component%s, %s\n\n", path, ncomp, ncomp == 1 ? "" : "s", tool_size(n.all));
-  printf("  %-18s %-8s %-14s %8s  %-22s %10s\n", "component", "role", "role from", "tensors",
-         "dtypes", "size");
+  printf("%s: %zu component%s, %s of tensors, %s on the device\n\n", path, ncomp,
+         ncomp == 1 ? "" : "s", tool_size(n.tensors), tool_size(n.all));
+  printf("  %-18s %-8s %-14s %8s  %-22s %10s %10s\n", "component", "role", "role from", "tensors",
+         "dtypes", "bytes", "on device");
   for (size_t i = 0; i < ncomp; i++) {
     mlo_component *c = mlo_pipeline_component_at(pipe, i);
     size_t counts[MLO_DTYPE_COUNT];
     char dt[128];
     count_dtypes(c, counts);
     dtype_text(counts, dt, sizeof dt);
-    printf("  %-18s %-8s %-14s %8zu  %-22s %10s\n", mlo_component_name(c),
+    printf("  %-18s %-8s %-14s %8zu  %-22s %10s %10s\n", mlo_component_name(c),
            mlo_role_name(mlo_component_role(c)), mlo_role_source_name(mlo_component_role_source(c)),
-           mlo_component_tensor_count(c), dt, tool_size(mlo_component_bytes(c)));
+           mlo_component_tensor_count(c), dt, tool_size(mlo_component_tensor_bytes(c)),
+           tool_size(mlo_component_bytes(c)));
   }
+  if (v->split)
+    printf("\nexperts at %d steps: %s %d, %s %d (timestep >= %.3g x %d; %s, shift %.3g; %s)\n",
+           v->steps, v->first, v->split->first_steps, v->second, v->steps - v->split->first_steps,
+           v->split->sched.boundary_ratio, v->split->sched.num_train_timesteps,
+           mlo_denoise_kind_name(v->split->sched.kind), v->split->sched.shift, v->split->source);
   uint64_t model = n.vae + (n.enc > n.max_dit ? n.enc : n.max_dit);
   printf("\ndevice memory needed at the peak:\n");
   char dit_label[96];
@@ -107,34 +245,56 @@ static void print_text(const char *path, mlo_pipeline *pipe) {
   printf("  %-36s %10s\n", least, tool_size(n.max_comp));
   printf("  %-36s %10s\n", "  prefetch: strict need + next", tool_size(ahead));
   printf("  %-36s %10s\n", "  no copies after the first prompt", tool_size(n.all));
-  if (!n.max_dit_name || !n.enc)
+  if (!n.max_dit_name && !n.enc && !n.vae)
+    printf("\nnote: nothing here would run (every component is 'other'); name the roles "
+           "with --role NAME=dit|encoder|vae.\n");
+  else if (!n.max_dit_name || !n.enc)
     printf("\nnote: model-level offload needs at least one DiT and one encoder; "
            "use --role NAME=ROLE to declare them.\n");
+  if (v->tensors) print_tensors(pipe);
 }
 
-static cJSON *component_json(mlo_component *c) {
+static cJSON *component_json(mlo_component *c, bool tensors) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "name", mlo_component_name(c));
   cJSON_AddStringToObject(o, "role", mlo_role_name(mlo_component_role(c)));
   cJSON_AddStringToObject(o, "role_source", mlo_role_source_name(mlo_component_role_source(c)));
   cJSON_AddNumberToObject(o, "tensors", (double)mlo_component_tensor_count(c));
-  cJSON_AddNumberToObject(o, "bytes", (double)mlo_component_bytes(c));
+  cJSON_AddNumberToObject(o, "tensor_bytes", (double)mlo_component_tensor_bytes(c));
+  cJSON_AddNumberToObject(o, "device_bytes", (double)mlo_component_bytes(c));
   size_t counts[MLO_DTYPE_COUNT];
   count_dtypes(c, counts);
   cJSON *dt = cJSON_AddObjectToObject(o, "dtypes");
   for (int d = 0; d < MLO_DTYPE_COUNT; d++)
     if (counts[d]) cJSON_AddNumberToObject(dt, mlo_dtype_name((mlo_dtype)d), (double)counts[d]);
+  if (tensors) {
+    cJSON_AddItemToObject(o, "files", tensors_json(c));
+    cJSON_AddItemToObject(o, "tensor_list", tensor_list_json(c));
+  }
   return o;
 }
 
-static int print_json(const char *path, mlo_pipeline *pipe) {
+static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
   needs n;
   compute_needs(pipe, &n);
   cJSON *root = cJSON_CreateObject();
   cJSON_AddStringToObject(root, "path", path);
   cJSON *comps = cJSON_AddArrayToObject(root, "components");
   for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++)
-    cJSON_AddItemToArray(comps, component_json(mlo_pipeline_component_at(pipe, i)));
+    cJSON_AddItemToArray(comps, component_json(mlo_pipeline_component_at(pipe, i), v->tensors));
+  if (v->split) {
+    cJSON *ex = cJSON_AddObjectToObject(root, "experts");
+    cJSON_AddNumberToObject(ex, "steps", v->steps);
+    cJSON_AddStringToObject(ex, "first", v->first);
+    cJSON_AddStringToObject(ex, "second", v->second);
+    cJSON_AddNumberToObject(ex, "first_steps", v->split->first_steps);
+    cJSON_AddNumberToObject(ex, "second_steps", v->steps - v->split->first_steps);
+    cJSON_AddNumberToObject(ex, "boundary_ratio", v->split->sched.boundary_ratio);
+    cJSON_AddStringToObject(ex, "scheduler", mlo_denoise_kind_name(v->split->sched.kind));
+    cJSON_AddNumberToObject(ex, "shift", v->split->sched.shift);
+    cJSON_AddStringToObject(ex, "source", v->split->source);
+  }
+  cJSON_AddNumberToObject(root, "tensor_bytes", (double)n.tensors);
   cJSON_AddNumberToObject(root, "all_resident_bytes", (double)n.all);
   cJSON_AddNumberToObject(root, "model_offload_bytes",
                           (double)(n.vae + (n.enc > n.max_dit ? n.enc : n.max_dit)));
@@ -152,58 +312,73 @@ static int print_json(const char *path, mlo_pipeline *pipe) {
   return tool_print_json_text(text);
 }
 
+/* The two DiTs, in order, or false. */
+static bool find_two_dits(mlo_pipeline *pipe, const char **first, const char **second) {
+  size_t k = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (mlo_component_role(c) != MLO_ROLE_DIT) continue;
+    if (k == 0) *first = mlo_component_name(c);
+    if (k == 1) *second = mlo_component_name(c);
+    k++;
+  }
+  return k == 2;
+}
+
 int cmd_inspect(int argc, char **argv) {
   targs a;
   targs_init(&a, "inspect", argc, argv);
-  const char *path = NULL, *val;
-  bool json = false;
-  mlo_role_override roles[TOOL_MAX_ROLES];
-  size_t nroles = 0;
+  tool_source src = {0};
+  tool_split_args sa = {0};
+  view v = {.steps = 8};
+  long steps = 8;
+  const char *val;
   while (targs_next(&a)) {
     if (targs_is_help(&a)) {
       help();
-      targs_free_roles(roles, nroles);
+      source_free(&src);
       return TOOL_EXIT_OK;
     } else if (targs_flag(&a, "--json")) {
-      json = true;
-    } else if (targs_value(&a, "--role", &val)) {
-      targs_role(&a, val, roles, &nroles, TOOL_MAX_ROLES);
+      v.json = true;
+    } else if (targs_flag(&a, "--tensors")) {
+      v.tensors = true;
+    } else if (targs_value(&a, "--steps", &val)) {
+      if (targs_int(&a, "--steps", val, 1, 100000, &steps)) v.steps = (int)steps;
+    } else if (split_flag(&a, &sa) || source_flag(&a, &src)) {
     } else if (targs_cur(&a)[0] == '-' && targs_cur(&a)[1]) {
       targs_unknown(&a);
-    } else if (!path) {
-      path = targs_cur(&a);
+    } else if (!src.path) {
+      src.path = targs_cur(&a);
     } else {
       targs_error(&a, "unexpected argument '%s'", targs_cur(&a));
     }
   }
-  if (!a.failed && !path) targs_error(&a, "needs a PATH");
+  source_finish(&a, &src);
   int code = TOOL_EXIT_USAGE;
-  if (a.failed) goto out_free_roles;
-  char err[512] = "";
+  if (a.failed) goto out_free;
+  char err[1024] = "";
   mlo_platform *plat = NULL;
   mlo_pipeline *pipe = NULL;
+  tool_split split;
   int rc = mlo_platform_open("host", &plat, err, sizeof err);
-  if (!rc) {
-    mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
-    po.platform = plat;
-    mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;
-    oo.overrides = roles;
-    oo.override_count = nroles;
-    rc = mlo_pipeline_open_path(&po, path, &oo, &pipe, err, sizeof err);
-    if (!rc) mlo_pipeline_warn_guessed(pipe); /* after the --role overrides */
+  if (!rc) rc = source_open(&src, plat, NULL, 0, &pipe, err, sizeof err);
+  if (!rc) mlo_pipeline_warn_guessed(pipe); /* after the --role overrides */
+  if (!rc && find_two_dits(pipe, &v.first, &v.second)) {
+    rc = split_resolve(&src, &sa, pipe, v.steps, &split, err, sizeof err);
+    v.split = &split;
   }
   if (rc) {
-    tool_err("inspect %s: %s", path, err[0] ? err : mlo_strerror(rc));
+    tool_failf("inspect", "%s", err[0] ? err : mlo_strerror(rc));
     code = tool_exit_for(rc);
-  } else if (json) {
-    code = print_json(path, pipe);
+  } else if (v.json) {
+    code = print_json(src.label, pipe, &v);
   } else {
-    print_text(path, pipe);
+    print_text(src.label, pipe, &v);
     code = TOOL_EXIT_OK;
   }
   mlo_pipeline_free(pipe);
   mlo_platform_close(plat);
-out_free_roles:
-  targs_free_roles(roles, nroles);
+out_free:
+  source_free(&src);
   return code;
 }

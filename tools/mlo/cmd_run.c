@@ -12,7 +12,9 @@
 #include <string.h>
 
 typedef struct {
-  const char *path, *platform, *trace, *timeline;
+  tool_source src;
+  tool_split_args split;
+  const char *platform, *trace, *timeline;
   bool have_capacity, verify, json, literal, no_prefetch;
   uint64_t capacity;
   int policy; /* index into policy_words */
@@ -22,9 +24,6 @@ typedef struct {
   int offload; /* index into offload_words */
   int sync;    /* index into sync_words */
   long steps;
-  double boundary;
-  mlo_role_override roles[TOOL_MAX_ROLES];
-  size_t nroles;
   int tokens[4];
 } run_args;
 
@@ -33,11 +32,17 @@ static const char *const sync_words[] = {"event", "device", NULL};
 static const char *const policy_words[] = {"strict", "budget", NULL};
 
 static void help(void) {
-  printf("usage: mlo run PATH [flags]\n\n"
-         "Runs the reference workload on the checkpoint at PATH: every encoder once, the\n"
-         "DiT(s) for --steps steps (two DiTs split at --boundary as Wan2.2 does), every\n"
-         "VAE once.  Each forward computes Y = X*W^T for every 2-D weight on the device\n"
-         "and folds Y into a digest; it is a benchmark workload, not a model.\n\n"
+  printf("usage: mlo run PATH [flags]\n"
+         "       mlo run --diffusion-model F --t5xxl F --vae F ... [flags]\n\n"
+         "Runs the reference workload on the checkpoint at PATH (a diffusers directory,\n"
+         "a component folder, a .safetensors or .gguf file) or on separate component\n"
+         "files: every encoder once, the DiT(s) for --steps steps, every VAE once.  Two\n"
+         "DiTs split as Wan2.2's experts do in diffusers: the first while the scheduler's\n"
+         "timestep is at least boundary_ratio x 1000 (model_index.json and\n"
+         "scheduler/scheduler_config.json say both).  Each forward computes Y = X*W^T for\n"
+         "every 2-D weight on the device and folds Y into a digest; it is a benchmark\n"
+         "workload, not a model.  The digest depends on the weights (names, contents)\n"
+         "and the schedule, not on how files split them.\n\n"
          "flags:\n"
          "  --platform P          host[:opts] | cuda[:N] | opencl[:N] (default host)\n"
          "  --device-memory SIZE  the device memory mlo may use, e.g. 512M, 24G: the\n"
@@ -61,17 +66,19 @@ static void help(void) {
          "                        forward, as the specification states it)\n"
          "  --literal             the specification-literal baseline: --sync device,\n"
          "                        one copy per tensor, every tensor copied back\n"
-         "  --steps N             DiT steps (default 8)\n"
-         "  --boundary F          fraction of steps on the first of two DiTs (default 0.875)\n"
+         "  --steps N             DiT steps (default 8)\n" TOOL_SPLIT_HELP
          "  --tokens ROLE=T       tokens per forward for a role (dit 32, encoder 16, vae 8)\n"
-         "  --role NAME=ROLE      override a component's role (dit, encoder, vae, other)\n"
          "  --verify              audit every forward and compare the digest with an\n"
          "                        all-resident run (exit 1 if they differ)\n"
          "  --json                one JSON object on stdout\n"
          "  --trace FILE          Chrome trace-event JSON (open in ui.perfetto.dev)\n"
-         "  --timeline FILE.svg   residency timeline picture\n\n"
+         "  --timeline FILE.svg   residency timeline picture\n" TOOL_SOURCE_HELP "\n"
          "examples:\n"
          "  mlo run ./mlo-cache/wan2.2-t2v-0.005 --device-memory 256M --verify\n"
+         "  mlo run Wan2.2-T2V-A14B-Diffusers --variant fp16 --steps 40 --verify\n"
+         "  mlo run --high-noise-diffusion-model wan2.2_t2v_high_noise_14B_Q4_K_M.gguf \\\n"
+         "          --diffusion-model wan2.2_t2v_low_noise_14B_Q4_K_M.gguf \\\n"
+         "          --t5xxl umt5_xxl_fp8_e4m3fn_scaled.safetensors --vae wan_2.1_vae.safetensors\n"
          "  mlo run ckpt --policy budget --budget 1G --prompts 4 --verify\n"
          "  mlo run /models/Wan2.2-T2V-A14B --platform cuda:0 --steps 40 --json\n"
          "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n\n"
@@ -123,12 +130,9 @@ static bool parse_flag(targs *a, run_args *r) {
     targs_choice(a, "--sync", v, sync_words, &r->sync);
   } else if (targs_value(a, "--steps", &v)) {
     targs_int(a, "--steps", v, 1, 100000, &r->steps);
-  } else if (targs_value(a, "--boundary", &v)) {
-    targs_double(a, "--boundary", v, 0.0, 1.0, &r->boundary);
+  } else if (split_flag(a, &r->split) || source_flag(a, &r->src)) {
   } else if (targs_value(a, "--tokens", &v)) {
     parse_tokens(a, v, r->tokens);
-  } else if (targs_value(a, "--role", &v)) {
-    targs_role(a, v, r->roles, &r->nroles, TOOL_MAX_ROLES);
   } else if (targs_value(a, "--trace", &v)) {
     r->trace = v;
   } else if (targs_value(a, "--timeline", &v)) {
@@ -154,12 +158,14 @@ static int parse(int argc, char **argv, run_args *r) {
     if (parse_flag(&a, r)) continue;
     if (targs_cur(&a)[0] == '-' && targs_cur(&a)[1])
       targs_unknown(&a);
-    else if (!r->path)
-      r->path = targs_cur(&a);
+    else if (!r->src.path)
+      r->src.path = targs_cur(&a);
     else
       targs_error(&a, "unexpected argument '%s'", targs_cur(&a));
   }
-  if (!a.failed && !r->path) targs_error(&a, "needs a PATH (a pipeline directory or a file)");
+  source_finish(&a, &r->src);
+  if (!a.failed && r->split.have_steps && (r->split.have_ratio || r->split.have_shift))
+    targs_error(&a, "--boundary-steps sets the split itself; drop --boundary and --flow-shift");
   bool budget = r->policy == 1;
   if (!a.failed && (r->have_budget || r->have_reserve || r->no_prefetch) && !budget)
     targs_error(&a, "%s needs --policy budget",
@@ -220,24 +226,71 @@ static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, 
   o->settings.prefetch = !ra->no_prefetch;
   o->prompts = (int)ra->prompts;
   o->steps = (int)ra->steps;
-  o->boundary = ra->boundary;
   o->audit = ra->verify;
   o->progress = progress;
   o->trace = trace;
 }
 
+/* A run with nothing to run (every component OTHER) would print an empty
+ * digest and exit 0: refuse it and say how to name the roles. */
+static int refuse_nothing_to_run(const run_args *ra, tool_session *s) {
+  size_t n = mlo_pipeline_component_count(s->pipe);
+  char names[256] = "";
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
+    if (mlo_component_role(c) != MLO_ROLE_OTHER) return 0;
+    size_t len = strlen(names);
+    snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", mlo_component_name(c));
+  }
+  const char *first = n ? mlo_component_name(mlo_pipeline_component_at(s->pipe, 0)) : "NAME";
+  tool_failf("run", "nothing to run: %s has no DiT, encoder or VAE (%s: role other)", ra->src.label,
+             names);
+  fprintf(stderr, "  name the role: --role %s=dit (or encoder, vae)%s\n", first,
+          ra->src.path ? "; or give the files as --diffusion-model F --t5xxl F --vae F" : "");
+  return TOOL_EXIT_USAGE;
+}
+
+typedef struct {
+  const run_args *ra;
+  run_options *o;
+  tool_report *rep;
+} load_check;
+
+/* Before anything is loaded: the expert split, and the refusals that need
+ * only the headers. */
+static int before_load(tool_session *s, void *user, char *err, size_t errlen) {
+  load_check *lc = user;
+  int code = refuse_nothing_to_run(lc->ra, s);
+  if (!code) code = refuse_too_small(lc->ra, s);
+  if (code) {
+    snprintf(err, errlen, "refused"); /* the refusal printed its own message */
+    return code;
+  }
+  int rc = split_resolve(&lc->ra->src, &lc->ra->split, s->pipe, lc->o->steps, &lc->rep->split, err,
+                         errlen);
+  if (rc) return tool_exit_for(rc);
+  lc->o->first_steps = lc->rep->split.first_steps;
+  return 0;
+}
+
 /* The offloaded (or resident) run itself, its pictures and the snapshot. */
-static int run_main(const run_args *ra, const session_config *cfg, run_options *o,
-                    tool_report *rep) {
+static int run_main(const run_args *ra, session_config *cfg, run_options *o, tool_report *rep) {
   char err[1024] = "";
   tool_session s;
+  load_check lc = {ra, o, rep};
+  cfg->before_load = before_load;
+  cfg->before_load_user = &lc;
   int rc = session_open(&s, cfg, err, sizeof err);
+  cfg->before_load = NULL; /* the reference run needs no second check */
+  if (rc == TOOL_SESSION_REFUSED) {
+    if (strcmp(err, "refused")) tool_failf("run", "%s", err);
+    return s.refused;
+  }
   if (rc) {
     tool_failf("run", "%s", err);
     return tool_exit_for(rc);
   }
-  int code = refuse_too_small(ra, &s);
-  if (code) goto out_close;
+  int code = 0;
   run_result r;
   rc = session_run(&s, o, &r, err, sizeof err);
   if (rc) run_result_free(&r);
@@ -248,7 +301,7 @@ static int run_main(const run_args *ra, const session_config *cfg, run_options *
     goto out_close;
   }
   if (o->trace) {
-    rc = session_write_pictures(o->trace, &s, ra->path, o, &r, ra->trace, ra->timeline, err,
+    rc = session_write_pictures(o->trace, &s, ra->src.label, o, &r, ra->trace, ra->timeline, err,
                                 sizeof err);
     if (rc) {
       tool_failf("run", "%s", err);
@@ -289,13 +342,14 @@ static int verify_against_resident(const session_config *cfg, const run_options 
 }
 
 int cmd_run(int argc, char **argv) {
-  run_args ra = {.platform = "host", .offload = 1, .steps = 8, .boundary = 0.875, .prompts = 1};
+  run_args ra = {.platform = "host", .offload = 1, .steps = 8, .prompts = 1};
   int code = parse(argc, argv, &ra);
   if (code == -1) {
     help();
     code = TOOL_EXIT_OK;
+    goto out_free;
   }
-  if (code || !ra.path) goto out_free;
+  if (code) goto out_free;
   /* Before any work: a run of minutes must not end in "cannot write". */
   if ((code = tool_check_output("run", "--trace", ra.trace)) ||
       (code = tool_check_output("run", "--timeline", ra.timeline)))
@@ -311,7 +365,7 @@ int cmd_run(int argc, char **argv) {
   else
     snprintf(spec, sizeof spec, "%s", ra.platform);
   bool progress = !ra.json;
-  session_config cfg = {ra.path, spec, ra.roles, ra.nroles, progress, {0}};
+  session_config cfg = {.source = &ra.src, .platform_spec = spec, .progress = progress};
   memcpy(cfg.tokens, ra.tokens, sizeof cfg.tokens);
   tool_trace trace;
   bool tracing = ra.trace || ra.timeline;
@@ -327,7 +381,6 @@ int cmd_run(int argc, char **argv) {
   rep.policy = mlo_policy_name(o.settings.policy);
   rep.prefetch = o.settings.policy == MLO_POLICY_BUDGET && o.settings.prefetch;
   rep.steps = (int)ra.steps;
-  rep.boundary = ra.boundary;
   rep.trace_path = ra.trace;
   rep.timeline_path = ra.timeline;
   code = run_main(&ra, &cfg, &o, &rep);
@@ -349,6 +402,6 @@ int cmd_run(int argc, char **argv) {
   report_free(&rep);
   if (tracing) tool_trace_destroy(&trace);
 out_free:
-  targs_free_roles(ra.roles, ra.nroles);
+  source_free(&ra.src);
   return code;
 }

@@ -27,6 +27,7 @@ int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
   rep->load_bytes = s->load_bytes;
   rep->all_resident = mlo_workload_all_resident_bytes(s->pipe);
   rep->model_need = mlo_workload_model_offload_bytes(s->pipe, NULL);
+  rep->tensor_bytes = 0;
   rep->run = *r;
   rep->ncomp = mlo_pipeline_component_count(s->pipe);
   rep->comps = calloc(rep->ncomp ? rep->ncomp : 1, sizeof *rep->comps);
@@ -39,6 +40,8 @@ int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
     cr->role = mlo_component_role(c);
     cr->source = mlo_component_role_source(c);
     cr->bytes = mlo_component_bytes(c);
+    cr->tensor_bytes = mlo_component_tensor_bytes(c);
+    rep->tensor_bytes += cr->tensor_bytes;
     if (cr->bytes > rep->max_comp) rep->max_comp = cr->bytes;
     mlo_component_get_stats(c, &cr->stats);
   }
@@ -59,6 +62,32 @@ double tool_ratio(double a, double b) {
   return b > 0 ? a / b : 0;
 }
 
+/* The two DiTs of a Wan2.2-style run, or false. */
+static bool two_dits(const tool_report *rep, const char **first, const char **second) {
+  size_t n = 0;
+  for (size_t i = 0; i < rep->ncomp; i++)
+    if (rep->comps[i].role == MLO_ROLE_DIT) {
+      if (n == 0) *first = rep->comps[i].name;
+      if (n == 1) *second = rep->comps[i].name;
+      n++;
+    }
+  return n == 2;
+}
+
+static void print_split(const tool_report *rep, FILE *out) {
+  const char *a = NULL, *b = NULL;
+  if (!two_dits(rep, &a, &b)) return;
+  const tool_split *sp = &rep->split;
+  fprintf(out, "experts    %s %d step%s, %s %d", a, sp->first_steps,
+          sp->first_steps == 1 ? "" : "s", b, rep->steps - sp->first_steps);
+  if (!strcmp(sp->source, "--boundary-steps"))
+    fprintf(out, " (--boundary-steps)\n");
+  else
+    fprintf(out, " (timestep >= %.3g x %d; %s, shift %.3g; %s)\n", sp->sched.boundary_ratio,
+            sp->sched.num_train_timesteps, mlo_denoise_kind_name(sp->sched.kind), sp->sched.shift,
+            sp->source);
+}
+
 void report_print_text(const tool_report *rep, FILE *out) {
   fprintf(out, "platform   %s\n", rep->platform);
   fprintf(out, "offload    %s (sync %s", rep->offload, rep->sync);
@@ -70,15 +99,18 @@ void report_print_text(const tool_report *rep, FILE *out) {
   }
   fprintf(out, "), %d steps, %zu forwards", rep->steps, rep->run.calls);
   if (rep->run.ngens > 1) fprintf(out, ", %d prompts", rep->run.ngens);
-  fprintf(out, "\n\n");
-  fprintf(out, "  %-18s %-8s %10s %6s %9s %10s %10s\n", "component", "role", "size", "loads",
-          "evictions", "copied in", "copied out");
+  fprintf(out, "\n");
+  print_split(rep, out);
+  fprintf(out, "\n");
+  fprintf(out, "  %-18s %-8s %10s %10s %6s %9s %10s %10s\n", "component", "role", "tensors",
+          "on device", "loads", "evictions", "copied in", "copied out");
   for (size_t i = 0; i < rep->ncomp; i++) {
     const comp_report *c = &rep->comps[i];
-    fprintf(out, "  %-18s %-8s %10s %6" PRIu64 " %9" PRIu64 " %10s %10s\n", c->name,
-            mlo_role_name(c->role), tool_size(c->bytes), c->stats.loads, c->stats.evictions,
-            tool_size(c->stats.h2d_bytes), tool_size(c->stats.d2h_bytes));
+    fprintf(out, "  %-18s %-8s %10s %10s %6" PRIu64 " %9" PRIu64 " %10s %10s\n", c->name,
+            mlo_role_name(c->role), tool_size(c->tensor_bytes), tool_size(c->bytes), c->stats.loads,
+            c->stats.evictions, tool_size(c->stats.h2d_bytes), tool_size(c->stats.d2h_bytes));
   }
+  fprintf(out, "  (tensors: the weights' bytes; on device: with each tensor aligned to 256 B)\n");
   const mlo_pipeline_stats *st = &rep->run.stats;
   fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
           tool_size(rep->load_bytes), rep->load_s,
@@ -148,7 +180,19 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddBoolToObject(root, "prefetch", rep->prefetch);
   cJSON_AddNumberToObject(root, "prompts", rep->run.ngens);
   cJSON_AddNumberToObject(root, "steps", rep->steps);
-  cJSON_AddNumberToObject(root, "boundary", rep->boundary);
+  const char *first = NULL, *second = NULL;
+  if (two_dits(rep, &first, &second)) {
+    const tool_split *sp = &rep->split;
+    cJSON *ex = cJSON_AddObjectToObject(root, "experts");
+    cJSON_AddStringToObject(ex, "first", first);
+    cJSON_AddStringToObject(ex, "second", second);
+    cJSON_AddNumberToObject(ex, "first_steps", sp->first_steps);
+    cJSON_AddNumberToObject(ex, "second_steps", rep->steps - sp->first_steps);
+    cJSON_AddStringToObject(ex, "source", sp->source);
+    cJSON_AddNumberToObject(ex, "boundary_ratio", sp->sched.boundary_ratio);
+    cJSON_AddStringToObject(ex, "scheduler", mlo_denoise_kind_name(sp->sched.kind));
+    cJSON_AddNumberToObject(ex, "shift", sp->sched.shift);
+  }
   cJSON_AddNumberToObject(root, "forwards_scheduled", (double)rep->run.calls);
   cJSON_AddNumberToObject(root, "wall_s", rep->run.wall_s);
   cJSON_AddNumberToObject(root, "device_capacity_bytes", (double)rep->capacity);
@@ -156,6 +200,7 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddNumberToObject(root, "platform_peak_bytes", (double)rep->run.platform_peak);
   cJSON_AddNumberToObject(root, "platform_reserved_peak_bytes", (double)rep->run.reserved_peak);
   cJSON_AddNumberToObject(root, "all_resident_bytes", (double)rep->all_resident);
+  cJSON_AddNumberToObject(root, "tensor_bytes", (double)rep->tensor_bytes);
   cJSON_AddNumberToObject(root, "model_offload_bytes", (double)rep->model_need);
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)rep->max_comp);
   cJSON_AddNumberToObject(root, "pinned_bytes", (double)rep->run.stats.pinned_bytes);
@@ -201,7 +246,8 @@ static cJSON *build_json(const tool_report *rep) {
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "role", mlo_role_name(c->role));
     cJSON_AddStringToObject(o, "role_source", mlo_role_source_name(c->source));
-    cJSON_AddNumberToObject(o, "bytes", (double)c->bytes);
+    cJSON_AddNumberToObject(o, "tensor_bytes", (double)c->tensor_bytes);
+    cJSON_AddNumberToObject(o, "device_bytes", (double)c->bytes);
     add_stats(o, &c->stats);
     cJSON_AddItemToArray(comps, o);
   }

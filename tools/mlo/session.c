@@ -62,15 +62,8 @@ void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t o
 }
 
 static int open_pipeline(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
-  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
-  po.platform = s->platform;
-  mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;
-  oo.overrides = cfg->overrides;
-  oo.override_count = cfg->override_count;
-  char msg[512] = "";
-  int rc = mlo_pipeline_open_path(&po, cfg->path, &oo, &s->pipe, msg, sizeof msg);
-  if (rc) tool_open_message(cfg->path, msg, rc, err, errlen);
-  return rc;
+  return source_open(cfg->source, s->platform, cfg->overrides, cfg->override_count, &s->pipe, err,
+                     errlen);
 }
 
 static int materialize(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
@@ -85,7 +78,7 @@ static int materialize(tool_session *s, const session_config *cfg, char *err, si
   mlo_pipeline_set_progress(s->pipe, NULL, NULL);
   progress_finish(&bar);
   if (rc)
-    snprintf(err, errlen, "cannot load %s: %s", cfg->path,
+    snprintf(err, errlen, "cannot load %s: %s", cfg->source->label,
              mlo_pipeline_errmsg(s->pipe)[0] ? mlo_pipeline_errmsg(s->pipe) : mlo_strerror(rc));
   return rc;
 }
@@ -111,6 +104,14 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
   }
   for (int r = MLO_ROLE_DIT; r <= MLO_ROLE_OTHER; r++)
     if (cfg->tokens[r]) mlo_workload_set_tokens(s->workload, (mlo_role)r, cfg->tokens[r]);
+  if (cfg->before_load) {
+    int code = cfg->before_load(s, cfg->before_load_user, err, errlen);
+    if (code) {
+      session_close(s);
+      s->refused = code;
+      return TOOL_SESSION_REFUSED;
+    }
+  }
   rc = materialize(s, cfg, err, errlen);
   if (rc) goto out_close;
   return MLO_OK;
@@ -274,7 +275,7 @@ double run_steady(const run_result *r, gen_figure what) {
 int session_run(tool_session *s, const run_options *o, run_result *r, char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   mlo_workload_call *calls = NULL;
-  int rc = mlo_workload_schedule(s->pipe, o->steps, o->boundary, &calls, &r->calls);
+  int rc = mlo_workload_schedule(s->pipe, o->steps, o->first_steps, &calls, &r->calls);
   if (rc) {
     snprintf(err, errlen, "cannot build the schedule: %s", mlo_strerror(rc));
     return rc;

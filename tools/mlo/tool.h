@@ -79,6 +79,71 @@ bool targs_role(targs *a, const char *val, mlo_role_override *list, size_t *coun
 void targs_free_roles(mlo_role_override *list, size_t count);
 #define TOOL_MAX_ROLES 32
 
+/* ---- source.c: the pipeline a command works on, and the expert split ---- */
+#define TOOL_MAX_FILES 16
+typedef struct {
+  const char *path;                         /* PATH, or NULL when component files are given */
+  const char *label;                        /* for messages: path, or the first file */
+  const char *variant;                      /* --variant */
+  bool allow_stray;                         /* --allow-stray */
+  mlo_component_file files[TOOL_MAX_FILES]; /* --diffusion-model, --component, ... */
+  bool high_noise[TOOL_MAX_FILES];
+  size_t nfiles;
+  mlo_role_override roles[TOOL_MAX_ROLES]; /* --role */
+  size_t nroles;
+} tool_source;
+/* Takes the current argument when it is one of the source flags. */
+bool source_flag(targs *a, tool_source *src);
+/* After parsing: a PATH or files (not both), names settled; false with a
+ * message on a problem. */
+bool source_finish(targs *a, tool_source *src);
+void source_free(tool_source *src);
+/* A source that is just a PATH (the demo's and the bench's generated
+ * pipelines). */
+void source_init_path(tool_source *src, const char *path);
+/* Opens the pipeline (headers only).  roles replace src->roles when given
+ * (the reference run passes the roles the run resolved). */
+int source_open(const tool_source *src, mlo_platform *plat, const mlo_role_override *roles,
+                size_t nroles, mlo_pipeline **out, char *err, size_t errlen);
+/* The help text of the source flags, shared by run and inspect. */
+#define TOOL_SOURCE_HELP                                                                           \
+  "  --variant V           weights variant (fp16, bf16): *.V.safetensors and their\n"              \
+  "                        weight maps; without it the plain files are used\n"                     \
+  "  --role NAME=ROLE      override a component's role (dit, encoder, vae, other)\n"               \
+  "  --allow-stray         a stray file beside a weight map warns instead of failing\n"            \
+  "components as separate files (ComfyUI / stable-diffusion.cpp), instead of PATH:\n"              \
+  "  --diffusion-model F   the DiT (Wan2.2: the low-noise expert)\n"                               \
+  "  --high-noise-diffusion-model F   Wan2.2's high-noise expert (runs first)\n"                   \
+  "  --t5xxl F, --umt5 F, --clip_l F, --clip_g F, --llm F   text encoders\n"                       \
+  "  --vae F               the VAE\n"                                                              \
+  "  --component NAME[:ROLE]=F   any other component (ROLE guessed from F's name)\n"               \
+  "  each F is a .safetensors or .gguf file, or a component folder\n"
+
+typedef struct {
+  bool have_ratio, have_shift, have_steps;
+  double ratio, shift;
+  long steps;
+} tool_split_args;
+typedef struct {
+  int first_steps;            /* steps on the first of two DiTs */
+  mlo_denoise_schedule sched; /* where they came from */
+  char source[48];            /* "scheduler config", "default", "--boundary-steps", "one DiT" */
+} tool_split;
+/* Takes --boundary, --flow-shift, --boundary-steps. */
+bool split_flag(targs *a, tool_split_args *sa);
+/* The expert split of a steps-step run: --boundary-steps, else the
+ * pipeline's scheduler config (with --boundary / --flow-shift over its
+ * values), else the default flow-match schedule with Wan2.2's boundary
+ * 0.875.  Only a pipeline with two DiTs needs one. */
+int split_resolve(const tool_source *src, const tool_split_args *sa, mlo_pipeline *pipe, int steps,
+                  tool_split *out, char *err, size_t errlen);
+#define TOOL_SPLIT_HELP                                                                            \
+  "  --boundary R          Wan2.2's boundary_ratio: steps whose timestep is at least\n"            \
+  "                        R x num_train_timesteps run on the first DiT (default:\n"               \
+  "                        model_index.json's; 0.875 for files)\n"                                 \
+  "  --flow-shift F        the scheduler's flow shift (default: its config; 5 for files)\n"        \
+  "  --boundary-steps N    put exactly the first N steps on the first DiT\n"
+
 /* Prints an error line "mlo: ..." to stderr. */
 void tool_err(const char *fmt, ...) TOOL_PRINTF(1, 2);
 /* Prints "mlo CMD: ..." to stderr; like tool_err and targs_error it keeps
@@ -155,19 +220,27 @@ typedef struct {
   uint64_t capacity;   /* device total */
   double load_s;       /* reading the checkpoint into host slabs */
   uint64_t load_bytes; /* bytes read into slabs */
+  int refused;         /* the exit code before_load returned */
 } tool_session;
 
 typedef struct {
-  const char *path;
-  const char *platform_spec; /* "host:capacity=1G", "cuda:0" */
-  const mlo_role_override *overrides;
+  const tool_source *source;
+  const char *platform_spec;          /* "host:capacity=1G", "cuda:0" */
+  const mlo_role_override *overrides; /* NULL: the source's --role flags */
   size_t override_count;
   bool progress; /* a load bar while materializing */
   int tokens[4]; /* per role (0: the default) */
+  /* Called with the pipeline open and nothing loaded; a nonzero return
+   * (an exit code, err set) ends session_open with that code, negated. */
+  int (*before_load)(tool_session *s, void *user, char *err, size_t errlen);
+  void *before_load_user;
 } session_config;
 
 /* Opens and materializes.  On failure err holds the message and the
- * returned status maps to an exit code through tool_exit_for. */
+ * returned status maps to an exit code through tool_exit_for; a refusal by
+ * before_load returns TOOL_SESSION_REFUSED and puts its exit code in
+ * s->refused. */
+#define TOOL_SESSION_REFUSED 1
 int session_open(tool_session *s, const session_config *cfg, char *err, size_t errlen);
 void session_close(tool_session *s);
 
@@ -176,7 +249,7 @@ typedef struct {
   mlo_offload_settings settings; /* policy, budget and prefetch included */
   int prompts;                   /* generations in one process (0 counts as 1) */
   int steps;
-  double boundary;
+  int first_steps; /* of two DiTs, steps on the first (tool_split) */
   bool audit;
   bool progress;
   const char *progress_label; /* NULL: "offloaded" or "resident" */
@@ -241,7 +314,8 @@ typedef struct {
   char *name;
   mlo_role role;
   mlo_role_source source;
-  uint64_t bytes;
+  uint64_t bytes;        /* on the device, alignment padding included */
+  uint64_t tensor_bytes; /* the tensors alone */
   mlo_component_stats stats;
 } comp_report;
 
@@ -253,9 +327,10 @@ typedef struct {
   bool prefetch;
   int prompts;
   int steps;
-  double boundary;
+  tool_split split;
   uint64_t capacity, all_resident, model_need, max_comp;
-  double load_s; /* checkpoint -> host slabs */
+  uint64_t tensor_bytes; /* the weights without alignment padding */
+  double load_s;         /* checkpoint -> host slabs */
   uint64_t load_bytes;
   run_result run;
   bool verify;    /* a reference run was made */
