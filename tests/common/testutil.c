@@ -10,6 +10,7 @@
 #include "platform/platform.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -628,6 +629,40 @@ void tu_temp_file(char *path_template, const void *data, size_t n) {
   assert_true(fd >= 0);
   assert_int_equal(write(fd, data, n), (ssize_t)n);
   assert_int_equal(close(fd), 0);
+}
+
+uint8_t *tu_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, 0, SEEK_END), 0);
+  long n = ftell(f);
+  assert_true(n >= 0);
+  assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+  uint8_t *buf = malloc((size_t)n + 1);
+  assert_non_null(buf);
+  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+  buf[n] = '\0';
+  fclose(f);
+  if (len) *len = (size_t)n;
+  return buf;
+}
+
+void tu_assert_corpus_covered(const char *dir, const char *ext, const char *const *names,
+                              size_t n) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  size_t seen = 0, lx = strlen(ext);
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len <= lx || strcmp(e->d_name + len - lx, ext) != 0) continue;
+    bool found = false;
+    for (size_t i = 0; i < n && !found; i++)
+      found = strlen(names[i]) == len - lx && strncmp(names[i], e->d_name, len - lx) == 0;
+    if (!found) fail_msg("corpus file %s/%s has no expected error in this test", dir, e->d_name);
+    seen++;
+  }
+  closedir(d);
+  assert_int_equal(seen, n);
 }
 
 void tu_write_text(const char *path, const char *text) {

@@ -239,6 +239,13 @@ void tu_sleep_ms(unsigned ms);
 void tu_temp_file(char *path_template, const void *data, size_t n);
 /* Writes text to path (created or truncated); fails the test if it cannot. */
 void tu_write_text(const char *path, const char *text);
+/* A whole file in a malloc'd buffer of *len bytes plus a NUL (free it);
+ * fails the test if it cannot be read. */
+uint8_t *tu_read_file(const char *path, size_t *len);
+/* Fails the test unless every DIR/<name><ext> has its name in names[0..n)
+ * and there are exactly n such files: a corpus file added without an
+ * expectation would otherwise go unchecked. */
+void tu_assert_corpus_covered(const char *dir, const char *ext, const char *const *names, size_t n);
 
 /* Another thread that acquires a component and holds it until told to go:
  * tu_holder_start returns once the acquire has returned (rc_acquire says

@@ -14,8 +14,6 @@
 #include "format/gguf.h"
 #include "mlo/checkpoint.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,18 +64,6 @@ static const hostile_case cases[] = {
 };
 #define NCASES (sizeof cases / sizeof *cases)
 
-static uint8_t *slurp(const char *path, size_t *len) {
-  struct stat st;
-  assert_int_equal(stat(path, &st), 0);
-  *len = (size_t)st.st_size;
-  uint8_t *bytes = malloc(*len ? *len : 1);
-  int fd = open(path, O_RDONLY);
-  assert_true(fd >= 0);
-  assert_int_equal(read(fd, bytes, *len), (ssize_t)*len);
-  close(fd);
-  return bytes;
-}
-
 static void check_message(const char *err, const char *name, const hostile_case *c) {
   char want[600];
   snprintf(want, sizeof want, "%s: ", name);
@@ -99,7 +85,7 @@ static void test_each_case_refused(void **state) {
     assert_null(f);
     check_message(err, path, c);
     size_t len;
-    uint8_t *bytes = slurp(path, &len);
+    uint8_t *bytes = tu_read_file(path, &len);
     f = (mlo_gguf_file *)1;
     assert_int_equal(mlo_gguf_parse("mem.gguf", bytes, len, &f, err, sizeof err), MLO_EFORMAT);
     assert_null(f);
@@ -110,21 +96,9 @@ static void test_each_case_refused(void **state) {
 
 static void test_every_file_has_a_case(void **state) {
   (void)state;
-  DIR *d = opendir(hostile_dir);
-  assert_non_null(d);
-  size_t seen = 0;
-  for (struct dirent *e; (e = readdir(d));) {
-    const char *dot = strrchr(e->d_name, '.');
-    if (!dot || strcmp(dot, ".gguf") != 0) continue;
-    size_t stem = (size_t)(dot - e->d_name);
-    bool found = false;
-    for (size_t i = 0; i < NCASES && !found; i++)
-      found = strlen(cases[i].file) == stem && strncmp(cases[i].file, e->d_name, stem) == 0;
-    if (!found) fail_msg("corpus file %s has no expected error in this test", e->d_name);
-    seen++;
-  }
-  closedir(d);
-  assert_int_equal(seen, NCASES);
+  const char *names[NCASES];
+  for (size_t i = 0; i < NCASES; i++) names[i] = cases[i].file;
+  tu_assert_corpus_covered(hostile_dir, ".gguf", names, NCASES);
 }
 
 /* Every prefix of a valid file with every value type is refused. */
@@ -133,7 +107,7 @@ static void test_every_truncation_refused(void **state) {
   char path[512], err[512];
   snprintf(path, sizeof path, "%s/seed_every_type.gguf", seed_dir);
   size_t full;
-  uint8_t *file = slurp(path, &full);
+  uint8_t *file = tu_read_file(path, &full);
   mlo_gguf_file *f = NULL;
   assert_int_equal(mlo_gguf_parse("cut", file, full, &f, err, sizeof err), MLO_OK);
   assert_int_equal(f->alignment, 64);

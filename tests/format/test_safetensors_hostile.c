@@ -88,14 +88,8 @@ static void test_each_case_refused(void **state) {
     check_message(err, path, c);
 
     /* the same verdict from memory, with the given name in the message */
-    struct stat st;
-    assert_int_equal(stat(path, &st), 0);
-    size_t len = (size_t)st.st_size;
-    uint8_t *bytes = malloc(len ? len : 1);
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(read(fd, bytes, len), (ssize_t)len);
-    close(fd);
+    size_t len;
+    uint8_t *bytes = tu_read_file(path, &len);
     f = (mlo_st_file *)1;
     assert_int_equal(mlo_st_parse("mem.safetensors", bytes, len, &f, err, sizeof err), MLO_EFORMAT);
     assert_null(f);
@@ -107,21 +101,9 @@ static void test_each_case_refused(void **state) {
 /* A file added to the corpus without a row here would go unchecked. */
 static void test_every_file_has_a_case(void **state) {
   (void)state;
-  DIR *d = opendir(corpus_dir);
-  assert_non_null(d);
-  size_t seen = 0;
-  for (struct dirent *e; (e = readdir(d));) {
-    const char *dot = strrchr(e->d_name, '.');
-    if (!dot || strcmp(dot, ".safetensors") != 0) continue;
-    size_t stem = (size_t)(dot - e->d_name);
-    bool found = false;
-    for (size_t i = 0; i < NCASES && !found; i++)
-      found = strlen(cases[i].file) == stem && strncmp(cases[i].file, e->d_name, stem) == 0;
-    if (!found) fail_msg("corpus file %s has no expected error in this test", e->d_name);
-    seen++;
-  }
-  closedir(d);
-  assert_int_equal(seen, NCASES);
+  const char *names[NCASES];
+  for (size_t i = 0; i < NCASES; i++) names[i] = cases[i].file;
+  tu_assert_corpus_covered(corpus_dir, ".safetensors", names, NCASES);
 }
 
 /* Prefix lengths of a valid file: every cut is refused, never a crash. */

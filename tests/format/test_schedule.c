@@ -27,15 +27,7 @@ static const char *real_dir;
 static cJSON *load_expect(void) {
   char path[512];
   snprintf(path, sizeof path, "%s/expect.json", real_dir);
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *text = malloc((size_t)n + 1);
-  assert_int_equal(fread(text, 1, (size_t)n, f), (size_t)n);
-  text[n] = '\0';
-  fclose(f);
+  char *text = (char *)tu_read_file(path, NULL);
   cJSON *root = cJSON_Parse(text);
   free(text);
   assert_non_null(root);

@@ -119,17 +119,9 @@ static void test_reference_reads_mlo(void **state) {
 }
 
 static cJSON *read_json(const char *path) {
-  FILE *f = fopen(path, "rb");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-  buf[n] = '\0';
-  fclose(f);
-  cJSON *j = cJSON_Parse(buf);
-  free(buf);
+  char *text = (char *)tu_read_file(path, NULL);
+  cJSON *j = cJSON_Parse(text);
+  free(text);
   assert_non_null(j);
   return j;
 }
