@@ -665,6 +665,35 @@ void tu_assert_corpus_covered(const char *dir, const char *ext, const char *cons
   assert_int_equal(seen, n);
 }
 
+static void refusal_message(const char *err, const char *name, const char *lead,
+                            const char *words) {
+  char want[800];
+  snprintf(want, sizeof want, "%s: %s", name, lead);
+  if (strncmp(err, want, strlen(want)) != 0)
+    fail_msg("%s: message \"%s\" does not start with \"%s\"", name, err, want);
+  if (!strstr(err, words)) fail_msg("%s: message \"%s\" lacks \"%s\"", name, err, words);
+}
+
+void tu_assert_refused(const tu_reader *r, const char *path, const char *mem_name, const char *lead,
+                       const char *words) {
+  char err[1024];
+  void *f = (void *)1;
+  int rc = r->open(path, &f, err, sizeof err);
+  if (rc != MLO_EFORMAT)
+    fail_msg("%s: got %s (%s), expected MLO_EFORMAT", path, mlo_err_name(rc), err);
+  assert_null(f);
+  refusal_message(err, path, lead, words);
+  size_t len;
+  uint8_t *bytes = tu_read_file(path, &len);
+  f = (void *)1;
+  rc = r->parse(mem_name, bytes, len, &f, err, sizeof err);
+  free(bytes);
+  if (rc != MLO_EFORMAT)
+    fail_msg("%s from memory: got %s (%s), expected MLO_EFORMAT", path, mlo_err_name(rc), err);
+  assert_null(f);
+  refusal_message(err, mem_name, lead, words);
+}
+
 void tu_write_text(const char *path, const char *text) {
   FILE *f = fopen(path, "wb");
   assert_non_null(f);

@@ -246,6 +246,17 @@ uint8_t *tu_read_file(const char *path, size_t *len);
  * and there are exactly n such files: a corpus file added without an
  * expectation would otherwise go unchecked. */
 void tu_assert_corpus_covered(const char *dir, const char *ext, const char *const *names, size_t n);
+/* A hostile file refused twice, from disk (open) and from memory (parse, as
+ * mem_name), each with MLO_EFORMAT, no object left, and a message that
+ * starts with "<path or mem_name>: <lead>" and contains words.  The reader
+ * is given through these (each test wraps its reader's calls). */
+typedef struct {
+  int (*open)(const char *path, void **out, char *err, size_t errlen);
+  int (*parse)(const char *name, const uint8_t *bytes, size_t len, void **out, char *err,
+               size_t errlen);
+} tu_reader;
+void tu_assert_refused(const tu_reader *r, const char *path, const char *mem_name, const char *lead,
+                       const char *words);
 
 /* Another thread that acquires a component and holds it until told to go:
  * tu_holder_start returns once the acquire has returned (rc_acquire says
