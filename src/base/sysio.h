@@ -28,6 +28,14 @@ void *mlo_calloc(size_t n, size_t size);
 void *mlo_realloc(void *p, size_t n);
 char *mlo_strdup(const char *s);
 void *mlo_aligned_alloc(size_t align, size_t n); /* n rounded up to align */
+/* Faults in (writes a zero to) every page of [p, p+n), on several threads
+ * for large ranges: the first touch of fresh memory costs a fault and a
+ * zeroing per 4 KiB page, which one thread does at a fraction of memcpy
+ * speed (docs/architecture.md, "Cold start").  Large ranges are first
+ * offered transparent huge pages (MADV_HUGEPAGE) unless THP is off, the
+ * kernel compacts on every fault (defrag "always"), or MLO_NO_HUGEPAGES
+ * is set. */
+void mlo_touch_pages(void *p, size_t n);
 /* Counts allocations that failed on this thread (real or injected), so a
  * parser that only says "failed" can tell out-of-memory from bad input. */
 uint64_t mlo_alloc_failures(void);

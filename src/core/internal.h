@@ -191,6 +191,13 @@ static inline bool mlo_res_is_resident(const mlo_component *c) {
 
 /* Records a failure message on the pipeline and returns status. */
 int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3, 4);
+/* loader.c: reads the nfiles file-backed tensors into c->slab (at their
+ * dev_offset) with a pool of reader threads, dropping the pages behind the
+ * reads from the page cache; progress (may be NULL) is called from the
+ * calling thread.  files is reordered.  On failure c->pipe's message says
+ * which tensor of which file; the slab's contents are then undefined. */
+int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
+                   mlo_progress_fn progress, void *user);
 
 /* residency.c — every call with pipe->lock held. */
 int mlo_res_load(mlo_component *c);  /* no eviction; rolls back on failure */

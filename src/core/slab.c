@@ -9,8 +9,8 @@
  * only: their host copy stays where the owner put it and is copied from
  * there, one copy each.
  *
- * Materialization reads file-backed tensors once, file by file in offset
- * order, straight into the slab (no intermediate whole-file buffer).
+ * Materialization reads file-backed tensors once, straight into the slab
+ * (no intermediate whole-file buffer), through loader.c's reader pool.
  */
 #include "base/sysio.h"
 #include "core/internal.h"
@@ -20,8 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define READ_CHUNK ((size_t)64 << 20) /* progress granularity of file reads */
 
 static uint64_t align_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
@@ -52,81 +50,12 @@ uint64_t mlo_slab_layout(mlo_component *c, bool assign, uint64_t *slab_bytes) {
   return end;
 }
 
-/* Tensors to read from files, ordered by (file, offset): each file is
- * opened once and read front to back. */
-static int by_file_then_offset(const void *a, const void *b) {
-  const mlo_tensor *x = *(mlo_tensor *const *)a, *y = *(mlo_tensor *const *)b;
-  int cmp = strcmp(x->src_file, y->src_file);
-  if (cmp) return cmp;
-  return x->src_offset < y->src_offset ? -1 : x->src_offset > y->src_offset;
-}
-
 /* The progress callback, read once under the lock: set_progress from
  * another thread during a load takes effect at the next one. */
 typedef struct {
   mlo_progress_fn fn;
   void *user;
 } progress_sink;
-
-static int read_range(mlo_component *c, int fd, const mlo_tensor *t, char *dst, uint64_t *done,
-                      uint64_t total, const progress_sink *ps) {
-  uint64_t got = 0;
-  while (got < t->nbytes) {
-    size_t want = t->nbytes - got > READ_CHUNK ? READ_CHUNK : (size_t)(t->nbytes - got);
-    ssize_t n = mlo_pread(fd, dst + got, want, t->src_offset + got);
-    if (n < 0)
-      return mlo_fail(c->pipe, MLO_EIO, "%s: reading tensor '%s' from '%s': %s", c->name, t->name,
-                      t->src_file, strerror(errno));
-    if (n == 0)
-      return mlo_fail(c->pipe, MLO_EFORMAT,
-                      "%s: tensor '%s': '%s' ended early (it shrank since it was opened)", c->name,
-                      t->name, t->src_file);
-    got += (uint64_t)n;
-    *done += (uint64_t)n;
-    if (ps->fn) ps->fn(c, *done, total, ps->user);
-  }
-  return MLO_OK;
-}
-
-/* Opens a tensor's file: a regular file (never a FIFO or a device, which
- * could hang or feed endless bytes) that is still the one whose header was
- * validated when the tensor was declared. */
-static int open_source(mlo_component *c, const mlo_tensor *t, int *fd) {
-  char why[512];
-  mlo_file_id now;
-  int rc = mlo_open_regular(t->src_file, fd, &now, why, sizeof why);
-  if (rc) return mlo_fail(c->pipe, rc, "%s: %s", c->name, why);
-  if (!mlo_file_id_equal(&now, &t->src_id)) {
-    close(*fd);
-    *fd = -1;
-    return mlo_fail(c->pipe, MLO_EIO,
-                    "%s: '%s' changed since its tensors were declared (another file, size or "
-                    "modification time); open the checkpoint again",
-                    c->name, t->src_file);
-  }
-  posix_fadvise(*fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  return MLO_OK;
-}
-
-static int fill_from_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
-                           const progress_sink *ps) {
-  qsort(files, nfiles, sizeof *files, by_file_then_offset);
-  uint64_t done = 0;
-  int fd = -1, rc = MLO_OK;
-  const char *open_name = NULL;
-  for (size_t i = 0; i < nfiles && !rc; i++) {
-    mlo_tensor *t = files[i];
-    if (!open_name || strcmp(open_name, t->src_file)) {
-      if (fd >= 0) close(fd);
-      open_name = t->src_file;
-      rc = open_source(c, t, &fd);
-      if (rc) break;
-    }
-    rc = read_range(c, fd, t, (char *)c->slab + t->dev_offset, &done, total, ps);
-  }
-  if (fd >= 0) close(fd);
-  return rc;
-}
 
 /* Caller-owned tensors are copied from where the caller keeps them (C7);
  * where the platform can page-lock memory in place and pinning is on, they
@@ -201,13 +130,13 @@ int mlo_slab_materialize(mlo_component *c) {
       memset(dst, 0, t->nbytes);
     }
   }
-  c->slab = slab; /* fill_from_files reads through c->slab */
+  c->slab = slab; /* the loader reads through c->slab */
   progress_sink ps;
   pthread_mutex_lock(&pipe->lock);
   ps.fn = pipe->progress;
   ps.user = pipe->progress_user;
   pthread_mutex_unlock(&pipe->lock);
-  if (nfiles) rc = fill_from_files(c, files, nfiles, file_bytes, &ps);
+  if (nfiles) rc = mlo_load_files(c, files, nfiles, file_bytes, ps.fn, ps.user);
   if (rc) goto out_free_slab;
   free(files);
   uint64_t pageable = pinned ? 0 : slab_bytes;

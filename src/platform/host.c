@@ -412,6 +412,9 @@ static int host_host_alloc(void *vctx, size_t bytes, bool pinned, void **ptr, bo
   if (!rounded) return MLO_ENOMEM;
   *ptr = mlo_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), rounded);
   if (!*ptr) return MLO_ENOMEM;
+  /* mlock would fault every page in on this thread; fault them in on
+   * several first, so it only has to lock them */
+  if (pinned) mlo_touch_pages(*ptr, rounded);
   if (pinned) *got_pinned = mlock(*ptr, rounded) == 0;
   return MLO_OK;
 }
@@ -715,10 +718,7 @@ static int map_arena(struct host_ctx *ctx, char *err, size_t errlen) {
   }
   all->len = ctx->arena_len;
   ctx->free_list = all;
-  if (ctx->opt.prefault) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    for (size_t off = 0; off < cap; off += page) ctx->arena[off] = 0;
-  }
+  if (ctx->opt.prefault) mlo_touch_pages(ctx->arena, cap);
   return MLO_OK;
 }
 
