@@ -10,6 +10,8 @@ is removed afterwards) and its safetensors files are read:
 
   read         a plain sequential read of every file (the disk's own speed):
                readinto a reused 64 MiB buffer, one file after another;
+  fresh        the same read into fresh memory the size of the files (what
+               a loader must fill: the kernel zeroes every new page first);
   mlo          `mlo run DIR --offload none --steps 1 --json`: its load_s,
                the checkpoint read into pinned host slabs;
   safetensors  the reference loader, safetensors.numpy.load_file on every
@@ -98,6 +100,27 @@ def way_read(files, total, args):
     return {"s": time.perf_counter() - t0}
 
 
+def way_read_fresh(files, total, args):
+    """The same read into fresh memory the size of the files, as any loader
+    must fill (anonymous pages, zeroed by the kernel as they are first
+    written): what a loader can reach when the bytes come from memory."""
+    import mmap
+    t0 = time.perf_counter()
+    m = mmap.mmap(-1, total)
+    view, pos = memoryview(m), 0
+    for p in files:
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(view[pos:pos + CHUNK])
+                if not n:
+                    break
+                pos += n
+    s = time.perf_counter() - t0
+    view.release()
+    m.close()
+    return {"s": s}
+
+
 def way_mlo(files, total, args):
     out, rss = run_child([args.mlo, "run", args.cur_dir, "--offload", "none", "--steps", "1",
                           "--json"], env=dict(os.environ, MLO_LOG="error"))
@@ -133,7 +156,8 @@ def way_safetensors(files, total, args):
     return {"s": float(secs), "rss": rss, "cache": cached_bytes(files)}
 
 
-WAYS = [("read", way_read), ("mlo", way_mlo), ("safetensors", way_safetensors)]
+WAYS = [("read", way_read), ("fresh", way_read_fresh), ("mlo", way_mlo),
+        ("safetensors", way_safetensors)]
 
 
 def place(label, base, args):
@@ -149,7 +173,7 @@ def place(label, base, args):
         for state in ("cold", "warm"):
             runs = {name: [] for name, _ in WAYS}
             for rep in range(args.reps):
-                order = WAYS[rep % 3:] + WAYS[:rep % 3]
+                order = WAYS[rep % len(WAYS):] + WAYS[:rep % len(WAYS)]
                 for name, fn in order:
                     drop_cache(files) if state == "cold" else warm_cache(files)
                     runs[name].append(fn(files, total, args))
@@ -168,6 +192,7 @@ def summary(p):
         gbs = {k: p["bytes"] / v / 1e9 for k, v in med.items()}
         row = {"state": state, "median_s": med, "spread_s": spread, "gb_s": gbs,
                "mlo_vs_read": med["read"] / med["mlo"],
+               "mlo_vs_fresh": med["fresh"] / med["mlo"],
                "mlo_vs_safetensors": med["safetensors"] / med["mlo"]}
         for k in ("mlo", "safetensors"):
             row[k + "_rss_x"] = statistics.median(r["rss"] for r in runs[k]) / p["bytes"]
@@ -202,17 +227,18 @@ def main():
     for p in out:
         print(f"\n{p['place']} ({p['path']}): {p['files']} files, {p['bytes'] / 1e9:.2f} GB, "
               f"{args.reps} repetitions, medians (spread)")
-        print(f"  {'':5} {'read GB/s':>16} {'mlo GB/s':>16} {'safetensors':>16} "
-              f"{'mlo/read':>9} {'mlo/st':>7} {'rss mlo':>8} {'rss st':>7} "
-              f"{'cache mlo':>9} {'cache st':>8}")
+        print(f"  {'':5} {'read GB/s':>16} {'fresh GB/s':>16} {'mlo GB/s':>16} "
+              f"{'safetensors':>16} {'mlo/read':>9} {'/fresh':>7} {'mlo/st':>7} {'rss mlo':>8} "
+              f"{'rss st':>7} {'cache mlo':>9} {'cache st':>8}")
         for r in p["summary"]:
             def cell(k):
                 lo, hi = r["spread_s"][k]
                 return f"{r['gb_s'][k]:5.2f} ({p['bytes'] / hi / 1e9:.2f}-{p['bytes'] / lo / 1e9:.2f})"
             def x(v):
                 return "   -" if v is None else f"{v:.2f}x"
-            print(f"  {r['state']:5} {cell('read'):>16} {cell('mlo'):>16} "
-                  f"{cell('safetensors'):>16} {r['mlo_vs_read']:8.2f}x {r['mlo_vs_safetensors']:6.2f}x "
+            print(f"  {r['state']:5} {cell('read'):>16} {cell('fresh'):>16} {cell('mlo'):>16} "
+                  f"{cell('safetensors'):>16} {r['mlo_vs_read']:8.2f}x {r['mlo_vs_fresh']:6.2f}x "
+                  f"{r['mlo_vs_safetensors']:6.2f}x "
                   f"{x(r['mlo_rss_x']):>8} {x(r['safetensors_rss_x']):>7} "
                   f"{x(r['mlo_cache_x']):>9} {x(r['safetensors_cache_x']):>8}")
     print(f"\nreference loader: {getattr(args, 'st_how', '?')} ({args.python})")

@@ -177,15 +177,22 @@ static bool huge_pages_cheap(void) {
   return v;
 }
 
-void mlo_touch_pages(void *p, size_t n) {
-  if (!p || !n) return;
-  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+void mlo_offer_huge_pages(void *p, size_t n) {
 #ifdef MADV_HUGEPAGE
-  if (n >= TOUCH_PARALLEL_MIN && huge_pages_cheap()) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (p && n >= TOUCH_PARALLEL_MIN && huge_pages_cheap()) {
     uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
   }
+#else
+  (void)p, (void)n;
 #endif
+}
+
+void mlo_touch_pages(void *p, size_t n) {
+  if (!p || !n) return;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  mlo_offer_huge_pages(p, n);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   size_t nt = n < TOUCH_PARALLEL_MIN || cpus < 2
                   ? 1

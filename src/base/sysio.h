@@ -36,6 +36,9 @@ void *mlo_aligned_alloc(size_t align, size_t n); /* n rounded up to align */
  * kernel compacts on every fault (defrag "always"), or MLO_NO_HUGEPAGES
  * is set. */
 void mlo_touch_pages(void *p, size_t n);
+/* The huge-page offer alone, for memory that will be faulted in by its
+ * first writers. */
+void mlo_offer_huge_pages(void *p, size_t n);
 /* Counts allocations that failed on this thread (real or injected), so a
  * parser that only says "failed" can tell out-of-memory from bad input. */
 uint64_t mlo_alloc_failures(void);

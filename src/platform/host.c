@@ -412,10 +412,19 @@ static int host_host_alloc(void *vctx, size_t bytes, bool pinned, void **ptr, bo
   if (!rounded) return MLO_ENOMEM;
   *ptr = mlo_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), rounded);
   if (!*ptr) return MLO_ENOMEM;
-  /* mlock would fault every page in on this thread; fault them in on
-   * several first, so it only has to lock them */
-  if (pinned) mlo_touch_pages(*ptr, rounded);
-  if (pinned) *got_pinned = mlock(*ptr, rounded) == 0;
+  if (!pinned) return MLO_OK;
+  /* mlock would fault every page in on this thread before a byte is read.
+   * Locked on fault instead, the pages come in as the loader's threads
+   * write them, in parallel with the reads (huge pages where cheap). */
+  mlo_offer_huge_pages(*ptr, rounded);
+#ifdef MLOCK_ONFAULT
+  if (mlock2(*ptr, rounded, MLOCK_ONFAULT) == 0) {
+    *got_pinned = true;
+    return MLO_OK;
+  }
+#endif
+  mlo_touch_pages(*ptr, rounded); /* an older kernel: fault in on several threads, then lock */
+  *got_pinned = mlock(*ptr, rounded) == 0;
   return MLO_OK;
 }
 

@@ -295,6 +295,20 @@ class RunTests(Fixture):
             self.assertEqual(res["experts"]["source"], "--boundary-steps")
             self.check_schedule(res, 4, first, True)
 
+    def test_read_check_times_a_plain_read(self):
+        res = self.run_json("--read-check", "--steps", "1")
+        on_disk = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(self.ckpt)
+                      for n in ns if n.endswith(".safetensors"))
+        self.assertEqual(res["read_check_bytes"], on_disk)  # every file, once
+        self.assertGreater(res["read_check_s"], 0)
+        self.assertGreater(res["load_vs_read"], 0)
+        self.assertAlmostEqual(res["load_gb_s"], res["load_bytes"] / res["load_s"] / 1e9,
+                               places=6)
+        rc, out, err = mlo("run", self.ckpt, "--read-check", "--steps", "1")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("a plain read of the same files, cold", out)
+        self.assertNotIn("read_check_s", self.run_json("--steps", "1"))  # only when asked
+
     def test_steps_change_the_digest(self):
         a = self.run_json("--steps", "2")
         b = self.run_json("--steps", "3")

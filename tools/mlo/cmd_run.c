@@ -15,7 +15,7 @@ typedef struct {
   tool_source src;
   tool_split_args split;
   const char *platform, *trace, *timeline;
-  bool have_capacity, verify, json, literal, no_prefetch;
+  bool have_capacity, verify, json, literal, no_prefetch, read_check;
   uint64_t capacity;
   int policy; /* index into policy_words */
   bool have_budget, have_reserve;
@@ -72,7 +72,10 @@ static void help(void) {
          "                        all-resident run (exit 1 if they differ)\n"
          "  --json                one JSON object on stdout\n"
          "  --trace FILE          Chrome trace-event JSON (open in ui.perfetto.dev)\n"
-         "  --timeline FILE.svg   residency timeline picture\n" TOOL_SOURCE_HELP "\n"
+         "  --timeline FILE.svg   residency timeline picture\n"
+         "  --read-check          before loading, time a plain read of the same files\n"
+         "                        (both cold: their pages dropped from the cache first)\n"
+         "                        and report the load's speed against it\n" TOOL_SOURCE_HELP "\n"
          "examples:\n"
          "  mlo run ./mlo-cache/wan2.2-t2v-0.005 --device-memory 256M --verify\n"
          "  mlo run Wan2.2-T2V-A14B-Diffusers --variant fp16 --steps 40 --verify\n"
@@ -143,6 +146,8 @@ static bool parse_flag(targs *a, run_args *r) {
     r->json = true;
   } else if (targs_flag(a, "--literal")) {
     r->literal = true;
+  } else if (targs_flag(a, "--read-check")) {
+    r->read_check = true;
   } else {
     return false;
   }
@@ -327,6 +332,7 @@ static int verify_against_resident(const session_config *cfg, const run_options 
     roles[i].role = rep->comps[i].role;
   }
   session_config ref = *cfg;
+  ref.read_check = false; /* measured once, for the run */
   ref.overrides = roles;
   ref.override_count = rep->ncomp;
   char err[1024] = "";
@@ -365,7 +371,8 @@ int cmd_run(int argc, char **argv) {
   else
     snprintf(spec, sizeof spec, "%s", ra.platform);
   bool progress = !ra.json;
-  session_config cfg = {.source = &ra.src, .platform_spec = spec, .progress = progress};
+  session_config cfg = {
+      .source = &ra.src, .platform_spec = spec, .progress = progress, .read_check = ra.read_check};
   memcpy(cfg.tokens, ra.tokens, sizeof cfg.tokens);
   tool_trace trace;
   bool tracing = ra.trace || ra.timeline;

@@ -220,6 +220,8 @@ typedef struct {
   uint64_t capacity;   /* device total */
   double load_s;       /* reading the checkpoint into host slabs */
   uint64_t load_bytes; /* bytes read into slabs */
+  double read_s;       /* --read-check: the plain cold read of the same files */
+  uint64_t read_bytes; /* their size */
   int refused;         /* the exit code before_load returned */
 } tool_session;
 
@@ -228,8 +230,9 @@ typedef struct {
   const char *platform_spec;          /* "host:capacity=1G", "cuda:0" */
   const mlo_role_override *overrides; /* NULL: the source's --role flags */
   size_t override_count;
-  bool progress; /* a load bar while materializing */
-  int tokens[4]; /* per role (0: the default) */
+  bool progress;   /* a load bar while materializing */
+  bool read_check; /* time a plain cold read of the files, then load cold */
+  int tokens[4];   /* per role (0: the default) */
   /* Called with the pipeline open and nothing loaded; a nonzero return
    * (an exit code, err set) ends session_open with that code, negated. */
   int (*before_load)(tool_session *s, void *user, char *err, size_t errlen);
@@ -332,6 +335,8 @@ typedef struct {
   uint64_t tensor_bytes; /* the weights without alignment padding */
   double load_s;         /* checkpoint -> host slabs */
   uint64_t load_bytes;
+  double read_s; /* --read-check: a plain read of the same files, cold */
+  uint64_t read_bytes;
   run_result run;
   bool verify;    /* a reference run was made */
   bool identical; /* its digest equals run.digest */
