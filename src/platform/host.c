@@ -45,10 +45,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define HOST_MIN_BW 1000000u /* bytes per second */
+#define HOST_MLOCK_ONFAULT 1 /* linux/mman.h's MLOCK_ONFAULT */
 #define HOST_TIMES 1024      /* completion times kept for event_time */
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -417,8 +419,8 @@ static int host_host_alloc(void *vctx, size_t bytes, bool pinned, void **ptr, bo
    * Locked on fault instead, the pages come in as the loader's threads
    * write them, in parallel with the reads (huge pages where cheap). */
   mlo_offer_huge_pages(*ptr, rounded);
-#ifdef MLOCK_ONFAULT
-  if (mlock2(*ptr, rounded, MLOCK_ONFAULT) == 0) {
+#ifdef SYS_mlock2 /* the syscall: glibc declares mlock2 only under _GNU_SOURCE */
+  if (syscall(SYS_mlock2, *ptr, rounded, HOST_MLOCK_ONFAULT) == 0) {
     *got_pinned = true;
     return MLO_OK;
   }
