@@ -32,6 +32,8 @@
 
 #define LOAD_CHUNK ((uint64_t)16 << 20)
 #define LOAD_MAX_THREADS 8
+#define LOAD_DROP_MIN ((uint64_t)1 << 20)      /* per-chunk page dropping from here */
+#define LOAD_PARALLEL_MIN ((uint64_t)32 << 20) /* reader threads from here */
 
 typedef struct {
   const mlo_tensor *t;
@@ -77,7 +79,9 @@ static int read_job(load_ctx *lc, const load_job *j, int *err_no) {
     got += (uint64_t)n;
     atomic_fetch_add(&lc->done, (uint64_t)n);
   }
-  if (lc->drop_cache) drop_pages(j->fd, at, j->len);
+  /* small chunks are dropped with their whole file at the end: the call
+   * costs more than the pages it would free early */
+  if (lc->drop_cache && j->len >= LOAD_DROP_MIN) drop_pages(j->fd, at, j->len);
   return MLO_OK;
 }
 
@@ -187,7 +191,9 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
   pthread_mutex_init(&lc.lock, NULL);
   pthread_cond_init(&lc.cond, NULL);
   pthread_t threads[LOAD_MAX_THREADS];
-  size_t want = rc ? 0 : load_threads(njobs), started = 0;
+  /* a small component is read on the calling thread: starting readers
+   * would cost more than they save */
+  size_t want = rc || total < LOAD_PARALLEL_MIN ? 0 : load_threads(njobs), started = 0;
   for (; started < want; started++) {
     pthread_mutex_lock(&lc.lock);
     lc.running++;
@@ -199,7 +205,7 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
       break; /* fewer threads; the calling one reads if none started */
     }
   }
-  if (!rc && started == 0) { /* no thread could start: read here */
+  if (!rc && started == 0) { /* small, or no thread could start: read here */
     lc.running = 1;
     worker(&lc);
   }
