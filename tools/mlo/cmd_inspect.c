@@ -98,18 +98,6 @@ static void shape_text(const mlo_tensor *t, char *buf, size_t len) {
   if (n < len) snprintf(buf + n, len - n, "]");
 }
 
-/* The files a component's tensors come from, in first-use order. */
-static size_t component_files(const mlo_component *c, const char **files, size_t cap) {
-  size_t n = 0;
-  for (size_t i = 0; i < mlo_component_tensor_count(c); i++) {
-    const char *f = mlo_tensor_file(mlo_component_tensor_at(c, i), NULL);
-    bool seen = !f;
-    for (size_t k = 0; k < n && !seen; k++) seen = !strcmp(files[k], f);
-    if (!seen && n < cap) files[n++] = f;
-  }
-  return n;
-}
-
 /* One file's metadata as key/value pairs: safetensors' __metadata__, or a
  * GGUF's key-values (values abridged).  Calls fn for each; false if the file
  * cannot be read again. */
@@ -142,12 +130,13 @@ static void print_tensors(mlo_pipeline *pipe) {
     printf("\n%s (%s, %zu tensors, %s)\n", mlo_component_name(c),
            mlo_role_name(mlo_component_role(c)), mlo_component_tensor_count(c),
            tool_size(mlo_component_tensor_bytes(c)));
-    const char *files[64];
-    size_t nf = component_files(c, files, 64);
+    const char **files = NULL;
+    size_t nf = tool_files(pipe, c, &files);
     for (size_t k = 0; k < nf; k++) {
       printf("  file %s\n", files[k]);
       file_metadata(files[k], print_meta_line, NULL);
     }
+    free(files);
     printf("  %-56s %-8s %-20s %10s\n", "tensor", "dtype", "shape", "bytes");
     for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
       const mlo_tensor *t = mlo_component_tensor_at(c, k);
@@ -165,16 +154,17 @@ static void add_meta_json(const char *key, const char *value, void *user) {
   cJSON_AddStringToObject((cJSON *)user, key, value);
 }
 
-static cJSON *tensors_json(const mlo_component *c) {
+static cJSON *tensors_json(mlo_pipeline *pipe, const mlo_component *c) {
   cJSON *files = cJSON_CreateArray();
-  const char *names[64];
-  size_t nf = component_files(c, names, 64);
+  const char **names = NULL;
+  size_t nf = tool_files(pipe, c, &names);
   for (size_t k = 0; k < nf; k++) {
     cJSON *f = cJSON_CreateObject();
     cJSON_AddStringToObject(f, "path", names[k]);
     file_metadata(names[k], add_meta_json, cJSON_AddObjectToObject(f, "metadata"));
     cJSON_AddItemToArray(files, f);
   }
+  free(names);
   return files;
 }
 
@@ -254,7 +244,7 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   if (v->tensors) print_tensors(pipe);
 }
 
-static cJSON *component_json(mlo_component *c, bool tensors) {
+static cJSON *component_json(mlo_pipeline *pipe, mlo_component *c, bool tensors) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "name", mlo_component_name(c));
   cJSON_AddStringToObject(o, "role", mlo_role_name(mlo_component_role(c)));
@@ -268,7 +258,7 @@ static cJSON *component_json(mlo_component *c, bool tensors) {
   for (int d = 0; d < MLO_DTYPE_COUNT; d++)
     if (counts[d]) cJSON_AddNumberToObject(dt, mlo_dtype_name((mlo_dtype)d), (double)counts[d]);
   if (tensors) {
-    cJSON_AddItemToObject(o, "files", tensors_json(c));
+    cJSON_AddItemToObject(o, "files", tensors_json(pipe, c));
     cJSON_AddItemToObject(o, "tensor_list", tensor_list_json(c));
   }
   return o;
@@ -281,7 +271,8 @@ static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
   cJSON_AddStringToObject(root, "path", path);
   cJSON *comps = cJSON_AddArrayToObject(root, "components");
   for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++)
-    cJSON_AddItemToArray(comps, component_json(mlo_pipeline_component_at(pipe, i), v->tensors));
+    cJSON_AddItemToArray(comps,
+                         component_json(pipe, mlo_pipeline_component_at(pipe, i), v->tensors));
   if (v->split) {
     cJSON *ex = cJSON_AddObjectToObject(root, "experts");
     cJSON_AddNumberToObject(ex, "steps", v->steps);
@@ -310,19 +301,6 @@ static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   return tool_print_json_text(text);
-}
-
-/* The two DiTs, in order, or false. */
-static bool find_two_dits(mlo_pipeline *pipe, const char **first, const char **second) {
-  size_t k = 0;
-  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    if (mlo_component_role(c) != MLO_ROLE_DIT) continue;
-    if (k == 0) *first = mlo_component_name(c);
-    if (k == 1) *second = mlo_component_name(c);
-    k++;
-  }
-  return k == 2;
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -363,7 +341,7 @@ int cmd_inspect(int argc, char **argv) {
   int rc = mlo_platform_open("host", &plat, err, sizeof err);
   if (!rc) rc = source_open(&src, plat, NULL, 0, &pipe, err, sizeof err);
   if (!rc) mlo_pipeline_warn_guessed(pipe); /* after the --role overrides */
-  if (!rc && find_two_dits(pipe, &v.first, &v.second)) {
+  if (!rc && tool_dits(pipe, &v.first, &v.second) == 2) {
     rc = split_resolve(&src, &sa, pipe, v.steps, &split, err, sizeof err);
     v.split = &split;
   }

@@ -30,6 +30,12 @@ int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
   rep->all_resident = mlo_workload_all_resident_bytes(s->pipe);
   rep->model_need = mlo_workload_model_offload_bytes(s->pipe, NULL);
   rep->tensor_bytes = 0;
+  const char *first = NULL, *second = NULL;
+  if (tool_dits(s->pipe, &first, &second) == 2) {
+    rep->dit_first = dup_str(first);
+    rep->dit_second = dup_str(second);
+    if (!rep->dit_first || !rep->dit_second) return MLO_ENOMEM;
+  }
   rep->run = *r;
   rep->ncomp = mlo_pipeline_component_count(s->pipe);
   rep->comps = calloc(rep->ncomp ? rep->ncomp : 1, sizeof *rep->comps);
@@ -54,8 +60,11 @@ void report_free(tool_report *rep) {
   for (size_t i = 0; rep->comps && i < rep->ncomp; i++) free(rep->comps[i].name);
   free(rep->comps);
   free(rep->platform);
+  free(rep->dit_first);
+  free(rep->dit_second);
   rep->comps = NULL;
   rep->platform = NULL;
+  rep->dit_first = rep->dit_second = NULL;
   run_result_free(&rep->run);
   run_result_free(&rep->ref);
 }
@@ -72,21 +81,9 @@ static double load_vs_read(const tool_report *rep) {
   return ((double)rep->load_bytes / rep->load_s) / ((double)rep->read_bytes / rep->read_s);
 }
 
-/* The two DiTs of a Wan2.2-style run, or false. */
-static bool two_dits(const tool_report *rep, const char **first, const char **second) {
-  size_t n = 0;
-  for (size_t i = 0; i < rep->ncomp; i++)
-    if (rep->comps[i].role == MLO_ROLE_DIT) {
-      if (n == 0) *first = rep->comps[i].name;
-      if (n == 1) *second = rep->comps[i].name;
-      n++;
-    }
-  return n == 2;
-}
-
 static void print_split(const tool_report *rep, FILE *out) {
-  const char *a = NULL, *b = NULL;
-  if (!two_dits(rep, &a, &b)) return;
+  const char *a = rep->dit_first, *b = rep->dit_second;
+  if (!a || !b) return;
   const tool_split *sp = &rep->split;
   fprintf(out, "experts    %s %d step%s, %s %d", a, sp->first_steps,
           sp->first_steps == 1 ? "" : "s", b, rep->steps - sp->first_steps);
@@ -196,8 +193,8 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddBoolToObject(root, "prefetch", rep->prefetch);
   cJSON_AddNumberToObject(root, "prompts", rep->run.ngens);
   cJSON_AddNumberToObject(root, "steps", rep->steps);
-  const char *first = NULL, *second = NULL;
-  if (two_dits(rep, &first, &second)) {
+  const char *first = rep->dit_first, *second = rep->dit_second;
+  if (first && second) {
     const tool_split *sp = &rep->split;
     cJSON *ex = cJSON_AddObjectToObject(root, "experts");
     cJSON_AddStringToObject(ex, "first", first);

@@ -69,30 +69,6 @@ static int open_pipeline(tool_session *s, const session_config *cfg, char *err, 
                      errlen);
 }
 
-/* --read-check: the pipeline's files, each once. */
-static size_t pipeline_files(mlo_pipeline *pipe, const char ***out) {
-  size_t n = 0, cap = 0;
-  const char **files = NULL;
-  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
-      const char *f = mlo_tensor_file(mlo_component_tensor_at(c, k), NULL);
-      bool seen = !f;
-      for (size_t j = n; j-- > 0 && !seen;) seen = !strcmp(files[j], f);
-      if (seen) continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 16;
-        const char **grown = realloc(files, cap * sizeof *files);
-        if (!grown) break;
-        files = grown;
-      }
-      files[n++] = f;
-    }
-  }
-  *out = files;
-  return n;
-}
-
 static void drop_from_cache(const char *const *files, size_t n) {
   for (size_t i = 0; i < n; i++) {
     int fd = open(files[i], O_RDONLY | O_NONBLOCK);
@@ -107,7 +83,7 @@ static void drop_from_cache(const char *const *files, size_t n) {
  * again, so that the load that follows is cold too. */
 static int plain_read(tool_session *s, char *err, size_t errlen) {
   const char **files = NULL;
-  size_t n = pipeline_files(s->pipe, &files);
+  size_t n = tool_files(s->pipe, NULL, &files);
   size_t chunk = (size_t)64 << 20;
   char *buf = malloc(chunk);
   int rc = buf || !n ? MLO_OK : MLO_ENOMEM;

@@ -211,10 +211,39 @@ bool split_flag(targs *a, tool_split_args *sa) {
   return true;
 }
 
-static size_t count_dits(mlo_pipeline *pipe) {
+size_t tool_dits(mlo_pipeline *pipe, const char **first, const char **second) {
   size_t n = 0;
-  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++)
-    n += mlo_component_role(mlo_pipeline_component_at(pipe, i)) == MLO_ROLE_DIT;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (mlo_component_role(c) != MLO_ROLE_DIT) continue;
+    if (n == 0 && first) *first = mlo_component_name(c);
+    if (n == 1 && second) *second = mlo_component_name(c);
+    n++;
+  }
+  return n;
+}
+
+size_t tool_files(mlo_pipeline *pipe, const mlo_component *only, const char ***out) {
+  size_t n = 0, cap = 0;
+  const char **files = NULL;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    if (only && c != only) continue;
+    for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+      const char *f = mlo_tensor_file(mlo_component_tensor_at(c, k), NULL);
+      bool seen = !f;
+      for (size_t j = n; j-- > 0 && !seen;) seen = !strcmp(files[j], f);
+      if (seen) continue;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 16;
+        const char **grown = realloc(files, cap * sizeof *files);
+        if (!grown) break;
+        files = grown;
+      }
+      files[n++] = f;
+    }
+  }
+  *out = files;
   return n;
 }
 
@@ -223,7 +252,7 @@ int split_resolve(const tool_source *src, const tool_split_args *sa, mlo_pipelin
   memset(out, 0, sizeof *out);
   out->first_steps = steps;
   out->sched = (mlo_denoise_schedule)MLO_DENOISE_SCHEDULE_INIT;
-  bool two = count_dits(pipe) == 2;
+  bool two = tool_dits(pipe, NULL, NULL) == 2;
   if (sa->have_steps) {
     if (sa->steps > steps)
       return split_fail(err, errlen, MLO_EINVAL, "--boundary-steps %ld is more than --steps %d",

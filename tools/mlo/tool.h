@@ -129,6 +129,12 @@ typedef struct {
   mlo_denoise_schedule sched; /* where they came from */
   char source[48];            /* "scheduler config", "default", "--boundary-steps", "one DiT" */
 } tool_split;
+/* The DiTs of a pipeline: how many, and the names of the first two (either
+ * pointer may be NULL). */
+size_t tool_dits(mlo_pipeline *pipe, const char **first, const char **second);
+/* The files a pipeline's tensors (or only's, when given) come from, each
+ * once, in first-use order; *out is malloc'd (free it). */
+size_t tool_files(mlo_pipeline *pipe, const mlo_component *only, const char ***out);
 /* Takes --boundary, --flow-shift, --boundary-steps. */
 bool split_flag(targs *a, tool_split_args *sa);
 /* The expert split of a steps-step run: --boundary-steps, else the
@@ -332,8 +338,9 @@ typedef struct {
   int steps;
   tool_split split;
   uint64_t capacity, all_resident, model_need, max_comp;
-  uint64_t tensor_bytes; /* the weights without alignment padding */
-  double load_s;         /* checkpoint -> host slabs */
+  uint64_t tensor_bytes;        /* the weights without alignment padding */
+  char *dit_first, *dit_second; /* the two DiTs of a split (NULL otherwise) */
+  double load_s;                /* checkpoint -> host slabs */
   uint64_t load_bytes;
   double read_s; /* --read-check: a plain read of the same files, cold */
   uint64_t read_bytes;
