@@ -147,13 +147,12 @@ static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *
   return MLO_OK;
 }
 
-static void close_files(mlo_tensor **files, size_t nfiles, int *fds, bool drop) {
+static void close_files(size_t nfiles, int *fds, bool drop) {
   for (size_t i = 0; i < nfiles; i++) {
     if (fds[i] < 0 || (i && fds[i] == fds[i - 1])) continue;
     if (drop) posix_fadvise(fds[i], 0, 0, POSIX_FADV_DONTNEED); /* the edges chunks left */
     close(fds[i]);
   }
-  (void)files;
 }
 
 static int by_file_then_offset(const void *a, const void *b) {
@@ -241,7 +240,7 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
                     t->name, t->src_file);
   }
   if (!rc && progress && said != total) progress(c, total, total, user);
-  close_files(files, nfiles, fds, lc.drop_cache && !rc);
+  close_files(nfiles, fds, lc.drop_cache && !rc);
   pthread_cond_destroy(&lc.cond);
   pthread_mutex_destroy(&lc.lock);
   free(jobs);

@@ -8,9 +8,9 @@
  * diffusers computes it, with --boundary, --flow-shift and
  * --boundary-steps to override it.
  */
+#include "base/log.h" /* mlo_errf, the library's own message helper */
 #include "tool.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,15 +187,6 @@ int source_open(const tool_source *src, mlo_platform *plat, const mlo_role_overr
 
 /* ---- the expert split ------------------------------------------------------ */
 
-static int split_fail(char *err, size_t errlen, int status, const char *fmt, ...) TOOL_PRINTF(4, 5);
-static int split_fail(char *err, size_t errlen, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return status;
-}
-
 bool split_flag(targs *a, tool_split_args *sa) {
   const char *v;
   long n;
@@ -255,8 +246,8 @@ int split_resolve(const tool_source *src, const tool_split_args *sa, mlo_pipelin
   bool two = tool_dits(pipe, NULL, NULL) == 2;
   if (sa->have_steps) {
     if (sa->steps > steps)
-      return split_fail(err, errlen, MLO_EINVAL, "--boundary-steps %ld is more than --steps %d",
-                        sa->steps, steps);
+      return mlo_errf(err, errlen, MLO_EINVAL, "--boundary-steps %ld is more than --steps %d",
+                      sa->steps, steps);
     out->first_steps = (int)sa->steps;
     snprintf(out->source, sizeof out->source, "--boundary-steps");
     return MLO_OK;
@@ -270,8 +261,8 @@ int split_resolve(const tool_source *src, const tool_split_args *sa, mlo_pipelin
       snprintf(out->source, sizeof out->source, "one DiT");
       return MLO_OK;
     }
-    return split_fail(err, errlen, rc == MLO_EUNSUPPORTED ? MLO_EINVAL : rc,
-                      "%s; give the split as --boundary-steps N", why);
+    return mlo_errf(err, errlen, rc == MLO_EUNSUPPORTED ? MLO_EINVAL : rc,
+                    "%s; give the split as --boundary-steps N", why);
   }
   if (rc == MLO_ENOTFOUND && two && !sa->have_ratio)
     out->sched.boundary_ratio = 0.875; /* Wan2.2 T2V's, for files without a model_index.json */
@@ -280,6 +271,6 @@ int split_resolve(const tool_source *src, const tool_split_args *sa, mlo_pipelin
   snprintf(out->source, sizeof out->source, "%s", out->sched.source);
   if (!two) return MLO_OK;
   rc = mlo_denoise_first_expert_steps(&out->sched, steps, &out->first_steps);
-  if (rc) return split_fail(err, errlen, rc, "cannot compute the expert split");
+  if (rc) return mlo_errf(err, errlen, rc, "cannot compute the expert split");
   return MLO_OK;
 }
