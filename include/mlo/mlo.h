@@ -218,6 +218,13 @@ typedef struct mlo_platform mlo_platform;
  *       the XPU rule (on by default for Intel GPUs); max_alloc=SIZE lowers
  *       the largest single allocation (larger blocks are built from
  *       segments: see mlo_platform_caps.max_block_bytes).
+ *   "sim[:capacity=SIZE,link=BYTES_PER_S]"  a simulated device for
+ *       projections (`mlo plan`, docs/plan.md): no byte is stored or read
+ *       (slabs are address space, files are never read past their
+ *       headers), copies take bytes / link on a virtual clock (default
+ *       80G and 25e9), and forwards take the time the caller models
+ *       for them; waits, stalls and trace stamps are on that clock
+ *       (mlo_platform_now_ns).  Every residency decision is the real one.
  *   "fault:kind=K,nth=N,inner=SPEC"  for testing failure handling: the
  *       platform SPEC, except that its Nth call of kind K (dev_alloc,
  *       host_alloc, copy, event, sync, any) fails once.  kind= and nth= are
@@ -229,7 +236,7 @@ MLO_API int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf
 /* Closes a platform.  All pipelines using it must be freed first.
  * NULL is a no-op. */
 MLO_API void mlo_platform_close(mlo_platform *platform);
-/* "host", "cuda", "opencl". */
+/* "host", "cuda", "opencl", "sim". */
 MLO_API const char *mlo_platform_name(const mlo_platform *platform);
 /* A human description of the device ("host-backed, capacity 8.00 GiB"). */
 MLO_API const char *mlo_platform_description(const mlo_platform *platform);
@@ -272,6 +279,10 @@ MLO_API void mlo_platform_reset_peak(mlo_platform *platform);
 MLO_API void *mlo_platform_compute_queue(mlo_platform *platform);
 /* Waits until everything submitted to the platform has finished. */
 MLO_API int mlo_platform_synchronize(mlo_platform *platform);
+/* The platform's clock in nanoseconds: the one its stats (wait_ns,
+ * forward_ns) and trace stamps use.  mlo_now_ns() on every real device;
+ * the virtual clock on "sim".  NULL: mlo_now_ns(). */
+MLO_API uint64_t mlo_platform_now_ns(const mlo_platform *platform);
 
 /* ------------------------------------------------------------------------
  * Pipelines, components, tensors
@@ -704,7 +715,7 @@ typedef enum {
 typedef struct {
   mlo_trace_kind kind;
   const mlo_component *comp;
-  uint64_t t_ns; /* monotonic clock */
+  uint64_t t_ns; /* the platform's clock (mlo_platform_now_ns) */
   uint64_t bytes;
   uint64_t device_bytes; /* pipeline device bytes after the event */
 } mlo_trace_event;

@@ -268,9 +268,9 @@ int mlo_component_forward(mlo_component *c, mlo_forward_fn fn, void *user) {
   pthread_mutex_lock(&pipe->lock); /* acquire took it on this thread: cannot fail */
   mlo_res_trace(c, MLO_TRACE_FORWARD_BEGIN, 0);
   pthread_mutex_unlock(&pipe->lock);
-  uint64_t t0 = mlo_now_ns();
+  uint64_t t0 = mlo_plat_now(pipe->platform);
   int user_rc = fn(c, user);
-  uint64_t t1 = mlo_now_ns();
+  uint64_t t1 = mlo_plat_now(pipe->platform);
   rc = release(c, t1 > t0 ? t1 - t0 : 1); /* traces FORWARD_END under its lock */
   if (user_rc)
     return mlo_fail(pipe, MLO_ECALLBACK, "forward of '%s' returned %d", c->name, user_rc);

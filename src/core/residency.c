@@ -34,7 +34,7 @@ static void trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint
 }
 
 void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
-  if (c->pipe->trace) trace_at(c, kind, bytes, mlo_now_ns());
+  if (c->pipe->trace) trace_at(c, kind, bytes, mlo_plat_now(c->pipe->platform));
 }
 
 /* When c's load really completed on the device (the platform's stamp), no
@@ -107,9 +107,9 @@ int mlo_res_load(mlo_component *c) {
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
   /* An allocation that waits (a pool reclaiming frees still queued behind
    * copies) stalls the caller like a copy does: it counts as waiting. */
-  uint64_t a0 = mlo_now_ns();
+  uint64_t a0 = mlo_plat_now(p);
   rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->block_bytes, &c->block));
-  c->stats.wait_ns += mlo_now_ns() - a0;
+  c->stats.wait_ns += mlo_plat_now(p) - a0;
   if (rc == MLO_ENOMEM) {
     c->block = NULL;
     char need[32];
@@ -136,7 +136,7 @@ int mlo_res_load(mlo_component *c) {
                     mlo_format_size(mem.total_bytes, total, sizeof total),
                     mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
   }
-  c->load_begin_ns = mlo_now_ns();
+  c->load_begin_ns = mlo_plat_now(p);
   trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
   /* A write-back into this component's host memory may still be running on
@@ -274,9 +274,9 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_event *ev = c->load_ev;
   pthread_mutex_unlock(&pipe->lock);
   if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
-  uint64_t t0 = mlo_now_ns();
+  uint64_t t0 = mlo_plat_now(p);
   int rc = sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
-  uint64_t t1 = mlo_now_ns();
+  uint64_t t1 = mlo_plat_now(p);
   pthread_mutex_lock(&pipe->lock);
   c->stats.platform_calls++;
   c->stats.wait_ns += t1 - t0;

@@ -210,6 +210,11 @@ static void *fault_compute_queue(void *ctx) {
   return mlo_platform_compute_queue(((struct fault_ctx *)ctx)->inner);
 }
 
+/* The inner platform's clock (never a fault point: it only measures). */
+static uint64_t fault_now_ns(void *ctx) {
+  return mlo_plat_now(((struct fault_ctx *)ctx)->inner);
+}
+
 static const struct mlo_platform_ops fault_ops = {
     .name = "fault",
     .destroy = fault_destroy,
@@ -236,6 +241,7 @@ static const struct mlo_platform_ops fault_ops = {
     .event_time = fault_event_time,
     .synchronize = fault_synchronize,
     .compute_queue = fault_compute_queue,
+    .now_ns = fault_now_ns,
 };
 
 /* ---- the spec ---------------------------------------------------------- */
@@ -339,6 +345,7 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
   }
   p->ops = &f->ops;
   p->ctx = f;
+  p->simulated = f->inner->simulated;
   snprintf(p->description, sizeof p->description, "fault injection (%s #%llu) over %.100s",
            mlo_fault_kind_name(o.kind), (unsigned long long)o.nth,
            mlo_platform_description(f->inner));
@@ -349,6 +356,10 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
 
 bool mlo_fault_is(const mlo_platform *p) {
   return p && p->ops && p->ops->destroy == fault_destroy;
+}
+
+mlo_platform *mlo_fault_inner(mlo_platform *p) {
+  return mlo_fault_is(p) ? ((struct fault_ctx *)p->ctx)->inner : NULL;
 }
 
 void mlo_fault_arm(mlo_platform *p, mlo_fault_kind kind, uint64_t nth) {

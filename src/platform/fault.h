@@ -45,6 +45,8 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
 
 /* True when p is a fault platform (the functions below need one). */
 bool mlo_fault_is(const mlo_platform *p);
+/* The platform a fault wrapper wraps; NULL for any other platform. */
+mlo_platform *mlo_fault_inner(mlo_platform *p);
 /* Re-arms: zeroes the per-kind counts and makes the nth call of kind
  * (counted from now) fail once; nth 0 disarms and only counts. */
 void mlo_fault_arm(mlo_platform *p, mlo_fault_kind kind, uint64_t nth);

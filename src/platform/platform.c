@@ -78,10 +78,12 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
     create = mlo_cuda_platform_create;
   else if (name_len == 6 && !strncmp(spec, "opencl", 6))
     create = mlo_opencl_platform_create;
+  else if (name_len == 3 && !strncmp(spec, "sim", 3))
+    create = mlo_sim_platform_create; /* projections: a virtual clock, no bytes */
   else if (name_len == 5 && !strncmp(spec, "fault", 5))
     create = mlo_fault_platform_create; /* fault injection over another spec */
   if (!create) {
-    set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N] or opencl[:N])", spec);
+    set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N], opencl[:N] or sim)", spec);
     return MLO_EINVAL;
   }
   mlo_platform *p = mlo_calloc(1, sizeof *p);
@@ -169,6 +171,14 @@ void mlo_platform_reset_peak(mlo_platform *p) {
 
 void *mlo_platform_compute_queue(mlo_platform *p) {
   return p && p->ops->compute_queue ? p->ops->compute_queue(p->ctx) : NULL;
+}
+
+uint64_t mlo_plat_now(const mlo_platform *p) {
+  return p->ops->now_ns ? p->ops->now_ns(p->ctx) : mlo_now_ns();
+}
+
+uint64_t mlo_platform_now_ns(const mlo_platform *p) {
+  return p ? mlo_plat_now(p) : mlo_now_ns();
 }
 
 int mlo_platform_synchronize(mlo_platform *p) {

@@ -98,6 +98,11 @@ struct mlo_platform_ops {
   int (*synchronize)(void *ctx);
   /* The native compute queue (NULL for host).  Optional: NULL -> NULL. */
   void *(*compute_queue)(void *ctx);
+  /* Optional: the platform's clock in nanoseconds, for every duration core
+   * measures (waits, forwards) and every trace stamp.  NULL: mlo_now_ns.
+   * The simulated platform answers its virtual clock, so a projected run's
+   * stall and wall time come out of the same accounting as a real one's. */
+  uint64_t (*now_ns)(void *ctx);
 };
 
 /* The handle behind the public mlo_platform. */
@@ -110,6 +115,9 @@ struct mlo_platform {
   void *acct_lock; /* pthread_mutex_t*, opaque here to keep headers light */
   uint64_t used_bytes, peak_bytes;
   uint64_t calls; /* every wrapper call: C13 counts these */
+  /* The simulated platform (sim.c): host and device memory are address
+   * space only, so core neither fills slabs nor reads files for it. */
+  bool simulated;
 };
 
 /* Constructors, one per platform.  spec_args is what follows "name:" (may
@@ -117,6 +125,10 @@ struct mlo_platform {
 int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
 int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
 int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+/* The simulated platform's compute: the calling thread (its compute queue,
+ * as on host) spends ns of virtual time.  MLO_EINVAL for another platform. */
+int mlo_sim_compute(mlo_platform *p, uint64_t ns);
 
 /* Wrappers used by core: apply defaults for NULL slots, count calls, keep
  * used/peak accounting.  Same contracts as the slots above. */
@@ -158,6 +170,9 @@ int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns);
 int mlo_plat_synchronize(mlo_platform *p);
 /* The resolve slot, or identity.  Not a platform call (never fails). */
 void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local);
+/* The platform's clock (the now_ns slot, or mlo_now_ns).  Not a platform
+ * call: it is never counted and never fails. */
+uint64_t mlo_plat_now(const mlo_platform *p);
 /* Number of wrapper calls made so far (for tests: C13). */
 uint64_t mlo_plat_call_count(mlo_platform *p);
 
