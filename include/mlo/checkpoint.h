@@ -254,6 +254,20 @@ MLO_API int mlo_synth_write(const char *preset, const char *dir, double scale,
 /* True if dir holds a complete stamp for preset at scale. */
 MLO_API bool mlo_synth_is_complete(const char *preset, const char *dir, double scale);
 
+/* The preset at scale as a new pipeline, without writing or reading a
+ * file: the components mlo_synth_write would write, in the same order and
+ * with the same names, tensor names, shapes and dtypes, each tensor
+ * zero-filled (no source) and each role from its class
+ * (MLO_ROLE_FROM_CLASS).  For projections on the simulated platform
+ * ("sim": `mlo plan wan2.2-t2v` at scale 1 in milliseconds), where no byte
+ * is stored; on another platform materializing allocates and zeroes every
+ * byte.  sched (may be NULL; its size set) gets the preset's denoising
+ * schedule, as mlo_denoise_schedule_read reads it from the written
+ * directory.  On failure *out is NULL and nothing is left allocated. */
+MLO_API int mlo_synth_open(const mlo_pipeline_options *opts, const char *preset, double scale,
+                           mlo_pipeline **out, mlo_denoise_schedule *sched, char *err,
+                           size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "format/index.h" /* mlo_path_join */
 #include "format/json.h"
+#include "format/schedule.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -111,6 +112,27 @@ static int read_scheduler(const char *where, const cJSON *cfg, mlo_denoise_sched
                   where, spacing);
 }
 
+/* The schedule from a parsed model_index.json (root) and, when given, a
+ * parsed scheduler config (cfg); where_* name them in messages. */
+static int schedule_from_json(const char *where_index, const cJSON *root, const char *where_sched,
+                              const cJSON *cfg, mlo_denoise_schedule *s, char *err, size_t errlen) {
+  if (!cJSON_IsObject(root))
+    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where_index);
+  const cJSON *b = item(root, "boundary_ratio");
+  if (b && !cJSON_IsNull(b)) {
+    double r = -1;
+    int rc = number(where_index, root, "boundary_ratio", 0, 1, &r, err, errlen);
+    if (rc) return rc;
+    s->boundary_ratio = r;
+  }
+  if (!cfg) return MLO_OK;
+  if (!cJSON_IsObject(cfg))
+    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where_sched);
+  int rc = read_scheduler(where_sched, cfg, s, err, errlen);
+  if (!rc) snprintf(s->source, sizeof s->source, "scheduler config");
+  return rc;
+}
+
 int mlo_denoise_schedule_read(const char *dir, mlo_denoise_schedule *out, char *err,
                               size_t errlen) {
   if (err && errlen) err[0] = '\0';
@@ -123,27 +145,29 @@ int mlo_denoise_schedule_read(const char *dir, mlo_denoise_schedule *out, char *
   if (!rc && access(index, F_OK) != 0)
     rc = mlo_errf(err, errlen, MLO_ENOTFOUND, "%s: no model_index.json", dir);
   if (!rc) rc = mlo_json_read_file(index, CONFIG_CAP, 0, &root, err, errlen);
-  if (!rc && !cJSON_IsObject(root))
-    rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", index);
-  if (!rc) {
-    const cJSON *b = item(root, "boundary_ratio");
-    if (b && !cJSON_IsNull(b)) {
-      double r = -1;
-      rc = number(index, root, "boundary_ratio", 0, 1, &r, err, errlen);
-      s.boundary_ratio = r;
-    }
-  }
-  if (!rc && access(sched, F_OK) == 0) {
+  if (!rc && access(sched, F_OK) == 0)
     rc = mlo_json_read_file(sched, CONFIG_CAP, 0, &cfg, err, errlen);
-    if (!rc && !cJSON_IsObject(cfg))
-      rc = mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", sched);
-    if (!rc) rc = read_scheduler(sched, cfg, &s, err, errlen);
-    if (!rc) snprintf(s.source, sizeof s.source, "scheduler config");
-  }
+  if (!rc) rc = schedule_from_json(index, root, sched, cfg, &s, err, errlen);
   cJSON_Delete(root);
   cJSON_Delete(cfg);
   free(index);
   free(sched);
+  if (rc == MLO_OK) *out = s;
+  return rc;
+}
+
+int mlo_denoise_schedule_parse(const char *index_json, const char *scheduler_json,
+                               mlo_denoise_schedule *out, char *err, size_t errlen) {
+  if (!index_json || !out || out->size < sizeof *out) return MLO_EINVAL;
+  mlo_denoise_schedule s = MLO_DENOISE_SCHEDULE_INIT;
+  cJSON *root = cJSON_Parse(index_json);
+  cJSON *cfg = scheduler_json ? cJSON_Parse(scheduler_json) : NULL;
+  int rc = root && (cfg || !scheduler_json)
+               ? schedule_from_json("model_index.json", root, "scheduler_config.json", cfg, &s, err,
+                                    errlen)
+               : mlo_errf(err, errlen, MLO_EFORMAT, "the schedule's JSON does not parse");
+  cJSON_Delete(root);
+  cJSON_Delete(cfg);
   if (rc == MLO_OK) *out = s;
   return rc;
 }

@@ -13,6 +13,7 @@
 #include "base/hash.h"
 #include "format/index.h"
 #include "format/safetensors.h"
+#include "format/schedule.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -533,4 +534,63 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
 out_free_plan:
   plan_free(&pl);
   return rc;
+}
+
+/* ---- declared without files (projections) -------------------------------- */
+
+static int declare_component(mlo_pipeline *pipe, const comp_plan *cp, char *err, size_t errlen) {
+  mlo_role role = MLO_ROLE_OTHER;
+  bool by_class = mlo_role_from_class(cp->spec->class_name, &role) == MLO_OK;
+  mlo_component *comp = NULL;
+  int rc = mlo_component_add(pipe, cp->spec->folder, MLO_ROLE_AUTO, &comp);
+  if (!rc && by_class) rc = mlo_component_set_role(comp, role, MLO_ROLE_FROM_CLASS);
+  for (size_t i = 0; !rc && i < cp->tensors.count; i++) {
+    const mlo_syn_rec *r = &cp->tensors.list[i];
+    mlo_tensor_desc d = MLO_TENSOR_DESC_INIT;
+    d.name = r->name;
+    d.dtype = r->dtype;
+    d.ndim = r->ndim;
+    memcpy(d.shape, r->shape, (size_t)r->ndim * sizeof *r->shape);
+    rc = mlo_tensor_add(comp, &d, NULL);
+  }
+  if (rc)
+    return mlo_errf(err, errlen, rc, "synth: cannot declare %s: %s", cp->spec->folder,
+                    mlo_pipeline_errmsg(pipe)[0] ? mlo_pipeline_errmsg(pipe) : mlo_strerror(rc));
+  return MLO_OK;
+}
+
+int mlo_synth_open(const mlo_pipeline_options *opts, const char *preset, double scale,
+                   mlo_pipeline **out, mlo_denoise_schedule *sched, char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (out) *out = NULL;
+  const mlo_syn_preset *p = find_preset(preset);
+  if (!p)
+    return mlo_errf(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
+                    preset ? preset : "(null)");
+  if (!opts || !out || !scale_ok(scale) || (sched && sched->size < sizeof *sched))
+    return mlo_errf(err, errlen, MLO_EINVAL,
+                    "synth: need options, an output and a scale in (0, 4], got %g", scale);
+  mlo_denoise_schedule s = MLO_DENOISE_SCHEDULE_INIT;
+  const char *sched_json = NULL;
+  for (size_t i = 0; i < p->naux; i++)
+    if (!strcmp(p->aux[i].folder, "scheduler")) sched_json = p->aux[i].content;
+  int rc = mlo_denoise_schedule_parse(p->extra_index ? p->extra_index : "{}", sched_json, &s, err,
+                                      errlen);
+  if (rc) return rc;
+  mlo_syn_plan pl;
+  if ((rc = plan_build(p, scale, &pl)) != MLO_OK)
+    return mlo_errf(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
+  mlo_pipeline *pipe = NULL;
+  rc = mlo_pipeline_create(opts, &pipe);
+  if (rc) mlo_errf(err, errlen, rc, "synth %s: cannot create the pipeline", preset);
+  for (size_t i = 0; !rc && i < p->ncomponents; i++)
+    rc = declare_component(pipe, &pl.comps[i], err, errlen);
+  plan_free(&pl);
+  if (rc) {
+    mlo_pipeline_free(pipe);
+    return rc;
+  }
+  if (sched) *sched = s;
+  *out = pipe;
+  return MLO_OK;
 }

@@ -19,6 +19,11 @@ struct mlo_workload {
   void *ctx;
   mlo_platform *platform;
   int tokens[4]; /* indexed by mlo_role (DIT, ENCODER, VAE, OTHER) */
+  struct model_time {
+    const mlo_component *comp;
+    uint64_t ns;
+  } * times; /* a modelling backend's forward times, by component */
+  size_t ntimes;
 };
 
 #define FOLD_BASIS 0xcbf29ce484222325ull
@@ -50,6 +55,7 @@ float mlo_workload_input(uint64_t seed, int64_t t, int64_t k) {
 static const struct mlo_workload_ops *find_backend(const char *platform_name) {
   static const struct mlo_workload_ops *const backends[] = {
       &mlo_workload_host_ops,
+      &mlo_workload_sim_ops,
 #ifdef MLO_HAVE_CUDA
       &mlo_workload_cuda_ops,
 #endif
@@ -88,7 +94,28 @@ int mlo_workload_open(mlo_platform *platform, mlo_workload **out) {
 void mlo_workload_close(mlo_workload *w) {
   if (!w) return;
   w->ops->destroy(w->ctx);
+  free(w->times);
   free(w);
+}
+
+int mlo_workload_set_model_time(mlo_workload *w, const mlo_component *comp, uint64_t ns) {
+  if (!w || !comp || !w->ops->model_forward) return MLO_EINVAL;
+  for (size_t i = 0; i < w->ntimes; i++)
+    if (w->times[i].comp == comp) {
+      w->times[i].ns = ns;
+      return MLO_OK;
+    }
+  struct model_time *grown = mlo_realloc(w->times, (w->ntimes + 1) * sizeof *grown);
+  if (!grown) return MLO_ENOMEM;
+  w->times = grown;
+  w->times[w->ntimes++] = (struct model_time){comp, ns};
+  return MLO_OK;
+}
+
+static uint64_t model_time(const mlo_workload *w, const mlo_component *comp) {
+  for (size_t i = 0; i < w->ntimes; i++)
+    if (w->times[i].comp == comp) return w->times[i].ns;
+  return 0;
 }
 
 static bool role_index_ok(mlo_role role) {
@@ -137,6 +164,7 @@ static int by_name(const void *a, const void *b) {
  * weights give the same digest however files split them (sharded or not,
  * shards in any order). */
 static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t seed, uint64_t *h) {
+  if (w->ops->model_forward) return w->ops->model_forward(w->ctx, model_time(w, comp), h);
   mlo_role role = mlo_component_role(comp);
   int tokens = role_index_ok(role) ? w->tokens[role] : w->tokens[MLO_ROLE_OTHER];
   size_t n = mlo_component_tensor_count(comp), k = 0;

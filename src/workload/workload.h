@@ -39,11 +39,17 @@ struct mlo_workload_ops {
    * flush, which folds everything pending in the order it was issued.
    * NULL: folds are done before the calls return. */
   int (*flush)(void *ctx);
+  /* Optional, for a backend that models compute instead of doing it (the
+   * simulated platform's): a forward is this one call, which spends ns of
+   * the device's time (mlo_workload_set_model_time) and folds it into
+   * *digest.  With it, the two digest calls above are never made. */
+  int (*model_forward)(void *ctx, uint64_t ns, uint64_t *digest);
 };
 
 extern const struct mlo_workload_ops mlo_workload_host_ops;
 extern const struct mlo_workload_ops mlo_workload_cuda_ops;   /* when built */
 extern const struct mlo_workload_ops mlo_workload_opencl_ops; /* when built */
+extern const struct mlo_workload_ops mlo_workload_sim_ops;
 
 /* 64-bit FNV-1a-style fold used by every backend, so digests compare.  It
  * folds 8-byte little-endian words, then a byte-wise tail: folding a buffer
@@ -74,6 +80,10 @@ void mlo_workload_close(mlo_workload *w);
 /* Tokens T for forwards of components with this role (1..TOKENS_MAX). */
 int mlo_workload_set_tokens(mlo_workload *w, mlo_role role, int tokens);
 int mlo_workload_tokens(const mlo_workload *w, mlo_role role);
+/* On a backend that models compute (the simulated platform): one forward
+ * of comp takes ns.  A component never given a time takes 0.  MLO_EINVAL
+ * on a backend that computes for real (its time is what it is). */
+int mlo_workload_set_model_time(mlo_workload *w, const mlo_component *comp, uint64_t ns);
 
 /* One forward of a resident component (call it inside a forward callback or
  * between acquire and release): every tensor the component owns, in index

@@ -375,6 +375,61 @@ static void test_links_never_followed(void **state) {
   assert_false(exists(path));
 }
 
+/* mlo_synth_open declares exactly what mlo_synth_write writes: the same
+ * components in the same order with the same roles, the same tensors
+ * (names, dtypes, shapes, bytes), no source, and the schedule the written
+ * directory's configs give. */
+static void test_declared_equals_written(void **state) {
+  (void)state;
+  for (const mlo_synth_preset_info *p = mlo_synth_presets(); p->name; p++) {
+    char dir[512];
+    sub(dir, sizeof dir, p->name, NULL);
+    assert_ok(mlo_synth_write(p->name, dir, TINY, NULL, NULL, err, sizeof err));
+    mlo_pipeline *written = open_dir(dir), *declared = NULL;
+    mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+    po.platform = plat;
+    mlo_denoise_schedule sd = MLO_DENOISE_SCHEDULE_INIT, sw = MLO_DENOISE_SCHEDULE_INIT;
+    assert_ok(mlo_synth_open(&po, p->name, TINY, &declared, &sd, err, sizeof err));
+    assert_ok(mlo_denoise_schedule_read(dir, &sw, err, sizeof err));
+    assert_int_equal(sd.kind, sw.kind);
+    assert_true(sd.shift == sw.shift && sd.boundary_ratio == sw.boundary_ratio);
+    assert_string_equal(sd.class_name, sw.class_name);
+    size_t n = mlo_pipeline_component_count(written);
+    assert_int_equal(mlo_pipeline_component_count(declared), n);
+    for (size_t i = 0; i < n; i++) {
+      mlo_component *a = mlo_pipeline_component_at(written, i);
+      mlo_component *b = mlo_pipeline_component_at(declared, i);
+      assert_string_equal(mlo_component_name(a), mlo_component_name(b));
+      assert_int_equal(mlo_component_role(a), mlo_component_role(b));
+      assert_int_equal(mlo_component_role_source(b), MLO_ROLE_FROM_CLASS);
+      assert_int_equal(mlo_component_tensor_bytes(a), mlo_component_tensor_bytes(b));
+      size_t nt = mlo_component_tensor_count(a);
+      assert_int_equal(mlo_component_tensor_count(b), nt);
+      for (size_t k = 0; k < nt; k++) {
+        const mlo_tensor *ta = mlo_component_tensor_at(a, k);
+        const mlo_tensor *tb = mlo_component_find_tensor(b, mlo_tensor_name(ta));
+        assert_non_null(tb);
+        assert_int_equal(mlo_tensor_dtype(ta), mlo_tensor_dtype(tb));
+        assert_int_equal(mlo_tensor_ndim(ta), mlo_tensor_ndim(tb));
+        for (int d = 0; d < mlo_tensor_ndim(ta); d++)
+          assert_int_equal(mlo_tensor_shape(ta)[d], mlo_tensor_shape(tb)[d]);
+        assert_null(mlo_tensor_file(tb, NULL));
+      }
+    }
+    mlo_pipeline_free(written);
+    mlo_pipeline_free(declared);
+  }
+  /* refusals leave nothing behind */
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = plat;
+  mlo_pipeline *out = (mlo_pipeline *)&po;
+  assert_status(mlo_synth_open(&po, "nope", 1.0, &out, NULL, err, sizeof err), MLO_ENOTFOUND);
+  assert_null(out);
+  assert_non_null(strstr(err, "nope"));
+  assert_status(mlo_synth_open(&po, "flux", 0.0, &out, NULL, err, sizeof err), MLO_EINVAL);
+  assert_null(out);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -385,6 +440,7 @@ int main(void) {
       T(test_weights_deterministic_and_small),
       T(test_cache_and_rewrite),
       T(test_links_never_followed),
+      T(test_declared_equals_written),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
