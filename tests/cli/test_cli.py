@@ -785,6 +785,237 @@ class OtherPresetTests(Fixture):
                              (loads[c["name"]], evictions[c["name"]]), c["name"])
 
 
+PLAN_PRESETS = ["wan2.2-t2v", "flux", "qwen-image", "sd3"]
+PLAN_CARDS = ["h100-sxm", "rtx4090", "l40s"]
+
+
+def plan_json(*args, code=0):
+    rc, out, err = mlo("plan", "--json", *args)
+    if rc != code:
+        raise AssertionError(f"mlo plan {' '.join(args)} -> {rc}, wanted {code}\n{err}")
+    return json.loads(out)
+
+
+class PlanTests(Fixture):
+    """mlo plan: presets at full size on the card profiles, what the table
+    must say whatever the compute model's figures, and the validation of
+    the projection against a measured run (issue 13)."""
+
+    def check_device(self, res):
+        mem = res["device"]["memory_bytes"]
+        link = res["device"]["link_bytes_per_s"]
+        pols = {p["policy"]: p for p in res["policies"]}
+        self.assertEqual(list(pols), ["all-resident", "strict", "budget", "budget+prefetch"])
+        self.assertEqual(pols["all-resident"]["fits"], res["all_resident_bytes"] <= mem)
+        compute = res["compute_s"]
+        self.assertAlmostEqual(compute, sum(
+            c["forward_s"] * n for c, n in zip(res["components"], self.calls_per(res))), delta=1e-6 * compute)
+        for name, p in pols.items():
+            if not p["fits"]:
+                self.assertIn("short by", p["why"], name)
+                continue
+            for key in ("wall_s", "stall_s", "overhead", "peak_device_bytes",
+                        "pinned_host_bytes", "h2d_bytes"):
+                self.assertIn(key, p, name)
+            self.assertLessEqual(p["peak_device_bytes"], mem, name)
+            self.assertEqual(p["pinned_host_bytes"], res["all_resident_bytes"], name)
+            self.assertGreaterEqual(p["wall_s"], compute * (1 - 1e-9), name)
+            self.assertAlmostEqual(p["overhead"], p["wall_s"] / compute - 1, places=9)
+            # nothing hides under compute without prefetch... except the
+            # budget's kept components; and no wait is longer than its copy
+            self.assertLessEqual(p["stall_s"], p["h2d_bytes"] / link + 1e-6, name)
+        if pols["all-resident"]["fits"]:
+            r = pols["all-resident"]
+            self.assertEqual(r["h2d_bytes"], 0)
+            self.assertEqual(r["stall_s"], 0)
+            self.assertAlmostEqual(r["wall_s"], compute, delta=1e-6 * compute)
+        if pols["strict"]["fits"]:
+            st = pols["strict"]
+            # strict evicts by rule: every steady-state load is waited for whole
+            self.assertAlmostEqual(st["stall_s"], st["h2d_bytes"] / link, delta=1e-3)
+            self.assertGreater(st["h2d_bytes"], 0)
+        if res["advice"]:
+            best = min(p["wall_s"] for p in pols.values() if p["fits"])
+            self.assertLessEqual(pols[res["advice"]]["wall_s"], best * (1 + 1e-3))
+
+    @staticmethod
+    def calls_per(res):
+        """How often each component runs in one prompt: encoders once, the
+        DiTs for the steps (split as the job says), VAEs once."""
+        job = res["job"]
+        dits = [c["name"] for c in res["components"] if c["role"] == "dit"]
+        out = []
+        for c in res["components"]:
+            if c["role"] in ("encoder", "vae"):
+                out.append(1)
+            elif c["role"] == "dit" and len(dits) == 2:
+                out.append(job["first_dit_steps"] if c["name"] == dits[0]
+                           else job["steps"] - job["first_dit_steps"])
+            elif c["role"] == "dit":
+                out.append(job["steps"])
+            else:
+                out.append(0)
+        return out
+
+    def test_presets_on_cards(self):
+        for preset in PLAN_PRESETS:
+            for card in PLAN_CARDS:
+                with self.subTest(preset=preset, card=card):
+                    res = plan_json(preset, "--device", card)
+                    self.assertEqual(res["device"]["name"], card)
+                    self.assertEqual(res["job"]["family"], preset)
+                    self.check_device(res)
+
+    def test_full_size_wan(self):
+        res = plan_json("wan2.2-t2v", "--device", "h100-sxm")
+        comps = {c["name"]: c for c in res["components"]}
+        # the real checkpoint's sizes: two 14B bf16 experts, the umt5-xxl encoder
+        self.assertGreater(comps["transformer"]["device_bytes"], 28.0e9)
+        self.assertLess(comps["transformer"]["device_bytes"], 29.5e9)
+        self.assertGreater(comps["text_encoder"]["device_bytes"], 11.0e9)
+        # diffusers' 50-step default with the shift-12 UniPC schedule: 32 high-noise steps
+        self.assertEqual(res["job"]["steps"], 50)
+        self.assertEqual(res["job"]["first_dit_steps"], 32)
+        pols = {p["policy"]: p for p in res["policies"]}
+        self.assertTrue(pols["all-resident"]["fits"])
+        # strict moves the encoder and both experts every prompt
+        moved = sum(c["device_bytes"] for c in res["components"] if c["role"] != "vae")
+        self.assertEqual(pols["strict"]["h2d_bytes"], moved)
+
+    def test_dtype_fp8_halves_the_weights(self):
+        bf16 = plan_json("wan2.2-t2v", "--device", "rtx4090")
+        fp8 = plan_json("wan2.2-t2v", "--device", "rtx4090", "--dtype", "fp8")
+        a = {c["name"]: c for c in bf16["components"]}
+        b = {c["name"]: c for c in fp8["components"]}
+        for name in ("transformer", "transformer_2", "text_encoder"):
+            self.assertAlmostEqual(b[name]["device_bytes"] / a[name]["device_bytes"], 0.5, delta=0.01)
+            self.assertEqual(b[name]["compute_dtype"], "F8_E4M3")
+        self.assertEqual(a["vae"]["device_bytes"], b["vae"]["device_bytes"])
+        # a 24 GB card: the bf16 expert alone does not fit, the fp8 one does
+        self.assertFalse(any(p["fits"] for p in bf16["policies"]))
+        self.assertIsNone(bf16["advice"])
+        self.assertTrue({p["policy"]: p for p in fp8["policies"]}["strict"]["fits"])
+        self.assertEqual(fp8["advice"] in ("strict", "budget", "budget+prefetch"), True)
+        # fp8 compute runs at the card's fp8 rate: half the time per forward
+        self.assertAlmostEqual(b["transformer"]["forward_s"] / a["transformer"]["forward_s"],
+                               165.2 / 330.3, delta=0.01)
+
+    def test_every_card_without_device(self):
+        res = plan_json("flux")
+        names = [d["device"]["name"] for d in res["devices"]]
+        self.assertIn("h200", names)
+        self.assertIn("rtx3090", names)
+        self.assertGreaterEqual(len(names), 9)
+        for d in res["devices"]:
+            self.check_device(d)
+        _, out, _ = mlo("plan", "flux", check=0)
+        self.assertIn("rtx4090", out)
+        self.assertIn("best policy", out)
+
+    def test_flags_select_rows(self):
+        one = plan_json("sd3", "--device", "rtx3090", "--policy", "strict")
+        self.assertEqual([p["policy"] for p in one["policies"]], ["strict"])
+        res = plan_json("sd3", "--device", "rtx3090", "--policy", "budget", "--no-prefetch")
+        self.assertEqual([p["policy"] for p in res["policies"]], ["budget"])
+        res = plan_json("sd3", "--device", "h100-sxm", "--offload", "none")
+        self.assertEqual([p["policy"] for p in res["policies"]], ["all-resident"])
+        small = plan_json("sd3", "--device", "rtx3090", "--policy", "budget", "--budget", "18G")
+        self.assertEqual(small["policies"][0]["budget_bytes"], 18 << 30)
+        self.assertLessEqual(small["policies"][0]["peak_device_bytes"], 18 << 30)
+        # --steps, --frames: the job the table is for
+        res = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--steps", "40", "--frames", "33")
+        self.assertEqual((res["job"]["steps"], res["job"]["frames"]), (40, 33))
+        self.assertEqual(res["job"]["first_dit_steps"], 26)
+        res = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--boundary-steps", "10")
+        self.assertEqual(res["job"]["first_dit_steps"], 10)
+
+    def test_step_time_given(self):
+        res = plan_json(self.ckpt, "--device-memory", self.capacity_for_offload(), "--link", "1e9",
+                        "--step-time", "dit=0.5,encoder=0.25,vae=100ms", "--steps", "4")
+        t = {c["role"]: c["forward_s"] for c in res["components"]}
+        self.assertEqual((t["dit"], t["encoder"], t["vae"]), (0.5, 0.25, 0.1))
+        self.assertAlmostEqual(res["compute_s"], 4 * 0.5 + 0.25 + 0.1, places=6)
+        res = plan_json(self.ckpt, "--device-memory", "1G", "--link", "1e9",
+                        "--step-time", "dit=1,transformer_2=2,encoder=0,vae=0", "--steps", "8")
+        t = {c["name"]: c["forward_s"] for c in res["components"]}
+        self.assertEqual((t["transformer"], t["transformer_2"]), (1.0, 2.0))
+
+    def test_timeline_drawn(self):
+        svg = os.path.join(self.tmp, "plan.svg")
+        _, out, _ = mlo("plan", "wan2.2-t2v", "--device", "rtx4090", "--dtype", "fp8",
+                        "--steps", "8", "--timeline", svg, check=0)
+        with open(svg) as f:
+            text = f.read()
+        self.assertTrue(text.lstrip().startswith("<svg") or text.startswith("<?xml"))
+        self.assertIn("projection", text)
+        self.assertIn("transformer_2", text)
+
+    def test_bad_input(self):
+        cases = [
+            (["wan2.2-t2v", "--device", "tpu9"], "unknown card"),
+            (["wan2.2-t2v", "--device", "h100", "--step-time", "dit"], "--step-time"),
+            (["wan2.2-t2v", "--device", "h100", "--step-time", "dit=fast"], "--step-time"),
+            (["wan2.2-t2v", "--device", "h100", "--step-time", "ditt=1"], "ditt"),
+            (["wan2.2-t2v", "--device", "h100", "--dtype", "fp7"], "--dtype"),
+            (["wan2.2-t2v", "--timeline", os.path.join(self.tmp, "x.svg")], "--device"),
+            (["wan2.2-t2v", "--device", "h100", "--no-prefetch"], "--policy budget"),
+            (["wan2.2-t2v", "--device", "h100", "--policy", "strict", "--budget", "1G"], "budget"),
+            (["wan2.2-t2v", "--link", "10"], "1e6"),
+            ([os.path.join(self.tmp, "missing")], "missing"),
+            ([], "no pipeline"),
+            (["wan2.2-t2v", "--device-memory", "1G", "--mfu", "2"], "--mfu"),
+        ]
+        for args, word in cases:
+            with self.subTest(args=args):
+                rc, out, err = mlo("plan", *args)
+                self.assertEqual(rc, 2, err)
+                self.assertIn(word, err)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.svg")))
+        # the projection needs a compute time: no card, no --tflops, no --step-time
+        rc, _, err = mlo("plan", self.ckpt, "--device-memory", "1G")
+        self.assertEqual(rc, 2)
+        self.assertIn("--step-time", err)
+        # mlo run's --link is the host platform's throttle only
+        rc, _, err = mlo("run", self.ckpt, "--platform", "cuda", "--link", "1e9")
+        self.assertEqual(rc, 2)
+        self.assertIn("--link", err)
+
+    def test_validation_against_a_run(self):
+        """The projection, given a measured run's own forward times per
+        component, predicts that run's steady-state wall time within 10%
+        and its stall within 5% of the wall, and the bytes exactly."""
+        tmp = tempfile.mkdtemp(prefix="mlo-plan-val-")
+        try:
+            path = os.path.join(tmp, "wan")
+            mlo("synth", "wan2.2-t2v", path, "--scale", "0.002", check=0)
+            _, out, _ = mlo("inspect", path, "--json", check=0)
+            info = json.loads(out)
+            cap = info["model_offload_bytes"] + info["max_component_bytes"] // 2
+            for flags, name in ((["--policy", "strict"], "strict"),
+                                (["--policy", "budget"], "budget+prefetch")):
+                common = ["--device-memory", str(cap), "--link", "2e8", "--steps", "6",
+                          "--prompts", "3", *flags]
+                rc, out, err = mlo("run", path, "--platform", "host:prefault=1", "--json", *common)
+                self.assertEqual(rc, 0, err)
+                run = json.loads(out)
+                times = ",".join("%s=%.9f" % (c["name"], c["forward_s"] / c["forwards"])
+                                 for c in run["components"] if c["forwards"])
+                res = plan_json(path, "--step-time", times, *common)
+                (pol,) = res["policies"]
+                self.assertEqual(pol["policy"], name)
+                wall = run["steady_wall_s"]
+                stalls = sorted(g["stall_s"] for g in run["generations"][1:])
+                stall = sum(stalls) / len(stalls)
+                with self.subTest(policy=name):
+                    self.assertEqual(pol["h2d_bytes"], run["generations"][-1]["h2d_bytes"])
+                    self.assertLess(abs(pol["wall_s"] / wall - 1), 0.10,
+                                    f"plan {pol['wall_s']:.3f} s, run {wall:.3f} s")
+                    self.assertLess(abs(pol["stall_s"] - stall), 0.05 * wall,
+                                    f"plan stall {pol['stall_s']:.3f} s, run {stall:.3f} s")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class DemoBenchTests(unittest.TestCase):
     def test_demo(self):
         tmp = tempfile.mkdtemp(prefix="mlo-demo-")

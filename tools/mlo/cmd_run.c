@@ -15,8 +15,8 @@ typedef struct {
   tool_source src;
   tool_split_args split;
   const char *platform, *trace, *timeline;
-  bool have_capacity, verify, json, literal, no_prefetch, read_check;
-  uint64_t capacity;
+  bool have_capacity, have_link, verify, json, literal, no_prefetch, read_check;
+  uint64_t capacity, link;
   int policy; /* index into policy_words */
   bool have_budget, have_reserve;
   uint64_t budget, reserve;
@@ -49,6 +49,8 @@ static void help(void) {
          "                        host device's capacity, or a cap on a real GPU\n"
          "                        (to run as on a smaller card); wins over a\n"
          "                        capacity= inside --platform (a note says so)\n"
+         "  --link BYTES_PER_S    host platform: throttle copies to this link bandwidth,\n"
+         "                        e.g. 25e9 (as bw= does; mlo plan takes the same flag)\n"
          "  --offload MODE        model (default): only the executing component resident;\n"
          "                        none: every component resident\n"
          "  --policy P            strict (default): the specification's exclusion rule,\n"
@@ -117,6 +119,10 @@ static bool parse_flag(targs *a, run_args *r) {
     r->platform = v;
   } else if (targs_value(a, "--device-memory", &v)) {
     r->have_capacity = targs_size(a, "--device-memory", v, &r->capacity);
+  } else if (targs_value(a, "--link", &v)) {
+    r->have_link = targs_size(a, "--link", v, &r->link);
+    if (r->have_link && r->link < 1000000)
+      targs_error(a, "--link: %s bytes per second is below 1e6", v);
   } else if (targs_value(a, "--offload", &v)) {
     targs_choice(a, "--offload", v, offload_words, &r->offload);
   } else if (targs_value(a, "--policy", &v)) {
@@ -177,6 +183,10 @@ static int parse(int argc, char **argv, run_args *r) {
                 r->have_budget    ? "--budget"
                 : r->have_reserve ? "--reserve"
                                   : "--no-prefetch");
+  if (!a.failed && r->have_link && strncmp(r->platform, "host", 4))
+    targs_error(&a, "--link throttles the host platform; a real device's link is what it is");
+  if (!a.failed && r->have_link && strstr(r->platform, "bw="))
+    targs_error(&a, "give --link or bw= in --platform, not both");
   if (!a.failed && r->have_budget && r->have_reserve)
     targs_error(&a, "give --budget or --reserve, not both");
   if (!a.failed && budget && r->offload == 0)
@@ -370,6 +380,11 @@ int cmd_run(int argc, char **argv) {
     spec_with_capacity(ra.platform, ra.capacity, spec, sizeof spec);
   else
     snprintf(spec, sizeof spec, "%s", ra.platform);
+  if (ra.have_link) { /* host only (parse checked): its bw= option */
+    size_t len = strlen(spec);
+    snprintf(spec + len, sizeof spec - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
+             (unsigned long long)ra.link);
+  }
   bool progress = !ra.json;
   session_config cfg = {
       .source = &ra.src, .platform_spec = spec, .progress = progress, .read_check = ra.read_check};

@@ -3,7 +3,7 @@
  * prints the overview.  Each command parses its own flags (args.c) and
  * returns an exit code from tool.h.
  */
-#include "tool.h"
+#include "plan.h"
 
 #include <errno.h>
 #include <string.h>
@@ -17,6 +17,7 @@ static const struct {
     {"synth", cmd_synth, "write a generated pipeline shaped like a real one"},
     {"inspect", cmd_inspect, "show a checkpoint's components, roles, sizes and memory needs"},
     {"run", cmd_run, "run the reference workload on a checkpoint, offloaded or not"},
+    {"plan", cmd_plan, "project offload's cost on a card, without a GPU or the weights"},
     {"bench", cmd_bench, "measure offload's costs as ratios against raw copies"},
 };
 

@@ -180,6 +180,7 @@ static void add_stats(cJSON *o, const mlo_component_stats *s) {
   cJSON_AddNumberToObject(o, "h2d_bytes", (double)s->h2d_bytes);
   cJSON_AddNumberToObject(o, "d2h_bytes", (double)s->d2h_bytes);
   cJSON_AddNumberToObject(o, "stall_s", (double)s->wait_ns / 1e9);
+  cJSON_AddNumberToObject(o, "forward_s", (double)s->forward_ns / 1e9);
 }
 
 static cJSON *build_json(const tool_report *rep) {

@@ -256,8 +256,9 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
                 count * (size_t)prompts);
   r->gens = calloc((size_t)prompts, sizeof *r->gens);
   if (!r->gens) return MLO_ENOMEM;
-  uint64_t t0 = mlo_now_ns();
-  bar.t0_ns = t0;
+  /* The platform's clock: virtual on the simulated device (mlo plan). */
+  uint64_t t0 = mlo_platform_now_ns(s->platform);
+  bar.t0_ns = mlo_now_ns();
   int rc = o->offload ? mlo_offload_enable(s->pipe, &o->settings) : mlo_pipeline_load_all(s->pipe);
   uint64_t g0 = t0;
   mlo_pipeline_stats before = {0}, after;
@@ -275,7 +276,7 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
       int sync_rc = mlo_platform_synchronize(s->platform);
       if (!rc) rc = sync_rc;
     }
-    uint64_t g1 = mlo_now_ns();
+    uint64_t g1 = mlo_platform_now_ns(s->platform);
     mlo_pipeline_get_stats(s->pipe, &after);
     g->wall_s = (double)(g1 - g0) / 1e9;
     g->stall_s = (double)(after.total.wait_ns - before.total.wait_ns) / 1e9;
@@ -289,7 +290,7 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
     g0 = g1;
   }
   r->digest = r->gens[0].digest;
-  r->wall_s = (double)(mlo_now_ns() - t0) / 1e9;
+  r->wall_s = (double)(mlo_platform_now_ns(s->platform) - t0) / 1e9;
   progress_finish(&bar);
   if (!rc && o->audit) rc = mlo_pipeline_audit(s->pipe);
   return rc;

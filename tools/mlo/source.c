@@ -254,7 +254,12 @@ int split_resolve(const tool_source *src, const tool_split_args *sa, mlo_pipelin
   }
   int rc = MLO_ENOTFOUND;
   char why[512] = "";
-  if (src->path) rc = mlo_denoise_schedule_read(src->path, &out->sched, why, sizeof why);
+  if (src->sched) {
+    out->sched = *src->sched;
+    rc = MLO_OK;
+  } else if (src->path) {
+    rc = mlo_denoise_schedule_read(src->path, &out->sched, why, sizeof why);
+  }
   if (rc == MLO_EUNSUPPORTED || rc == MLO_EFORMAT || rc == MLO_ENOMEM || rc == MLO_EIO) {
     if (!two) { /* one expert: its schedule does not matter here */
       out->sched = (mlo_denoise_schedule)MLO_DENOISE_SCHEDULE_INIT;

@@ -91,6 +91,9 @@ typedef struct {
   size_t nfiles;
   mlo_role_override roles[TOOL_MAX_ROLES]; /* --role */
   size_t nroles;
+  /* A pipeline declared without files (mlo plan's presets): its schedule,
+   * used by split_resolve instead of reading PATH's. */
+  const mlo_denoise_schedule *sched;
 } tool_source;
 /* Takes the current argument when it is one of the source flags. */
 bool source_flag(targs *a, tool_source *src);

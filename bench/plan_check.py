@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""plan_check.py — does `mlo plan` predict `mlo run`?
+
+For each pipeline size and policy: one real run on the host platform with
+a throttled link (`mlo run --link B --json`), then the projection of the
+same flags (`mlo plan --link B --step-time ...`) given that run's own mean
+forward time per component.  Prints, per case, the measured and projected
+steady-state wall and stall per prompt and their ratios (one run each, so
+the machine's noise is in the compute times the projection is given, not
+in the comparison).  The validation target (issue 13): wall within 10%,
+stall within 5% (of the measured wall: a stall near zero has no useful
+relative error).
+
+usage: bench/plan_check.py [--mlo build/tools/mlo/mlo] [--scales 0.002,0.005]
+       [--link 4e8] [--steps 8] [--prompts 3] [--json]
+Writes only under a temporary folder it creates (the generated pipelines).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+POLICIES = [
+    ("strict", ["--policy", "strict"]),
+    ("budget", ["--policy", "budget", "--no-prefetch"]),
+    ("budget+prefetch", ["--policy", "budget"]),
+]
+
+
+def run_json(cmd):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def case(mlo, path, capacity, link, steps, prompts, name, flags):
+    common = ["--device-memory", str(capacity), "--link", str(link), "--steps", str(steps),
+              "--prompts", str(prompts)] + flags
+    run = run_json([mlo, "run", path, "--platform", "host:prefault=1", "--json"] + common)
+    times = []
+    for c in run["components"]:
+        if c["forwards"]:
+            times.append("%s=%.9f" % (c["name"], c["forward_s"] / c["forwards"]))
+    plan = run_json([mlo, "plan", path, "--json", "--step-time", ",".join(times)] + common)
+    (pol,) = [p for p in plan["policies"] if p["policy"] == name]
+    wall, stall = run["steady_wall_s"], sorted(g["stall_s"] for g in run["generations"][1:])
+    stall = stall[len(stall) // 2] if len(stall) % 2 else sum(stall[len(stall) // 2 - 1:][:2]) / 2
+    return {
+        "policy": name, "run_wall_s": wall, "plan_wall_s": pol["wall_s"],
+        "run_stall_s": stall, "plan_stall_s": pol["stall_s"],
+        "wall_ratio": pol["wall_s"] / wall,
+        "stall_error_of_wall": (pol["stall_s"] - stall) / wall,
+        "run_h2d": run["generations"][-1]["h2d_bytes"], "plan_h2d": pol["h2d_bytes"],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mlo", default="build/tools/mlo/mlo")
+    ap.add_argument("--scales", default="0.002,0.005")
+    ap.add_argument("--link", default="4e8")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="mlo-plan-check-") as tmp:
+        for scale in [float(s) for s in a.scales.split(",")]:
+            path = os.path.join(tmp, "wan-%g" % scale)
+            subprocess.run([a.mlo, "synth", "wan2.2-t2v", path, "--scale", str(scale)],
+                           check=True, capture_output=True)
+            info = run_json([a.mlo, "inspect", path, "--json"])
+            need = info["model_offload_bytes"]
+            largest = max(c["device_bytes"] for c in info["components"])
+            # the strict need plus half of the largest component: room to keep something
+            capacity = need + largest // 2
+            for name, flags in POLICIES:
+                r = case(a.mlo, path, capacity, a.link, a.steps, a.prompts, name, flags)
+                r["scale"] = scale
+                rows.append(r)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print("%-6s %-16s %9s %9s %6s  %8s %8s %9s  %s" % (
+        "scale", "policy", "run wall", "plan", "ratio", "run stal", "plan", "err/wall", "moved run/plan"))
+    for r in rows:
+        print("%-6g %-16s %8.3fs %8.3fs %6.3f  %7.3fs %7.3fs %+8.2f%%  %d/%d" % (
+            r["scale"], r["policy"], r["run_wall_s"], r["plan_wall_s"], r["wall_ratio"],
+            r["run_stall_s"], r["plan_stall_s"], 100 * r["stall_error_of_wall"],
+            r["run_h2d"], r["plan_h2d"]))
+    ratios = sorted(r["wall_ratio"] for r in rows)
+    errs = sorted(abs(r["stall_error_of_wall"]) for r in rows)
+    print("median wall ratio %.3f (range %.3f..%.3f); largest |stall error| %.2f%% of wall" % (
+        ratios[len(ratios) // 2], ratios[0], ratios[-1], 100 * errs[-1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

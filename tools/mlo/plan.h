@@ -1,0 +1,57 @@
+/*
+ * plan.h — `mlo plan`'s parts: the device profiles, the default job of
+ * each pipeline family, the compute model (plan_model.c) and the command
+ * (cmd_plan.c).  docs/plan.md explains every figure.
+ */
+#ifndef MLO_TOOL_PLAN_H
+#define MLO_TOOL_PLAN_H
+
+#include "tool.h"
+
+typedef struct {
+  const char *name;               /* "h100-sxm", as --device takes it */
+  const char *title;              /* "NVIDIA H100 SXM 80GB" */
+  uint64_t memory;                /* bytes, as nvidia-smi reports the total */
+  double link;                    /* pinned host-to-device bytes per second */
+  double bf16_tflops, fp8_tflops; /* dense tensor throughput; fp8 0: none (bf16's is used) */
+  const char *bus;
+} plan_device;
+extern const plan_device plan_devices[];
+extern const size_t plan_ndevices;
+/* By name or alias ("h100", "4090"), case-insensitive; NULL if unknown. */
+const plan_device *plan_device_find(const char *name);
+
+/* What one generation does (diffusers' __call__ defaults per family). */
+typedef struct {
+  const char *family; /* a preset name: "wan2.2-t2v", "flux", "qwen-image", "sd3" */
+  int width, height, frames;
+  int passes;      /* DiT and encoder forwards per call: 2 with classifier-free guidance */
+  int text_tokens; /* the prompt's tokens, as the encoders see them */
+  bool joint;      /* text tokens join the DiT's attention (Flux, SD3, Qwen-Image) */
+  int steps;       /* num_inference_steps */
+} plan_job;
+bool plan_job_for(const char *family, plan_job *out);
+/* The family of a pipeline from its class (model_index.json's _class_name,
+ * may be NULL) or, failing that, from words in its component names. */
+const char *plan_family_guess(const char *class_name, const char *names);
+
+/* One forward's work under a job (docs/plan.md, "The compute model"). */
+typedef struct {
+  double linear, attention; /* FLOPs of one pass */
+  int passes;
+  double flops;            /* passes x (linear + attention) */
+  mlo_dtype compute_dtype; /* the dtype holding most weight bytes */
+} plan_cost;
+void plan_cost_of(const mlo_component *c, const plan_job *job, plan_cost *out);
+/* Dense TFLOPS for weights of dtype: fp8's where the card has it. */
+double plan_tflops_for(const plan_device *dev, mlo_dtype dtype);
+
+/* "fp8", "bf16", "fp16", "fp32" or an mlo dtype name ("F8_E4M3", "Q4_K"). */
+int plan_parse_dtype(const char *text, mlo_dtype *out);
+/* Declares src's components into the empty dst (no sources: for the
+ * simulated platform), DiT and encoder weights converted to `to`. */
+int plan_clone(mlo_pipeline *src, mlo_pipeline *dst, mlo_dtype to, char *err, size_t errlen);
+
+int cmd_plan(int argc, char **argv);
+
+#endif
