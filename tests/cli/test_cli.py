@@ -926,6 +926,15 @@ class PlanTests(Fixture):
         res = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--steps", "40", "--frames", "33")
         self.assertEqual((res["job"]["steps"], res["job"]["frames"]), (40, 33))
         self.assertEqual(res["job"]["first_dit_steps"], 26)
+        # --reserve is room every row needs; the budget rows get it as the budget's reserve
+        res = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--reserve", "20G")
+        pols = {p["policy"]: p for p in res["policies"]}
+        self.assertFalse(pols["all-resident"]["fits"])
+        self.assertIn("after --reserve", pols["all-resident"]["why"])
+        self.assertEqual(pols["budget+prefetch"]["budget_bytes"],
+                         res["device"]["memory_bytes"] - (20 << 30))
+        self.assertGreater(pols["budget+prefetch"]["h2d_bytes"], 0)
+        self.assertLess(pols["budget+prefetch"]["h2d_bytes"], pols["strict"]["h2d_bytes"])
         res = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--boundary-steps", "10")
         self.assertEqual(res["job"]["first_dit_steps"], 10)
 

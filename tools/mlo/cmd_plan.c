@@ -372,8 +372,10 @@ static void fill_options(const plan_args *pa, int pol, const plan_result *pr, ru
   o->settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
   o->settings.policy = pol >= POL_BUDGET ? MLO_POLICY_BUDGET : MLO_POLICY_STRICT;
   o->settings.prefetch = pol == POL_PREFETCH;
-  o->settings.budget_bytes = pa->have_budget ? pa->budget : 0;
-  o->settings.reserve_bytes = pa->have_reserve ? pa->reserve : 0;
+  if (pol >= POL_BUDGET) { /* mlo run refuses them for the other policies */
+    o->settings.budget_bytes = pa->have_budget ? pa->budget : 0;
+    o->settings.reserve_bytes = pa->have_reserve ? pa->reserve : 0;
+  }
   o->prompts = (int)pa->prompts;
   o->steps = pr->steps;
   o->first_steps = pr->split.first_steps;
@@ -390,6 +392,16 @@ static bool wanted(const plan_args *pa, int pol) {
 static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why, size_t len) {
   uint64_t cap = pr->dev.memory, need = 0;
   const char *what = "";
+  /* The reserve (activations, workspaces) is room every policy needs; the
+   * budget rows pass it to the budget policy as mlo run does. */
+  if (pol < POL_BUDGET && pa->have_reserve) {
+    if (pa->reserve >= cap) {
+      snprintf(why, len, "--reserve %s leaves nothing of %s", tool_size(pa->reserve),
+               tool_size(cap));
+      return false;
+    }
+    cap -= pa->reserve;
+  }
   if (pol == POL_RESIDENT)
     need = pr->all_bytes, what = "every component";
   else if (pol == POL_STRICT)
@@ -412,8 +424,8 @@ static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why,
     return true;
   }
   if (need <= cap) return true;
-  snprintf(why, len, "short by %s: %s needs %s of %s", tool_size(need - cap), what, tool_size(need),
-           tool_size(cap));
+  snprintf(why, len, "short by %s: %s needs %s of %s%s", tool_size(need - cap), what,
+           tool_size(need), tool_size(cap), pa->have_reserve ? " (after --reserve)" : "");
   return false;
 }
 
@@ -605,6 +617,28 @@ static double overhead(const plan_result *pr, const pol_result *q) {
   return pr->compute_s > 0 ? q->wall_s / pr->compute_s - 1 : 0;
 }
 
+/* An overhead as "+1.32%": rounded first, so float noise never prints
+ * as "-0.00%". */
+static const char *pct(double x) {
+  static char bufs[4][24];
+  static unsigned next;
+  char *b = bufs[next++ % 4];
+  double v = round(x * 1e4) / 1e2;
+  snprintf(b, 24, "%+.2f%%", v == 0 ? 0.0 : v);
+  return b;
+}
+
+/* A size as a flag takes it: "20G", "512M", else bytes. */
+static const char *size_arg(uint64_t b) {
+  static char buf[32];
+  static const char units[] = "KMGT";
+  int u = -1;
+  while (b && u < 3 && b % 1024 == 0) b /= 1024, u++;
+  snprintf(buf, sizeof buf, "%llu%.*s", (unsigned long long)b, u >= 0 ? 1 : 0,
+           u >= 0 ? &units[u] : "");
+  return buf;
+}
+
 static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) {
   if (pr->advice < 0) {
     fprintf(out, "advice: nothing fits on %s; try --dtype fp8 (or a GGUF type) or a larger card\n",
@@ -620,11 +654,11 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
              pr->advice == POL_BUDGET ? " --no-prefetch" : "");
   size_t fl = strlen(flags);
   if (pr->advice >= POL_BUDGET && pa->have_budget)
-    snprintf(flags + fl, sizeof flags - fl, " --budget %llu", (unsigned long long)pa->budget);
+    snprintf(flags + fl, sizeof flags - fl, " --budget %s", size_arg(pa->budget));
   else if (pr->advice >= POL_BUDGET && pa->have_reserve)
-    snprintf(flags + fl, sizeof flags - fl, " --reserve %llu", (unsigned long long)pa->reserve);
-  fprintf(out, "advice: %s, %+.2f%% over all-resident: mlo run %s --platform cuda --steps %d%s\n",
-          pol_names[pr->advice], 100 * overhead(pr, q),
+    snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(pa->reserve));
+  fprintf(out, "advice: %s, %s over all-resident: mlo run %s --platform cuda --steps %d%s\n",
+          pol_names[pr->advice], pct(overhead(pr, q)),
           pa->preset ? "<its diffusers directory>" : pa->src.label, pr->steps, flags);
 }
 
@@ -677,9 +711,9 @@ static void print_text(const plan_args *pa, const plan_result *pr, const plan_jo
       fprintf(out, "%-16s %-4s %s\n", pol_names[p], "no", q->why);
       continue;
     }
-    fprintf(out, "%-16s %-4s %11s %11s %11s %+8.2f%% %11s %11s\n", pol_names[p], "yes",
+    fprintf(out, "%-16s %-4s %11s %11s %11s %9s %11s %11s\n", pol_names[p], "yes",
             tool_size(q->peak_device), tool_size(q->pinned_host), secs(q->wall_s),
-            100 * overhead(pr, q), secs(q->stall_s), tool_size(q->h2d_bytes));
+            pct(overhead(pr, q)), secs(q->stall_s), tool_size(q->h2d_bytes));
   }
   fprintf(out, "(per prompt: the steady state of %ld prompts; the first, cold, ", pa->prompts);
   if (pr->advice >= 0)
@@ -762,7 +796,7 @@ static void print_summary_line(const plan_result *pr, FILE *out) {
           pr->dev.link / 1e9, pr->pol[POL_RESIDENT].fits ? "yes" : "no",
           q ? pol_names[pr->advice] : "nothing fits");
   if (q)
-    fprintf(out, " %10s  %+8.2f%%\n", secs(q->wall_s), 100 * overhead(pr, q));
+    fprintf(out, " %10s  %9s\n", secs(q->wall_s), pct(overhead(pr, q)));
   else
     fprintf(out, " %s\n", pr->pol[POL_BUDGET].why);
 }
@@ -835,4 +869,36 @@ int cmd_plan(int argc, char **argv) {
 out_free:
   source_free(&pa.src);
   return code;
+}
+
+int plan_brief(const char *preset, const char *device, const char *dtype, FILE *out) {
+  plan_args pa = {.scale = 1.0, .mfu = 0.4, .prompts = 3, .policy = -1, .offload = -1};
+  pa.preset = preset;
+  pa.src.label = preset;
+  pa.device = device;
+  pa.have_dtype = dtype && plan_parse_dtype(dtype, &pa.dtype) == MLO_OK;
+  const plan_device *dev = plan_device_find(device);
+  if (!dev) return TOOL_EXIT_USAGE;
+  plan_result pr;
+  plan_job job;
+  int code = plan_device_run(&pa, dev, &pr, &job, false);
+  if (code) return code;
+  char what[96];
+  snprintf(what, sizeof what, "%s, %s", dev->name, dtype ? dtype : "bf16");
+  fprintf(out, "  %-16s", what);
+  if (pr.advice < 0) {
+    fprintf(out, " nothing fits (%s)\n", pr.pol[POL_STRICT].why);
+  } else {
+    for (int p = POL_RESIDENT; p < POL_COUNT; p++) {
+      if (p == POL_BUDGET) continue; /* the demo's table has strict and budget+prefetch */
+      const pol_result *q = &pr.pol[p];
+      if (q->fits)
+        fprintf(out, " %s %s", pol_names[p], pct(overhead(&pr, q)));
+      else
+        fprintf(out, " %s no", pol_names[p]);
+      fprintf(out, p + 1 < POL_COUNT ? "," : "\n");
+    }
+  }
+  free_result(&pr);
+  return 0;
 }
