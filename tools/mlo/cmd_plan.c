@@ -37,7 +37,12 @@ typedef struct {
   uint64_t budget, reserve;
   bool have_dtype;
   mlo_dtype dtype;
-  const char *step_time, *job, *timeline;
+  const char *job, *timeline;
+  struct step_time {
+    char key[128]; /* a role or a component name */
+    double s;
+  } times[32]; /* --step-time, parsed */
+  size_t ntimes;
   long width, height, frames, cfg, text_tokens;
   bool json;
 } plan_args;
@@ -124,6 +129,35 @@ static bool is_preset(const char *name) {
   return false;
 }
 
+/* --step-time K=S[,K=S...] ("s" or "ms" after the number): parsed here,
+ * matched to components once the pipeline is open. */
+static void parse_step_times(targs *a, const char *text, plan_args *pa) {
+  for (const char *p = text; p && *p;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const char *eq = memchr(p, '=', len);
+    char *end = NULL;
+    double s = eq ? strtod(eq + 1, &end) : -1;
+    bool ms = end && end + 2 == p + len && !strncmp(end, "ms", 2);
+    bool unit_ok = end && (end == p + len || (end + 1 == p + len && *end == 's') || ms);
+    size_t klen = eq ? (size_t)(eq - p) : 0;
+    if (!eq || !klen || klen >= sizeof pa->times[0].key || !unit_ok || !(s >= 0) || !isfinite(s) ||
+        s > 1e6) {
+      targs_error(a, "--step-time: expected NAME=SECONDS[,NAME=SECONDS...], got '%.*s'", (int)len,
+                  p);
+      return;
+    }
+    if (pa->ntimes == sizeof pa->times / sizeof pa->times[0]) {
+      targs_error(a, "--step-time: more than %zu entries", pa->ntimes);
+      return;
+    }
+    struct step_time *t = &pa->times[pa->ntimes++];
+    snprintf(t->key, sizeof t->key, "%.*s", (int)klen, p);
+    t->s = ms ? s / 1000 : s;
+    p += len + (comma ? 1 : 0);
+  }
+}
+
 static bool parse_flag(targs *a, plan_args *pa) {
   const char *v;
   static const char *const policy_words[] = {"strict", "budget", NULL};
@@ -161,7 +195,7 @@ static bool parse_flag(targs *a, plan_args *pa) {
     if (v && !pa->have_dtype)
       targs_error(a, "--dtype: expected fp8, bf16, fp16, fp32 or a dtype name, got '%s'", v);
   } else if (targs_value(a, "--step-time", &v)) {
-    pa->step_time = v;
+    if (v) parse_step_times(a, v, pa);
   } else if (targs_value(a, "--job", &v)) {
     plan_job j;
     if (v && !plan_job_for(v, &j))
@@ -184,29 +218,6 @@ static bool parse_flag(targs *a, plan_args *pa) {
   } else if (split_flag(a, &pa->split) || source_flag(a, &pa->src)) {
   } else {
     return false;
-  }
-  return true;
-}
-
-/* --step-time K=S[,K=S...]: checked for form here, matched to components
- * once the pipeline is open. */
-static bool step_time_ok(targs *a, const char *text) {
-  if (!text) return true;
-  const char *p = text;
-  while (*p) {
-    const char *comma = strchr(p, ',');
-    size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    const char *eq = memchr(p, '=', len);
-    char *end = NULL;
-    double s = eq ? strtod(eq + 1, &end) : -1;
-    bool unit_ok = end && (end == p + len || (end + 1 == p + len && *end == 's') ||
-                           (end + 2 == p + len && !strncmp(end, "ms", 2)));
-    if (!eq || eq == p || !unit_ok || !(s >= 0) || !isfinite(s) || s > 1e6) {
-      targs_error(a, "--step-time: expected NAME=SECONDS[,NAME=SECONDS...], got '%.*s'", (int)len,
-                  p);
-      return false;
-    }
-    p += len + (comma ? 1 : 0);
   }
   return true;
 }
@@ -237,7 +248,6 @@ static int parse(int argc, char **argv, plan_args *pa) {
   if (!a.failed && !pa->preset) source_finish(&a, &pa->src);
   if (!a.failed && pa->preset && pa->src.nfiles)
     targs_error(&a, "give a preset or component files, not both");
-  step_time_ok(&a, pa->step_time);
   if (!a.failed && pa->split.have_steps && (pa->split.have_ratio || pa->split.have_shift))
     targs_error(&a, "--boundary-steps sets the split itself; drop --boundary and --flow-shift");
   if (!a.failed && pa->no_prefetch && pa->policy != 1)
@@ -294,45 +304,30 @@ static void pipeline_class(const char *path, char *out, size_t outlen) {
 }
 
 /* The --step-time entry for a component: its name first, then its role. */
-static bool step_time_for(const char *text, const mlo_component *c, double *s) {
-  bool found = false;
-  for (int pass = 0; pass < 2 && text && !found; pass++) {
+static bool step_time_for(const plan_args *pa, const mlo_component *c, double *s) {
+  for (int pass = 0; pass < 2; pass++) {
     const char *want = pass ? mlo_role_name(mlo_component_role(c)) : mlo_component_name(c);
-    for (const char *p = text; *p;) {
-      const char *comma = strchr(p, ',');
-      size_t len = comma ? (size_t)(comma - p) : strlen(p);
-      const char *eq = memchr(p, '=', len);
-      if (eq && (size_t)(eq - p) == strlen(want) && !strncmp(p, want, strlen(want))) {
-        char *end = NULL;
-        *s = strtod(eq + 1, &end);
-        if (end && !strncmp(end, "ms", 2)) *s /= 1000;
-        found = true;
+    for (size_t i = 0; i < pa->ntimes; i++)
+      if (!strcmp(pa->times[i].key, want)) {
+        *s = pa->times[i].s;
+        return true;
       }
-      p += len + (comma ? 1 : 0);
-    }
   }
-  return found;
+  return false;
 }
 
-/* Which step-time keys match nothing (a typo must not pass silently). */
-static int check_step_keys(const char *text, mlo_pipeline *pipe) {
-  for (const char *p = text; p && *p;) {
-    const char *comma = strchr(p, ',');
-    size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    size_t klen = (size_t)((const char *)memchr(p, '=', len) - p);
-    bool known = false;
+/* A --step-time key that matches nothing is a typo: refused, not ignored. */
+static int check_step_keys(const plan_args *pa, mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pa->ntimes; i++) {
     mlo_role r;
-    char key[128];
-    snprintf(key, sizeof key, "%.*s", (int)klen, p);
-    if (mlo_role_from_name(key, &r) == MLO_OK) known = true;
-    for (size_t i = 0; !known && i < mlo_pipeline_component_count(pipe); i++)
-      known = !strcmp(key, mlo_component_name(mlo_pipeline_component_at(pipe, i)));
+    bool known = mlo_role_from_name(pa->times[i].key, &r) == MLO_OK;
+    for (size_t k = 0; !known && k < mlo_pipeline_component_count(pipe); k++)
+      known = !strcmp(pa->times[i].key, mlo_component_name(mlo_pipeline_component_at(pipe, k)));
     if (!known) {
       tool_failf("plan", "--step-time: '%s' is neither a role nor a component of the pipeline",
-                 key);
+                 pa->times[i].key);
       return TOOL_EXIT_USAGE;
     }
-    p += len + (comma ? 1 : 0);
   }
   return 0;
 }
@@ -480,7 +475,7 @@ static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, co
     cp->flops = cost.flops;
     cp->dtype = cost.compute_dtype;
     double secs = 0;
-    if (step_time_for(pa->step_time, c, &secs)) {
+    if (step_time_for(pa, c, &secs)) {
       cp->source = "--step-time";
     } else if (cp->role == MLO_ROLE_OTHER) {
       cp->source = "not run";
@@ -542,7 +537,7 @@ static int plan_device_run(const plan_args *pa, const plan_device *dev, plan_res
   char cls[128];
   pipeline_class(pa->src.path, cls, sizeof cls);
   job_of(pa, s.pipe, cls, job);
-  if ((code = check_step_keys(pa->step_time, s.pipe))) goto out;
+  if ((code = check_step_keys(pa, s.pipe))) goto out;
   pr->ncomp = mlo_pipeline_component_count(s.pipe);
   pr->comps = calloc(pr->ncomp ? pr->ncomp : 1, sizeof *pr->comps);
   if (!pr->comps) {
