@@ -7,7 +7,7 @@ set -euo pipefail
 
 debs=(cmake make gcc g++ pkg-config libcjson-dev libcmocka-dev libopenblas-dev
       ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev clang
-      libclang-rt-dev)
+      libclang-rt-dev libopenmpi-dev openmpi-bin)
 # Python is needed by the tests only.  One that is already on PATH (pyenv,
 # for example) counts: Debian's is installed only where there is none, and
 # its pip only where that python has no pip.

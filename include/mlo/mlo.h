@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define MLO_VERSION_MAJOR 0
-#define MLO_VERSION_MINOR 2
+#define MLO_VERSION_MINOR 3
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
 MLO_API const char *mlo_version(void);
@@ -333,14 +333,34 @@ typedef enum {
 } mlo_role_source;
 MLO_API const char *mlo_role_source_name(mlo_role_source source);
 
+/* A communicator over the ranks of an MPI job (mlo/mpi.h creates one):
+ * with one in the pipeline options, the ranks of a node share one host
+ * slab per component and read the checkpoint in parallel, and loads may be
+ * sharded across them (docs/distributed.md).  The queries answer 0 / 1 for
+ * NULL. */
+typedef struct mlo_comm mlo_comm;
+MLO_API int mlo_comm_rank(const mlo_comm *comm); /* in the whole job */
+MLO_API int mlo_comm_size(const mlo_comm *comm);
+MLO_API int mlo_comm_node_rank(const mlo_comm *comm); /* among the ranks of this node */
+MLO_API int mlo_comm_node_size(const mlo_comm *comm);
+
 typedef struct {
   size_t size;            /* sizeof(mlo_pipeline_options) */
   mlo_platform *platform; /* required; must outlive the pipeline */
   bool pin_host;          /* pin host slabs when the platform can (default true) */
   size_t slab_alignment;  /* tensor alignment inside a slab (default 256) */
+  /* --- since 0.3; a caller built against 0.2 passes the shorter size --- */
+  mlo_comm *comm;     /* NULL: this process alone.  Else node-shared slabs, read
+                         1/n per rank, and the rule of collectives (mlo/mpi.h);
+                         must outlive the pipeline */
+  bool sharded_loads; /* with comm: a load copies this rank's 1/n of the
+                         component and all-gathers the rest from the node's
+                         ranks (host: MPI over host memory; CUDA: NCCL, see
+                         mlo_comm_set_nccl).  false: each rank copies all of
+                         it from the shared slab (replicated) */
 } mlo_pipeline_options;
 #define MLO_PIPELINE_OPTIONS_INIT                                                                  \
-  { sizeof(mlo_pipeline_options), NULL, true, 256 }
+  { sizeof(mlo_pipeline_options), NULL, true, 256, NULL, false }
 
 /* Creates an empty pipeline on a platform.  Free with mlo_pipeline_free. */
 MLO_API int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
@@ -700,6 +720,20 @@ typedef struct {
   uint64_t budget_bytes;      /* the BUDGET policy's budget while enabled; else 0 */
 } mlo_pipeline_stats;
 MLO_API int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
+/* What a pipeline's rank did (every pipeline has one; without a
+ * communicator it is rank 0 of 1). */
+typedef struct {
+  size_t size; /* sizeof(mlo_dist_stats) */
+  int rank, ranks, node_rank, node_ranks;
+  uint64_t read_bytes;   /* checkpoint bytes this rank read into host slabs */
+  uint64_t shared_bytes; /* host slabs in node-shared memory (one copy per node) */
+  uint64_t gather_bytes; /* bytes this rank received by all-gathers (sharded loads) */
+  uint64_t gather_ns;    /* time spent in them (counted in wait_ns too: a forward waits) */
+  uint64_t collectives;  /* agreement steps made */
+} mlo_dist_stats;
+#define MLO_DIST_STATS_INIT                                                                        \
+  { sizeof(mlo_dist_stats), 0, 1, 0, 1, 0, 0, 0, 0, 0 }
+MLO_API int mlo_pipeline_get_dist_stats(mlo_pipeline *pipe, mlo_dist_stats *out);
 MLO_API void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
 
 typedef enum {

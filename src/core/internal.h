@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "base/nameset.h"
 #include "base/sysio.h"
+#include "dist/dist.h"
 #include "platform/platform.h"
 
 #include <pthread.h>
@@ -75,6 +76,8 @@ struct mlo_component {
   void *slab;
   uint64_t slab_bytes; /* packed non-external tensors, the first bytes of a block */
   bool slab_pinned;
+  void *slab_shared;       /* with a communicator: the node-shared mapping's handle */
+  bool slab_registered;    /* a shared slab page-locked in place (host_register) */
   uint64_t block_bytes;    /* slab_bytes + external tensors, aligned */
   uint64_t pageable_bytes; /* of the block, copied from pageable host memory */
   bool warned_pageable;    /* its first load said so */
@@ -85,6 +88,8 @@ struct mlo_component {
   mlo_event *load_ev;      /* recorded on the copy queue after the load */
   uint64_t load_begin_ns;  /* when the current load was issued (trace, log) */
   bool load_waited;        /* the load is known complete for compute */
+  uint64_t alloc_bytes;    /* the block as allocated (sharded: whole slices) */
+  size_t gather_slice;     /* sharded load: this rank's slice, gathered at the wait; 0: none */
   mlo_event *compute_ev;   /* recorded after forwards that write (mutable) */
   mlo_event *writeback_ev; /* pending async write-back into host memory */
   bool writeback_pending;
@@ -136,6 +141,11 @@ struct mlo_pipeline {
   uint64_t cur_done;
   uint64_t tick;   /* acquires so far, for least-recently-used */
   uint64_t budget; /* BUDGET: device bytes the pipeline may keep (while enabled) */
+
+  /* ranks (mlo/mpi.h): NULL without a communicator */
+  mlo_comm *comm;
+  bool sharded; /* loads copy 1/n and all-gather */
+  mlo_dist_stats dist;
 
   /* accounting */
   uint64_t device_bytes, peak_device_bytes;
@@ -196,6 +206,14 @@ int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3,
  * reads from the page cache; progress (may be NULL) is called from the
  * calling thread.  files is reordered.  On failure c->pipe's message says
  * which tensor of which file; the slab's contents are then undefined. */
+/* The agreement step of a collective (dist.h) on this pipeline's
+ * communicator, named by component: MLO_OK without one.  status and msg
+ * are this rank's own part (its failure, told to every rank).  On failure
+ * pipe's errmsg holds the message; *together (may be NULL) whether every
+ * rank is at this step and may undo it collectively (dist.h). */
+int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, int status,
+                   const char *msg, bool *together);
+enum { COLL_MATERIALIZE = 1, COLL_LOADED, COLL_LOAD, COLL_GATHER, COLL_FREE };
 int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
                    mlo_progress_fn progress, void *user);
 

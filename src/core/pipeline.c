@@ -10,6 +10,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -59,14 +60,32 @@ static void init_checked_mutex(pthread_mutex_t *m) {
 int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
   if (!out) return MLO_EINVAL;
   *out = NULL;
-  if (!opts || opts->size < sizeof(mlo_pipeline_options) || !opts->platform) return MLO_EINVAL;
+  /* 0.2's options end before comm; their callers get no communicator */
+  size_t v02 = offsetof(mlo_pipeline_options, comm);
+  if (!opts || opts->size < v02 || !opts->platform) return MLO_EINVAL;
   size_t align = opts->slab_alignment ? opts->slab_alignment : 256;
   if (align & (align - 1) || align > (1u << 20)) return MLO_EINVAL;
+  bool v03 = opts->size >= sizeof(mlo_pipeline_options);
+  mlo_comm *comm = v03 ? opts->comm : NULL;
+  bool sharded = v03 && opts->sharded_loads;
+  if (sharded && !comm) return MLO_EINVAL;
+  /* A sharded load gathers into the block: on the host through MPI (the
+   * block is host memory); elsewhere that needs a device collective. */
+  if (sharded && !opts->platform->caps.host_addressable) return MLO_EUNSUPPORTED;
   mlo_pipeline *pipe = mlo_calloc(1, sizeof *pipe);
   if (!pipe) return MLO_ENOMEM;
   pipe->platform = opts->platform;
   pipe->pin_host = opts->pin_host;
   pipe->alignment = align;
+  pipe->comm = comm;
+  pipe->sharded = sharded;
+  pipe->dist = (mlo_dist_stats)MLO_DIST_STATS_INIT;
+  if (comm) {
+    pipe->dist.rank = mlo_comm_rank(comm);
+    pipe->dist.ranks = mlo_comm_size(comm);
+    pipe->dist.node_rank = mlo_comm_node_rank(comm);
+    pipe->dist.node_ranks = mlo_comm_node_size(comm);
+  }
   init_checked_mutex(&pipe->lock);
   init_checked_mutex(&pipe->setup_lock);
   pthread_cond_init(&pipe->idle, NULL);
@@ -99,6 +118,16 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
   if (!drained)
     mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: the device did not drain its copies; "
                             "host slabs are left allocated rather than freed under a copy");
+  /* Node-shared slabs are freed together (MPI_Win_free waits for every
+   * rank): only once every rank is here, else they are left mapped. */
+  bool shared = false;
+  for (size_t i = 0; i < pipe->ncomps; i++) shared = shared || pipe->comps[i]->slab_shared;
+  if (shared && mlo_collective(pipe, NULL, COLL_FREE, drained ? MLO_OK : MLO_EPLATFORM,
+                               drained ? NULL : "the device did not drain", NULL)) {
+    mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: %s; its node-shared slabs are left mapped",
+             pipe->errmsg);
+    drained = false;
+  }
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     mlo_res_release_events(c);
@@ -126,6 +155,44 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
   pthread_mutex_destroy(&pipe->setup_lock);
   pthread_cond_destroy(&pipe->idle);
   free(pipe);
+}
+
+/* Component names for the agreement's messages; the id is the component's
+ * index times 8 plus the step. */
+static const char *collective_name(uint64_t id, void *user) {
+  mlo_pipeline *pipe = user;
+  static const char *const steps[] = {"?", "materialize", "loaded", "load", "gather", "free"};
+  static _Thread_local char buf[192];
+  uint64_t index = id >> 3;
+  const char *step = steps[(id & 7) < 6 ? id & 7 : 0];
+  if (index == 0xffffff)
+    snprintf(buf, sizeof buf, "%s the pipeline", step);
+  else if (index < pipe->ncomps)
+    snprintf(buf, sizeof buf, "%s '%s'", step, pipe->comps[index]->name);
+  else
+    snprintf(buf, sizeof buf, "%s component #%llu", step, (unsigned long long)index);
+  return buf;
+}
+
+int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, int status,
+                   const char *msg, bool *together) {
+  if (together) *together = true;
+  if (!pipe->comm) return MLO_OK;
+  uint64_t id = ((c ? (uint64_t)c->index : 0xffffffu) << 3) | step;
+  char err[512];
+  pipe->dist.collectives++;
+  int rc =
+      mlo_dist_agree(pipe->comm, id, status, msg, collective_name, pipe, together, err, sizeof err);
+  if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
+  return MLO_OK;
+}
+
+int mlo_pipeline_get_dist_stats(mlo_pipeline *pipe, mlo_dist_stats *out) {
+  if (!pipe || !out || out->size < sizeof *out) return MLO_EINVAL;
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  *out = pipe->dist;
+  pthread_mutex_unlock(&pipe->lock);
+  return MLO_OK;
 }
 
 const char *mlo_pipeline_errmsg(mlo_pipeline *pipe) {
@@ -634,5 +701,6 @@ void mlo_pipeline_reset_stats(mlo_pipeline *pipe) {
   for (size_t i = 0; i < pipe->ncomps; i++)
     memset(&pipe->comps[i]->stats, 0, sizeof(mlo_component_stats));
   pipe->peak_device_bytes = pipe->device_bytes;
+  pipe->dist.gather_bytes = pipe->dist.gather_ns = pipe->dist.collectives = 0;
   pthread_mutex_unlock(&pipe->lock);
 }

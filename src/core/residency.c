@@ -17,6 +17,7 @@
 #include "core/internal.h"
 #include "base/sysio.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* Counts a platform call against the component (counters are exact). */
@@ -93,6 +94,27 @@ static int enqueue_load_copies(mlo_component *c, size_t *copies) {
   return MLO_OK;
 }
 
+/* Whether c loads sharded: a sharded pipeline's component whose block is
+ * its slab alone (caller-owned tensors are each rank's own: replicated). */
+static bool sharded_load(const mlo_component *c) {
+  return c->pipe->sharded && c->block_bytes == c->slab_bytes && c->slab_shared;
+}
+
+/* After a sharded load's slice is on the device: every node rank's slice
+ * into every block (host platform: MPI over the blocks' host memory). */
+static int gather(mlo_component *c, size_t slice) {
+  mlo_pipeline *pipe = c->pipe;
+  uint64_t g0 = mlo_plat_now(pipe->platform);
+  char err[512] = "";
+  int rc = mlo_collective(pipe, c, COLL_GATHER, MLO_OK, NULL, NULL);
+  if (!rc) rc = mlo_dist_allgather(pipe->comm, c->block, slice, err, sizeof err);
+  if (rc && err[0]) mlo_fail(pipe, rc, "%s: %s", c->name, err);
+  pipe->dist.gather_ns += mlo_plat_now(pipe->platform) - g0;
+  if (!rc)
+    pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
+  return rc;
+}
+
 int mlo_res_load(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   if (c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE) return MLO_OK;
@@ -107,9 +129,37 @@ int mlo_res_load(mlo_component *c) {
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
   /* An allocation that waits (a pool reclaiming frees still queued behind
    * copies) stalls the caller like a copy does: it counts as waiting. */
+  /* A sharded load: every node rank at this component, each copying one
+   * slice of whole 4 KiB units; the block holds all the slices. */
+  size_t slice = 0;
+  if (sharded_load(c)) {
+    if ((rc = mlo_collective(pipe, c, COLL_LOAD, MLO_OK, NULL, NULL))) return rc;
+    uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
+    slice = (size_t)(((c->block_bytes + n - 1) / n + 4095) / 4096 * 4096);
+    c->alloc_bytes = (uint64_t)slice * n;
+  } else {
+    c->alloc_bytes = c->block_bytes;
+  }
   uint64_t a0 = mlo_plat_now(p);
-  rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->block_bytes, &c->block));
+  rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->alloc_bytes, &c->block));
   c->stats.wait_ns += mlo_plat_now(p) - a0;
+  if (slice) { /* any rank's failure is every rank's: the load is undone everywhere */
+    char mine[200] = "";
+    if (rc)
+      snprintf(mine, sizeof mine, "allocating the device block of '%.120s' failed (%s)", c->name,
+               mlo_strerror(rc));
+    int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, NULL);
+    if (arc && !rc) {
+      c->stats.platform_calls++;
+      mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
+      c->block = NULL;
+      return arc;
+    }
+    if (arc) {
+      c->block = NULL;
+      return arc;
+    }
+  }
   if (rc == MLO_ENOMEM) {
     c->block = NULL;
     char need[32];
@@ -139,16 +189,28 @@ int mlo_res_load(mlo_component *c) {
   c->load_begin_ns = mlo_plat_now(p);
   trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
+  uint64_t moved = c->block_bytes; /* over this rank's link */
   /* A write-back into this component's host memory may still be running on
    * a readback queue of its own: the load reads that memory after it. */
   rc = c->writeback_pending && mlo_plat_separate_readback(p)
            ? PCALL(c, mlo_plat_copy_wait(p, c->writeback_ev))
            : MLO_OK;
-  if (!rc) rc = enqueue_load_copies(c, &copies);
+  if (!rc && slice) { /* this rank's slice of the slab, at its place in the block */
+    uint64_t from = (uint64_t)mlo_dist_node_rank(pipe->comm) * slice;
+    uint64_t len = from < c->slab_bytes ? c->slab_bytes - from : 0;
+    if (len > slice) len = slice;
+    if (len)
+      rc = PCALL(c,
+                 mlo_plat_copy_h2d(p, c->block, (size_t)from, (char *)c->slab + from, (size_t)len));
+    copies = len ? 1 : 0;
+    moved = len;
+  } else if (!rc) {
+    rc = enqueue_load_copies(c, &copies);
+  }
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
   if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
     c->stats.platform_calls++;
-    mlo_plat_dev_free(p, c->block, (size_t)c->block_bytes);
+    mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
     c->block = NULL;
     return mlo_fail(pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
   }
@@ -164,8 +226,9 @@ int mlo_res_load(mlo_component *c) {
   }
   c->state = MLO_RES_LOADING;
   c->load_waited = false;
+  c->gather_slice = slice;
   c->stats.loads++;
-  c->stats.h2d_bytes += c->block_bytes;
+  c->stats.h2d_bytes += moved;
   c->stats.copy_calls += copies;
   pipe->device_bytes += c->block_bytes;
   if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
@@ -241,8 +304,9 @@ int mlo_res_evict(mlo_component *c) {
   int rc = write_back(c, &back);
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
   c->stats.platform_calls++;
-  mlo_plat_dev_free(pipe->platform, c->block, (size_t)c->block_bytes);
+  mlo_plat_dev_free(pipe->platform, c->block, (size_t)c->alloc_bytes);
   c->block = NULL;
+  c->gather_slice = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
   c->stats.evictions++;
@@ -257,10 +321,11 @@ void mlo_res_drop(mlo_component *c) {
   if (!mlo_res_is_resident(c)) return;
   if (c->block) {
     c->stats.platform_calls++;
-    mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->block_bytes);
+    mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
     c->pipe->device_bytes -= c->block_bytes;
   }
   c->block = NULL;
+  c->gather_slice = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
 }
@@ -272,17 +337,25 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   bool pending = !c->load_waited;
   bool empty = !c->block_bytes;
   mlo_event *ev = c->load_ev;
+  size_t slice = c->gather_slice;
   pthread_mutex_unlock(&pipe->lock);
   if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
   uint64_t t0 = mlo_plat_now(p);
   int rc = sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
+  if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
+    rc = mlo_plat_event_sync(p, ev);
+    pthread_mutex_lock(&pipe->lock);
+    if (!rc) rc = gather(c, slice);
+    if (!rc) c->gather_slice = 0; /* else the next wait gathers again (or fails again) */
+    pthread_mutex_unlock(&pipe->lock);
+  }
   uint64_t t1 = mlo_plat_now(p);
   pthread_mutex_lock(&pipe->lock);
   c->stats.platform_calls++;
   c->stats.wait_ns += t1 - t0;
   if (!rc && pending) {
     c->load_waited = true;
-    uint64_t done = load_done_ns(c, t1); /* one question to the platform */
+    uint64_t done = slice ? t1 : load_done_ns(c, t1); /* one question to the platform */
     log_load_done(c, done);
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
     if (pipe->trace) {

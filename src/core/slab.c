@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -101,13 +102,23 @@ int mlo_slab_materialize(mlo_component *c) {
   mlo_tensor **files = NULL;
   size_t nfiles = 0;
   uint64_t file_bytes = 0;
-  if (slab_bytes) {
-    bool want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED");
+  void *shared = NULL;
+  bool together = true; /* a failure that every node rank reached: undone together */
+  bool want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED");
+  if (slab_bytes && pipe->comm) {
+    /* One slab per node: every rank at this component, then one mapping */
+    if ((rc = mlo_collective(pipe, c, COLL_MATERIALIZE, MLO_OK, NULL, NULL))) return rc;
+    char err[256];
+    rc = mlo_dist_shared_alloc(pipe->comm, (size_t)slab_bytes, &slab, &shared, err, sizeof err);
+    if (rc) return mlo_fail(pipe, rc, "%s: node-shared slab: %s", c->name, err);
+  } else if (slab_bytes) {
     rc = mlo_plat_host_alloc(pipe->platform, slab_bytes, want_pin, &slab, &pinned);
     if (rc)
       return mlo_fail(pipe, rc == MLO_ENOMEM ? MLO_ENOMEM : rc,
                       "%s: cannot allocate a %llu-byte host slab", c->name,
                       (unsigned long long)slab_bytes);
+  }
+  if (slab_bytes) {
     files = mlo_malloc(c->ntensors * sizeof *files);
     if (!files) {
       rc = mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
@@ -118,20 +129,41 @@ int mlo_slab_materialize(mlo_component *c) {
   /* A simulated device's slabs are address space only: nothing to fill,
    * no file to read (a projection of 60 GB reads headers alone). */
   bool fill = !pipe->platform->simulated;
+  /* A shared slab: node rank 0 writes what is not read from files; the
+   * file bytes are split among the node's ranks below. */
+  bool writer = !shared || mlo_dist_node_rank(pipe->comm) == 0;
   for (size_t i = 0; i < c->ntensors && fill; i++) {
     mlo_tensor *t = c->tensors[i];
     if (t->target || is_external(t) || !t->nbytes) continue;
     char *dst = (char *)slab + t->dev_offset;
-    memset((char *)slab + cursor, 0, t->dev_offset - cursor); /* padding */
+    if (writer) memset((char *)slab + cursor, 0, t->dev_offset - cursor); /* padding */
     cursor = t->dev_offset + t->nbytes;
     if (t->src_file) {
       files[nfiles++] = t;
       file_bytes += t->nbytes;
-    } else if (t->src_data) {
+    } else if (writer && t->src_data) {
       memcpy(dst, t->src_data, t->nbytes);
-    } else {
+    } else if (writer) {
       memset(dst, 0, t->nbytes);
     }
+  }
+  if (shared && nfiles) {
+    /* This rank's 1/n of the file bytes: the tensors whose first byte falls
+     * in its share of the running total (declaration order, the same on
+     * every rank), so the node reads the checkpoint once, in parallel. */
+    uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
+    uint64_t r = (uint64_t)mlo_dist_node_rank(pipe->comm), at = 0, mine_bytes = 0;
+    size_t mine = 0;
+    for (size_t i = 0; i < nfiles; i++) {
+      uint64_t share =
+          n && file_bytes ? (uint64_t)((double)at / (double)file_bytes * (double)n) : 0;
+      at += files[i]->nbytes;
+      if ((share < n ? share : n - 1) != r) continue;
+      mine_bytes += files[i]->nbytes;
+      files[mine++] = files[i];
+    }
+    nfiles = mine;
+    file_bytes = mine_bytes;
   }
   c->slab = slab; /* the loader reads through c->slab */
   progress_sink ps;
@@ -140,8 +172,20 @@ int mlo_slab_materialize(mlo_component *c) {
   ps.user = pipe->progress_user;
   pthread_mutex_unlock(&pipe->lock);
   if (nfiles) rc = mlo_load_files(c, files, nfiles, file_bytes, ps.fn, ps.user);
+  if (shared) { /* every rank learns of any rank's failure, and waits for all parts */
+    char mine[200];
+    snprintf(mine, sizeof mine, "%.190s", rc ? pipe->errmsg : "");
+    int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, &together);
+    if (!rc) rc = arc;
+  }
   if (rc) goto out_free_slab;
   free(files);
+  bool registered = false;
+  if (shared && want_pin && pipe->platform->caps.host_register) { /* pinned in place */
+    c->stats.platform_calls++;
+    registered = mlo_plat_host_register(pipe->platform, slab, (size_t)slab_bytes) == MLO_OK;
+    pinned = registered;
+  }
   uint64_t pageable = pinned ? 0 : slab_bytes;
   register_external(c, &pageable);
   pthread_mutex_lock(&pipe->lock);
@@ -151,6 +195,10 @@ int mlo_slab_materialize(mlo_component *c) {
   }
   c->slab_bytes = slab_bytes;
   c->slab_pinned = pinned;
+  c->slab_shared = shared;
+  c->slab_registered = registered;
+  pipe->dist.read_bytes += file_bytes;
+  if (shared) pipe->dist.shared_bytes += slab_bytes;
   c->block_bytes = block_bytes;
   c->pageable_bytes = pageable;
   c->materialized = true;
@@ -176,7 +224,12 @@ int mlo_slab_materialize(mlo_component *c) {
 out_free_slab:
   c->slab = NULL;
   free(files);
-  if (slab) mlo_plat_host_free(pipe->platform, slab, slab_bytes, pinned);
+  if (shared && together)
+    mlo_dist_shared_free(pipe->comm, shared); /* every rank failed here too */
+  else if (shared) /* the agreement failed: the others may not be here to free it */
+    mlo_logf(MLO_LOG_ERROR, "%s: node-shared slab left mapped: %s", c->name, pipe->errmsg);
+  else if (slab)
+    mlo_plat_host_free(pipe->platform, slab, slab_bytes, pinned);
   return rc;
 }
 
@@ -189,7 +242,18 @@ void mlo_slab_free(mlo_component *c) {
     t->registered = false;
   }
   if (!c->slab) return;
-  mlo_plat_host_free(c->pipe->platform, c->slab, c->slab_bytes, c->slab_pinned);
+  if (c->slab_registered) {
+    c->stats.platform_calls++;
+    mlo_plat_host_unregister(c->pipe->platform, c->slab);
+  }
+  if (c->slab_shared) {
+    mlo_dist_shared_free(c->pipe->comm, c->slab_shared); /* the node frees it together */
+    c->pipe->dist.shared_bytes -= c->slab_bytes;
+  } else {
+    mlo_plat_host_free(c->pipe->platform, c->slab, c->slab_bytes, c->slab_pinned);
+  }
+  c->slab_shared = NULL;
+  c->slab_registered = false;
   c->pipe->host_slab_bytes -= c->slab_bytes;
   if (c->slab_pinned) c->pipe->pinned_bytes -= c->slab_bytes;
   c->slab = NULL;

@@ -1,0 +1,54 @@
+/*
+ * dist.h — what core needs from a communicator (the caller's MPI job,
+ * wrapped by mlo_comm_create_mpi in mpi_comm.c): the ranks of one node,
+ * node-shared host memory, an in-place all-gather among them, and the
+ * agreement step that makes every collective acquire checked — the same
+ * component on every rank, every rank present within the timeout — so a
+ * mismatch or a missing rank is an error on every rank, never a hang.
+ * Core includes this header only; MPI's types stay in mpi_comm.c.  In a
+ * build without MPI (absent.c) no communicator can exist and these are
+ * never reached.
+ */
+#ifndef MLO_DIST_H
+#define MLO_DIST_H
+
+#include "mlo/mlo.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Ranks on this node (the ones that share slabs and gather loads). */
+int mlo_dist_node_rank(const mlo_comm *c);
+int mlo_dist_node_size(const mlo_comm *c);
+
+/* The node's NCCL communicator (mlo_comm_set_nccl), or NULL. */
+void *mlo_dist_nccl(const mlo_comm *c);
+
+/* Node-shared memory of `bytes`, collective over the node: every rank gets
+ * a mapping of the same pages at *ptr; *handle frees it (collectively). */
+int mlo_dist_shared_alloc(mlo_comm *c, size_t bytes, void **ptr, void **handle, char *err,
+                          size_t errlen);
+void mlo_dist_shared_free(mlo_comm *c, void *handle);
+
+/* In place over the node: rank i holds bytes [i*slice, (i+1)*slice) of buf
+ * (slice a multiple of 4096); afterwards every rank holds all of them. */
+int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t errlen);
+
+/* The agreement step before a collective operation: every node rank
+ * states which operation it is at (`id`, e.g. a component's index, with
+ * `what` naming it in messages) and whether its own part succeeded
+ * (status, msg).  Returns MLO_OK when every rank arrived with the same id
+ * and MLO_OK; otherwise an error on every rank that arrived, with a message
+ * naming both sides of a mismatch, the ranks that did not arrive within the
+ * communicator's timeout, or the rank that failed and why.  After a
+ * timeout the communicator is broken: every later collective fails at once
+ * (the late rank learns it too) instead of waiting. */
+typedef const char *(*mlo_dist_namer)(uint64_t id, void *user);
+/* *together (may be NULL) says whether every node rank reached this same
+ * step (the verdict is OK or a rank's failure): only then may the ranks
+ * undo together what they did collectively. */
+int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_dist_namer name,
+                   void *user, bool *together, char *err, size_t errlen);
+
+#endif

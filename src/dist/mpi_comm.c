@@ -1,0 +1,355 @@
+/*
+ * mpi_comm.c — mlo's communicator over the caller's MPI job: a duplicate of
+ * the caller's communicator (mlo's messages never mix with the caller's),
+ * split into the ranks that share a node, and on it node-shared windows
+ * (MPI_Win_allocate_shared) for the host slabs, an in-place all-gather for
+ * sharded loads, and the agreement step that turns a mismatched or missing
+ * rank into an error on every rank within a timeout (dist.h).
+ *
+ * The agreement is point to point, nonblocking and polled, because MPI's
+ * collectives cannot time out: each rank sends its vote (sequence number,
+ * operation, status, message) to the node's rank 0, which waits for all of
+ * them until the timeout and sends every rank the verdict.  A rank that is
+ * late still finds the verdict waiting (its vote matches the receive the
+ * coordinator left posted), and after a timeout the communicator is broken
+ * on every rank that learns of it, so nothing ever waits on it again.
+ */
+#include "base/sysio.h"
+#include "dist/dist.h"
+#include "mlo/mpi.h"
+
+#include "base/log.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TAG_VOTE 0x6d10
+#define TAG_VERDICT 0x6d11
+#define GATHER_UNIT 4096
+
+enum { V_OK, V_MISMATCH, V_MISSING, V_FAILED };
+
+typedef struct {
+  uint64_t seq, id;
+  int32_t status;
+  char msg[200];
+} vote;
+
+typedef struct {
+  int32_t code, rank_a, rank_b, status;
+  uint64_t id_a, id_b;
+  char msg[256];
+} verdict;
+
+struct mlo_comm {
+  MPI_Comm world, node;
+  int rank, size, node_rank, node_size;
+  unsigned timeout_ms;
+  uint64_t seq;
+  bool broken;
+  char broken_why[800];
+  /* the coordinator's receives (one per node rank) and its verdicts: they
+   * may still be pending after a timeout, so they live as long as the
+   * communicator does */
+  vote *votes;
+  verdict *sent;
+  MPI_Request *reqs;
+  vote my_vote;
+  verdict my_verdict;
+  void *nccl;
+};
+
+static int mpi_fail(char *err, size_t errlen, const char *what, int code) {
+  char text[MPI_MAX_ERROR_STRING] = "";
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return mlo_errf(err, errlen, MLO_EPLATFORM, "MPI: %s: %s", what, text);
+}
+
+int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **out, char *err,
+                        size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (out) *out = NULL;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!out || !inited)
+    return mlo_errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: %s",
+                    out ? "MPI is not initialized (MPI_Init first)" : "no output");
+  if (opts && opts->size < sizeof *opts)
+    return mlo_errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: options of an unknown size");
+  mlo_comm *c = mlo_calloc(1, sizeof *c);
+  if (!c) return MLO_ENOMEM;
+  c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : MLO_COMM_DEFAULT_TIMEOUT_MS;
+  int rc = MPI_Comm_dup(comm, &c->world);
+  if (rc != MPI_SUCCESS) {
+    free(c);
+    return mpi_fail(err, errlen, "duplicating the communicator", rc);
+  }
+  MPI_Comm_set_errhandler(c->world, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->world, &c->rank);
+  MPI_Comm_size(c->world, &c->size);
+  rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->node);
+  if (rc != MPI_SUCCESS) {
+    MPI_Comm_free(&c->world);
+    free(c);
+    return mpi_fail(err, errlen, "splitting the ranks by node", rc);
+  }
+  MPI_Comm_set_errhandler(c->node, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(c->node, &c->node_rank);
+  MPI_Comm_size(c->node, &c->node_size);
+  size_t n = (size_t)c->node_size;
+  c->votes = mlo_calloc(n, sizeof *c->votes);
+  c->sent = mlo_calloc(n, sizeof *c->sent);
+  c->reqs = mlo_calloc(n, sizeof *c->reqs);
+  if (!c->votes || !c->sent || !c->reqs) {
+    mlo_comm_free(c);
+    return MLO_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) c->reqs[i] = MPI_REQUEST_NULL;
+  *out = c;
+  return MLO_OK;
+}
+
+void mlo_comm_free(mlo_comm *c) {
+  if (!c) return;
+  /* a receive the coordinator left posted for a rank that never came */
+  for (int i = 0; c->reqs && i < c->node_size; i++)
+    if (c->reqs[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&c->reqs[i]);
+      MPI_Request_free(&c->reqs[i]);
+    }
+  if (c->node != MPI_COMM_NULL && c->node) MPI_Comm_free(&c->node);
+  if (c->world != MPI_COMM_NULL && c->world) MPI_Comm_free(&c->world);
+  free(c->votes);
+  free(c->sent);
+  free(c->reqs);
+  free(c);
+}
+
+int mlo_comm_rank(const mlo_comm *c) {
+  return c ? c->rank : 0;
+}
+int mlo_comm_size(const mlo_comm *c) {
+  return c ? c->size : 1;
+}
+int mlo_comm_node_rank(const mlo_comm *c) {
+  return c ? c->node_rank : 0;
+}
+int mlo_comm_node_size(const mlo_comm *c) {
+  return c ? c->node_size : 1;
+}
+int mlo_dist_node_rank(const mlo_comm *c) {
+  return c->node_rank;
+}
+int mlo_dist_node_size(const mlo_comm *c) {
+  return c->node_size;
+}
+
+int mlo_comm_set_nccl(mlo_comm *c, void *nccl_comm) {
+  if (!c) return MLO_EINVAL;
+  c->nccl = nccl_comm;
+  return MLO_OK;
+}
+
+void *mlo_dist_nccl(const mlo_comm *c) {
+  return c ? c->nccl : NULL;
+}
+
+/* ---- node-shared memory ---------------------------------------------------- */
+
+typedef struct {
+  MPI_Win win;
+} shared_handle;
+
+int mlo_dist_shared_alloc(mlo_comm *c, size_t bytes, void **ptr, void **handle, char *err,
+                          size_t errlen) {
+  shared_handle *h = mlo_calloc(1, sizeof *h);
+  if (!h) return MLO_ENOMEM;
+  void *base = NULL;
+  MPI_Aint mine = c->node_rank == 0 ? (MPI_Aint)bytes : 0;
+  int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, c->node, &base, &h->win);
+  if (rc != MPI_SUCCESS) {
+    free(h);
+    return mpi_fail(err, errlen, "allocating node-shared memory", rc);
+  }
+  MPI_Aint size = 0;
+  int unit = 0;
+  void *at = NULL;
+  rc = MPI_Win_shared_query(h->win, 0, &size, &unit, &at);
+  if (rc != MPI_SUCCESS || (size_t)size < bytes) {
+    MPI_Win_free(&h->win);
+    free(h);
+    return rc != MPI_SUCCESS ? mpi_fail(err, errlen, "mapping node-shared memory", rc)
+                             : mlo_errf(err, errlen, MLO_ENOMEM, "node-shared memory is short");
+  }
+  *ptr = at;
+  *handle = h;
+  return MLO_OK;
+}
+
+void mlo_dist_shared_free(mlo_comm *c, void *handle) {
+  (void)c;
+  shared_handle *h = handle;
+  if (!h) return;
+  MPI_Win_free(&h->win);
+  free(h);
+}
+
+/* ---- all-gather -------------------------------------------------------------- */
+
+int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t errlen) {
+  if (slice % GATHER_UNIT)
+    return mlo_errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
+                    GATHER_UNIT);
+  if (c->broken) return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  MPI_Datatype unit;
+  MPI_Type_contiguous(GATHER_UNIT, MPI_BYTE, &unit);
+  MPI_Type_commit(&unit);
+  int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)(slice / GATHER_UNIT), unit,
+                         c->node);
+  MPI_Type_free(&unit);
+  return rc == MPI_SUCCESS ? MLO_OK : mpi_fail(err, errlen, "all-gather", rc);
+}
+
+/* ---- the agreement step ------------------------------------------------------ */
+
+static uint64_t now_ms(void) {
+  return mlo_now_ns() / 1000000;
+}
+
+static void nap(void) {
+  struct timespec ts = {0, 200000}; /* 0.2 ms: MPI_Test drives progress */
+  nanosleep(&ts, NULL);
+}
+
+/* Waits for req until deadline; true if it completed. */
+static bool wait_until(MPI_Request *req, uint64_t deadline) {
+  for (;;) {
+    int done = 0;
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (now_ms() >= deadline) return false;
+    nap();
+  }
+}
+
+/* Into buf: a namer may answer from one buffer of its own every time. */
+static const char *name_of(mlo_dist_namer name, void *user, uint64_t id, char *buf, size_t len) {
+  const char *n = name ? name(id, user) : NULL;
+  if (n)
+    snprintf(buf, len, "%s", n);
+  else
+    snprintf(buf, len, "#%llu", (unsigned long long)id);
+  return buf;
+}
+
+/* The coordinator: collects every vote (or the timeout) and decides. */
+static void coordinate(mlo_comm *c, verdict *v) {
+  int n = c->node_size;
+  uint64_t deadline = now_ms() + c->timeout_ms;
+  c->votes[0] = c->my_vote;
+  for (int i = 1; i < n; i++)
+    if (c->reqs[i] == MPI_REQUEST_NULL)
+      MPI_Irecv(&c->votes[i], (int)sizeof(vote), MPI_BYTE, i, TAG_VOTE, c->node, &c->reqs[i]);
+  bool all = true;
+  for (int i = 1; i < n; i++) all = wait_until(&c->reqs[i], deadline) && all;
+  memset(v, 0, sizeof *v);
+  if (!all) {
+    v->code = V_MISSING;
+    size_t len = 0;
+    for (int i = 1; i < n; i++) {
+      int done = 0;
+      MPI_Test(&c->reqs[i], &done, MPI_STATUS_IGNORE);
+      if (!done && len + 16 < sizeof v->msg)
+        len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s%d", len ? ", " : "", i);
+    }
+    return;
+  }
+  for (int i = 1; i < n; i++)
+    if (c->votes[i].seq != c->votes[0].seq || c->votes[i].id != c->votes[0].id) {
+      v->code = V_MISMATCH;
+      v->rank_a = 0, v->id_a = c->votes[0].id;
+      v->rank_b = i, v->id_b = c->votes[i].id;
+      return;
+    }
+  for (int i = 0; i < n; i++)
+    if (c->votes[i].status) {
+      v->code = V_FAILED;
+      v->rank_a = i;
+      v->status = c->votes[i].status;
+      snprintf(v->msg, sizeof v->msg, "%s", c->votes[i].msg);
+      return;
+    }
+  v->code = V_OK;
+}
+
+int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_dist_namer name,
+                   void *user, bool *together, char *err, size_t errlen) {
+  if (together) *together = false;
+  if (c->broken) return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  char nb[200], nb2[200];
+  const char *what = name_of(name, user, id, nb, sizeof nb);
+  c->seq++;
+  memset(&c->my_vote, 0, sizeof c->my_vote);
+  c->my_vote.seq = c->seq;
+  c->my_vote.id = id;
+  c->my_vote.status = status;
+  if (msg) snprintf(c->my_vote.msg, sizeof c->my_vote.msg, "%s", msg);
+  verdict *v = &c->my_verdict;
+  if (c->node_size == 1) {
+    memset(v, 0, sizeof *v);
+    if (status) {
+      v->code = V_FAILED;
+      v->status = status;
+      snprintf(v->msg, sizeof v->msg, "%s", c->my_vote.msg);
+    }
+  } else if (c->node_rank == 0) {
+    coordinate(c, v);
+    for (int i = 1; i < c->node_size; i++) {
+      MPI_Request r;
+      c->sent[i] = *v;
+      MPI_Isend(&c->sent[i], (int)sizeof(verdict), MPI_BYTE, i, TAG_VERDICT, c->node, &r);
+      MPI_Request_free(&r); /* sent[] outlives it */
+    }
+  } else {
+    MPI_Request s, r;
+    MPI_Isend(&c->my_vote, (int)sizeof(vote), MPI_BYTE, 0, TAG_VOTE, c->node, &s);
+    MPI_Request_free(&s);
+    MPI_Irecv(v, (int)sizeof(verdict), MPI_BYTE, 0, TAG_VERDICT, c->node, &r);
+    /* the coordinator decides at its timeout; its verdict gets a second */
+    if (!wait_until(&r, now_ms() + c->timeout_ms + 1000)) {
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+      c->broken = true;
+      snprintf(c->broken_why, sizeof c->broken_why,
+               "rank %d: node rank 0 (the coordinator) did not answer within %.1f s at '%s'; "
+               "the communicator is unusable",
+               c->rank, c->timeout_ms / 1000.0, what);
+      return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+    }
+  }
+  if (together) *together = v->code == V_OK || v->code == V_FAILED;
+  switch (v->code) {
+  case V_OK:
+    return MLO_OK;
+  case V_MISMATCH:
+    return mlo_errf(err, errlen, MLO_ESTATE,
+                    "collective sequence mismatch: node rank %d is at '%s', node rank %d at '%s' "
+                    "(every rank must acquire the same components in the same order)",
+                    v->rank_a, name_of(name, user, v->id_a, nb, sizeof nb), v->rank_b,
+                    name_of(name, user, v->id_b, nb2, sizeof nb2));
+  case V_MISSING:
+    c->broken = true;
+    snprintf(c->broken_why, sizeof c->broken_why,
+             "node rank(s) %s did not arrive within %.1f s at '%s'; the communicator is unusable",
+             v->msg, c->timeout_ms / 1000.0, what);
+    return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  default:
+    return mlo_errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,
+                    "node rank %d failed at '%s': %s", v->rank_a, what,
+                    v->msg[0] ? v->msg : mlo_strerror(v->status));
+  }
+}

@@ -1,0 +1,332 @@
+/*
+ * test_ranks.c — node-shared slabs and sharded loads across the ranks of
+ * an MPI job (run under mpirun with 2 and 4 ranks; every rank runs this).
+ * Checks, on every rank:
+ *  - one slab per component per node: every rank maps the same pages (its
+ *    proportional set size of the mapping is about 1/n of it, and the
+ *    node's sum is the mapping once), and each rank read 1/n of the
+ *    checkpoint: the node read it exactly once;
+ *  - the shared slabs and sharded device blocks hold exactly the bytes a
+ *    single-process pipeline holds, and the reference workload's digest
+ *    is the single-process digest, replicated and sharded;
+ *  - a read that fails on one rank fails materialization on every rank
+ *    with that rank's message, leaves no slab, and a retry succeeds;
+ *  - a sequence mismatch (one rank loads another component) fails on every
+ *    rank naming both, and the communicator goes on working;
+ *  - a rank that does not arrive within the timeout is reported on every
+ *    other rank within it, and the late rank is told when it arrives.
+ * Plain C with a failure count (no test framework: a rank that gave up on
+ * an assertion would leave the others waiting in a collective); the exit
+ * code is the node's agreement on success.
+ */
+#include "mlo/checkpoint.h"
+#include "mlo/mpi.h"
+#include "workload/workload.h"
+
+#include "base/sysio.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int rank, nranks, failures;
+static char dir[256];
+
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      failures++;                                                                                  \
+      fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed: ", rank, __FILE__, __LINE__, #cond);      \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+    }                                                                                              \
+  } while (0)
+
+static mlo_platform *host(void) {
+  mlo_platform *p = NULL;
+  char err[256];
+  if (mlo_platform_open("host:capacity=512M,poison=0", &p, err, sizeof err)) {
+    fprintf(stderr, "rank %d: %s\n", rank, err);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return p;
+}
+
+static mlo_pipeline *open_with(mlo_platform *p, mlo_comm *comm, bool sharded, int *rc_out) {
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = p;
+  po.comm = comm;
+  po.sharded_loads = sharded;
+  mlo_pipeline *pipe = NULL;
+  char err[512] = "";
+  int rc = mlo_pipeline_open_path(&po, dir, NULL, &pipe, err, sizeof err);
+  if (rc_out) *rc_out = rc;
+  CHECK(rc == MLO_OK, "open %s: %s", dir, err);
+  return pipe;
+}
+
+/* The PSS and RSS (kB) of the mapping that holds addr, from smaps. */
+static void mapping_sizes(const void *addr, long *pss, long *rss, long *size) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  char line[512];
+  bool in = false;
+  *pss = *rss = *size = -1;
+  uintptr_t a = (uintptr_t)addr;
+  while (f && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in = a >= lo && a < hi;
+      continue;
+    }
+    if (!in) continue;
+    sscanf(line, "Pss: %ld kB", pss);
+    sscanf(line, "Rss: %ld kB", rss);
+    sscanf(line, "Size: %ld kB", size);
+  }
+  if (f) fclose(f);
+}
+
+static uint64_t digest_of(mlo_platform *p, mlo_pipeline *pipe) {
+  mlo_workload *w = NULL;
+  if (mlo_workload_open(p, &w)) return 0;
+  mlo_workload_call *calls = NULL;
+  size_t n = 0;
+  uint64_t d = 0;
+  int rc = mlo_workload_schedule(pipe, 4, 3, &calls, &n);
+  mlo_offload_settings set = MLO_OFFLOAD_SETTINGS_INIT;
+  if (!rc) rc = mlo_offload_enable(pipe, &set);
+  if (!rc) rc = mlo_workload_run(w, calls, n, &d, NULL, NULL, NULL);
+  CHECK(rc == MLO_OK, "workload: %s: %s", mlo_err_name(rc), mlo_pipeline_errmsg(pipe));
+  mlo_offload_disable(pipe);
+  free(calls);
+  mlo_workload_close(w);
+  return d;
+}
+
+static void test_shared_and_sharded(mlo_comm *comm, uint64_t reference_digest) {
+  mlo_platform *p = host(), *q = host();
+  mlo_pipeline *single = open_with(q, NULL, false, NULL);
+  CHECK(mlo_pipeline_materialize(single) == MLO_OK, "single materialize");
+  for (int sharded = 0; sharded < 2; sharded++) {
+    mlo_pipeline *pipe = open_with(p, comm, sharded, NULL);
+    int rc = mlo_pipeline_materialize(pipe);
+    CHECK(rc == MLO_OK, "materialize: %s", mlo_pipeline_errmsg(pipe));
+    mlo_dist_stats ds = MLO_DIST_STATS_INIT;
+    mlo_pipeline_get_dist_stats(pipe, &ds);
+    mlo_pipeline_stats st;
+    mlo_pipeline_get_stats(pipe, &st);
+    CHECK(ds.ranks == nranks && ds.node_ranks == nranks, "ranks %d/%d", ds.ranks, ds.node_ranks);
+    CHECK(ds.shared_bytes == st.host_slab_bytes, "shared %llu of %llu",
+          (unsigned long long)ds.shared_bytes, (unsigned long long)st.host_slab_bytes);
+    /* the node read the checkpoint once: the ranks' reads sum to its bytes */
+    unsigned long long mine = ds.read_bytes, sum = 0, total = 0;
+    MPI_Allreduce(&mine, &sum, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    for (size_t i = 0; i < mlo_pipeline_component_count(single); i++)
+      total += mlo_component_tensor_bytes(mlo_pipeline_component_at(single, i));
+    CHECK(sum == total, "ranks read %llu bytes of %llu", sum, total);
+    if (nranks > 1) CHECK(mine < total, "rank read %llu of %llu alone", mine, total);
+    /* the bytes are the single process's, on the host and on the device */
+    for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+      mlo_component *a = mlo_pipeline_component_at(pipe, i);
+      mlo_component *b = mlo_pipeline_component_at(single, i);
+      rc = mlo_component_load(a);
+      CHECK(rc == MLO_OK, "load %s: %s", mlo_component_name(a), mlo_pipeline_errmsg(pipe));
+      if (rc) continue;
+      rc = mlo_component_acquire(a); /* waits for the load (and its gather) */
+      CHECK(rc == MLO_OK, "acquire %s: %s", mlo_component_name(a), mlo_pipeline_errmsg(pipe));
+      for (size_t k = 0; !rc && k < mlo_component_tensor_count(a); k++) {
+        const mlo_tensor *ta = mlo_component_tensor_at(a, k);
+        const mlo_tensor *tb = mlo_component_find_tensor(b, mlo_tensor_name(ta));
+        size_t nb = (size_t)mlo_tensor_nbytes(ta);
+        CHECK(!memcmp(mlo_tensor_host_data(ta), mlo_tensor_host_data(tb), nb), "host %s",
+              mlo_tensor_name(ta));
+        CHECK(!memcmp(mlo_tensor_device_ptr(ta), mlo_tensor_host_data(tb), nb), "device %s",
+              mlo_tensor_name(ta));
+      }
+      if (!rc) mlo_component_release(a);
+      CHECK(mlo_component_evict(a) == MLO_OK, "evict");
+    }
+    /* Every rank has now read every byte of every slab: one mapping per
+     * component, shared, so each rank's PSS of it is about 1/n of its RSS
+     * and the node's PSS sum is the slab once (private copies: n times). */
+    mlo_component *big = mlo_pipeline_component_at(pipe, 1);
+    const void *at = mlo_tensor_host_data(mlo_component_tensor_at(big, 0));
+    long pss, rss, size, node_pss = 0;
+    MPI_Barrier(MPI_COMM_WORLD); /* every rank has touched every page */
+    mapping_sizes(at, &pss, &rss, &size);
+    long slab_kb = (long)(mlo_component_bytes(big) / 1024);
+    CHECK(rss >= slab_kb && size >= slab_kb, "mapping rss %ld size %ld of a %ld kB slab", rss, size,
+          slab_kb);
+    MPI_Allreduce(&pss, &node_pss, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(node_pss <= size + size / 10 + 64, "node PSS %ld kB for a %ld kB mapping", node_pss,
+          size);
+    CHECK(pss <= rss / nranks + rss / 20 + 16, "PSS %ld kB of RSS %ld kB over %d ranks: not shared",
+          pss, rss, nranks);
+    mlo_pipeline_get_dist_stats(pipe, &ds);
+    mlo_pipeline_get_stats(pipe, &st);
+    if (sharded && nranks > 1) {
+      CHECK(ds.gather_bytes > 0, "no gather");
+      CHECK(st.total.h2d_bytes * (uint64_t)nranks < st.host_slab_bytes + 4096ull * nranks * 8,
+            "sharded: moved %llu of %llu", (unsigned long long)st.total.h2d_bytes,
+            (unsigned long long)st.host_slab_bytes);
+    } else {
+      CHECK(ds.gather_bytes == 0, "replicated gathered");
+      CHECK(st.total.h2d_bytes == st.host_slab_bytes, "replicated moved %llu",
+            (unsigned long long)st.total.h2d_bytes);
+    }
+    uint64_t d = digest_of(p, pipe);
+    CHECK(d == reference_digest, "%s digest %016llx, single %016llx",
+          sharded ? "sharded" : "replicated", (unsigned long long)d,
+          (unsigned long long)reference_digest);
+    mlo_pipeline_free(pipe);
+  }
+  mlo_pipeline_free(single);
+  mlo_platform_close(p);
+  mlo_platform_close(q);
+}
+
+static void test_fault_on_one_rank(mlo_comm *comm) {
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = open_with(p, comm, false, NULL);
+  int last = nranks - 1;
+  if (rank == last) mlo_sysfault_arm(MLO_SYSFAULT_READ, 1);
+  int rc = mlo_pipeline_materialize(pipe);
+  if (rank == last) mlo_sysfault_disarm();
+  CHECK(rc != MLO_OK, "a read failed on rank %d, yet materialize succeeded", last);
+  if (nranks > 1 && rank != last) {
+    char want[64];
+    snprintf(want, sizeof want, "node rank %d failed", last);
+    CHECK(strstr(mlo_pipeline_errmsg(pipe), want), "message '%s'", mlo_pipeline_errmsg(pipe));
+  }
+  mlo_pipeline_stats st;
+  mlo_pipeline_get_stats(pipe, &st);
+  mlo_dist_stats ds = MLO_DIST_STATS_INIT;
+  mlo_pipeline_get_dist_stats(pipe, &ds);
+  /* the component that failed keeps nothing (the ones before it are loaded) */
+  uint64_t kept = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++)
+    if (mlo_component_residency(mlo_pipeline_component_at(pipe, i)) != MLO_RES_UNMATERIALIZED)
+      kept += mlo_component_bytes(mlo_pipeline_component_at(pipe, i));
+  CHECK(ds.shared_bytes <= kept + 4096 * 64, "shared %llu bytes, materialized %llu",
+        (unsigned long long)ds.shared_bytes, (unsigned long long)kept);
+  rc = mlo_pipeline_materialize(pipe); /* the retry */
+  CHECK(rc == MLO_OK, "retry: %s", mlo_pipeline_errmsg(pipe));
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
+static void test_mismatch(mlo_comm *comm) {
+  if (nranks < 2) return;
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
+  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "materialize");
+  /* rank 0 loads the encoder, the others the first DiT */
+  mlo_component *want = mlo_pipeline_component_at(pipe, rank == 0 ? 0 : 1);
+  double t0 = MPI_Wtime();
+  int rc = mlo_component_load(want);
+  double took = MPI_Wtime() - t0;
+  CHECK(rc == MLO_ESTATE, "mismatch gave %s", mlo_err_name(rc));
+  const char *msg = mlo_pipeline_errmsg(pipe);
+  CHECK(strstr(msg, "mismatch") && strstr(msg, "text_encoder") && strstr(msg, "transformer"),
+        "message '%s'", msg);
+  CHECK(took < 2.0, "the mismatch took %.2f s to report", took);
+  CHECK(!mlo_component_is_resident(want), "a refused load is resident");
+  /* the communicator still works: the same load everywhere succeeds */
+  rc = mlo_component_load(mlo_pipeline_component_at(pipe, 1));
+  CHECK(rc == MLO_OK, "consistent load after a mismatch: %s", mlo_pipeline_errmsg(pipe));
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
+static void test_missing_rank(void) {
+  if (nranks < 2) return;
+  mlo_comm *comm = NULL;
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = 1000;
+  char err[256];
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
+  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "materialize");
+  int late = nranks - 1;
+  if (rank == late) usleep(2500 * 1000);
+  double t0 = MPI_Wtime();
+  int rc = mlo_component_load(mlo_pipeline_component_at(pipe, 1));
+  double took = MPI_Wtime() - t0;
+  CHECK(rc == MLO_ESTATE, "a missing rank gave %s", mlo_err_name(rc));
+  const char *msg = mlo_pipeline_errmsg(pipe);
+  if (rank != late) {
+    char want[64];
+    snprintf(want, sizeof want, "rank(s) %d did not arrive", late);
+    CHECK(strstr(msg, want), "message '%s'", msg);
+    CHECK(took < 2.0, "reported after %.2f s (timeout 1 s)", took);
+  } else {
+    CHECK(strstr(msg, "did not arrive"), "the late rank was told '%s'", msg);
+    CHECK(took < 0.5, "the late rank waited %.2f s", took);
+  }
+  /* broken: every later collective fails at once */
+  t0 = MPI_Wtime();
+  rc = mlo_component_load(mlo_pipeline_component_at(pipe, 2));
+  CHECK(rc == MLO_ESTATE && MPI_Wtime() - t0 < 0.1, "after a timeout: %s", mlo_err_name(rc));
+  mlo_set_log(NULL, NULL, MLO_LOG_OFF); /* freeing says the slabs are left mapped */
+  mlo_pipeline_free(pipe);
+  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
+  mlo_platform_close(p);
+  MPI_Barrier(MPI_COMM_WORLD);
+  mlo_comm_free(comm);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
+  /* rank 0 writes a small Wan2.2-shaped checkpoint into a folder of its own */
+  if (rank == 0) {
+    snprintf(dir, sizeof dir, "%s/mlo_ranks_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    char err[512];
+    if (!mkdtemp(dir) ||
+        mlo_synth_write("wan2.2-t2v", strcat(dir, "/wan"), 0.0005, NULL, NULL, err, sizeof err)) {
+      fprintf(stderr, "synth: %s\n", err);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  /* the single-process digest, on rank 0's own pipeline */
+  uint64_t reference = 0;
+  {
+    mlo_platform *p = host();
+    mlo_pipeline *pipe = open_with(p, NULL, false, NULL);
+    reference = digest_of(p, pipe);
+    mlo_pipeline_free(pipe);
+    mlo_platform_close(p);
+  }
+  mlo_comm *comm = NULL;
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = 20000;
+  char err[256];
+  if (mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err)) {
+    fprintf(stderr, "rank %d: %s\n", rank, err);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  CHECK(mlo_comm_size(comm) == nranks && mlo_comm_rank(comm) == rank, "comm ranks");
+  test_shared_and_sharded(comm, reference);
+  test_fault_on_one_rank(comm);
+  test_mismatch(comm);
+  mlo_comm_free(comm);
+  test_missing_rank();
+  int all = 0;
+  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    *strrchr(cmd, '/') = '\0'; /* the folder above wan */
+    strcat(cmd, "'");
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    printf("%d ranks: %s (%d failed checks)\n", nranks, all ? "FAILED" : "ok", all);
+  }
+  MPI_Finalize();
+  return all ? 1 : 0;
+}
