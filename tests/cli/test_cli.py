@@ -194,7 +194,7 @@ class RunTests(Fixture):
     def test_version_lists_platforms(self):
         rc, out, _ = mlo("--version")
         self.assertEqual(rc, 0)
-        self.assertRegex(out, r"^mlo \d+\.\d+\.\d+\nplatforms built: host, fault")
+        self.assertRegex(out, r"^mlo \d+\.\d+\.\d+\nplatforms built: host, sim, fault")
 
     def unknown_classes_copy(self):
         """The pipeline with classes mlo does not know: its component
@@ -1023,6 +1023,83 @@ class PlanTests(Fixture):
                                     f"plan stall {pol['stall_s']:.3f} s, run {stall:.3f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def mpi_run(n, *args, check=0):
+    """mpirun -np n mlo ARGS; returns (code, stdout, stderr)."""
+    env = dict(os.environ, **MPI_ENV)
+    p = subprocess.run(["mpirun", "-np", str(n), MLO, *args], capture_output=True, text=True,
+                       env=env, timeout=300)
+    if check is not None and p.returncode != check:
+        raise AssertionError(f"mpirun -np {n} mlo {' '.join(args)} -> {p.returncode}\n"
+                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
+    return p.returncode, p.stdout, p.stderr
+
+
+class RanksTests(Fixture):
+    """mpirun -np N mlo run --ranks shared|sharded: one slab per node, the
+    checkpoint read once per node, every rank's digest the single process's."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        _, out, _ = mlo("--version", check=0)
+        if "ranks (MPI): yes" not in out or not shutil.which("mpirun"):
+            raise unittest.SkipTest("mlo was built without MPI")  # bootstrap installs it
+        rc, out, _ = mlo("run", cls.ckpt, "--json", "--steps", "4")
+        cls.single = json.loads(out)["digest"]
+
+    def test_digests_across_ranks_and_modes(self):
+        cap = self.capacity_for_offload()
+        for n in (1, 2, 4):
+            for mode in ("shared", "sharded"):
+                with self.subTest(ranks=n, mode=mode):
+                    _, out, _ = mpi_run(n, "run", self.ckpt, "--ranks", mode, "--json",
+                                        "--steps", "4", "--device-memory", cap, "--verify")
+                    objs = [json.loads(line) for line in out.splitlines() if line.strip()]
+                    self.assertEqual(sorted(o["rank"] for o in objs), list(range(n)))
+                    for o in objs:
+                        for key in ("rank", "ranks", "node_ranks", "host_pss_bytes",
+                                    "disk_read_bytes", "h2d_bytes", "gather_bytes", "gather_s",
+                                    "stall_s", "digest", "verified"):
+                            self.assertIn(key, o)
+                        self.assertEqual((o["ranks"], o["node_ranks"]), (n, n))
+                        self.assertEqual(o["digest"], self.single)
+                        self.assertIs(o["verified"], True)
+                    weights = self.info["tensor_bytes"]
+                    # the node read the checkpoint exactly once, into one set of slabs
+                    self.assertEqual(sum(o["disk_read_bytes"] for o in objs), weights)
+                    # PSS is counted per mapping: one rank's small windows share a
+                    # mapping with other memory, so only n > 1 is held to 1.05
+                    limit = 1.05 if n > 1 else 1.30
+                    self.assertLessEqual(sum(o["slab_pss_bytes"] for o in objs), limit * weights)
+                    if mode == "sharded" and n > 1:
+                        self.assertTrue(all(o["gather_bytes"] > 0 for o in objs))
+                        moved = sum(o["h2d_bytes"] for o in objs) / n
+                        self.assertLess(moved, objs[0]["h2d_bytes"] * 1.01 + 1)
+                    else:
+                        self.assertTrue(all(o["gather_bytes"] == 0 for o in objs))
+
+    def test_text_report_on_rank_zero(self):
+        _, out, _ = mpi_run(2, "run", self.ckpt, "--ranks", "sharded", "--steps", "2",
+                            "--device-memory", self.capacity_for_offload())
+        self.assertEqual(out.count("ranks (2, 2 on this node, sharded loads)"), 1)
+        self.assertIn("node: host slabs", out)
+        self.assertIn("(1.00x)", out)  # read from disk once
+
+    def test_bad_flags(self):
+        rc, _, err = mlo("run", self.ckpt, "--ranks", "many")
+        self.assertEqual(rc, 2)
+        self.assertIn("--ranks", err)
+        rc, _, err = mlo("run", self.ckpt, "--ranks", "shared", "--trace",
+                         os.path.join(self.tmp, "t.json"))
+        self.assertEqual(rc, 2)
+        self.assertIn("--trace", err)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "t.json")))
 
 
 class DemoBenchTests(unittest.TestCase):

@@ -25,11 +25,15 @@ typedef struct {
   int sync;    /* index into sync_words */
   long steps;
   int tokens[4];
+  int ranks;           /* index into ranks_words; -1: one process */
+  double rank_timeout; /* seconds */
+  tool_ranks rk;
 } run_args;
 
 static const char *const offload_words[] = {"none", "model", NULL};
 static const char *const sync_words[] = {"event", "device", NULL};
 static const char *const policy_words[] = {"strict", "budget", NULL};
+static const char *const ranks_words[] = {"shared", "sharded", NULL};
 
 static void help(void) {
   printf("usage: mlo run PATH [flags]\n"
@@ -75,6 +79,15 @@ static void help(void) {
          "  --json                one JSON object on stdout\n"
          "  --trace FILE          Chrome trace-event JSON (open in ui.perfetto.dev)\n"
          "  --timeline FILE.svg   residency timeline picture\n"
+         "  --ranks MODE          under mpirun: every rank runs the pipeline, the ranks of\n"
+         "                        a node share one host slab per component and each reads\n"
+         "                        1/n of the checkpoint; shared: each rank loads whole\n"
+         "                        components from the shared slab; sharded: each copies\n"
+         "                        1/n and the node's ranks all-gather the rest\n"
+         "                        (docs/distributed.md).  Reports every rank (--json: one\n"
+         "                        line per rank) and the node's host memory and disk reads\n"
+         "  --rank-timeout S      how long a collective step waits for a missing rank\n"
+         "                        before failing on every rank (default 60)\n"
          "  --read-check          before loading, time a plain read of the same files\n"
          "                        (both cold: their pages dropped from the cache first)\n"
          "                        and report the load's speed against it\n" TOOL_SOURCE_HELP "\n"
@@ -86,7 +99,8 @@ static void help(void) {
          "          --t5xxl umt5_xxl_fp8_e4m3fn_scaled.safetensors --vae wan_2.1_vae.safetensors\n"
          "  mlo run ckpt --policy budget --budget 1G --prompts 4 --verify\n"
          "  mlo run /models/Wan2.2-T2V-A14B --platform cuda:0 --steps 40 --json\n"
-         "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n\n"
+         "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n"
+         "  mpirun -np 4 mlo run ckpt --ranks sharded --link 2e8 --verify\n\n"
          "exit codes: 0 ok, 1 verification failed, 2 bad usage or input,\n"
          "3 out of device memory, 4 other failure.\n");
 }
@@ -154,6 +168,10 @@ static bool parse_flag(targs *a, run_args *r) {
     r->literal = true;
   } else if (targs_flag(a, "--read-check")) {
     r->read_check = true;
+  } else if (targs_value(a, "--ranks", &v)) {
+    targs_choice(a, "--ranks", v, ranks_words, &r->ranks);
+  } else if (targs_value(a, "--rank-timeout", &v)) {
+    targs_double(a, "--rank-timeout", v, 0.1, 86400, &r->rank_timeout);
   } else {
     return false;
   }
@@ -189,6 +207,11 @@ static int parse(int argc, char **argv, run_args *r) {
     targs_error(&a, "give --link or bw= in --platform, not both");
   if (!a.failed && r->have_budget && r->have_reserve)
     targs_error(&a, "give --budget or --reserve, not both");
+  if (!a.failed && r->ranks >= 0 && (r->trace || r->timeline || r->read_check))
+    targs_error(&a, "--ranks reports per rank: drop %s",
+                r->trace      ? "--trace"
+                : r->timeline ? "--timeline"
+                              : "--read-check");
   if (!a.failed && budget && r->offload == 0)
     targs_error(&a, "--policy budget needs --offload model");
   return a.failed ? TOOL_EXIT_USAGE : 0;
@@ -313,7 +336,7 @@ static int run_main(const run_args *ra, session_config *cfg, run_options *o, too
     tool_failf("run", "%s%s%s", r.failed ? mlo_component_name(r.failed) : "", r.failed ? ": " : "",
                err);
     code = (ra->verify && rc == MLO_ESTATE) ? TOOL_EXIT_VERIFY : tool_exit_for(rc);
-    goto out_close;
+    goto agree; /* the other ranks learn of it there, not at their timeout */
   }
   if (o->trace) {
     rc = session_write_pictures(o->trace, &s, ra->src.label, o, &r, ra->trace, ra->timeline, err,
@@ -326,6 +349,36 @@ static int run_main(const run_args *ra, session_config *cfg, run_options *o, too
   }
   rc = report_snapshot(rep, &s, &r);
   if (rc) code = TOOL_EXIT_FAIL;
+agree:;
+  char aerr[512] = "";
+  if (ra->src.comm && (code = ranks_agree(&ra->rk, 1, code, aerr, sizeof aerr))) {
+    if (aerr[0]) tool_failf("run", "%s", aerr);
+  } else if (!code) { /* while the slabs are mapped: what this process holds, and (--ranks) did */
+    mlo_dist_stats ds = MLO_DIST_STATS_INIT;
+    mlo_pipeline_get_dist_stats(s.pipe, &ds);
+    rank_figures *f = &rep->rank;
+    f->pss = ranks_pss_bytes();
+    size_t n = mlo_pipeline_component_count(s.pipe), k = 0;
+    const void **slabs = calloc(n ? n : 1, sizeof *slabs);
+    for (size_t i = 0; slabs && i < n; i++) {
+      mlo_component *c = mlo_pipeline_component_at(s.pipe, i);
+      if (mlo_component_tensor_count(c))
+        slabs[k++] = mlo_tensor_host_data(mlo_component_tensor_at(c, 0));
+    }
+    f->slab_pss = slabs ? ranks_pss_of(slabs, k) : 0;
+    free(slabs);
+    f->read = ds.read_bytes;
+    f->shared = ds.shared_bytes;
+    f->h2d = r.stats.total.h2d_bytes;
+    f->gather = ds.gather_bytes;
+    f->gather_s = (double)ds.gather_ns / 1e9;
+    f->stall_s = (double)r.stats.total.wait_ns / 1e9;
+    f->steady_stall_s = run_steady(&r, GEN_STALL);
+    f->wall_s = r.wall_s;
+    f->steady_wall_s = run_steady(&r, GEN_WALL);
+    f->digest = r.digest;
+    f->verified = -1;
+  }
 out_close:
   session_close(&s);
   return code;
@@ -342,6 +395,10 @@ static int verify_against_resident(const session_config *cfg, const run_options 
     roles[i].role = rep->comps[i].role;
   }
   session_config ref = *cfg;
+  tool_source alone = *cfg->source; /* the reference is one process's */
+  alone.comm = NULL;
+  alone.sharded = false;
+  ref.source = &alone;
   ref.read_check = false; /* measured once, for the run */
   ref.overrides = roles;
   ref.override_count = rep->ncomp;
@@ -358,7 +415,8 @@ static int verify_against_resident(const session_config *cfg, const run_options 
 }
 
 int cmd_run(int argc, char **argv) {
-  run_args ra = {.platform = "host", .offload = 1, .steps = 8, .prompts = 1};
+  run_args ra = {
+      .platform = "host", .offload = 1, .steps = 8, .prompts = 1, .ranks = -1, .rank_timeout = 60};
   int code = parse(argc, argv, &ra);
   if (code == -1) {
     help();
@@ -366,6 +424,23 @@ int cmd_run(int argc, char **argv) {
     goto out_free;
   }
   if (code) goto out_free;
+  char cuda_spec[32];
+  if (ra.ranks >= 0) {
+    char err[512] = "";
+    int rc = ranks_start(&ra.rk, ra.rank_timeout, err, sizeof err);
+    if (rc) {
+      tool_failf("run", "%s", err);
+      code = tool_exit_for(rc);
+      goto out_free;
+    }
+    ra.rk.sharded = ra.ranks == 1;
+    ra.src.comm = ra.rk.comm;
+    ra.src.sharded = ra.rk.sharded;
+    if (!strcmp(ra.platform, "cuda")) { /* one GPU per rank of the node */
+      snprintf(cuda_spec, sizeof cuda_spec, "cuda:%d", ra.rk.node_rank);
+      ra.platform = cuda_spec;
+    }
+  }
   /* Before any work: a run of minutes must not end in "cannot write". */
   if ((code = tool_check_output("run", "--trace", ra.trace)) ||
       (code = tool_check_output("run", "--timeline", ra.timeline)))
@@ -385,7 +460,7 @@ int cmd_run(int argc, char **argv) {
     snprintf(spec + len, sizeof spec - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
              (unsigned long long)ra.link);
   }
-  bool progress = !ra.json;
+  bool progress = !ra.json && ra.rk.rank == 0;
   session_config cfg = {
       .source = &ra.src, .platform_spec = spec, .progress = progress, .read_check = ra.read_check};
   memcpy(cfg.tokens, ra.tokens, sizeof cfg.tokens);
@@ -407,7 +482,19 @@ int cmd_run(int argc, char **argv) {
   rep.timeline_path = ra.timeline;
   code = run_main(&ra, &cfg, &o, &rep);
   if (!code && ra.verify) code = verify_against_resident(&cfg, &o, &rep);
-  if (!code) {
+  char aerr[512] = "";
+  if (ra.src.comm && (code = ranks_agree(&ra.rk, 2, code, aerr, sizeof aerr)) && aerr[0])
+    tool_failf("run", "%s", aerr);
+  if (!code && ra.src.comm) {
+    rep.rank.verified = rep.verify ? rep.identical : -1;
+    if (!ra.json && ra.rk.rank == 0) report_print_text(&rep, stdout);
+    if (ranks_report(&ra.rk, &rep.rank, rep.tensor_bytes, ra.json, stdout)) code = TOOL_EXIT_FAIL;
+    if (rep.verify && !rep.identical) {
+      tool_failf("run", "rank %d: verification failed: its digest differs from one process's",
+                 ra.rk.rank);
+      code = TOOL_EXIT_VERIFY;
+    }
+  } else if (!code) {
     if (ra.json)
       report_print_json(&rep, stdout);
     else
@@ -425,5 +512,6 @@ int cmd_run(int argc, char **argv) {
   if (tracing) tool_trace_destroy(&trace);
 out_free:
   source_free(&ra.src);
+  ranks_stop(&ra.rk);
   return code;
 }

@@ -55,16 +55,21 @@ static int run(int argc, char **argv) {
     return TOOL_EXIT_OK;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("mlo %s\nplatforms built: host, fault%s%s\n", mlo_version(),
+    printf("mlo %s\nplatforms built: host, sim, fault%s%s\nranks (MPI): %s\n", mlo_version(),
 #ifdef MLO_HAVE_CUDA
            ", cuda",
 #else
            "",
 #endif
 #ifdef MLO_HAVE_OPENCL
-           ", opencl"
+           ", opencl",
 #else
-           ""
+           "",
+#endif
+#ifdef MLO_HAVE_MPI
+           "yes"
+#else
+           "no (built without MPI)"
 #endif
     );
     return TOOL_EXIT_OK;

@@ -218,6 +218,9 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddNumberToObject(root, "model_offload_bytes", (double)rep->model_need);
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)rep->max_comp);
   cJSON_AddNumberToObject(root, "pinned_bytes", (double)rep->run.stats.pinned_bytes);
+  /* the process's memory at the end of the run, shared pages counted 1/n */
+  cJSON_AddNumberToObject(root, "host_pss_bytes", (double)rep->rank.pss);
+  cJSON_AddNumberToObject(root, "slab_pss_bytes", (double)rep->rank.slab_pss);
   cJSON_AddNumberToObject(root, "load_s", rep->load_s);
   cJSON_AddNumberToObject(root, "load_bytes", (double)rep->load_bytes);
   cJSON_AddNumberToObject(root, "load_gb_s",

@@ -172,6 +172,8 @@ int source_open(const tool_source *src, mlo_platform *plat, const mlo_role_overr
                 size_t nroles, mlo_pipeline **out, char *err, size_t errlen) {
   mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
   po.platform = plat;
+  po.comm = src->comm;
+  po.sharded_loads = src->sharded;
   mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;
   oo.overrides = roles ? roles : src->roles;
   oo.override_count = roles ? nroles : src->nroles;

@@ -94,6 +94,8 @@ typedef struct {
   /* A pipeline declared without files (mlo plan's presets): its schedule,
    * used by split_resolve instead of reading PATH's. */
   const mlo_denoise_schedule *sched;
+  mlo_comm *comm; /* --ranks: the pipeline's communicator (NULL: one process) */
+  bool sharded;   /* --ranks sharded */
 } tool_source;
 /* Takes the current argument when it is one of the source flags. */
 bool source_flag(targs *a, tool_source *src);
@@ -172,6 +174,42 @@ int tool_print_json_text(char *text);
 void tool_print_json_error(int code);
 /* A size as "1.50 GiB" in a static rotating buffer (for printf). */
 const char *tool_size(uint64_t bytes);
+
+/* ---- ranks.c: mlo run --ranks under mpirun ---- */
+typedef struct {
+  mlo_comm *comm;
+  bool sharded;
+  int rank, ranks, node_rank, node_ranks;
+} tool_ranks;
+/* What one rank measured (plain data: gathered to rank 0 as bytes). */
+typedef struct {
+  uint64_t pss;      /* proportional set size: shared pages count 1/n */
+  uint64_t slab_pss; /* of it, the host slabs' mappings */
+  uint64_t read;     /* checkpoint bytes this rank read */
+  uint64_t shared;   /* host slabs in node-shared memory */
+  uint64_t h2d, gather;
+  double gather_s, stall_s, steady_stall_s, wall_s, steady_wall_s;
+  uint64_t digest;
+  int verified; /* -1: no --verify */
+} rank_figures;
+/* MPI_Init (unless the caller did) and the communicator over every rank;
+ * timeout_s bounds how long a collective waits for a missing rank. */
+int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen);
+void ranks_stop(tool_ranks *r);
+/* Every rank at `step` (1: measuring, so a page's PSS counts every rank
+ * that touched it; 2: reporting, whose collectives need every rank) with
+ * its exit code so far: code if every rank got here with 0, else non-zero
+ * on every rank (err says which failed), within the communicator's
+ * timeout, never a hang.  code itself without ranks. */
+int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen);
+/* This process's proportional set size (smaps_rollup), 0 if unknown, and
+ * that of the mappings holding any of addrs (each counted once). */
+uint64_t ranks_pss_bytes(void);
+uint64_t ranks_pss_of(const void *const *addrs, size_t n);
+/* --json: one line per rank, in rank order; else rank 0 prints every
+ * rank's figures and the node's totals against `weights`.  Collective. */
+int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights, bool json,
+                 FILE *out);
 
 /* ---- progress.c: a bar on stderr when it is a terminal, else nothing ---- */
 typedef struct {
@@ -354,6 +392,7 @@ typedef struct {
   size_t ncomp;
   comp_report *comps;
   const char *trace_path, *timeline_path;
+  rank_figures rank; /* --ranks: this rank's, taken while the pipeline was alive */
 } tool_report;
 /* Copies what the report needs out of a session (so it can be closed). */
 int report_snapshot(tool_report *rep, tool_session *s, const run_result *r);

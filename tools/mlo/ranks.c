@@ -1,0 +1,198 @@
+/*
+ * ranks.c — `mlo run --ranks shared|sharded` under mpirun: starting MPI and
+ * mlo's communicator, what each rank measures about itself (its
+ * proportional set size, so pages the node shares count once; the bytes it
+ * read; what it moved and gathered), and the report: one JSON line per
+ * rank, or rank 0's table of every rank with the node's totals against the
+ * weights.  Built with MPI (MLO_HAVE_MPI); without it --ranks says so.
+ */
+#include "tool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef MLO_HAVE_MPI
+#include "dist/dist.h"
+#include "mlo/mpi.h"
+
+#include <cjson/cJSON.h>
+#include <mpi.h>
+
+static bool we_started_mpi;
+
+int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    if (MPI_Init(NULL, NULL) != MPI_SUCCESS) {
+      snprintf(err, errlen, "--ranks: MPI_Init failed (run under mpirun)");
+      return MLO_EPLATFORM;
+    }
+    we_started_mpi = true;
+  }
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = (unsigned)(timeout_s * 1000);
+  int rc = mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &r->comm, err, errlen);
+  if (rc) return rc;
+  r->rank = mlo_comm_rank(r->comm);
+  r->ranks = mlo_comm_size(r->comm);
+  r->node_rank = mlo_comm_node_rank(r->comm);
+  r->node_ranks = mlo_comm_node_size(r->comm);
+  return MLO_OK;
+}
+
+void ranks_stop(tool_ranks *r) {
+  if (r->comm) mlo_comm_free(r->comm);
+  r->comm = NULL;
+  if (we_started_mpi) MPI_Finalize();
+  we_started_mpi = false;
+}
+
+static const char *step_name(uint64_t id, void *user) {
+  (void)user;
+  return id == 1 ? "measuring the ranks" : "reporting the ranks";
+}
+
+int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen) {
+  if (!r->comm) return code;
+  char mine[64];
+  snprintf(mine, sizeof mine, "exit code %d", code);
+  int rc = mlo_dist_agree(r->comm, (uint64_t)step, code ? MLO_ECALLBACK : MLO_OK,
+                          code ? mine : NULL, step_name, NULL, NULL, err, errlen);
+  return rc ? (code ? code : TOOL_EXIT_FAIL) : code;
+}
+
+/* Every rank's figures at rank 0 (in rank order); all has one per rank
+ * there, and is only written on rank 0. */
+static int gather_figures(const rank_figures *mine, rank_figures *all) {
+  int rc = MPI_Gather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE, 0,
+                      MPI_COMM_WORLD);
+  return rc == MPI_SUCCESS ? MLO_OK : MLO_EPLATFORM;
+}
+
+int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights, bool json,
+                 FILE *out) {
+  if (json) { /* one line per rank, in rank order, so lines never interleave */
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "rank", r->rank);
+    cJSON_AddNumberToObject(o, "ranks", r->ranks);
+    cJSON_AddNumberToObject(o, "node_rank", r->node_rank);
+    cJSON_AddNumberToObject(o, "node_ranks", r->node_ranks);
+    cJSON_AddStringToObject(o, "mode", r->sharded ? "sharded" : "shared");
+    cJSON_AddNumberToObject(o, "host_pss_bytes", (double)mine->pss);
+    cJSON_AddNumberToObject(o, "slab_pss_bytes", (double)mine->slab_pss);
+    cJSON_AddNumberToObject(o, "disk_read_bytes", (double)mine->read);
+    cJSON_AddNumberToObject(o, "shared_slab_bytes", (double)mine->shared);
+    cJSON_AddNumberToObject(o, "h2d_bytes", (double)mine->h2d);
+    cJSON_AddNumberToObject(o, "gather_bytes", (double)mine->gather);
+    cJSON_AddNumberToObject(o, "gather_s", mine->gather_s);
+    cJSON_AddNumberToObject(o, "stall_s", mine->stall_s);
+    cJSON_AddNumberToObject(o, "steady_stall_s", mine->steady_stall_s);
+    cJSON_AddNumberToObject(o, "wall_s", mine->wall_s);
+    cJSON_AddNumberToObject(o, "steady_wall_s", mine->steady_wall_s);
+    cJSON_AddNumberToObject(o, "weights_bytes", (double)weights);
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)mine->digest);
+    cJSON_AddStringToObject(o, "digest", hex);
+    if (mine->verified < 0)
+      cJSON_AddNullToObject(o, "verified");
+    else
+      cJSON_AddBoolToObject(o, "verified", mine->verified == 1);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    for (int i = 0; i < r->ranks; i++) {
+      if (i == r->rank && text) {
+        fprintf(out, "%s\n", text);
+        fflush(out);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    tool_json_printed = true;
+    cJSON_free(text);
+    return text ? MLO_OK : MLO_ENOMEM;
+  }
+  rank_figures *all = r->rank == 0 ? calloc((size_t)r->ranks, sizeof *all) : NULL;
+  if (r->rank == 0 && !all) return MLO_ENOMEM;
+  int rc = gather_figures(mine, all);
+  if (rc || r->rank) {
+    free(all);
+    return rc;
+  }
+  fprintf(out, "\nranks (%d, %d on this node, %s):\n", r->ranks, r->node_ranks,
+          r->sharded ? "sharded loads" : "replicated loads from the shared slab");
+  fprintf(out, "  %4s %10s %10s %10s %10s %10s %8s %9s  %-16s %s\n", "rank", "slabs PSS", "all PSS",
+          "read", "moved in", "gathered", "gather", "stall", "digest", "verified");
+  uint64_t pss = 0, slab = 0, read = 0;
+  for (int i = 0; i < r->ranks; i++) {
+    const rank_figures *f = &all[i];
+    pss += f->pss;
+    slab += f->slab_pss;
+    read += f->read;
+    fprintf(out, "  %4d %10s %10s %10s %10s %10s %7.3fs %8.3fs  %016llx %s\n", i,
+            tool_size(f->slab_pss), tool_size(f->pss), tool_size(f->read), tool_size(f->h2d),
+            tool_size(f->gather), f->gather_s, f->stall_s, (unsigned long long)f->digest,
+            f->verified < 0 ? "-"
+            : f->verified   ? "yes"
+                            : "NO");
+  }
+  double w = weights ? (double)weights : 1;
+  fprintf(out,
+          "  node: host slabs %s (%.2fx the weights), read from disk %s (%.2fx); processes in\n"
+          "  all %s (on the host platform that includes the device memory it stands in for)\n",
+          tool_size(slab), (double)slab / w, tool_size(read), (double)read / w, tool_size(pss));
+  free(all);
+  return MLO_OK;
+}
+
+#else
+
+int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
+  (void)r, (void)timeout_s;
+  snprintf(err, errlen, "--ranks: this mlo was built without MPI (Debian: libopenmpi-dev)");
+  return MLO_EUNSUPPORTED;
+}
+void ranks_stop(tool_ranks *r) {
+  (void)r;
+}
+int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen) {
+  (void)r, (void)step, (void)err, (void)errlen;
+  return code;
+}
+int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights, bool json,
+                 FILE *out) {
+  (void)r, (void)mine, (void)weights, (void)json, (void)out;
+  return MLO_EUNSUPPORTED;
+}
+#endif
+
+/* The PSS of the mappings holding any of addrs (each mapping once). */
+uint64_t ranks_pss_of(const void *const *addrs, size_t n) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  char line[512];
+  bool in = false;
+  unsigned long long kb = 0, v;
+  while (f && fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    char *dash = strchr(line, '-'), *space = strchr(line, ' ');
+    if (dash && space && dash < space && sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+      in = false;
+      for (size_t i = 0; i < n && !in; i++)
+        in = (uintptr_t)addrs[i] >= lo && (uintptr_t)addrs[i] < hi;
+      continue;
+    }
+    if (in && sscanf(line, "Pss: %llu kB", &v) == 1) kb += v;
+  }
+  if (f) fclose(f);
+  return (uint64_t)kb * 1024;
+}
+
+uint64_t ranks_pss_bytes(void) {
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  unsigned long long kb = 0, v;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "Pss: %llu kB", &v) == 1) kb = v;
+  if (f) fclose(f);
+  return (uint64_t)kb * 1024;
+}
