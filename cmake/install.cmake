@@ -6,6 +6,11 @@ include(CMakePackageConfigHelpers)
 
 get_property(mlo_have_cuda GLOBAL PROPERTY MLO_HAVE_CUDA)
 get_property(mlo_have_opencl GLOBAL PROPERTY MLO_HAVE_OPENCL)
+get_property(mlo_have_mpi GLOBAL PROPERTY MLO_HAVE_MPI)
+get_property(mlo_have_nccl GLOBAL PROPERTY MLO_HAVE_NCCL)
+if(NOT mlo_have_mpi)
+  set(mlo_have_mpi OFF)
+endif()
 
 install(TARGETS mlo mlo_shared EXPORT mloTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -37,6 +42,20 @@ endif()
 if(mlo_have_cuda)
   find_package(CUDAToolkit REQUIRED) # src/platform found it; its variables stay there
   string(APPEND MLO_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcublas -lcudart")
+  if(mlo_have_nccl)
+    string(APPEND MLO_PC_LIBS_PRIVATE " -lnccl")
+  endif()
+endif()
+if(mlo_have_mpi)
+  # Open MPI's pkg-config name; another MPI's flags come from its own wrapper
+  pkg_check_modules(MLO_OMPI QUIET ompi-c)
+  if(MLO_OMPI_FOUND)
+    string(APPEND MLO_PC_REQUIRES_PRIVATE " ompi-c")
+  else()
+    foreach(lib ${MPI_C_LIBRARIES})
+      string(APPEND MLO_PC_LIBS_PRIVATE " ${lib}")
+    endforeach()
+  endif()
 endif()
 # The prefix relative to the .pc file, so the file stays right wherever the
 # tree is installed (lib/, or lib/x86_64-linux-gnu/ under /usr).

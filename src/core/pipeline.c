@@ -70,8 +70,11 @@ int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
   bool sharded = v03 && opts->sharded_loads;
   if (sharded && !comm) return MLO_EINVAL;
   /* A sharded load gathers into the block: on the host through MPI (the
-   * block is host memory); elsewhere that needs a device collective. */
-  if (sharded && !opts->platform->caps.host_addressable) return MLO_EUNSUPPORTED;
+   * block is host memory); elsewhere through the platform's device-side
+   * all-gather (CUDA: NCCL, given with mlo_comm_set_nccl). */
+  if (sharded && !opts->platform->caps.host_addressable &&
+      !(mlo_plat_has_all_gather(opts->platform) && mlo_dist_nccl(comm)))
+    return MLO_EUNSUPPORTED;
   mlo_pipeline *pipe = mlo_calloc(1, sizeof *pipe);
   if (!pipe) return MLO_ENOMEM;
   pipe->platform = opts->platform;

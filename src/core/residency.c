@@ -190,6 +190,7 @@ int mlo_res_load(mlo_component *c) {
   trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
   uint64_t moved = c->block_bytes; /* over this rank's link */
+  bool gathered_on_device = false;
   /* A write-back into this component's host memory may still be running on
    * a readback queue of its own: the load reads that memory after it. */
   rc = c->writeback_pending && mlo_plat_separate_readback(p)
@@ -204,6 +205,16 @@ int mlo_res_load(mlo_component *c) {
                  mlo_plat_copy_h2d(p, c->block, (size_t)from, (char *)c->slab + from, (size_t)len));
     copies = len ? 1 : 0;
     moved = len;
+    /* a device that gathers on its copy queue does it now, before the
+     * load's event; the host platform gathers at the wait, through MPI */
+    if (!rc && !p->caps.host_addressable) {
+      rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
+                                        mlo_dist_nccl(pipe->comm)));
+      if (!rc)
+        pipe->dist.gather_bytes +=
+            (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
+      gathered_on_device = true;
+    }
   } else if (!rc) {
     rc = enqueue_load_copies(c, &copies);
   }
@@ -226,7 +237,7 @@ int mlo_res_load(mlo_component *c) {
   }
   c->state = MLO_RES_LOADING;
   c->load_waited = false;
-  c->gather_slice = slice;
+  c->gather_slice = gathered_on_device ? 0 : slice;
   c->stats.loads++;
   c->stats.h2d_bytes += moved;
   c->stats.copy_calls += copies;

@@ -24,6 +24,9 @@
 #include "platform/platform.h"
 
 #include <cuda_runtime_api.h>
+#ifdef MLO_HAVE_NCCL
+#include <nccl.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -409,6 +412,27 @@ static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, s
                      cudaMemcpyDeviceToHost);
 }
 
+#ifdef MLO_HAVE_NCCL
+/* A sharded load's gather, device to device over the node's fabric, on the
+ * copy stream: after this rank's slice copy, before the load's event, so
+ * compute waits for it as for any copy (C8) and a free waits for it too
+ * (C9).  In place, as NCCL allows: the send buffer is this rank's slice of
+ * the receive buffer. */
+static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll) {
+  struct cuda_ctx *c = ctx;
+  dev_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
+  ncclResult_t r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
+                                 (ncclComm_t)coll, c->copy);
+  leave(c, &g);
+  if (r == ncclSuccess) return MLO_OK;
+  mlo_logf(MLO_LOG_ERROR, "cuda: ncclAllGather of %zu bytes per rank failed: %s", slice,
+           ncclGetErrorString(r));
+  return MLO_EPLATFORM;
+}
+#endif
+
 /* ---- events: a cudaEvent_t and its completion stamp --------------------- */
 
 struct mlo_event {
@@ -635,6 +659,9 @@ static const struct mlo_platform_ops cuda_ops = {
     .event_time = cu_event_time,
     .synchronize = cu_synchronize,
     .compute_queue = cu_compute_queue,
+#ifdef MLO_HAVE_NCCL
+    .all_gather = cu_all_gather,
+#endif
 };
 
 /* ---- the spec ----------------------------------------------------------- */

@@ -173,6 +173,16 @@ void *mlo_platform_compute_queue(mlo_platform *p) {
   return p && p->ops->compute_queue ? p->ops->compute_queue(p->ctx) : NULL;
 }
 
+int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll) {
+  if (!p->ops->all_gather) return MLO_EUNSUPPORTED;
+  count_call(p);
+  return p->ops->all_gather(p->ctx, block, slice, rank, coll);
+}
+
+bool mlo_plat_has_all_gather(const mlo_platform *p) {
+  return p->ops->all_gather != NULL;
+}
+
 uint64_t mlo_plat_now(const mlo_platform *p) {
   return p->ops->now_ns ? p->ops->now_ns(p->ctx) : mlo_now_ns();
 }

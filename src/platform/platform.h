@@ -98,6 +98,12 @@ struct mlo_platform_ops {
   int (*synchronize)(void *ctx);
   /* The native compute queue (NULL for host).  Optional: NULL -> NULL. */
   void *(*compute_queue)(void *ctx);
+  /* Optional: an in-place all-gather of a block over the node's ranks, on
+   * the copy queue: rank r's bytes [r*slice, (r+1)*slice) reach every
+   * rank's block, after the copies queued before it and before anything
+   * recorded after it (CUDA: ncclAllGather on the copy stream with the
+   * caller's NCCL communicator, `coll`).  NULL: not available. */
+  int (*all_gather)(void *ctx, void *block, size_t slice, int rank, void *coll);
   /* Optional: the platform's clock in nanoseconds, for every duration core
    * measures (waits, forwards) and every trace stamp.  NULL: mlo_now_ns.
    * The simulated platform answers its virtual clock, so a projected run's
@@ -170,6 +176,9 @@ int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns);
 int mlo_plat_synchronize(mlo_platform *p);
 /* The resolve slot, or identity.  Not a platform call (never fails). */
 void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local);
+/* The all_gather slot; MLO_EUNSUPPORTED without one. */
+int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll);
+bool mlo_plat_has_all_gather(const mlo_platform *p);
 /* The platform's clock (the now_ns slot, or mlo_now_ns).  Not a platform
  * call: it is never counted and never fails. */
 uint64_t mlo_plat_now(const mlo_platform *p);
