@@ -350,17 +350,25 @@ typedef struct {
   bool pin_host;          /* pin host slabs when the platform can (default true) */
   size_t slab_alignment;  /* tensor alignment inside a slab (default 256) */
   /* --- since 0.3; a caller built against 0.2 passes the shorter size --- */
-  mlo_comm *comm;     /* NULL: this process alone.  Else node-shared slabs, read
-                         1/n per rank, and the rule of collectives (mlo/mpi.h);
-                         must outlive the pipeline */
-  bool sharded_loads; /* with comm: a load copies this rank's 1/n of the
-                         component and all-gathers the rest from the node's
-                         ranks (host: MPI over host memory; CUDA: NCCL, see
-                         mlo_comm_set_nccl).  false: each rank copies all of
-                         it from the shared slab (replicated) */
+  mlo_comm *comm;      /* NULL: this process alone.  Else node-shared slabs, read
+                          1/n per rank, and the rule of collectives (mlo/mpi.h);
+                          must outlive the pipeline */
+  bool sharded_loads;  /* with comm: a load copies this rank's 1/n of the
+                          component and all-gathers the rest from the node's
+                          ranks (host: MPI over host memory; CUDA: NCCL, see
+                          mlo_comm_set_nccl).  false: each rank copies all of
+                          it from the shared slab (replicated) */
+  bool shard_resident; /* with sharded_loads: keep only this rank's slice on
+                          the device and gather nothing: the caller's compute
+                          gathers, as FSDP does with sharded parameters.  A
+                          resident component then holds its slice alone
+                          (mlo_component_shard says where it is) and
+                          mlo_tensor_device answers only for tensors inside
+                          it (MLO_ESTATE for the others).  Budgets still count
+                          whole components */
 } mlo_pipeline_options;
 #define MLO_PIPELINE_OPTIONS_INIT                                                                  \
-  { sizeof(mlo_pipeline_options), NULL, true, 256, NULL, false }
+  { sizeof(mlo_pipeline_options), NULL, true, 256, NULL, false, false }
 
 /* Creates an empty pipeline on a platform.  Free with mlo_pipeline_free. */
 MLO_API int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
@@ -480,6 +488,14 @@ MLO_API const void *mlo_tensor_host_data(const mlo_tensor *t);
  * holding the tensor (one segment of a component larger than the device's
  * largest allocation: see max_block_bytes) and offset is within it. */
 MLO_API int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset);
+/* A resident component's device bytes on this rank: its block, the offset
+ * in the component's layout where they start, and how many there are.
+ * With shard_resident, this rank's slice (every rank holds one, in node
+ * rank order; together they are the component); otherwise the whole block
+ * from 0.  The block is the same handle mlo_tensor_device gives.
+ * MLO_ESTATE if the component is not resident. */
+MLO_API int mlo_component_shard(mlo_component *comp, void **block, uint64_t *offset,
+                                uint64_t *bytes);
 /* Convenience for pointer platforms: the device address or NULL. */
 MLO_API void *mlo_tensor_device_ptr(const mlo_tensor *t);
 

@@ -85,13 +85,14 @@ struct mlo_component {
   /* device residency */
   mlo_residency state;
   void *block;
-  mlo_event *load_ev;      /* recorded on the copy queue after the load */
-  uint64_t load_begin_ns;  /* when the current load was issued (trace, log) */
-  bool load_waited;        /* the load is known complete for compute */
-  uint64_t alloc_bytes;    /* the block as allocated (sharded: whole slices) */
-  size_t gather_slice;     /* sharded load: this rank's slice, gathered at the wait; 0: none */
-  mlo_event *compute_ev;   /* recorded after forwards that write (mutable) */
-  mlo_event *writeback_ev; /* pending async write-back into host memory */
+  mlo_event *load_ev;     /* recorded on the copy queue after the load */
+  uint64_t load_begin_ns; /* when the current load was issued (trace, log) */
+  bool load_waited;       /* the load is known complete for compute */
+  uint64_t alloc_bytes;   /* the block as allocated (sharded: whole slices) */
+  size_t gather_slice;    /* sharded load: this rank's slice, gathered at the wait; 0: none */
+  uint64_t shard_offset, shard_bytes; /* shard_resident: where this rank's slice is */
+  mlo_event *compute_ev;              /* recorded after forwards that write (mutable) */
+  mlo_event *writeback_ev;            /* pending async write-back into host memory */
   bool writeback_pending;
   int users;          /* forwards/acquires in progress */
   pthread_t *holders; /* the thread of each of them (users entries), for EDEADLK */
@@ -144,7 +145,8 @@ struct mlo_pipeline {
 
   /* ranks (mlo/mpi.h): NULL without a communicator */
   mlo_comm *comm;
-  bool sharded; /* loads copy 1/n and all-gather */
+  bool sharded;        /* loads copy 1/n and all-gather */
+  bool shard_resident; /* ... and keep their slice alone, gathering nothing */
   mlo_dist_stats dist;
 
   /* accounting */

@@ -68,11 +68,12 @@ int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
   bool v03 = opts->size >= sizeof(mlo_pipeline_options);
   mlo_comm *comm = v03 ? opts->comm : NULL;
   bool sharded = v03 && opts->sharded_loads;
-  if (sharded && !comm) return MLO_EINVAL;
+  bool shard_resident = v03 && opts->shard_resident;
+  if ((sharded && !comm) || (shard_resident && !sharded)) return MLO_EINVAL;
   /* A sharded load gathers into the block: on the host through MPI (the
    * block is host memory); elsewhere through the platform's device-side
    * all-gather (CUDA: NCCL, given with mlo_comm_set_nccl). */
-  if (sharded && !opts->platform->caps.host_addressable &&
+  if (sharded && !shard_resident && !opts->platform->caps.host_addressable &&
       !(mlo_plat_has_all_gather(opts->platform) && mlo_dist_nccl(comm)))
     return MLO_EUNSUPPORTED;
   mlo_pipeline *pipe = mlo_calloc(1, sizeof *pipe);
@@ -82,6 +83,7 @@ int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
   pipe->alignment = align;
   pipe->comm = comm;
   pipe->sharded = sharded;
+  pipe->shard_resident = shard_resident;
   pipe->dist = (mlo_dist_stats)MLO_DIST_STATS_INIT;
   if (comm) {
     pipe->dist.rank = mlo_comm_rank(comm);
@@ -625,16 +627,41 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
   mlo_component *owner = own->comp;
   MLO_LOCK_OR(&owner->pipe->lock, mlo_reentered(owner->pipe));
   int rc = MLO_OK;
+  bool sliced = owner->shard_bytes || owner->shard_offset;
   if (!mlo_res_is_resident(owner) || (!owner->block && own->nbytes)) {
     rc = MLO_ESTATE;
+  } else if (sliced && (own->dev_offset < owner->shard_offset ||
+                        own->dev_offset + own->nbytes > owner->shard_offset + owner->shard_bytes)) {
+    rc = mlo_fail(owner->pipe, MLO_ESTATE,
+                  "tensor '%s' of '%s' is not in this rank's shard (bytes %llu..%llu of the "
+                  "component): the caller gathers it",
+                  own->name, owner->name, (unsigned long long)owner->shard_offset,
+                  (unsigned long long)(owner->shard_offset + owner->shard_bytes));
   } else {
     void *handle = NULL;
     size_t local = 0;
-    mlo_plat_resolve(owner->pipe->platform, owner->block, (size_t)own->dev_offset, &handle, &local);
+    mlo_plat_resolve(owner->pipe->platform, owner->block,
+                     (size_t)(own->dev_offset - owner->shard_offset), &handle, &local);
     if (block) *block = handle;
     if (offset) *offset = local;
   }
   pthread_mutex_unlock(&owner->pipe->lock);
+  return rc;
+}
+
+int mlo_component_shard(mlo_component *c, void **block, uint64_t *offset, uint64_t *bytes) {
+  if (!c) return MLO_EINVAL;
+  MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
+  int rc = MLO_OK;
+  if (!mlo_res_is_resident(c)) {
+    rc = MLO_ESTATE;
+  } else {
+    bool sliced = c->shard_bytes || c->shard_offset;
+    if (block) *block = c->block;
+    if (offset) *offset = sliced ? c->shard_offset : 0;
+    if (bytes) *bytes = sliced ? c->shard_bytes : c->block_bytes;
+  }
+  pthread_mutex_unlock(&c->pipe->lock);
   return rc;
 }
 

@@ -136,7 +136,7 @@ int mlo_res_load(mlo_component *c) {
     if ((rc = mlo_collective(pipe, c, COLL_LOAD, MLO_OK, NULL, NULL))) return rc;
     uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
     slice = (size_t)(((c->block_bytes + n - 1) / n + 4095) / 4096 * 4096);
-    c->alloc_bytes = (uint64_t)slice * n;
+    c->alloc_bytes = pipe->shard_resident ? slice : (uint64_t)slice * n;
   } else {
     c->alloc_bytes = c->block_bytes;
   }
@@ -200,19 +200,24 @@ int mlo_res_load(mlo_component *c) {
     uint64_t from = (uint64_t)mlo_dist_node_rank(pipe->comm) * slice;
     uint64_t len = from < c->slab_bytes ? c->slab_bytes - from : 0;
     if (len > slice) len = slice;
+    uint64_t at = pipe->shard_resident ? 0 : from; /* a shard alone starts its block */
     if (len)
-      rc = PCALL(c,
-                 mlo_plat_copy_h2d(p, c->block, (size_t)from, (char *)c->slab + from, (size_t)len));
+      rc =
+          PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
     copies = len ? 1 : 0;
     moved = len;
+    if (pipe->shard_resident) {
+      c->shard_offset = from;
+      c->shard_bytes = len;
+      gathered_on_device = true; /* nothing to gather: the caller's compute does */
+    }
     /* a device that gathers on its copy queue does it now, before the
      * load's event; the host platform gathers at the wait, through MPI */
-    if (!rc && !p->caps.host_addressable) {
+    if (!rc && !pipe->shard_resident && !p->caps.host_addressable) {
       rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
                                         mlo_dist_nccl(pipe->comm)));
       if (!rc)
-        pipe->dist.gather_bytes +=
-            (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
+        pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
       gathered_on_device = true;
     }
   } else if (!rc) {
@@ -318,6 +323,7 @@ int mlo_res_evict(mlo_component *c) {
   mlo_plat_dev_free(pipe->platform, c->block, (size_t)c->alloc_bytes);
   c->block = NULL;
   c->gather_slice = 0;
+  c->shard_offset = c->shard_bytes = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
   c->stats.evictions++;
@@ -337,6 +343,7 @@ void mlo_res_drop(mlo_component *c) {
   }
   c->block = NULL;
   c->gather_slice = 0;
+  c->shard_offset = c->shard_bytes = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
 }

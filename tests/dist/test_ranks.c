@@ -187,6 +187,68 @@ static void test_shared_and_sharded(mlo_comm *comm, uint64_t reference_digest) {
   mlo_platform_close(q);
 }
 
+/* HSDP: each rank keeps only its slice resident and gathers nothing; the
+ * caller's own all-gather of the slices is the component, the device holds
+ * 1/n of it, and tensors outside the slice are refused, not wrong. */
+static void test_shard_resident(mlo_comm *comm) {
+  mlo_platform *p = host();
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = p;
+  po.comm = comm;
+  po.sharded_loads = true;
+  po.shard_resident = true;
+  mlo_pipeline *pipe = NULL;
+  char err[512] = "";
+  CHECK(mlo_pipeline_open_path(&po, dir, NULL, &pipe, err, sizeof err) == MLO_OK, "%s", err);
+  mlo_component *c = mlo_pipeline_component_at(pipe, 1);
+  mlo_platform_memory m0, m1;
+  mlo_platform_get_memory(p, &m0);
+  int rc = mlo_component_load(c);
+  CHECK(rc == MLO_OK, "load: %s", mlo_pipeline_errmsg(pipe));
+  CHECK(mlo_component_acquire(c) == MLO_OK, "acquire: %s", mlo_pipeline_errmsg(pipe));
+  mlo_platform_get_memory(p, &m1);
+  void *block = NULL;
+  uint64_t off = 0, len = 0, total = mlo_component_bytes(c);
+  CHECK(mlo_component_shard(c, &block, &off, &len) == MLO_OK, "shard");
+  CHECK((m1.used_bytes - m0.used_bytes) * (uint64_t)nranks < total + 4096ull * nranks * 2,
+        "the device holds %llu bytes of a %llu-byte component",
+        (unsigned long long)(m1.used_bytes - m0.used_bytes), (unsigned long long)total);
+  /* the caller's gather: every rank's slice, in node rank order */
+  unsigned long long mine[2] = {off, len}, all[2 * 8] = {0};
+  MPI_Allgather(mine, 2, MPI_UNSIGNED_LONG_LONG, all, 2, MPI_UNSIGNED_LONG_LONG, MPI_COMM_WORLD);
+  unsigned long long covered = 0;
+  for (int r = 0; r < nranks && r < 8; r++) {
+    CHECK(all[2 * r] == covered || all[2 * r + 1] == 0, "slice %d starts at %llu, not %llu", r,
+          all[2 * r], covered);
+    covered += all[2 * r + 1];
+  }
+  const char *slab = mlo_tensor_host_data(mlo_component_tensor_at(c, 0));
+  CHECK(covered >= total - 4096 && covered <= total, "the slices cover %llu of %llu bytes", covered,
+        (unsigned long long)total);
+  CHECK(!len || !memcmp(block, slab + off, (size_t)len), "this rank's slice differs");
+  /* a tensor inside the slice has its address; one outside is refused */
+  size_t inside = 0, outside = 0;
+  for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+    const mlo_tensor *t = mlo_component_tensor_at(c, k);
+    const char *h = mlo_tensor_host_data(t);
+    uint64_t at = (uint64_t)(h - slab), nb = mlo_tensor_nbytes(t);
+    void *dp = mlo_tensor_device_ptr(t);
+    if (at >= off && at + nb <= off + len) {
+      inside++;
+      CHECK(dp == (char *)block + (at - off), "%s: address", mlo_tensor_name(t));
+    } else {
+      outside++;
+      CHECK(dp == NULL, "%s: outside the shard yet given an address", mlo_tensor_name(t));
+    }
+  }
+  CHECK(inside > 0 && (nranks == 1 || outside > 0), "inside %zu outside %zu", inside, outside);
+  mlo_component_release(c);
+  CHECK(mlo_component_evict(c) == MLO_OK, "evict");
+  CHECK(mlo_component_shard(c, NULL, NULL, NULL) == MLO_ESTATE, "shard of an evicted component");
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
 static void test_fault_on_one_rank(mlo_comm *comm) {
   mlo_platform *p = host();
   mlo_pipeline *pipe = open_with(p, comm, false, NULL);
@@ -313,6 +375,7 @@ int main(int argc, char **argv) {
   }
   CHECK(mlo_comm_size(comm) == nranks && mlo_comm_rank(comm) == rank, "comm ranks");
   test_shared_and_sharded(comm, reference);
+  test_shard_resident(comm);
   test_fault_on_one_rank(comm);
   test_mismatch(comm);
   mlo_comm_free(comm);
