@@ -24,7 +24,8 @@ if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
 fi
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
-  -DMLO_WITH_OPENCL=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON -DMLO_BUILD_BENCH=OFF \
+  -DMLO_WITH_OPENCL=OFF -DMLO_WITH_MPI=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON \
+  -DMLO_BUILD_BENCH=OFF \
   -DMLO_WERROR=ON >"$build/gpu-prep.configure.log" 2>&1 || {
   tail -20 "$build/gpu-prep.configure.log" >&2
   exit 1
