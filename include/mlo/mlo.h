@@ -213,7 +213,12 @@ typedef struct mlo_platform mlo_platform;
  *                      touched on first use and kept, like a caching pool)
  *       seed=N         seed for jitter
  *       blocking_d2h=0|1  declare the XPU rule (device-to-host copies block)
- *   "cuda[:N]"    NVIDIA GPU N (default 0); MLO_ENODEV if not built or absent
+ *   "cuda[:N][:key=value,...]"  NVIDIA GPU N (default 0); MLO_ENODEV if not
+ *       built or absent.  capacity=SIZE runs it as a smaller card, pinned=0|1,
+ *       chunk=SIZE (bytes per copy call), stream=HANDLE: the compute queue is
+ *       the caller's cudaStream_t (a framework's current stream, e.g.
+ *       torch.cuda.current_stream().cuda_stream), so compute launched there
+ *       waits for loads without a synchronize (C8); mlo never destroys it
  *   "opencl[:N][:key=value,...]"  OpenCL device N; blocking_d2h=0|1 forces
  *       the XPU rule (on by default for Intel GPUs); max_alloc=SIZE lowers
  *       the largest single allocation (larger blocks are built from

@@ -24,6 +24,7 @@
 #include "platform/platform.h"
 
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #ifdef MLO_HAVE_NCCL
 #include <nccl.h>
 #endif
@@ -41,6 +42,7 @@ struct cuda_options {
   int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
   uint64_t chunk;    /* bytes per cudaMemcpyAsync */
   uint64_t capacity; /* 0: the whole device */
+  uintptr_t stream;  /* stream=: the caller's compute stream (not ours to destroy); 0: ours */
 };
 
 struct cuda_ctx {
@@ -49,6 +51,7 @@ struct cuda_ctx {
    * write-back, which waits for its compute, never holds up the next load);
    * COMPUTE: the user's queue; RELEASE: frees. */
   cudaStream_t copy, readback, compute, release;
+  bool compute_external; /* compute is the caller's stream (stream=): never destroyed */
   cudaEvent_t copy_tail, readback_tail, compute_tail; /* free ordering; guarded by lock */
   cudaMemPool_t pool;                                 /* NULL: no pool support, plain cudaMalloc */
   size_t chunk;
@@ -618,7 +621,7 @@ static void cu_destroy(void *ctx) {
     for (int i = 0; i < 4; i++)
       if (streams[i]) {
         cudaStreamSynchronize(streams[i]);
-        cudaStreamDestroy(streams[i]);
+        if (!(i == 2 && c->compute_external)) cudaStreamDestroy(streams[i]);
       }
     if (c->copy_tail) cudaEventDestroy(c->copy_tail);
     if (c->readback_tail) cudaEventDestroy(c->readback_tail);
@@ -691,7 +694,23 @@ static int cu_option(const char *key, const char *value, void *user, char *err, 
     }
     return MLO_OK;
   }
-  snprintf(err, errlen, "unknown cuda platform option %s=%s (known: pinned, chunk, capacity)", key,
+  if (!strcmp(key, "stream")) {
+    /* A framework's stream (torch.cuda.current_stream().cuda_stream), so
+     * compute waits for loads on the stream the framework launches on. */
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 0);
+    if (!value[0] || *end || errno || !v) {
+      snprintf(err, errlen,
+               "cuda platform option stream=%s: expected a cudaStream_t handle such as 0x5555",
+               value);
+      return MLO_EINVAL;
+    }
+    o->stream = (uintptr_t)v;
+    return MLO_OK;
+  }
+  snprintf(err, errlen,
+           "unknown cuda platform option %s=%s (known: pinned, chunk, capacity, stream)", key,
            value);
   return MLO_EINVAL;
 }
@@ -759,6 +778,7 @@ static int create_streams(struct cuda_ctx *c, char *err, size_t errlen) {
   }
   cudaStream_t *streams[] = {&c->copy, &c->readback, &c->compute, &c->release};
   for (int i = 0; i < 4 && e == cudaSuccess; i++) {
+    if (streams[i] == &c->compute && c->compute_external) continue; /* the caller's */
     what = "cudaStreamCreateWithFlags";
     e = cudaStreamCreateWithFlags(streams[i], cudaStreamNonBlocking);
   }
@@ -816,6 +836,8 @@ int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   c->device = (int)opt.index;
   c->chunk = (size_t)opt.chunk;
   c->capacity = opt.capacity;
+  c->compute = (cudaStream_t)opt.stream;
+  c->compute_external = opt.stream != 0;
   /* The environment is a kill switch: it wins over pinned=1. */
   c->pinned = opt.pinned != 0 && !mlo_env_flag("MLO_NO_PINNED");
   rc = create_streams(c, err, errlen);

@@ -32,6 +32,7 @@ static void test_bad_specs(void **state) {
       {"cuda:0:pinned=2", "pinned"},        {"cuda:0:chunk=12", "chunk"},
       {"cuda:0:chunk=lots", "chunk"},       {"cuda:0:pinned", "pinned"},
       {"cuda:0:capacity=lots", "capacity"}, {"cuda:0:capacity=0", "capacity"},
+      {"cuda:0:stream=0", "stream"},        {"cuda:0:stream=fast", "stream"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlo_platform *p = (mlo_platform *)&p; /* must come back NULL */
