@@ -436,7 +436,7 @@ static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int
   q->run = true;
   if (rc) {
     q->fits = false;
-    snprintf(q->why, sizeof q->why, "the projected run failed: %s", err);
+    snprintf(q->why, sizeof q->why, "the projected run failed: %.200s", err);
     run_result_free(&r);
     return rc == MLO_ENOMEM_DEVICE ? MLO_OK : rc;
   }
@@ -626,11 +626,10 @@ static const char *pct(double x) {
 /* A size as a flag takes it: "20G", "512M", else bytes. */
 static const char *size_arg(uint64_t b) {
   static char buf[32];
-  static const char units[] = "KMGT";
-  int u = -1;
-  while (b && u < 3 && b % 1024 == 0) b /= 1024, u++;
-  snprintf(buf, sizeof buf, "%llu%.*s", (unsigned long long)b, u >= 0 ? 1 : 0,
-           u >= 0 ? &units[u] : "");
+  static const char *const units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (b && u < 4 && b % 1024 == 0) b /= 1024, u++;
+  snprintf(buf, sizeof buf, "%llu%s", (unsigned long long)b, units[u]);
   return buf;
 }
 
