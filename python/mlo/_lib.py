@@ -1,0 +1,150 @@
+"""_lib.py — the ctypes declarations of libmlo's C API (include/mlo/mlo.h).
+
+Only what the Python package calls is declared; every structure mirrors its
+C definition field for field (the tests check the sizes the C headers'
+_INIT macros carry, through the library's own size checks: a wrong size is
+refused with MLO_EINVAL).  Nothing here implements anything libmlo does.
+"""
+import ctypes
+import ctypes.util
+import os
+
+MAX_DIMS = 8
+
+# status codes
+OK, EINVAL, ENOMEM, ENOMEM_DEVICE, EBUSY, ESTATE = 0, -1, -2, -3, -4, -5
+
+# dtypes (mlo_dtype, in header order)
+DTYPES = ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16",
+          "I32", "U32", "F32", "F64", "I64", "U64", "C64"]
+DTYPE = {name: i for i, name in enumerate(DTYPES)}
+
+ROLE_DIT, ROLE_ENCODER, ROLE_VAE, ROLE_OTHER, ROLE_AUTO = range(5)
+SYNC_EVENT = 0
+POLICY_STRICT, POLICY_BUDGET = 0, 1
+TENSOR_BUFFER = 1 << 0
+TRACE_EVICT = 2
+
+
+class TensorDesc(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("shape", ctypes.c_int64 * MAX_DIMS),
+                ("flags", ctypes.c_uint), ("data", ctypes.c_void_p), ("file", ctypes.c_char_p),
+                ("file_offset", ctypes.c_uint64)]
+
+
+class PipelineOptions(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("platform", ctypes.c_void_p),
+                ("pin_host", ctypes.c_bool), ("slab_alignment", ctypes.c_size_t),
+                ("comm", ctypes.c_void_p), ("sharded_loads", ctypes.c_bool),
+                ("shard_resident", ctypes.c_bool)]
+
+
+class OffloadSettings(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("sync", ctypes.c_int), ("pin_host", ctypes.c_bool),
+                ("distributed", ctypes.c_bool), ("per_tensor_copies", ctypes.c_bool),
+                ("copy_back", ctypes.c_bool), ("policy", ctypes.c_int),
+                ("budget_bytes", ctypes.c_uint64), ("reserve_bytes", ctypes.c_uint64),
+                ("prefetch", ctypes.c_bool)]
+
+
+class ComponentStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "loads", "evictions", "forwards", "h2d_bytes", "d2h_bytes", "copy_calls",
+        "platform_calls", "wait_ns", "forward_ns", "prefetches")]
+
+
+class PipelineStats(ctypes.Structure):
+    _fields_ = [("total", ComponentStats)] + [(n, ctypes.c_uint64) for n in (
+        "device_bytes", "peak_device_bytes", "host_slab_bytes", "pinned_bytes", "budget_bytes")]
+
+
+class PlatformMemory(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "total_bytes", "free_bytes", "used_bytes", "peak_bytes", "reserved_peak_bytes")]
+
+
+class PlatformCaps(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_bool) for n in (
+        "async_copy", "events", "pinned_host", "host_register", "blocking_d2h",
+        "device_pointers", "host_addressable")] + [("max_block_bytes", ctypes.c_uint64)]
+
+
+class ScheduleEntry(ctypes.Structure):
+    _fields_ = [("comp", ctypes.c_void_p), ("repeat", ctypes.c_uint32)]
+
+
+def _candidates():
+    env = os.environ.get("MLO_LIBRARY")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("libmlo.so.0", "libmlo.so"):
+        yield os.path.join(here, name)
+    # a source checkout: python/mlo -> build/
+    yield os.path.join(here, "..", "..", "build", "libmlo.so.0")
+    found = ctypes.util.find_library("mlo")
+    if found:
+        yield found
+
+
+def load():
+    errors = []
+    for path in _candidates():
+        if not os.path.isabs(path) and os.sep in path:
+            path = os.path.abspath(path)
+        if os.sep in path and not os.path.exists(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append("%s: %s" % (path, e))
+            continue
+        _declare(lib)
+        return lib
+    raise OSError("libmlo not found (set MLO_LIBRARY to libmlo.so.0, or build the C library: "
+                  "cmake -S . -B build && cmake --build build)%s" %
+                  ("; tried " + "; ".join(errors) if errors else ""))
+
+
+def _declare(lib):
+    P, I, U64, Z, C, B = (ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                          ctypes.c_char_p, ctypes.c_bool)
+    sig = {
+        "mlo_version": (C, []),
+        "mlo_strerror": (C, [I]),
+        "mlo_err_name": (C, [I]),
+        "mlo_platform_open": (I, [C, ctypes.POINTER(P), ctypes.c_char_p, Z]),
+        "mlo_platform_close": (None, [P]),
+        "mlo_platform_name": (C, [P]),
+        "mlo_platform_description": (C, [P]),
+        "mlo_platform_get_caps": (None, [P, ctypes.POINTER(PlatformCaps)]),
+        "mlo_platform_get_memory": (I, [P, ctypes.POINTER(PlatformMemory)]),
+        "mlo_platform_synchronize": (I, [P]),
+        "mlo_pipeline_create": (I, [ctypes.POINTER(PipelineOptions), ctypes.POINTER(P)]),
+        "mlo_pipeline_free": (None, [P]),
+        "mlo_pipeline_errmsg": (C, [P]),
+        "mlo_pipeline_materialize": (I, [P]),
+        "mlo_pipeline_audit": (I, [P]),
+        "mlo_pipeline_get_stats": (I, [P, ctypes.POINTER(PipelineStats)]),
+        "mlo_pipeline_reset_stats": (None, [P]),
+        "mlo_pipeline_set_schedule": (I, [P, ctypes.POINTER(ScheduleEntry), Z]),
+        "mlo_component_add": (I, [P, C, I, ctypes.POINTER(P)]),
+        "mlo_component_name": (C, [P]),
+        "mlo_component_bytes": (U64, [P]),
+        "mlo_component_is_resident": (B, [P]),
+        "mlo_component_acquire": (I, [P]),
+        "mlo_component_release": (I, [P]),
+        "mlo_component_get_stats": (I, [P, ctypes.POINTER(ComponentStats)]),
+        "mlo_tensor_add": (I, [P, ctypes.POINTER(TensorDesc), ctypes.POINTER(P)]),
+        "mlo_tensor_host_data": (P, [P]),
+        "mlo_tensor_device_ptr": (P, [P]),
+        "mlo_tensor_nbytes": (U64, [P]),
+        "mlo_offload_enable": (I, [P, ctypes.POINTER(OffloadSettings)]),
+        "mlo_offload_disable": (I, [P]),
+        "mlo_offload_is_enabled": (B, [P]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
