@@ -162,6 +162,7 @@ class Offload:
         self.settings = (device, policy, budget, reserve, prefetch)
         self.platform = Platform(_platform_spec(device))
         self.caps = self.platform.caps()
+        self.device_type = "cuda" if self.platform.name == "cuda" else "cpu"
         self.pipeline = Pipeline(self.platform)
         self.managed = []
         self.owner_of = {}  # data_ptr -> _Managed that stores it (C6)
@@ -266,7 +267,12 @@ class Offload:
     def hook(self, m):
         """Forward pre/post hooks on m's module (the post hook runs even when
         the forward raises, so an acquire is never left held); a VAE's
-        decode and encode are wrapped as well."""
+        decode and encode are wrapped as well.  On a GPU, diffusers is told
+        where the module executes (its pipelines ask an `_hf_hook` for the
+        execution device; a module not yet loaded sits on its slab)."""
+        if self.device_type != "cpu" and not hasattr(m.module, "_hf_hook"):
+            m.module._hf_hook = _ExecutionDevice(self.device_type)
+            m.patched["_hf_hook"] = None
         pre = m.module.register_forward_pre_hook(lambda mod, args: self.acquire(m))
         post = m.module.register_forward_hook(lambda mod, args, out: self.release(m),
                                               always_call=True)
@@ -316,6 +322,13 @@ class Offload:
             else:
                 owner._buffers[attr] = t
         self._originals = []
+
+
+class _ExecutionDevice:
+    """What diffusers' DiffusionPipeline._execution_device reads."""
+
+    def __init__(self, device):
+        self.execution_device = torch.device(device)
 
 
 def _cuda_view(ptr, like):
