@@ -214,7 +214,7 @@ class Offload:
                 Component.device_ptr(e.handle)
             if where == "device" and self.caps["device_pointers"] and not self.caps[
                     "host_addressable"]:
-                view = _cuda_view(ptr, e.like)
+                view = _cuda_view(ptr, e.like, e.nbytes)
             else:
                 view = _view(ptr, e.like, e.nbytes)
             if e.is_param:
@@ -331,18 +331,18 @@ class _ExecutionDevice:
         self.execution_device = torch.device(device)
 
 
-def _cuda_view(ptr, like):
+def _cuda_view(ptr, like, nbytes):
+    """A CUDA tensor over a device block's bytes (no copy): the bytes as
+    uint8 through __cuda_array_interface__, then viewed as the tensor's
+    dtype and shape (bf16 and fp8 have no typestr of their own)."""
+    if nbytes == 0 or not ptr:
+        return torch.empty(like.shape, dtype=like.dtype, device="cuda")
+
     class _Iface:
-        __cuda_array_interface__ = {
-            "shape": tuple(like.shape), "typestr": _typestr(like.dtype),
-            "data": (ptr, False), "version": 3, "strides": None}
-    return torch.as_tensor(_Iface(), device="cuda")
+        __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                    "version": 3, "strides": None}
 
-
-def _typestr(dtype):
-    return {torch.float32: "<f4", torch.float16: "<f2", torch.float64: "<f8",
-            torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.int8: "|i1",
-            torch.uint8: "|u1", torch.bool: "|b1", torch.bfloat16: "<V2"}.get(dtype, "|u1")
+    return torch.as_tensor(_Iface(), device="cuda").view(like.dtype).view(like.shape)
 
 
 def _platform_spec(device):
