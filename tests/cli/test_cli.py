@@ -1030,8 +1030,13 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 
 def mpi_run(n, *args, check=0):
-    """mpirun -np n mlo ARGS; returns (code, stdout, stderr)."""
+    """mpirun -np n mlo ARGS; returns (code, stdout, stderr).  Under ASan the
+    leak check is off for these runs alone: Open MPI's exit-time allocations
+    sit in plugins it unloads, which LeakSanitizer cannot name or suppress
+    (docs/reliability.md); address and UB errors still fail them."""
     env = dict(os.environ, **MPI_ENV)
+    if "ASAN_OPTIONS" in env:
+        env["ASAN_OPTIONS"] += ":detect_leaks=0"
     p = subprocess.run(["mpirun", "-np", str(n), MLO, *args], capture_output=True, text=True,
                        env=env, timeout=300)
     if check is not None and p.returncode != check:
