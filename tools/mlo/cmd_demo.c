@@ -290,6 +290,9 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     if (!code)
       printf("  (the demo's link makes a DiT load cost a whole DiT step; on these cards a step\n"
              "  computes for many times its expert's load, so the switches nearly vanish)\n");
+    if (!code)
+      ranks_demo(dir, z.capacity, bw, (int)d->steps, run_steady(&strict, GEN_STALL),
+                 rep.tensor_bytes, stdout);
   }
   run_result_free(&strict);
   report_free(&rep);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef MLO_HAVE_MPI
 #include "dist/dist.h"
@@ -185,6 +186,62 @@ uint64_t ranks_pss_of(const void *const *addrs, size_t n) {
   }
   if (f) fclose(f);
   return (uint64_t)kb * 1024;
+}
+
+/* ---- the demo's line: two ranks of this very binary under mpirun ---- */
+
+void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double one_rank_stall,
+                uint64_t weights, FILE *out) {
+#ifndef MLO_HAVE_MPI
+  (void)dir, (void)capacity, (void)bw, (void)steps, (void)one_rank_stall, (void)weights;
+  fprintf(out, "\nseveral ranks: not shown (this mlo was built without MPI)\n");
+#else
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0 || strchr(dir, '\'') || system("command -v mpirun >/dev/null 2>&1") != 0) {
+    fprintf(out, "\nseveral ranks: not shown (mpirun not found; Debian: openmpi-bin)\n");
+    return;
+  }
+  self[n] = '\0';
+  char cmd[10000];
+  snprintf(cmd, sizeof cmd,
+           "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+           "OMPI_MCA_rmaps_base_oversubscribe=1 MLO_LOG=error mpirun -np 2 '%s' run '%s' "
+           "--ranks sharded --json --steps %d --prompts 3 --device-memory %llu "
+           "--platform host:prefault=1,poison=0 --link %.0f 2>/dev/null",
+           self, dir, steps, (unsigned long long)capacity, bw);
+  fflush(out);
+  FILE *p = popen(cmd, "r");
+  char line[8192];
+  double stall = 0, slab = 0, read = 0;
+  int ranks = 0;
+  while (p && fgets(line, sizeof line, p)) {
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "steady_stall_s");
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(o, "slab_pss_bytes");
+    const cJSON *rd = cJSON_GetObjectItemCaseSensitive(o, "disk_read_bytes");
+    if (cJSON_IsNumber(st) && cJSON_IsNumber(sp) && cJSON_IsNumber(rd)) {
+      ranks++;
+      stall = st->valuedouble > stall ? st->valuedouble : stall;
+      slab += sp->valuedouble;
+      read += rd->valuedouble;
+    }
+    cJSON_Delete(o);
+  }
+  int rc = p ? pclose(p) : -1;
+  if (rc != 0 || ranks != 2 || !weights) {
+    fprintf(out, "\nseveral ranks: not shown (mpirun -np 2 did not run here)\n");
+    return;
+  }
+  double w = (double)weights;
+  fprintf(out,
+          "\ntwo ranks on this node (mpirun -np 2 mlo run --ranks sharded), strict policy:\n"
+          "  host slabs %.2fx the weights (two processes with slabs of their own: 2.00x), read\n"
+          "  from disk %.2fx; each rank copies half of every load over its link and the two\n"
+          "  all-gather the rest: stall %.3f s per prompt, %.2fx one rank's %.3f s\n",
+          slab / w, read / w, stall, one_rank_stall > 0 ? stall / one_rank_stall : 0,
+          one_rank_stall);
+#endif
 }
 
 uint64_t ranks_pss_bytes(void) {

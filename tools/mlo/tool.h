@@ -202,6 +202,12 @@ void ranks_stop(tool_ranks *r);
  * on every rank (err says which failed), within the communicator's
  * timeout, never a hang.  code itself without ranks. */
 int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen);
+/* The demo's line on several ranks: this binary under `mpirun -np 2 ...
+ * --ranks sharded` on the demo's checkpoint, device and link, reported
+ * against the weights and against one rank's steady stall; a line saying
+ * why when MPI or mpirun is missing. */
+void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double one_rank_stall,
+                uint64_t weights, FILE *out);
 /* This process's proportional set size (smaps_rollup), 0 if unknown, and
  * that of the mappings holding any of addrs (each counted once). */
 uint64_t ranks_pss_bytes(void);
