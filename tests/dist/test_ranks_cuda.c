@@ -1,0 +1,136 @@
+/*
+ * test_ranks_cuda.c — sharded loads on GPUs (label gpu): under mpirun with
+ * one rank per GPU of the node, an NCCL communicator over the node's ranks
+ * (mlo_comm_set_nccl), each rank's device block after a sharded load must
+ * hold exactly its component's slab (the slices copied by every rank, put
+ * together by ncclAllGather on the copy stream), and the reference
+ * workload's digest on the GPU must equal one process's.  Exits 77
+ * (skipped) on every rank when the node has fewer GPUs than ranks.
+ */
+#include "mlo/checkpoint.h"
+#include "mlo/mpi.h"
+#include "workload/workload.h"
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int rank, nranks, failures;
+
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      failures++;                                                                                  \
+      fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed: ", rank, __FILE__, __LINE__, #cond);      \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+    }                                                                                              \
+  } while (0)
+
+static uint64_t digest_of(mlo_platform *p, mlo_pipeline *pipe) {
+  mlo_workload *w = NULL;
+  mlo_workload_call *calls = NULL;
+  size_t n = 0;
+  uint64_t d = 0;
+  int rc = mlo_workload_open(p, &w);
+  if (!rc) rc = mlo_workload_schedule(pipe, 4, 3, &calls, &n);
+  mlo_offload_settings set = MLO_OFFLOAD_SETTINGS_INIT;
+  if (!rc) rc = mlo_offload_enable(pipe, &set);
+  if (!rc) rc = mlo_workload_run(w, calls, n, &d, NULL, NULL, NULL);
+  CHECK(rc == MLO_OK, "workload: %s", mlo_pipeline_errmsg(pipe));
+  mlo_offload_disable(pipe);
+  free(calls);
+  mlo_workload_close(w);
+  return d;
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  int gpus = 0, fewest = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (fewest < nranks) {
+    if (rank == 0) printf("skipped: %d GPU(s) for %d ranks\n", fewest, nranks);
+    MPI_Finalize();
+    return 77;
+  }
+  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
+  char dir[256] = "", err[512] = "";
+  if (rank == 0) {
+    snprintf(dir, sizeof dir, "/tmp/mlo_ranks_cuda_XXXXXX");
+    if (!mkdtemp(dir) ||
+        mlo_synth_write("wan2.2-t2v", strcat(dir, "/wan"), 0.0005, NULL, NULL, err, sizeof err))
+      MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  cudaSetDevice(rank);
+  ncclUniqueId id;
+  if (rank == 0) ncclGetUniqueId(&id);
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t nccl;
+  CHECK(ncclCommInitRank(&nccl, nranks, id, rank) == ncclSuccess, "ncclCommInitRank");
+  mlo_comm *comm = NULL;
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  mlo_comm_set_nccl(comm, nccl);
+  char spec[32];
+  snprintf(spec, sizeof spec, "cuda:%d", rank);
+  mlo_platform *p = NULL, *q = NULL;
+  CHECK(mlo_platform_open(spec, &p, err, sizeof err) == MLO_OK, "%s", err);
+  CHECK(mlo_platform_open(spec, &q, err, sizeof err) == MLO_OK, "%s", err);
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = q;
+  mlo_pipeline *single = NULL, *pipe = NULL;
+  CHECK(mlo_pipeline_open_path(&po, dir, NULL, &single, err, sizeof err) == MLO_OK, "%s", err);
+  uint64_t reference = digest_of(q, single);
+  po.platform = p;
+  po.comm = comm;
+  po.sharded_loads = true;
+  CHECK(mlo_pipeline_open_path(&po, dir, NULL, &pipe, err, sizeof err) == MLO_OK, "%s", err);
+  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "%s", mlo_pipeline_errmsg(pipe));
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    CHECK(mlo_component_load(c) == MLO_OK, "load: %s", mlo_pipeline_errmsg(pipe));
+    CHECK(mlo_component_acquire(c) == MLO_OK, "acquire: %s", mlo_pipeline_errmsg(pipe));
+    mlo_platform_synchronize(p);
+    for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+      const mlo_tensor *t = mlo_component_tensor_at(c, k);
+      size_t nb = (size_t)mlo_tensor_nbytes(t);
+      char *back = malloc(nb ? nb : 1);
+      CHECK(cudaMemcpy(back, mlo_tensor_device_ptr(t), nb, cudaMemcpyDeviceToHost) == cudaSuccess,
+            "copy back");
+      CHECK(!memcmp(back, mlo_tensor_host_data(t), nb), "%s differs on the device",
+            mlo_tensor_name(t));
+      free(back);
+    }
+    mlo_component_release(c);
+    mlo_component_evict(c);
+  }
+  mlo_dist_stats ds = MLO_DIST_STATS_INIT;
+  mlo_pipeline_get_dist_stats(pipe, &ds);
+  CHECK(ds.gather_bytes > 0, "no gather");
+  uint64_t d = digest_of(p, pipe);
+  CHECK(d == reference, "sharded digest %016llx, one process %016llx", (unsigned long long)d,
+        (unsigned long long)reference);
+  mlo_pipeline_free(pipe);
+  mlo_pipeline_free(single);
+  mlo_platform_close(p);
+  mlo_platform_close(q);
+  mlo_comm_free(comm);
+  ncclCommDestroy(nccl);
+  int all = 0;
+  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) {
+    char cmd[300];
+    *strrchr(dir, '/') = '\0';
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    printf("%d ranks on GPUs: %s\n", nranks, all ? "FAILED" : "ok");
+  }
+  MPI_Finalize();
+  return all ? 1 : 0;
+}
