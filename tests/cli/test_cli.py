@@ -991,8 +991,11 @@ class PlanTests(Fixture):
 
     def test_validation_against_a_run(self):
         """The projection, given a measured run's own forward times per
-        component, predicts that run's steady-state wall time within 10%
-        and its stall within 5% of the wall, and the bytes exactly."""
+        component (their means over the run), predicts that run's wall time
+        within 10% and its stall within 5% of the wall, and the bytes
+        exactly, over the same prompts (the cold one included: its forwards
+        are in the means, so comparing the steady prompts alone would hold
+        the projection to a cold-start bias it is not given)."""
         tmp = tempfile.mkdtemp(prefix="mlo-plan-val-")
         try:
             path = os.path.join(tmp, "wan")
@@ -1012,15 +1015,14 @@ class PlanTests(Fixture):
                 res = plan_json(path, "--step-time", times, *common)
                 (pol,) = res["policies"]
                 self.assertEqual(pol["policy"], name)
-                wall = run["steady_wall_s"]
-                stalls = sorted(g["stall_s"] for g in run["generations"][1:])
-                stall = sum(stalls) / len(stalls)
+                wall, stall = run["wall_s"], run["stall_s"]
                 with self.subTest(policy=name):
+                    self.assertEqual(pol["total_h2d_bytes"], run["h2d_bytes"])
                     self.assertEqual(pol["h2d_bytes"], run["generations"][-1]["h2d_bytes"])
-                    self.assertLess(abs(pol["wall_s"] / wall - 1), 0.10,
-                                    f"plan {pol['wall_s']:.3f} s, run {wall:.3f} s")
-                    self.assertLess(abs(pol["stall_s"] - stall), 0.05 * wall,
-                                    f"plan stall {pol['stall_s']:.3f} s, run {stall:.3f} s")
+                    self.assertLess(abs(pol["total_wall_s"] / wall - 1), 0.10,
+                                    f"plan {pol['total_wall_s']:.3f} s, run {wall:.3f} s")
+                    self.assertLess(abs(pol["total_stall_s"] - stall), 0.05 * wall,
+                                    f"plan stall {pol['total_stall_s']:.3f} s, run {stall:.3f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

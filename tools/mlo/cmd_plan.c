@@ -51,6 +51,8 @@ typedef struct {
   bool run, fits;
   char why[256]; /* what is short, or why the run failed */
   double wall_s, stall_s, first_wall_s;
+  double total_wall_s, total_stall_s; /* every prompt, the cold one included */
+  uint64_t total_h2d;
   uint64_t h2d_bytes, loads, peak_device, pinned_host, budget;
 } pol_result;
 
@@ -445,6 +447,9 @@ static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int
   q->h2d_bytes = (uint64_t)run_steady(&r, GEN_H2D);
   q->loads = (uint64_t)run_steady(&r, GEN_LOADS);
   q->first_wall_s = r.ngens ? r.gens[0].wall_s : r.wall_s;
+  q->total_wall_s = r.wall_s;
+  q->total_stall_s = (double)r.stats.total.wait_ns / 1e9;
+  q->total_h2d = r.stats.total.h2d_bytes;
   q->peak_device = r.stats.peak_device_bytes;
   q->pinned_host = r.stats.pinned_bytes;
   q->budget = r.stats.budget_bytes;
@@ -769,6 +774,9 @@ static cJSON *result_json(const plan_args *pa, const plan_result *pr, const plan
       cJSON_AddNumberToObject(e, "stall_s", q->stall_s);
       cJSON_AddNumberToObject(e, "overhead", overhead(pr, q));
       cJSON_AddNumberToObject(e, "first_wall_s", q->first_wall_s);
+      cJSON_AddNumberToObject(e, "total_wall_s", q->total_wall_s);
+      cJSON_AddNumberToObject(e, "total_stall_s", q->total_stall_s);
+      cJSON_AddNumberToObject(e, "total_h2d_bytes", (double)q->total_h2d);
       cJSON_AddNumberToObject(e, "peak_device_bytes", (double)q->peak_device);
       cJSON_AddNumberToObject(e, "pinned_host_bytes", (double)q->pinned_host);
       cJSON_AddNumberToObject(e, "h2d_bytes", (double)q->h2d_bytes);
