@@ -22,6 +22,7 @@
 #include "mlo/checkpoint.h"
 #include "mlo/mpi.h"
 #include "workload/workload.h"
+#include "ranks_check.h"
 
 #include "base/sysio.h"
 
@@ -31,18 +32,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int rank, nranks, failures;
 static char dir[256];
-
-#define CHECK(cond, ...)                                                                           \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      failures++;                                                                                  \
-      fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed: ", rank, __FILE__, __LINE__, #cond);      \
-      fprintf(stderr, __VA_ARGS__);                                                                \
-      fprintf(stderr, "\n");                                                                       \
-    }                                                                                              \
-  } while (0)
 
 static mlo_platform *host(void) {
   mlo_platform *p = NULL;
@@ -86,23 +76,6 @@ static void mapping_sizes(const void *addr, long *pss, long *rss, long *size) {
     sscanf(line, "Size: %ld kB", size);
   }
   if (f) fclose(f);
-}
-
-static uint64_t digest_of(mlo_platform *p, mlo_pipeline *pipe) {
-  mlo_workload *w = NULL;
-  if (mlo_workload_open(p, &w)) return 0;
-  mlo_workload_call *calls = NULL;
-  size_t n = 0;
-  uint64_t d = 0;
-  int rc = mlo_workload_schedule(pipe, 4, 3, &calls, &n);
-  mlo_offload_settings set = MLO_OFFLOAD_SETTINGS_INIT;
-  if (!rc) rc = mlo_offload_enable(pipe, &set);
-  if (!rc) rc = mlo_workload_run(w, calls, n, &d, NULL, NULL, NULL);
-  CHECK(rc == MLO_OK, "workload: %s: %s", mlo_err_name(rc), mlo_pipeline_errmsg(pipe));
-  mlo_offload_disable(pipe);
-  free(calls);
-  mlo_workload_close(w);
-  return d;
 }
 
 static void test_shared_and_sharded(mlo_comm *comm, uint64_t reference_digest) {

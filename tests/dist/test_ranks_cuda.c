@@ -10,6 +10,7 @@
 #include "mlo/checkpoint.h"
 #include "mlo/mpi.h"
 #include "workload/workload.h"
+#include "ranks_check.h"
 
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -17,35 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int rank, nranks, failures;
-
-#define CHECK(cond, ...)                                                                           \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      failures++;                                                                                  \
-      fprintf(stderr, "rank %d: %s:%d: CHECK(%s) failed: ", rank, __FILE__, __LINE__, #cond);      \
-      fprintf(stderr, __VA_ARGS__);                                                                \
-      fprintf(stderr, "\n");                                                                       \
-    }                                                                                              \
-  } while (0)
-
-static uint64_t digest_of(mlo_platform *p, mlo_pipeline *pipe) {
-  mlo_workload *w = NULL;
-  mlo_workload_call *calls = NULL;
-  size_t n = 0;
-  uint64_t d = 0;
-  int rc = mlo_workload_open(p, &w);
-  if (!rc) rc = mlo_workload_schedule(pipe, 4, 3, &calls, &n);
-  mlo_offload_settings set = MLO_OFFLOAD_SETTINGS_INIT;
-  if (!rc) rc = mlo_offload_enable(pipe, &set);
-  if (!rc) rc = mlo_workload_run(w, calls, n, &d, NULL, NULL, NULL);
-  CHECK(rc == MLO_OK, "workload: %s", mlo_pipeline_errmsg(pipe));
-  mlo_offload_disable(pipe);
-  free(calls);
-  mlo_workload_close(w);
-  return d;
-}
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
