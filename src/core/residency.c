@@ -100,6 +100,11 @@ static bool sharded_load(const mlo_component *c) {
   return c->pipe->sharded && c->block_bytes == c->slab_bytes && c->slab_shared;
 }
 
+/* What an all-gather brought this rank: every other node rank's slice. */
+static void count_gathered(mlo_pipeline *pipe, size_t slice) {
+  pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
+}
+
 /* After a sharded load's slice is on the device: every node rank's slice
  * into every block (host platform: MPI over the blocks' host memory). */
 static int gather(mlo_component *c, size_t slice) {
@@ -110,8 +115,7 @@ static int gather(mlo_component *c, size_t slice) {
   if (!rc) rc = mlo_dist_allgather(pipe->comm, c->block, slice, err, sizeof err);
   if (rc && err[0]) mlo_fail(pipe, rc, "%s: %s", c->name, err);
   pipe->dist.gather_ns += mlo_plat_now(pipe->platform) - g0;
-  if (!rc)
-    pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
+  if (!rc) count_gathered(pipe, slice);
   return rc;
 }
 
@@ -149,13 +153,11 @@ int mlo_res_load(mlo_component *c) {
       snprintf(mine, sizeof mine, "allocating the device block of '%.120s' failed (%s)", c->name,
                mlo_strerror(rc));
     int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, NULL);
-    if (arc && !rc) {
-      c->stats.platform_calls++;
-      mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
-      c->block = NULL;
-      return arc;
-    }
     if (arc) {
+      if (!rc) { /* this rank's block goes with the others' failure */
+        c->stats.platform_calls++;
+        mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
+      }
       c->block = NULL;
       return arc;
     }
@@ -216,8 +218,7 @@ int mlo_res_load(mlo_component *c) {
     if (!rc && !pipe->shard_resident && !p->caps.host_addressable) {
       rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
                                         mlo_dist_nccl(pipe->comm)));
-      if (!rc)
-        pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
+      if (!rc) count_gathered(pipe, slice);
       gathered_on_device = true;
     }
   } else if (!rc) {
