@@ -16,8 +16,8 @@ import ctypes
 
 from . import _lib
 
-__all__ = ["MloError", "Platform", "Pipeline", "Component", "version", "DIT", "ENCODER", "VAE",
-           "OTHER"]
+__all__ = ["MloError", "Platform", "Pipeline", "Component", "version", "role_from_class",
+           "role_guess", "DIT", "ENCODER", "VAE", "OTHER"]
 
 DIT, ENCODER, VAE, OTHER = _lib.ROLE_DIT, _lib.ROLE_ENCODER, _lib.ROLE_VAE, _lib.ROLE_OTHER
 _ROLE_NAMES = {"dit": DIT, "encoder": ENCODER, "vae": VAE, "other": OTHER}
@@ -36,6 +36,23 @@ def lib():
 
 def version():
     return lib().mlo_version().decode()
+
+
+def role_from_class(class_name):
+    """The role a model class declares ("dit", "encoder", "vae", "other"), as
+    libmlo reads it from a checkpoint (mlo_role_from_class); None for a
+    class libmlo does not know."""
+    role = ctypes.c_int()
+    if lib().mlo_role_from_class(class_name.encode(), ctypes.byref(role)):
+        return None
+    return lib().mlo_role_name(role.value).decode()
+
+
+def role_guess(name, class_name=None):
+    """libmlo's name heuristic (mlo_role_guess): "dit", "encoder", "vae" or
+    "other"."""
+    role = lib().mlo_role_guess(name.encode(), class_name.encode() if class_name else None)
+    return lib().mlo_role_name(role).decode()
 
 
 class MloError(RuntimeError):

@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from . import Component, MloError, Pipeline, Platform, lib
+from . import Component, MloError, Pipeline, Platform, lib, role_from_class, role_guess
 
 __all__ = ["enable_model_offload", "disable_model_offload", "SupportsComponentDiscovery",
            "OffloadDelegate", "Offload"]
@@ -62,27 +62,12 @@ class OffloadDelegate(abc.ABC):
         ...
 
 
-def _guess_role(name, module):
-    n, cls = name.lower(), type(module).__name__
-    if n.startswith(("transformer", "unet", "prior", "dit")):
-        return "dit"
-    if n.startswith(("text_encoder", "image_encoder", "encoder", "mllm")):
-        return "encoder"
-    if n.startswith(("vae", "audio_vae", "vqvae")):
-        return "vae"
-    if "Transformer" in cls or "UNet" in cls:
-        return "dit"
-    if "Autoencoder" in cls or cls.endswith("VAE"):
-        return "vae"
-    if "Encoder" in cls or "TextModel" in cls:
-        return "encoder"
-    return None
-
-
 def discover(pipe):
     """[(name, module, role)] in the pipeline's order: its own declaration
     (SupportsComponentDiscovery, or a mlo_components dict), else diffusers'
-    components by name and class, with one warning naming every guess."""
+    components by class and name, as libmlo reads a checkpoint's
+    (mlo_role_from_class, then mlo_role_guess with one warning naming every
+    guess)."""
     declared = getattr(pipe, "mlo_components", None)
     if declared is None and isinstance(pipe, SupportsComponentDiscovery):
         declared = {"dit": pipe._dit_modules, "encoder": pipe._encoder_modules,
@@ -105,10 +90,16 @@ def discover(pipe):
     for name, module in comps.items():
         if not isinstance(module, torch.nn.Module):
             continue
-        role = _guess_role(name, module)
-        if role:
+        # as libmlo reads a checkpoint: the model class when it knows it,
+        # else its name heuristic, which warns
+        cls = type(module).__name__
+        role = role_from_class(cls)
+        if role is None:
+            role = role_guess(name, cls)
+            if role != "other":
+                guessed.append("%s (%s)" % (name, role))
+        if role != "other":
             out.append((name, module, role))
-            guessed.append("%s (%s)" % (name, role))
     if guessed:
         warnings.warn("mlo: roles guessed from diffusers' component names: " + ", ".join(guessed),
                       stacklevel=3)
@@ -277,7 +268,7 @@ class Offload:
         post = m.module.register_forward_hook(lambda mod, args, out: self.release(m),
                                               always_call=True)
         m.hooks += [pre, post]
-        for method in ("decode", "encode", "_decode", "_encode"):
+        for method in ("decode", "encode"):  # their _decode/_encode run inside: one acquire
             fn = m.module.__dict__.get(method) or getattr(type(m.module), method, None)
             if fn is None or method in m.patched:
                 continue
