@@ -39,6 +39,8 @@ if [ ! -x "$pack/bin/mlo" ]; then
   exit 1
 fi
 export LD_LIBRARY_PATH="$PWD/$pack/libs:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+# the CUDA platform and the workload's cuBLAS back-end are modules
+export MLO_MODULE_PATH="$PWD/$pack/modules"
 export MLO_LOG=${MLO_LOG:-warn}
 bin="$PWD/$pack/bin"
 say "pack: $(head -1 "$pack/MANIFEST" 2>/dev/null)"

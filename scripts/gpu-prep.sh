@@ -6,6 +6,9 @@
 # what the check runs into one folder that travels as is (under 64 MiB):
 #
 #   build-gpu/pack/bin/    mlo, platform_cuda, the contract tests, the example
+#   build-gpu/pack/modules/  libmlo-cuda.so and libmlo-workload-cuda.so, which
+#                          the programs load at run time (gpu-check.sh sets
+#                          MLO_MODULE_PATH to this folder: docs/modules.md)
 #   build-gpu/pack/libs/   every shared library they need that is neither
 #                          glibc nor CUDA's (the GPU machine has those)
 #   build-gpu/pack/MANIFEST  what was packed, from which commit
@@ -48,10 +51,15 @@ if [ "${#bins[@]}" -lt 18 ]; then
 fi
 
 rm -rf "$pack"
-mkdir -p "$pack/bin" "$pack/libs"
+mkdir -p "$pack/bin" "$pack/libs" "$pack/modules"
 for b in "${bins[@]}"; do
   cp "$b" "$pack/bin/"
   strip --strip-unneeded "$pack/bin/$(basename "$b")"
+done
+for m in libmlo-cuda.so libmlo-workload-cuda.so; do
+  [ -f "$build/modules/$m" ] || { echo "gpu-prep: missing module $build/modules/$m" >&2; exit 1; }
+  cp "$build/modules/$m" "$pack/modules/"
+  strip --strip-unneeded "$pack/modules/$m"
 done
 # The libraries to carry: everything ldd resolves outside glibc and CUDA.
 is_system() {
@@ -62,7 +70,7 @@ is_system() {
   case "$1" in /usr/local/cuda*) return 0 ;; esac
   return 1
 }
-for b in "$pack"/bin/*; do
+for b in "$pack"/bin/* "$pack"/modules/*; do
   ldd "$b" | awk '/=>/ {print $3}' | while read -r lib; do
     [ -n "$lib" ] && [ -f "$lib" ] || continue
     is_system "$lib" && continue
@@ -73,7 +81,7 @@ done
 # Self-contained: with only the pack, glibc and CUDA on the path, nothing
 # is missing (what a machine without our Debian libraries will see).
 missing=0
-for b in "$pack"/bin/*; do
+for b in "$pack"/bin/* "$pack"/modules/*; do
   while read -r lib; do
     case "$lib" in
     "$pack"/libs/* | /lib*/libc.so* | /lib*/libm.so* | /lib*/ld-linux* | /usr/local/cuda*) ;;
@@ -93,6 +101,7 @@ done
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
   echo "programs:"
   for b in "$pack"/bin/*; do echo "  bin/$(basename "$b")"; done
+  for m in "$pack"/modules/*; do echo "  modules/$(basename "$m")"; done
   echo "libraries:"
   for l in "$pack"/libs/*; do echo "  libs/$(basename "$l")"; done
 } >"$pack/MANIFEST"

@@ -200,7 +200,13 @@ MLO_API char *mlo_format_size(uint64_t bytes, char *buf, size_t buflen);
  * ---------------------------------------------------------------------- */
 typedef struct mlo_platform mlo_platform;
 
-/* Opens a platform from a spec string:
+/* Opens a platform from a spec string.  host, sim and fault are part of
+ * libmlo; cuda and opencl are modules (libmlo-cuda.so, libmlo-opencl.so)
+ * loaded on first use from MLO_MODULE_PATH (':'-separated folders; when set,
+ * only there), else the folder `mlo` beside libmlo.so, the installed module
+ * folder, and the loader's search path (docs/modules.md).  A module that is
+ * missing, or whose runtime is (libcudart, an OpenCL ICD loader), is
+ * MLO_ENODEV with the file and every place looked in errbuf.  The specs:
  *   "host[:key=value,...]"  the host-backed device (always available).
  *       capacity=SIZE  device memory (default 8G)
  *       bw=BYTES_PER_S throttle copies to a link bandwidth, at least 1e6
@@ -238,6 +244,23 @@ typedef struct mlo_platform mlo_platform;
  * On failure *out is NULL and, when errbuf is given, a message naming the
  * offending part of the spec is written there. */
 MLO_API int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen);
+/* The platforms this libmlo knows (mlo_platform_info_get), for tools that
+ * list them instead of keeping a list of their own. */
+typedef struct {
+  size_t size;         /* in: sizeof(mlo_platform_info) */
+  bool probe;          /* in: load the platform's module to fill available and detail */
+  const char *name;    /* "host", "cuda", ... (static storage) */
+  const char *spec;    /* the spec's shape, "cuda[:N][:opts]" (static storage) */
+  bool module;         /* loaded from libmlo-NAME.so rather than built in */
+  bool available;      /* built in, or (probed) its module loaded; a device may still be absent */
+  char detail[1024];   /* "built in", (probed) the module's path or why it could not be loaded */
+} mlo_platform_info;
+#define MLO_PLATFORM_INFO_INIT {sizeof(mlo_platform_info), false, NULL, NULL, false, false, ""}
+MLO_API size_t mlo_platform_count(void);
+/* Fills info for platform `index` (0..count-1); with probe, loads its module
+ * if it has one, as mlo_platform_open would (a module stays loaded).
+ * MLO_EINVAL for a bad index or size. */
+MLO_API int mlo_platform_info_get(size_t index, mlo_platform_info *info);
 /* Closes a platform.  All pipelines using it must be freed first.
  * NULL is a no-op. */
 MLO_API void mlo_platform_close(mlo_platform *platform);
@@ -262,6 +285,9 @@ typedef struct {
                                no tensor straddling two (a tensor larger than one is
                                refused at materialize), and mlo_tensor_device gives each
                                tensor the segment that holds it */
+  bool simulated;           /* a device made of time, not bytes ("sim"): slabs are address
+                               space only, never filled, and files are never read past
+                               their headers */
 } mlo_platform_caps;
 MLO_API void mlo_platform_get_caps(const mlo_platform *platform, mlo_platform_caps *caps);
 

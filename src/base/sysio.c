@@ -104,19 +104,6 @@ char *mlo_strdup(const char *s) {
   return d;
 }
 
-static void *json_malloc(size_t n) {
-  return mlo_malloc(n);
-}
-
-static pthread_once_t json_once = PTHREAD_ONCE_INIT;
-static void json_install(void) {
-  cJSON_Hooks hooks = {json_malloc, free};
-  cJSON_InitHooks(&hooks);
-}
-void mlo_json_use_hooks(void) {
-  pthread_once(&json_once, json_install);
-}
-
 bool mlo_env_flag(const char *name) {
   const char *v = getenv(name);
   return v && *v && strcmp(v, "0") != 0;

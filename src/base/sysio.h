@@ -42,8 +42,6 @@ void mlo_offer_huge_pages(void *p, size_t n);
 /* Counts allocations that failed on this thread (real or injected), so a
  * parser that only says "failed" can tell out-of-memory from bad input. */
 uint64_t mlo_alloc_failures(void);
-/* Routes cJSON's allocations through mlo_malloc (idempotent, thread-safe). */
-void mlo_json_use_hooks(void);
 
 /* ---- the environment ---------------------------------------------------- */
 /* True if the variable is set to anything but "" or "0": the one reading of

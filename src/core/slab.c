@@ -128,7 +128,7 @@ int mlo_slab_materialize(mlo_component *c) {
   uint64_t cursor = 0;
   /* A simulated device's slabs are address space only: nothing to fill,
    * no file to read (a projection of 60 GB reads headers alone). */
-  bool fill = !pipe->platform->simulated;
+  bool fill = !pipe->platform->caps.simulated;
   /* A shared slab: node rank 0 writes what is not read from files; the
    * file bytes are split among the node's ranks below. */
   bool writer = !shared || mlo_dist_node_rank(pipe->comm) == 0;

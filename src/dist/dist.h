@@ -1,13 +1,16 @@
 /*
  * dist.h — what core needs from a communicator (the caller's MPI job,
- * wrapped by mlo_comm_create_mpi in mpi_comm.c): the ranks of one node,
+ * wrapped by mlo_comm_create_mpi in libmlo-mpi, mpi_comm.c): the ranks of one node,
  * node-shared host memory, an in-place all-gather among them, and the
  * agreement step that makes every collective acquire checked — the same
  * component on every rank, every rank present within the timeout — so a
  * mismatch or a missing rank is an error on every rank, never a hang.
- * Core includes this header only; MPI's types stay in mpi_comm.c.  In a
- * build without MPI (absent.c) no communicator can exist and these are
- * never reached.
+ * Core includes this header only; MPI's types stay in mpi_comm.c, which is
+ * not part of libmlo but a library of its own (libmlo-mpi), so a program
+ * that runs one process links no MPI.  The communicator is an ops table,
+ * as a platform is: libmlo-mpi fills one in, and comm.c (in libmlo) answers
+ * the queries and forwards the collective calls through it.  Both are built
+ * from one tree: mlo_comm_create_mpi refuses a libmlo of another version.
  */
 #ifndef MLO_DIST_H
 #define MLO_DIST_H
@@ -17,6 +20,28 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+typedef const char *(*mlo_dist_namer)(uint64_t id, void *user);
+
+/* What a communicator does, behind its own ctx (see the wrappers below for
+ * each call's contract). */
+struct mlo_comm_ops {
+  void (*destroy)(void *ctx);
+  int (*shared_alloc)(void *ctx, size_t bytes, void **ptr, void **handle, char *err,
+                      size_t errlen);
+  void (*shared_free)(void *ctx, void *handle);
+  int (*allgather)(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
+  int (*agree)(void *ctx, uint64_t id, int status, const char *msg, mlo_dist_namer name,
+               void *user, bool *together, char *err, size_t errlen);
+};
+
+/* The handle behind the public mlo_comm. */
+struct mlo_comm {
+  const struct mlo_comm_ops *ops;
+  void *ctx;
+  int rank, size, node_rank, node_size; /* in the job, and among this node's ranks */
+  void *nccl;                           /* the node's NCCL communicator, or NULL */
+};
 
 /* Ranks on this node (the ones that share slabs and gather loads). */
 int mlo_dist_node_rank(const mlo_comm *c);
@@ -44,7 +69,6 @@ int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t e
  * communicator's timeout, or the rank that failed and why.  After a
  * timeout the communicator is broken: every later collective fails at once
  * (the late rank learns it too) instead of waiting. */
-typedef const char *(*mlo_dist_namer)(uint64_t id, void *user);
 /* *together (may be NULL) says whether every node rank reached this same
  * step (the verdict is OK or a rank's failure): only then may the ranks
  * undo together what they did collectively. */

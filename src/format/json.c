@@ -364,14 +364,14 @@ int mlo_json_parse(const char *name, const char *what, const char *text, size_t 
   if (mlo_json_check(text, len, flags, &at, why, sizeof why))
     return mlo_errf(err, errlen, MLO_EFORMAT, "%s%s%s: not valid JSON at byte %zu: %s", name, sep,
                     w, at, why);
-  mlo_json_use_hooks();
-  uint64_t failures = mlo_alloc_failures();
+  /* cJSON allocates with the process's malloc: its hooks are global, and a
+   * library must not change them under a program that uses cJSON itself.
+   * The text passed the strict check above (syntax, and a nesting limit
+   * below cJSON's), so a parse that fails now ran out of memory. */
   cJSON *root = cJSON_ParseWithLength(text, len);
   if (!root)
-    return mlo_alloc_failures() != failures
-               ? mlo_errf(err, errlen, MLO_ENOMEM, "%s%s%s: out of host memory parsing JSON", name,
-                          sep, w)
-               : mlo_errf(err, errlen, MLO_EFORMAT, "%s%s%s: not valid JSON", name, sep, w);
+    return mlo_errf(err, errlen, MLO_ENOMEM, "%s%s%s: out of host memory parsing JSON", name, sep,
+                    w);
   int oom = 0;
   const char *dup = (flags & MLO_JSON_KEEP_DUPLICATES) ? NULL : duplicate_key(root, &oom);
   if (oom || dup) {

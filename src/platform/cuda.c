@@ -22,6 +22,7 @@
 #include "base/sysio.h"
 #include "base/log.h"
 #include "platform/platform.h"
+#include "platform/module.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -825,7 +826,7 @@ static void describe(struct cuda_ctx *c, mlo_platform *p) {
            c->pinned ? "" : ", pageable host memory");
 }
 
-int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
   struct cuda_options opt = {.index = 0, .pinned = -1, .chunk = DEFAULT_CHUNK};
   int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (!rc) rc = find_device(opt.index, err, errlen);
@@ -850,3 +851,12 @@ int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   p->ctx = c;
   return MLO_OK;
 }
+
+/* The module's description (module.h): libmlo-cuda.so is this file. */
+const struct mlo_module mlo_this_module = {
+    .abi = MLO_MODULE_ABI,
+    .version = MLO_MODULE_VERSION,
+    .kind = MLO_MODULE_PLATFORM,
+    .name = "cuda",
+    .create = mlo_cuda_platform_create,
+};

@@ -345,7 +345,6 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
   }
   p->ops = &f->ops;
   p->ctx = f;
-  p->simulated = f->inner->simulated;
   snprintf(p->description, sizeof p->description, "fault injection (%s #%llu) over %.100s",
            mlo_fault_kind_name(o.kind), (unsigned long long)o.nth,
            mlo_platform_description(f->inner));

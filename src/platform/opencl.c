@@ -24,6 +24,7 @@
 #include "base/sysio.h"
 #include "base/log.h"
 #include "platform/platform.h"
+#include "platform/module.h"
 
 #include <CL/cl.h>
 #include <pthread.h>
@@ -695,7 +696,7 @@ static int create_queues(struct ocl_ctx *c, cl_platform_id plat, char *err, size
   return cerr == CL_OUT_OF_HOST_MEMORY ? MLO_ENOMEM : MLO_EPLATFORM;
 }
 
-int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+static int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
   struct ocl_options opt = {.index = 0, .capacity = 0, .blocking_d2h = -1, .pinned = -1};
   int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (rc) return rc;
@@ -714,3 +715,12 @@ int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err
   p->ctx = c;
   return MLO_OK;
 }
+
+/* The module's description (module.h): libmlo-opencl.so is this file. */
+const struct mlo_module mlo_this_module = {
+    .abi = MLO_MODULE_ABI,
+    .version = MLO_MODULE_VERSION,
+    .kind = MLO_MODULE_PLATFORM,
+    .name = "opencl",
+    .create = mlo_opencl_platform_create,
+};

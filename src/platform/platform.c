@@ -7,6 +7,9 @@
 #include "platform/platform.h"
 
 #include "platform/fault.h"
+#include "platform/module.h"
+
+#include "base/log.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -62,6 +65,69 @@ int mlo_spec_parse_indexed(const char *name, const char *args, unsigned long max
 
 typedef int (*create_fn)(const char *, mlo_platform *, char *, size_t);
 
+/* Every platform mlo knows, in the order `mlo --version` lists them: the
+ * ones built into libmlo, and the ones loaded from a module on first use
+ * (module.h).  The one list mlo_platform_open, mlo_platform_info and the
+ * tools read. */
+static const struct platform_entry {
+  const char *name;
+  const char *spec; /* the spec's shape, for messages and --help */
+  create_fn create; /* built in; NULL: the module libmlo-<name>.so */
+} platforms[] = {
+    {"host", "host[:opts]", mlo_host_platform_create},
+    {"sim", "sim[:capacity=SIZE,link=BYTES_PER_S]", mlo_sim_platform_create},
+    {"fault", "fault:kind=K,nth=N[,inner=SPEC]", mlo_fault_platform_create},
+    {"cuda", "cuda[:N][:opts]", NULL},
+    {"opencl", "opencl[:N][:opts]", NULL},
+};
+#define NPLATFORMS (sizeof platforms / sizeof platforms[0])
+
+static const struct platform_entry *find_platform(const char *spec, size_t name_len) {
+  for (size_t i = 0; i < NPLATFORMS; i++)
+    if (strlen(platforms[i].name) == name_len && !strncmp(spec, platforms[i].name, name_len))
+      return &platforms[i];
+  return NULL;
+}
+
+/* The constructor of a platform: built in, or its module's (loaded now). */
+static int platform_create_fn(const struct platform_entry *e, create_fn *create,
+                              const char **path, char *err, size_t errlen) {
+  if (path) *path = NULL;
+  if (e->create) {
+    *create = e->create;
+    return MLO_OK;
+  }
+  const struct mlo_module *m = NULL;
+  int rc = mlo_module_load(e->name, MLO_MODULE_PLATFORM, &m, path, err, errlen);
+  if (rc) return rc;
+  if (!m->create || !m->name || strcmp(m->name, e->name))
+    return mlo_errf(err, errlen, MLO_ENODEV, "module libmlo-%s.so is not the %s platform",
+                    e->name, e->name);
+  *create = m->create;
+  return MLO_OK;
+}
+
+size_t mlo_platform_count(void) {
+  return NPLATFORMS;
+}
+
+int mlo_platform_info_get(size_t index, mlo_platform_info *info) {
+  if (!info || info->size < sizeof *info || index >= NPLATFORMS) return MLO_EINVAL;
+  const struct platform_entry *e = &platforms[index];
+  info->name = e->name;
+  info->spec = e->spec;
+  info->module = e->create == NULL;
+  info->available = !info->module;
+  snprintf(info->detail, sizeof info->detail, "%s", info->module ? "not probed" : "built in");
+  if (!info->module || !info->probe) return MLO_OK;
+  create_fn create = NULL;
+  const char *path = NULL;
+  char why[sizeof info->detail] = "";
+  info->available = platform_create_fn(e, &create, &path, why, sizeof why) == MLO_OK;
+  snprintf(info->detail, sizeof info->detail, "%s", info->available ? path : why);
+  return MLO_OK;
+}
+
 int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen) {
   if (out) *out = NULL;
   if (!spec || !out) {
@@ -71,21 +137,20 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
   const char *colon = strchr(spec, ':');
   size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
   const char *args = colon ? colon + 1 : "";
-  create_fn create = NULL;
-  if (name_len == 4 && !strncmp(spec, "host", 4))
-    create = mlo_host_platform_create;
-  else if (name_len == 4 && !strncmp(spec, "cuda", 4))
-    create = mlo_cuda_platform_create;
-  else if (name_len == 6 && !strncmp(spec, "opencl", 6))
-    create = mlo_opencl_platform_create;
-  else if (name_len == 3 && !strncmp(spec, "sim", 3))
-    create = mlo_sim_platform_create; /* projections: a virtual clock, no bytes */
-  else if (name_len == 5 && !strncmp(spec, "fault", 5))
-    create = mlo_fault_platform_create; /* fault injection over another spec */
-  if (!create) {
-    set_err(errbuf, errlen, "unknown platform (expected host, cuda[:N], opencl[:N] or sim)", spec);
+  const struct platform_entry *e = find_platform(spec, name_len);
+  if (!e) {
+    char known[256] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < NPLATFORMS && used < sizeof known; i++) {
+      int n = snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", platforms[i].spec);
+      if (n > 0) used += (size_t)n;
+    }
+    if (errbuf && errlen) snprintf(errbuf, errlen, "unknown platform '%s' (expected %s)", spec, known);
     return MLO_EINVAL;
   }
+  create_fn create = NULL;
+  int crc = platform_create_fn(e, &create, NULL, errbuf, errlen);
+  if (crc) return crc;
   mlo_platform *p = mlo_calloc(1, sizeof *p);
   pthread_mutex_t *lock = mlo_malloc(sizeof *lock);
   if (!p || !lock) {

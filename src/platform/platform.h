@@ -121,16 +121,12 @@ struct mlo_platform {
   void *acct_lock; /* pthread_mutex_t*, opaque here to keep headers light */
   uint64_t used_bytes, peak_bytes;
   uint64_t calls; /* every wrapper call: C13 counts these */
-  /* The simulated platform (sim.c): host and device memory are address
-   * space only, so core neither fills slabs nor reads files for it. */
-  bool simulated;
 };
 
-/* Constructors, one per platform.  spec_args is what follows "name:" (may
+/* Constructors of the platforms built into libmlo (cuda and opencl are
+ * modules: module.h).  spec_args is what follows "name:" (may
  * be ""); on failure they write a message naming the bad part to err. */
 int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
-int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
-int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
 int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
 /* The simulated platform's compute: the calling thread (its compute queue,
  * as on host) spends ns of virtual time.  MLO_EINVAL for another platform. */

@@ -71,6 +71,7 @@ static void sim_get_caps(void *ctx, mlo_platform_caps *caps) {
   caps->async_copy = true;
   caps->events = true;
   caps->pinned_host = true;
+  caps->simulated = true;
 }
 
 static int sim_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
@@ -292,7 +293,6 @@ int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, s
   s->now = s->copy_free = SIM_EPOCH_NS;
   p->ops = &sim_ops;
   p->ctx = s;
-  p->simulated = true;
   char cap[32];
   snprintf(p->description, sizeof p->description, "simulated, capacity %s, link %.2f GB/s",
            mlo_format_size(o.capacity, cap, sizeof cap), (double)o.link / 1e9);

@@ -29,6 +29,7 @@
 #include "base/log.h"
 #include "platform/platform.h"
 #include "workload/workload.h"
+#include "platform/module.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -366,11 +367,20 @@ static int cb_bytes_digest(void *ctx, void *block, size_t offset, uint64_t nbyte
   return rc;
 }
 
-const struct mlo_workload_ops mlo_workload_cuda_ops = {
+static const struct mlo_workload_ops cuda_workload_ops = {
     .platform = "cuda",
     .create = cb_create,
     .destroy = cb_destroy,
     .gemm_digest = cb_gemm_digest,
     .bytes_digest = cb_bytes_digest,
     .flush = cb_flush,
+};
+
+/* The module's description (platform/module.h): libmlo-workload-cuda.so. */
+const struct mlo_module mlo_this_module = {
+    .abi = MLO_MODULE_ABI,
+    .version = MLO_MODULE_VERSION,
+    .kind = MLO_MODULE_WORKLOAD,
+    .name = "cuda",
+    .impl = &cuda_workload_ops,
 };

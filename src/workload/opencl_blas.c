@@ -17,6 +17,7 @@
 #include "base/sysio.h"
 #include "base/log.h"
 #include "workload/workload.h"
+#include "platform/module.h"
 
 #include <CL/cl.h>
 #include <clblast_c.h>
@@ -248,10 +249,19 @@ static int ocl_blas_bytes_digest(void *ctx, void *block, size_t offset, uint64_t
   return rc;
 }
 
-const struct mlo_workload_ops mlo_workload_opencl_ops = {
+static const struct mlo_workload_ops opencl_workload_ops = {
     .platform = "opencl",
     .create = ocl_blas_create,
     .destroy = ocl_blas_destroy,
     .gemm_digest = ocl_blas_gemm_digest,
     .bytes_digest = ocl_blas_bytes_digest,
+};
+
+/* The module's description (platform/module.h): libmlo-workload-opencl.so. */
+const struct mlo_module mlo_this_module = {
+    .abi = MLO_MODULE_ABI,
+    .version = MLO_MODULE_VERSION,
+    .kind = MLO_MODULE_WORKLOAD,
+    .name = "opencl",
+    .impl = &opencl_workload_ops,
 };

@@ -9,8 +9,10 @@
 #include "base/sysio.h"
 #include "workload/workload.h"
 
-#include "base/hash.h"
+#include "base/log.h"
+#include "platform/module.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,53 +29,45 @@ struct mlo_workload {
 };
 
 #define FOLD_BASIS 0xcbf29ce484222325ull
-#define FOLD_PRIME 0x100000001b3ull
 
-/* FNV-1a over 64-bit little-endian words (then the tail bytes): the same
- * mixing as byte-wise FNV-1a at eight times the speed, which matters when a
- * VAE's convolution weights are folded whole. */
-uint64_t mlo_digest_fold(uint64_t digest, const void *bytes, size_t len) {
-  const unsigned char *p = bytes;
-  uint64_t h = digest;
-  while (len >= 8) {
-    uint64_t word = 0;
-    for (int i = 7; i >= 0; i--) word = (word << 8) | p[i];
-    h = (h ^ word) * FOLD_PRIME;
-    p += 8;
-    len -= 8;
-  }
-  while (len--) h = (h ^ *p++) * FOLD_PRIME;
-  return h;
+/* The back-end for a platform: host and sim are built in; a device's is
+ * the module libmlo-workload-<platform>.so (its BLAS library, cuBLAS or
+ * CLBlast, comes with it and with nothing else). */
+int mlo_workload_backend(const char *platform_name, const struct mlo_workload_ops **ops, char *err,
+                         size_t errlen) {
+  static const struct mlo_workload_ops *const builtin[] = {&mlo_workload_host_ops,
+                                                          &mlo_workload_sim_ops};
+  for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+    if (platform_name && !strcmp(builtin[i]->platform, platform_name)) {
+      *ops = builtin[i];
+      return MLO_OK;
+    }
+  if (!platform_name || !*platform_name || strlen(platform_name) > 32 ||
+      strspn(platform_name, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(platform_name))
+    return mlo_errf(err, errlen, MLO_ENODEV, "no reference workload for platform '%s'",
+                    platform_name ? platform_name : "");
+  char file[48];
+  snprintf(file, sizeof file, "workload-%s", platform_name);
+  const struct mlo_module *m = NULL;
+  char why[1536] = "";
+  int rc = mlo_module_load(file, MLO_MODULE_WORKLOAD, &m, NULL, why, sizeof why);
+  if (rc) return mlo_errf(err, errlen, rc, "no reference workload for platform '%s': %s",
+                          platform_name, why);
+  const struct mlo_workload_ops *found = m->impl;
+  if (!found || !found->platform || strcmp(found->platform, platform_name))
+    return mlo_errf(err, errlen, MLO_ENODEV, "module %s does not serve platform '%s'", file,
+                    platform_name);
+  *ops = found;
+  return MLO_OK;
 }
 
-float mlo_workload_input(uint64_t seed, int64_t t, int64_t k) {
-  uint64_t h = mlo_mix64(mlo_mix64(seed) ^ mlo_mix64((uint64_t)t * 0x100000001ull + (uint64_t)k));
-  /* 24 random bits to a float in [-1, 1): exact in f32, same everywhere. */
-  return (float)(int32_t)((h >> 40) & 0xffffff) / 8388608.0f - 1.0f;
-}
-
-static const struct mlo_workload_ops *find_backend(const char *platform_name) {
-  static const struct mlo_workload_ops *const backends[] = {
-      &mlo_workload_host_ops,
-      &mlo_workload_sim_ops,
-#ifdef MLO_HAVE_CUDA
-      &mlo_workload_cuda_ops,
-#endif
-#ifdef MLO_HAVE_OPENCL
-      &mlo_workload_opencl_ops,
-#endif
-  };
-  for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
-    if (platform_name && !strcmp(backends[i]->platform, platform_name)) return backends[i];
-  return NULL;
-}
-
-int mlo_workload_open(mlo_platform *platform, mlo_workload **out) {
+int mlo_workload_open(mlo_platform *platform, mlo_workload **out, char *err, size_t errlen) {
   if (!out) return MLO_EINVAL;
   *out = NULL;
   if (!platform) return MLO_EINVAL;
-  const struct mlo_workload_ops *ops = find_backend(mlo_platform_name(platform));
-  if (!ops) return MLO_ENODEV;
+  const struct mlo_workload_ops *ops = NULL;
+  int rc = mlo_workload_backend(mlo_platform_name(platform), &ops, err, errlen);
+  if (rc) return rc;
   mlo_workload *w = mlo_calloc(1, sizeof *w);
   if (!w) return MLO_ENOMEM;
   w->ops = ops;
@@ -82,10 +76,11 @@ int mlo_workload_open(mlo_platform *platform, mlo_workload **out) {
   w->tokens[MLO_ROLE_ENCODER] = MLO_WORKLOAD_TOKENS_ENCODER;
   w->tokens[MLO_ROLE_VAE] = MLO_WORKLOAD_TOKENS_VAE;
   w->tokens[MLO_ROLE_OTHER] = MLO_WORKLOAD_TOKENS_OTHER;
-  int rc = ops->create(platform, &w->ctx);
+  rc = ops->create(platform, &w->ctx);
   if (rc) {
     free(w);
-    return rc;
+    return mlo_errf(err, errlen, rc, "the %s workload could not start: %s",
+                    mlo_platform_name(platform), mlo_strerror(rc));
   }
   *out = w;
   return MLO_OK;

@@ -9,7 +9,9 @@
  *
  * One backend per platform (host: OpenBLAS; cuda: cuBLAS; opencl: CLBlast
  * or our own kernel) behind this small table; mlo_workload_open picks the
- * one matching mlo_platform_name().
+ * one matching mlo_platform_name().  The workload is not part of libmlo: it
+ * is a static library of the tool, the benchmarks and the tests
+ * (docs/modules.md), and its device back-ends are modules.
  */
 #ifndef MLO_WORKLOAD_H
 #define MLO_WORKLOAD_H
@@ -47,9 +49,11 @@ struct mlo_workload_ops {
 };
 
 extern const struct mlo_workload_ops mlo_workload_host_ops;
-extern const struct mlo_workload_ops mlo_workload_cuda_ops;   /* when built */
-extern const struct mlo_workload_ops mlo_workload_opencl_ops; /* when built */
 extern const struct mlo_workload_ops mlo_workload_sim_ops;
+/* The back-end for a platform name: built in (host, sim) or from its module
+ * (libmlo-workload-NAME.so, loaded now).  MLO_ENODEV with the reason in err. */
+int mlo_workload_backend(const char *platform_name, const struct mlo_workload_ops **ops, char *err,
+                         size_t errlen);
 
 /* 64-bit FNV-1a-style fold used by every backend, so digests compare.  It
  * folds 8-byte little-endian words, then a byte-wise tail: folding a buffer
@@ -72,9 +76,12 @@ float mlo_workload_input(uint64_t seed, int64_t t, int64_t k);
 #define MLO_WORKLOAD_TOKENS_OTHER 8
 #define MLO_WORKLOAD_TOKENS_MAX 4096
 
-/* Opens the backend for a platform (by mlo_platform_name).  MLO_ENODEV if
- * this build has no backend for it.  The platform must outlive it. */
-int mlo_workload_open(mlo_platform *platform, mlo_workload **out);
+/* Opens the backend for a platform (by mlo_platform_name): host and sim are
+ * built in, a device's is loaded from its module (libmlo-workload-cuda.so,
+ * libmlo-workload-opencl.so).  MLO_ENODEV, with the reason in err (the
+ * module missing, or its BLAS library), if there is none.  The platform must
+ * outlive it. */
+int mlo_workload_open(mlo_platform *platform, mlo_workload **out, char *err, size_t errlen);
 /* NULL is a no-op. */
 void mlo_workload_close(mlo_workload *w);
 /* Tokens T for forwards of components with this role (1..TOKENS_MAX). */

@@ -194,7 +194,25 @@ class RunTests(Fixture):
     def test_version_lists_platforms(self):
         rc, out, _ = mlo("--version")
         self.assertEqual(rc, 0)
-        self.assertRegex(out, r"^mlo \d+\.\d+\.\d+\nplatforms built: host, sim, fault")
+        self.assertRegex(out, r"^mlo \d+\.\d+\.\d+\nplatforms:\n  host +yes: built in\n"
+                              r"  sim +yes: built in\n  fault +yes: built in\n")
+        # the modules the library knows, found or not: never silently left out
+        self.assertRegex(out, r"\n  cuda +(yes|no ): ")
+        self.assertRegex(out, r"\n  opencl +(yes|no ): ")
+
+    def test_missing_module_is_named_with_where_it_looked(self):
+        """A device platform is a module: where it is not, --version says so
+        and a run on it fails at once naming the file and the folder."""
+        empty = tempfile.mkdtemp(dir=self.tmp)
+        env = {"MLO_MODULE_PATH": empty}
+        rc, out, _ = mlo("--version", env=env)
+        self.assertEqual(rc, 0)
+        self.assertIn("  cuda    no : module libmlo-cuda.so not found (looked in: %s/libmlo-cuda.so"
+                      % empty, out)
+        rc, _, err = mlo("run", self.ckpt, "--platform", "opencl", "--steps", "1", env=env)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("libmlo-opencl.so not found (looked in: %s/libmlo-opencl.so" % empty, err)
+        self.assertIn("MLO_MODULE_PATH", err)
 
     def unknown_classes_copy(self):
         """The pipeline with classes mlo does not know: its component

@@ -126,7 +126,7 @@ static uint64_t run_digest(const char *spec, bool offload, uint16_t *w) {
   assert_ok(mlo_platform_open(spec, &plat, err, sizeof err));
   mlo_pipeline *pipe = build(plat, w);
   mlo_workload *wl = NULL;
-  assert_ok(mlo_workload_open(plat, &wl));
+  assert_ok(mlo_workload_open(plat, &wl, NULL, 0));
   mlo_workload_call *calls = NULL;
   size_t n = 0;
   assert_ok(mlo_workload_schedule(pipe, 8, 4, &calls, &n));
@@ -167,7 +167,7 @@ static uint64_t digest_in_order(const uint16_t *w, const int *order, size_t n) {
     assert_ok(mlo_tensor_add(c, &d, NULL));
   }
   mlo_workload *wl = NULL;
-  assert_ok(mlo_workload_open(plat, &wl));
+  assert_ok(mlo_workload_open(plat, &wl, NULL, 0));
   assert_ok(mlo_pipeline_load_all(pipe));
   uint64_t digest = 0; /* a hooked forward: it waits for the load */
   assert_ok(mlo_workload_forward(wl, c, 7, &digest));
@@ -250,7 +250,7 @@ static void test_tokens(void **state) {
   char err[256];
   assert_ok(mlo_platform_open("host", &plat, err, sizeof err));
   mlo_workload *wl = NULL;
-  assert_ok(mlo_workload_open(plat, &wl));
+  assert_ok(mlo_workload_open(plat, &wl, NULL, 0));
   assert_int_equal(mlo_workload_tokens(wl, MLO_ROLE_DIT), MLO_WORKLOAD_TOKENS_DIT);
   assert_ok(mlo_workload_set_tokens(wl, MLO_ROLE_VAE, 3));
   assert_int_equal(mlo_workload_tokens(wl, MLO_ROLE_VAE), 3);

@@ -32,7 +32,7 @@ static uint64_t digest_of(mlo_platform *p, mlo_pipeline *pipe) {
   mlo_workload_call *calls = NULL;
   size_t n = 0;
   uint64_t d = 0;
-  int rc = mlo_workload_open(p, &w);
+  int rc = mlo_workload_open(p, &w, NULL, 0);
   if (!rc) rc = mlo_workload_schedule(pipe, 4, 3, &calls, &n);
   mlo_offload_settings set = MLO_OFFLOAD_SETTINGS_INIT;
   if (!rc) rc = mlo_offload_enable(pipe, &set);

@@ -12,6 +12,7 @@
 
 #include "format/safetensors.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -439,8 +440,44 @@ static void test_reader_accepts(void **state) {
   mlo_st_close(f);
 }
 
+/* A program that uses cJSON itself keeps its own allocator: reading a
+ * header does not install mlo's hooks over the program's (cJSON's hooks are
+ * process-wide), and mlo parses correctly under the program's hooks. */
+static size_t program_mallocs;
+static void *program_malloc(size_t n) {
+  program_mallocs++;
+  return malloc(n);
+}
+
+static void test_cjson_hooks_stay_the_programs(void **state) {
+  (void)state;
+  cJSON_Hooks hooks = {program_malloc, free};
+  cJSON_InitHooks(&hooks);
+  const char *h = "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  size_t hl = strlen(h);
+  uint8_t file[128] = {0};
+  for (int i = 0; i < 8; i++) file[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+  memcpy(file + 8, h, hl);
+  char err[256];
+  mlo_st_file *f = NULL;
+  size_t before = program_mallocs;
+  assert_int_equal(mlo_st_parse("mem", file, 8 + hl + 4, &f, err, sizeof err), MLO_OK);
+  assert_int_equal(f->count, 1);
+  mlo_st_close(f);
+  /* mlo's parse allocated through the hooks the program installed ... */
+  assert_true(program_mallocs > before);
+  /* ... and left them installed: the program's own parse still uses them */
+  before = program_mallocs;
+  cJSON *mine = cJSON_Parse("{\"k\":[1,2,3]}");
+  assert_non_null(mine);
+  assert_true(program_mallocs > before);
+  cJSON_Delete(mine);
+  cJSON_InitHooks(NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cjson_hooks_stay_the_programs),
       cmocka_unit_test(test_dtype_names),
       cmocka_unit_test(test_dtype_nbytes),
       cmocka_unit_test(test_round_trip_every_dtype),

@@ -10,6 +10,7 @@
 #include <mlo/mlo.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CHECK(expr)                                                                                \
@@ -67,7 +68,24 @@ int main(void) {
     fprintf(stderr, "consumer: wrong results\n");
     return 1;
   }
-  printf("consumer ok: mlo %s, %llu bytes loaded\n", mlo_version(),
-         (unsigned long long)st.total.h2d_bytes);
+  /* A device platform is a module loaded on demand: where it or its runtime
+   * is missing (CONSUMER_CUDA=absent: the check hid them), opening it is an
+   * error that names what is missing, never a crash or a link failure. */
+  mlo_platform *gpu = NULL;
+  int grc = mlo_platform_open("cuda:0", &gpu, err, sizeof err);
+  const char *want = getenv("CONSUMER_CUDA");
+  if (grc == MLO_OK) {
+    mlo_platform_close(gpu);
+  } else if (!err[0] || grc == MLO_EINVAL) {
+    fprintf(stderr, "consumer: cuda:0 failed without a reason (%s)\n", mlo_err_name(grc));
+    return 1;
+  }
+  if (want && !strcmp(want, "absent") && (grc != MLO_ENODEV || !strstr(err, "libmlo-cuda"))) {
+    fprintf(stderr, "consumer: cuda:0 without its module or runtime gave %s: %s\n",
+            mlo_err_name(grc), err);
+    return 1;
+  }
+  printf("consumer ok: mlo %s, %llu bytes loaded; cuda:0: %s\n", mlo_version(),
+         (unsigned long long)st.total.h2d_bytes, grc ? err : "opened");
   return 0;
 }

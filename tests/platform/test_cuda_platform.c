@@ -21,6 +21,14 @@
 
 /* ---- without a device --------------------------------------------------- */
 
+/* The workload's cuda back-end, from its module as the tool loads it. */
+static const struct mlo_workload_ops *backend(void) {
+  static const struct mlo_workload_ops *ops;
+  char err[1024] = "";
+  if (!ops && mlo_workload_backend("cuda", &ops, err, sizeof err)) fail_msg("%s", err);
+  return ops;
+}
+
 static void test_bad_specs(void **state) {
   (void)state;
   static const struct {
@@ -419,16 +427,16 @@ static void gemm_case(mlo_platform *p, void *wctx, mlo_dtype dtype, bool exact) 
   assert_ok(mlo_plat_synchronize(p));
   uint64_t first = 5, second = 5;
   assert_ok(
-      mlo_workload_cuda_ops.gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &first));
-  assert_ok(mlo_workload_cuda_ops.gemm_digest(wctx, block, 2 * PAD + wbytes, dtype, OUT, IN, TOKENS,
+      backend()->gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &first));
+  assert_ok(backend()->gemm_digest(wctx, block, 2 * PAD + wbytes, dtype, OUT, IN, TOKENS,
                                               seed, &second));
   assert_int_equal(first, 5); /* deferred: nothing folded before the flush */
-  assert_ok(mlo_workload_cuda_ops.flush(wctx));
+  assert_ok(backend()->flush(wctx));
   assert_int_equal(first, second); /* same bytes elsewhere: same digest */
   if (exact) assert_int_equal(first, mlo_digest_fold(5, y, sizeof y));
   uint64_t raw = 3;
-  assert_ok(mlo_workload_cuda_ops.bytes_digest(wctx, block, PAD, wbytes, &raw));
-  assert_ok(mlo_workload_cuda_ops.flush(wctx));
+  assert_ok(backend()->bytes_digest(wctx, block, PAD, wbytes, &raw));
+  assert_ok(backend()->flush(wctx));
   assert_int_equal(raw, mlo_digest_fold(3, w, wbytes));
   mlo_plat_dev_free(p, block, 2 * PAD + 2 * wbytes);
   free(w);
@@ -438,14 +446,14 @@ static void test_workload_gemm(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("cuda:0");
   void *wctx = NULL;
-  assert_ok(mlo_workload_cuda_ops.create(p, &wctx));
+  assert_ok(backend()->create(p, &wctx));
   gemm_case(p, wctx, MLO_DTYPE_F32, true);
   gemm_case(p, wctx, MLO_DTYPE_BF16, true);
   gemm_case(p, wctx, MLO_DTYPE_F16, false);
   uint64_t d = 0;
-  assert_int_equal(mlo_workload_cuda_ops.gemm_digest(wctx, NULL, 0, MLO_DTYPE_I8, 2, 2, 1, 0, &d),
+  assert_int_equal(backend()->gemm_digest(wctx, NULL, 0, MLO_DTYPE_I8, 2, 2, 1, 0, &d),
                    MLO_EUNSUPPORTED);
-  mlo_workload_cuda_ops.destroy(wctx);
+  backend()->destroy(wctx);
   mlo_platform_close(p);
 }
 

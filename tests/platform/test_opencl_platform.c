@@ -13,6 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The workload's opencl back-end, from its module as the tool loads it. */
+static const struct mlo_workload_ops *backend(void) {
+  static const struct mlo_workload_ops *ops;
+  char err[1024] = "";
+  if (!ops && mlo_workload_backend("opencl", &ops, err, sizeof err)) fail_msg("%s", err);
+  return ops;
+}
+
 static void test_bad_specs(void **state) {
   (void)state;
   static const struct {
@@ -297,12 +305,12 @@ static void gemm_case(mlo_platform *p, void *wctx, mlo_dtype dtype) {
   assert_ok(mlo_plat_synchronize(p));
   uint64_t got = 99;
   assert_ok(
-      mlo_workload_opencl_ops.gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &got));
+      backend()->gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &got));
   if (got != expect)
     fail_msg("%s gemm digest %llx, expected %llx", mlo_dtype_name(dtype), (unsigned long long)got,
              (unsigned long long)expect);
   uint64_t raw = 7, raw_expect = mlo_digest_fold(7, w, wbytes);
-  assert_ok(mlo_workload_opencl_ops.bytes_digest(wctx, block, PAD, wbytes, &raw));
+  assert_ok(backend()->bytes_digest(wctx, block, PAD, wbytes, &raw));
   assert_int_equal(raw, raw_expect);
   mlo_plat_dev_free(p, block, PAD + wbytes);
   free(w);
@@ -312,14 +320,14 @@ static void test_workload_gemm(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("opencl:0");
   void *wctx = NULL;
-  assert_ok(mlo_workload_opencl_ops.create(p, &wctx));
+  assert_ok(backend()->create(p, &wctx));
   gemm_case(p, wctx, MLO_DTYPE_F32);
   gemm_case(p, wctx, MLO_DTYPE_BF16);
   gemm_case(p, wctx, MLO_DTYPE_F16);
   uint64_t d = 0;
-  assert_int_equal(mlo_workload_opencl_ops.gemm_digest(wctx, NULL, 0, MLO_DTYPE_I8, 2, 2, 1, 0, &d),
+  assert_int_equal(backend()->gemm_digest(wctx, NULL, 0, MLO_DTYPE_I8, 2, 2, 1, 0, &d),
                    MLO_EUNSUPPORTED);
-  mlo_workload_opencl_ops.destroy(wctx);
+  backend()->destroy(wctx);
   mlo_platform_close(p);
 }
 

@@ -29,6 +29,19 @@ static void test_copies_take_bytes_over_link(void **state) {
   mlo_platform *p = tu_open_spec("sim:capacity=1G,link=1e9");
   assert_string_equal(mlo_platform_name(p), "sim");
   assert_non_null(strstr(mlo_platform_description(p), "simulated"));
+  /* the capability core reads (no bytes behind slabs), and a fault wrapper
+   * over it keeps it; a real device does not have it */
+  mlo_platform_caps caps;
+  mlo_platform_get_caps(p, &caps);
+  assert_true(caps.simulated);
+  mlo_platform *f = tu_open_spec("fault:kind=copy,nth=0,inner=sim");
+  mlo_platform_get_caps(f, &caps);
+  assert_true(caps.simulated);
+  mlo_platform_close(f);
+  mlo_platform *h = tu_open_spec("host:capacity=1M");
+  mlo_platform_get_caps(h, &caps);
+  assert_false(caps.simulated);
+  mlo_platform_close(h);
   void *block = NULL;
   assert_ok(mlo_plat_dev_alloc(p, 300000000, &block));
   mlo_event *ev = NULL;

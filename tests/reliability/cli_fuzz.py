@@ -7,9 +7,11 @@ Usage: cli_fuzz.py MLO_BINARY [--all] [--seed N] [--budget SECONDS]
 
 Flags are discovered from `mlo CMD --help`, so a flag added later is fuzzed
 without touching this file.  What must hold for every invocation:
-  * it ends (a timeout is a failure) with an exit code the tool documents
-    (0-4): never a signal, never a sanitizer report (sanitizer builds abort,
-    which is a signal);
+  * it ends with an exit code the tool documents (0-4): never a signal,
+    never a sanitizer report (sanitizer builds abort, which is a signal);
+    a hang is judged by progress, not by the clock (a loaded machine makes
+    an invocation slow, not hung): STALL_S seconds without a tick of CPU
+    time, or more than CPU_LIMIT_S seconds of CPU in all;
   * a non-zero exit comes with a message on stderr;
   * a value that cannot mean anything for a flag (empty, NaN, 1e999, random
     bytes, an unknown unit, a string where a number is due, a word outside
@@ -28,7 +30,8 @@ import sys
 import tempfile
 import time
 
-TIMEOUT_S = 60  # one invocation; generous for sanitizer builds
+STALL_S = 60  # one invocation making no CPU progress this long is hung
+CPU_LIMIT_S = 120  # or one that spends this much CPU (a runaway loop)
 SCALE = "0.0002"  # a ~15 MiB pipeline
 
 # Values that no number, size, choice or KEY=VALUE flag may accept.
@@ -83,11 +86,43 @@ def run(mlo, args, env=None, cwd=None):
     env_b = {os.fsencode(k): v if isinstance(v, bytes) else os.fsencode(v)
              for k, v in full_env.items()}
     t0 = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdout=out, stderr=err, env=env_b, cwd=cwd)
+        hung = None
+        last_cpu, last_tick = -1.0, time.monotonic()
+        while p.poll() is None:
+            try:
+                p.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            cpu = cpu_seconds(p.pid)
+            now = time.monotonic()
+            if cpu is None:
+                continue
+            if cpu > last_cpu:
+                last_cpu, last_tick = cpu, now
+            if now - last_tick > STALL_S:
+                hung = f"no CPU progress for {STALL_S} s"
+            elif cpu > CPU_LIMIT_S:
+                hung = f"over {CPU_LIMIT_S} s of CPU"
+            if hung:
+                p.kill()
+                p.wait()
+                return None, hung, now - t0
+        err.seek(0)
+        return p.returncode, err.read().decode("utf-8", "replace"), time.monotonic() - t0
+
+
+def cpu_seconds(pid):
+    """User + system CPU of a running process (all its threads), from
+    /proc; None once it has gone."""
     try:
-        p = subprocess.run(argv, capture_output=True, env=env_b, cwd=cwd, timeout=TIMEOUT_S)
-        return p.returncode, p.stderr.decode("utf-8", "replace"), time.monotonic() - t0
-    except subprocess.TimeoutExpired:
-        return None, "", time.monotonic() - t0
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def discover(mlo, cmd):
@@ -103,7 +138,7 @@ def discover(mlo, cmd):
 
 def check(problems, what, rc, err, strict):
     if rc is None:
-        problems.append(f"{what}: no exit within {TIMEOUT_S} s (hang)")
+        problems.append(f"{what}: hung ({err})")
     elif rc < 0 or rc >= 128:
         problems.append(f"{what}: killed by signal / crashed (exit {rc}): {err[-800:]}")
     elif "Sanitizer" in err or "runtime error:" in err:

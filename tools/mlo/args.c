@@ -206,6 +206,33 @@ bool targs_choice(targs *a, const char *flag, const char *val, const char *const
   return false;
 }
 
+bool tool_platform_known(const char *spec, bool *indexed) {
+  size_t len = strcspn(spec, ":");
+  for (size_t i = 0; i < mlo_platform_count(); i++) {
+    mlo_platform_info info = MLO_PLATFORM_INFO_INIT;
+    if (mlo_platform_info_get(i, &info) || strlen(info.name) != len || strncmp(spec, info.name, len))
+      continue;
+    if (indexed) *indexed = strstr(info.spec, "[:N]") != NULL;
+    return true;
+  }
+  return false;
+}
+
+bool targs_platform(targs *a, const char *flag, const char *val) {
+  if (!val) return false;
+  if (tool_platform_known(val, NULL)) return true;
+  /* the library's list: a platform this mlo does not know cannot be opened */
+  char list[512] = "";
+  for (size_t i = 0, used = 0; i < mlo_platform_count() && used < sizeof list; i++) {
+    mlo_platform_info info = MLO_PLATFORM_INFO_INIT;
+    if (mlo_platform_info_get(i, &info)) continue;
+    int n = snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", info.spec);
+    if (n > 0) used += (size_t)n;
+  }
+  targs_error(a, "%s: expected one of %s, got '%s'", flag, list, val);
+  return false;
+}
+
 bool targs_role(targs *a, const char *val, mlo_role_override *list, size_t *count, size_t cap) {
   if (!val) return false;
   const char *eq = strchr(val, '=');

@@ -108,8 +108,7 @@ static int parse(int argc, char **argv, bench_args *b) {
   while (targs_next(&a)) {
     if (targs_is_help(&a)) return -1;
     if (targs_value(&a, "--platform", &v)) {
-      if (v && strncmp(v, "host", 4) && strncmp(v, "cuda", 4) && strncmp(v, "opencl", 6))
-        targs_error(&a, "--platform: expected host, cuda[:N] or opencl[:N], got '%s'", v);
+      targs_platform(&a, "--platform", v);
       b->platform = v;
     } else if (targs_value(&a, "--path", &v)) {
       b->path = v;

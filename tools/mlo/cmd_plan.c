@@ -531,7 +531,7 @@ static int plan_device_run(const plan_args *pa, const plan_device *dev, plan_res
   int rc = mlo_platform_open(spec, &s.platform, err, sizeof err);
   mlo_denoise_schedule sched = MLO_DENOISE_SCHEDULE_INIT;
   if (!rc) rc = open_pipeline(pa, &s, &sched, err, sizeof err);
-  if (!rc) rc = mlo_workload_open(s.platform, &s.workload);
+  if (!rc) rc = mlo_workload_open(s.platform, &s.workload, err, sizeof err);
   if (!rc) rc = mlo_pipeline_materialize(s.pipe);
   if (rc) {
     tool_failf("plan", "%s", err[0] ? err : mlo_strerror(rc));

@@ -127,9 +127,7 @@ bad:
 static bool parse_flag(targs *a, run_args *r) {
   const char *v;
   if (targs_value(a, "--platform", &v)) {
-    if (v && strncmp(v, "host", 4) && strncmp(v, "cuda", 4) && strncmp(v, "opencl", 6) &&
-        strncmp(v, "fault:", 6)) /* fault injection, docs/reliability.md */
-      targs_error(a, "--platform: expected host, cuda[:N] or opencl[:N], got '%s'", v);
+    targs_platform(a, "--platform", v);
     r->platform = v;
   } else if (targs_value(a, "--device-memory", &v)) {
     r->have_capacity = targs_size(a, "--device-memory", v, &r->capacity);

@@ -55,19 +55,19 @@ static int run(int argc, char **argv) {
     return TOOL_EXIT_OK;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("mlo %s\nplatforms built: host, sim, fault%s%s\nranks (MPI): %s\n", mlo_version(),
-#ifdef MLO_HAVE_CUDA
-           ", cuda",
-#else
-           "",
-#endif
-#ifdef MLO_HAVE_OPENCL
-           ", opencl",
-#else
-           "",
-#endif
+    /* The platforms are the library's list: built in, or modules found (or
+     * not, and why) where mlo_platform_open would look. */
+    printf("mlo %s\nplatforms:\n", mlo_version());
+    for (size_t i = 0; i < mlo_platform_count(); i++) {
+      mlo_platform_info info = MLO_PLATFORM_INFO_INIT;
+      info.probe = true;
+      if (mlo_platform_info_get(i, &info)) continue;
+      printf("  %-7s %s: %s\n", info.name, info.available ? "yes" : "no ",
+             info.module ? info.detail : "built in");
+    }
+    printf("ranks (MPI): %s\n",
 #ifdef MLO_HAVE_MPI
-           "yes"
+           "yes (libmlo-mpi)"
 #else
            "no (built without MPI)"
 #endif

@@ -39,9 +39,8 @@ void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t o
   const char *colon = strchr(spec, ':');
   size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
   bool host = name_len == 4 && !strncmp(spec, "host", 4);
-  bool indexed = (name_len == 4 && !strncmp(spec, "cuda", 4)) ||
-                 (name_len == 6 && !strncmp(spec, "opencl", 6));
-  if (!host && !indexed) {
+  bool indexed = false; /* cuda[:N], opencl[:N]: as the library lists them */
+  if (!host && (!tool_platform_known(spec, &indexed) || !indexed)) {
     snprintf(out, outlen, "%s", spec);
     return;
   }
@@ -148,12 +147,8 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
   if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) s->capacity = mem.total_bytes;
   rc = open_pipeline(s, cfg, err, errlen);
   if (rc) goto out_close;
-  rc = mlo_workload_open(s->platform, &s->workload);
-  if (rc) {
-    snprintf(err, errlen, "no reference workload for platform '%s' in this build",
-             mlo_platform_name(s->platform));
-    goto out_close;
-  }
+  rc = mlo_workload_open(s->platform, &s->workload, err, errlen);
+  if (rc) goto out_close;
   for (int r = MLO_ROLE_DIT; r <= MLO_ROLE_OTHER; r++)
     if (cfg->tokens[r]) mlo_workload_set_tokens(s->workload, (mlo_role)r, cfg->tokens[r]);
   if (cfg->before_load) {

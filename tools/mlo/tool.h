@@ -70,6 +70,12 @@ void targs_error(targs *a, const char *fmt, ...) TOOL_PRINTF(2, 3);
 bool targs_int(targs *a, const char *flag, const char *val, long lo, long hi, long *out);
 bool targs_double(targs *a, const char *flag, const char *val, double lo, double hi, double *out);
 bool targs_size(targs *a, const char *flag, const char *val, uint64_t *out);
+/* A platform spec whose name the library knows (mlo_platform_info: the
+ * tools keep no list of their own); the message lists them. */
+bool targs_platform(targs *a, const char *flag, const char *val);
+/* Whether spec names a platform the library knows; *indexed (may be NULL)
+ * whether its specs take a device index ("cuda[:N]"). */
+bool tool_platform_known(const char *spec, bool *indexed);
 /* One of a NULL-terminated list of words; *out is its index. */
 bool targs_choice(targs *a, const char *flag, const char *val, const char *const *words, int *out);
 

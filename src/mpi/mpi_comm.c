@@ -1,5 +1,7 @@
 /*
- * mpi_comm.c — mlo's communicator over the caller's MPI job: a duplicate of
+ * mpi_comm.c — libmlo-mpi, mlo's communicator over the caller's MPI job (a
+ * library of its own, so that only a program that asks for ranks links
+ * MPI; it fills in dist.h's ops table and libmlo does the rest): a duplicate of
  * the caller's communicator (mlo's messages never mix with the caller's),
  * split into the ranks that share a node, and on it node-shared windows
  * (MPI_Win_allocate_shared) for the host slabs, an in-place all-gather for
@@ -14,13 +16,11 @@
  * coordinator left posted), and after a timeout the communicator is broken
  * on every rank that learns of it, so nothing ever waits on it again.
  */
-#include "base/sysio.h"
 #include "dist/dist.h"
 #include "mlo/mpi.h"
 
-#include "base/log.h"
-
 #include <mpi.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,9 +44,9 @@ typedef struct {
   char msg[256];
 } verdict;
 
-struct mlo_comm {
+typedef struct mpi_ctx {
+  mlo_comm pub; /* first: the handle the caller holds is this struct */
   MPI_Comm world, node;
-  int rank, size, node_rank, node_size;
   unsigned timeout_ms;
   uint64_t seq;
   bool broken;
@@ -59,15 +59,49 @@ struct mlo_comm {
   MPI_Request *reqs;
   vote my_vote;
   verdict my_verdict;
-  void *nccl;
-};
+} mpi_ctx;
+
+/* libmlo's mlo_errf, which this library does not reach (it links libmlo's
+ * public API only): the message into err, the status back. */
+static int errf(char *err, size_t errlen, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int errf(char *err, size_t errlen, int status, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
 
 static int mpi_fail(char *err, size_t errlen, const char *what, int code) {
   char text[MPI_MAX_ERROR_STRING] = "";
   int len = 0;
   MPI_Error_string(code, text, &len);
-  return mlo_errf(err, errlen, MLO_EPLATFORM, "MPI: %s: %s", what, text);
+  return errf(err, errlen, MLO_EPLATFORM, "MPI: %s: %s", what, text);
 }
+
+static void mpi_destroy(void *ctx);
+static int mpi_shared_alloc(void *ctx, size_t bytes, void **ptr, void **handle, char *err,
+                            size_t errlen);
+static void mpi_shared_free(void *ctx, void *handle);
+static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
+static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_dist_namer name,
+                     void *user, bool *together, char *err, size_t errlen);
+
+static const struct mlo_comm_ops mpi_ops = {
+    .destroy = mpi_destroy,
+    .shared_alloc = mpi_shared_alloc,
+    .shared_free = mpi_shared_free,
+    .allgather = mpi_allgather,
+    .agree = mpi_agree,
+};
+
+#define MLO_MPI_STR_(x) #x
+#define MLO_MPI_STR(x) MLO_MPI_STR_(x)
+#define MLO_MPI_VERSION                                                                            \
+  MLO_MPI_STR(MLO_VERSION_MAJOR) "." MLO_MPI_STR(MLO_VERSION_MINOR) "." MLO_MPI_STR(MLO_VERSION_PATCH)
 
 int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **out, char *err,
                         size_t errlen) {
@@ -76,12 +110,18 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
   int inited = 0;
   MPI_Initialized(&inited);
   if (!out || !inited)
-    return mlo_errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: %s",
+    return errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: %s",
                     out ? "MPI is not initialized (MPI_Init first)" : "no output");
   if (opts && opts->size < sizeof *opts)
-    return mlo_errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: options of an unknown size");
-  mlo_comm *c = mlo_calloc(1, sizeof *c);
+    return errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: options of an unknown size");
+  /* One build: this library's dist.h must be the libmlo's it talks to. */
+  if (strcmp(mlo_version(), MLO_MPI_VERSION))
+    return errf(err, errlen, MLO_EINVAL, "libmlo-mpi %s cannot drive libmlo %s (install both "
+                "from one build)", MLO_MPI_VERSION, mlo_version());
+  mpi_ctx *c = calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
+  c->pub.ops = &mpi_ops;
+  c->pub.ctx = c;
   c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : MLO_COMM_DEFAULT_TIMEOUT_MS;
   int rc = MPI_Comm_dup(comm, &c->world);
   if (rc != MPI_SUCCESS) {
@@ -89,34 +129,34 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
     return mpi_fail(err, errlen, "duplicating the communicator", rc);
   }
   MPI_Comm_set_errhandler(c->world, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(c->world, &c->rank);
-  MPI_Comm_size(c->world, &c->size);
-  rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->node);
+  MPI_Comm_rank(c->world, &c->pub.rank);
+  MPI_Comm_size(c->world, &c->pub.size);
+  rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->pub.rank, MPI_INFO_NULL, &c->node);
   if (rc != MPI_SUCCESS) {
     MPI_Comm_free(&c->world);
     free(c);
     return mpi_fail(err, errlen, "splitting the ranks by node", rc);
   }
   MPI_Comm_set_errhandler(c->node, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(c->node, &c->node_rank);
-  MPI_Comm_size(c->node, &c->node_size);
-  size_t n = (size_t)c->node_size;
-  c->votes = mlo_calloc(n, sizeof *c->votes);
-  c->sent = mlo_calloc(n, sizeof *c->sent);
-  c->reqs = mlo_calloc(n, sizeof *c->reqs);
+  MPI_Comm_rank(c->node, &c->pub.node_rank);
+  MPI_Comm_size(c->node, &c->pub.node_size);
+  size_t n = (size_t)c->pub.node_size;
+  c->votes = calloc(n, sizeof *c->votes);
+  c->sent = calloc(n, sizeof *c->sent);
+  c->reqs = calloc(n, sizeof *c->reqs);
   if (!c->votes || !c->sent || !c->reqs) {
-    mlo_comm_free(c);
+    mpi_destroy(c);
     return MLO_ENOMEM;
   }
   for (size_t i = 0; i < n; i++) c->reqs[i] = MPI_REQUEST_NULL;
-  *out = c;
+  *out = &c->pub;
   return MLO_OK;
 }
 
-void mlo_comm_free(mlo_comm *c) {
-  if (!c) return;
+static void mpi_destroy(void *ctx) {
+  mpi_ctx *c = ctx;
   /* a receive the coordinator left posted for a rank that never came */
-  for (int i = 0; c->reqs && i < c->node_size; i++)
+  for (int i = 0; c->reqs && i < c->pub.node_size; i++)
     if (c->reqs[i] != MPI_REQUEST_NULL) {
       MPI_Cancel(&c->reqs[i]);
       MPI_Request_free(&c->reqs[i]);
@@ -129,33 +169,10 @@ void mlo_comm_free(mlo_comm *c) {
   free(c);
 }
 
-int mlo_comm_rank(const mlo_comm *c) {
-  return c ? c->rank : 0;
-}
-int mlo_comm_size(const mlo_comm *c) {
-  return c ? c->size : 1;
-}
-int mlo_comm_node_rank(const mlo_comm *c) {
-  return c ? c->node_rank : 0;
-}
-int mlo_comm_node_size(const mlo_comm *c) {
-  return c ? c->node_size : 1;
-}
-int mlo_dist_node_rank(const mlo_comm *c) {
-  return c->node_rank;
-}
-int mlo_dist_node_size(const mlo_comm *c) {
-  return c->node_size;
-}
-
 int mlo_comm_set_nccl(mlo_comm *c, void *nccl_comm) {
   if (!c) return MLO_EINVAL;
   c->nccl = nccl_comm;
   return MLO_OK;
-}
-
-void *mlo_dist_nccl(const mlo_comm *c) {
-  return c ? c->nccl : NULL;
 }
 
 /* ---- node-shared memory ---------------------------------------------------- */
@@ -164,12 +181,13 @@ typedef struct {
   MPI_Win win;
 } shared_handle;
 
-int mlo_dist_shared_alloc(mlo_comm *c, size_t bytes, void **ptr, void **handle, char *err,
-                          size_t errlen) {
-  shared_handle *h = mlo_calloc(1, sizeof *h);
+static int mpi_shared_alloc(void *ctx, size_t bytes, void **ptr, void **handle, char *err,
+                            size_t errlen) {
+  mpi_ctx *c = ctx;
+  shared_handle *h = calloc(1, sizeof *h);
   if (!h) return MLO_ENOMEM;
   void *base = NULL;
-  MPI_Aint mine = c->node_rank == 0 ? (MPI_Aint)bytes : 0;
+  MPI_Aint mine = c->pub.node_rank == 0 ? (MPI_Aint)bytes : 0;
   int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, c->node, &base, &h->win);
   if (rc != MPI_SUCCESS) {
     free(h);
@@ -183,15 +201,15 @@ int mlo_dist_shared_alloc(mlo_comm *c, size_t bytes, void **ptr, void **handle, 
     MPI_Win_free(&h->win);
     free(h);
     return rc != MPI_SUCCESS ? mpi_fail(err, errlen, "mapping node-shared memory", rc)
-                             : mlo_errf(err, errlen, MLO_ENOMEM, "node-shared memory is short");
+                             : errf(err, errlen, MLO_ENOMEM, "node-shared memory is short");
   }
   *ptr = at;
   *handle = h;
   return MLO_OK;
 }
 
-void mlo_dist_shared_free(mlo_comm *c, void *handle) {
-  (void)c;
+static void mpi_shared_free(void *ctx, void *handle) {
+  (void)ctx;
   shared_handle *h = handle;
   if (!h) return;
   MPI_Win_free(&h->win);
@@ -200,11 +218,12 @@ void mlo_dist_shared_free(mlo_comm *c, void *handle) {
 
 /* ---- all-gather -------------------------------------------------------------- */
 
-int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t errlen) {
+static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen) {
+  mpi_ctx *c = ctx;
   if (slice % GATHER_UNIT)
-    return mlo_errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
+    return errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
                     GATHER_UNIT);
-  if (c->broken) return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   MPI_Datatype unit;
   MPI_Type_contiguous(GATHER_UNIT, MPI_BYTE, &unit);
   MPI_Type_commit(&unit);
@@ -247,8 +266,8 @@ static const char *name_of(mlo_dist_namer name, void *user, uint64_t id, char *b
 }
 
 /* The coordinator: collects every vote (or the timeout) and decides. */
-static void coordinate(mlo_comm *c, verdict *v) {
-  int n = c->node_size;
+static void coordinate(mpi_ctx *c, verdict *v) {
+  int n = c->pub.node_size;
   uint64_t deadline = now_ms() + c->timeout_ms;
   c->votes[0] = c->my_vote;
   for (int i = 1; i < n; i++)
@@ -286,10 +305,11 @@ static void coordinate(mlo_comm *c, verdict *v) {
   v->code = V_OK;
 }
 
-int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_dist_namer name,
-                   void *user, bool *together, char *err, size_t errlen) {
+static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_dist_namer name,
+                     void *user, bool *together, char *err, size_t errlen) {
+  mpi_ctx *c = ctx;
   if (together) *together = false;
-  if (c->broken) return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   char nb[200], nb2[200];
   const char *what = name_of(name, user, id, nb, sizeof nb);
   c->seq++;
@@ -299,16 +319,16 @@ int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_di
   c->my_vote.status = status;
   if (msg) snprintf(c->my_vote.msg, sizeof c->my_vote.msg, "%s", msg);
   verdict *v = &c->my_verdict;
-  if (c->node_size == 1) {
+  if (c->pub.node_size == 1) {
     memset(v, 0, sizeof *v);
     if (status) {
       v->code = V_FAILED;
       v->status = status;
       snprintf(v->msg, sizeof v->msg, "%s", c->my_vote.msg);
     }
-  } else if (c->node_rank == 0) {
+  } else if (c->pub.node_rank == 0) {
     coordinate(c, v);
-    for (int i = 1; i < c->node_size; i++) {
+    for (int i = 1; i < c->pub.node_size; i++) {
       MPI_Request r;
       c->sent[i] = *v;
       MPI_Isend(&c->sent[i], (int)sizeof(verdict), MPI_BYTE, i, TAG_VERDICT, c->node, &r);
@@ -327,8 +347,8 @@ int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_di
       snprintf(c->broken_why, sizeof c->broken_why,
                "rank %d: node rank 0 (the coordinator) did not answer within %.1f s at '%s'; "
                "the communicator is unusable",
-               c->rank, c->timeout_ms / 1000.0, what);
-      return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+               c->pub.rank, c->timeout_ms / 1000.0, what);
+      return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
     }
   }
   if (together) *together = v->code == V_OK || v->code == V_FAILED;
@@ -336,7 +356,7 @@ int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_di
   case V_OK:
     return MLO_OK;
   case V_MISMATCH:
-    return mlo_errf(err, errlen, MLO_ESTATE,
+    return errf(err, errlen, MLO_ESTATE,
                     "collective sequence mismatch: node rank %d is at '%s', node rank %d at '%s' "
                     "(every rank must acquire the same components in the same order)",
                     v->rank_a, name_of(name, user, v->id_a, nb, sizeof nb), v->rank_b,
@@ -346,10 +366,14 @@ int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_di
     snprintf(c->broken_why, sizeof c->broken_why,
              "node rank(s) %s did not arrive within %.1f s at '%s'; the communicator is unusable",
              v->msg, c->timeout_ms / 1000.0, what);
-    return mlo_errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+    return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   default:
-    return mlo_errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,
+    return errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,
                     "node rank %d failed at '%s': %s", v->rank_a, what,
                     v->msg[0] ? v->msg : mlo_strerror(v->status));
   }
+}
+
+void mlo_comm_free(mlo_comm *c) {
+  if (c) c->ops->destroy(c->ctx);
 }

@@ -1,0 +1,226 @@
+/*
+ * module.c — finding, loading and checking the modules of module.h, and the
+ * services table libmlo lends them.  A module is loaded once per process and
+ * never unloaded: a device runtime (CUDA's above all) must not be torn down
+ * under a program that may still hold its handles, and a second
+ * mlo_platform_open of the same platform should not pay the load again.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include "platform/module.h"
+
+#include "base/log.h"
+#include "base/sysio.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#ifndef MLO_MODULE_DIR
+#define MLO_MODULE_DIR "" /* a build that does not say where it installs */
+#endif
+
+static void host_vlogf(mlo_log_level level, const char *fmt, va_list ap) {
+  char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  mlo_logf(level, "%s", msg);
+}
+
+static const struct mlo_module_host host_table = {
+    .abi = MLO_MODULE_ABI,
+    .version = MLO_MODULE_VERSION, /* what mlo_version() answers */
+    .platform_size = sizeof(struct mlo_platform),
+    .ops_size = sizeof(struct mlo_platform_ops),
+    .vlogf = host_vlogf,
+    .log_enabled = mlo_log_enabled,
+    .malloc_ = mlo_malloc,
+    .calloc_ = mlo_calloc,
+    .realloc_ = mlo_realloc,
+    .aligned_alloc_ = mlo_aligned_alloc,
+    .env_flag = mlo_env_flag,
+    .parse_size = mlo_parse_size,
+    .format_size = mlo_format_size,
+    .stamp_new = mlo_stamp_new,
+    .stamp_fire = mlo_stamp_fire,
+    .stamp_put = mlo_stamp_put,
+    .stamp_time = mlo_stamp_time,
+    .spec_parse_indexed = mlo_spec_parse_indexed,
+    .dev_alloc = mlo_plat_dev_alloc,
+    .dev_free = mlo_plat_dev_free,
+    .event_create = mlo_plat_event_create,
+    .event_destroy = mlo_plat_event_destroy,
+    .event_record_copy = mlo_plat_event_record_copy,
+    .compute_wait = mlo_plat_compute_wait,
+    .compute_queue = mlo_platform_compute_queue,
+};
+
+/* Loaded modules, by file name; a short list (a process loads a few). */
+struct loaded {
+  char file[64];
+  const struct mlo_module *module;
+  char *path;
+  struct loaded *next;
+};
+static pthread_mutex_t modules_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct loaded *modules;
+
+/* Appends "s" to buf at *used, keeping it terminated and never past cap. */
+static void append(char *buf, size_t cap, size_t *used, const char *s) {
+  if (!buf || !cap || *used >= cap - 1) return;
+  int n = snprintf(buf + *used, cap - *used, "%s", s);
+  if (n > 0) *used += (size_t)n < cap - *used ? (size_t)n : cap - 1 - *used;
+}
+
+/* The folder of the object holding libmlo's code (libmlo.so, or the
+ * program libmlo.a was linked into), into dir; false if unknown. */
+static bool self_dir(char *dir, size_t cap) {
+  Dl_info info;
+  if (!dladdr((void *)mlo_module_load, &info) || !info.dli_fname || !strchr(info.dli_fname, '/'))
+    return false;
+  const char *slash = strrchr(info.dli_fname, '/');
+  size_t n = (size_t)(slash - info.dli_fname);
+  if (n + 1 > cap) return false;
+  memcpy(dir, info.dli_fname, n);
+  dir[n] = '\0';
+  return true;
+}
+
+/* One attempt: dlopen `path` and check its init.  MLO_ENOENT-like answer
+ * (1) when the file is not there, so the search goes on; MLO_OK; or an error
+ * that ends the search (found but unusable) with the reason in why. */
+enum { TRY_OK, TRY_ABSENT, TRY_FAILED };
+static int try_load(char *path, size_t pathcap, bool bare, mlo_module_kind kind, const char *file,
+                    const struct mlo_module **out, char *why, size_t whylen) {
+  struct stat st;
+  if (!bare && stat(path, &st) != 0) return TRY_ABSENT;
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    /* The loader's own search found nothing by that name: not an error of
+     * the module (its file is not there), unless it names another file. */
+    if (bare && e && strstr(e, path) && strstr(e, "No such file")) return TRY_ABSENT;
+    snprintf(why, whylen, "%s could not be loaded: %s", path, e ? e : "unknown loader error");
+    return TRY_FAILED;
+  }
+  mlo_module_init_fn init = NULL;
+  *(void **)&init = dlsym(h, MLO_MODULE_INIT_SYMBOL);
+  if (!init) {
+    snprintf(why, whylen, "%s is not an mlo module (no %s)", path, MLO_MODULE_INIT_SYMBOL);
+    dlclose(h);
+    return TRY_FAILED;
+  }
+  char err[256] = "";
+  const struct mlo_module *m = NULL;
+  int rc = init(&host_table, &m, err, sizeof err); /* the module keeps the pointer */
+  if (rc || !m) {
+    snprintf(why, whylen, "%s refused to start: %s", path, err[0] ? err : mlo_strerror(rc));
+    dlclose(h);
+    return TRY_FAILED;
+  }
+  if (m->abi != MLO_MODULE_ABI || !m->version || strcmp(m->version, mlo_version()) ||
+      m->kind != kind) {
+    snprintf(why, whylen,
+             "%s is from another build (module ABI %u, mlo %s, kind %d; this libmlo: ABI %u, "
+             "mlo %s, wants kind %d for '%s')",
+             path, m->abi, m->version ? m->version : "?", (int)m->kind, MLO_MODULE_ABI,
+             mlo_version(), (int)kind, file);
+    dlclose(h);
+    return TRY_FAILED;
+  }
+  /* Where the loader found it (the bare name's search says no folder). */
+  Dl_info info;
+  if (bare && dladdr(*(void **)&init, &info) && info.dli_fname)
+    snprintf(path, pathcap, "%s", info.dli_fname);
+  *out = m; /* the handle stays open for the life of the process */
+  return TRY_OK;
+}
+
+int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
+                    const char **path, char *err, size_t errlen) {
+  if (!file || !*file || !out || strchr(file, '/') || strlen(file) >= sizeof(((struct loaded *)0)->file))
+    return mlo_errf(err, errlen, MLO_EINVAL, "bad module name");
+  *out = NULL;
+  pthread_mutex_lock(&modules_lock);
+  for (struct loaded *l = modules; l; l = l->next)
+    if (!strcmp(l->file, file)) {
+      *out = l->module;
+      if (path) *path = l->path;
+      pthread_mutex_unlock(&modules_lock);
+      return MLO_OK;
+    }
+
+  char name[96];
+  snprintf(name, sizeof name, "libmlo-%s.so", file);
+  char looked[1024] = "";
+  size_t used = 0;
+  char why[768] = "";
+  char candidate[4096];
+  int result = TRY_ABSENT;
+  const char *env = getenv("MLO_MODULE_PATH");
+
+  if (env && *env) {
+    const char *p = env;
+    while (result == TRY_ABSENT && *p) {
+      const char *colon = strchr(p, ':');
+      size_t n = colon ? (size_t)(colon - p) : strlen(p);
+      if (n && n < sizeof candidate - sizeof name - 2) {
+        snprintf(candidate, sizeof candidate, "%.*s/%s", (int)n, p, name);
+        append(looked, sizeof looked, &used, used ? ", " : "");
+        append(looked, sizeof looked, &used, candidate);
+        result = try_load(candidate, sizeof candidate, false, kind, file, out, why, sizeof why);
+      }
+      p += n + (colon ? 1 : 0);
+    }
+  } else {
+    char dir[2048];
+    if (self_dir(dir, sizeof dir)) {
+      snprintf(candidate, sizeof candidate, "%s/mlo/%s", dir, name);
+      append(looked, sizeof looked, &used, candidate);
+      result = try_load(candidate, sizeof candidate, false, kind, file, out, why, sizeof why);
+    }
+    if (result == TRY_ABSENT && MLO_MODULE_DIR[0]) {
+      snprintf(candidate, sizeof candidate, "%s/%s", MLO_MODULE_DIR, name);
+      append(looked, sizeof looked, &used, used ? ", " : "");
+      append(looked, sizeof looked, &used, candidate);
+      result = try_load(candidate, sizeof candidate, false, kind, file, out, why, sizeof why);
+    }
+    if (result == TRY_ABSENT) {
+      snprintf(candidate, sizeof candidate, "%s", name);
+      append(looked, sizeof looked, &used, used ? ", " : "");
+      append(looked, sizeof looked, &used, "the loader's search path (RUNPATH, LD_LIBRARY_PATH)");
+      result = try_load(candidate, sizeof candidate, true, kind, file, out, why, sizeof why);
+    }
+  }
+
+  int rc = MLO_OK;
+  if (result == TRY_OK) {
+    struct loaded *l = mlo_calloc(1, sizeof *l);
+    char *where = mlo_strdup(candidate);
+    if (!l || !where) {
+      free(l);
+      free(where);
+      *out = NULL;
+      rc = mlo_errf(err, errlen, MLO_ENOMEM, "out of host memory loading %s", name);
+    } else {
+      snprintf(l->file, sizeof l->file, "%s", file);
+      l->module = *out;
+      l->path = where;
+      l->next = modules;
+      modules = l;
+      if (path) *path = where;
+      mlo_logf(MLO_LOG_DEBUG, "module %s loaded from %s", name, where);
+    }
+  } else if (result == TRY_FAILED) {
+    rc = mlo_errf(err, errlen, MLO_ENODEV, "%s (looked in: %s)", why, looked);
+  } else {
+    rc = mlo_errf(err, errlen, MLO_ENODEV,
+                  "module %s not found (looked in: %s%s); set MLO_MODULE_PATH to the folder "
+                  "that holds it",
+                  name, looked[0] ? looked : "nowhere", env && *env ? ", from MLO_MODULE_PATH" : "");
+  }
+  pthread_mutex_unlock(&modules_lock);
+  return rc;
+}
