@@ -1,6 +1,6 @@
 /*
  * bench_load.c — how fast a checkpoint becomes host slabs, as a ratio to
- * the plainest possible read of the same files (docs/design.md §6: ratios
+ * the plainest possible read of the same files (bench/README.md: ratios
  * in one run, medians, never a bare absolute time).
  *
  * It generates (or takes) a Wan2.2-shaped pipeline, then alternates two

@@ -14,7 +14,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The invariants of an accepted file (design.md §4). */
+/* The invariants of an accepted file (docs/formats.md). */
 static void check_accepted(const mlo_st_file *f, size_t size) {
   uint64_t pos = 0;
   if (f->data_start > size || f->file_size != size) abort();

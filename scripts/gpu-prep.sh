@@ -57,8 +57,8 @@ for b in "${bins[@]}"; do
   strip --strip-unneeded "$pack/bin/$(basename "$b")"
 done
 for m in libmlo-cuda.so libmlo-workload-cuda.so; do
-  [ -f "$build/modules/$m" ] || { echo "gpu-prep: missing module $build/modules/$m" >&2; exit 1; }
-  cp "$build/modules/$m" "$pack/modules/"
+  [ -f "$build/mlo/$m" ] || { echo "gpu-prep: missing module $build/mlo/$m" >&2; exit 1; }
+  cp "$build/mlo/$m" "$pack/modules/"
   strip --strip-unneeded "$pack/modules/$m"
 done
 # The libraries to carry: everything ldd resolves outside glibc and CUDA.

@@ -46,7 +46,7 @@ heavy='cuda|cublas|nccl|OpenCL|clblast|openblas|blas|mpi|open-pal|open-rte'
 if ldd "$libdir/libmlo.so" | grep -Ei "$heavy"; then fail "libmlo.so loads one of the above"; fi
 step "libmlo.so needs: $needed"
 # The modules and libmlo-mpi, where this build has them.
-modules=$(cd "$build/modules" 2>/dev/null && ls libmlo-*.so 2>/dev/null || true)
+modules=$(cd "$build/mlo" 2>/dev/null && ls libmlo-*.so 2>/dev/null || true)
 for m in $modules; do
   [ -e "$libdir/mlo/$m" ] || fail "module $m is not installed in $libdir/mlo"
   syms=$(nm -D --defined-only "$libdir/mlo/$m" | awk '{print $3}')

@@ -10,7 +10,7 @@
  * nothing behind.  The conventions of mlo.h apply (status codes, options
  * structs with a size and an _INIT macro, NULL-tolerant frees).
  *
- * The layout understood (docs/design.md §4):
+ * The layout understood (docs/formats.md):
  *
  *   DIR/model_index.json         names the components
  *   DIR/<component>/config.json  optional for the loader

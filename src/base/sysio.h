@@ -13,8 +13,8 @@
  *
  * Internal to the library and its tests.
  */
-#ifndef MLO_CORE_SYSIO_H
-#define MLO_CORE_SYSIO_H
+#ifndef MLO_BASE_SYSIO_H
+#define MLO_BASE_SYSIO_H
 
 #include <stdbool.h>
 #include <stddef.h>

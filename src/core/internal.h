@@ -203,6 +203,8 @@ static inline bool mlo_res_is_resident(const mlo_component *c) {
 
 /* Records a failure message on the pipeline and returns status. */
 int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3, 4);
+/* Frees a tensor's declaration (tensor.c; NULL is a no-op). */
+void mlo_tensor_free(mlo_tensor *t);
 /* loader.c: reads the nfiles file-backed tensors into c->slab (at their
  * dev_offset) with a pool of reader threads, dropping the pages behind the
  * reads from the page cache; progress (may be NULL) is called from the

@@ -7,7 +7,7 @@
  *
  * A load is one device block and a few large copies on the copy queue,
  * then an event; compute is ordered after that event (C8).  Eviction
- * writes back only mutable tensors (design §2.2) and releases the block
+ * writes back only mutable tensors (docs/architecture.md) and releases the block
  * stream-ordered, so it never frees memory a queued copy or compute still
  * uses (C9).  Empty components make no platform call at all (C13).
  *

@@ -4,7 +4,7 @@
  *
  * Layout: tensors with storage of their own (not aliases), those the
  * library owns first, each at an aligned offset; their bytes are the slab,
- * so a load is one large copy of the slab (design §2.1).  External tensors
+ * so a load is one large copy of the slab (docs/architecture.md).  External tensors
  * (caller-owned or sharded host storage, C7) follow in the device block
  * only: their host copy stays where the owner put it and is copied from
  * there, one copy each.

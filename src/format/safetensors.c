@@ -2,7 +2,7 @@
  * safetensors.c — the safetensors header reader.
  *
  * Checkpoints come from anywhere, so the header is hostile input
- * (docs/design.md §4).  It is validated completely before anything is
+ * (docs/formats.md).  It is validated completely before anything is
  * exposed: the length prefix against a cap and the file size, the bytes as
  * UTF-8 JSON, every entry's types, dtype, shape and byte size with
  * overflow-checked arithmetic, and the offsets as one contiguous, sorted,

@@ -1,7 +1,7 @@
 /*
  * safetensors.h — internal API of the safetensors reader and writer.
  *
- * The reader treats every file as hostile (docs/design.md §4): the header
+ * The reader treats every file as hostile (docs/formats.md): the header
  * is validated completely before any tensor is exposed, each violation is
  * its own error naming the file and the tensor.  It never maps or copies
  * the data section; mlo_st_add_to_component declares each tensor as a file

@@ -6,7 +6,7 @@
  * padded with spaces so the data section starts on an 8-byte boundary, as
  * the reference writer does.  Generated tensors are produced in bounded
  * chunks so that no tensor is ever held whole in memory.  The file appears
- * atomically (core/outfile.c: a temporary beside it, fsync, rename; never
+ * atomically (base/outfile.c: a temporary beside it, fsync, rename; never
  * over a device or a FIFO), so
  * a failure never leaves a partial checkpoint behind.
  */

@@ -4,7 +4,7 @@
  * Device APIs fail in ways a CPU test never sees: an allocation refused
  * half-way through a load, a copy that cannot be queued, an event that
  * cannot be recorded.  Each of those must come back to the caller as a
- * status with every piece of state rolled back (design §7).  This wrapper
+ * status with every piece of state rolled back (docs/reliability.md).  This wrapper
  * makes any of them happen on demand, on any platform, so the reliability
  * tests can fail every call of a cycle in turn (tests/reliability) and the
  * CLI can be pointed at a failing device ("--platform fault:...").

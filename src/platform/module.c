@@ -88,20 +88,17 @@ static bool self_dir(char *dir, size_t cap) {
   return true;
 }
 
-/* One attempt: dlopen `path` and check its init.  MLO_ENOENT-like answer
- * (1) when the file is not there, so the search goes on; MLO_OK; or an error
- * that ends the search (found but unusable) with the reason in why. */
+/* One attempt: dlopen `path` and check its init.  TRY_ABSENT when the file
+ * is not there, so the search goes on; TRY_OK; or TRY_FAILED, which ends the
+ * search (found but unusable), with the reason in why. */
 enum { TRY_OK, TRY_ABSENT, TRY_FAILED };
-static int try_load(char *path, size_t pathcap, bool bare, mlo_module_kind kind, const char *file,
+static int try_load(const char *path, mlo_module_kind kind, const char *file,
                     const struct mlo_module **out, char *why, size_t whylen) {
   struct stat st;
-  if (!bare && stat(path, &st) != 0) return TRY_ABSENT;
+  if (stat(path, &st) != 0) return TRY_ABSENT;
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
-    /* The loader's own search found nothing by that name: not an error of
-     * the module (its file is not there), unless it names another file. */
-    if (bare && e && strstr(e, path) && strstr(e, "No such file")) return TRY_ABSENT;
     snprintf(why, whylen, "%s could not be loaded: %s", path, e ? e : "unknown loader error");
     return TRY_FAILED;
   }
@@ -130,10 +127,6 @@ static int try_load(char *path, size_t pathcap, bool bare, mlo_module_kind kind,
     dlclose(h);
     return TRY_FAILED;
   }
-  /* Where the loader found it (the bare name's search says no folder). */
-  Dl_info info;
-  if (bare && dladdr(*(void **)&init, &info) && info.dli_fname)
-    snprintf(path, pathcap, "%s", info.dli_fname);
   *out = m; /* the handle stays open for the life of the process */
   return TRY_OK;
 }
@@ -170,7 +163,7 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
         snprintf(candidate, sizeof candidate, "%.*s/%s", (int)n, p, name);
         append(looked, sizeof looked, &used, used ? ", " : "");
         append(looked, sizeof looked, &used, candidate);
-        result = try_load(candidate, sizeof candidate, false, kind, file, out, why, sizeof why);
+        result = try_load(candidate, kind, file, out, why, sizeof why);
       }
       p += n + (colon ? 1 : 0);
     }
@@ -179,19 +172,37 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
     if (self_dir(dir, sizeof dir)) {
       snprintf(candidate, sizeof candidate, "%s/mlo/%s", dir, name);
       append(looked, sizeof looked, &used, candidate);
-      result = try_load(candidate, sizeof candidate, false, kind, file, out, why, sizeof why);
+      result = try_load(candidate, kind, file, out, why, sizeof why);
     }
     if (result == TRY_ABSENT && MLO_MODULE_DIR[0]) {
       snprintf(candidate, sizeof candidate, "%s/%s", MLO_MODULE_DIR, name);
       append(looked, sizeof looked, &used, used ? ", " : "");
       append(looked, sizeof looked, &used, candidate);
-      result = try_load(candidate, sizeof candidate, false, kind, file, out, why, sizeof why);
+      result = try_load(candidate, kind, file, out, why, sizeof why);
     }
+    /* The program's own library path: its RUNPATH (a build tree's module
+     * folder), LD_LIBRARY_PATH and the system folders, as the loader would
+     * search them for it; tried by full path, since a bare-name dlopen
+     * searches the RUNPATH of whoever called dlopen, which is not us under
+     * a sanitizer's interceptor. */
     if (result == TRY_ABSENT) {
-      snprintf(candidate, sizeof candidate, "%s", name);
-      append(looked, sizeof looked, &used, used ? ", " : "");
-      append(looked, sizeof looked, &used, "the loader's search path (RUNPATH, LD_LIBRARY_PATH)");
-      result = try_load(candidate, sizeof candidate, true, kind, file, out, why, sizeof why);
+      Dl_serinfo size, *info = NULL;
+      void *self = dlopen(NULL, RTLD_LAZY);
+      if (self && dlinfo(self, RTLD_DI_SERINFOSIZE, &size) == 0 &&
+          (info = mlo_malloc(size.dls_size)) != NULL) {
+        memcpy(info, &size, sizeof size);
+        if (dlinfo(self, RTLD_DI_SERINFO, info) == 0)
+          for (unsigned i = 0; i < info->dls_cnt && result == TRY_ABSENT; i++) {
+            const char *d = info->dls_serpath[i].dls_name;
+            if (!d || !*d || strlen(d) >= sizeof candidate - sizeof name - 2) continue;
+            snprintf(candidate, sizeof candidate, "%s/%s", d, name);
+            append(looked, sizeof looked, &used, used ? ", " : "");
+            append(looked, sizeof looked, &used, candidate);
+            result = try_load(candidate, kind, file, out, why, sizeof why);
+          }
+      }
+      free(info);
+      if (self) dlclose(self);
     }
   }
 

@@ -103,12 +103,14 @@ typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host,
  * module) and checks it is a `kind` module of this build.  Where it looks,
  * in order: each folder of MLO_MODULE_PATH (':'-separated; when it is set,
  * nothing else), the folder `mlo` beside the object holding libmlo (the
- * installed libmlo.so's module folder), the configured install folder
- * (MLO_MODULE_DIR), then the dynamic loader's own search (the calling
- * program's RUNPATH, which in a build tree names the build's module folder;
- * LD_LIBRARY_PATH).  On failure err says which file was missing, or which
- * file failed to load and the loader's reason (a missing CUDA runtime, say),
- * and every place it looked.  *path (may be NULL) gets where it was found. */
+ * installed libmlo.so's module folder; build/mlo beside a build tree's
+ * libmlo.so), the configured install folder (MLO_MODULE_DIR), then each
+ * folder of the program's library path as the loader has it (its RUNPATH,
+ * which in a build tree names build/mlo; LD_LIBRARY_PATH; the system's).
+ * Every candidate is opened by its full path.  On failure err says which
+ * file was missing, or which file failed to load and the loader's reason (a
+ * missing CUDA runtime, say), and every place it looked.  *path (may be
+ * NULL) gets where it was found. */
 int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
                     const char **path, char *err, size_t errlen);
 

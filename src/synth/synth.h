@@ -3,8 +3,8 @@
  * files, shards, weights) and the preset tables (synth_presets.c: which
  * pipelines exist and what each architecture's tensors are called).
  */
-#ifndef MLO_FORMAT_SYNTH_H
-#define MLO_FORMAT_SYNTH_H
+#ifndef MLO_SYNTH_SYNTH_H
+#define MLO_SYNTH_SYNTH_H
 
 #include "base/log.h" /* mlo_errf, MLO_PRINTF */
 #include "mlo/checkpoint.h"

@@ -1,6 +1,6 @@
 /*
  * workload.c — the platform-independent half of the reference workload
- * (docs/design.md §5): the digest, the deterministic input, picking a
+ * (docs/cli.md, "The reference workload"): the digest, the deterministic input, picking a
  * backend for a platform, walking a component's tensors, and the schedule
  * `mlo run` executes.  The backends (host_blas.c, cuda, opencl) only do the
  * arithmetic on device memory; everything that decides what a digest covers

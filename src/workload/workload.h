@@ -1,6 +1,6 @@
 /*
  * workload.h — the reference workload used by `mlo run` and the benches
- * (docs/design.md §5).  It is a benchmark workload, not a model: for each
+ * (docs/cli.md, "The reference workload").  It is a benchmark workload, not a model: for each
  * 2-D weight W (out x in) of a component it computes Y = X * W^T for T
  * deterministic tokens in f32 (bf16/f16 widened, f32 accumulation) on the
  * platform's BLAS, and folds Y into a 64-bit digest; other tensors are

@@ -2,7 +2,7 @@
  * core_concurrent — two threads run a DiT and an encoder (mutually
  * exclusive) over and over; neither ever sees its own component evicted or
  * wrong mid-forward, the two callbacks never overlap, and the audit is clean
- * inside every forward (design §7: a component that is executing is never
+ * inside every forward (docs/reliability.md: a component that is executing is never
  * evicted under it).  A third thread runs the VAE, which may overlap with
  * either.
  */

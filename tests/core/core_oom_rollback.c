@@ -1,7 +1,7 @@
 /*
  * core_oom_rollback — out of device memory during a load rolls the
  * component back to the host, leaves the rest as it was and returns
- * MLO_ENOMEM_DEVICE with a message that says what did not fit (design §7);
+ * MLO_ENOMEM_DEVICE with a message that says what did not fit (docs/reliability.md);
  * once memory is freed the same call succeeds.
  */
 #include "testutil.h"

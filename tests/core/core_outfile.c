@@ -1,6 +1,6 @@
 /*
  * core_outfile.c — outputs never harm what is at their path
- * (src/core/outfile.c): a regular file is replaced atomically with its mode
+ * (src/base/outfile.c): a regular file is replaced atomically with its mode
  * kept, a symlink is followed and its target replaced, and a FIFO, a device
  * node, a socket, a folder or a dangling link is refused with a message and
  * left as it was.  Everything lives in a temporary folder made here; the

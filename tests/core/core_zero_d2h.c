@@ -1,6 +1,6 @@
 /*
  * core_zero_d2h — eviction of read-only weights copies nothing back
- * (design §2.2): over a long schedule the device-to-host byte count stays
+ * (docs/architecture.md): over a long schedule the device-to-host byte count stays
  * at zero while evictions happen all the time, and the host slabs keep
  * their content.  The baseline (copy_back) does copy back, so the counter
  * is live.

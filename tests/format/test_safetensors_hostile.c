@@ -3,7 +3,7 @@
  * refused with its own message.
  *
  * Each corpus file (made by hostile/generate.py) breaks one rule of
- * design.md §4; the table below says which error and which words must
+ * docs/formats.md; the table below says which error and which words must
  * name it, so a reader that refuses a file for the wrong reason fails
  * here.  Every file is read both from disk and from memory (the fuzz
  * target's entry point), and every file in the directory must have a row.

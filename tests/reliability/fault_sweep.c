@@ -1,6 +1,6 @@
 /*
  * fault_sweep — every platform call of an enable / forward / disable cycle
- * fails in turn, and each failure must be survivable (design §7).
+ * fails in turn, and each failure must be survivable (docs/reliability.md).
  *
  * For each configuration (sync modes, the literal per-tensor/copy-back
  * baseline, the XPU blocking-d2h rule) the cycle is run once on a counting

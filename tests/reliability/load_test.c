@@ -1,7 +1,7 @@
 /*
  * load_test — N threads issue forwards on random components of one
  * Wan-shaped pipeline for a bounded time, on a device that holds only what
- * offload needs, so every DiT/encoder switch evicts (design §7: a component
+ * offload needs, so every DiT/encoder switch evicts (docs/reliability.md: a component
  * that is executing is never evicted under it).
  *
  * Inside every forward the component must be resident with its own bytes

@@ -1,6 +1,6 @@
 /*
  * race_sweep — thousands of randomized schedules of threads against one
- * pipeline, each checked for content and residency (design §2.5, §7).
+ * pipeline, each checked for content and residency (docs/reliability.md).
  *
  * A race that corrupts an image shows up only under some interleavings, so
  * one fixed schedule proves little.  Each schedule here draws, from its own

@@ -1,7 +1,7 @@
 /*
  * sys_sweep.c — SQLite's way of testing failure handling: every host
  * allocation, file open and file read the library makes goes through one
- * fault point (src/core/sysio.h); this program fails each one in turn
+ * fault point (src/base/sysio.h); this program fails each one in turn
  * across a whole cycle — platform open, pipeline directory open, inspect,
  * materialize, enable, a Wan-shaped schedule, free — and checks the answer:
  *

@@ -1,6 +1,6 @@
 /*
  * cmd_bench.c — `mlo bench`: what offload costs, as ratios measured in one
- * run (design.md §6): load throughput against a raw copy from 1 MiB to
+ * run (bench/README.md): load throughput against a raw copy from 1 MiB to
  * 1 GiB (capped by the memory available), the hot path of a resident
  * hooked forward, a switch against bytes / peak bandwidth, and end to end
  * the overhead curve of each residency policy against a warm all-resident

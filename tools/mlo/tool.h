@@ -265,7 +265,7 @@ int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t ca
                             const char *title, const char *subtitle, const char *path, char *err,
                             size_t errlen);
 /* Writes an output file: a regular file is replaced atomically, a symlink
- * followed, a device, FIFO or socket refused (core/outfile.c). */
+ * followed, a device, FIFO or socket refused (base/outfile.c). */
 int tool_write_file(const char *path, const char *data, size_t len, char *err, size_t errlen);
 /* Checks before any work that an output path can be written (NULL: none);
  * prints "mlo CMD: FLAG: why" and returns an exit code, 0 if it can. */

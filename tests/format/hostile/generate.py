@@ -2,7 +2,7 @@
 """Generates the hostile safetensors corpus (this directory) and the valid
 seed files of the fuzz corpus (fuzz/corpus/).
 
-Each hostile file breaks exactly one rule of design.md §4, so the reader's
+Each hostile file breaks exactly one rule of docs/formats.md, so the reader's
 test (tests/format/test_safetensors_hostile.c) can assert one specific
 message per file.  The files are checked in; rerun this after changing a
 case:  python3 tests/format/hostile/generate.py

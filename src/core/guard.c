@@ -1,0 +1,79 @@
+/*
+ * guard.c — the helpers every file of core calls, in a file of their own
+ * below the others so that none of them imports the rest: recording a
+ * failure in the pipeline's message, refusing a call from inside the
+ * pipeline's own callback, taking both of its locks, and the agreement step
+ * before a collective operation (dist.h).  They once lived in pipeline.c,
+ * which made the six files of core import each other in a circle.
+ */
+#include "core/internal.h"
+
+#include "base/log.h"
+#include "dist/dist.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) {
+  if (pipe) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pipe->errmsg, sizeof pipe->errmsg, fmt, ap);
+    va_end(ap);
+  }
+  return status;
+}
+
+int mlo_reentered(mlo_pipeline *pipe) {
+  return mlo_fail(pipe, MLO_EDEADLK,
+                  "called from inside a callback that holds this pipeline's lock (trace, log, "
+                  "progress or delegate callbacks must not call these functions; see mlo.h)");
+}
+
+void mlo_log_reentry(const char *func) {
+  mlo_logf(MLO_LOG_ERROR, "%s: called from inside a callback of the same pipeline; refused", func);
+}
+
+int mlo_lock_both(mlo_pipeline *pipe) {
+  if (pthread_mutex_lock(&pipe->setup_lock)) return mlo_reentered(pipe);
+  if (pthread_mutex_lock(&pipe->lock)) {
+    pthread_mutex_unlock(&pipe->setup_lock);
+    return mlo_reentered(pipe);
+  }
+  return MLO_OK;
+}
+
+void mlo_unlock_both(mlo_pipeline *pipe) {
+  pthread_mutex_unlock(&pipe->lock);
+  pthread_mutex_unlock(&pipe->setup_lock);
+}
+
+/* Component names for the agreement's messages; the id is the component's
+ * index times 8 plus the step. */
+static const char *collective_name(uint64_t id, void *user) {
+  mlo_pipeline *pipe = user;
+  static const char *const steps[] = {"?", "materialize", "loaded", "load", "gather", "free"};
+  static _Thread_local char buf[192];
+  uint64_t index = id >> 3;
+  const char *step = steps[(id & 7) < 6 ? id & 7 : 0];
+  if (index == 0xffffff)
+    snprintf(buf, sizeof buf, "%s the pipeline", step);
+  else if (index < pipe->ncomps)
+    snprintf(buf, sizeof buf, "%s '%s'", step, pipe->comps[index]->name);
+  else
+    snprintf(buf, sizeof buf, "%s component #%llu", step, (unsigned long long)index);
+  return buf;
+}
+
+int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, int status,
+                   const char *msg, bool *together) {
+  if (together) *together = true;
+  if (!pipe->comm) return MLO_OK;
+  uint64_t id = ((c ? (uint64_t)c->index : 0xffffffu) << 3) | step;
+  char err[512];
+  pipe->dist.collectives++;
+  int rc =
+      mlo_dist_agree(pipe->comm, id, status, msg, collective_name, pipe, together, err, sizeof err);
+  if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
+  return MLO_OK;
+}

@@ -1,0 +1,70 @@
+/*
+ * teardown.c — mlo_pipeline_free: offload off, every resident component
+ * evicted (written back where it must be), the device drained before any
+ * slab is freed under a queued copy (C9), node-shared slabs freed together
+ * by every rank, then the declarations.  The one place that reaches every
+ * other file of core, so it sits above them all.
+ */
+#include "core/internal.h"
+
+#include "base/log.h"
+#include "base/nameset.h"
+
+#include <stdlib.h>
+
+void mlo_pipeline_free(mlo_pipeline *pipe) {
+  if (!pipe) return;
+  mlo_offload_disable(pipe);
+  MLO_LOCK_OR_VOID(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (mlo_res_is_resident(c) && mlo_res_evict(c)) mlo_res_drop(c); /* write-back failed */
+    mlo_res_finish_writeback(c);
+  }
+  /* Slabs may still be the source of queued copies: drain first.  A failed
+   * drain is retried once; if the device still cannot confirm that the
+   * copies are done, the slabs are leaked rather than freed under a copy
+   * that may still read them (C9). */
+  bool drained = mlo_plat_synchronize(pipe->platform) == MLO_OK ||
+                 mlo_plat_synchronize(pipe->platform) == MLO_OK;
+  if (!drained)
+    mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: the device did not drain its copies; "
+                            "host slabs are left allocated rather than freed under a copy");
+  /* Node-shared slabs are freed together (MPI_Win_free waits for every
+   * rank): only once every rank is here, else they are left mapped. */
+  bool shared = false;
+  for (size_t i = 0; i < pipe->ncomps; i++) shared = shared || pipe->comps[i]->slab_shared;
+  if (shared && mlo_collective(pipe, NULL, COLL_FREE, drained ? MLO_OK : MLO_EPLATFORM,
+                               drained ? NULL : "the device did not drain", NULL)) {
+    mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: %s; its node-shared slabs are left mapped",
+             pipe->errmsg);
+    drained = false;
+  }
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    mlo_res_release_events(c);
+    if (drained) mlo_slab_free(c);
+    if (c->users)
+      mlo_logf(MLO_LOG_ERROR, "freeing a pipeline while '%s' has %d acquire(s) not released",
+               c->name, c->users);
+    for (size_t j = 0; j < c->ntensors; j++) mlo_tensor_free(c->tensors[j]);
+    free(c->tensors);
+    mlo_nameset_free(&c->names);
+    free(c->holders);
+    free(c->name);
+    free(c);
+  }
+  for (size_t i = 0; i < pipe->ngroups; i++) {
+    free(pipe->groups[i]->members);
+    free(pipe->groups[i]->name);
+    free(pipe->groups[i]);
+  }
+  free(pipe->groups);
+  mlo_plan_free(pipe);
+  free(pipe->comps);
+  pthread_mutex_unlock(&pipe->lock);
+  pthread_mutex_destroy(&pipe->lock);
+  pthread_mutex_destroy(&pipe->setup_lock);
+  pthread_cond_destroy(&pipe->idle);
+  free(pipe);
+}
