@@ -1,0 +1,89 @@
+/*
+ * plan_cmd.h — what the three files of `mlo plan` share: the parsed flags
+ * (cmd_plan.c), one card's projection (plan_project.c) and its output
+ * (plan_output.c).  plan.h is the command's outside: profiles, jobs, the
+ * compute model.
+ */
+#ifndef MLO_TOOL_PLAN_CMD_H
+#define MLO_TOOL_PLAN_CMD_H
+
+#include "plan.h"
+
+#include <cjson/cJSON.h>
+
+/* The rows of the table, cheapest to describe first. */
+enum { POL_RESIDENT, POL_STRICT, POL_BUDGET, POL_PREFETCH, POL_COUNT };
+extern const char *const pol_names[POL_COUNT];
+
+typedef struct {
+  tool_source src;
+  tool_split_args split;
+  const char *preset;
+  double scale;
+  const char *device;
+  bool have_capacity, have_link, have_tflops;
+  uint64_t capacity, link;
+  double tflops, mfu;
+  long steps, prompts;
+  int policy, offload; /* -1: not given */
+  bool no_prefetch;
+  bool have_budget, have_reserve;
+  uint64_t budget, reserve;
+  bool have_dtype;
+  mlo_dtype dtype;
+  const char *job, *timeline;
+  struct step_time {
+    char key[128]; /* a role or a component name */
+    double s;
+  } times[32]; /* --step-time, parsed */
+  size_t ntimes;
+  long width, height, frames, cfg, text_tokens;
+  bool json;
+} plan_args;
+
+typedef struct {
+  bool run, fits;
+  char why[256]; /* what is short, or why the run failed */
+  double wall_s, stall_s, first_wall_s;
+  double total_wall_s, total_stall_s; /* every prompt, the cold one included */
+  uint64_t total_h2d;
+  uint64_t h2d_bytes, loads, peak_device, pinned_host, budget;
+} pol_result;
+
+typedef struct {
+  plan_device dev; /* the profile with --device-memory / --link applied */
+  bool custom;     /* no profile: --device-memory, --link, --tflops */
+  size_t ncomp;
+  struct comp_plan {
+    char name[128];
+    mlo_role role;
+    uint64_t bytes;
+    double forward_s, flops;
+    mlo_dtype dtype;
+    const char *source; /* "model", "--step-time" */
+  } * comps;
+  uint64_t all_bytes, strict_need, largest;
+  double compute_s; /* one prompt's forwards: a warm all-resident prompt */
+  tool_split split;
+  int steps; /* the job's */
+  size_t calls;
+  pol_result pol[POL_COUNT];
+  int advice; /* -1: nothing fits */
+} plan_result;
+
+/* One card: the pipeline opened on its simulated device, every policy run
+ * (plan_project.c).  *pr is the caller's to free (plan_free_result). */
+int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr, plan_job *job,
+                    bool want_timeline);
+void plan_free_result(plan_result *pr);
+/* Whether the flags ask for this row (--offload none, --policy ...). */
+bool plan_wanted(const plan_args *pa, int pol);
+
+/* Output (plan_output.c). */
+double plan_overhead(const plan_result *pr, const pol_result *q);
+const char *plan_pct(double x);
+void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job *job, FILE *out);
+cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_job *job);
+void plan_print_summary_line(const plan_result *pr, FILE *out);
+
+#endif

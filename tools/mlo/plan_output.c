@@ -1,0 +1,202 @@
+/*
+ * plan_output.c — what `mlo plan` prints: the card's table (text), the
+ * JSON object a script reads, the one-line summary per card, and the line
+ * of advice with the `mlo run` flags that reproduce it.
+ */
+#include "plan_cmd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+double plan_overhead(const plan_result *pr, const pol_result *q) {
+  return pr->compute_s > 0 ? q->wall_s / pr->compute_s - 1 : 0;
+}
+
+/* An overhead as "+1.32%": rounded first, so float noise never prints
+ * as "-0.00%". */
+const char *plan_pct(double x) {
+  static char bufs[4][24];
+  static unsigned next;
+  char *b = bufs[next++ % 4];
+  double v = round(x * 1e4) / 1e2;
+  snprintf(b, 24, "%+.2f%%", v == 0 ? 0.0 : v);
+  return b;
+}
+
+/* A size as a flag takes it: "20G", "512M", else bytes. */
+static const char *size_arg(uint64_t b) {
+  static char buf[32];
+  static const char *const units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (b && u < 4 && b % 1024 == 0) b /= 1024, u++;
+  snprintf(buf, sizeof buf, "%llu%s", (unsigned long long)b, units[u]);
+  return buf;
+}
+
+static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) {
+  if (pr->advice < 0) {
+    fprintf(out, "advice: nothing fits on %s; try --dtype fp8 (or a GGUF type) or a larger card\n",
+            pr->dev.title);
+    return;
+  }
+  const pol_result *q = &pr->pol[pr->advice];
+  char flags[256] = "";
+  if (pr->advice == POL_RESIDENT)
+    snprintf(flags, sizeof flags, " --offload none");
+  else if (pr->advice >= POL_BUDGET)
+    snprintf(flags, sizeof flags, " --policy budget%s",
+             pr->advice == POL_BUDGET ? " --no-prefetch" : "");
+  size_t fl = strlen(flags);
+  if (pr->advice >= POL_BUDGET && pa->have_budget)
+    snprintf(flags + fl, sizeof flags - fl, " --budget %s", size_arg(pa->budget));
+  else if (pr->advice >= POL_BUDGET && pa->have_reserve)
+    snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(pa->reserve));
+  fprintf(out, "advice: %s, %s over all-resident: mlo run %s --platform cuda --steps %d%s\n",
+          pol_names[pr->advice], plan_pct(plan_overhead(pr, q)),
+          pa->preset ? "<its diffusers directory>" : pa->src.label, pr->steps, flags);
+}
+
+static const char *secs(double s) {
+  static char bufs[8][32];
+  static unsigned next;
+  char *b = bufs[next++ % 8];
+  if (s >= 100)
+    snprintf(b, 32, "%.0f s", s);
+  else if (s >= 1)
+    snprintf(b, 32, "%.2f s", s);
+  else
+    snprintf(b, 32, "%.1f ms", s * 1e3);
+  return b;
+}
+
+void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job *job, FILE *out) {
+  fprintf(out, "pipeline: %s%s, %zu components, %s\n", pa->src.label,
+          pa->preset ? " (preset, full size, declared without files)" : "", pr->ncomp,
+          tool_size(pr->all_bytes));
+  fprintf(out, "device:   %s: %s, link %.1f GB/s", pr->dev.title, tool_size(pr->dev.memory),
+          pr->dev.link / 1e9);
+  if (pr->dev.bf16_tflops > 0)
+    fprintf(out, ", %.0f TFLOPS bf16%s (mfu %.2f)", pr->dev.bf16_tflops,
+            pr->dev.fp8_tflops > 0 && pr->dev.fp8_tflops != pr->dev.bf16_tflops ? " / fp8 x2" : "",
+            pa->mfu);
+  fprintf(out, "\njob:      %dx%d", job->width, job->height);
+  if (job->frames > 1) fprintf(out, ", %d frames", job->frames);
+  fprintf(out, ", %d steps", job->steps);
+  if (pr->split.first_steps < job->steps)
+    fprintf(out, " (%d on the first DiT, %d on the second: %s)", pr->split.first_steps,
+            job->steps - pr->split.first_steps, pr->split.source);
+  fprintf(out, ", %d pass%s per step, %d text tokens\n", job->passes, job->passes > 1 ? "es" : "",
+          job->text_tokens);
+  fprintf(out, "forward:  ");
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    const struct comp_plan *c = &pr->comps[i];
+    if (c->role == MLO_ROLE_OTHER) continue;
+    fprintf(out, "%s%s %s (%s%s)", i ? ", " : "", c->name, secs(c->forward_s),
+            strcmp(c->source, "model") ? c->source : "", strcmp(c->source, "model") ? "" : "model");
+  }
+  fprintf(out, "\n          one prompt computes for %s (a warm all-resident prompt)\n\n",
+          secs(pr->compute_s));
+  fprintf(out, "%-16s %-4s %11s %11s %11s %9s %11s %11s\n", "policy", "fits", "peak device",
+          "pinned host", "per prompt", "overhead", "stall", "moved");
+  for (int p = 0; p < POL_COUNT; p++) {
+    const pol_result *q = &pr->pol[p];
+    if (!plan_wanted(pa, p)) continue;
+    if (!q->fits) {
+      fprintf(out, "%-16s %-4s %s\n", pol_names[p], "no", q->why);
+      continue;
+    }
+    fprintf(out, "%-16s %-4s %11s %11s %11s %9s %11s %11s\n", pol_names[p], "yes",
+            tool_size(q->peak_device), tool_size(q->pinned_host), secs(q->wall_s),
+            plan_pct(plan_overhead(pr, q)), secs(q->stall_s), tool_size(q->h2d_bytes));
+  }
+  fprintf(out, "(per prompt: the steady state of %ld prompts; the first, cold, ", pa->prompts);
+  if (pr->advice >= 0)
+    fprintf(out, "takes %s with %s)\n", secs(pr->pol[pr->advice].first_wall_s),
+            pol_names[pr->advice]);
+  else
+    fprintf(out, "is not run)\n");
+  print_advice(pa, pr, out);
+  if (!pa->have_reserve && !pa->have_budget)
+    fprintf(out, "note: weights only; leave room for activations with --reserve SIZE\n");
+}
+
+cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_job *job) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *d = cJSON_AddObjectToObject(o, "device");
+  cJSON_AddStringToObject(d, "name", pr->dev.name);
+  cJSON_AddStringToObject(d, "title", pr->dev.title);
+  cJSON_AddNumberToObject(d, "memory_bytes", (double)pr->dev.memory);
+  cJSON_AddNumberToObject(d, "link_bytes_per_s", pr->dev.link);
+  cJSON_AddNumberToObject(d, "bf16_tflops", pr->dev.bf16_tflops);
+  cJSON_AddNumberToObject(d, "fp8_tflops", pr->dev.fp8_tflops);
+  cJSON_AddNumberToObject(d, "mfu", pa->mfu);
+  cJSON *j = cJSON_AddObjectToObject(o, "job");
+  cJSON_AddStringToObject(j, "family", job->family);
+  cJSON_AddNumberToObject(j, "width", job->width);
+  cJSON_AddNumberToObject(j, "height", job->height);
+  cJSON_AddNumberToObject(j, "frames", job->frames);
+  cJSON_AddNumberToObject(j, "steps", job->steps);
+  cJSON_AddNumberToObject(j, "first_dit_steps", pr->split.first_steps);
+  cJSON_AddNumberToObject(j, "passes", job->passes);
+  cJSON_AddNumberToObject(j, "text_tokens", job->text_tokens);
+  cJSON_AddNumberToObject(j, "prompts", (double)pa->prompts);
+  cJSON *comps = cJSON_AddArrayToObject(o, "components");
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    const struct comp_plan *c = &pr->comps[i];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", c->name);
+    cJSON_AddStringToObject(e, "role", mlo_role_name(c->role));
+    cJSON_AddNumberToObject(e, "device_bytes", (double)c->bytes);
+    cJSON_AddStringToObject(e, "compute_dtype", mlo_dtype_name(c->dtype));
+    cJSON_AddNumberToObject(e, "flops", c->flops);
+    cJSON_AddNumberToObject(e, "forward_s", c->forward_s);
+    cJSON_AddStringToObject(e, "forward_source", c->source);
+    cJSON_AddItemToArray(comps, e);
+  }
+  cJSON_AddNumberToObject(o, "all_resident_bytes", (double)pr->all_bytes);
+  cJSON_AddNumberToObject(o, "compute_s", pr->compute_s);
+  cJSON *pols = cJSON_AddArrayToObject(o, "policies");
+  for (int p = 0; p < POL_COUNT; p++) {
+    const pol_result *q = &pr->pol[p];
+    if (!plan_wanted(pa, p)) continue;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "policy", pol_names[p]);
+    cJSON_AddBoolToObject(e, "fits", q->fits);
+    if (!q->fits) {
+      cJSON_AddStringToObject(e, "why", q->why);
+    } else {
+      cJSON_AddNumberToObject(e, "wall_s", q->wall_s);
+      cJSON_AddNumberToObject(e, "stall_s", q->stall_s);
+      cJSON_AddNumberToObject(e, "overhead", plan_overhead(pr, q));
+      cJSON_AddNumberToObject(e, "first_wall_s", q->first_wall_s);
+      cJSON_AddNumberToObject(e, "total_wall_s", q->total_wall_s);
+      cJSON_AddNumberToObject(e, "total_stall_s", q->total_stall_s);
+      cJSON_AddNumberToObject(e, "total_h2d_bytes", (double)q->total_h2d);
+      cJSON_AddNumberToObject(e, "peak_device_bytes", (double)q->peak_device);
+      cJSON_AddNumberToObject(e, "pinned_host_bytes", (double)q->pinned_host);
+      cJSON_AddNumberToObject(e, "h2d_bytes", (double)q->h2d_bytes);
+      cJSON_AddNumberToObject(e, "loads", (double)q->loads);
+      if (p >= POL_BUDGET) cJSON_AddNumberToObject(e, "budget_bytes", (double)q->budget);
+    }
+    cJSON_AddItemToArray(pols, e);
+  }
+  if (pr->advice >= 0)
+    cJSON_AddStringToObject(o, "advice", pol_names[pr->advice]);
+  else
+    cJSON_AddNullToObject(o, "advice");
+  return o;
+}
+
+void plan_print_summary_line(const plan_result *pr, FILE *out) {
+  const pol_result *q = pr->advice >= 0 ? &pr->pol[pr->advice] : NULL;
+  fprintf(out, "%-10s %10s %7.0f GB/s  %-4s  %-16s", pr->dev.name, tool_size(pr->dev.memory),
+          pr->dev.link / 1e9, pr->pol[POL_RESIDENT].fits ? "yes" : "no",
+          q ? pol_names[pr->advice] : "nothing fits");
+  if (q)
+    fprintf(out, " %10s  %9s\n", secs(q->wall_s), plan_pct(plan_overhead(pr, q)));
+  else
+    fprintf(out, " %s\n", pr->pol[POL_BUDGET].why);
+}
+

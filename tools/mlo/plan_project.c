@@ -1,0 +1,364 @@
+/*
+ * plan_project.c — one card's projection for `mlo plan`: the pipeline
+ * declared on the card's simulated device (sim:capacity=,link=), each
+ * forward given its modelled time, and every policy run through the same
+ * session code as `mlo run`, so the figures are the library's own
+ * decisions on a virtual clock (docs/plan.md).
+ */
+#include "plan_cmd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void job_of(const plan_args *pa, mlo_pipeline *pipe, const char *class_name, plan_job *job) {
+  char names[512] = "";
+  size_t n = mlo_pipeline_component_count(pipe), len = 0;
+  for (size_t i = 0; i < n && len + 1 < sizeof names; i++)
+    len += (size_t)snprintf(names + len, sizeof names - len, "%s ",
+                            mlo_component_name(mlo_pipeline_component_at(pipe, i)));
+  if (pa->src.nfiles)
+    for (size_t i = 0; i < pa->src.nfiles && len + 1 < sizeof names; i++)
+      len += (size_t)snprintf(names + len, sizeof names - len, "%s ", pa->src.files[i].path);
+  const char *family = pa->job      ? pa->job
+                       : pa->preset ? pa->preset
+                                    : plan_family_guess(class_name, names);
+  plan_job_for(family, job);
+  if (pa->width) job->width = (int)pa->width;
+  if (pa->height) job->height = (int)pa->height;
+  if (pa->frames) job->frames = (int)pa->frames;
+  if (pa->cfg) job->passes = (int)pa->cfg;
+  if (pa->text_tokens) job->text_tokens = (int)pa->text_tokens;
+  if (pa->steps) job->steps = (int)pa->steps;
+}
+
+/* model_index.json's _class_name, for the job's family ("" without one). */
+static void pipeline_class(const char *path, char *out, size_t outlen) {
+  out[0] = '\0';
+  if (!path) return;
+  char file[4096];
+  snprintf(file, sizeof file, "%s/model_index.json", path);
+  FILE *f = fopen(file, "rb");
+  if (!f) return;
+  char buf[8192];
+  size_t got = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[got] = '\0';
+  cJSON *root = cJSON_Parse(buf); /* a hint only: the strict reader opened it already */
+  const cJSON *cls = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
+  if (cJSON_IsString(cls)) snprintf(out, outlen, "%s", cls->valuestring);
+  cJSON_Delete(root);
+}
+
+/* The --step-time entry for a component: its name first, then its role. */
+static bool step_time_for(const plan_args *pa, const mlo_component *c, double *s) {
+  for (int pass = 0; pass < 2; pass++) {
+    const char *want = pass ? mlo_role_name(mlo_component_role(c)) : mlo_component_name(c);
+    for (size_t i = 0; i < pa->ntimes; i++)
+      if (!strcmp(pa->times[i].key, want)) {
+        *s = pa->times[i].s;
+        return true;
+      }
+  }
+  return false;
+}
+
+/* A --step-time key that matches nothing is a typo: refused, not ignored. */
+static int check_step_keys(const plan_args *pa, mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pa->ntimes; i++) {
+    mlo_role r;
+    bool known = mlo_role_from_name(pa->times[i].key, &r) == MLO_OK;
+    for (size_t k = 0; !known && k < mlo_pipeline_component_count(pipe); k++)
+      known = !strcmp(pa->times[i].key, mlo_component_name(mlo_pipeline_component_at(pipe, k)));
+    if (!known) {
+      tool_failf("plan", "--step-time: '%s' is neither a role nor a component of the pipeline",
+                 pa->times[i].key);
+      return TOOL_EXIT_USAGE;
+    }
+  }
+  return 0;
+}
+
+static int open_pipeline(const plan_args *pa, tool_session *s, mlo_denoise_schedule *sched,
+                         char *err, size_t errlen) {
+  mlo_pipeline *pipe = NULL;
+  int rc;
+  if (pa->preset) {
+    mlo_pipeline_options opts = MLO_PIPELINE_OPTIONS_INIT;
+    opts.platform = s->platform;
+    rc = mlo_synth_open(&opts, pa->preset, pa->scale, &pipe, sched, err, errlen);
+  } else {
+    rc = source_open(&pa->src, s->platform, NULL, 0, &pipe, err, errlen);
+  }
+  if (rc) return rc;
+  if (pa->have_dtype) {
+    mlo_pipeline_options opts = MLO_PIPELINE_OPTIONS_INIT;
+    opts.platform = s->platform;
+    mlo_pipeline *conv = NULL;
+    rc = mlo_pipeline_create(&opts, &conv);
+    if (!rc) rc = plan_clone(pipe, conv, pa->dtype, err, errlen);
+    mlo_pipeline_free(pipe);
+    pipe = conv;
+    if (rc) {
+      mlo_pipeline_free(conv);
+      return rc;
+    }
+  }
+  s->pipe = pipe;
+  return MLO_OK;
+}
+
+static void fill_options(const plan_args *pa, int pol, const plan_result *pr, run_options *o) {
+  memset(o, 0, sizeof *o);
+  o->offload = pol != POL_RESIDENT;
+  o->settings = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  o->settings.policy = pol >= POL_BUDGET ? MLO_POLICY_BUDGET : MLO_POLICY_STRICT;
+  o->settings.prefetch = pol == POL_PREFETCH;
+  if (pol >= POL_BUDGET) { /* mlo run refuses them for the other policies */
+    o->settings.budget_bytes = pa->have_budget ? pa->budget : 0;
+    o->settings.reserve_bytes = pa->have_reserve ? pa->reserve : 0;
+  }
+  o->prompts = (int)pa->prompts;
+  o->steps = pr->steps;
+  o->first_steps = pr->split.first_steps;
+}
+
+bool plan_wanted(const plan_args *pa, int pol) {
+  if (pa->offload == 0) return pol == POL_RESIDENT;
+  if (pa->policy == 0) return pol == POL_STRICT;
+  if (pa->policy == 1) return pol == (pa->no_prefetch ? POL_BUDGET : POL_PREFETCH);
+  return true;
+}
+
+/* Whether pol fits before running it; why says what is short. */
+static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why, size_t len) {
+  uint64_t cap = pr->dev.memory, need = 0;
+  const char *what = "";
+  /* The reserve (activations, workspaces) is room every policy needs; the
+   * budget rows pass it to the budget policy as mlo run does. */
+  if (pol < POL_BUDGET && pa->have_reserve) {
+    if (pa->reserve >= cap) {
+      snprintf(why, len, "--reserve %s leaves nothing of %s", tool_size(pa->reserve),
+               tool_size(cap));
+      return false;
+    }
+    cap -= pa->reserve;
+  }
+  if (pol == POL_RESIDENT)
+    need = pr->all_bytes, what = "every component";
+  else if (pol == POL_STRICT)
+    need = pr->strict_need, what = "the largest phase";
+  else {
+    uint64_t budget = pa->have_budget                         ? pa->budget
+                      : pa->have_reserve && pa->reserve < cap ? cap - pa->reserve
+                      : pa->have_reserve                      ? 0
+                                                              : cap;
+    if (pa->have_budget && pa->budget > cap) {
+      snprintf(why, len, "--budget %s is more than the device's %s", tool_size(pa->budget),
+               tool_size(cap));
+      return false;
+    }
+    if (pr->largest > budget) {
+      snprintf(why, len, "short by %s: the largest component needs %s, the budget is %s",
+               tool_size(pr->largest - budget), tool_size(pr->largest), tool_size(budget));
+      return false;
+    }
+    return true;
+  }
+  if (need <= cap) return true;
+  snprintf(why, len, "short by %s: %s needs %s of %s%s", tool_size(need - cap), what,
+           tool_size(need), tool_size(cap), pa->have_reserve ? " (after --reserve)" : "");
+  return false;
+}
+
+static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int pol,
+                      tool_trace *trace, run_result *keep) {
+  pol_result *q = &pr->pol[pol];
+  run_options o;
+  fill_options(pa, pol, pr, &o);
+  o.trace = trace;
+  run_result r;
+  char err[1024] = "";
+  int rc = session_run(s, &o, &r, err, sizeof err);
+  q->run = true;
+  if (rc) {
+    q->fits = false;
+    snprintf(q->why, sizeof q->why, "the projected run failed: %.200s", err);
+    run_result_free(&r);
+    return rc == MLO_ENOMEM_DEVICE ? MLO_OK : rc;
+  }
+  q->wall_s = run_steady(&r, GEN_WALL);
+  q->stall_s = run_steady(&r, GEN_STALL);
+  q->h2d_bytes = (uint64_t)run_steady(&r, GEN_H2D);
+  q->loads = (uint64_t)run_steady(&r, GEN_LOADS);
+  q->first_wall_s = r.ngens ? r.gens[0].wall_s : r.wall_s;
+  q->total_wall_s = r.wall_s;
+  q->total_stall_s = (double)r.stats.total.wait_ns / 1e9;
+  q->total_h2d = r.stats.total.h2d_bytes;
+  q->peak_device = r.stats.peak_device_bytes;
+  q->pinned_host = r.stats.pinned_bytes;
+  q->budget = r.stats.budget_bytes;
+  if (keep)
+    *keep = r;
+  else
+    run_result_free(&r);
+  return MLO_OK;
+}
+
+static void name_components(plan_result *pr, mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    snprintf(pr->comps[i].name, sizeof pr->comps[i].name, "%s", mlo_component_name(c));
+    pr->comps[i].role = mlo_component_role(c);
+    pr->comps[i].bytes = mlo_component_bytes(c);
+  }
+}
+
+/* Forward times: --step-time where it names the component or its role,
+ * else the compute model.  A component with neither fails (no card). */
+static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, const plan_job *job) {
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
+    struct comp_plan *cp = &pr->comps[i];
+    plan_cost cost;
+    plan_cost_of(c, job, &cost);
+    cp->flops = cost.flops;
+    cp->dtype = cost.compute_dtype;
+    double secs = 0;
+    if (step_time_for(pa, c, &secs)) {
+      cp->source = "--step-time";
+    } else if (cp->role == MLO_ROLE_OTHER) {
+      cp->source = "not run";
+    } else {
+      double tf = pa->have_tflops ? pa->tflops : plan_tflops_for(&pr->dev, cost.compute_dtype);
+      if (!(tf > 0)) {
+        tool_failf("plan", "no compute time for %s: give --device, --tflops or --step-time %s=S",
+                   cp->name, mlo_role_name(cp->role));
+        return TOOL_EXIT_USAGE;
+      }
+      secs = cost.flops / (tf * 1e12 * pa->mfu);
+      cp->source = "model";
+    }
+    uint64_t ns = (uint64_t)llround(secs * 1e9); /* the clock's unit: compute_s sums these */
+    cp->forward_s = (double)ns / 1e9;
+    mlo_workload_set_model_time(s->workload, c, ns);
+  }
+  return 0;
+}
+
+static void choose_advice(plan_result *pr) {
+  /* the least wall time; ties (within 0.05%) to the simpler policy */
+  pr->advice = -1;
+  for (int p = 0; p < POL_COUNT; p++) {
+    const pol_result *q = &pr->pol[p];
+    if (!q->run || !q->fits) continue;
+    if (pr->advice < 0 || q->wall_s < pr->pol[pr->advice].wall_s * (1 - 5e-4)) pr->advice = p;
+  }
+}
+
+int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr,
+                           plan_job *job, bool draw) {
+  memset(pr, 0, sizeof *pr);
+  if (dev)
+    pr->dev = *dev;
+  else
+    pr->dev = (plan_device){"custom", "custom device", 0, 25e9, 0, 0, ""}, pr->custom = true;
+  if (pa->have_capacity) pr->dev.memory = pa->capacity;
+  if (pa->have_link) pr->dev.link = (double)pa->link;
+  if (pa->have_tflops) pr->dev.bf16_tflops = pr->dev.fp8_tflops = pa->tflops;
+  if (!pr->dev.memory) pr->dev.memory = 80ull << 30;
+  char spec[256], err[1024] = "";
+  snprintf(spec, sizeof spec, "sim:capacity=%llu,link=%llu", (unsigned long long)pr->dev.memory,
+           (unsigned long long)pr->dev.link);
+  tool_session s;
+  memset(&s, 0, sizeof s);
+  int code = 0;
+  int rc = mlo_platform_open(spec, &s.platform, err, sizeof err);
+  mlo_denoise_schedule sched = MLO_DENOISE_SCHEDULE_INIT;
+  if (!rc) rc = open_pipeline(pa, &s, &sched, err, sizeof err);
+  if (!rc) rc = mlo_workload_open(s.platform, &s.workload, err, sizeof err);
+  if (!rc) rc = mlo_pipeline_materialize(s.pipe);
+  if (rc) {
+    tool_failf("plan", "%s", err[0] ? err : mlo_strerror(rc));
+    code = tool_exit_for(rc);
+    goto out;
+  }
+  s.capacity = pr->dev.memory;
+  char cls[128];
+  pipeline_class(pa->src.path, cls, sizeof cls);
+  job_of(pa, s.pipe, cls, job);
+  if ((code = check_step_keys(pa, s.pipe))) goto out;
+  pr->ncomp = mlo_pipeline_component_count(s.pipe);
+  pr->comps = calloc(pr->ncomp ? pr->ncomp : 1, sizeof *pr->comps);
+  if (!pr->comps) {
+    code = TOOL_EXIT_FAIL;
+    goto out;
+  }
+  name_components(pr, s.pipe);
+  pr->all_bytes = mlo_workload_all_resident_bytes(s.pipe);
+  pr->strict_need = mlo_workload_model_offload_bytes(s.pipe, NULL);
+  pr->largest = mlo_workload_largest_bytes(s.pipe, NULL);
+  if ((code = model_times(pa, &s, pr, job))) goto out;
+  tool_source src = pa->src;
+  if (pa->preset) src.sched = &sched;
+  pr->steps = job->steps;
+  rc = split_resolve(&src, &pa->split, s.pipe, job->steps, &pr->split, err, sizeof err);
+  if (rc) {
+    tool_failf("plan", "%s", err);
+    code = tool_exit_for(rc);
+    goto out;
+  }
+  mlo_workload_call *calls = NULL;
+  if (mlo_workload_schedule(s.pipe, job->steps, pr->split.first_steps, &calls, &pr->calls) ==
+      MLO_OK) {
+    for (size_t i = 0; i < pr->calls; i++)
+      for (size_t k = 0; k < pr->ncomp; k++)
+        if (mlo_pipeline_component_at(s.pipe, k) == calls[i].comp)
+          pr->compute_s += pr->comps[k].forward_s;
+    free(calls);
+  }
+  for (int p = 0; p < POL_COUNT; p++) {
+    if (!plan_wanted(pa, p)) continue;
+    pol_result *q = &pr->pol[p];
+    q->fits = fits(pa, pr, p, q->why, sizeof q->why);
+    if (!q->fits) continue;
+    if ((rc = run_policy(pa, &s, pr, p, NULL, NULL))) {
+      tool_failf("plan", "%s: %s", pol_names[p], q->why);
+      code = tool_exit_for(rc);
+      goto out;
+    }
+  }
+  choose_advice(pr);
+  if (draw && pr->advice >= 0) {
+    tool_trace trace;
+    run_result r;
+    if (tool_trace_init(&trace)) {
+      code = TOOL_EXIT_FAIL;
+      goto out;
+    }
+    pol_result saved = pr->pol[pr->advice];
+    rc = run_policy(pa, &s, pr, pr->advice, &trace, &r);
+    pr->pol[pr->advice] = saved;
+    if (!rc) {
+      run_options o;
+      fill_options(pa, pr->advice, pr, &o);
+      char title[512];
+      snprintf(title, sizeof title, "projection: %s on %s", pa->src.label, pr->dev.title);
+      rc = session_write_pictures(&trace, &s, title, &o, &r, NULL, pa->timeline, err, sizeof err);
+      run_result_free(&r);
+      if (rc) tool_failf("plan", "%s", err);
+    }
+    tool_trace_destroy(&trace);
+    if (rc) code = tool_exit_for(rc);
+  }
+out:
+  session_close(&s);
+  return code;
+}
+
+void plan_free_result(plan_result *pr) {
+  free(pr->comps);
+  pr->comps = NULL;
+}
+
