@@ -34,7 +34,7 @@
  * accounting allows; first fit keeps what is touched near the low end.
  */
 #include "base/sysio.h"
-#include "platform/platform.h"
+#include "platform/host_internal.h"
 
 #include "base/hash.h"
 #include "base/log.h"
@@ -48,89 +48,6 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-#define HOST_MIN_BW 1000000u /* bytes per second */
-#define HOST_MLOCK_ONFAULT 1 /* linux/mman.h's MLOCK_ONFAULT */
-#define HOST_TIMES 1024      /* completion times kept for event_time */
-
-#if defined(__SANITIZE_ADDRESS__)
-#define HOST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HOST_ASAN 1
-#endif
-#endif
-#ifdef HOST_ASAN
-#include <sanitizer/asan_interface.h>
-#define HOST_ASAN_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define HOST_ASAN_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define HOST_ASAN_POISON(p, n) ((void)(p), (void)(n))
-#define HOST_ASAN_UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
-#define HOST_ALIGN 256 /* block alignment, as cudaMalloc gives */
-#define HOST_POISON_BYTE 0xA5
-#define HOST_CHUNK_BYTES ((size_t)4 << 20) /* throttling granularity */
-#define HOST_JITTER_MAX_US 2000
-#define HOST_DEFAULT_CAPACITY ((uint64_t)8 << 30)
-
-struct host_options {
-  uint64_t capacity;
-  uint64_t bw; /* bytes per second; 0 = unlimited */
-  uint64_t seed;
-  bool jitter, poison, blocking_d2h, prefault;
-};
-
-enum host_op_kind { HOST_OP_H2D, HOST_OP_D2H };
-
-struct host_op {
-  enum host_op_kind kind;
-  uint64_t seq;
-  void *dst;
-  const void *src;
-  size_t bytes;
-  struct host_op *next;
-};
-
-/* A range of the arena: a live block, or free room (the free list is sorted
- * by offset and coalesced). */
-struct host_range {
-  size_t off, len;   /* in the arena; len is a multiple of HOST_ALIGN */
-  size_t bytes;      /* live: as requested (what is accounted) */
-  uint64_t free_seq; /* free: copies up to this sequence number may still use it */
-  bool dirty;        /* free: not yet poisoned */
-  bool scrubbing;    /* free: the scrubber is filling it (not to be handed out) */
-  struct host_range *prev, *next;
-};
-
-struct host_ctx {
-  struct host_options opt;
-  pthread_mutex_t lock;
-  pthread_cond_t work_cv; /* the engine: an op arrived or we are stopping */
-  pthread_cond_t done_cv; /* waiters and the scrubber: completed_seq advanced,
-                             a range was released or scrubbed */
-  struct host_op *head, *tail;
-  uint64_t submitted_seq, completed_seq;
-  /* when each of the last HOST_TIMES ops completed, for event_time */
-  uint64_t done_seq[HOST_TIMES], done_ns[HOST_TIMES];
-  uint64_t live_bytes; /* allocated and not yet freed by the caller */
-  char *arena;
-  size_t arena_len;
-  size_t touched_end; /* no block ever reached past this offset: all that can be poisoned */
-  struct host_range *live, *free_list;
-  bool stopping;
-  bool pinned_ok;
-  bool scrub; /* released ranges are poisoned (poison=1, or ASan) */
-  pthread_t engine, scrubber;
-  bool scrubber_started;
-  uint64_t rng; /* touched by the engine thread only */
-};
-
-struct mlo_event {
-  uint64_t seq;         /* complete once completed_seq >= seq; 0 is always complete */
-  uint64_t recorded_ns; /* when it was recorded (its time if nothing was pending) */
-};
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -218,184 +135,6 @@ static void wait_seq(struct host_ctx *ctx, uint64_t seq) {
   while (ctx->completed_seq < seq) pthread_cond_wait(&ctx->done_cv, &ctx->lock);
 }
 
-/* ---- device memory ----------------------------------------------------- */
-
-/* Called with the lock held; NULL if handle is not a live block. */
-static struct host_range *find_live(struct host_ctx *ctx, const void *handle) {
-  for (struct host_range *b = ctx->live; b; b = b->next)
-    if (ctx->arena + b->off == handle) return b;
-  return NULL;
-}
-
-static void unlink_range(struct host_range **list, struct host_range *b) {
-  if (b->prev)
-    b->prev->next = b->next;
-  else
-    *list = b->next;
-  if (b->next) b->next->prev = b->prev;
-  b->prev = b->next = NULL;
-}
-
-/* Merges b with its right neighbour when both are free, adjacent, not
- * being scrubbed and alike (a dirty range merged into clean room would have
- * the scrubber fill — and fault in — room nobody used); the neighbour's node
- * goes. */
-static void merge_right(struct host_ctx *ctx, struct host_range *b) {
-  struct host_range *n = b->next;
-  if (!n || b->scrubbing || n->scrubbing || b->dirty != n->dirty || b->off + b->len != n->off)
-    return;
-  b->len += n->len;
-  if (n->free_seq > b->free_seq) b->free_seq = n->free_seq;
-  unlink_range(&ctx->free_list, n);
-  free(n);
-}
-
-/* Puts a range on the free list in offset order and coalesces it. */
-static void insert_free(struct host_ctx *ctx, struct host_range *b) {
-  struct host_range *prev = NULL, *cur = ctx->free_list;
-  while (cur && cur->off < b->off) {
-    prev = cur;
-    cur = cur->next;
-  }
-  b->prev = prev;
-  b->next = cur;
-  if (cur) cur->prev = b;
-  if (prev)
-    prev->next = b;
-  else
-    ctx->free_list = b;
-  merge_right(ctx, b);
-  if (prev) merge_right(ctx, prev);
-}
-
-/* Poisons released ranges once nothing queued before their release can
- * touch them; never on the copy engine, never under the lock. */
-static void *scrubber_main(void *arg) {
-  struct host_ctx *ctx = arg;
-  pthread_mutex_lock(&ctx->lock);
-  for (;;) {
-    struct host_range *b = ctx->free_list;
-    while (b && !(b->dirty && !b->scrubbing && b->free_seq <= ctx->completed_seq)) b = b->next;
-    if (!b) {
-      if (ctx->stopping) break;
-      pthread_cond_wait(&ctx->done_cv, &ctx->lock);
-      continue;
-    }
-    b->scrubbing = true;
-    char *mem = ctx->arena + b->off;
-    size_t len = b->len;
-    pthread_mutex_unlock(&ctx->lock);
-    if (ctx->opt.poison) memset(mem, HOST_POISON_BYTE, len);
-    HOST_ASAN_POISON(mem, len);
-    pthread_mutex_lock(&ctx->lock);
-    b->scrubbing = false;
-    b->dirty = false;
-    merge_right(ctx, b);
-    if (b->prev) merge_right(ctx, b->prev);
-    pthread_cond_broadcast(&ctx->done_cv);
-  }
-  pthread_mutex_unlock(&ctx->lock);
-  return NULL;
-}
-
-static bool any_scrubbing(const struct host_ctx *ctx) {
-  for (const struct host_range *b = ctx->free_list; b; b = b->next)
-    if (b->scrubbing) return true;
-  return false;
-}
-
-/* First fit from the low end: a run of adjacent free ranges (dirty or
- * clean alike: the new owner overwrites what it uses) that none is being
- * scrubbed; waits for the scrubber when only such runs would do.  Lock held. */
-static bool carve(struct host_ctx *ctx, size_t padded, struct host_range *blk) {
-  for (;;) {
-    for (struct host_range *f = ctx->free_list; f; f = f->next) {
-      size_t have = 0;
-      for (struct host_range *g = f; g && !g->scrubbing && have < padded; g = g->next) {
-        if (g != f && g->prev->off + g->prev->len != g->off) break;
-        have += g->len;
-      }
-      if (have < padded) continue;
-      blk->off = f->off;
-      blk->len = padded;
-      for (size_t need = padded; need;) { /* whole ranges, then part of the last */
-        struct host_range *g = f;
-        f = f->next;
-        if (g->len <= need) {
-          need -= g->len;
-          unlink_range(&ctx->free_list, g);
-          free(g);
-        } else {
-          g->off += need;
-          g->len -= need;
-          need = 0;
-        }
-      }
-      return true;
-    }
-    if (!any_scrubbing(ctx)) return false;
-    pthread_cond_wait(&ctx->done_cv, &ctx->lock);
-  }
-}
-
-static int host_dev_alloc(void *vctx, size_t bytes, void **block) {
-  struct host_ctx *ctx = vctx;
-  *block = NULL;
-  if (bytes > SIZE_MAX - 2 * HOST_ALIGN) return MLO_ENOMEM_DEVICE;
-  size_t padded = bytes ? (bytes + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN : HOST_ALIGN;
-  /* The node is allocated first: running out of host memory for it is
-   * MLO_ENOMEM (host), never a device too small. */
-  struct host_range *blk = mlo_calloc(1, sizeof *blk);
-  if (!blk) return MLO_ENOMEM;
-  pthread_mutex_lock(&ctx->lock);
-  if (bytes > ctx->opt.capacity - ctx->live_bytes || !carve(ctx, padded, blk)) {
-    pthread_mutex_unlock(&ctx->lock);
-    free(blk);
-    return MLO_ENOMEM_DEVICE;
-  }
-  ctx->live_bytes += bytes;
-  if (blk->off + blk->len > ctx->touched_end) ctx->touched_end = blk->off + blk->len;
-  blk->bytes = bytes;
-  blk->next = ctx->live;
-  if (ctx->live) ctx->live->prev = blk;
-  ctx->live = blk;
-  HOST_ASAN_UNPOISON(ctx->arena + blk->off, padded);
-  pthread_mutex_unlock(&ctx->lock);
-  *block = ctx->arena + blk->off;
-  return MLO_OK;
-}
-
-static void host_dev_free(void *vctx, void *block, size_t bytes) {
-  struct host_ctx *ctx = vctx;
-  pthread_mutex_lock(&ctx->lock);
-  struct host_range *b = find_live(ctx, block);
-  if (!b) {
-    pthread_mutex_unlock(&ctx->lock);
-    mlo_logf(MLO_LOG_ERROR, "host platform: dev_free of %p, which is not a live block", block);
-    return;
-  }
-  if (b->bytes != bytes)
-    mlo_logf(MLO_LOG_WARN, "host platform: dev_free of a %zu-byte block as %zu bytes", b->bytes,
-             bytes);
-  unlink_range(&ctx->live, b);
-  ctx->live_bytes -= b->bytes;
-  b->free_seq = ctx->submitted_seq; /* stream-ordered: after everything queued so far */
-  b->dirty = ctx->scrub;
-  b->scrubbing = false;
-  insert_free(ctx, b);
-  pthread_cond_broadcast(&ctx->done_cv);
-  pthread_mutex_unlock(&ctx->lock);
-}
-
-static int host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes) {
-  struct host_ctx *ctx = vctx;
-  pthread_mutex_lock(&ctx->lock);
-  *total = ctx->opt.capacity;
-  *free_bytes = ctx->opt.capacity - ctx->live_bytes;
-  pthread_mutex_unlock(&ctx->lock);
-  return MLO_OK;
-}
-
 /* ---- host memory ------------------------------------------------------- */
 
 static size_t page_round(size_t bytes) {
@@ -447,7 +186,7 @@ static int queue_copy(struct host_ctx *ctx, enum host_op_kind kind, const void *
   struct host_op *op = mlo_calloc(1, sizeof *op);
   if (!op) return MLO_ENOMEM;
   pthread_mutex_lock(&ctx->lock);
-  struct host_range *b = find_live(ctx, handle);
+  struct host_range *b = host_find_live(ctx, handle);
   if (!b || offset > b->bytes || bytes > b->bytes - offset) {
     pthread_mutex_unlock(&ctx->lock);
     free(op);
@@ -550,19 +289,13 @@ static int host_event_query(void *vctx, mlo_event *ev) {
   return rc;
 }
 
-static bool scrub_pending(const struct host_ctx *ctx) {
-  for (const struct host_range *b = ctx->free_list; b; b = b->next)
-    if (b->dirty) return true;
-  return false;
-}
-
 /* Both queues drain, and so does the scrubber: after it, released memory
  * reads 0xA5 (tests rely on it to see a use-after-evict). */
 static int host_synchronize(void *vctx) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
   wait_seq(ctx, ctx->submitted_seq);
-  while (scrub_pending(ctx)) pthread_cond_wait(&ctx->done_cv, &ctx->lock);
+  while (host_scrub_pending(ctx)) pthread_cond_wait(&ctx->done_cv, &ctx->lock);
   pthread_mutex_unlock(&ctx->lock);
   return MLO_OK;
 }
@@ -582,14 +315,6 @@ static void host_get_caps(void *vctx, mlo_platform_caps *caps) {
   };
 }
 
-static void free_ranges(struct host_range *b) {
-  while (b) {
-    struct host_range *next = b->next;
-    free(b);
-    b = next;
-  }
-}
-
 static void host_destroy(void *vctx) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
@@ -599,8 +324,8 @@ static void host_destroy(void *vctx) {
   pthread_mutex_unlock(&ctx->lock);
   pthread_join(ctx->engine, NULL); /* the engine drains the queue first */
   if (ctx->scrubber_started) pthread_join(ctx->scrubber, NULL);
-  free_ranges(ctx->live); /* blocks the caller leaked */
-  free_ranges(ctx->free_list);
+  host_free_ranges(ctx->live); /* blocks the caller leaked */
+  host_free_ranges(ctx->free_list);
   /* Only what blocks ever covered can be poisoned: unpoisoning the whole
    * reserve would write shadow for twice the capacity at every close. */
   HOST_ASAN_UNPOISON(ctx->arena, ctx->touched_end);
@@ -757,7 +482,7 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   pthread_cond_init(&ctx->done_cv, NULL);
   rc = pthread_create(&ctx->engine, NULL, engine_main, ctx);
   if (!rc && ctx->scrub) {
-    rc = pthread_create(&ctx->scrubber, NULL, scrubber_main, ctx);
+    rc = pthread_create(&ctx->scrubber, NULL, host_scrubber_main, ctx);
     if (rc) { /* stop the engine again */
       pthread_mutex_lock(&ctx->lock);
       ctx->stopping = true;
@@ -772,7 +497,7 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
     pthread_cond_destroy(&ctx->done_cv);
     pthread_cond_destroy(&ctx->work_cv);
     pthread_mutex_destroy(&ctx->lock);
-    free_ranges(ctx->free_list);
+    host_free_ranges(ctx->free_list);
     munmap(ctx->arena, ctx->arena_len);
     free(ctx);
     return MLO_EPLATFORM;
