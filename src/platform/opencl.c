@@ -19,65 +19,15 @@
  * Intel GPUs), pinned=0|1 (MLO_NO_PINNED=1 also turns pinning off).
  * docs/platforms.md has the ordering argument in full.
  */
-#define CL_TARGET_OPENCL_VERSION 120
-
 #include "base/sysio.h"
 #include "base/log.h"
-#include "platform/platform.h"
+#include "platform/opencl_internal.h"
 #include "platform/module.h"
 
-#include <CL/cl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A recorded point on a queue: the marker of the latest record, or NULL
- * before the first record (waiting on it is then a no-op, as in CUDA). */
-struct mlo_event {
-  cl_event last;
-  mlo_stamp *stamp; /* when `last` completed (copy-queue records only) */
-};
-
-/* A pinned host buffer: the cl_mem behind a mapped pointer, kept so that
- * host_free can unmap and release it. */
-struct host_map {
-  void *ptr;
-  cl_mem mem;
-  struct host_map *next;
-};
-
-struct ocl_options {
-  unsigned long index;
-  uint64_t capacity;  /* 0: the device's global memory */
-  int blocking_d2h;   /* -1: decide from the device */
-  int pinned;         /* -1: on unless MLO_NO_PINNED=1 */
-  uint64_t max_alloc; /* 0: the device's; else a lower limit (tests, or a driver that lies) */
-};
-
-/* A block larger than the device's largest allocation: buffers of
- * max_alloc bytes (the last shorter), addressed as one range.  Its handle
- * is the struct's address, which no cl_mem can be; core's layout keeps
- * every tensor inside one segment, and resolve gives a tensor its cl_mem. */
-struct seg_block {
-  size_t bytes, seg, n;
-  cl_mem *mems;
-  struct seg_block *next;
-};
-
-struct ocl_ctx {
-  cl_device_id device;
-  cl_context context;
-  cl_command_queue copy_q, compute_q;
-  uint64_t capacity;  /* what get_memory reports as total */
-  uint64_t max_alloc; /* CL_DEVICE_MAX_MEM_ALLOC_SIZE */
-  bool blocking_d2h, pinned;
-  pthread_mutex_t lock; /* guards used, maps, warned and every mlo_event */
-  uint64_t used;        /* bytes of live blocks, for capacity and free */
-  struct host_map *maps;
-  bool warned_pageable;
-  struct seg_block *segs; /* live segmented blocks; guarded by lock */
-};
 
 /* The segmented block behind a handle, or NULL for a plain cl_mem. */
 static struct seg_block *find_seg(struct ocl_ctx *c, const void *block) {
@@ -90,7 +40,7 @@ static struct seg_block *find_seg(struct ocl_ctx *c, const void *block) {
 
 /* ---- errors ------------------------------------------------------------- */
 
-static const char *cl_err_name(cl_int err) {
+const char *ocl_err_name(cl_int err) {
   switch (err) {
   case CL_DEVICE_NOT_FOUND:
     return "CL_DEVICE_NOT_FOUND";
@@ -141,11 +91,11 @@ static bool is_oom(cl_int err) {
 static int map_err(cl_int err, const char *what) {
   if (err == CL_SUCCESS) return MLO_OK;
   if (is_oom(err)) {
-    mlo_logf(MLO_LOG_INFO, "opencl: %s: device out of memory (%s)", what, cl_err_name(err));
+    mlo_logf(MLO_LOG_INFO, "opencl: %s: device out of memory (%s)", what, ocl_err_name(err));
     return MLO_ENOMEM_DEVICE;
   }
   if (err == CL_OUT_OF_HOST_MEMORY) return MLO_ENOMEM;
-  mlo_logf(MLO_LOG_ERROR, "opencl: %s failed: %s (%d)", what, cl_err_name(err), (int)err);
+  mlo_logf(MLO_LOG_ERROR, "opencl: %s failed: %s (%d)", what, ocl_err_name(err), (int)err);
   return MLO_EPLATFORM;
 }
 
@@ -580,137 +530,21 @@ static const struct mlo_platform_ops opencl_ops = {
     .compute_queue = ocl_compute_queue,
 };
 
-/* ---- the spec ----------------------------------------------------------- */
-
-static int parse_flag(const char *key, const char *value, int *out, char *err, size_t errlen) {
-  if (strcmp(value, "0") && strcmp(value, "1")) {
-    snprintf(err, errlen, "opencl platform option %s=%s: expected 0 or 1", key, value);
-    return MLO_EINVAL;
-  }
-  *out = value[0] == '1';
-  return MLO_OK;
-}
-
-static int ocl_option(const char *key, const char *value, void *user, char *err, size_t errlen) {
-  struct ocl_options *o = user;
-  if (!strcmp(key, "capacity")) {
-    if (mlo_parse_size(value, false, &o->capacity)) {
-      snprintf(err, errlen,
-               "opencl platform option capacity=%s: expected a size such as 512M or 4G", value);
-      return MLO_EINVAL;
-    }
-    return MLO_OK;
-  }
-  if (!strcmp(key, "blocking_d2h")) return parse_flag(key, value, &o->blocking_d2h, err, errlen);
-  if (!strcmp(key, "pinned")) return parse_flag(key, value, &o->pinned, err, errlen);
-  if (!strcmp(key, "max_alloc")) {
-    if (mlo_parse_size(value, false, &o->max_alloc) || o->max_alloc < 4096) {
-      snprintf(err, errlen,
-               "opencl platform option max_alloc=%s: expected a size of at least 4K, such as 1G",
-               value);
-      return MLO_EINVAL;
-    }
-    return MLO_OK;
-  }
-  snprintf(err, errlen,
-           "unknown opencl platform option %s=%s (known: capacity, blocking_d2h, pinned, "
-           "max_alloc)",
-           key, value);
-  return MLO_EINVAL;
-}
-
-/* "" | "N" | "N:opts" | "opts". */
-static int parse_spec(const char *args, struct ocl_options *o, char *err, size_t errlen) {
-  return mlo_spec_parse_indexed("opencl", args, 65535, &o->index, ocl_option, o, err, errlen);
-}
-
-/* Finds device `index` counting over every platform's devices in order. */
-static int find_device(unsigned long index, cl_platform_id *plat_out, cl_device_id *dev_out,
-                       char *err, size_t errlen) {
-  cl_platform_id plats[16];
-  cl_uint nplat = 0;
-  cl_int cerr = clGetPlatformIDs(16, plats, &nplat);
-  if (cerr != CL_SUCCESS || nplat == 0) {
-    snprintf(err, errlen, "no OpenCL platform found (clGetPlatformIDs: %s)",
-             cerr ? cl_err_name(cerr) : "0 platforms");
-    return MLO_ENODEV;
-  }
-  unsigned long seen = 0;
-  for (cl_uint i = 0; i < nplat && i < 16; i++) {
-    cl_uint ndev = 0;
-    if (clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, 0, NULL, &ndev) != CL_SUCCESS) continue;
-    if (index < seen + ndev) {
-      cl_device_id *devs = mlo_calloc(ndev, sizeof *devs);
-      if (!devs) return MLO_ENOMEM;
-      cerr = clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, ndev, devs, NULL);
-      *plat_out = plats[i];
-      *dev_out = devs[index - seen];
-      free(devs);
-      if (cerr != CL_SUCCESS) break;
-      return MLO_OK;
-    }
-    seen += ndev;
-  }
-  snprintf(err, errlen, "OpenCL device %lu not present (%lu visible over %u platforms)", index,
-           seen, (unsigned)nplat);
-  return MLO_ENODEV;
-}
-
-/* Reads the device's limits and decides capacity, the XPU rule and pinning. */
-static void configure(struct ocl_ctx *c, const struct ocl_options *o, mlo_platform *p) {
-  cl_ulong global = 0, max_alloc = 0;
-  cl_device_type type = 0;
-  char name[96] = "?", vendor[64] = "?";
-  clGetDeviceInfo(c->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
-  clGetDeviceInfo(c->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
-  clGetDeviceInfo(c->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
-  clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof name - 1, name, NULL);
-  clGetDeviceInfo(c->device, CL_DEVICE_VENDOR, sizeof vendor - 1, vendor, NULL);
-  c->capacity = o->capacity && o->capacity < global ? o->capacity : global;
-  /* max_alloc= only lowers it: buffers past the device's limit do not exist. */
-  c->max_alloc = o->max_alloc && o->max_alloc < max_alloc ? o->max_alloc : max_alloc;
-  /* Intel GPUs (the XPU rule of the specification) need blocking reads. */
-  bool intel_gpu = strstr(vendor, "Intel") && (type & CL_DEVICE_TYPE_GPU);
-  c->blocking_d2h = o->blocking_d2h >= 0 ? o->blocking_d2h == 1 : intel_gpu;
-  /* The environment is a kill switch: it wins over pinned=1. */
-  c->pinned = o->pinned != 0 && !mlo_env_flag("MLO_NO_PINNED");
-  char cap[32];
-  mlo_format_size(c->capacity, cap, sizeof cap);
-  snprintf(p->description, sizeof p->description,
-           "OpenCL device %lu: %.80s (%.80s), capacity %s%s%s", o->index, name, vendor, cap,
-           c->blocking_d2h ? ", blocking d2h" : "", c->pinned ? "" : ", pageable host memory");
-}
-
-static int create_queues(struct ocl_ctx *c, cl_platform_id plat, char *err, size_t errlen) {
-  cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0};
-  cl_int cerr = CL_SUCCESS;
-  const char *what = "clCreateContext";
-  c->context = clCreateContext(props, 1, &c->device, NULL, NULL, &cerr);
-  if (cerr == CL_SUCCESS) {
-    what = "clCreateCommandQueue";
-    c->copy_q = clCreateCommandQueue(c->context, c->device, 0, &cerr);
-  }
-  if (cerr == CL_SUCCESS) c->compute_q = clCreateCommandQueue(c->context, c->device, 0, &cerr);
-  if (cerr == CL_SUCCESS) return MLO_OK;
-  snprintf(err, errlen, "opencl platform: %s failed: %s (%d)", what, cl_err_name(cerr), (int)cerr);
-  return cerr == CL_OUT_OF_HOST_MEMORY ? MLO_ENOMEM : MLO_EPLATFORM;
-}
-
 static int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
   struct ocl_options opt = {.index = 0, .capacity = 0, .blocking_d2h = -1, .pinned = -1};
-  int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
+  int rc = ocl_parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (rc) return rc;
   cl_platform_id plat = NULL;
   struct ocl_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
-  rc = find_device(opt.index, &plat, &c->device, err, errlen);
-  if (!rc) rc = create_queues(c, plat, err, errlen);
+  rc = ocl_find_device(opt.index, &plat, &c->device, err, errlen);
+  if (!rc) rc = ocl_create_queues(c, plat, err, errlen);
   if (rc) {
     ocl_destroy(c);
     return rc;
   }
-  configure(c, &opt, p);
+  ocl_configure(c, &opt, p);
   p->ops = &opencl_ops;
   p->ctx = c;
   return MLO_OK;
