@@ -78,159 +78,210 @@ static void register_external(mlo_component *c, uint64_t *pageable) {
   }
 }
 
-int mlo_slab_materialize(mlo_component *c) {
-  mlo_pipeline *pipe = c->pipe;
-  if (c->materialized) return MLO_OK;
-  uint64_t seg = pipe->platform->caps.max_block_bytes;
+/* What materializing one component builds, step by step (below). */
+typedef struct {
+  uint64_t slab_bytes, block_bytes;
+  void *slab;
+  bool pinned, want_pin;
+  void *shared;          /* the node-shared mapping's handle, or NULL */
+  bool together;         /* a failure every node rank reached: undone together */
+  mlo_tensor **files;    /* the tensors this rank reads from files */
+  size_t nfiles;
+  uint64_t file_bytes;
+} slab_build;
+
+/* A segmented device (caps.max_block_bytes) cannot hold a tensor larger
+ * than one segment. */
+static int check_segments(mlo_component *c) {
+  uint64_t seg = c->pipe->platform->caps.max_block_bytes;
   for (size_t i = 0; seg && i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
     if (!t->target && t->nbytes > seg) {
       char a[32], b[32];
-      return mlo_fail(pipe, MLO_EUNSUPPORTED,
+      return mlo_fail(c->pipe, MLO_EUNSUPPORTED,
                       "%s: tensor '%s' (%s) is larger than this device's largest allocation "
                       "(%s): no block can hold it",
                       c->name, t->name, mlo_format_size(t->nbytes, a, sizeof a),
                       mlo_format_size(seg, b, sizeof b));
     }
   }
-  uint64_t t0 = mlo_now_ns();
-  uint64_t slab_bytes = 0;
-  uint64_t block_bytes = mlo_slab_layout(c, true, &slab_bytes);
-  void *slab = NULL;
-  bool pinned = false;
-  int rc = MLO_OK;
-  mlo_tensor **files = NULL;
-  size_t nfiles = 0;
-  uint64_t file_bytes = 0;
-  void *shared = NULL;
-  bool together = true; /* a failure that every node rank reached: undone together */
-  bool want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED");
-  if (slab_bytes && pipe->comm) {
-    /* One slab per node: every rank at this component, then one mapping */
+  return MLO_OK;
+}
+
+/* The host slab: one per node, shared by its ranks (after every rank
+ * arrived at this component), or this process's own from the platform. */
+static int alloc_slab(mlo_component *c, slab_build *b) {
+  mlo_pipeline *pipe = c->pipe;
+  if (!b->slab_bytes) return MLO_OK;
+  int rc;
+  if (pipe->comm) {
     if ((rc = mlo_collective(pipe, c, COLL_MATERIALIZE, MLO_OK, NULL, NULL))) return rc;
     char err[256];
-    rc = mlo_dist_shared_alloc(pipe->comm, (size_t)slab_bytes, &slab, &shared, err, sizeof err);
+    rc = mlo_dist_shared_alloc(pipe->comm, (size_t)b->slab_bytes, &b->slab, &b->shared, err,
+                               sizeof err);
     if (rc) return mlo_fail(pipe, rc, "%s: node-shared slab: %s", c->name, err);
-  } else if (slab_bytes) {
-    rc = mlo_plat_host_alloc(pipe->platform, slab_bytes, want_pin, &slab, &pinned);
+  } else {
+    rc = mlo_plat_host_alloc(pipe->platform, b->slab_bytes, b->want_pin, &b->slab, &b->pinned);
     if (rc)
-      return mlo_fail(pipe, rc == MLO_ENOMEM ? MLO_ENOMEM : rc,
-                      "%s: cannot allocate a %llu-byte host slab", c->name,
-                      (unsigned long long)slab_bytes);
+      return mlo_fail(pipe, rc, "%s: cannot allocate a %llu-byte host slab", c->name,
+                      (unsigned long long)b->slab_bytes);
   }
-  if (slab_bytes) {
-    files = mlo_malloc(c->ntensors * sizeof *files);
-    if (!files) {
-      rc = mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
-      goto out_free_slab;
-    }
-  }
+  b->files = mlo_malloc(c->ntensors * sizeof *b->files);
+  if (!b->files) return mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
+  return MLO_OK;
+}
+
+/* Writes what does not come from files (padding, caller memory, zeros) and
+ * lists the tensors that do.  A shared slab is written by node rank 0; a
+ * simulated device's slab is address space only, never written, and no
+ * file is read (a projection of 60 GB reads headers alone). */
+static void fill_slab(mlo_component *c, slab_build *b) {
+  if (c->pipe->platform->caps.simulated) return;
+  bool writer = !b->shared || mlo_dist_node_rank(c->pipe->comm) == 0;
   uint64_t cursor = 0;
-  /* A simulated device's slabs are address space only: nothing to fill,
-   * no file to read (a projection of 60 GB reads headers alone). */
-  bool fill = !pipe->platform->caps.simulated;
-  /* A shared slab: node rank 0 writes what is not read from files; the
-   * file bytes are split among the node's ranks below. */
-  bool writer = !shared || mlo_dist_node_rank(pipe->comm) == 0;
-  for (size_t i = 0; i < c->ntensors && fill; i++) {
+  for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
     if (t->target || is_external(t) || !t->nbytes) continue;
-    char *dst = (char *)slab + t->dev_offset;
-    if (writer) memset((char *)slab + cursor, 0, t->dev_offset - cursor); /* padding */
+    char *dst = (char *)b->slab + t->dev_offset;
+    if (writer) memset((char *)b->slab + cursor, 0, t->dev_offset - cursor); /* padding */
     cursor = t->dev_offset + t->nbytes;
     if (t->src_file) {
-      files[nfiles++] = t;
-      file_bytes += t->nbytes;
+      b->files[b->nfiles++] = t;
+      b->file_bytes += t->nbytes;
     } else if (writer && t->src_data) {
       memcpy(dst, t->src_data, t->nbytes);
     } else if (writer) {
       memset(dst, 0, t->nbytes);
     }
   }
-  if (shared && nfiles) {
-    /* This rank's 1/n of the file bytes: the tensors whose first byte falls
-     * in its share of the running total (declaration order, the same on
-     * every rank), so the node reads the checkpoint once, in parallel. */
-    uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
-    uint64_t r = (uint64_t)mlo_dist_node_rank(pipe->comm), at = 0, mine_bytes = 0;
-    size_t mine = 0;
-    for (size_t i = 0; i < nfiles; i++) {
-      uint64_t share =
-          n && file_bytes ? (uint64_t)((double)at / (double)file_bytes * (double)n) : 0;
-      at += files[i]->nbytes;
-      if ((share < n ? share : n - 1) != r) continue;
-      mine_bytes += files[i]->nbytes;
-      files[mine++] = files[i];
-    }
-    nfiles = mine;
-    file_bytes = mine_bytes;
+}
+
+/* A shared slab's file bytes are split among the node's ranks: this rank
+ * keeps the tensors whose first byte falls in its 1/n of the running total
+ * (declaration order, the same on every rank), so the node reads the
+ * checkpoint once, in parallel. */
+static void take_my_share(mlo_component *c, slab_build *b) {
+  if (!b->shared || !b->nfiles) return;
+  uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm);
+  uint64_t r = (uint64_t)mlo_dist_node_rank(c->pipe->comm), at = 0, mine_bytes = 0;
+  size_t mine = 0;
+  for (size_t i = 0; i < b->nfiles; i++) {
+    uint64_t share =
+        n && b->file_bytes ? (uint64_t)((double)at / (double)b->file_bytes * (double)n) : 0;
+    at += b->files[i]->nbytes;
+    if ((share < n ? share : n - 1) != r) continue;
+    mine_bytes += b->files[i]->nbytes;
+    b->files[mine++] = b->files[i];
   }
-  c->slab = slab; /* the loader reads through c->slab */
+  b->nfiles = mine;
+  b->file_bytes = mine_bytes;
+}
+
+/* Reads this rank's files into the slab; with a shared slab, every rank
+ * then learns of any rank's failure and waits for all parts. */
+static int read_files(mlo_component *c, slab_build *b) {
+  mlo_pipeline *pipe = c->pipe;
+  c->slab = b->slab; /* the loader reads through c->slab */
   progress_sink ps;
   pthread_mutex_lock(&pipe->lock);
   ps.fn = pipe->progress;
   ps.user = pipe->progress_user;
   pthread_mutex_unlock(&pipe->lock);
-  if (nfiles) rc = mlo_load_files(c, files, nfiles, file_bytes, ps.fn, ps.user);
-  if (shared) { /* every rank learns of any rank's failure, and waits for all parts */
+  int rc = MLO_OK;
+  if (b->nfiles) rc = mlo_load_files(c, b->files, b->nfiles, b->file_bytes, ps.fn, ps.user);
+  if (b->shared) {
     char mine[200];
     snprintf(mine, sizeof mine, "%.190s", rc ? pipe->errmsg : "");
-    int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, &together);
+    int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, &b->together);
     if (!rc) rc = arc;
   }
-  if (rc) goto out_free_slab;
-  free(files);
+  return rc;
+}
+
+/* The component's storage, now complete, published under the lock: each
+ * tensor's host bytes, the slab's kind, the pipeline's counters. */
+static void publish(mlo_component *c, slab_build *b) {
+  mlo_pipeline *pipe = c->pipe;
   bool registered = false;
-  if (shared && want_pin && pipe->platform->caps.host_register) { /* pinned in place */
+  if (b->shared && b->want_pin && pipe->platform->caps.host_register) { /* pinned in place */
     c->stats.platform_calls++;
-    registered = mlo_plat_host_register(pipe->platform, slab, (size_t)slab_bytes) == MLO_OK;
-    pinned = registered;
+    registered = mlo_plat_host_register(pipe->platform, b->slab, (size_t)b->slab_bytes) == MLO_OK;
+    b->pinned = registered;
   }
-  uint64_t pageable = pinned ? 0 : slab_bytes;
+  uint64_t pageable = b->pinned ? 0 : b->slab_bytes;
   register_external(c, &pageable);
   pthread_mutex_lock(&pipe->lock);
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
-    if (!t->target && !is_external(t)) t->host = t->nbytes ? (char *)slab + t->dev_offset : slab;
+    if (!t->target && !is_external(t))
+      t->host = t->nbytes ? (char *)b->slab + t->dev_offset : b->slab;
   }
-  c->slab_bytes = slab_bytes;
-  c->slab_pinned = pinned;
-  c->slab_shared = shared;
+  c->slab_bytes = b->slab_bytes;
+  c->slab_pinned = b->pinned;
+  c->slab_shared = b->shared;
   c->slab_registered = registered;
-  pipe->dist.read_bytes += file_bytes;
-  if (shared) pipe->dist.shared_bytes += slab_bytes;
-  c->block_bytes = block_bytes;
+  pipe->dist.read_bytes += b->file_bytes;
+  if (b->shared) pipe->dist.shared_bytes += b->slab_bytes;
+  c->block_bytes = b->block_bytes;
   c->pageable_bytes = pageable;
   c->materialized = true;
   c->state = MLO_RES_HOST;
-  if (slab_bytes) c->stats.platform_calls++;
-  pipe->host_slab_bytes += slab_bytes;
-  if (pinned) pipe->pinned_bytes += slab_bytes;
+  if (b->slab_bytes) c->stats.platform_calls++;
+  pipe->host_slab_bytes += b->slab_bytes;
+  if (b->pinned) pipe->pinned_bytes += b->slab_bytes;
   pthread_mutex_unlock(&pipe->lock);
-  if (slab_bytes && !pinned && pipe->pin_host && pipe->platform->caps.pinned_host)
-    mlo_logf(MLO_LOG_INFO, "%s: host slab is pageable (pinning unavailable or disabled)", c->name);
-  if (slab_bytes && mlo_log_enabled(MLO_LOG_INFO)) {
-    double secs = (double)(mlo_now_ns() - t0) / 1e9;
-    char size[32];
-    mlo_logf(MLO_LOG_INFO, "materialized %s: %s, %zu tensors, %s, %.3f s (%.2f GB/s)", c->name,
-             mlo_format_size(slab_bytes, size, sizeof size), c->own_count,
-             nfiles ? "read from files"
-             : fill ? "from memory"
-                    : "simulated",
-             secs, secs > 0 ? (double)slab_bytes / secs / 1e9 : 0.0);
-  }
-  return MLO_OK;
+}
 
-out_free_slab:
+static void log_materialized(const mlo_component *c, const slab_build *b, uint64_t t0) {
+  if (!b->slab_bytes) return;
+  if (!b->pinned && c->pipe->pin_host && c->pipe->platform->caps.pinned_host)
+    mlo_logf(MLO_LOG_INFO, "%s: host slab is pageable (pinning unavailable or disabled)", c->name);
+  if (!mlo_log_enabled(MLO_LOG_INFO)) return;
+  double secs = (double)(mlo_now_ns() - t0) / 1e9;
+  char size[32];
+  mlo_logf(MLO_LOG_INFO, "materialized %s: %s, %zu tensors, %s, %.3f s (%.2f GB/s)", c->name,
+           mlo_format_size(b->slab_bytes, size, sizeof size), c->own_count,
+           b->nfiles                              ? "read from files"
+           : !c->pipe->platform->caps.simulated ? "from memory"
+                                                  : "simulated",
+           secs, secs > 0 ? (double)b->slab_bytes / secs / 1e9 : 0.0);
+}
+
+/* Undoes a failed build: a shared slab is freed only if every node rank
+ * failed at the same step (MPI_Win_free waits for all of them). */
+static void undo(mlo_component *c, slab_build *b) {
   c->slab = NULL;
-  free(files);
-  if (shared && together)
-    mlo_dist_shared_free(pipe->comm, shared); /* every rank failed here too */
-  else if (shared) /* the agreement failed: the others may not be here to free it */
-    mlo_logf(MLO_LOG_ERROR, "%s: node-shared slab left mapped: %s", c->name, pipe->errmsg);
-  else if (slab)
-    mlo_plat_host_free(pipe->platform, slab, slab_bytes, pinned);
-  return rc;
+  free(b->files);
+  if (b->shared && b->together)
+    mlo_dist_shared_free(c->pipe->comm, b->shared);
+  else if (b->shared)
+    mlo_logf(MLO_LOG_ERROR, "%s: node-shared slab left mapped: %s", c->name, c->pipe->errmsg);
+  else if (b->slab)
+    mlo_plat_host_free(c->pipe->platform, b->slab, b->slab_bytes, b->pinned);
+}
+
+int mlo_slab_materialize(mlo_component *c) {
+  if (c->materialized) return MLO_OK;
+  int rc = check_segments(c);
+  if (rc) return rc;
+  uint64_t t0 = mlo_now_ns();
+  slab_build b = {.together = true,
+                  .want_pin = c->pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED")};
+  b.block_bytes = mlo_slab_layout(c, true, &b.slab_bytes);
+  if (!(rc = alloc_slab(c, &b))) {
+    fill_slab(c, &b);
+    take_my_share(c, &b);
+    rc = read_files(c, &b);
+  }
+  if (rc) {
+    undo(c, &b);
+    return rc;
+  }
+  free(b.files);
+  b.files = NULL;
+  publish(c, &b);
+  log_materialized(c, &b, t0);
+  return MLO_OK;
 }
 
 void mlo_slab_free(mlo_component *c) {
