@@ -12,7 +12,7 @@
 #include "mlo/checkpoint.h"
 
 #include "base/log.h"
-#include "format/gguf.h"
+#include "format/readers.h"
 #include "format/index.h"
 #include "format/json.h"
 
@@ -208,9 +208,9 @@ static char *folder_class(const char *folder) {
   return cls;
 }
 
-/* One file as one component: GGUF when it starts with GGUF's magic, else
- * safetensors.  The role heuristic also reads the file's own name and a
- * GGUF's general.architecture. */
+/* One file as one component, in the format its first bytes say
+ * (readers.h).  The role heuristic also reads the file's own name and what
+ * the file says it holds (a GGUF's general.architecture). */
 static int add_file(open_ctx *c, const char *name, mlo_role declared, const char *path) {
   uint8_t magic[4] = {0};
   int fd;
@@ -222,29 +222,20 @@ static int add_file(open_ctx *c, const char *name, mlo_role declared, const char
               errno ? strerror(errno) : "the file shrank");
   close(fd);
   if (rc) return rc;
-  bool gguf = id.size >= 4 && mlo_gguf_magic(magic, 4);
-  char *file_name = base_name(path, gguf ? ".gguf" : ".safetensors");
+  const struct mlo_reader *r = mlo_reader_for(magic, id.size >= 4 ? 4 : 0);
+  char *file_name = base_name(path, r->ext);
   if (!file_name) return fail(c, MLO_ENOMEM, "%s: out of memory", path);
   mlo_component *comp = NULL;
   const char *saved_root = c->root;
   c->root = path;
   c->hint = file_name;
-  if (gguf) {
-    mlo_gguf_file *g = NULL;
-    rc = mlo_gguf_open(path, &g, c->err, c->errlen);
-    if (rc == MLO_OK && mlo_role_guess(file_name, NULL) == MLO_ROLE_OTHER && g->architecture)
-      c->hint = g->architecture;
-    if (rc == MLO_OK) rc = add_component(c, name ? name : file_name, NULL, declared, &comp);
-    if (rc == MLO_OK)
-      rc = mlo_gguf_add_to_component(g, comp, c->oo->tensor_flags, c->err, c->errlen);
-    mlo_gguf_close(g);
-  } else {
-    mlo_st_file *f = NULL;
-    rc = mlo_st_open(path, &f, c->err, c->errlen);
-    if (rc == MLO_OK) rc = add_component(c, name ? name : file_name, NULL, declared, &comp);
-    if (rc == MLO_OK) rc = mlo_st_add_to_component(f, comp, c->oo->tensor_flags, c->err, c->errlen);
-    mlo_st_close(f);
-  }
+  void *f = NULL;
+  rc = r->open(path, &f, c->err, c->errlen);
+  const char *arch = rc == MLO_OK && r->architecture ? r->architecture(f) : NULL;
+  if (arch && mlo_role_guess(file_name, NULL) == MLO_ROLE_OTHER) c->hint = arch;
+  if (rc == MLO_OK) rc = add_component(c, name ? name : file_name, NULL, declared, &comp);
+  if (rc == MLO_OK) rc = r->add_to_component(f, comp, c->oo->tensor_flags, c->err, c->errlen);
+  if (f) r->close(f);
   c->root = saved_root;
   c->hint = NULL;
   free(file_name);

@@ -7,7 +7,7 @@
  * memory of all-resident versus model-level offload, and with --tensors
  * every tensor and each file's metadata.  Reads only the headers.
  */
-#include "format/gguf.h"
+#include "format/readers.h"
 #include "format/safetensors.h"
 #include "tool.h"
 
@@ -101,19 +101,14 @@ static void shape_text(const mlo_tensor *t, char *buf, size_t len) {
 /* One file's metadata as key/value pairs: safetensors' __metadata__, or a
  * GGUF's key-values (values abridged).  Calls fn for each; false if the file
  * cannot be read again. */
-typedef void (*meta_fn)(const char *key, const char *value, void *user);
-static bool file_metadata(const char *path, meta_fn fn, void *user) {
+static bool file_metadata(const char *path, mlo_meta_fn fn, void *user) {
   char err[256];
-  mlo_gguf_file *g = NULL;
-  mlo_st_file *f = NULL;
-  if (mlo_gguf_open(path, &g, err, sizeof err) == MLO_OK) {
-    for (size_t i = 0; i < g->kv_count; i++) fn(g->kv[i].key, g->kv[i].text, user);
-    mlo_gguf_close(g);
-    return true;
-  }
-  if (mlo_st_open(path, &f, err, sizeof err) == MLO_OK) {
-    for (size_t i = 0; i < f->meta_count; i++) fn(f->meta[i].key, f->meta[i].value, user);
-    mlo_st_close(f);
+  for (size_t i = 0; i < mlo_nreaders; i++) {
+    const struct mlo_reader *r = mlo_readers[i];
+    void *f = NULL;
+    if (r->open(path, &f, err, sizeof err) != MLO_OK) continue;
+    r->metadata(f, fn, user);
+    r->close(f);
     return true;
   }
   return false;
