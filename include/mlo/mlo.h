@@ -614,9 +614,12 @@ MLO_API int mlo_sync_from_name(const char *name, mlo_sync_mode *out);
 typedef enum {
   MLO_POLICY_STRICT, /* the specification (default) */
   MLO_POLICY_BUDGET, /* keep what fits in budget_bytes; evict by next use */
+  MLO_POLICY_COUNT   /* how many there are: 0 .. MLO_POLICY_COUNT-1 are policies */
 } mlo_policy;
 MLO_API const char *
 mlo_policy_name(mlo_policy policy); /* "strict", "budget" ("invalid" otherwise) */
+/* The policy of that name (case-insensitive); MLO_EINVAL if none is.  Tools
+ * list the choices with mlo_policy_name(0 .. MLO_POLICY_COUNT-1). */
 MLO_API int mlo_policy_from_name(const char *name, mlo_policy *out);
 
 typedef struct {

@@ -250,27 +250,6 @@ int mlo_sync_from_name(const char *name, mlo_sync_mode *out) {
   return MLO_OK;
 }
 
-const char *mlo_policy_name(mlo_policy policy) {
-  switch (policy) {
-  case MLO_POLICY_STRICT:
-    return "strict";
-  case MLO_POLICY_BUDGET:
-    return "budget";
-  }
-  return "invalid";
-}
-
-int mlo_policy_from_name(const char *name, mlo_policy *out) {
-  if (!name || !out) return MLO_EINVAL;
-  if (!strcasecmp(name, "strict"))
-    *out = MLO_POLICY_STRICT;
-  else if (!strcasecmp(name, "budget"))
-    *out = MLO_POLICY_BUDGET;
-  else
-    return MLO_EINVAL;
-  return MLO_OK;
-}
-
 const char *mlo_residency_name(mlo_residency r) {
   switch (r) {
   case MLO_RES_UNMATERIALIZED:

@@ -131,7 +131,7 @@ struct mlo_pipeline {
   size_t ngroups, gcap;
   bool audit_each;
 
-  /* the declared schedule and its cursor (planner.c): runs of calls, the
+  /* the declared schedule and its cursor (sched.c): runs of calls, the
    * run the next call is expected in and how many of it are done */
   struct mlo_sched_run {
     mlo_component *comp;
@@ -140,8 +140,12 @@ struct mlo_pipeline {
   size_t nsched;
   size_t cur_run;
   uint64_t cur_done;
-  uint64_t tick;   /* acquires so far, for least-recently-used */
-  uint64_t budget; /* BUDGET: device bytes the pipeline may keep (while enabled) */
+  uint64_t tick; /* acquires so far, for least-recently-used */
+
+  /* the residency policy in force while generic offload is enabled
+   * (policy.h; NULL otherwise), and its own state */
+  const struct mlo_policy_ops *policy;
+  void *policy_state;
 
   /* ranks (mlo/mpi.h): NULL without a communicator */
   mlo_comm *comm;
@@ -244,34 +248,19 @@ void mlo_slab_free(mlo_component *c);       /* lock held, not resident */
 /* offload.c */
 /* True if a and b may never be resident while either executes. */
 bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_component *b);
-/* The BUDGET policy is in force (lock held). */
-static inline bool mlo_budget_policy(const mlo_pipeline *pipe) {
-  return pipe->enabled && pipe->settings.policy == MLO_POLICY_BUDGET;
+/* An enable or disable with the lock dropped: wait it out, unless this
+ * thread is the one doing it (lock held). */
+static inline bool mlo_must_wait_reconfig(const mlo_pipeline *pipe) {
+  return pipe->reconfiguring && !pthread_equal(pipe->reconfig_thread, pthread_self());
 }
 
-/* planner.c — the BUDGET policy; every call with pipe->lock held. */
-/* The budget for these settings, from the platform's memory now; fails
- * with a message when it cannot hold the largest component. */
-int mlo_plan_budget(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget);
+/* sched.c — the declared schedule and its cursor; lock held. */
 /* Calls until c's next use from the cursor (0: the call expected next);
  * UINT64_MAX when the schedule never calls it. */
-uint64_t mlo_plan_next_use(const mlo_pipeline *pipe, const mlo_component *c);
-/* The cursor follows a call of c (resynchronizing on one off the schedule). */
-void mlo_plan_advance(mlo_pipeline *pipe, mlo_component *c);
-/* Makes room for c within the budget by evicting idle components, farthest
- * next use first.  MLO_OK when it fits now; MLO_EBUSY when room is held by
- * components executing on other threads (wait on idle, then look again);
- * an error when it never can (the message says why). */
-int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c);
-/* Evicts one idle component other than keep (farthest next use first), for
- * a device that ran out below the budget; false if none is idle. */
-bool mlo_plan_evict_one(mlo_pipeline *pipe, const mlo_component *keep);
-/* Issues loads of the components the schedule calls next, in order, while
- * each fits by evicting only idle components needed later than it. */
-void mlo_plan_prefetch(mlo_pipeline *pipe);
-/* Evicts idle components until the resident bytes fit the budget (enable,
- * over what was loaded by hand); MLO_ENOMEM_DEVICE if busy ones do not. */
-int mlo_plan_fit(mlo_pipeline *pipe);
-void mlo_plan_free(mlo_pipeline *pipe);
+uint64_t mlo_sched_next_use(const mlo_pipeline *pipe, const mlo_component *c);
+/* The cursor follows a call of c (resynchronizing on one off the schedule),
+ * and c's least-recently-used tick moves. */
+void mlo_sched_advance(mlo_pipeline *pipe, mlo_component *c);
+void mlo_sched_free(mlo_pipeline *pipe);
 
 #endif

@@ -2,7 +2,9 @@
  * offload.c — the offload backend: which components exclude which (the
  * strategy that owns the hooks, C16), enable/disable (C1, C2, C11, C14,
  * C15), delegates (C10), and the hooked entry points forward and
- * acquire/release (C3–C5, C8, C12, C17).
+ * acquire/release (C3–C5, C8, C12, C17).  What residency a policy wants is
+ * the policy's (policy.h: strict.c, budget.c); this file asks it at each
+ * entry point.
  *
  * A "hook" here is not an object attached to a module: it is the rule that
  * mlo_excludes() applies when a component is acquired.  Removing the hooks
@@ -10,6 +12,7 @@
  */
 #include "base/sysio.h"
 #include "core/internal.h"
+#include "core/policy.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -18,11 +21,8 @@
 bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_component *b) {
   if (a == b) return false;
   switch (pipe->strategy) {
-  case STRATEGY_GENERIC:
-    if (pipe->settings.policy == MLO_POLICY_BUDGET) return false; /* the budget decides */
-    if (a->role == MLO_ROLE_DIT) return b->role == MLO_ROLE_DIT || b->role == MLO_ROLE_ENCODER;
-    if (a->role == MLO_ROLE_ENCODER) return b->role == MLO_ROLE_DIT;
-    return false; /* C5: VAEs (and OTHER) are outside the set */
+  case STRATEGY_GENERIC: /* the policy's rule (policy.h) */
+    return pipe->policy && pipe->policy->excludes && pipe->policy->excludes(a, b);
   case STRATEGY_DELEGATE:
     return a->group && a->group == b->group;
   case STRATEGY_NONE:
@@ -35,9 +35,8 @@ bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_co
 
 static int audit_locked(mlo_pipeline *pipe) {
   uint64_t resident_bytes = 0;
-  if (mlo_budget_policy(pipe) && pipe->device_bytes > pipe->budget)
-    return mlo_fail(pipe, MLO_ESTATE, "audit: %llu device bytes resident, over the budget of %llu",
-                    (unsigned long long)pipe->device_bytes, (unsigned long long)pipe->budget);
+  int prc = pipe->policy && pipe->policy->audit ? pipe->policy->audit(pipe) : MLO_OK;
+  if (prc) return prc;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     if (mlo_res_is_resident(c)) resident_bytes += c->block_bytes;
@@ -126,12 +125,6 @@ static void drop_holder(mlo_component *c) {
   c->holders[k] = c->holders[--c->users];
 }
 
-/* An enable or disable with the lock dropped: wait it out, unless this
- * thread is the one doing it. */
-static bool must_wait_reconfig(const mlo_pipeline *pipe) {
-  return pipe->reconfiguring && !pthread_equal(pipe->reconfig_thread, pthread_self());
-}
-
 static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
@@ -140,62 +133,40 @@ static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
   return NULL;
 }
 
-/* BUDGET: makes room for c by next use and loads it, waiting while the
- * room is held by components executing on other threads; lock held. */
-static int budget_load_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
-  for (;;) {
-    if (must_wait_reconfig(pipe)) {
-      if (try_only)
-        return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured", c->name);
-      pthread_cond_wait(&pipe->idle, &pipe->lock);
-      continue;
-    }
-    if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
-    int rc = mlo_plan_make_room(pipe, c);
-    if (rc == MLO_EBUSY) {
-      if (try_only)
-        return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: its room in the budget is in use",
-                        c->name);
-      pthread_cond_wait(&pipe->idle, &pipe->lock);
-      continue;
-    }
-    if (!rc) rc = mlo_res_load(c);
-    /* The device ran out below the budget (someone else's allocations):
-     * give up one more idle component and try again. */
-    if (rc == MLO_ENOMEM_DEVICE && mlo_plan_evict_one(pipe, c)) continue;
-    return rc;
-  }
-}
-
-/* Applies the exclusion rule (STRICT) or the budget (BUDGET) and makes c
- * resident; lock held.  On success c->users has been raised. */
+/* Evicts what c excludes and makes it resident as the policy in force
+ * admits it (policy.h; on demand without one); lock held.  On success
+ * c->users has been raised. */
 static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
-  mlo_component *other = held_conflict(pipe, c);
-  if (other)
-    return mlo_fail(pipe, MLO_EDEADLK, "'%s' cannot run while this thread holds '%s'", c->name,
-                    other->name);
-  while (must_wait_reconfig(pipe) || (other = busy_conflict(pipe, c))) {
-    if (try_only)
-      return other ? mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name,
-                              other->name)
-                   : mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured",
-                              c->name);
-    pthread_cond_wait(&pipe->idle, &pipe->lock);
-    other = NULL;
-  }
-  bool budget = mlo_budget_policy(pipe);
-  for (size_t i = 0; i < pipe->ncomps && !budget; i++) {
-    mlo_component *o = pipe->comps[i];
-    if (mlo_res_is_resident(o) && mlo_excludes(pipe, c, o)) {
-      int rc = mlo_res_evict(o);
-      if (rc) return rc;
+  const struct mlo_policy_ops *pol;
+  int rc;
+  do { /* from the top when offload was reconfigured while the policy's admit waited */
+    mlo_component *other = held_conflict(pipe, c);
+    if (other)
+      return mlo_fail(pipe, MLO_EDEADLK, "'%s' cannot run while this thread holds '%s'", c->name,
+                      other->name);
+    while (mlo_must_wait_reconfig(pipe) || (other = busy_conflict(pipe, c))) {
+      if (try_only)
+        return other ? mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name,
+                                other->name)
+                     : mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured",
+                                c->name);
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      other = NULL;
     }
-  }
-  int rc = budget ? budget_load_locked(pipe, c, try_only) : mlo_res_load(c);
+    pol = pipe->policy;
+    for (size_t i = 0; i < pipe->ncomps; i++) {
+      mlo_component *o = pipe->comps[i];
+      if (mlo_res_is_resident(o) && mlo_excludes(pipe, c, o)) {
+        rc = mlo_res_evict(o);
+        if (rc) return rc;
+      }
+    }
+    rc = pol && pol->admit ? pol->admit(pipe, c, try_only) : mlo_res_load(c);
+  } while (rc == MLO_POLICY_CHANGED);
   if (!rc) rc = add_holder(c);
   if (rc) return rc;
-  mlo_plan_advance(pipe, c);
-  if (budget) mlo_plan_prefetch(pipe); /* c is held now: never a victim */
+  mlo_sched_advance(pipe, c);
+  if (pol && pol->acquired) pol->acquired(pipe, c);
   if (pipe->audit_each && (rc = audit_locked(pipe))) {
     drop_holder(c);
     pthread_cond_broadcast(&pipe->idle);
@@ -249,7 +220,7 @@ static int release(mlo_component *c, uint64_t forward_ns) {
   drop_holder(c);
   if (c->users == 0) {
     pthread_cond_broadcast(&pipe->idle);
-    if (mlo_budget_policy(pipe)) mlo_plan_prefetch(pipe); /* c may be displaceable now */
+    if (pipe->policy && pipe->policy->released) pipe->policy->released(pipe, c);
   }
 out_unlock:
   pthread_mutex_unlock(&pipe->lock);
@@ -328,7 +299,7 @@ static int read_settings(mlo_pipeline *pipe, const mlo_offload_settings *in,
   out->size = sizeof *out;
   if ((unsigned)out->sync > MLO_SYNC_UNSAFE_NONE)
     return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid sync mode %d", (int)out->sync);
-  if ((unsigned)out->policy > MLO_POLICY_BUDGET)
+  if ((unsigned)out->policy >= MLO_POLICY_COUNT)
     return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid policy %d", (int)out->policy);
   if (out->policy == MLO_POLICY_STRICT && (out->budget_bytes || out->reserve_bytes))
     return mlo_fail(pipe, MLO_EINVAL,
@@ -386,72 +357,31 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   return MLO_OK;
 }
 
-/* BUDGET: roles do not decide residency, the budget and the schedule do.
- * What is resident already stays within the budget; with a schedule and
- * prefetch on, the first components the schedule calls start loading. */
-static int enable_budget(mlo_pipeline *pipe, const mlo_offload_settings *s) {
-  int rc = MLO_OK;
-  for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
-  if (rc) return rc;
-  pthread_mutex_lock(&pipe->lock);
-  uint64_t budget = 0;
-  rc = mlo_plan_budget(pipe, s, &budget);
-  if (!rc) {
-    pipe->settings = *s;
-    pipe->budget = budget;
-    pipe->strategy = STRATEGY_GENERIC;
-    pipe->enabled = true;
-    rc = mlo_plan_fit(pipe);
-    if (rc) {
-      pipe->strategy = STRATEGY_NONE;
-      pipe->enabled = false;
-    }
-  }
-  if (!rc) mlo_plan_prefetch(pipe);
-  pthread_mutex_unlock(&pipe->lock);
-  return rc;
-}
-
-/* C1/C2: discover from declared roles, make encoders and VAEs resident,
- * leave DiTs where they are.  Rolls back the loads it made on failure. */
+/* Generic hooks: the policy's check, every slab materialized, then the
+ * policy makes residency what it wants (strict.c: C1/C2's encoders and
+ * VAEs; budget.c: what fits).  A failure leaves everything as it was (C15). */
 static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
-  size_t dits = 0, encoders = 0;
+  const struct mlo_policy_ops *pol = mlo_policy_ops_of(s->policy);
   pthread_mutex_lock(&pipe->lock);
-  for (size_t i = 0; i < pipe->ncomps; i++) {
-    dits += pipe->comps[i]->role == MLO_ROLE_DIT;
-    encoders += pipe->comps[i]->role == MLO_ROLE_ENCODER;
-  }
   if (!s->pin_host) pipe->pin_host = false;
+  int rc = pol->check ? pol->check(pipe, s) : MLO_OK;
   pthread_mutex_unlock(&pipe->lock);
-  if (s->policy == MLO_POLICY_BUDGET) return enable_budget(pipe, s);
-  if (!dits || !encoders)
-    return mlo_fail(pipe, MLO_EUNSUPPORTED,
-                    "model-level offload needs at least one DiT and one encoder declared; this "
-                    "pipeline declares %zu DiT(s) and %zu encoder(s)",
-                    dits, encoders);
-  int rc = MLO_OK;
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
   if (rc) return rc;
   pthread_mutex_lock(&pipe->lock);
+  mlo_offload_settings before = pipe->settings;
   pipe->settings = *s;
-  bool *loaded_here = mlo_calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *loaded_here);
-  if (!loaded_here) rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
-  for (size_t i = 0; i < pipe->ncomps && !rc; i++) {
-    mlo_component *c = pipe->comps[i];
-    if (c->role != MLO_ROLE_ENCODER && c->role != MLO_ROLE_VAE) continue;
-    if (mlo_res_is_resident(c)) continue;
-    rc = mlo_res_load(c);
-    loaded_here[i] = !rc;
-  }
-  if (rc) { /* C15: the tensors go back where they were */
-    for (size_t i = 0; i < pipe->ncomps && loaded_here; i++)
-      if (loaded_here[i]) mlo_res_evict(pipe->comps[i]);
-  } else {
-    pipe->strategy = STRATEGY_GENERIC;
-    pipe->enabled = true;
+  pipe->policy = pol;
+  pipe->strategy = STRATEGY_GENERIC;
+  pipe->enabled = true;
+  rc = pol->enable(pipe, s);
+  if (rc) {
+    pipe->settings = before;
+    pipe->policy = NULL;
+    pipe->strategy = STRATEGY_NONE;
+    pipe->enabled = false;
   }
   pthread_mutex_unlock(&pipe->lock);
-  free(loaded_here);
   return rc;
 }
 
@@ -525,6 +455,8 @@ int mlo_offload_disable(mlo_pipeline *pipe) {
              "are removed (free them with mlo_group_free)",
              left);
   if (drc) mlo_logf(MLO_LOG_WARN, "offload delegate's disable returned %d", drc);
+  if (pipe->policy && pipe->policy->disable) pipe->policy->disable(pipe);
+  pipe->policy = NULL;
   pipe->strategy = STRATEGY_NONE;
   pipe->enabled = false;
 out_unlock:

@@ -6,6 +6,7 @@
  */
 #include "base/sysio.h"
 #include "core/internal.h"
+#include "core/policy.h"
 
 #include "base/nameset.h"
 
@@ -251,7 +252,7 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
     out->total.forward_ns += s->forward_ns;
     out->total.prefetches += s->prefetches;
   }
-  out->budget_bytes = mlo_budget_policy(pipe) ? pipe->budget : 0;
+  out->budget_bytes = pipe->policy && pipe->policy->budget ? pipe->policy->budget(pipe) : 0;
   out->device_bytes = pipe->device_bytes;
   out->peak_device_bytes = pipe->peak_device_bytes;
   out->host_slab_bytes = pipe->host_slab_bytes;

@@ -6,6 +6,7 @@
  * other file of core, so it sits above them all.
  */
 #include "core/internal.h"
+#include "core/policy.h"
 
 #include "base/log.h"
 #include "base/nameset.h"
@@ -60,7 +61,8 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     free(pipe->groups[i]);
   }
   free(pipe->groups);
-  mlo_plan_free(pipe);
+  if (pipe->policy && pipe->policy->disable) pipe->policy->disable(pipe); /* disable failed */
+  mlo_sched_free(pipe);
   free(pipe->comps);
   pthread_mutex_unlock(&pipe->lock);
   pthread_mutex_destroy(&pipe->lock);

@@ -401,8 +401,54 @@ static void test_enable_fits_budget(void **state) {
   mlo_platform_close(plat);
 }
 
+/* The one name table (policy.c): every policy's name reads back to it,
+ * case-insensitively, and nothing else does. */
+static void test_policy_names(void **state) {
+  (void)state;
+  for (int p = 0; p < MLO_POLICY_COUNT; p++) {
+    const char *name = mlo_policy_name((mlo_policy)p);
+    assert_string_not_equal(name, "invalid");
+    mlo_policy back = (mlo_policy)-1;
+    assert_ok(mlo_policy_from_name(name, &back));
+    assert_int_equal(back, p);
+  }
+  mlo_policy out;
+  assert_ok(mlo_policy_from_name("BUDGET", &out));
+  assert_int_equal(out, MLO_POLICY_BUDGET);
+  assert_status(mlo_policy_from_name("none", &out), MLO_EINVAL);
+  assert_status(mlo_policy_from_name(NULL, &out), MLO_EINVAL);
+  assert_string_equal(mlo_policy_name(MLO_POLICY_COUNT), "invalid");
+}
+
+/* A refused enable leaves the settings as they were: copy_back asked for
+ * by a budget that cannot be met must not make a later eviction by hand
+ * write anything back. */
+static void test_refused_enable_keeps_settings(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("capacity=1M");
+  tu_pipe *tp = tu_pipe_build(plat, four, 4);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.copy_back = true;
+  s.budget_bytes = KB64 / 2; /* below the largest component */
+  assert_status(mlo_offload_enable(tp->pipe, &s), MLO_ENOMEM_DEVICE);
+  assert_false(mlo_offload_is_enabled(tp->pipe));
+  mlo_component *c = tu_comp(tp, "P");
+  assert_ok(mlo_component_load(c));
+  assert_ok(mlo_component_evict(c));
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(tp->pipe, &st));
+  assert_true(st.total.h2d_bytes > 0);
+  assert_int_equal(st.total.d2h_bytes, 0);
+  assert_int_equal(st.budget_bytes, 0);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_policy_names),
+      cmocka_unit_test(test_refused_enable_keeps_settings),
       cmocka_unit_test(test_belady_by_hand),
       cmocka_unit_test(test_lru_without_schedule),
       cmocka_unit_test(test_smallest_that_frees_enough),

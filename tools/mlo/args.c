@@ -233,6 +233,23 @@ bool targs_platform(targs *a, const char *flag, const char *val) {
   return false;
 }
 
+bool targs_policy(targs *a, const char *flag, const char *val, int *out) {
+  if (!val) return false;
+  mlo_policy p;
+  if (mlo_policy_from_name(val, &p) == MLO_OK) {
+    *out = (int)p;
+    return true;
+  }
+  char list[256] = "";
+  for (int i = 0, used = 0; i < MLO_POLICY_COUNT && used < (int)sizeof list; i++) {
+    int n = snprintf(list + used, sizeof list - (size_t)used, "%s%s", i ? ", " : "",
+                     mlo_policy_name((mlo_policy)i));
+    if (n > 0) used += n;
+  }
+  targs_error(a, "%s: expected one of %s, got '%s'", flag, list, val);
+  return false;
+}
+
 bool targs_role(targs *a, const char *val, mlo_role_override *list, size_t *count, size_t cap) {
   if (!val) return false;
   const char *eq = strchr(val, '=');

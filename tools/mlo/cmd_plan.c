@@ -102,7 +102,6 @@ static void parse_step_times(targs *a, const char *text, plan_args *pa) {
 
 static bool parse_flag(targs *a, plan_args *pa) {
   const char *v;
-  static const char *const policy_words[] = {"strict", "budget", NULL};
   static const char *const offload_words[] = {"none", "model", NULL};
   if (targs_value(a, "--device", &v)) {
     if (v && !plan_device_find(v))
@@ -123,7 +122,7 @@ static bool parse_flag(targs *a, plan_args *pa) {
   } else if (targs_value(a, "--prompts", &v)) {
     targs_int(a, "--prompts", v, 1, 1000, &pa->prompts);
   } else if (targs_value(a, "--policy", &v)) {
-    targs_choice(a, "--policy", v, policy_words, &pa->policy);
+    targs_policy(a, "--policy", v, &pa->policy);
   } else if (targs_value(a, "--offload", &v)) {
     targs_choice(a, "--offload", v, offload_words, &pa->offload);
   } else if (targs_flag(a, "--no-prefetch")) {
@@ -192,13 +191,13 @@ static int parse(int argc, char **argv, plan_args *pa) {
     targs_error(&a, "give a preset or component files, not both");
   if (!a.failed && pa->split.have_steps && (pa->split.have_ratio || pa->split.have_shift))
     targs_error(&a, "--boundary-steps sets the split itself; drop --boundary and --flow-shift");
-  if (!a.failed && pa->no_prefetch && pa->policy != 1)
+  if (!a.failed && pa->no_prefetch && pa->policy != MLO_POLICY_BUDGET)
     targs_error(&a, "--no-prefetch needs --policy budget");
   if (!a.failed && pa->offload == 0 && pa->policy >= 0)
     targs_error(&a, "--offload none runs no policy; drop --policy");
   if (!a.failed && pa->have_budget && pa->have_reserve)
     targs_error(&a, "give --budget or --reserve, not both");
-  if (!a.failed && pa->policy == 0 && (pa->have_budget || pa->have_reserve))
+  if (!a.failed && pa->policy == MLO_POLICY_STRICT && (pa->have_budget || pa->have_reserve))
     targs_error(&a, "%s is the budget policy's; --policy strict has none",
                 pa->have_budget ? "--budget" : "--reserve");
   return a.failed ? TOOL_EXIT_USAGE : 0;

@@ -17,7 +17,7 @@ typedef struct {
   const char *platform, *trace, *timeline;
   bool have_capacity, have_link, verify, json, literal, no_prefetch, read_check;
   uint64_t capacity, link;
-  int policy; /* index into policy_words */
+  int policy; /* an mlo_policy */
   bool have_budget, have_reserve;
   uint64_t budget, reserve;
   long prompts;
@@ -32,7 +32,6 @@ typedef struct {
 
 static const char *const offload_words[] = {"none", "model", NULL};
 static const char *const sync_words[] = {"event", "device", NULL};
-static const char *const policy_words[] = {"strict", "budget", NULL};
 static const char *const ranks_words[] = {"shared", "sharded", NULL};
 
 static void help(void) {
@@ -138,7 +137,7 @@ static bool parse_flag(targs *a, run_args *r) {
   } else if (targs_value(a, "--offload", &v)) {
     targs_choice(a, "--offload", v, offload_words, &r->offload);
   } else if (targs_value(a, "--policy", &v)) {
-    targs_choice(a, "--policy", v, policy_words, &r->policy);
+    targs_policy(a, "--policy", v, &r->policy);
   } else if (targs_value(a, "--budget", &v)) {
     r->have_budget = targs_size(a, "--budget", v, &r->budget);
   } else if (targs_value(a, "--reserve", &v)) {
@@ -193,7 +192,7 @@ static int parse(int argc, char **argv, run_args *r) {
   source_finish(&a, &r->src);
   if (!a.failed && r->split.have_steps && (r->split.have_ratio || r->split.have_shift))
     targs_error(&a, "--boundary-steps sets the split itself; drop --boundary and --flow-shift");
-  bool budget = r->policy == 1;
+  bool budget = r->policy == MLO_POLICY_BUDGET;
   if (!a.failed && (r->have_budget || r->have_reserve || r->no_prefetch) && !budget)
     targs_error(&a, "%s needs --policy budget",
                 r->have_budget    ? "--budget"
@@ -218,7 +217,7 @@ static int parse(int argc, char **argv, run_args *r) {
 static int refuse_too_small(const run_args *ra, tool_session *s) {
   uint64_t need;
   const char *what;
-  if (ra->policy == 1) {
+  if (ra->policy == MLO_POLICY_BUDGET) {
     /* budget: the largest component, alone, must fit the budget and the device */
     uint64_t room = ra->have_budget ? ra->budget : s->capacity;
     if (ra->have_budget && ra->budget > s->capacity) {
@@ -256,7 +255,7 @@ static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, 
   o->settings.sync = ra->sync == 1 || ra->literal ? MLO_SYNC_DEVICE : MLO_SYNC_EVENT;
   o->settings.per_tensor_copies = ra->literal;
   o->settings.copy_back = ra->literal;
-  o->settings.policy = ra->policy == 1 ? MLO_POLICY_BUDGET : MLO_POLICY_STRICT;
+  o->settings.policy = (mlo_policy)ra->policy;
   o->settings.budget_bytes = ra->have_budget ? ra->budget : 0;
   o->settings.reserve_bytes = ra->have_reserve ? ra->reserve : 0;
   o->settings.prefetch = !ra->no_prefetch;

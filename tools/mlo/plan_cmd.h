@@ -25,7 +25,7 @@ typedef struct {
   uint64_t capacity, link;
   double tflops, mfu;
   long steps, prompts;
-  int policy, offload; /* -1: not given */
+  int policy, offload; /* -1: not given; policy an mlo_policy */
   bool no_prefetch;
   bool have_budget, have_reserve;
   uint64_t budget, reserve;

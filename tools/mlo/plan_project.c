@@ -126,8 +126,8 @@ static void fill_options(const plan_args *pa, int pol, const plan_result *pr, ru
 
 bool plan_wanted(const plan_args *pa, int pol) {
   if (pa->offload == 0) return pol == POL_RESIDENT;
-  if (pa->policy == 0) return pol == POL_STRICT;
-  if (pa->policy == 1) return pol == (pa->no_prefetch ? POL_BUDGET : POL_PREFETCH);
+  if (pa->policy == MLO_POLICY_STRICT) return pol == POL_STRICT;
+  if (pa->policy == MLO_POLICY_BUDGET) return pol == (pa->no_prefetch ? POL_BUDGET : POL_PREFETCH);
   return true;
 }
 

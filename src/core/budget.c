@@ -1,100 +1,28 @@
 /*
- * planner.c — the BUDGET residency policy (docs/planner.md): the declared
- * schedule and its cursor, next-use distances, Belady's eviction rule and
- * prefetch.
- *
- * The schedule is kept as runs (component, repeat), so a 40-step request is
- * four runs and every decision costs O(runs), not O(steps).  The cursor is
- * (run, calls done in it): the call expected next is that run's component.
+ * budget.c — the BUDGET residency policy (policy.h, docs/planner.md): keep
+ * what fits in a device budget, evict by the declared schedule's next use
+ * (Belady's rule, weighed by bytes), and prefetch what the schedule calls
+ * next on the copy queue while the current compute runs.
  *
  * Every decision is made with the pipeline lock held, and every move goes
  * through residency.c, so the ordering rules (C8: compute waits on the
  * load's event; C9: a block is freed stream-ordered after the work that
  * uses it) hold for prefetches exactly as for demand loads.  A component
- * with users (executing, or acquired) is never a victim.
+ * with users (executing, or acquired) is never a victim.  The policy's
+ * state (the budget) is behind pipe->policy_state while it is in force.
  */
 #include "base/sysio.h"
 #include "core/internal.h"
+#include "core/policy.h"
 
 #include <stdlib.h>
 
-/* ---- the schedule ------------------------------------------------------ */
+struct budget_state {
+  uint64_t budget; /* device bytes the pipeline may keep */
+};
 
-#define SCHED_MAX_CALLS ((uint64_t)1 << 32)
-
-int mlo_pipeline_set_schedule(mlo_pipeline *pipe, const mlo_schedule_entry *entries, size_t count) {
-  if (!pipe || (count && !entries)) return MLO_EINVAL;
-  struct mlo_sched_run *runs = NULL;
-  size_t nruns = 0;
-  uint64_t calls = 0;
-  for (size_t i = 0; i < count; i++) {
-    if (!entries[i].comp || entries[i].comp->pipe != pipe)
-      return mlo_fail(pipe, MLO_EINVAL, "schedule entry %zu: %s", i,
-                      entries[i].comp ? "a component of another pipeline" : "no component");
-    calls += entries[i].repeat ? entries[i].repeat : 1;
-    if (calls > SCHED_MAX_CALLS)
-      return mlo_fail(pipe, MLO_EINVAL, "schedule: more than 2^32 calls in one request");
-  }
-  if (count && !(runs = mlo_calloc(count, sizeof *runs)))
-    return mlo_fail(pipe, MLO_ENOMEM, "out of host memory for the schedule");
-  for (size_t i = 0; i < count; i++) { /* consecutive calls of one component: one run */
-    uint64_t n = entries[i].repeat ? entries[i].repeat : 1;
-    if (nruns && runs[nruns - 1].comp == entries[i].comp)
-      runs[nruns - 1].repeat += n;
-    else
-      runs[nruns++] = (struct mlo_sched_run){entries[i].comp, n};
-  }
-  /* A request that ends with the component it starts with is one run
-   * across the wrap; the cursor's arithmetic does not need it merged. */
-  MLO_LOCK_OR(&pipe->lock, (free(runs), mlo_reentered(pipe)));
-  free(pipe->sched);
-  pipe->sched = runs;
-  pipe->nsched = nruns;
-  pipe->cur_run = 0;
-  pipe->cur_done = 0;
-  pthread_mutex_unlock(&pipe->lock);
-  return MLO_OK;
-}
-
-void mlo_plan_free(mlo_pipeline *pipe) {
-  free(pipe->sched);
-  pipe->sched = NULL;
-  pipe->nsched = 0;
-}
-
-uint64_t mlo_plan_next_use(const mlo_pipeline *pipe, const mlo_component *c) {
-  uint64_t d = 0;
-  for (size_t k = 0; k < pipe->nsched; k++) {
-    const struct mlo_sched_run *r = &pipe->sched[(pipe->cur_run + k) % pipe->nsched];
-    if (r->comp == c) return d;
-    d += k ? r->repeat : r->repeat - pipe->cur_done;
-  }
-  return UINT64_MAX;
-}
-
-static void step_cursor(mlo_pipeline *pipe) {
-  if (++pipe->cur_done < pipe->sched[pipe->cur_run].repeat) return;
-  pipe->cur_run = (pipe->cur_run + 1) % pipe->nsched;
-  pipe->cur_done = 0;
-}
-
-void mlo_plan_advance(mlo_pipeline *pipe, mlo_component *c) {
-  c->last_use = ++pipe->tick;
-  if (!pipe->nsched) return;
-  if (pipe->sched[pipe->cur_run].comp == c) {
-    step_cursor(pipe);
-    return;
-  }
-  /* Off the schedule: resynchronize at the next run of c, counting this
-   * call as its first; a component the schedule never calls moves nothing. */
-  for (size_t k = 1; k < pipe->nsched; k++) {
-    size_t r = (pipe->cur_run + k) % pipe->nsched;
-    if (pipe->sched[r].comp != c) continue;
-    pipe->cur_run = r;
-    pipe->cur_done = 0;
-    step_cursor(pipe);
-    return;
-  }
+static struct budget_state *B(const mlo_pipeline *pipe) {
+  return pipe->policy_state;
 }
 
 /* ---- eviction by next use ---------------------------------------------- */
@@ -126,7 +54,7 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
     if (o == keep || o->users || !mlo_res_is_resident(o) || !o->block_bytes) continue;
-    uint64_t next = mlo_plan_next_use(pipe, o);
+    uint64_t next = mlo_sched_next_use(pipe, o);
     if (limited && next <= after) continue;
     if (better_victim(o, next, best, best_next, short_by)) {
       best = o;
@@ -139,21 +67,21 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
 /* Bytes missing for `need` more within the budget (0 if it fits). */
 static uint64_t short_by(const mlo_pipeline *pipe, uint64_t need) {
   uint64_t want = pipe->device_bytes + need;
-  return want > pipe->budget ? want - pipe->budget : 0;
+  return want > B(pipe)->budget ? want - B(pipe)->budget : 0;
 }
 
-bool mlo_plan_evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
+static bool evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
   mlo_component *v = pick_victim(pipe, keep, false, 0, UINT64_MAX);
   return v && mlo_res_evict(v) == MLO_OK;
 }
 
-int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
+static int make_room(mlo_pipeline *pipe, mlo_component *c) {
   uint64_t need = c->block_bytes;
   char a[32], b[32];
-  if (need > pipe->budget)
+  if (need > B(pipe)->budget)
     return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) does not fit in the budget of %s", c->name,
-                    mlo_format_size(need, a, sizeof a), mlo_format_size(pipe->budget, b, sizeof b));
-  while (pipe->device_bytes + need > pipe->budget) {
+                    mlo_format_size(need, a, sizeof a), mlo_format_size(B(pipe)->budget, b, sizeof b));
+  while (pipe->device_bytes + need > B(pipe)->budget) {
     mlo_component *v = pick_victim(pipe, c, false, 0, short_by(pipe, need));
     if (v) {
       int rc = mlo_res_evict(v);
@@ -174,11 +102,11 @@ int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
         held = o;
       }
     }
-    if (held && mine + need > pipe->budget)
+    if (held && mine + need > B(pipe)->budget)
       return mlo_fail(pipe, MLO_EDEADLK,
                       "'%s' (%s) needs room in the budget of %s that this thread holds ('%s')",
                       c->name, mlo_format_size(need, a, sizeof a),
-                      mlo_format_size(pipe->budget, b, sizeof b), held->name);
+                      mlo_format_size(B(pipe)->budget, b, sizeof b), held->name);
     if (held)
       return mlo_fail(pipe, MLO_EDEADLK,
                       "'%s' needs room in the budget that other threads hold, and this thread "
@@ -189,13 +117,13 @@ int mlo_plan_make_room(mlo_pipeline *pipe, mlo_component *c) {
   return MLO_OK;
 }
 
-int mlo_plan_fit(mlo_pipeline *pipe) {
-  while (pipe->device_bytes > pipe->budget) {
-    mlo_component *v = pick_victim(pipe, NULL, false, 0, pipe->device_bytes - pipe->budget);
+static int fit(mlo_pipeline *pipe) {
+  while (pipe->device_bytes > B(pipe)->budget) {
+    mlo_component *v = pick_victim(pipe, NULL, false, 0, pipe->device_bytes - B(pipe)->budget);
     if (!v)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
                       "the components in use hold more than the budget of %s",
-                      mlo_format_size(pipe->budget, (char[32]){0}, 32));
+                      mlo_format_size(B(pipe)->budget, (char[32]){0}, 32));
     int rc = mlo_res_evict(v);
     if (rc) return rc;
   }
@@ -204,7 +132,7 @@ int mlo_plan_fit(mlo_pipeline *pipe) {
 
 /* ---- prefetch ---------------------------------------------------------- */
 
-void mlo_plan_prefetch(mlo_pipeline *pipe) {
+static void prefetch(mlo_pipeline *pipe) {
   if (!pipe->settings.prefetch || !pipe->nsched) return;
   uint64_t d = 0;
   for (size_t k = 0; k < pipe->nsched; k++) {
@@ -213,12 +141,12 @@ void mlo_plan_prefetch(mlo_pipeline *pipe) {
     d += run;
     mlo_component *t = r->comp;
     if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
-    if (!t->materialized || t->block_bytes > pipe->budget) return;
+    if (!t->materialized || t->block_bytes > B(pipe)->budget) return;
     /* Only what is needed after t's run and at least one call more: a
      * component displaced now and called right after t would have to come
      * back with nothing to hide its copy under — the stall moves from t to
      * it, and the bytes double (an encoder prefetched over the first DiT). */
-    while (pipe->device_bytes + t->block_bytes > pipe->budget) {
+    while (pipe->device_bytes + t->block_bytes > B(pipe)->budget) {
       mlo_component *v = pick_victim(pipe, t, true, here + run, short_by(pipe, t->block_bytes));
       if (!v || mlo_res_evict(v) != MLO_OK) return; /* the rest must wait for their turn */
     }
@@ -236,7 +164,7 @@ void mlo_plan_prefetch(mlo_pipeline *pipe) {
 
 /* ---- the budget -------------------------------------------------------- */
 
-int mlo_plan_budget(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
+static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
   mlo_platform_memory mem = {0};
   int rc = mlo_platform_get_memory(pipe->platform, &mem);
   if (rc) return mlo_fail(pipe, rc, "budget: cannot read the device's memory");
@@ -269,3 +197,99 @@ int mlo_plan_budget(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t 
   *budget = got;
   return MLO_OK;
 }
+
+/* ---- the policy's slots ------------------------------------------------ */
+
+/* Makes room for c by next use and loads it, waiting while the room is
+ * held by components executing on other threads. */
+static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
+  for (;;) {
+    /* a wait below dropped the lock: offload may be off, or another policy */
+    if (pipe->policy != &mlo_policy_budget_ops) return MLO_POLICY_CHANGED;
+    if (mlo_must_wait_reconfig(pipe)) {
+      if (try_only)
+        return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured", c->name);
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      continue;
+    }
+    if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
+    int rc = make_room(pipe, c);
+    if (rc == MLO_EBUSY) {
+      if (try_only)
+        return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: its room in the budget is in use",
+                        c->name);
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      continue;
+    }
+    if (!rc) rc = mlo_res_load(c);
+    /* The device ran out below the budget (someone else's allocations):
+     * give up one more idle component and try again. */
+    if (rc == MLO_ENOMEM_DEVICE && evict_one(pipe, c)) continue;
+    return rc;
+  }
+}
+
+/* Roles do not decide residency, the budget and the schedule do.  What is
+ * resident already stays within the budget; with a schedule and prefetch
+ * on, the first components the schedule calls start loading. */
+static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  struct budget_state *st = mlo_calloc(1, sizeof *st);
+  if (!st) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
+  int rc = budget_for(pipe, s, &st->budget);
+  if (rc) {
+    free(st);
+    return rc;
+  }
+  pipe->policy_state = st;
+  rc = fit(pipe);
+  if (rc) {
+    pipe->policy_state = NULL;
+    free(st);
+    return rc;
+  }
+  prefetch(pipe);
+  return MLO_OK;
+}
+
+static void budget_disable(mlo_pipeline *pipe) {
+  free(pipe->policy_state);
+  pipe->policy_state = NULL;
+}
+
+/* c is held now: never a victim, and the schedule has moved past it. */
+static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
+  (void)c;
+  prefetch(pipe);
+}
+
+/* c may be displaceable now. */
+static void budget_released(mlo_pipeline *pipe, mlo_component *c) {
+  (void)c;
+  prefetch(pipe);
+}
+
+static int budget_audit(mlo_pipeline *pipe) {
+  if (pipe->device_bytes > B(pipe)->budget)
+    return mlo_fail(pipe, MLO_ESTATE, "audit: %llu device bytes resident, over the budget of %llu",
+                    (unsigned long long)pipe->device_bytes,
+                    (unsigned long long)B(pipe)->budget);
+  return MLO_OK;
+}
+
+static uint64_t budget_bytes(const mlo_pipeline *pipe) {
+  return B(pipe)->budget;
+}
+
+const struct mlo_policy_ops mlo_policy_budget_ops = {
+    .id = MLO_POLICY_BUDGET,
+    .name = "budget",
+    .check = NULL, /* any pipeline: roles do not matter to it */
+    .enable = budget_enable,
+    .disable = budget_disable,
+    .excludes = NULL, /* the budget decides, not roles */
+    .admit = budget_admit,
+    .acquired = budget_acquired,
+    .released = budget_released,
+    .audit = budget_audit,
+    .budget = budget_bytes,
+};
