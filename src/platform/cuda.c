@@ -21,10 +21,9 @@
  */
 #include "base/sysio.h"
 #include "base/log.h"
-#include "platform/platform.h"
+#include "platform/cuda_internal.h"
 #include "platform/module.h"
 
-#include <cuda_runtime_api.h>
 #include <errno.h>
 #ifdef MLO_HAVE_NCCL
 #include <nccl.h>
@@ -33,41 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Copies are cut into pieces this large: big enough for full link speed,
- * small enough that a pageable source is staged in bounded chunks. */
-#define DEFAULT_CHUNK ((uint64_t)64 << 20)
-
-struct cuda_options {
-  unsigned long index;
-  int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
-  uint64_t chunk;    /* bytes per cudaMemcpyAsync */
-  uint64_t capacity; /* 0: the whole device */
-  uintptr_t stream;  /* stream=: the caller's compute stream (not ours to destroy); 0: ours */
-};
-
-struct cuda_ctx {
-  int device;
-  /* COPY: loads; READBACK: write-backs (so an evicted component's
-   * write-back, which waits for its compute, never holds up the next load);
-   * COMPUTE: the user's queue; RELEASE: frees. */
-  cudaStream_t copy, readback, compute, release;
-  bool compute_external; /* compute is the caller's stream (stream=): never destroyed */
-  cudaEvent_t copy_tail, readback_tail, compute_tail; /* free ordering; guarded by lock */
-  cudaMemPool_t pool;                                 /* NULL: no pool support, plain cudaMalloc */
-  size_t chunk;
-  bool pinned, host_register;
-  pthread_mutex_t lock;
-  bool warned_pageable;
-  uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
-  uint64_t used;     /* bytes of live blocks; guarded by lock */
-  /* A sticky error (an illegal address, a kernel fault) poisons the context
-   * for good: every later call fails the same way.  The first one is kept
-   * and every entry point answers MLO_EPLATFORM with it, without calling
-   * the runtime again.  Guarded by lock. */
-  bool sticky;
-  char sticky_msg[256];
-};
 
 /* Errors after which the context is unusable (CUDA runtime API, "sticky"
  * errors: the process must exit to recover). */
@@ -668,168 +632,10 @@ static const struct mlo_platform_ops cuda_ops = {
 #endif
 };
 
-/* ---- the spec ----------------------------------------------------------- */
-
-static int cu_option(const char *key, const char *value, void *user, char *err, size_t errlen) {
-  struct cuda_options *o = user;
-  if (!strcmp(key, "pinned")) {
-    if (strcmp(value, "0") && strcmp(value, "1")) {
-      snprintf(err, errlen, "cuda platform option pinned=%s: expected 0 or 1", value);
-      return MLO_EINVAL;
-    }
-    o->pinned = value[0] == '1';
-    return MLO_OK;
-  }
-  if (!strcmp(key, "chunk")) {
-    if (mlo_parse_size(value, false, &o->chunk) || o->chunk < 4096 ||
-        o->chunk > ((uint64_t)1 << 40)) {
-      snprintf(err, errlen, "cuda platform option chunk=%s: expected a size from 4K to 1T", value);
-      return MLO_EINVAL;
-    }
-    return MLO_OK;
-  }
-  if (!strcmp(key, "capacity")) {
-    if (mlo_parse_size(value, false, &o->capacity)) {
-      snprintf(err, errlen, "cuda platform option capacity=%s: expected a size such as 24G", value);
-      return MLO_EINVAL;
-    }
-    return MLO_OK;
-  }
-  if (!strcmp(key, "stream")) {
-    /* A framework's stream (torch.cuda.current_stream().cuda_stream), so
-     * compute waits for loads on the stream the framework launches on. */
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(value, &end, 0);
-    if (!value[0] || *end || errno || !v) {
-      snprintf(err, errlen,
-               "cuda platform option stream=%s: expected a cudaStream_t handle such as 0x5555",
-               value);
-      return MLO_EINVAL;
-    }
-    o->stream = (uintptr_t)v;
-    return MLO_OK;
-  }
-  snprintf(err, errlen,
-           "unknown cuda platform option %s=%s (known: pinned, chunk, capacity, stream)", key,
-           value);
-  return MLO_EINVAL;
-}
-
-/* "" | "N" | "N:opts" | "opts".
- * Parsed before any CUDA call, so a bad spec is MLO_EINVAL even without a GPU. */
-static int parse_spec(const char *args, struct cuda_options *o, char *err, size_t errlen) {
-  return mlo_spec_parse_indexed("cuda", args, 1024, &o->index, cu_option, o, err, errlen);
-}
-
-static int find_device(unsigned long index, char *err, size_t errlen) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    snprintf(err, errlen, "no CUDA device visible (cudaGetDeviceCount: %s)",
-             e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    return MLO_ENODEV;
-  }
-  if (index >= (unsigned long)count) {
-    snprintf(err, errlen, "CUDA device %lu not present (%d visible)", index, count);
-    return MLO_ENODEV;
-  }
-  return MLO_OK;
-}
-
-/* Our own pool, so that its reserve is ours to report and reuse.  Capped
- * (capacity=), the pool may not grow past the cap (maxSize) and keeps up to
- * it in reserve; uncapped, the release threshold is 0, so memory freed by
- * evictions goes back to the driver at synchronize points and can serve the
- * user's own allocations and other processes (docs/platforms.md). */
-static cudaError_t create_pool(struct cuda_ctx *c) {
-  int supported = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, c->device);
-  if (e != cudaSuccess || !supported) {
-    (void)cudaGetLastError();
-    mlo_logf(MLO_LOG_WARN, "cuda: no stream-ordered allocator on device %d: frees will synchronize",
-             c->device);
-    return cudaSuccess;
-  }
-  struct cudaMemPoolProps props;
-  memset(&props, 0, sizeof props);
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = c->device;
-  bool capped = c->capacity != 0;
-  if (capped) props.maxSize = (size_t)c->capacity;
-  e = cudaMemPoolCreate(&c->pool, &props);
-  uint64_t threshold = capped ? c->capacity : 0;
-  int on = 1;
-  if (e == cudaSuccess)
-    e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &threshold);
-  if (e == cudaSuccess)
-    e = cudaMemPoolSetAttribute(c->pool, cudaMemPoolReuseAllowInternalDependencies, &on);
-  return e;
-}
-
-static int create_streams(struct cuda_ctx *c, char *err, size_t errlen) {
-  int prev = -1;
-  cudaError_t e = cudaGetDevice(&prev);
-  const char *what = "cudaGetDevice";
-  if (e == cudaSuccess) {
-    what = "cudaSetDevice";
-    e = cudaSetDevice(c->device);
-  }
-  cudaStream_t *streams[] = {&c->copy, &c->readback, &c->compute, &c->release};
-  for (int i = 0; i < 4 && e == cudaSuccess; i++) {
-    if (streams[i] == &c->compute && c->compute_external) continue; /* the caller's */
-    what = "cudaStreamCreateWithFlags";
-    e = cudaStreamCreateWithFlags(streams[i], cudaStreamNonBlocking);
-  }
-  cudaEvent_t *tails[] = {&c->copy_tail, &c->readback_tail, &c->compute_tail};
-  for (int i = 0; i < 3 && e == cudaSuccess; i++)
-    e = cudaEventCreateWithFlags(tails[i], cudaEventDisableTiming);
-  if (e == cudaSuccess) {
-    what = "creating the memory pool";
-    e = create_pool(c);
-  }
-  int rc = MLO_OK;
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    snprintf(err, errlen, "cuda platform: %s failed: %s", what, cudaGetErrorString(e));
-    rc = e == cudaErrorMemoryAllocation ? MLO_ENOMEM_DEVICE : MLO_EPLATFORM;
-  }
-  if (prev >= 0 && prev != c->device) cudaSetDevice(prev); /* the caller's, back */
-  return rc;
-}
-
-static void describe(struct cuda_ctx *c, mlo_platform *p) {
-  struct cudaDeviceProp prop;
-  memset(&prop, 0, sizeof prop);
-  if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    snprintf(prop.name, sizeof prop.name, "?");
-  }
-  int reg = 0;
-  if (cudaDeviceGetAttribute(&reg, cudaDevAttrHostRegisterSupported, c->device) != cudaSuccess)
-    (void)cudaGetLastError();
-  c->host_register = reg != 0;
-  /* capacity=: never more than the device has; unknown size: no cap. */
-  uint64_t total = prop.totalGlobalMem ? (uint64_t)prop.totalGlobalMem : UINT64_MAX;
-  bool capped = c->capacity && c->capacity < total;
-  c->capacity = capped ? c->capacity : total;
-  char mem[32], cap[48] = "";
-  mlo_format_size(prop.totalGlobalMem, mem, sizeof mem);
-  if (capped) {
-    char size[32];
-    snprintf(cap, sizeof cap, ", capacity %s", mlo_format_size(c->capacity, size, sizeof size));
-  }
-  snprintf(p->description, sizeof p->description, "CUDA device %d: %.80s (%s, cc %d.%d)%s%s",
-           c->device, prop.name, mem, prop.major, prop.minor, cap,
-           c->pinned ? "" : ", pageable host memory");
-}
-
 static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
   struct cuda_options opt = {.index = 0, .pinned = -1, .chunk = DEFAULT_CHUNK};
-  int rc = parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
-  if (!rc) rc = find_device(opt.index, err, errlen);
+  int rc = cu_parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
+  if (!rc) rc = cu_find_device(opt.index, err, errlen);
   if (rc) return rc;
   struct cuda_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
@@ -841,12 +647,12 @@ static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char
   c->compute_external = opt.stream != 0;
   /* The environment is a kill switch: it wins over pinned=1. */
   c->pinned = opt.pinned != 0 && !mlo_env_flag("MLO_NO_PINNED");
-  rc = create_streams(c, err, errlen);
+  rc = cu_create_streams(c, err, errlen);
   if (rc) {
     cu_destroy(c);
     return rc;
   }
-  describe(c, p);
+  cu_describe(c, p);
   p->ops = &cuda_ops;
   p->ctx = c;
   return MLO_OK;

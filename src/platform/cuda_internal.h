@@ -1,0 +1,57 @@
+/*
+ * cuda_internal.h — what the two files of the CUDA platform share (cuda.c:
+ * memory, copies, events, the ops table; cuda_open.c: the spec, the device,
+ * its memory pool and streams).
+ */
+#ifndef MLO_PLATFORM_CUDA_INTERNAL_H
+#define MLO_PLATFORM_CUDA_INTERNAL_H
+
+#include "platform/platform.h"
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Copies are cut into pieces this large: big enough for full link speed,
+ * small enough that a pageable source is staged in bounded chunks. */
+#define DEFAULT_CHUNK ((uint64_t)64 << 20)
+
+struct cuda_options {
+  unsigned long index;
+  int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
+  uint64_t chunk;    /* bytes per cudaMemcpyAsync */
+  uint64_t capacity; /* 0: the whole device */
+  uintptr_t stream;  /* stream=: the caller's compute stream (not ours to destroy); 0: ours */
+};
+
+struct cuda_ctx {
+  int device;
+  /* COPY: loads; READBACK: write-backs (so an evicted component's
+   * write-back, which waits for its compute, never holds up the next load);
+   * COMPUTE: the user's queue; RELEASE: frees. */
+  cudaStream_t copy, readback, compute, release;
+  bool compute_external; /* compute is the caller's stream (stream=): never destroyed */
+  cudaEvent_t copy_tail, readback_tail, compute_tail; /* free ordering; guarded by lock */
+  cudaMemPool_t pool;                                 /* NULL: no pool support, plain cudaMalloc */
+  size_t chunk;
+  bool pinned, host_register;
+  pthread_mutex_t lock;
+  bool warned_pageable;
+  uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
+  uint64_t used;     /* bytes of live blocks; guarded by lock */
+  /* A sticky error (an illegal address, a kernel fault) poisons the context
+   * for good: every later call fails the same way.  The first one is kept
+   * and every entry point answers MLO_EPLATFORM with it, without calling
+   * the runtime again.  Guarded by lock. */
+  bool sticky;
+  char sticky_msg[256];
+};
+
+/* Opening a device (cuda_open.c). */
+int cu_parse_spec(const char *args, struct cuda_options *o, char *err, size_t errlen);
+int cu_find_device(unsigned long index, char *err, size_t errlen);
+int cu_create_streams(struct cuda_ctx *c, char *err, size_t errlen);
+void cu_describe(struct cuda_ctx *c, mlo_platform *p);
+
+#endif
