@@ -875,6 +875,27 @@ class PlanTests(Fixture):
                 out.append(0)
         return out
 
+    def test_refuses_what_the_clock_cannot_hold(self):
+        """Flags the simulated clock (64-bit nanoseconds) cannot hold are
+        refused naming the bound, never projected wrong (a 1e5 s DiT step for
+        100000 steps wrapped it into a negative overhead)."""
+        cases = [
+            (["--step-time", "dit=1e5", "--steps", "100000"], "beyond the 1e+09 s"),
+            (["--width", "16384", "--height", "16384", "--frames", "10000"], "per forward"),
+            (["--step-time", "dit="], "--step-time: expected NAME=SECONDS"),
+            (["--prompts", "1"], "--prompts: expected a whole number from 2"),
+        ]
+        for flags, words in cases:
+            rc, out, err = mlo("plan", "flux", "--device", "h100-sxm", *flags)
+            self.assertEqual(rc, 2, (flags, err))
+            self.assertIn(words, err, flags)
+        # just inside: every figure consistent, no overhead below zero
+        res = plan_json("flux", "--device", "h100-sxm", "--step-time", "dit=1e5", "--steps", "1000")
+        for p in res["policies"]:
+            if p["fits"]:
+                self.assertGreaterEqual(p["overhead"], 0, p)
+                self.assertGreaterEqual(p["total_wall_s"], p["wall_s"], p)
+
     def test_presets_on_cards(self):
         for preset in PLAN_PRESETS:
             for card in PLAN_CARDS:

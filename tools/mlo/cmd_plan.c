@@ -32,7 +32,9 @@ static void help(void) {
          "  --device-memory SIZE  device memory (overrides the card's)\n"
          "  --link BYTES_PER_S    pinned host-to-device bandwidth, e.g. 25e9 (overrides)\n"
          "  --steps N             denoising steps (default: the pipeline's diffusers default)\n"
-         "  --prompts N           generations per projected run (default 3)\n"
+         "  --prompts N           generations per projected run (default 3, at least 2:\n"
+         "                        the first is the cold one); a run that could last\n"
+         "                        over 1e9 s on the simulated clock is refused\n"
          "  --policy P            only strict, or only budget (default: every policy)\n"
          "  --no-prefetch         with --policy budget: on-demand loads only\n"
          "  --offload none        only the all-resident row\n"
@@ -81,7 +83,8 @@ static void parse_step_times(targs *a, const char *text, plan_args *pa) {
     char *end = NULL;
     double s = eq ? strtod(eq + 1, &end) : -1;
     bool ms = end && end + 2 == p + len && !strncmp(end, "ms", 2);
-    bool unit_ok = end && (end == p + len || (end + 1 == p + len && *end == 's') || ms);
+    bool unit_ok = end && end > eq + 1 && /* a number, not "dit=" */
+                   (end == p + len || (end + 1 == p + len && *end == 's') || ms);
     size_t klen = eq ? (size_t)(eq - p) : 0;
     if (!eq || !klen || klen >= sizeof pa->times[0].key || !unit_ok || !(s >= 0) || !isfinite(s) ||
         s > 1e6) {
@@ -120,7 +123,8 @@ static bool parse_flag(targs *a, plan_args *pa) {
   } else if (targs_value(a, "--steps", &v)) {
     targs_int(a, "--steps", v, 1, 100000, &pa->steps);
   } else if (targs_value(a, "--prompts", &v)) {
-    targs_int(a, "--prompts", v, 1, 1000, &pa->prompts);
+    /* the first prompt is the cold one: the steady state needs a second */
+    targs_int(a, "--prompts", v, 2, 1000, &pa->prompts);
   } else if (targs_value(a, "--policy", &v)) {
     targs_policy(a, "--policy", v, &pa->policy);
   } else if (targs_value(a, "--offload", &v)) {

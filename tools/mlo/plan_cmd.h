@@ -71,6 +71,11 @@ typedef struct {
   int advice; /* -1: nothing fits */
 } plan_result;
 
+/* The longest projected run mlo plan accepts, in seconds (about 32 years):
+ * the simulated clock counts nanoseconds in 64 bits (584 years), so a run
+ * within this bound, every load included, can never wrap it. */
+#define PLAN_MAX_RUN_S 1e9
+
 /* One card: the pipeline opened on its simulated device, every policy run
  * (plan_project.c).  *pr is the caller's to free (plan_free_result). */
 int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr, plan_job *job,

@@ -240,6 +240,13 @@ static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, co
       secs = cost.flops / (tf * 1e12 * pa->mfu);
       cp->source = "model";
     }
+    if (!(secs <= PLAN_MAX_RUN_S)) {
+      tool_failf("plan",
+                 "%s: %.3g s per forward (%s) is beyond the %.0e s the simulated clock holds: "
+                 "a smaller job (--width, --height, --frames) or --step-time",
+                 cp->name, secs, cp->source, PLAN_MAX_RUN_S);
+      return TOOL_EXIT_USAGE;
+    }
     uint64_t ns = (uint64_t)llround(secs * 1e9); /* the clock's unit: compute_s sums these */
     cp->forward_s = (double)ns / 1e9;
     mlo_workload_set_model_time(s->workload, c, ns);
@@ -317,6 +324,20 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
         if (mlo_pipeline_component_at(s.pipe, k) == calls[i].comp)
           pr->compute_s += pr->comps[k].forward_s;
     free(calls);
+  }
+  /* The whole projected run on the simulated clock (nanoseconds in 64
+   * bits): every forward, and at worst a load of the largest component
+   * before each.  Refused where it could wrap, not projected wrong. */
+  double worst = (double)pa->prompts *
+                 (pr->compute_s + (double)pr->calls * (double)pr->largest / pr->dev.link);
+  if (!(worst <= PLAN_MAX_RUN_S)) {
+    tool_failf("plan",
+               "the projected run could last %.3g s (%ld prompts x %zu forwards, each up to its "
+               "load over the link), beyond the %.0e s the simulated clock holds: lower --steps, "
+               "--prompts or --step-time, or the job's --width/--height/--frames",
+               worst, pa->prompts, pr->calls, PLAN_MAX_RUN_S);
+    code = TOOL_EXIT_USAGE;
+    goto out;
   }
   for (int p = 0; p < POL_COUNT; p++) {
     if (!plan_wanted(pa, p)) continue;
