@@ -21,6 +21,11 @@ void mlo_logf(mlo_log_level level, const char *fmt, ...) MLO_PRINTF(2, 3);
  * and returns status: the one way the file layers report failures. */
 int mlo_errf(char *err, size_t errlen, int status, const char *fmt, ...) MLO_PRINTF(4, 5);
 
+/* s as a terminal may be shown it (as ls and git show names): C0 controls
+ * and DEL as \xNN, C1 controls as \u00NN, bytes that are not UTF-8 as
+ * \xNN, the rest as it is; cut with "..." to fit len.  Returns buf. */
+char *mlo_escape(const char *s, char *buf, size_t len);
+
 /* True if a message at this level would be emitted (skip costly formatting). */
 bool mlo_log_enabled(mlo_log_level level);
 

@@ -110,9 +110,56 @@ void mlo_logf(mlo_log_level level, const char *fmt, ...) {
     in_callback++;
     fn(level, msg, user);
     in_callback--;
-  } else {
-    fprintf(stderr, "mlo: %s: %s\n", tags[level], msg);
+  } else { /* a terminal: names read from files may carry escapes */
+    char safe[4096];
+    fprintf(stderr, "mlo: %s: %s\n", tags[level], mlo_escape(msg, safe, sizeof safe));
   }
+}
+
+/* The length of the UTF-8 sequence at s (1..4), 0 if it is not one, and
+ * *c1 whether it is a C1 control (U+0080..U+009F), which terminals obey. */
+static size_t utf8_seq(const unsigned char *s, bool *c1) {
+  *c1 = false;
+  size_t n = s[0] < 0xC2 ? 0 : s[0] < 0xE0 ? 2 : s[0] < 0xF0 ? 3 : s[0] < 0xF5 ? 4 : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xC0) != 0x80) return 0;
+  *c1 = n == 2 && s[0] == 0xC2 && s[1] < 0xA0;
+  return n;
+}
+
+char *mlo_escape(const char *s, char *buf, size_t len) {
+  if (!buf || !len) return buf;
+  size_t o = 0;
+  const unsigned char *p = (const unsigned char *)(s ? s : "");
+  while (*p) {
+    char piece[8];
+    size_t take = 1;
+    bool c1 = false;
+    if (*p < 0x20 || *p == 0x7F) {
+      snprintf(piece, sizeof piece, "\\x%02x", *p);
+    } else if (*p < 0x80) {
+      piece[0] = (char)*p, piece[1] = '\0';
+    } else if ((take = utf8_seq(p, &c1)) == 0) {
+      take = 1; /* not UTF-8: the byte, shown */
+      snprintf(piece, sizeof piece, "\\x%02x", *p);
+    } else if (c1) {
+      snprintf(piece, sizeof piece, "\\u%04x", (unsigned)(p[1] & 0x3F) | 0x80u);
+    } else {
+      memcpy(piece, p, take);
+      piece[take] = '\0';
+    }
+    size_t n = strlen(piece);
+    if (o + n + 1 > len) { /* cut: say so where there is room */
+      if (len >= 4) memcpy(buf + (o + 4 <= len ? o : len - 4), "...", 4);
+      else buf[o < len ? o : len - 1] = '\0';
+      return buf;
+    }
+    memcpy(buf + o, piece, n);
+    o += n;
+    p += take;
+  }
+  buf[o] = '\0';
+  return buf;
 }
 
 int mlo_errf(char *err, size_t errlen, int status, const char *fmt, ...) {

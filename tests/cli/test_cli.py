@@ -779,6 +779,56 @@ class InspectTests(Fixture):
         line = [l for l in out.splitlines() if l.strip().startswith("vae")][0]
         self.assertIn("other", line)
 
+    def hostile_files(self):
+        """A safetensors file and a GGUF file whose tensor names and metadata
+        carry terminal escapes (a screen clear, a title set, a colour)."""
+        import struct
+        d = tempfile.mkdtemp(dir=self.tmp)
+        header = json.dumps({"a\x1b[2Jb": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                             "__metadata__": {"k\x1b]0;pwned\x07": "v\x1b[31mred"}}).encode()
+        st = os.path.join(d, "hostile.safetensors")
+        with open(st, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+
+        def gstr(text):
+            b = text.encode()
+            return struct.pack("<Q", len(b)) + b
+        kvs = [("general.architecture", "flux"), ("x\x1b[2J", "y\x1b]0;title\x07")]
+        body = b"GGUF" + struct.pack("<IQQ", 3, 1, len(kvs))
+        for k, v in kvs:
+            body += gstr(k) + struct.pack("<I", 8) + gstr(v)  # 8: a string
+        body += gstr("blk.0.\x1b[2Jw") + struct.pack("<IQIQ", 1, 4, 0, 0)  # F32 [4] at 0
+        body += b"\0" * (-len(body) % 32) + b"\0" * 16
+        gg = os.path.join(d, "hostile.gguf")
+        with open(gg, "wb") as f:
+            f.write(body)
+        return st, gg
+
+    def test_names_from_files_are_escaped(self):
+        """Names and metadata read from files reach the terminal escaped, as
+        ls and git print them: no escape sequence from a file is obeyed."""
+        for path in self.hostile_files():
+            rc, out, err = mlo("inspect", path, "--tensors")
+            self.assertEqual(rc, 0, err)
+            self.assertNotIn("\x1b", out + err, path)
+            self.assertNotIn("\x07", out + err, path)
+            self.assertIn("\\x1b[2J", out, path)  # shown, as text
+            # JSON is a string format of its own: exact names, escaped by JSON
+            rc, out, err = mlo("inspect", path, "--tensors", "--json")
+            self.assertEqual(rc, 0, err)
+            names = [t["name"] for c in json.loads(out)["components"] for t in c["tensor_list"]]
+            self.assertTrue(any("\x1b[2J" in n for n in names), names)
+
+    def test_control_characters_in_component_names_are_refused(self):
+        st, _ = self.hostile_files()
+        bad = os.path.join(os.path.dirname(st), "a\x7fb.safetensors")
+        shutil.copy(st, bad)
+        rc, out, err = mlo("inspect", bad)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("control character (byte 0x7f", err)
+        self.assertIn("a\\x7fb", err)
+        self.assertNotIn("\x7f", out + err)
+
     def test_help(self):
         for cmd in ("demo", "synth", "inspect", "run", "bench"):
             rc, out, _ = mlo(cmd, "--help")

@@ -6,6 +6,8 @@
  */
 #include "testutil.h"
 
+#include "base/log.h"
+
 #include <string.h>
 
 static void test_null_is_noop(void **state) {
@@ -163,11 +165,29 @@ static void test_format_size(void **state) {
   assert_true(strlen(small) < sizeof small);
 }
 
+/* Names from files as a terminal may see them (base/log.h). */
+static void test_escape(void **state) {
+  (void)state;
+  char b[64];
+  assert_string_equal(mlo_escape("plain_name.weight", b, sizeof b), "plain_name.weight");
+  assert_string_equal(mlo_escape("a\x1b[2Jb\x07", b, sizeof b), "a\\x1b[2Jb\\x07");
+  assert_string_equal(mlo_escape("del\x7f", b, sizeof b), "del\\x7f");
+  /* UTF-8 as it is; a C1 control (U+009B, CSI) and stray bytes escaped */
+  assert_string_equal(mlo_escape("caf\xc3\xa9 \xe2\x86\x92", b, sizeof b), "caf\xc3\xa9 \xe2\x86\x92");
+  assert_string_equal(mlo_escape("x\xc2\x9by", b, sizeof b), "x\\u009by");
+  assert_string_equal(mlo_escape("\xff\xc3", b, sizeof b), "\\xff\\xc3");
+  /* cut to fit, and saying so */
+  char small[8];
+  assert_string_equal(mlo_escape("abcdefghij", small, sizeof small), "abcd...");
+  assert_string_equal(mlo_escape("\x1b\x1b\x1b", small, sizeof small), "\\x1b...");
+  assert_string_equal(mlo_escape(NULL, b, sizeof b), "");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_null_is_noop), cmocka_unit_test(test_status_codes),
       cmocka_unit_test(test_name_tables),  cmocka_unit_test(test_parse_size),
-      cmocka_unit_test(test_format_size),
+      cmocka_unit_test(test_format_size), cmocka_unit_test(test_escape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

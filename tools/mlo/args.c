@@ -6,6 +6,8 @@
  */
 #include "tool.h"
 
+#include "base/log.h"
+
 #include <cjson/cJSON.h>
 
 #include <errno.h>
@@ -22,7 +24,7 @@ void tool_err(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(tool_last_error, sizeof tool_last_error, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "mlo: %s\n", tool_last_error);
+  fprintf(stderr, "mlo: %s\n", tool_esc(tool_last_error));
 }
 
 const char *tool_open_message(const char *path, const char *msg, int rc, char *out, size_t outlen) {
@@ -38,7 +40,7 @@ void tool_failf(const char *cmd, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(tool_last_error, sizeof tool_last_error, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "mlo %s: %s\n", cmd, tool_last_error);
+  fprintf(stderr, "mlo %s: %s\n", cmd, tool_esc(tool_last_error));
 }
 
 int tool_print_json_text(char *text) {
@@ -58,6 +60,14 @@ void tool_print_json_error(int code) {
   cJSON_AddStringToObject(o, "message", tool_last_error[0] ? tool_last_error : "failed");
   tool_print_json_text(o ? cJSON_Print(o) : NULL);
   cJSON_Delete(o);
+}
+
+const char *tool_esc(const char *s) {
+  /* rotating, as tool_size's: one printf may escape several names */
+  static _Thread_local char bufs[8][2048];
+  static _Thread_local unsigned next;
+  char *b = bufs[next++ % 8];
+  return mlo_escape(s, b, sizeof bufs[0]);
 }
 
 const char *tool_size(uint64_t bytes) {
@@ -115,7 +125,7 @@ void targs_error(targs *a, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(tool_last_error, sizeof tool_last_error, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "mlo %s: %s\nTry 'mlo %s --help'.\n", a->cmd, tool_last_error, a->cmd);
+  fprintf(stderr, "mlo %s: %s\nTry 'mlo %s --help'.\n", a->cmd, tool_esc(tool_last_error), a->cmd);
   a->failed = true;
 }
 

@@ -116,19 +116,21 @@ static bool file_metadata(const char *path, mlo_meta_fn fn, void *user) {
 
 static void print_meta_line(const char *key, const char *value, void *user) {
   (void)user;
-  printf("      %-28s %.100s%s\n", key, value, strlen(value) > 100 ? "..." : "");
+  char v[104];
+  snprintf(v, sizeof v, "%.100s", value);
+  printf("      %-28s %s%s\n", tool_esc(key), tool_esc(v), strlen(value) > 100 ? "..." : "");
 }
 
 static void print_tensors(mlo_pipeline *pipe) {
   for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
     mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    printf("\n%s (%s, %zu tensors, %s)\n", mlo_component_name(c),
+    printf("\n%s (%s, %zu tensors, %s)\n", tool_esc(mlo_component_name(c)),
            mlo_role_name(mlo_component_role(c)), mlo_component_tensor_count(c),
            tool_size(mlo_component_tensor_bytes(c)));
     const char **files = NULL;
     size_t nf = tool_files(pipe, c, &files);
     for (size_t k = 0; k < nf; k++) {
-      printf("  file %s\n", files[k]);
+      printf("  file %s\n", tool_esc(files[k]));
       file_metadata(files[k], print_meta_line, NULL);
     }
     free(files);
@@ -138,7 +140,7 @@ static void print_tensors(mlo_pipeline *pipe) {
       char shape[96];
       shape_text(t, shape, sizeof shape);
       bool ref = mlo_tensor_owner(t) != c;
-      printf("  %-56s %-8s %-20s %10llu%s\n", mlo_tensor_name(t),
+      printf("  %-56s %-8s %-20s %10llu%s\n", tool_esc(mlo_tensor_name(t)),
              mlo_dtype_name(mlo_tensor_dtype(t)), shape, (unsigned long long)mlo_tensor_nbytes(t),
              ref ? "  (reference)" : "");
     }
@@ -204,27 +206,29 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
     char dt[128];
     count_dtypes(c, counts);
     dtype_text(counts, dt, sizeof dt);
-    printf("  %-18s %-8s %-14s %8zu  %-22s %10s %10s\n", mlo_component_name(c),
+    printf("  %-18s %-8s %-14s %8zu  %-22s %10s %10s\n", tool_esc(mlo_component_name(c)),
            mlo_role_name(mlo_component_role(c)), mlo_role_source_name(mlo_component_role_source(c)),
            mlo_component_tensor_count(c), dt, tool_size(mlo_component_tensor_bytes(c)),
            tool_size(mlo_component_bytes(c)));
   }
   if (v->split)
     printf("\nexperts at %d steps: %s %d, %s %d (timestep >= %.3g x %d; %s, shift %.3g; %s)\n",
-           v->steps, v->first, v->split->first_steps, v->second, v->steps - v->split->first_steps,
+           v->steps, tool_esc(v->first), v->split->first_steps, tool_esc(v->second),
+           v->steps - v->split->first_steps,
            v->split->sched.boundary_ratio, v->split->sched.num_train_timesteps,
            mlo_denoise_kind_name(v->split->sched.kind), v->split->sched.shift, v->split->source);
   uint64_t model = n.vae + (n.enc > n.max_dit ? n.enc : n.max_dit);
   printf("\ndevice memory needed at the peak:\n");
   char dit_label[96];
   snprintf(dit_label, sizeof dit_label, "  DiT phase: VAEs + %s",
-           n.max_dit_name ? n.max_dit_name : "(no DiT)");
+           n.max_dit_name ? tool_esc(n.max_dit_name) : "(no DiT)");
   printf("  %-36s %10s\n", "all resident (--offload none)", tool_size(n.all));
   printf("  %-36s %10s\n", "model-level offload", tool_size(model));
   printf("  %-36s %10s\n", "  after enable: VAEs + encoders", tool_size(n.vae + n.enc));
   printf("  %-36s %10s\n", dit_label, tool_size(n.vae + n.max_dit));
   char least[96];
-  snprintf(least, sizeof least, "  least: %s alone", n.max_comp_name ? n.max_comp_name : "-");
+  snprintf(least, sizeof least, "  least: %s alone",
+           n.max_comp_name ? tool_esc(n.max_comp_name) : "-");
   uint64_t ahead = model + n.max_comp < n.all ? model + n.max_comp : n.all;
   printf("  %-36s\n", "budget policy (--policy budget --budget SIZE)");
   printf("  %-36s %10s\n", least, tool_size(n.max_comp));

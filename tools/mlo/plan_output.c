@@ -93,7 +93,7 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
   for (size_t i = 0; i < pr->ncomp; i++) {
     const struct comp_plan *c = &pr->comps[i];
     if (c->role == MLO_ROLE_OTHER) continue;
-    fprintf(out, "%s%s %s (%s%s)", i ? ", " : "", c->name, secs(c->forward_s),
+    fprintf(out, "%s%s %s (%s%s)", i ? ", " : "", tool_esc(c->name), secs(c->forward_s),
             strcmp(c->source, "model") ? c->source : "", strcmp(c->source, "model") ? "" : "model");
   }
   fprintf(out, "\n          one prompt computes for %s (a warm all-resident prompt)\n\n",

@@ -113,7 +113,7 @@ void report_print_text(const tool_report *rep, FILE *out) {
           "on device", "loads", "evictions", "copied in", "copied out");
   for (size_t i = 0; i < rep->ncomp; i++) {
     const comp_report *c = &rep->comps[i];
-    fprintf(out, "  %-18s %-8s %10s %10s %6" PRIu64 " %9" PRIu64 " %10s %10s\n", c->name,
+    fprintf(out, "  %-18s %-8s %10s %10s %6" PRIu64 " %9" PRIu64 " %10s %10s\n", tool_esc(c->name),
             mlo_role_name(c->role), tool_size(c->tensor_bytes), tool_size(c->bytes), c->stats.loads,
             c->stats.evictions, tool_size(c->stats.h2d_bytes), tool_size(c->stats.d2h_bytes));
   }

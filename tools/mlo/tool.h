@@ -183,6 +183,10 @@ int tool_print_json_text(char *text);
 void tool_print_json_error(int code);
 /* A size as "1.50 GiB" in a static rotating buffer (for printf). */
 const char *tool_size(uint64_t bytes);
+/* A name read from a file (tensor, metadata, component, path) as a terminal
+ * may be shown it: control characters and bytes that are not UTF-8 escaped
+ * (mlo_escape).  Eight rotating buffers per thread, as tool_size. */
+const char *tool_esc(const char *s);
 
 /* ---- ranks.c: mlo run --ranks under mpirun ---- */
 typedef struct {
