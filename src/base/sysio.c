@@ -116,10 +116,14 @@ void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id) {
   id->ino = (uint64_t)st->st_ino;
   id->size = (uint64_t)st->st_size;
   id->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+  /* the change time: a rewrite that restores the modification time
+   * (touch -r) still moves it, and no user can set it back */
+  id->ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
 }
 
 bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b) {
-  return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
+  return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns &&
+         a->ctime_ns == b->ctime_ns;
 }
 
 /* ---- touching fresh memory --------------------------------------------- */

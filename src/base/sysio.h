@@ -54,6 +54,7 @@ bool mlo_env_flag(const char *name);
 typedef struct {
   uint64_t dev, ino, size;
   int64_t mtime_ns;
+  int64_t ctime_ns; /* change time: moves on any write or metadata change */
 } mlo_file_id;
 void mlo_file_id_from_stat(const struct stat *st, mlo_file_id *id);
 bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b);
