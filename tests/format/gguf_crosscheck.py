@@ -135,6 +135,27 @@ def mutate(data, rng):
     return bytes(b)
 
 
+def write_one(path, ggml_type, ne):
+    """A file of one tensor of this type and these dimensions, with no
+    bytes behind it when it has no element."""
+    name = b"t"
+    body = b"GGUF" + struct.pack("<IQQ", 3, 1, 0)
+    body += struct.pack("<Q", len(name)) + name + struct.pack("<I", len(ne))
+    body += b"".join(struct.pack("<Q", d) for d in ne) + struct.pack("<IQ", ggml_type, 0)
+    body += b"\0" * (-len(body) % 32)
+    with open(path, "wb") as f:
+        f.write(body)
+
+
+# Empty tensors with huge dimensions, both sides of numpy's 2^63 - 1 byte
+# bound on the reference's view (F32, F16, I8: themselves; BF16 and Q4_0:
+# bytes, the row as its blocks' bytes).  The verdicts must be the same.
+HUGE_EMPTY = [(t, ne) for t in (0, 1, 24, 30) for ne in (
+    [0, 2**62], [0, 2**61], [0, 2**61 - 1], [0, 2**60], [2**31, 2**31, 0], [2**30, 2**30, 0],
+    [0, 2**32, 2**32], [1, 0, 2**63 - 1], [2, 0, 2**62])] + [
+    (2, [0, 2**62]), (2, [32, 2**59, 0]), (2, [32, 2**58, 0]), (2, [0, 2**63 - 1])]
+
+
 def main():
     rng = random.Random(20261201)
     tmp = tempfile.mkdtemp(prefix="mlo_gguf_xcheck_")
@@ -191,6 +212,24 @@ def main():
               f"{both_refuse} refused by both, {stricter} refused by mlo's stricter rules")
         if accepted == 0 or both_refuse == 0:
             failures.append("the mutations did not exercise both verdicts")
+        # 3. empty tensors with huge dimensions: the same verdict both ways
+        huge = []
+        for i, (t, ne) in enumerate(HUGE_EMPTY):
+            p = os.path.join(tmp, f"h{i}.gguf")
+            write_one(p, t, ne)
+            huge.append(p)
+        ok = refused = 0
+        for (t, ne), p, m in zip(HUGE_EMPTY, huge, mlo_view(huge)):
+            g = gguf_view(p)
+            if m["ok"] != ("error" not in g):
+                failures.append(f"type {t} ne={ne}: mlo {'accepts' if m['ok'] else 'refuses'}"
+                                f" ({m.get('error', '')}), gguf {g.get('error', 'accepts')}")
+            ok += m["ok"]
+            refused += not m["ok"]
+        print(f"gguf_crosscheck: {len(huge)} empty tensors with huge dimensions: {ok} accepted, "
+              f"{refused} refused, by both")
+        if not ok or not refused:
+            failures.append("the huge empty tensors did not exercise both verdicts")
     finally:
         if not os.environ.get("MLO_KEEP"):
             shutil.rmtree(tmp, ignore_errors=True)

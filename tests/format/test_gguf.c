@@ -225,6 +225,44 @@ static void test_faults_fail_cleanly_and_retry(void **state) {
   }
 }
 
+/* A header may cost at most twice its file in host memory (or 64 MiB):
+ * 140000 one-float tensors in a 5 MB file would take about 68 MiB to hold,
+ * and are refused at once; the same header in front of a file large enough
+ * is read. */
+static void put_u(uint8_t **p, uint64_t v, int n) {
+  for (int i = 0; i < n; i++) *(*p)++ = (uint8_t)(v >> (8 * i));
+}
+
+static void test_header_cost_bounded_by_file(void **state) {
+  (void)state;
+  const uint64_t nt = 140000;
+  size_t header_cap = 64 + nt * 48, data = nt * 32, pad = (size_t)30 << 20;
+  uint8_t *buf = calloc(1, header_cap + data + pad);
+  assert_non_null(buf);
+  uint8_t *p = buf;
+  memcpy(p, "GGUF", 4), p += 4;
+  put_u(&p, 3, 4), put_u(&p, nt, 8), put_u(&p, 0, 8);
+  for (uint64_t i = 0; i < nt; i++) {
+    char name[32];
+    int n = snprintf(name, sizeof name, "t%llu", (unsigned long long)i);
+    put_u(&p, (uint64_t)n, 8);
+    memcpy(p, name, (size_t)n), p += n;
+    put_u(&p, 1, 4), put_u(&p, 1, 8), put_u(&p, 0, 4), put_u(&p, i * 32, 8); /* F32 [1] */
+  }
+  size_t header = (size_t)(p - buf);
+  header += (32 - header % 32) % 32;
+  size_t len = header + data;
+  mlo_gguf_file *f = NULL;
+  char err[512];
+  assert_int_equal(mlo_gguf_parse("many", buf, len, &f, err, sizeof err), MLO_EFORMAT);
+  if (!strstr(err, "140000 tensors") || !strstr(err, "more than twice the file"))
+    fail_msg("message \"%s\"", err);
+  assert_int_equal(mlo_gguf_parse("many", buf, len + pad, &f, err, sizeof err), MLO_OK);
+  assert_int_equal(f->count, nt);
+  mlo_gguf_close(f);
+  free(buf);
+}
+
 int main(int argc, char **argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: %s HOSTILE_DIR REAL_SINGLE_DIR SEED_DIR\n", argv[0]);
@@ -239,6 +277,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_every_truncation_refused),
       cmocka_unit_test(test_reads_gguf_package_files),
       cmocka_unit_test(test_faults_fail_cleanly_and_retry),
+      cmocka_unit_test(test_header_cost_bounded_by_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
