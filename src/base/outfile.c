@@ -15,6 +15,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +56,38 @@ static int resolve_target(const char *path, char **target, bool *exists, struct 
   return MLO_OK;
 }
 
+/* Whether an existing target can be replaced by a rename: not immutable or
+ * append-only (chattr +i, +a: even root's rename fails), and not someone
+ * else's in a sticky folder (unless we are root or own the folder).
+ * Checked before any work, so an unreplaceable output is refused at once
+ * instead of after the run it was to hold. */
+static int check_replaceable(const char *target, const struct stat *st, char *err, size_t errlen) {
+  int fd = open(target, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    int flags = 0;
+    int got = ioctl(fd, FS_IOC_GETFLAGS, &flags); /* unsupported here: nothing to say */
+    close(fd);
+    if (got == 0 && (flags & (FS_IMMUTABLE_FL | FS_APPEND_FL)))
+      return mlo_errf(err, errlen, MLO_EIO,
+                      "%s: is %s (chattr %s): it cannot be replaced; clear the flag or write "
+                      "elsewhere",
+                      target, flags & FS_IMMUTABLE_FL ? "immutable" : "append-only",
+                      flags & FS_IMMUTABLE_FL ? "+i" : "+a");
+  }
+  const char *slash = strrchr(target, '/');
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - target) : 1, slash ? target : ".");
+  if (!dir[0]) snprintf(dir, sizeof dir, "/");
+  struct stat dst;
+  uid_t me = geteuid();
+  if (stat(dir, &dst) == 0 && (dst.st_mode & S_ISVTX) && me != 0 && st->st_uid != me &&
+      dst.st_uid != me)
+    return mlo_errf(err, errlen, MLO_EIO,
+                    "%s: belongs to another user in a sticky folder: it cannot be replaced",
+                    target);
+  return MLO_OK;
+}
+
 /* "dir/.base.XXXXXX" beside target. */
 static char *temp_template(const char *target) {
   const char *slash = strrchr(target, '/');
@@ -71,6 +105,7 @@ int mlo_out_begin(mlo_outfile *o, const char *path, char *err, size_t errlen) {
   bool exists;
   struct stat st;
   int rc = resolve_target(path, &o->target, &exists, &st, err, errlen);
+  if (!rc && exists) rc = check_replaceable(o->target, &st, err, errlen);
   if (rc) goto fail;
   if (!(o->tmp = temp_template(o->target))) {
     rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);

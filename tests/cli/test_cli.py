@@ -625,6 +625,29 @@ class BadInputTests(Fixture):
 
 
 class OutputFileTests(Fixture):
+    def test_unreplaceable_output_refused_before_any_work(self):
+        """An output that is immutable or append-only (chattr +i, +a) cannot be
+        replaced even by root: refused at once, naming the flag, not after a
+        run whose report it then threw away (issue 28.5)."""
+        for flag, words in (("+i", "immutable (chattr +i)"), ("+a", "append-only (chattr +a)")):
+            out = os.path.join(tempfile.mkdtemp(dir=self.tmp), "trace.json")
+            with open(out, "w") as f:
+                f.write("{}")
+            p = subprocess.run(["chattr", flag, out], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, "this test needs chattr on its temporary folder "
+                                              "(as root, on a file system with inode flags): "
+                                              + p.stderr)
+            try:
+                rc, stdout, err = mlo("run", self.ckpt, "--trace", out, "--json")
+                self.assertEqual(rc, 2, err)
+                self.assertIn(words, err)
+                self.assertNotIn("loads", stdout)  # no run happened: no report
+                self.assertIn("bad_input", stdout)
+                with open(out) as f:
+                    self.assertEqual(f.read(), "{}")  # untouched
+            finally:
+                subprocess.run(["chattr", "-" + flag[1], out])
+
     def test_trace_and_timeline(self):
         trace = os.path.join(self.tmp, "t.json")
         svg = os.path.join(self.tmp, "t.svg")

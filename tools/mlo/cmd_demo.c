@@ -170,16 +170,19 @@ static int run_one(tool_session *s, const run_options *o, const demo_args *d, co
                    run_result *r, tool_report *rep) {
   char err[1024] = "";
   int rc = session_run(s, o, r, err, sizeof err);
-  if (!rc && o->trace)
+  bool wrote = false; /* a picture that fails to write after the run: a failure, not bad input */
+  if (!rc && o->trace) {
     rc = session_write_pictures(o->trace, s, "mlo demo: Wan2.2-shaped pipeline, budget + prefetch",
                                 o, r, d->trace, svg, err, sizeof err);
+    wrote = rc != MLO_OK;
+  }
   if (!rc && rep) rc = report_snapshot(rep, s, r);
   if (rc) {
     tool_err("demo: %s", err[0] ? err : mlo_strerror(rc));
     if (!rep) run_result_free(r);
   }
   if (rc == MLO_ESTATE) return TOOL_EXIT_VERIFY; /* the audit found a violation */
-  return tool_exit_for(rc);
+  return wrote ? TOOL_EXIT_FAIL : tool_exit_for(rc);
 }
 
 /* time, its ratio to the baseline (noisy on a shared machine), and the

@@ -338,9 +338,9 @@ static int run_main(const run_args *ra, session_config *cfg, run_options *o, too
   if (o->trace) {
     rc = session_write_pictures(o->trace, &s, ra->src.label, o, &r, ra->trace, ra->timeline, err,
                                 sizeof err);
-    if (rc) {
+    if (rc) { /* the run is done: a write that fails now is a failure, not bad input */
       tool_failf("run", "%s", err);
-      code = tool_exit_for(rc);
+      code = TOOL_EXIT_FAIL;
       goto out_close;
     }
   }

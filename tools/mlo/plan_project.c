@@ -371,7 +371,7 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
       if (rc) tool_failf("plan", "%s", err);
     }
     tool_trace_destroy(&trace);
-    if (rc) code = tool_exit_for(rc);
+    if (rc) code = TOOL_EXIT_FAIL; /* the projection is done: its picture failed to write */
   }
 out:
   session_close(&s);
