@@ -54,12 +54,18 @@ static int number(const char *where, const cJSON *obj, const char *key, double l
   return MLO_OK;
 }
 
-static int read_scheduler(const char *where, const cJSON *cfg, mlo_denoise_schedule *s, char *err,
-                          size_t errlen) {
+/* The scheduler's class: its config's _class_name, or else what
+ * model_index.json says ("scheduler": ["diffusers", CLASS]), where diffusers
+ * itself takes it from. */
+static int read_scheduler(const char *where, const cJSON *cfg, const char *index_class,
+                          mlo_denoise_schedule *s, char *err, size_t errlen) {
   const cJSON *cls = item(cfg, "_class_name");
-  if (!cJSON_IsString(cls))
-    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: no \"_class_name\" string", where);
-  snprintf(s->class_name, sizeof s->class_name, "%s", cls->valuestring);
+  if (cls && !cJSON_IsString(cls))
+    return mlo_errf(err, errlen, MLO_EFORMAT, "%s: \"_class_name\" is not a string", where);
+  if (!cls && !index_class)
+    return mlo_errf(err, errlen, MLO_EFORMAT,
+                    "%s: no \"_class_name\", and model_index.json names no scheduler class", where);
+  snprintf(s->class_name, sizeof s->class_name, "%s", cls ? cls->valuestring : index_class);
   double n = 1000, shift = 1.0, offset = 0, terminal = 0;
   int rc = number(where, cfg, "num_train_timesteps", 1, 1e6, &n, err, errlen);
   if (rc) return rc;
@@ -128,7 +134,12 @@ static int schedule_from_json(const char *where_index, const cJSON *root, const 
   if (!cfg) return MLO_OK;
   if (!cJSON_IsObject(cfg))
     return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where_sched);
-  int rc = read_scheduler(where_sched, cfg, s, err, errlen);
+  const cJSON *entry = item(root, "scheduler"); /* ["diffusers", "UniPCMultistepScheduler"] */
+  const cJSON *cls = cJSON_IsArray(entry) && cJSON_GetArraySize(entry) == 2
+                         ? cJSON_GetArrayItem(entry, 1)
+                         : NULL;
+  int rc = read_scheduler(where_sched, cfg, cJSON_IsString(cls) ? cls->valuestring : NULL, s, err,
+                          errlen);
   if (!rc) snprintf(s->source, sizeof s->source, "scheduler config");
   return rc;
 }

@@ -795,6 +795,33 @@ class InspectTests(Fixture):
         self.assertEqual(info["enable_phase_bytes"], vae + enc)
         self.assertEqual(info["dit_phase_bytes"], vae + dit)
 
+    def test_inspect_shows_components_when_the_split_cannot_be_computed(self):
+        """A scheduler mlo does not model: inspect still lists every
+        component and says what is missing; run needs the split and says
+        how to give it (issue 28.6)."""
+        d = os.path.join(self.tmp, "ddim")
+        if not os.path.isdir(d):
+            shutil.copytree(self.ckpt, d)
+            cfg = os.path.join(d, "scheduler", "scheduler_config.json")
+            with open(cfg) as f:
+                sc = json.load(f)
+            sc["_class_name"] = "DDIMScheduler"
+            with open(cfg, "w") as f:
+                json.dump(sc, f)
+        rc, out, err = mlo("inspect", d)
+        self.assertEqual(rc, 0, err)
+        for name in ("text_encoder", "transformer", "transformer_2", "vae"):
+            self.assertIn("  " + name + " ", out)
+        self.assertIn("the split cannot be computed", out)
+        self.assertIn("DDIMScheduler is not modelled", out)
+        info = json.loads(mlo("inspect", d, "--json")[1])
+        self.assertEqual(len(info["components"]), 4)
+        self.assertIn("--boundary-steps", info["experts"]["error"])
+        rc, _, err = mlo("run", d, "--steps", "2")
+        self.assertEqual(rc, 2)
+        self.assertIn("--boundary-steps N", err)
+        self.assertEqual(mlo("run", d, "--steps", "2", "--boundary-steps", "1")[0], 0)
+
     def test_inspect_text_and_override(self):
         rc, out, err = mlo("inspect", self.ckpt, "--role", "vae=other")
         self.assertEqual(rc, 0, err)

@@ -121,6 +121,25 @@ static void test_refusals_and_defaults(void **state) {
     assert_int_equal(read_tmp(&s, err, sizeof err), MLO_EUNSUPPORTED);
     assert_non_null(strstr(err, unmodelled[i]));
   }
+  /* a config without _class_name: the class model_index.json names, as
+   * diffusers takes it; without either, said so */
+  write_configs("{\"scheduler\": [\"diffusers\", \"UniPCMultistepScheduler\"]}",
+                "{\"use_flow_sigmas\": true, \"flow_shift\": 12.0}");
+  assert_ok(read_tmp(&s, err, sizeof err));
+  assert_string_equal(s.class_name, "UniPCMultistepScheduler");
+  assert_int_equal(s.kind, MLO_SCHED_UNIPC_FLOW);
+  assert_true(s.shift == 12.0);
+  write_configs("{\"scheduler\": [\"diffusers\", \"UniPCMultistepScheduler\"]}",
+                "{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\"}"); /* the config's wins */
+  assert_ok(read_tmp(&s, err, sizeof err));
+  assert_int_equal(s.kind, MLO_SCHED_FLOW_MATCH_EULER);
+  write_configs("{}", "{\"flow_shift\": 12.0}");
+  assert_int_equal(read_tmp(&s, err, sizeof err), MLO_EFORMAT);
+  assert_non_null(strstr(err, "model_index.json names no scheduler class"));
+  write_configs("{\"scheduler\": [\"diffusers\", \"UniPCMultistepScheduler\"]}",
+                "{\"_class_name\": 7}");
+  assert_int_equal(read_tmp(&s, err, sizeof err), MLO_EFORMAT);
+  assert_non_null(strstr(err, "is not a string"));
   write_configs("{}", "{\"_class_name\": \"DPMSolverMultistepScheduler\"}");
   assert_int_equal(read_tmp(&s, err, sizeof err), MLO_EUNSUPPORTED);
   assert_non_null(strstr(err, "DPMSolverMultistepScheduler is not modelled"));

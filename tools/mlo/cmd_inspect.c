@@ -188,8 +188,9 @@ static cJSON *tensor_list_json(const mlo_component *c) {
 typedef struct {
   bool json, tensors;
   int steps;
-  const tool_split *split; /* NULL when there are not two DiTs */
+  const tool_split *split; /* NULL when there are not two DiTs, or no split */
   const char *first, *second;
+  const char *no_split; /* two DiTs whose split cannot be computed: why */
 } view;
 
 static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
@@ -217,6 +218,9 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
            v->steps - v->split->first_steps,
            v->split->sched.boundary_ratio, v->split->sched.num_train_timesteps,
            mlo_denoise_kind_name(v->split->sched.kind), v->split->sched.shift, v->split->source);
+  if (v->no_split)
+    printf("\nexperts %s and %s: the split cannot be computed: %s\n", tool_esc(v->first),
+           tool_esc(v->second), tool_esc(v->no_split));
   uint64_t model = n.vae + (n.enc > n.max_dit ? n.enc : n.max_dit);
   printf("\ndevice memory needed at the peak:\n");
   char dit_label[96];
@@ -283,6 +287,11 @@ static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
     cJSON_AddStringToObject(ex, "scheduler", mlo_denoise_kind_name(v->split->sched.kind));
     cJSON_AddNumberToObject(ex, "shift", v->split->sched.shift);
     cJSON_AddStringToObject(ex, "source", v->split->source);
+  } else if (v->no_split) {
+    cJSON *ex = cJSON_AddObjectToObject(root, "experts");
+    cJSON_AddStringToObject(ex, "first", v->first);
+    cJSON_AddStringToObject(ex, "second", v->second);
+    cJSON_AddStringToObject(ex, "error", v->no_split);
   }
   cJSON_AddNumberToObject(root, "tensor_bytes", (double)n.tensors);
   cJSON_AddNumberToObject(root, "all_resident_bytes", (double)n.all);
@@ -340,9 +349,14 @@ int cmd_inspect(int argc, char **argv) {
   int rc = mlo_platform_open("host", &plat, err, sizeof err);
   if (!rc) rc = source_open(&src, plat, NULL, 0, &pipe, err, sizeof err);
   if (!rc) mlo_pipeline_warn_guessed(pipe); /* after the --role overrides */
+  char why[1024] = "";
   if (!rc && tool_dits(pipe, &v.first, &v.second) == 2) {
-    rc = split_resolve(&src, &sa, pipe, v.steps, &split, err, sizeof err);
-    v.split = &split;
+    /* Without the split inspect still shows the components, and says what
+     * is missing: it is what a user runs to find out. */
+    if (split_resolve(&src, &sa, pipe, v.steps, &split, why, sizeof why) == MLO_OK)
+      v.split = &split;
+    else
+      v.no_split = why;
   }
   if (rc) {
     tool_failf("inspect", "%s", err[0] ? err : mlo_strerror(rc));
