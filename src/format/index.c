@@ -407,6 +407,58 @@ static bool looks_like_variant(const char *name) {
   return dot > 1 && has_shard_suffix(name, dot - 1);
 }
 
+/* The variant a weight file's name carries ("fp16" in
+ * "x.safetensors.index.fp16.json", "diffusion_pytorch_model.fp16.safetensors",
+ * "diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
+ * "x-00001-of-00002.fp16.safetensors"); false for a plain name. */
+static bool variant_of(const char *name, char *v, size_t vlen) {
+  const char *mark = strstr(name, ".safetensors.index.");
+  const char *from = NULL;
+  size_t n = 0;
+  if (mark && mark != name) {
+    from = mark + strlen(".safetensors.index.");
+    size_t l = strlen(from);
+    n = l > 5 && !strcmp(from + l - 5, ".json") ? l - 5 : 0;
+  } else if (looks_like_variant(name)) {
+    for (size_t i = 0; i < sizeof known_stems / sizeof *known_stems && !from; i++) {
+      size_t l = strlen(known_stems[i]);
+      if (!strncmp(name, known_stems[i], l) && name[l] == '.') {
+        from = name + l + 1;
+        n = strcspn(from, ".-");
+      }
+    }
+    if (!from) { /* the older shard form: the last part before the suffix */
+      size_t len = strlen(name) - strlen(".safetensors"), dot = len;
+      while (dot > 0 && name[dot - 1] != '.') dot--;
+      from = name + dot;
+      n = len - dot;
+    }
+  }
+  if (!from || !n || n >= vlen || memchr(from, '/', n)) return false;
+  memcpy(v, from, n);
+  v[n] = '\0';
+  return true;
+}
+
+/* The one variant a folder without plain weights holds, into v ("" if it
+ * holds none); two variants are ambiguous: the caller must name one. */
+static int lone_variant(const char *folder, const name_list *all, char *v, size_t vlen, char *err,
+                        size_t errlen) {
+  v[0] = '\0';
+  char cur[64];
+  for (size_t i = 0; i < all->count; i++) {
+    if (!variant_of(all->names[i], cur, sizeof cur)) continue;
+    if (!v[0])
+      snprintf(v, vlen, "%s", cur);
+    else if (strcmp(v, cur))
+      return mlo_errf(err, errlen, MLO_EFORMAT,
+                      "%s: no plain weights, and two variants ('%s' and '%s'): name one "
+                      "(--variant)",
+                      folder, v, cur);
+  }
+  return MLO_OK;
+}
+
 /* Picks the one candidate at the first priority level that has any:
  * known-stem map, known-stem file, any map, any file.  plain_only (no
  * variant requested) leaves out variant-named files. */
@@ -455,11 +507,16 @@ int mlo_weight_set_find(const char *folder, const char *variant, bool allow_stra
     used_variant = false;
     rc = pick_candidate(folder, &all, NULL, true, &pick, &is_index, err, errlen);
   }
-  if (rc == MLO_OK && !pick) { /* only variant-named files: the lone candidate is used */
-    rc = pick_candidate(folder, &all, NULL, false, &pick, &is_index, err, errlen);
+  char lone[64] = "";
+  if (rc == MLO_OK && !pick) { /* only one variant's files: they are used, said so */
+    rc = lone_variant(folder, &all, lone, sizeof lone, err, errlen);
+    if (rc == MLO_OK && lone[0])
+      rc = pick_candidate(folder, &all, lone, false, &pick, &is_index, err, errlen);
     if (rc == MLO_OK && pick)
-      mlo_logf(MLO_LOG_INFO, "%s: no plain weights; using %s (name a variant to be explicit)",
-               folder, pick);
+      mlo_logf(MLO_LOG_WARN,
+               "%s: no plain weights; using variant '%s' (%s), the only one here (diffusers "
+               "needs variant=\"%s\"; --variant %s says it)",
+               folder, lone, pick, lone, lone);
   }
   if (rc == MLO_OK && !pick)
     rc = mlo_errf(err, errlen, MLO_ENOTFOUND, "%s: no safetensors weights in this folder", folder);

@@ -357,6 +357,28 @@ static void test_variants(void **state) {
   mlo_pipeline_free(pipe);
   oo.variant = "fp8";
   expect_fail("", &oo, MLO_ENOTFOUND, "variant 'fp8'", NULL);
+
+  /* A folder holding only one variant's files uses them, sharded or not
+   * (docs/formats.md): the plain text encoder removed, the fp16 shards
+   * load without --variant; the same for an unsharded fp16 file. */
+  char plain[512];
+  snprintf(plain, sizeof plain, "%s/text_encoder/model.safetensors", root);
+  assert_int_equal(unlink(plain), 0);
+  assert_ok(open_at("", NULL, &pipe));
+  te = mlo_pipeline_find(pipe, "text_encoder");
+  assert_int_equal(mlo_component_tensor_count(te), 2);
+  assert_non_null(mlo_component_find_tensor(te, "h1"));
+  mlo_pipeline_free(pipe);
+  put_st("vae/diffusion_pytorch_model.fp16.safetensors", (const char *[]){"half", NULL},
+         (int[]){2});
+  snprintf(plain, sizeof plain, "%s/vae/diffusion_pytorch_model.safetensors", root);
+  assert_int_equal(unlink(plain), 0);
+  assert_ok(open_at("", NULL, &pipe));
+  assert_non_null(mlo_component_find_tensor(mlo_pipeline_find(pipe, "vae"), "half"));
+  mlo_pipeline_free(pipe);
+  /* two variants and no plain weights: which is meant is not guessed */
+  put_st("vae/diffusion_pytorch_model.bf16.safetensors", (const char *[]){"b", NULL}, (int[]){2});
+  expect_fail("", NULL, MLO_EFORMAT, "two variants", "--variant");
 }
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
