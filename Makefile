@@ -53,7 +53,11 @@ test-build-types: bootstrap
 	  { cat build-types/$$bt.log; exit 1; }; \
 	done
 
-# Sanitizer runs.  OPENBLAS_NUM_THREADS=1: OpenBLAS's worker pool is not
+# Sanitizer runs.  Every program of a sanitizer build has these options
+# built in as well (cmake/san_defaults.c; one BLAS thread through each
+# test's own ctest environment), so `ctest` alone in build-asan or
+# build-tsan passes too; the variables here say them again for any program
+# run by hand.  OPENBLAS_NUM_THREADS=1: OpenBLAS's worker pool is not
 # instrumented, so TSan cannot see its synchronization (false reports) and
 # ASan cannot attribute its buffers; one BLAS thread also keeps ctest -j from
 # oversubscribing a two-core CI machine.  allocator_may_return_null: an
