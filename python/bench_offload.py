@@ -15,7 +15,7 @@ libmlo's counters on the host platform.  With --cuda (a GPU and a CUDA
 build of libmlo) both run for real and the script also prints wall time per
 generation and peak device memory, with an all-resident run beside them.
 
-    MLO_LIBRARY=build/libmlo.so.0 python python/bench_offload.py [--prompts 2] [--cuda]
+    MLO_LIBRARY=build/libmlo.so python python/bench_offload.py [--prompts 2] [--cuda]
 """
 import argparse
 import os

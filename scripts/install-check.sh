@@ -32,7 +32,8 @@ for f in include/mlo/mlo.h include/mlo/checkpoint.h bin/mlo; do
 done
 [ -e "$libdir/libmlo.a" ] && [ -e "$libdir/pkgconfig/mlo.pc" ] || fail "libmlo.a or mlo.pc missing"
 soname=$(readelf -d "$libdir/libmlo.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
-[ "$soname" = "libmlo.so.0" ] || fail "SONAME is '$soname', expected libmlo.so.0"
+want=$(sed -n 's/^#define MLO_VERSION_\(MAJOR\|MINOR\) //p' "$src/include/mlo/mlo.h" | paste -sd.)
+[ "$soname" = "libmlo.so.$want" ] || fail "SONAME is '$soname', expected libmlo.so.$want (major.minor)"
 others=$(nm -D --defined-only "$libdir/libmlo.so" | awk '{print $3}' | grep -v '^mlo_' || true)
 [ -z "$others" ] || fail "libmlo.so exports symbols without the mlo_ prefix: $others"
 # What libmlo.so asks the loader for, directly and through its dependencies.

@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define MLO_VERSION_MAJOR 0
-#define MLO_VERSION_MINOR 3
+#define MLO_VERSION_MINOR 4
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
 MLO_API const char *mlo_version(void);

@@ -79,10 +79,10 @@ def _candidates():
     if env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libmlo.so.0", "libmlo.so"):
+    for name in ("libmlo.so.0.4", "libmlo.so"):
         yield os.path.join(here, name)
     # a source checkout: python/mlo -> build/
-    yield os.path.join(here, "..", "..", "build", "libmlo.so.0")
+    yield os.path.join(here, "..", "..", "build", "libmlo.so")
     found = ctypes.util.find_library("mlo")
     if found:
         yield found
@@ -102,7 +102,7 @@ def load():
             continue
         _declare(lib)
         return lib
-    raise OSError("libmlo not found (set MLO_LIBRARY to libmlo.so.0, or build the C library: "
+    raise OSError("libmlo not found (set MLO_LIBRARY to libmlo.so, or build the C library: "
                   "cmake -S . -B build && cmake --build build)%s" %
                   ("; tried " + "; ".join(errors) if errors else ""))
 

@@ -10,7 +10,7 @@ evictions, bytes each way, per component; the pipeline's device peak), and
 whether the frames were bit-identical to the same pipeline without offload
 (they must be: the recorder refuses to write otherwise).
 
-    MLO_LIBRARY=build/libmlo.so.0 /path/to/venv/bin/python python/tests/record.py
+    MLO_LIBRARY=build/libmlo.so /path/to/venv/bin/python python/tests/record.py
 """
 import json
 import os

@@ -4,7 +4,7 @@ weights, built in memory: tiny.py), CPU, host platform.
 Needs torch, diffusers and transformers: several GB, so CI does not install
 them (docs/python.md); there test_replay.py checks the binding against what
 record.py wrote from these same runs.  Run here with
-    MLO_LIBRARY=build/libmlo.so.0 python3 python/tests/run.py test_torch
+    MLO_LIBRARY=build/libmlo.so python3 python/tests/run.py test_torch
 """
 import os
 import sys

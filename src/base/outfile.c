@@ -10,13 +10,12 @@
  * message, never replaced.  Run as root, a rename over /dev/null would turn
  * it into a regular file and break the machine; that is what this prevents.
  */
+#define _GNU_SOURCE /* statx */
 #include "base/log.h"
 #include "base/sysio.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,32 +55,48 @@ static int resolve_target(const char *path, char **target, bool *exists, struct 
   return MLO_OK;
 }
 
-/* Whether an existing target can be replaced by a rename: not immutable or
- * append-only (chattr +i, +a: even root's rename fails), and not someone
- * else's in a sticky folder (unless we are root or own the folder).
- * Checked before any work, so an unreplaceable output is refused at once
- * instead of after the run it was to hold. */
-static int check_replaceable(const char *target, const struct stat *st, char *err, size_t errlen) {
-  int fd = open(target, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
-  if (fd >= 0) {
-    int flags = 0;
-    int got = ioctl(fd, FS_IOC_GETFLAGS, &flags); /* unsupported here: nothing to say */
-    close(fd);
-    if (got == 0 && (flags & (FS_IMMUTABLE_FL | FS_APPEND_FL)))
-      return mlo_errf(err, errlen, MLO_EIO,
-                      "%s: is %s (chattr %s): it cannot be replaced; clear the flag or write "
-                      "elsewhere",
-                      target, flags & FS_IMMUTABLE_FL ? "immutable" : "append-only",
-                      flags & FS_IMMUTABLE_FL ? "+i" : "+a");
-  }
+/* The inode flags a rename runs into (statx: no open, no read permission
+ * needed), 0 where the file system does not say. */
+static uint64_t rename_flags(const char *path) {
+  struct statx sx;
+  if (statx(AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) != 0) return 0;
+  return sx.stx_attributes & sx.stx_attributes_mask & (STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND);
+}
+
+/* Whether target can be put in place by a rename: it is not immutable or
+ * append-only (chattr +i, +a: even root's rename fails), nor is its folder
+ * (an append-only folder takes new files but lets none be renamed or
+ * removed), and an existing target is not someone else's in a sticky
+ * folder (unless we are root or own the folder).  Checked before any work,
+ * so an unwritable output is refused at once instead of after the run it
+ * was to hold. */
+static int check_replaceable(const char *target, bool exists, const struct stat *st, char *err,
+                             size_t errlen) {
+  uint64_t f = exists ? rename_flags(target) : 0;
+  if (f)
+    return mlo_errf(err, errlen, MLO_EIO,
+                    "%s: is %s (chattr %s): it cannot be replaced; clear the flag or write "
+                    "elsewhere",
+                    target, f & STATX_ATTR_IMMUTABLE ? "immutable" : "append-only",
+                    f & STATX_ATTR_IMMUTABLE ? "+i" : "+a");
   const char *slash = strrchr(target, '/');
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - target) : 1, slash ? target : ".");
-  if (!dir[0]) snprintf(dir, sizeof dir, "/");
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == target)
+    snprintf(dir, sizeof dir, "/");
+  else
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - target), target);
+  if ((f = rename_flags(dir)))
+    return mlo_errf(err, errlen, MLO_EIO,
+                    "%s: its folder %s is %s (chattr %s): no file in it can be replaced; write "
+                    "elsewhere",
+                    target, dir, f & STATX_ATTR_IMMUTABLE ? "immutable" : "append-only",
+                    f & STATX_ATTR_IMMUTABLE ? "+i" : "+a");
   struct stat dst;
   uid_t me = geteuid();
-  if (stat(dir, &dst) == 0 && (dst.st_mode & S_ISVTX) && me != 0 && st->st_uid != me &&
-      dst.st_uid != me)
+  if (exists && stat(dir, &dst) == 0 && (dst.st_mode & S_ISVTX) && me != 0 &&
+      st->st_uid != me && dst.st_uid != me)
     return mlo_errf(err, errlen, MLO_EIO,
                     "%s: belongs to another user in a sticky folder: it cannot be replaced",
                     target);
@@ -105,7 +120,7 @@ int mlo_out_begin(mlo_outfile *o, const char *path, char *err, size_t errlen) {
   bool exists;
   struct stat st;
   int rc = resolve_target(path, &o->target, &exists, &st, err, errlen);
-  if (!rc && exists) rc = check_replaceable(o->target, &st, err, errlen);
+  if (!rc) rc = check_replaceable(o->target, exists, &st, err, errlen);
   if (rc) goto fail;
   if (!(o->tmp = temp_template(o->target))) {
     rc = mlo_errf(err, errlen, MLO_ENOMEM, "%s: out of memory", path);

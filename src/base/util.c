@@ -4,6 +4,7 @@
  * sync modes and residency states.
  */
 #include "base/log.h"
+#include "base/utf8.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -116,17 +117,6 @@ void mlo_logf(mlo_log_level level, const char *fmt, ...) {
   }
 }
 
-/* The length of the UTF-8 sequence at s (1..4), 0 if it is not one, and
- * *c1 whether it is a C1 control (U+0080..U+009F), which terminals obey. */
-static size_t utf8_seq(const unsigned char *s, bool *c1) {
-  *c1 = false;
-  size_t n = s[0] < 0xC2 ? 0 : s[0] < 0xE0 ? 2 : s[0] < 0xF0 ? 3 : s[0] < 0xF5 ? 4 : 0;
-  for (size_t i = 1; i < n; i++)
-    if ((s[i] & 0xC0) != 0x80) return 0;
-  *c1 = n == 2 && s[0] == 0xC2 && s[1] < 0xA0;
-  return n;
-}
-
 char *mlo_escape(const char *s, char *buf, size_t len) {
   if (!buf || !len) return buf;
   size_t o = 0;
@@ -139,10 +129,10 @@ char *mlo_escape(const char *s, char *buf, size_t len) {
       snprintf(piece, sizeof piece, "\\x%02x", *p);
     } else if (*p < 0x80) {
       piece[0] = (char)*p, piece[1] = '\0';
-    } else if ((take = utf8_seq(p, &c1)) == 0) {
-      take = 1; /* not UTF-8: the byte, shown */
+    } else if ((take = mlo_utf8_seq_len(p, strlen((const char *)p))) == 0) {
+      take = 1; /* not UTF-8 (overlong forms included): the byte, shown */
       snprintf(piece, sizeof piece, "\\x%02x", *p);
-    } else if (c1) {
+    } else if ((c1 = take == 2 && p[0] == 0xC2 && p[1] < 0xA0)) { /* U+0080..U+009F */
       snprintf(piece, sizeof piece, "\\u%04x", (unsigned)(p[1] & 0x3F) | 0x80u);
     } else {
       memcpy(piece, p, take);

@@ -139,8 +139,8 @@ static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *
     if (rc) return mlo_fail(c->pipe, rc, "%s: %s", c->name, why);
     if (!mlo_file_id_equal(&now, &files[i]->src_id))
       return mlo_fail(c->pipe, MLO_EIO,
-                      "%s: '%s' changed since its tensors were declared (another file, size or "
-                      "modification time); open the checkpoint again",
+                      "%s: '%s' changed since its tensors were declared (another file, size, "
+                      "modification or change time); open the checkpoint again",
                       c->name, files[i]->src_file);
     posix_fadvise(fds[i], 0, 0, POSIX_FADV_SEQUENTIAL);
   }

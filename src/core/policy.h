@@ -29,8 +29,9 @@ struct mlo_policy_ops {
   int (*check)(mlo_pipeline *pipe, const mlo_offload_settings *s);
   /* Makes residency what the policy wants at enable (slabs are
    * materialized, pipe->settings and pipe->policy are set, the lock is
-   * held).  On failure everything it loaded is back where it was (C15) and
-   * its state is freed. */
+   * held).  On failure what it loaded is evicted again (C15) and its state
+   * freed; what it evicted to fit a budget stays evicted (nothing is lost:
+   * a component comes back on its next acquire). */
   int (*enable)(mlo_pipeline *pipe, const mlo_offload_settings *s);
   /* Frees the policy's state at disable (and at a failed enable's end). */
   void (*disable)(mlo_pipeline *pipe);

@@ -21,7 +21,7 @@
 
 #include "base/log.h" /* MLO_PRINTF only */
 #include "base/sysio.h"
-#include "format/json.h" /* mlo_utf8_seq_len */
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -528,9 +528,13 @@ static int parse(gg *g, mlo_gguf_file **out) {
   /* What holding the header costs, bounded by the file: a million tiny
    * tensors in an 81 MB file took 443 MiB and 2.9 s to declare.  A real
    * checkpoint's tensors are kilobytes to gigabytes each, far inside. */
-  uint64_t cost = nt * GG_TENSOR_COST + nkv * GG_KV_COST; /* both counts bounded above */
-  uint64_t allowed = g->file_size * 2 > GG_COST_FLOOR ? g->file_size * 2 : GG_COST_FLOOR;
-  if (cost > allowed)
+  uint64_t cost, kv_cost, allowed;
+  bool over = __builtin_mul_overflow(nt, (uint64_t)GG_TENSOR_COST, &cost) ||
+              __builtin_mul_overflow(nkv, (uint64_t)GG_KV_COST, &kv_cost) ||
+              __builtin_add_overflow(cost, kv_cost, &cost);
+  if (__builtin_mul_overflow(g->file_size, (uint64_t)2, &allowed)) allowed = UINT64_MAX;
+  if (allowed < GG_COST_FLOOR) allowed = GG_COST_FLOOR;
+  if (over || cost > allowed)
     return gg_fail(g, MLO_EFORMAT,
                    "claims %llu tensors and %llu key-values: holding them would take about "
                    "%llu MiB, more than twice the file's %llu MiB (a header may cost at most "

@@ -419,7 +419,8 @@ static bool variant_of(const char *name, char *v, size_t vlen) {
     from = mark + strlen(".safetensors.index.");
     size_t l = strlen(from);
     n = l > 5 && !strcmp(from + l - 5, ".json") ? l - 5 : 0;
-  } else if (looks_like_variant(name)) {
+  } else if (ends_with(name, ".safetensors") && looks_like_variant(name)) {
+    /* a safetensors file only: "x.bin.index.json" is PyTorch's, no variant */
     for (size_t i = 0; i < sizeof known_stems / sizeof *known_stems && !from; i++) {
       size_t l = strlen(known_stems[i]);
       if (!strncmp(name, known_stems[i], l) && name[l] == '.') {

@@ -8,6 +8,8 @@
  */
 #include "format/json.h"
 
+#include "base/utf8.h"
+
 #include "base/log.h"
 #include "base/sysio.h"
 #include "mlo/mlo.h"
@@ -278,32 +280,6 @@ static bool scan_value(scanner *sc, scan_ctx ctx) {
   if (c == 'f') return scan_literal(sc, "false");
   if (c == 'n') return scan_literal(sc, "null");
   return fail(sc, c < 0 ? "unexpected end of text" : "expected value");
-}
-
-size_t mlo_utf8_seq_len(const unsigned char *s, size_t len) {
-  if (!len) return 0;
-  unsigned char b = s[0];
-  if (b < 0x80) return b ? 1 : 0;
-  size_t n;
-  uint32_t cp;
-  if (b >= 0xC2 && b <= 0xDF)
-    n = 1, cp = b & 0x1F;
-  else if (b >= 0xE0 && b <= 0xEF)
-    n = 2, cp = b & 0x0F;
-  else if (b >= 0xF0 && b <= 0xF4)
-    n = 3, cp = b & 0x07;
-  else
-    return 0;
-  if (len <= n) return 0;
-  for (size_t k = 1; k <= n; k++) {
-    if ((s[k] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (s[k] & 0x3F);
-  }
-  /* overlong forms, UTF-16 surrogates, past U+10FFFF */
-  if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
-    return 0;
-  return n + 1;
 }
 
 static int cmp_key(const void *a, const void *b) {

@@ -48,8 +48,4 @@ int mlo_json_parse(const char *name, const char *what, const char *text, size_t 
 int mlo_json_read_file(const char *path, size_t cap, unsigned flags, cJSON **out, char *err,
                        size_t errlen);
 
-/* The length of the UTF-8 sequence at s (1-4), 0 if it is not valid UTF-8
- * (overlong, a surrogate, past U+10FFFF, cut short) or is a NUL byte. */
-size_t mlo_utf8_seq_len(const unsigned char *s, size_t len);
-
 #endif

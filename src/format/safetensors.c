@@ -13,6 +13,8 @@
  */
 #include "format/safetensors.h"
 
+#include "base/utf8.h"
+
 #include "base/log.h" /* MLO_PRINTF only */
 #include "base/sysio.h"
 #include "format/json.h"

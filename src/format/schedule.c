@@ -54,9 +54,11 @@ static int number(const char *where, const cJSON *obj, const char *key, double l
   return MLO_OK;
 }
 
-/* The scheduler's class: its config's _class_name, or else what
- * model_index.json says ("scheduler": ["diffusers", CLASS]), where diffusers
- * itself takes it from. */
+/* The scheduler's class as diffusers picks it: the one model_index.json
+ * names ("scheduler": ["diffusers", CLASS]; the config's _class_name only
+ * filters its keys there), else the config's own _class_name.  Where both
+ * are given and differ (a pipeline whose scheduler was swapped), the
+ * index's is used and the difference said. */
 static int read_scheduler(const char *where, const cJSON *cfg, const char *index_class,
                           mlo_denoise_schedule *s, char *err, size_t errlen) {
   const cJSON *cls = item(cfg, "_class_name");
@@ -65,7 +67,10 @@ static int read_scheduler(const char *where, const cJSON *cfg, const char *index
   if (!cls && !index_class)
     return mlo_errf(err, errlen, MLO_EFORMAT,
                     "%s: no \"_class_name\", and model_index.json names no scheduler class", where);
-  snprintf(s->class_name, sizeof s->class_name, "%s", cls ? cls->valuestring : index_class);
+  if (cls && index_class && strcmp(cls->valuestring, index_class))
+    mlo_logf(MLO_LOG_WARN, "%s: _class_name %.80s, but model_index.json names %.80s: using %.80s, "
+             "as diffusers does", where, cls->valuestring, index_class, index_class);
+  snprintf(s->class_name, sizeof s->class_name, "%s", index_class ? index_class : cls->valuestring);
   double n = 1000, shift = 1.0, offset = 0, terminal = 0;
   int rc = number(where, cfg, "num_train_timesteps", 1, 1e6, &n, err, errlen);
   if (rc) return rc;

@@ -186,7 +186,7 @@ static int queue_copy(struct host_ctx *ctx, enum host_op_kind kind, const void *
   struct host_op *op = mlo_calloc(1, sizeof *op);
   if (!op) return MLO_ENOMEM;
   pthread_mutex_lock(&ctx->lock);
-  struct host_range *b = host_find_live(ctx, handle);
+  struct host_range *b = mlo_host_find_live(ctx, handle);
   if (!b || offset > b->bytes || bytes > b->bytes - offset) {
     pthread_mutex_unlock(&ctx->lock);
     free(op);
@@ -295,7 +295,7 @@ static int host_synchronize(void *vctx) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
   wait_seq(ctx, ctx->submitted_seq);
-  while (host_scrub_pending(ctx)) pthread_cond_wait(&ctx->done_cv, &ctx->lock);
+  while (mlo_host_scrub_pending(ctx)) pthread_cond_wait(&ctx->done_cv, &ctx->lock);
   pthread_mutex_unlock(&ctx->lock);
   return MLO_OK;
 }
@@ -324,8 +324,8 @@ static void host_destroy(void *vctx) {
   pthread_mutex_unlock(&ctx->lock);
   pthread_join(ctx->engine, NULL); /* the engine drains the queue first */
   if (ctx->scrubber_started) pthread_join(ctx->scrubber, NULL);
-  host_free_ranges(ctx->live); /* blocks the caller leaked */
-  host_free_ranges(ctx->free_list);
+  mlo_host_free_ranges(ctx->live); /* blocks the caller leaked */
+  mlo_host_free_ranges(ctx->free_list);
   /* Only what blocks ever covered can be poisoned: unpoisoning the whole
    * reserve would write shadow for twice the capacity at every close. */
   HOST_ASAN_UNPOISON(ctx->arena, ctx->touched_end);
@@ -340,9 +340,9 @@ static const struct mlo_platform_ops host_ops = {
     .name = "host",
     .destroy = host_destroy,
     .get_caps = host_get_caps,
-    .get_memory = host_get_memory,
-    .dev_alloc = host_dev_alloc,
-    .dev_free = host_dev_free,
+    .get_memory = mlo_host_get_memory,
+    .dev_alloc = mlo_host_dev_alloc,
+    .dev_free = mlo_host_dev_free,
     .host_alloc = host_host_alloc,
     .host_free = host_host_free,
     .copy_h2d = host_copy_h2d,
@@ -482,7 +482,7 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   pthread_cond_init(&ctx->done_cv, NULL);
   rc = pthread_create(&ctx->engine, NULL, engine_main, ctx);
   if (!rc && ctx->scrub) {
-    rc = pthread_create(&ctx->scrubber, NULL, host_scrubber_main, ctx);
+    rc = pthread_create(&ctx->scrubber, NULL, mlo_host_scrubber_main, ctx);
     if (rc) { /* stop the engine again */
       pthread_mutex_lock(&ctx->lock);
       ctx->stopping = true;
@@ -497,7 +497,7 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
     pthread_cond_destroy(&ctx->done_cv);
     pthread_cond_destroy(&ctx->work_cv);
     pthread_mutex_destroy(&ctx->lock);
-    host_free_ranges(ctx->free_list);
+    mlo_host_free_ranges(ctx->free_list);
     munmap(ctx->arena, ctx->arena_len);
     free(ctx);
     return MLO_EPLATFORM;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 /* Called with the lock held; NULL if handle is not a live block. */
-struct host_range *host_find_live(struct host_ctx *ctx, const void *handle) {
+struct host_range *mlo_host_find_live(struct host_ctx *ctx, const void *handle) {
   for (struct host_range *b = ctx->live; b; b = b->next)
     if (ctx->arena + b->off == handle) return b;
   return NULL;
@@ -64,7 +64,7 @@ static void insert_free(struct host_ctx *ctx, struct host_range *b) {
 
 /* Poisons released ranges once nothing queued before their release can
  * touch them; never on the copy engine, never under the lock. */
-void *host_scrubber_main(void *arg) {
+void *mlo_host_scrubber_main(void *arg) {
   struct host_ctx *ctx = arg;
   pthread_mutex_lock(&ctx->lock);
   for (;;) {
@@ -132,7 +132,7 @@ static bool carve(struct host_ctx *ctx, size_t padded, struct host_range *blk) {
   }
 }
 
-int host_dev_alloc(void *vctx, size_t bytes, void **block) {
+int mlo_host_dev_alloc(void *vctx, size_t bytes, void **block) {
   struct host_ctx *ctx = vctx;
   *block = NULL;
   if (bytes > SIZE_MAX - 2 * HOST_ALIGN) return MLO_ENOMEM_DEVICE;
@@ -159,10 +159,10 @@ int host_dev_alloc(void *vctx, size_t bytes, void **block) {
   return MLO_OK;
 }
 
-void host_dev_free(void *vctx, void *block, size_t bytes) {
+void mlo_host_dev_free(void *vctx, void *block, size_t bytes) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
-  struct host_range *b = host_find_live(ctx, block);
+  struct host_range *b = mlo_host_find_live(ctx, block);
   if (!b) {
     pthread_mutex_unlock(&ctx->lock);
     mlo_logf(MLO_LOG_ERROR, "host platform: dev_free of %p, which is not a live block", block);
@@ -181,7 +181,7 @@ void host_dev_free(void *vctx, void *block, size_t bytes) {
   pthread_mutex_unlock(&ctx->lock);
 }
 
-int host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes) {
+int mlo_host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
   *total = ctx->opt.capacity;
@@ -190,13 +190,13 @@ int host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes) {
   return MLO_OK;
 }
 
-bool host_scrub_pending(const struct host_ctx *ctx) {
+bool mlo_host_scrub_pending(const struct host_ctx *ctx) {
   for (const struct host_range *b = ctx->free_list; b; b = b->next)
     if (b->dirty) return true;
   return false;
 }
 
-void host_free_ranges(struct host_range *b) {
+void mlo_host_free_ranges(struct host_range *b) {
   while (b) {
     struct host_range *next = b->next;
     free(b);

@@ -99,16 +99,16 @@ struct mlo_event {
 
 /* Device memory (host_arena.c).  Called with ctx->lock held where the
  * platform contract says so; the ops-table slots take it themselves. */
-int host_dev_alloc(void *vctx, size_t bytes, void **block);
-void host_dev_free(void *vctx, void *block, size_t bytes);
-int host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes);
+int mlo_host_dev_alloc(void *vctx, size_t bytes, void **block);
+void mlo_host_dev_free(void *vctx, void *block, size_t bytes);
+int mlo_host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes);
 /* The live block that starts at handle, or NULL (lock held). */
-struct host_range *host_find_live(struct host_ctx *ctx, const void *handle);
+struct host_range *mlo_host_find_live(struct host_ctx *ctx, const void *handle);
 /* The scrubber thread: poisons released ranges once their copies ran. */
-void *host_scrubber_main(void *arg);
+void *mlo_host_scrubber_main(void *arg);
 /* Whether a released range still waits for its scrub (lock held). */
-bool host_scrub_pending(const struct host_ctx *ctx);
+bool mlo_host_scrub_pending(const struct host_ctx *ctx);
 /* Frees a list of ranges' bookkeeping (not their memory). */
-void host_free_ranges(struct host_range *b);
+void mlo_host_free_ranges(struct host_range *b);
 
 #endif

@@ -24,6 +24,7 @@
 #endif
 
 static void host_vlogf(mlo_log_level level, const char *fmt, va_list ap) {
+  if (!mlo_log_enabled(level)) return;
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
   mlo_logf(level, "%s", msg);
@@ -78,14 +79,21 @@ static void append(char *buf, size_t cap, size_t *used, const char *s) {
  * program libmlo.a was linked into), into dir; false if unknown. */
 static bool self_dir(char *dir, size_t cap) {
   Dl_info info;
-  if (!dladdr((void *)mlo_module_load, &info) || !info.dli_fname || !strchr(info.dli_fname, '/'))
-    return false;
-  const char *slash = strrchr(info.dli_fname, '/');
-  size_t n = (size_t)(slash - info.dli_fname);
-  if (n + 1 > cap) return false;
-  memcpy(dir, info.dli_fname, n);
-  dir[n] = '\0';
-  return true;
+  if (!dladdr((void *)mlo_module_load, &info) || !info.dli_fname) return false;
+  /* libmlo.so: its path as loaded; libmlo.a: the program, whose name here
+   * is argv[0]-like (relative, or bare): the kernel's word for it then */
+  char *real = info.dli_fname[0] == '/' ? realpath(info.dli_fname, NULL)
+                                        : realpath("/proc/self/exe", NULL);
+  if (!real) return false;
+  const char *slash = strrchr(real, '/');
+  size_t n = slash ? (size_t)(slash - real) : 0;
+  bool ok = slash && n + 1 <= cap;
+  if (ok) {
+    memcpy(dir, real, n);
+    dir[n] = '\0';
+  }
+  free(real);
+  return ok;
 }
 
 /* One attempt: dlopen `path` and check its init.  TRY_ABSENT when the file
@@ -117,13 +125,17 @@ static int try_load(const char *path, mlo_module_kind kind, const char *file,
     dlclose(h);
     return TRY_FAILED;
   }
-  if (m->abi != MLO_MODULE_ABI || !m->version || strcmp(m->version, mlo_version()) ||
-      m->kind != kind) {
+  if (m->abi != MLO_MODULE_ABI || !m->version || strcmp(m->version, mlo_version())) {
     snprintf(why, whylen,
-             "%s is from another build (module ABI %u, mlo %s, kind %d; this libmlo: ABI %u, "
-             "mlo %s, wants kind %d for '%s')",
-             path, m->abi, m->version ? m->version : "?", (int)m->kind, MLO_MODULE_ABI,
-             mlo_version(), (int)kind, file);
+             "%s is from another build (module ABI %u, mlo %s; this libmlo: ABI %u, mlo %s)", path,
+             m->abi, m->version ? m->version : "?", MLO_MODULE_ABI, mlo_version());
+    dlclose(h);
+    return TRY_FAILED;
+  }
+  if (m->kind != kind) {
+    snprintf(why, whylen, "%s is a %s module, not the %s module '%s' names", path,
+             m->kind == MLO_MODULE_PLATFORM ? "platform" : "workload",
+             kind == MLO_MODULE_PLATFORM ? "platform" : "workload", file);
     dlclose(h);
     return TRY_FAILED;
   }
@@ -139,10 +151,14 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
   pthread_mutex_lock(&modules_lock);
   for (struct loaded *l = modules; l; l = l->next)
     if (!strcmp(l->file, file)) {
-      *out = l->module;
-      if (path) *path = l->path;
+      int rc = l->module->kind == kind
+                   ? MLO_OK
+                   : mlo_errf(err, errlen, MLO_ENODEV, "%s is not the kind of module wanted here",
+                              l->path);
+      if (!rc) *out = l->module;
+      if (!rc && path) *path = l->path;
       pthread_mutex_unlock(&modules_lock);
-      return MLO_OK;
+      return rc;
     }
 
   char name[96];
@@ -188,10 +204,11 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
     if (result == TRY_ABSENT) {
       Dl_serinfo size, *info = NULL;
       void *self = dlopen(NULL, RTLD_LAZY);
-      if (self && dlinfo(self, RTLD_DI_SERINFOSIZE, &size) == 0 &&
+      if (self && dlinfo(self, RTLD_DI_SERINFOSIZE, &size) == 0 && size.dls_size >= sizeof size &&
           (info = mlo_malloc(size.dls_size)) != NULL) {
-        memcpy(info, &size, sizeof size);
-        if (dlinfo(self, RTLD_DI_SERINFO, info) == 0)
+        /* as dlinfo(3) says: the sizes into the buffer, then the paths */
+        if (dlinfo(self, RTLD_DI_SERINFOSIZE, info) == 0 &&
+            dlinfo(self, RTLD_DI_SERINFO, info) == 0)
           for (unsigned i = 0; i < info->dls_cnt && result == TRY_ABSENT; i++) {
             const char *d = info->dls_serpath[i].dls_name;
             if (!d || !*d || strlen(d) >= sizeof candidate - sizeof name - 2) continue;
@@ -222,7 +239,6 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
       l->next = modules;
       modules = l;
       if (path) *path = where;
-      mlo_logf(MLO_LOG_DEBUG, "module %s loaded from %s", name, where);
     }
   } else if (result == TRY_FAILED) {
     rc = mlo_errf(err, errlen, MLO_ENODEV, "%s (looked in: %s)", why, looked);
@@ -233,5 +249,7 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
                   name, looked[0] ? looked : "nowhere", env && *env ? ", from MLO_MODULE_PATH" : "");
   }
   pthread_mutex_unlock(&modules_lock);
+  /* outside the lock: a log callback may open a platform itself */
+  if (rc == MLO_OK) mlo_logf(MLO_LOG_DEBUG, "module %s loaded from %s", name, candidate);
   return rc;
 }

@@ -14,10 +14,17 @@
 #include "base/log.h"
 #include "base/sysio.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
-static const struct mlo_module_host *host;
+/* The libmlo this module serves.  A module file is loaded once per process
+ * (dlopen hands the same copy to every caller), so it can serve one libmlo:
+ * a second copy of libmlo in the same process (a program with libmlo.a and
+ * a plugin with libmlo.so) is refused rather than silently taking the
+ * module over — its log sink, fault counters and, were it unloaded, its
+ * table would become the first copy's. */
+static _Atomic(const struct mlo_module_host *) host;
 
 /* The module's own description, from its entry file (MLO_MODULE_DEFINE). */
 extern const struct mlo_module mlo_this_module;
@@ -34,7 +41,14 @@ __attribute__((visibility("default"))) int mlo_module_init(const struct mlo_modu
                MLO_MODULE_VERSION, MLO_MODULE_ABI, h->version ? h->version : "?", h->abi);
     return MLO_EINVAL;
   }
-  host = h;
+  const struct mlo_module_host *none = NULL;
+  if (!atomic_compare_exchange_strong(&host, &none, h) && none != h) {
+    if (err && errlen)
+      snprintf(err, errlen,
+               "already serves another copy of libmlo in this process (one libmlo per process "
+               "may use device modules: link libmlo once, shared)");
+    return MLO_EINVAL;
+  }
   *out = &mlo_this_module;
   return MLO_OK;
 }

@@ -647,6 +647,17 @@ class OutputFileTests(Fixture):
                     self.assertEqual(f.read(), "{}")  # untouched
             finally:
                 subprocess.run(["chattr", "-" + flag[1], out])
+        # an append-only folder takes the temporary but lets nothing be
+        # renamed: refused too, for a new file as for an existing one
+        d = tempfile.mkdtemp(dir=self.tmp)
+        self.assertEqual(subprocess.run(["chattr", "+a", d]).returncode, 0)
+        try:
+            rc, stdout, err = mlo("run", self.ckpt, "--trace", os.path.join(d, "new.json"))
+            self.assertEqual(rc, 2, err)
+            self.assertIn("is append-only (chattr +a): no file in it can be replaced", err)
+            self.assertEqual(os.listdir(d), [])  # no temporary left behind
+        finally:
+            subprocess.run(["chattr", "-a", d])
 
     def test_trace_and_timeline(self):
         trace = os.path.join(self.tmp, "t.json")
@@ -802,12 +813,12 @@ class InspectTests(Fixture):
         d = os.path.join(self.tmp, "ddim")
         if not os.path.isdir(d):
             shutil.copytree(self.ckpt, d)
-            cfg = os.path.join(d, "scheduler", "scheduler_config.json")
-            with open(cfg) as f:
-                sc = json.load(f)
-            sc["_class_name"] = "DDIMScheduler"
-            with open(cfg, "w") as f:
-                json.dump(sc, f)
+            index = os.path.join(d, "model_index.json")  # where diffusers takes the class
+            with open(index) as f:
+                mi = json.load(f)
+            mi["scheduler"] = ["diffusers", "DDIMScheduler"]
+            with open(index, "w") as f:
+                json.dump(mi, f)
         rc, out, err = mlo("inspect", d)
         self.assertEqual(rc, 0, err)
         for name in ("text_encoder", "transformer", "transformer_2", "vae"):

@@ -64,7 +64,7 @@ static void test_status_codes(void **state) {
   assert_string_equal(mlo_strerror(-999), "unknown error");
   assert_string_equal(mlo_strerror(7), "unknown error");
   assert_non_null(mlo_err_name(-999));
-  assert_string_equal(mlo_version(), "0.3.0"); /* the header's MLO_VERSION_* */
+  assert_string_equal(mlo_version(), "0.4.0"); /* the header's MLO_VERSION_* */
 }
 
 static void test_name_tables(void **state) {
@@ -176,6 +176,10 @@ static void test_escape(void **state) {
   assert_string_equal(mlo_escape("caf\xc3\xa9 \xe2\x86\x92", b, sizeof b), "caf\xc3\xa9 \xe2\x86\x92");
   assert_string_equal(mlo_escape("x\xc2\x9by", b, sizeof b), "x\\u009by");
   assert_string_equal(mlo_escape("\xff\xc3", b, sizeof b), "\\xff\\xc3");
+  /* not UTF-8 however it looks: an overlong CSI, a surrogate, past U+10FFFF */
+  assert_string_equal(mlo_escape("\xe0\x82\x9b", b, sizeof b), "\\xe0\\x82\\x9b");
+  assert_string_equal(mlo_escape("\xed\xa0\x80", b, sizeof b), "\\xed\\xa0\\x80");
+  assert_string_equal(mlo_escape("\xf4\x90\x80\x80", b, sizeof b), "\\xf4\\x90\\x80\\x80");
   /* cut to fit, and saying so */
   char small[8];
   assert_string_equal(mlo_escape("abcdefghij", small, sizeof small), "abcd...");

@@ -376,6 +376,11 @@ static void test_variants(void **state) {
   assert_ok(open_at("", NULL, &pipe));
   assert_non_null(mlo_component_find_tensor(mlo_pipeline_find(pipe, "vae"), "half"));
   mlo_pipeline_free(pipe);
+  /* PyTorch's own weight map beside them is no variant of safetensors */
+  put("vae/diffusion_pytorch_model.bin.index.json", "{\"weight_map\": {}}");
+  assert_ok(open_at("", NULL, &pipe));
+  assert_non_null(mlo_component_find_tensor(mlo_pipeline_find(pipe, "vae"), "half"));
+  mlo_pipeline_free(pipe);
   /* two variants and no plain weights: which is meant is not guessed */
   put_st("vae/diffusion_pytorch_model.bf16.safetensors", (const char *[]){"b", NULL}, (int[]){2});
   expect_fail("", NULL, MLO_EFORMAT, "two variants", "--variant");

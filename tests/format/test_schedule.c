@@ -129,10 +129,13 @@ static void test_refusals_and_defaults(void **state) {
   assert_string_equal(s.class_name, "UniPCMultistepScheduler");
   assert_int_equal(s.kind, MLO_SCHED_UNIPC_FLOW);
   assert_true(s.shift == 12.0);
-  write_configs("{\"scheduler\": [\"diffusers\", \"UniPCMultistepScheduler\"]}",
-                "{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\"}"); /* the config's wins */
+  /* both given and different (a swapped scheduler): model_index.json's, as
+   * diffusers loads it */
+  write_configs("{\"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"]}",
+                "{\"_class_name\": \"UniPCMultistepScheduler\", \"use_flow_sigmas\": true}");
   assert_ok(read_tmp(&s, err, sizeof err));
   assert_int_equal(s.kind, MLO_SCHED_FLOW_MATCH_EULER);
+  assert_string_equal(s.class_name, "FlowMatchEulerDiscreteScheduler");
   write_configs("{}", "{\"flow_shift\": 12.0}");
   assert_int_equal(read_tmp(&s, err, sizeof err), MLO_EFORMAT);
   assert_non_null(strstr(err, "model_index.json names no scheduler class"));
