@@ -65,15 +65,16 @@ static const char *collective_name(uint64_t id, void *user) {
   return buf;
 }
 
-int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, int status,
-                   const char *msg, bool *together) {
+int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, uint64_t check,
+                   int status, const char *msg, bool *together) {
   if (together) *together = true;
   if (!pipe->comm) return MLO_OK;
   uint64_t id = ((c ? (uint64_t)c->index : 0xffffffu) << 3) | step;
   char err[512];
   pipe->dist.collectives++;
   int rc =
-      mlo_dist_agree(pipe->comm, id, status, msg, collective_name, pipe, together, err, sizeof err);
+      mlo_dist_agree(pipe->comm, id, check, status, msg, collective_name, pipe, together, err,
+                     sizeof err);
   if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
   return MLO_OK;
 }

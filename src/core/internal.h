@@ -216,11 +216,12 @@ void mlo_tensor_free(mlo_tensor *t);
  * which tensor of which file; the slab's contents are then undefined. */
 /* The agreement step of a collective (dist.h) on this pipeline's
  * communicator, named by component: MLO_OK without one.  status and msg
- * are this rank's own part (its failure, told to every rank).  On failure
+ * are this rank's own part (its failure, told to every rank); check what
+ * every rank must agree on at this step besides (0: nothing).  On failure
  * pipe's errmsg holds the message; *together (may be NULL) whether every
  * rank is at this step and may undo it collectively (dist.h). */
-int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, int status,
-                   const char *msg, bool *together);
+int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, uint64_t check,
+                   int status, const char *msg, bool *together);
 enum { COLL_MATERIALIZE = 1, COLL_LOADED, COLL_LOAD, COLL_GATHER, COLL_FREE };
 int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
                    mlo_progress_fn progress, void *user);

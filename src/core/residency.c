@@ -111,7 +111,7 @@ static int gather(mlo_component *c, size_t slice) {
   mlo_pipeline *pipe = c->pipe;
   uint64_t g0 = mlo_plat_now(pipe->platform);
   char err[512] = "";
-  int rc = mlo_collective(pipe, c, COLL_GATHER, MLO_OK, NULL, NULL);
+  int rc = mlo_collective(pipe, c, COLL_GATHER, 0, MLO_OK, NULL, NULL);
   if (!rc) rc = mlo_dist_allgather(pipe->comm, c->block, slice, err, sizeof err);
   if (rc && err[0]) mlo_fail(pipe, rc, "%s: %s", c->name, err);
   pipe->dist.gather_ns += mlo_plat_now(pipe->platform) - g0;
@@ -137,7 +137,7 @@ int mlo_res_load(mlo_component *c) {
    * slice of whole 4 KiB units; the block holds all the slices. */
   size_t slice = 0;
   if (sharded_load(c)) {
-    if ((rc = mlo_collective(pipe, c, COLL_LOAD, MLO_OK, NULL, NULL))) return rc;
+    if ((rc = mlo_collective(pipe, c, COLL_LOAD, 0, MLO_OK, NULL, NULL))) return rc;
     uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
     slice = (size_t)(((c->block_bytes + n - 1) / n + 4095) / 4096 * 4096);
     c->alloc_bytes = pipe->shard_resident ? slice : (uint64_t)slice * n;
@@ -152,7 +152,7 @@ int mlo_res_load(mlo_component *c) {
     if (rc)
       snprintf(mine, sizeof mine, "allocating the device block of '%.120s' failed (%s)", c->name,
                mlo_strerror(rc));
-    int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, NULL);
+    int arc = mlo_collective(pipe, c, COLL_LOADED, 0, rc, rc ? mine : NULL, NULL);
     if (arc) {
       if (!rc) { /* this rank's block goes with the others' failure */
         c->stats.platform_calls++;

@@ -108,14 +108,96 @@ static int check_segments(mlo_component *c) {
   return MLO_OK;
 }
 
+#define CHECK_BASIS 0xcbf29ce484222325ull
+#define CHECK_PRIME 0x100000001b3ull
+#define CHECK_HEADER_CAP ((uint64_t)64 << 20)
+
+static uint64_t fold(uint64_t h, const void *bytes, size_t n) {
+  const unsigned char *p = bytes;
+  while (n--) h = (h ^ *p++) * CHECK_PRIME;
+  return h;
+}
+
+/* Folds the bytes [0, end) of a file: its header, up to the first tensor's
+ * bytes (at most CHECK_HEADER_CAP of it). */
+static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, size_t whylen) {
+  int fd = -1;
+  mlo_file_id id;
+  int rc = mlo_open_regular(path, &fd, &id, why, whylen);
+  if (rc) return rc;
+  if (end > id.size) end = id.size;
+  if (end > CHECK_HEADER_CAP) end = CHECK_HEADER_CAP;
+  static _Thread_local unsigned char buf[64 << 10];
+  for (uint64_t at = 0; at < end && !rc; at += sizeof buf) {
+    size_t n = end - at < sizeof buf ? (size_t)(end - at) : sizeof buf;
+    if (mlo_pread_full(fd, buf, n, at) != 0)
+      rc = mlo_errf(why, whylen, MLO_EIO, "%s: cannot read its header: %s", path,
+                    errno ? strerror(errno) : "the file shrank");
+    else
+      *h = fold(*h, buf, n);
+  }
+  close(fd);
+  return rc;
+}
+
+/* What every rank sharing this component's slab must hold alike, as one
+ * digest: the slab's size and layout, each tensor's name, dtype, shape,
+ * bytes and place in its file, each file's size and header.  Ranks that
+ * opened different checkpoints (another scale, another preset, a damaged
+ * header) then fail together at the agreement, before one slab is shared
+ * between them, instead of computing on each other's bytes or waiting in
+ * MPI_Win_free for a window of another size. */
+static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *check, char *why,
+                        size_t whylen) {
+  uint64_t h = fold(CHECK_BASIS, &b->slab_bytes, sizeof b->slab_bytes);
+  h = fold(h, &b->block_bytes, sizeof b->block_bytes);
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    uint64_t fields[6] = {(uint64_t)t->dtype, (uint64_t)t->ndim, t->nbytes, t->dev_offset,
+                          t->src_file ? t->src_offset : 0, t->src_file ? t->src_id.size : 0};
+    h = fold(h, t->name, strlen(t->name) + 1);
+    h = fold(h, fields, sizeof fields);
+    h = fold(h, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
+  }
+  for (size_t i = 0; i < c->ntensors; i++) { /* each file once, its header */
+    const mlo_tensor *t = c->tensors[i];
+    if (!t->src_file) continue;
+    bool seen = false;
+    uint64_t end = t->src_offset;
+    for (size_t j = 0; j < c->ntensors && !seen; j++) {
+      const mlo_tensor *o = c->tensors[j];
+      if (!o->src_file || strcmp(o->src_file, t->src_file)) continue;
+      if (j < i) seen = true;
+      if (o->src_offset < end) end = o->src_offset;
+    }
+    if (seen) continue;
+    int rc = fold_header(t->src_file, end, &h, why, whylen);
+    if (rc) return rc;
+  }
+  *check = h;
+  return MLO_OK;
+}
+
 /* The host slab: one per node, shared by its ranks (after every rank
- * arrived at this component), or this process's own from the platform. */
+ * arrived at this component holding the same checkpoint for it), or this
+ * process's own from the platform. */
 static int alloc_slab(mlo_component *c, slab_build *b) {
   mlo_pipeline *pipe = c->pipe;
   if (!b->slab_bytes) return MLO_OK;
   int rc;
   if (pipe->comm) {
-    if ((rc = mlo_collective(pipe, c, COLL_MATERIALIZE, MLO_OK, NULL, NULL))) return rc;
+    uint64_t check = 0;
+    char why[400] = "";
+    int mine = shared_check(c, b, &check, why, sizeof why); /* a failure is every rank's to hear */
+    if ((rc = mlo_collective(pipe, c, COLL_MATERIALIZE, check, mine, mine ? why : NULL, NULL))) {
+      if (rc != MLO_ESTATE || !strstr(pipe->errmsg, " differ at ")) return rc;
+      char said[sizeof pipe->errmsg];
+      snprintf(said, sizeof said, "%s", pipe->errmsg);
+      return mlo_fail(pipe, rc,
+                      "%s: the ranks do not hold the same checkpoint for it (its tensors, their "
+                      "layout, or their files' sizes or headers differ): %s",
+                      c->name, said);
+    }
     char err[256];
     rc = mlo_dist_shared_alloc(pipe->comm, (size_t)b->slab_bytes, &b->slab, &b->shared, err,
                                sizeof err);
@@ -192,7 +274,7 @@ static int read_files(mlo_component *c, slab_build *b) {
   if (b->shared) {
     char mine[200];
     snprintf(mine, sizeof mine, "%.190s", rc ? pipe->errmsg : "");
-    int arc = mlo_collective(pipe, c, COLL_LOADED, rc, rc ? mine : NULL, &b->together);
+    int arc = mlo_collective(pipe, c, COLL_LOADED, 0, rc, rc ? mine : NULL, &b->together);
     if (!rc) rc = arc;
   }
   return rc;

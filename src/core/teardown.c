@@ -35,7 +35,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
    * rank): only once every rank is here, else they are left mapped. */
   bool shared = false;
   for (size_t i = 0; i < pipe->ncomps; i++) shared = shared || pipe->comps[i]->slab_shared;
-  if (shared && mlo_collective(pipe, NULL, COLL_FREE, drained ? MLO_OK : MLO_EPLATFORM,
+  if (shared && mlo_collective(pipe, NULL, COLL_FREE, 0, drained ? MLO_OK : MLO_EPLATFORM,
                                drained ? NULL : "the device did not drain", NULL)) {
     mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: %s; its node-shared slabs are left mapped",
              pipe->errmsg);

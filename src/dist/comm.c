@@ -44,11 +44,11 @@ void mlo_dist_shared_free(mlo_comm *c, void *handle) {
 int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t errlen) {
   return c ? c->ops->allgather(c->ctx, buf, slice, err, errlen) : no_comm(err, errlen);
 }
-int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_dist_namer name,
-                   void *user, bool *together, char *err, size_t errlen) {
+int mlo_dist_agree(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
+                   mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen) {
   if (!c) {
     if (together) *together = false;
     return no_comm(err, errlen);
   }
-  return c->ops->agree(c->ctx, id, status, msg, name, user, together, err, errlen);
+  return c->ops->agree(c->ctx, id, check, status, msg, name, user, together, err, errlen);
 }

@@ -31,8 +31,8 @@ struct mlo_comm_ops {
                       size_t errlen);
   void (*shared_free)(void *ctx, void *handle);
   int (*allgather)(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
-  int (*agree)(void *ctx, uint64_t id, int status, const char *msg, mlo_dist_namer name,
-               void *user, bool *together, char *err, size_t errlen);
+  int (*agree)(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+               mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
 };
 
 /* The handle behind the public mlo_comm. */
@@ -64,7 +64,10 @@ int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t e
  * states which operation it is at (`id`, e.g. a component's index, with
  * `what` naming it in messages) and whether its own part succeeded
  * (status, msg).  Returns MLO_OK when every rank arrived with the same id
- * and MLO_OK; otherwise an error on every rank that arrived, with a message
+ * and MLO_OK; check is what the ranks must also agree on at this step (a
+ * digest of what each rank is about to share: 0 when nothing), and ranks
+ * that arrive with different checks fail together (MLO_ESTATE, naming the
+ * two ranks).  Otherwise an error on every rank that arrived, with a message
  * naming both sides of a mismatch, the ranks that did not arrive within the
  * communicator's timeout, or the rank that failed and why.  After a
  * timeout the communicator is broken: every later collective fails at once
@@ -72,7 +75,7 @@ int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t e
 /* *together (may be NULL) says whether every node rank reached this same
  * step (the verdict is OK or a rank's failure): only then may the ranks
  * undo together what they did collectively. */
-int mlo_dist_agree(mlo_comm *c, uint64_t id, int status, const char *msg, mlo_dist_namer name,
-                   void *user, bool *together, char *err, size_t errlen);
+int mlo_dist_agree(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
+                   mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
 
 #endif

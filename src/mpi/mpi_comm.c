@@ -30,10 +30,10 @@
 #define TAG_VERDICT 0x6d11
 #define GATHER_UNIT 4096
 
-enum { V_OK, V_MISMATCH, V_MISSING, V_FAILED };
+enum { V_OK, V_MISMATCH, V_MISSING, V_FAILED, V_DIFFERS };
 
 typedef struct {
-  uint64_t seq, id;
+  uint64_t seq, id, check;
   int32_t status;
   char msg[200];
 } vote;
@@ -87,8 +87,8 @@ static int mpi_shared_alloc(void *ctx, size_t bytes, void **ptr, void **handle, 
                             size_t errlen);
 static void mpi_shared_free(void *ctx, void *handle);
 static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
-static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_dist_namer name,
-                     void *user, bool *together, char *err, size_t errlen);
+static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+                     mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
 
 static const struct mlo_comm_ops mpi_ops = {
     .destroy = mpi_destroy,
@@ -302,11 +302,19 @@ static void coordinate(mpi_ctx *c, verdict *v) {
       snprintf(v->msg, sizeof v->msg, "%s", c->votes[i].msg);
       return;
     }
+  /* what the ranks hold, compared once every rank's own part succeeded */
+  for (int i = 1; i < n; i++)
+    if (c->votes[i].check != c->votes[0].check) {
+      v->code = V_DIFFERS;
+      v->rank_a = 0, v->id_a = c->votes[0].check;
+      v->rank_b = i, v->id_b = c->votes[i].check;
+      return;
+    }
   v->code = V_OK;
 }
 
-static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_dist_namer name,
-                     void *user, bool *together, char *err, size_t errlen) {
+static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+                     mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen) {
   mpi_ctx *c = ctx;
   if (together) *together = false;
   if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
@@ -316,6 +324,7 @@ static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_di
   memset(&c->my_vote, 0, sizeof c->my_vote);
   c->my_vote.seq = c->seq;
   c->my_vote.id = id;
+  c->my_vote.check = check;
   c->my_vote.status = status;
   if (msg) snprintf(c->my_vote.msg, sizeof c->my_vote.msg, "%s", msg);
   verdict *v = &c->my_verdict;
@@ -351,7 +360,7 @@ static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_di
       return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
     }
   }
-  if (together) *together = v->code == V_OK || v->code == V_FAILED;
+  if (together) *together = v->code == V_OK || v->code == V_FAILED || v->code == V_DIFFERS;
   switch (v->code) {
   case V_OK:
     return MLO_OK;
@@ -361,6 +370,12 @@ static int mpi_agree(void *ctx, uint64_t id, int status, const char *msg, mlo_di
                     "(every rank must acquire the same components in the same order)",
                     v->rank_a, name_of(name, user, v->id_a, nb, sizeof nb), v->rank_b,
                     name_of(name, user, v->id_b, nb2, sizeof nb2));
+  case V_DIFFERS:
+    return errf(err, errlen, MLO_ESTATE,
+                "node ranks %d and %d differ at '%s' (%016llx against %016llx): they must hold "
+                "the same thing there",
+                v->rank_a, v->rank_b, what, (unsigned long long)v->id_a,
+                (unsigned long long)v->id_b);
   case V_MISSING:
     c->broken = true;
     snprintf(c->broken_why, sizeof c->broken_why,

@@ -13,6 +13,8 @@
  *    with that rank's message, leaves no slab, and a retry succeeds;
  *  - a sequence mismatch (one rank loads another component) fails on every
  *    rank naming both, and the communicator goes on working;
+ *  - ranks that opened different checkpoints fail together at the first
+ *    shared slab, sharing none; the same files at another path agree;
  *  - a rank that does not arrive within the timeout is reported on every
  *    other rank within it, and the late rank is told when it arrives.
  * Plain C with a failure count (no test framework: a rank that gave up on
@@ -275,6 +277,47 @@ static void test_mismatch(mlo_comm *comm) {
   mlo_platform_close(p);
 }
 
+/* Ranks that opened different checkpoints (another scale: every size
+ * differs) fail together at the first shared slab, naming the component,
+ * at once and on every rank: no slab is shared between them (shared mode
+ * once computed on the other rank's bytes), and nobody waits in
+ * MPI_Win_free for a window of another size (it hung).  The same
+ * checkpoint at another path is the same checkpoint. */
+static void open_at_dir(const char *path, mlo_platform *p, mlo_comm *comm, mlo_pipeline **pipe) {
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = p;
+  po.comm = comm;
+  char err[512] = "";
+  int rc = mlo_pipeline_open_path(&po, path, NULL, pipe, err, sizeof err);
+  CHECK(rc == MLO_OK, "open %s: %s", path, err);
+}
+
+static void test_different_checkpoints(mlo_comm *comm, const char *other, const char *copy) {
+  if (nranks < 2) return;
+  int odd = nranks - 1;
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = NULL;
+  open_at_dir(rank == odd ? other : dir, p, comm, &pipe);
+  double t0 = MPI_Wtime();
+  int rc = pipe ? mlo_pipeline_materialize(pipe) : MLO_EINVAL;
+  double took = MPI_Wtime() - t0;
+  CHECK(rc == MLO_ESTATE, "different checkpoints gave %s", mlo_err_name(rc));
+  const char *msg = pipe ? mlo_pipeline_errmsg(pipe) : "";
+  CHECK(strstr(msg, "do not hold the same checkpoint") && strstr(msg, "text_encoder"),
+        "message '%s'", msg);
+  CHECK(took < 5.0, "reported after %.2f s", took);
+  mlo_pipeline_stats st;
+  CHECK(pipe && mlo_pipeline_get_stats(pipe, &st) == MLO_OK && st.host_slab_bytes == 0,
+        "a slab was shared between different checkpoints");
+  mlo_pipeline_free(pipe);
+  /* the same files under another path: one checkpoint, one slab each */
+  open_at_dir(rank == odd ? copy : dir, p, comm, &pipe);
+  rc = pipe ? mlo_pipeline_materialize(pipe) : MLO_EINVAL;
+  CHECK(rc == MLO_OK, "the same checkpoint at another path: %s", mlo_pipeline_errmsg(pipe));
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
 static void test_missing_rank(void) {
   if (nranks < 2) return;
   mlo_comm *comm = NULL;
@@ -328,7 +371,21 @@ int main(int argc, char **argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
+  /* beside it: the same preset at another scale, and a copy of the first */
+  char other[300], copy[300];
+  snprintf(other, sizeof other, "%s_b", dir);
+  snprintf(copy, sizeof copy, "%s_copy", dir);
+  if (rank == 0) {
+    char err[512], cmd[700];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", dir, copy);
+    if (mlo_synth_write("wan2.2-t2v", other, 0.0006, NULL, NULL, err, sizeof err) || system(cmd)) {
+      fprintf(stderr, "second checkpoint: %s\n", err);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
   MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  snprintf(other, sizeof other, "%s_b", dir);
+  snprintf(copy, sizeof copy, "%s_copy", dir);
   /* the single-process digest, on rank 0's own pipeline */
   uint64_t reference = 0;
   {
@@ -351,6 +408,7 @@ int main(int argc, char **argv) {
   test_shard_resident(comm);
   test_fault_on_one_rank(comm);
   test_mismatch(comm);
+  test_different_checkpoints(comm, other, copy);
   mlo_comm_free(comm);
   test_missing_rank();
   int all = 0;
