@@ -100,9 +100,15 @@ static bool any_scrubbing(const struct host_ctx *ctx) {
 
 /* First fit from the low end: a run of adjacent free ranges (dirty or
  * clean alike: the new owner overwrites what it uses) that none is being
- * scrubbed; waits for the scrubber when only such runs would do.  Lock held. */
+ * scrubbed.  A fit that would reach past the memory already touched while
+ * a range below it is being scrubbed waits for the scrubber instead: reuse
+ * is ordered after the scrub, as a GPU's stream-ordered allocator orders
+ * it after the free, and the stand-in device memory never grows past what
+ * the allocations themselves need (it grew to the sum of every component
+ * when first fit skipped the ranges in scrubbing).  Lock held. */
 static bool carve(struct host_ctx *ctx, size_t padded, struct host_range *blk) {
   for (;;) {
+    bool scrubbing = any_scrubbing(ctx);
     for (struct host_range *f = ctx->free_list; f; f = f->next) {
       size_t have = 0;
       for (struct host_range *g = f; g && !g->scrubbing && have < padded; g = g->next) {
@@ -110,6 +116,7 @@ static bool carve(struct host_ctx *ctx, size_t padded, struct host_range *blk) {
         have += g->len;
       }
       if (have < padded) continue;
+      if (scrubbing && f->off + padded > ctx->touched_end) break; /* wait, do not grow */
       blk->off = f->off;
       blk->len = padded;
       for (size_t need = padded; need;) { /* whole ranges, then part of the last */
@@ -127,7 +134,7 @@ static bool carve(struct host_ctx *ctx, size_t padded, struct host_range *blk) {
       }
       return true;
     }
-    if (!any_scrubbing(ctx)) return false;
+    if (!scrubbing) return false;
     pthread_cond_wait(&ctx->done_cv, &ctx->lock);
   }
 }
