@@ -50,6 +50,14 @@ typedef struct {
 MLO_API int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **out,
                                 char *err, size_t errlen);
 MLO_API void mlo_comm_free(mlo_comm *comm);
+/* Whether the communicator is broken: a rank did not arrive at an agreement
+ * within the timeout (or the coordinator did not answer).  Every later
+ * collective then fails at once; but MPI_Finalize, and freeing node-shared
+ * windows, would still wait for the missing rank, possibly forever (a rank
+ * stopped, not dead).  A program that finds it broken should end the job
+ * with MPI_Abort, as `mlo run --ranks` does, so a scheduler sees the failure
+ * within the timeout. */
+MLO_API bool mlo_comm_broken(const mlo_comm *comm);
 /* On CUDA: the node's NCCL communicator (an ncclComm_t over the same node
  * ranks, in node-rank order) for the device-side all-gather of sharded
  * loads, which then runs on the copy stream without the host.  Not owned. */

@@ -392,3 +392,7 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
 void mlo_comm_free(mlo_comm *c) {
   if (c) c->ops->destroy(c->ctx);
 }
+
+bool mlo_comm_broken(const mlo_comm *c) {
+  return c && ((const mpi_ctx *)c->ctx)->broken;
+}

@@ -344,6 +344,7 @@ static void test_missing_rank(void) {
     CHECK(strstr(msg, "did not arrive"), "the late rank was told '%s'", msg);
     CHECK(took < 0.5, "the late rank waited %.2f s", took);
   }
+  CHECK(mlo_comm_broken(comm), "rank %d: the communicator is not said to be broken", rank);
   /* broken: every later collective fails at once */
   t0 = MPI_Wtime();
   rc = mlo_component_load(mlo_pipeline_component_at(pipe, 2));

@@ -509,6 +509,6 @@ int cmd_run(int argc, char **argv) {
   if (tracing) tool_trace_destroy(&trace);
 out_free:
   source_free(&ra.src);
-  ranks_stop(&ra.rk);
+  ranks_stop(&ra.rk, code);
   return code;
 }

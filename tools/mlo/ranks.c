@@ -43,7 +43,16 @@ int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
   return MLO_OK;
 }
 
-void ranks_stop(tool_ranks *r) {
+void ranks_stop(tool_ranks *r, int code) {
+  /* A rank that never arrived would keep MPI_Finalize waiting, perhaps
+   * forever (stopped, not dead): end the job, so the scheduler sees the
+   * failure within the timeout. */
+  if (r->comm && mlo_comm_broken(r->comm)) {
+    fprintf(stderr, "mlo run: rank %d: the communicator is broken; ending the job (MPI_Abort)\n",
+            r->rank);
+    fflush(NULL);
+    MPI_Abort(MPI_COMM_WORLD, code ? code : TOOL_EXIT_FAIL);
+  }
   if (r->comm) mlo_comm_free(r->comm);
   r->comm = NULL;
   if (we_started_mpi) MPI_Finalize();
@@ -153,8 +162,8 @@ int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
   snprintf(err, errlen, "--ranks: this mlo was built without MPI (Debian: libopenmpi-dev)");
   return MLO_EUNSUPPORTED;
 }
-void ranks_stop(tool_ranks *r) {
-  (void)r;
+void ranks_stop(tool_ranks *r, int code) {
+  (void)r, (void)code;
 }
 int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen) {
   (void)r, (void)step, (void)err, (void)errlen;

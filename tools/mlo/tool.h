@@ -208,7 +208,9 @@ typedef struct {
 /* MPI_Init (unless the caller did) and the communicator over every rank;
  * timeout_s bounds how long a collective waits for a missing rank. */
 int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen);
-void ranks_stop(tool_ranks *r);
+/* Frees the communicator and finalizes MPI if ranks_start initialized it;
+ * a broken communicator ends the job with MPI_Abort(code) instead. */
+void ranks_stop(tool_ranks *r, int code);
 /* Every rank at `step` (1: measuring, so a page's PSS counts every rank
  * that touched it; 2: reporting, whose collectives need every rank) with
  * its exit code so far: code if every rank got here with 0, else non-zero
