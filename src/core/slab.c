@@ -127,15 +127,20 @@ static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, s
   if (rc) return rc;
   if (end > id.size) end = id.size;
   if (end > CHECK_HEADER_CAP) end = CHECK_HEADER_CAP;
-  static _Thread_local unsigned char buf[64 << 10];
-  for (uint64_t at = 0; at < end && !rc; at += sizeof buf) {
-    size_t n = end - at < sizeof buf ? (size_t)(end - at) : sizeof buf;
+  /* on the heap: a pipeline may be opened on a thread with a small stack,
+   * and thread-local storage is carved from every thread's stack */
+  const size_t cap = 64 << 10;
+  unsigned char *buf = end ? mlo_malloc(cap) : NULL;
+  if (end && !buf) rc = mlo_errf(why, whylen, MLO_ENOMEM, "out of host memory");
+  for (uint64_t at = 0; at < end && !rc; at += cap) {
+    size_t n = end - at < cap ? (size_t)(end - at) : cap;
     if (mlo_pread_full(fd, buf, n, at) != 0)
       rc = mlo_errf(why, whylen, MLO_EIO, "%s: cannot read its header: %s", path,
                     errno ? strerror(errno) : "the file shrank");
     else
       *h = fold(*h, buf, n);
   }
+  free(buf);
   close(fd);
   return rc;
 }

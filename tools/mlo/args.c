@@ -63,9 +63,11 @@ void tool_print_json_error(int code) {
 }
 
 const char *tool_esc(const char *s) {
-  /* rotating, as tool_size's: one printf may escape several names */
-  static _Thread_local char bufs[8][2048];
-  static _Thread_local unsigned next;
+  /* rotating, as tool_size's: one printf may escape several names (the
+   * tool prints from one thread; thread-local storage would be carved from
+   * the stack of every thread the library starts) */
+  static char bufs[8][2048];
+  static unsigned next;
   char *b = bufs[next++ % 8];
   return mlo_escape(s, b, sizeof bufs[0]);
 }

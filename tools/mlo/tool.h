@@ -185,7 +185,7 @@ void tool_print_json_error(int code);
 const char *tool_size(uint64_t bytes);
 /* A name read from a file (tensor, metadata, component, path) as a terminal
  * may be shown it: control characters and bytes that are not UTF-8 escaped
- * (mlo_escape).  Eight rotating buffers per thread, as tool_size. */
+ * (mlo_escape).  Eight rotating buffers, as tool_size: the printing thread's. */
 const char *tool_esc(const char *s);
 
 /* ---- ranks.c: mlo run --ranks under mpirun ---- */
