@@ -54,6 +54,11 @@ static const char *collective_name(uint64_t id, void *user) {
   mlo_pipeline *pipe = user;
   static const char *const steps[] = {"?", "materialize", "loaded", "load", "gather", "free"};
   static _Thread_local char buf[192];
+  if (id & MLO_DIST_PROGRAM_STEP) { /* another rank is at the program's own step */
+    snprintf(buf, sizeof buf, "the program's own step %llu (past its pipeline)",
+             (unsigned long long)(id & ~MLO_DIST_PROGRAM_STEP));
+    return buf;
+  }
   uint64_t index = id >> 3;
   const char *step = steps[(id & 7) < 6 ? id & 7 : 0];
   if (index == 0xffffff)

@@ -22,6 +22,10 @@
 #include <stdint.h>
 
 typedef const char *(*mlo_dist_namer)(uint64_t id, void *user);
+/* Ids of a program's own agreement steps (the tool's "measuring the
+ * ranks") carry this bit, so they never collide with a pipeline's steps
+ * (component index and step) and each side's namer can say whose a step is. */
+#define MLO_DIST_PROGRAM_STEP ((uint64_t)1 << 62)
 
 /* What a communicator does, behind its own ctx (see the wrappers below for
  * each call's contract). */

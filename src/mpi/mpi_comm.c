@@ -287,6 +287,19 @@ static void coordinate(mpi_ctx *c, verdict *v) {
     }
     return;
   }
+  /* A rank that failed and went on to another step is at a mismatch
+   * because it failed: its failure is what every rank must hear, at once. */
+  bool apart = false;
+  for (int i = 1; i < n; i++)
+    apart = apart || c->votes[i].seq != c->votes[0].seq || c->votes[i].id != c->votes[0].id;
+  for (int i = 0; i < n && apart; i++)
+    if (c->votes[i].status) {
+      v->code = V_FAILED;
+      v->rank_a = i, v->id_a = c->votes[i].id;
+      v->status = c->votes[i].status;
+      snprintf(v->msg, sizeof v->msg, "%s", c->votes[i].msg);
+      return;
+    }
   for (int i = 1; i < n; i++)
     if (c->votes[i].seq != c->votes[0].seq || c->votes[i].id != c->votes[0].id) {
       v->code = V_MISMATCH;
@@ -297,7 +310,7 @@ static void coordinate(mpi_ctx *c, verdict *v) {
   for (int i = 0; i < n; i++)
     if (c->votes[i].status) {
       v->code = V_FAILED;
-      v->rank_a = i;
+      v->rank_a = i, v->id_a = c->votes[i].id;
       v->status = c->votes[i].status;
       snprintf(v->msg, sizeof v->msg, "%s", c->votes[i].msg);
       return;
@@ -332,6 +345,7 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
     memset(v, 0, sizeof *v);
     if (status) {
       v->code = V_FAILED;
+      v->id_a = id;
       v->status = status;
       snprintf(v->msg, sizeof v->msg, "%s", c->my_vote.msg);
     }
@@ -384,7 +398,8 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
     return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   default:
     return errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,
-                    "node rank %d failed at '%s': %s", v->rank_a, what,
+                    "node rank %d failed at '%s': %s", v->rank_a,
+                    v->id_a == id ? what : name_of(name, user, v->id_a, nb2, sizeof nb2),
                     v->msg[0] ? v->msg : mlo_strerror(v->status));
   }
 }

@@ -27,6 +27,7 @@
 #include "ranks_check.h"
 
 #include "base/sysio.h"
+#include "dist/dist.h"
 
 #include <mpi.h>
 #include <stdio.h>
@@ -318,6 +319,34 @@ static void test_different_checkpoints(mlo_comm *comm, const char *other, const 
   mlo_platform_close(p);
 }
 
+/* A rank that failed and went on to its program's own step (the tool's
+ * report) while the others load: they hear its failure at once, named at
+ * its step, not a bare "sequence mismatch" (issue 26.8). */
+static void test_peer_failed_elsewhere(mlo_comm *comm) {
+  if (nranks < 2) return;
+  int odd = nranks - 1;
+  char err[512] = "";
+  if (rank == odd) {
+    int rc = mlo_dist_agree(comm, MLO_DIST_PROGRAM_STEP | 1, 0, MLO_ECALLBACK, "exit code 4", NULL,
+                            NULL, NULL, err, sizeof err);
+    CHECK(rc != MLO_OK && strstr(err, "exit code 4"), "the failing rank heard '%s'", err);
+    return;
+  }
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = open_with(p, comm, false, NULL);
+  double t0 = MPI_Wtime();
+  int rc = mlo_pipeline_materialize(pipe);
+  double took = MPI_Wtime() - t0;
+  const char *msg = mlo_pipeline_errmsg(pipe);
+  char want[96];
+  snprintf(want, sizeof want, "node rank %d failed at 'the program's own step 1", odd);
+  CHECK(rc != MLO_OK && strstr(msg, want) && strstr(msg, "exit code 4"), "message '%s'", msg);
+  CHECK(!strstr(msg, "mismatch"), "a bare mismatch: '%s'", msg);
+  CHECK(took < 5.0, "heard after %.2f s", took);
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
 static void test_missing_rank(void) {
   if (nranks < 2) return;
   mlo_comm *comm = NULL;
@@ -410,6 +439,7 @@ int main(int argc, char **argv) {
   test_fault_on_one_rank(comm);
   test_mismatch(comm);
   test_different_checkpoints(comm, other, copy);
+  test_peer_failed_elsewhere(comm);
   mlo_comm_free(comm);
   test_missing_rank();
   int all = 0;

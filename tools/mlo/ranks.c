@@ -61,14 +61,16 @@ void ranks_stop(tool_ranks *r, int code) {
 
 static const char *step_name(uint64_t id, void *user) {
   (void)user;
-  return id == 1 ? "measuring the ranks" : "reporting the ranks";
+  if (!(id & MLO_DIST_PROGRAM_STEP)) /* the other rank is still at its pipeline */
+    return "a step of its pipeline (loading or freeing it)";
+  return (id & ~MLO_DIST_PROGRAM_STEP) == 1 ? "measuring the ranks" : "reporting the ranks";
 }
 
 int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen) {
   if (!r->comm) return code;
   char mine[64];
   snprintf(mine, sizeof mine, "exit code %d", code);
-  int rc = mlo_dist_agree(r->comm, (uint64_t)step, 0, code ? MLO_ECALLBACK : MLO_OK,
+  int rc = mlo_dist_agree(r->comm, MLO_DIST_PROGRAM_STEP | (uint64_t)step, 0, code ? MLO_ECALLBACK : MLO_OK,
                           code ? mine : NULL, step_name, NULL, NULL, err, errlen);
   return rc ? (code ? code : TOOL_EXIT_FAIL) : code;
 }
