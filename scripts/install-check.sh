@@ -56,6 +56,10 @@ for m in $modules; do
   [ -z "$extra" ] || fail "$m exports more than mlo_module_init: $extra"
 done
 [ -z "$modules" ] || step "modules in lib/mlo: $(echo $modules)"
+moddir=$(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --variable=moduledir mlo)
+for m in $modules; do
+  [ -e "$moddir/$m" ] || fail "pkg-config's moduledir ($moddir) does not hold $m"
+done
 have_mpi=0
 if ls "$build"/src/mpi/libmlo-mpi.so* >/dev/null 2>&1; then
   have_mpi=1
