@@ -247,15 +247,16 @@ MLO_API int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf
 /* The platforms this libmlo knows (mlo_platform_info_get), for tools that
  * list them instead of keeping a list of their own. */
 typedef struct {
-  size_t size;         /* in: sizeof(mlo_platform_info) */
-  bool probe;          /* in: load the platform's module to fill available and detail */
-  const char *name;    /* "host", "cuda", ... (static storage) */
-  const char *spec;    /* the spec's shape, "cuda[:N][:opts]" (static storage) */
-  bool module;         /* loaded from libmlo-NAME.so rather than built in */
-  bool available;      /* built in, or (probed) its module loaded; a device may still be absent */
-  char detail[1024];   /* "built in", (probed) the module's path or why it could not be loaded */
+  size_t size;       /* in: sizeof(mlo_platform_info) */
+  bool probe;        /* in: load the platform's module to fill available and detail */
+  const char *name;  /* "host", "cuda", ... (static storage) */
+  const char *spec;  /* the spec's shape, "cuda[:N][:opts]" (static storage) */
+  bool module;       /* loaded from libmlo-NAME.so rather than built in */
+  bool available;    /* built in, or (probed) its module loaded; a device may still be absent */
+  char detail[1024]; /* "built in", (probed) the module's path or why it could not be loaded */
 } mlo_platform_info;
-#define MLO_PLATFORM_INFO_INIT {sizeof(mlo_platform_info), false, NULL, NULL, false, false, ""}
+#define MLO_PLATFORM_INFO_INIT                                                                     \
+  { sizeof(mlo_platform_info), false, NULL, NULL, false, false, "" }
 MLO_API size_t mlo_platform_count(void);
 /* Fills info for platform `index` (0..count-1); with probe, loads its module
  * if it has one, as mlo_platform_open would (a module stays loaded).

@@ -95,8 +95,8 @@ static int check_replaceable(const char *target, bool exists, const struct stat 
                     f & STATX_ATTR_IMMUTABLE ? "+i" : "+a");
   struct stat dst;
   uid_t me = geteuid();
-  if (exists && stat(dir, &dst) == 0 && (dst.st_mode & S_ISVTX) && me != 0 &&
-      st->st_uid != me && dst.st_uid != me)
+  if (exists && stat(dir, &dst) == 0 && (dst.st_mode & S_ISVTX) && me != 0 && st->st_uid != me &&
+      dst.st_uid != me)
     return mlo_errf(err, errlen, MLO_EIO,
                     "%s: belongs to another user in a sticky folder: it cannot be replaced",
                     target);

@@ -140,8 +140,10 @@ char *mlo_escape(const char *s, char *buf, size_t len) {
     }
     size_t n = strlen(piece);
     if (o + n + 1 > len) { /* cut: say so where there is room */
-      if (len >= 4) memcpy(buf + (o + 4 <= len ? o : len - 4), "...", 4);
-      else buf[o < len ? o : len - 1] = '\0';
+      if (len >= 4)
+        memcpy(buf + (o + 4 <= len ? o : len - 4), "...", 4);
+      else
+        buf[o < len ? o : len - 1] = '\0';
       return buf;
     }
     memcpy(buf + o, piece, n);

@@ -80,7 +80,8 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
   char a[32], b[32];
   if (need > B(pipe)->budget)
     return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) does not fit in the budget of %s", c->name,
-                    mlo_format_size(need, a, sizeof a), mlo_format_size(B(pipe)->budget, b, sizeof b));
+                    mlo_format_size(need, a, sizeof a),
+                    mlo_format_size(B(pipe)->budget, b, sizeof b));
   while (pipe->device_bytes + need > B(pipe)->budget) {
     mlo_component *v = pick_victim(pipe, c, false, 0, short_by(pipe, need));
     if (v) {
@@ -271,8 +272,7 @@ static void budget_released(mlo_pipeline *pipe, mlo_component *c) {
 static int budget_audit(mlo_pipeline *pipe) {
   if (pipe->device_bytes > B(pipe)->budget)
     return mlo_fail(pipe, MLO_ESTATE, "audit: %llu device bytes resident, over the budget of %llu",
-                    (unsigned long long)pipe->device_bytes,
-                    (unsigned long long)B(pipe)->budget);
+                    (unsigned long long)pipe->device_bytes, (unsigned long long)B(pipe)->budget);
   return MLO_OK;
 }
 

@@ -77,9 +77,8 @@ int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, ui
   uint64_t id = ((c ? (uint64_t)c->index : 0xffffffu) << 3) | step;
   char err[512];
   pipe->dist.collectives++;
-  int rc =
-      mlo_dist_agree(pipe->comm, id, check, status, msg, collective_name, pipe, together, err,
-                     sizeof err);
+  int rc = mlo_dist_agree(pipe->comm, id, check, status, msg, collective_name, pipe, together, err,
+                          sizeof err);
   if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
   return MLO_OK;
 }

@@ -96,9 +96,9 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
   for (const unsigned char *p = (const unsigned char *)name; *p; p++)
     if (*p < 0x20 || *p == 0x7F) {
       char safe[192];
-      return mlo_fail(pipe, MLO_EINVAL,
-                      "component name '%s' has a control character (byte 0x%02x at %zu)",
-                      mlo_escape(name, safe, sizeof safe), *p, (size_t)(p - (const unsigned char *)name));
+      return mlo_fail(
+          pipe, MLO_EINVAL, "component name '%s' has a control character (byte 0x%02x at %zu)",
+          mlo_escape(name, safe, sizeof safe), *p, (size_t)(p - (const unsigned char *)name));
     }
   if (!valid_role(role)) return mlo_fail(pipe, MLO_EINVAL, "component '%s': invalid role", name);
   int rc = mlo_lock_both(pipe);

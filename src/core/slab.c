@@ -83,9 +83,9 @@ typedef struct {
   uint64_t slab_bytes, block_bytes;
   void *slab;
   bool pinned, want_pin;
-  void *shared;          /* the node-shared mapping's handle, or NULL */
-  bool together;         /* a failure every node rank reached: undone together */
-  mlo_tensor **files;    /* the tensors this rank reads from files */
+  void *shared;       /* the node-shared mapping's handle, or NULL */
+  bool together;      /* a failure every node rank reached: undone together */
+  mlo_tensor **files; /* the tensors this rank reads from files */
   size_t nfiles;
   uint64_t file_bytes;
 } slab_build;
@@ -158,8 +158,12 @@ static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *c
   h = fold(h, &b->block_bytes, sizeof b->block_bytes);
   for (size_t i = 0; i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
-    uint64_t fields[6] = {(uint64_t)t->dtype, (uint64_t)t->ndim, t->nbytes, t->dev_offset,
-                          t->src_file ? t->src_offset : 0, t->src_file ? t->src_id.size : 0};
+    uint64_t fields[6] = {(uint64_t)t->dtype,
+                          (uint64_t)t->ndim,
+                          t->nbytes,
+                          t->dev_offset,
+                          t->src_file ? t->src_offset : 0,
+                          t->src_file ? t->src_id.size : 0};
     h = fold(h, t->name, strlen(t->name) + 1);
     h = fold(h, fields, sizeof fields);
     h = fold(h, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
@@ -328,9 +332,9 @@ static void log_materialized(const mlo_component *c, const slab_build *b, uint64
   char size[32];
   mlo_logf(MLO_LOG_INFO, "materialized %s: %s, %zu tensors, %s, %.3f s (%.2f GB/s)", c->name,
            mlo_format_size(b->slab_bytes, size, sizeof size), c->own_count,
-           b->nfiles                              ? "read from files"
+           b->nfiles                            ? "read from files"
            : !c->pipe->platform->caps.simulated ? "from memory"
-                                                  : "simulated",
+                                                : "simulated",
            secs, secs > 0 ? (double)b->slab_bytes / secs / 1e9 : 0.0);
 }
 

@@ -31,8 +31,7 @@ typedef const char *(*mlo_dist_namer)(uint64_t id, void *user);
  * each call's contract). */
 struct mlo_comm_ops {
   void (*destroy)(void *ctx);
-  int (*shared_alloc)(void *ctx, size_t bytes, void **ptr, void **handle, char *err,
-                      size_t errlen);
+  int (*shared_alloc)(void *ctx, size_t bytes, void **ptr, void **handle, char *err, size_t errlen);
   void (*shared_free)(void *ctx, void *handle);
   int (*allgather)(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
   int (*agree)(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,

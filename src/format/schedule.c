@@ -68,8 +68,10 @@ static int read_scheduler(const char *where, const cJSON *cfg, const char *index
     return mlo_errf(err, errlen, MLO_EFORMAT,
                     "%s: no \"_class_name\", and model_index.json names no scheduler class", where);
   if (cls && index_class && strcmp(cls->valuestring, index_class))
-    mlo_logf(MLO_LOG_WARN, "%s: _class_name %.80s, but model_index.json names %.80s: using %.80s, "
-             "as diffusers does", where, cls->valuestring, index_class, index_class);
+    mlo_logf(MLO_LOG_WARN,
+             "%s: _class_name %.80s, but model_index.json names %.80s: using %.80s, "
+             "as diffusers does",
+             where, cls->valuestring, index_class, index_class);
   snprintf(s->class_name, sizeof s->class_name, "%s", index_class ? index_class : cls->valuestring);
   double n = 1000, shift = 1.0, offset = 0, terminal = 0;
   int rc = number(where, cfg, "num_train_timesteps", 1, 1e6, &n, err, errlen);
@@ -140,9 +142,8 @@ static int schedule_from_json(const char *where_index, const cJSON *root, const 
   if (!cJSON_IsObject(cfg))
     return mlo_errf(err, errlen, MLO_EFORMAT, "%s: not a JSON object", where_sched);
   const cJSON *entry = item(root, "scheduler"); /* ["diffusers", "UniPCMultistepScheduler"] */
-  const cJSON *cls = cJSON_IsArray(entry) && cJSON_GetArraySize(entry) == 2
-                         ? cJSON_GetArrayItem(entry, 1)
-                         : NULL;
+  const cJSON *cls =
+      cJSON_IsArray(entry) && cJSON_GetArraySize(entry) == 2 ? cJSON_GetArrayItem(entry, 1) : NULL;
   int rc = read_scheduler(where_sched, cfg, cJSON_IsString(cls) ? cls->valuestring : NULL, s, err,
                           errlen);
   if (!rc) snprintf(s->source, sizeof s->source, "scheduler config");

@@ -101,7 +101,8 @@ static const struct mlo_comm_ops mpi_ops = {
 #define MLO_MPI_STR_(x) #x
 #define MLO_MPI_STR(x) MLO_MPI_STR_(x)
 #define MLO_MPI_VERSION                                                                            \
-  MLO_MPI_STR(MLO_VERSION_MAJOR) "." MLO_MPI_STR(MLO_VERSION_MINOR) "." MLO_MPI_STR(MLO_VERSION_PATCH)
+  MLO_MPI_STR(MLO_VERSION_MAJOR)                                                                   \
+  "." MLO_MPI_STR(MLO_VERSION_MINOR) "." MLO_MPI_STR(MLO_VERSION_PATCH)
 
 int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **out, char *err,
                         size_t errlen) {
@@ -111,13 +112,15 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
   MPI_Initialized(&inited);
   if (!out || !inited)
     return errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: %s",
-                    out ? "MPI is not initialized (MPI_Init first)" : "no output");
+                out ? "MPI is not initialized (MPI_Init first)" : "no output");
   if (opts && opts->size < sizeof *opts)
     return errf(err, errlen, MLO_EINVAL, "mlo_comm_create_mpi: options of an unknown size");
   /* One build: this library's dist.h must be the libmlo's it talks to. */
   if (strcmp(mlo_version(), MLO_MPI_VERSION))
-    return errf(err, errlen, MLO_EINVAL, "libmlo-mpi %s cannot drive libmlo %s (install both "
-                "from one build)", MLO_MPI_VERSION, mlo_version());
+    return errf(err, errlen, MLO_EINVAL,
+                "libmlo-mpi %s cannot drive libmlo %s (install both "
+                "from one build)",
+                MLO_MPI_VERSION, mlo_version());
   mpi_ctx *c = calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
   c->pub.ops = &mpi_ops;
@@ -222,7 +225,7 @@ static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t e
   mpi_ctx *c = ctx;
   if (slice % GATHER_UNIT)
     return errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
-                    GATHER_UNIT);
+                GATHER_UNIT);
   if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   MPI_Datatype unit;
   MPI_Type_contiguous(GATHER_UNIT, MPI_BYTE, &unit);
@@ -380,10 +383,10 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
     return MLO_OK;
   case V_MISMATCH:
     return errf(err, errlen, MLO_ESTATE,
-                    "collective sequence mismatch: node rank %d is at '%s', node rank %d at '%s' "
-                    "(every rank must acquire the same components in the same order)",
-                    v->rank_a, name_of(name, user, v->id_a, nb, sizeof nb), v->rank_b,
-                    name_of(name, user, v->id_b, nb2, sizeof nb2));
+                "collective sequence mismatch: node rank %d is at '%s', node rank %d at '%s' "
+                "(every rank must acquire the same components in the same order)",
+                v->rank_a, name_of(name, user, v->id_a, nb, sizeof nb), v->rank_b,
+                name_of(name, user, v->id_b, nb2, sizeof nb2));
   case V_DIFFERS:
     return errf(err, errlen, MLO_ESTATE,
                 "node ranks %d and %d differ at '%s' (%016llx against %016llx): they must hold "
@@ -398,9 +401,9 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
     return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   default:
     return errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,
-                    "node rank %d failed at '%s': %s", v->rank_a,
-                    v->id_a == id ? what : name_of(name, user, v->id_a, nb2, sizeof nb2),
-                    v->msg[0] ? v->msg : mlo_strerror(v->status));
+                "node rank %d failed at '%s': %s", v->rank_a,
+                v->id_a == id ? what : name_of(name, user, v->id_a, nb2, sizeof nb2),
+                v->msg[0] ? v->msg : mlo_strerror(v->status));
   }
 }
 

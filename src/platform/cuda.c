@@ -632,7 +632,8 @@ static const struct mlo_platform_ops cuda_ops = {
 #endif
 };
 
-static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char *err,
+                                    size_t errlen) {
   struct cuda_options opt = {.index = 0, .pinned = -1, .chunk = DEFAULT_CHUNK};
   int rc = cu_parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (!rc) rc = cu_find_device(opt.index, err, errlen);

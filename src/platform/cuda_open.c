@@ -169,4 +169,3 @@ void cu_describe(struct cuda_ctx *c, mlo_platform *p) {
            c->device, prop.name, mem, prop.major, prop.minor, cap,
            c->pinned ? "" : ", pageable host memory");
 }
-

@@ -82,8 +82,8 @@ static bool self_dir(char *dir, size_t cap) {
   if (!dladdr((void *)mlo_module_load, &info) || !info.dli_fname) return false;
   /* libmlo.so: its path as loaded; libmlo.a: the program, whose name here
    * is argv[0]-like (relative, or bare): the kernel's word for it then */
-  char *real = info.dli_fname[0] == '/' ? realpath(info.dli_fname, NULL)
-                                        : realpath("/proc/self/exe", NULL);
+  char *real =
+      info.dli_fname[0] == '/' ? realpath(info.dli_fname, NULL) : realpath("/proc/self/exe", NULL);
   if (!real) return false;
   const char *slash = strrchr(real, '/');
   size_t n = slash ? (size_t)(slash - real) : 0;
@@ -145,7 +145,8 @@ static int try_load(const char *path, mlo_module_kind kind, const char *file,
 
 int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
                     const char **path, char *err, size_t errlen) {
-  if (!file || !*file || !out || strchr(file, '/') || strlen(file) >= sizeof(((struct loaded *)0)->file))
+  if (!file || !*file || !out || strchr(file, '/') ||
+      strlen(file) >= sizeof(((struct loaded *)0)->file))
     return mlo_errf(err, errlen, MLO_EINVAL, "bad module name");
   *out = NULL;
   pthread_mutex_lock(&modules_lock);
@@ -243,10 +244,11 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
   } else if (result == TRY_FAILED) {
     rc = mlo_errf(err, errlen, MLO_ENODEV, "%s (looked in: %s)", why, looked);
   } else {
-    rc = mlo_errf(err, errlen, MLO_ENODEV,
-                  "module %s not found (looked in: %s%s); set MLO_MODULE_PATH to the folder "
-                  "that holds it",
-                  name, looked[0] ? looked : "nowhere", env && *env ? ", from MLO_MODULE_PATH" : "");
+    rc =
+        mlo_errf(err, errlen, MLO_ENODEV,
+                 "module %s not found (looked in: %s%s); set MLO_MODULE_PATH to the folder "
+                 "that holds it",
+                 name, looked[0] ? looked : "nowhere", env && *env ? ", from MLO_MODULE_PATH" : "");
   }
   pthread_mutex_unlock(&modules_lock);
   /* outside the lock: a log callback may open a platform itself */

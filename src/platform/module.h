@@ -39,8 +39,8 @@
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)
 #define MLO_MODULE_VERSION                                                                         \
-  MLO_MODULE_STR(MLO_VERSION_MAJOR) "." MLO_MODULE_STR(MLO_VERSION_MINOR) "." MLO_MODULE_STR(      \
-      MLO_VERSION_PATCH)
+  MLO_MODULE_STR(MLO_VERSION_MAJOR)                                                                \
+  "." MLO_MODULE_STR(MLO_VERSION_MINOR) "." MLO_MODULE_STR(MLO_VERSION_PATCH)
 
 /* What a module is for. */
 typedef enum {
@@ -52,9 +52,9 @@ typedef enum {
  * keeps the pointer for as long as it is loaded). */
 struct mlo_module_host {
   uint32_t abi;
-  const char *version;   /* mlo_version() of the loading library */
-  size_t platform_size;  /* sizeof(struct mlo_platform) */
-  size_t ops_size;       /* sizeof(struct mlo_platform_ops) */
+  const char *version;  /* mlo_version() of the loading library */
+  size_t platform_size; /* sizeof(struct mlo_platform) */
+  size_t ops_size;      /* sizeof(struct mlo_platform_ops) */
   void (*vlogf)(mlo_log_level level, const char *fmt, va_list ap);
   bool (*log_enabled)(mlo_log_level level);
   void *(*malloc_)(size_t n);
@@ -95,8 +95,8 @@ struct mlo_module {
 
 /* The one symbol a module exports.  MLO_OK with *out, or an error with a
  * message in err (a host table of another build, say). */
-typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host,
-                                  const struct mlo_module **out, char *err, size_t errlen);
+typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host, const struct mlo_module **out,
+                                  char *err, size_t errlen);
 #define MLO_MODULE_INIT_SYMBOL "mlo_module_init"
 
 /* Loads libmlo-<file>.so once per process (later calls answer the same

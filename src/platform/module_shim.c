@@ -30,8 +30,8 @@ static _Atomic(const struct mlo_module_host *) host;
 extern const struct mlo_module mlo_this_module;
 
 __attribute__((visibility("default"))) int mlo_module_init(const struct mlo_module_host *h,
-                                                           const struct mlo_module **out,
-                                                           char *err, size_t errlen) {
+                                                           const struct mlo_module **out, char *err,
+                                                           size_t errlen) {
   if (!h || !out) return MLO_EINVAL;
   if (h->abi != MLO_MODULE_ABI || !h->version || strcmp(h->version, MLO_MODULE_VERSION) ||
       h->platform_size != sizeof(struct mlo_platform) ||

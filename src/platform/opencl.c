@@ -530,7 +530,8 @@ static const struct mlo_platform_ops opencl_ops = {
     .compute_queue = ocl_compute_queue,
 };
 
-static int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+static int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, char *err,
+                                      size_t errlen) {
   struct ocl_options opt = {.index = 0, .capacity = 0, .blocking_d2h = -1, .pinned = -1};
   int rc = ocl_parse_spec(spec_args ? spec_args : "", &opt, err, errlen);
   if (rc) return rc;

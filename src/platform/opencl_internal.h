@@ -67,8 +67,8 @@ const char *ocl_err_name(cl_int err);
 
 /* Opening a device (opencl_open.c). */
 int ocl_parse_spec(const char *args, struct ocl_options *o, char *err, size_t errlen);
-int ocl_find_device(unsigned long index, cl_platform_id *plat_out, cl_device_id *dev_out,
-                       char *err, size_t errlen);
+int ocl_find_device(unsigned long index, cl_platform_id *plat_out, cl_device_id *dev_out, char *err,
+                    size_t errlen);
 void ocl_configure(struct ocl_ctx *c, const struct ocl_options *o, mlo_platform *p);
 int ocl_create_queues(struct ocl_ctx *c, cl_platform_id plat, char *err, size_t errlen);
 

@@ -56,8 +56,8 @@ int ocl_parse_spec(const char *args, struct ocl_options *o, char *err, size_t er
 }
 
 /* Finds device `index` counting over every platform's devices in order. */
-int ocl_find_device(unsigned long index, cl_platform_id *plat_out, cl_device_id *dev_out,
-                       char *err, size_t errlen) {
+int ocl_find_device(unsigned long index, cl_platform_id *plat_out, cl_device_id *dev_out, char *err,
+                    size_t errlen) {
   cl_platform_id plats[16];
   cl_uint nplat = 0;
   cl_int cerr = clGetPlatformIDs(16, plats, &nplat);
@@ -126,4 +126,3 @@ int ocl_create_queues(struct ocl_ctx *c, cl_platform_id plat, char *err, size_t 
   snprintf(err, errlen, "opencl platform: %s failed: %s (%d)", what, ocl_err_name(cerr), (int)cerr);
   return cerr == CL_OUT_OF_HOST_MEMORY ? MLO_ENOMEM : MLO_EPLATFORM;
 }
-

@@ -90,8 +90,8 @@ static const struct platform_entry *find_platform(const char *spec, size_t name_
 }
 
 /* The constructor of a platform: built in, or its module's (loaded now). */
-static int platform_create_fn(const struct platform_entry *e, create_fn *create,
-                              const char **path, char *err, size_t errlen) {
+static int platform_create_fn(const struct platform_entry *e, create_fn *create, const char **path,
+                              char *err, size_t errlen) {
   if (path) *path = NULL;
   if (e->create) {
     *create = e->create;
@@ -101,8 +101,8 @@ static int platform_create_fn(const struct platform_entry *e, create_fn *create,
   int rc = mlo_module_load(e->name, MLO_MODULE_PLATFORM, &m, path, err, errlen);
   if (rc) return rc;
   if (!m->create || !m->name || strcmp(m->name, e->name))
-    return mlo_errf(err, errlen, MLO_ENODEV, "module libmlo-%s.so is not the %s platform",
-                    e->name, e->name);
+    return mlo_errf(err, errlen, MLO_ENODEV, "module libmlo-%s.so is not the %s platform", e->name,
+                    e->name);
   *create = m->create;
   return MLO_OK;
 }
@@ -145,7 +145,8 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
       int n = snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", platforms[i].spec);
       if (n > 0) used += (size_t)n;
     }
-    if (errbuf && errlen) snprintf(errbuf, errlen, "unknown platform '%s' (expected %s)", spec, known);
+    if (errbuf && errlen)
+      snprintf(errbuf, errlen, "unknown platform '%s' (expected %s)", spec, known);
     return MLO_EINVAL;
   }
   create_fn create = NULL;

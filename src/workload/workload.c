@@ -36,7 +36,7 @@ struct mlo_workload {
 int mlo_workload_backend(const char *platform_name, const struct mlo_workload_ops **ops, char *err,
                          size_t errlen) {
   static const struct mlo_workload_ops *const builtin[] = {&mlo_workload_host_ops,
-                                                          &mlo_workload_sim_ops};
+                                                           &mlo_workload_sim_ops};
   for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
     if (platform_name && !strcmp(builtin[i]->platform, platform_name)) {
       *ops = builtin[i];
@@ -51,8 +51,9 @@ int mlo_workload_backend(const char *platform_name, const struct mlo_workload_op
   const struct mlo_module *m = NULL;
   char why[1536] = "";
   int rc = mlo_module_load(file, MLO_MODULE_WORKLOAD, &m, NULL, why, sizeof why);
-  if (rc) return mlo_errf(err, errlen, rc, "no reference workload for platform '%s': %s",
-                          platform_name, why);
+  if (rc)
+    return mlo_errf(err, errlen, rc, "no reference workload for platform '%s': %s", platform_name,
+                    why);
   const struct mlo_workload_ops *found = m->impl;
   if (!found || !found->platform || strcmp(found->platform, platform_name))
     return mlo_errf(err, errlen, MLO_ENODEV, "module %s does not serve platform '%s'", file,

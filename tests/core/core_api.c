@@ -173,7 +173,8 @@ static void test_escape(void **state) {
   assert_string_equal(mlo_escape("a\x1b[2Jb\x07", b, sizeof b), "a\\x1b[2Jb\\x07");
   assert_string_equal(mlo_escape("del\x7f", b, sizeof b), "del\\x7f");
   /* UTF-8 as it is; a C1 control (U+009B, CSI) and stray bytes escaped */
-  assert_string_equal(mlo_escape("caf\xc3\xa9 \xe2\x86\x92", b, sizeof b), "caf\xc3\xa9 \xe2\x86\x92");
+  assert_string_equal(mlo_escape("caf\xc3\xa9 \xe2\x86\x92", b, sizeof b),
+                      "caf\xc3\xa9 \xe2\x86\x92");
   assert_string_equal(mlo_escape("x\xc2\x9by", b, sizeof b), "x\\u009by");
   assert_string_equal(mlo_escape("\xff\xc3", b, sizeof b), "\\xff\\xc3");
   /* not UTF-8 however it looks: an overlong CSI, a surrogate, past U+10FFFF */
@@ -191,7 +192,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_null_is_noop), cmocka_unit_test(test_status_codes),
       cmocka_unit_test(test_name_tables),  cmocka_unit_test(test_parse_size),
-      cmocka_unit_test(test_format_size), cmocka_unit_test(test_escape),
+      cmocka_unit_test(test_format_size),  cmocka_unit_test(test_escape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -304,8 +304,7 @@ static void gemm_case(mlo_platform *p, void *wctx, mlo_dtype dtype) {
   assert_ok(mlo_plat_copy_h2d(p, block, PAD, w, wbytes));
   assert_ok(mlo_plat_synchronize(p));
   uint64_t got = 99;
-  assert_ok(
-      backend()->gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &got));
+  assert_ok(backend()->gemm_digest(wctx, block, PAD, dtype, OUT, IN, TOKENS, seed, &got));
   if (got != expect)
     fail_msg("%s gemm digest %llx, expected %llx", mlo_dtype_name(dtype), (unsigned long long)got,
              (unsigned long long)expect);

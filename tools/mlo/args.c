@@ -222,7 +222,8 @@ bool tool_platform_known(const char *spec, bool *indexed) {
   size_t len = strcspn(spec, ":");
   for (size_t i = 0; i < mlo_platform_count(); i++) {
     mlo_platform_info info = MLO_PLATFORM_INFO_INIT;
-    if (mlo_platform_info_get(i, &info) || strlen(info.name) != len || strncmp(spec, info.name, len))
+    if (mlo_platform_info_get(i, &info) || strlen(info.name) != len ||
+        strncmp(spec, info.name, len))
       continue;
     if (indexed) *indexed = strstr(info.spec, "[:N]") != NULL;
     return true;

@@ -1,7 +1,7 @@
 /*
- * bench_micro.c — the three small measurements of `mlo bench` (bench/README.md), each a ratio against what the hardware allows rather than a bare
- * time: a component load against a raw copy of the same size, a hooked
- * forward of a resident component (ns and platform calls: the hot path must
+ * bench_micro.c — the three small measurements of `mlo bench` (bench/README.md), each a ratio
+ * against what the hardware allows rather than a bare time: a component load against a raw copy of
+ * the same size, a hooked forward of a resident component (ns and platform calls: the hot path must
  * not synchronize), and a DiT <-> encoder switch against bytes / peak
  * bandwidth, with the specification-literal mode beside it.  Pipelines are
  * built in memory through the public API; no checkpoint is read.

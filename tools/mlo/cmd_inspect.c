@@ -215,9 +215,9 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   if (v->split)
     printf("\nexperts at %d steps: %s %d, %s %d (timestep >= %.3g x %d; %s, shift %.3g; %s)\n",
            v->steps, tool_esc(v->first), v->split->first_steps, tool_esc(v->second),
-           v->steps - v->split->first_steps,
-           v->split->sched.boundary_ratio, v->split->sched.num_train_timesteps,
-           mlo_denoise_kind_name(v->split->sched.kind), v->split->sched.shift, v->split->source);
+           v->steps - v->split->first_steps, v->split->sched.boundary_ratio,
+           v->split->sched.num_train_timesteps, mlo_denoise_kind_name(v->split->sched.kind),
+           v->split->sched.shift, v->split->source);
   if (v->no_split)
     printf("\nexperts %s and %s: the split cannot be computed: %s\n", tool_esc(v->first),
            tool_esc(v->second), tool_esc(v->no_split));

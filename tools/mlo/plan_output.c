@@ -199,4 +199,3 @@ void plan_print_summary_line(const plan_result *pr, FILE *out) {
   else
     fprintf(out, " %s\n", pr->pol[POL_BUDGET].why);
 }
-

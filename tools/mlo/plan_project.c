@@ -264,8 +264,8 @@ static void choose_advice(plan_result *pr) {
   }
 }
 
-int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr,
-                           plan_job *job, bool draw) {
+int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr, plan_job *job,
+                    bool draw) {
   memset(pr, 0, sizeof *pr);
   if (dev)
     pr->dev = *dev;
@@ -382,4 +382,3 @@ void plan_free_result(plan_result *pr) {
   free(pr->comps);
   pr->comps = NULL;
 }
-

@@ -70,8 +70,9 @@ int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errle
   if (!r->comm) return code;
   char mine[64];
   snprintf(mine, sizeof mine, "exit code %d", code);
-  int rc = mlo_dist_agree(r->comm, MLO_DIST_PROGRAM_STEP | (uint64_t)step, 0, code ? MLO_ECALLBACK : MLO_OK,
-                          code ? mine : NULL, step_name, NULL, NULL, err, errlen);
+  int rc = mlo_dist_agree(r->comm, MLO_DIST_PROGRAM_STEP | (uint64_t)step, 0,
+                          code ? MLO_ECALLBACK : MLO_OK, code ? mine : NULL, step_name, NULL, NULL,
+                          err, errlen);
   return rc ? (code ? code : TOOL_EXIT_FAIL) : code;
 }
 
