@@ -13,10 +13,7 @@
 #include <string.h>
 
 static size_t slot_of(const char *key, size_t nslots) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const unsigned char *p = (const unsigned char *)key; *p; p++)
-    h = (h ^ *p) * 0x100000001b3ull;
-  return (size_t)mlo_mix64(h) & (nslots - 1);
+  return (size_t)mlo_mix64(mlo_fnv1a(MLO_FNV_BASIS, key, strlen(key))) & (nslots - 1);
 }
 
 static void insert(const char **keys, size_t *vals, size_t nslots, const char *key, size_t val) {

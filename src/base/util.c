@@ -121,18 +121,18 @@ char *mlo_escape(const char *s, char *buf, size_t len) {
   if (!buf || !len) return buf;
   size_t o = 0;
   const unsigned char *p = (const unsigned char *)(s ? s : "");
+  const unsigned char *end = p + strlen((const char *)p);
   while (*p) {
     char piece[8];
     size_t take = 1;
-    bool c1 = false;
     if (*p < 0x20 || *p == 0x7F) {
       snprintf(piece, sizeof piece, "\\x%02x", *p);
     } else if (*p < 0x80) {
       piece[0] = (char)*p, piece[1] = '\0';
-    } else if ((take = mlo_utf8_seq_len(p, strlen((const char *)p))) == 0) {
+    } else if ((take = mlo_utf8_seq_len(p, (size_t)(end - p))) == 0) {
       take = 1; /* not UTF-8 (overlong forms included): the byte, shown */
       snprintf(piece, sizeof piece, "\\x%02x", *p);
-    } else if ((c1 = take == 2 && p[0] == 0xC2 && p[1] < 0xA0)) { /* U+0080..U+009F */
+    } else if (take == 2 && p[0] == 0xC2 && p[1] < 0xA0) { /* a C1 control, U+0080..U+009F */
       snprintf(piece, sizeof piece, "\\u%04x", (unsigned)(p[1] & 0x3F) | 0x80u);
     } else {
       memcpy(piece, p, take);

@@ -257,14 +257,10 @@ static void budget_disable(mlo_pipeline *pipe) {
   pipe->policy_state = NULL;
 }
 
-/* c is held now: never a victim, and the schedule has moved past it. */
-static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
-  (void)c;
-  prefetch(pipe);
-}
-
-/* c may be displaceable now. */
-static void budget_released(mlo_pipeline *pipe, mlo_component *c) {
+/* After an acquire (c is held now: never a victim, and the schedule has
+ * moved past it) and after a last release (c may be displaceable now):
+ * load what the schedule calls next. */
+static void budget_prefetch_after(mlo_pipeline *pipe, mlo_component *c) {
   (void)c;
   prefetch(pipe);
 }
@@ -288,8 +284,8 @@ const struct mlo_policy_ops mlo_policy_budget_ops = {
     .disable = budget_disable,
     .excludes = NULL, /* the budget decides, not roles */
     .admit = budget_admit,
-    .acquired = budget_acquired,
-    .released = budget_released,
+    .acquired = budget_prefetch_after,
+    .released = budget_prefetch_after,
     .audit = budget_audit,
     .budget = budget_bytes,
 };

@@ -15,6 +15,8 @@
 #include "base/sysio.h"
 #include "core/internal.h"
 
+#include "base/hash.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -108,15 +110,7 @@ static int check_segments(mlo_component *c) {
   return MLO_OK;
 }
 
-#define CHECK_BASIS 0xcbf29ce484222325ull
-#define CHECK_PRIME 0x100000001b3ull
 #define CHECK_HEADER_CAP ((uint64_t)64 << 20)
-
-static uint64_t fold(uint64_t h, const void *bytes, size_t n) {
-  const unsigned char *p = bytes;
-  while (n--) h = (h ^ *p++) * CHECK_PRIME;
-  return h;
-}
 
 /* Folds the bytes [0, end) of a file: its header, up to the first tensor's
  * bytes (at most CHECK_HEADER_CAP of it). */
@@ -138,7 +132,7 @@ static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, s
       rc = mlo_errf(why, whylen, MLO_EIO, "%s: cannot read its header: %s", path,
                     errno ? strerror(errno) : "the file shrank");
     else
-      *h = fold(*h, buf, n);
+      *h = mlo_fnv1a(*h, buf, n);
   }
   free(buf);
   close(fd);
@@ -154,8 +148,8 @@ static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, s
  * MPI_Win_free for a window of another size. */
 static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *check, char *why,
                         size_t whylen) {
-  uint64_t h = fold(CHECK_BASIS, &b->slab_bytes, sizeof b->slab_bytes);
-  h = fold(h, &b->block_bytes, sizeof b->block_bytes);
+  uint64_t h = mlo_fnv1a(MLO_FNV_BASIS, &b->slab_bytes, sizeof b->slab_bytes);
+  h = mlo_fnv1a(h, &b->block_bytes, sizeof b->block_bytes);
   for (size_t i = 0; i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
     uint64_t fields[6] = {(uint64_t)t->dtype,
@@ -164,9 +158,9 @@ static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *c
                           t->dev_offset,
                           t->src_file ? t->src_offset : 0,
                           t->src_file ? t->src_id.size : 0};
-    h = fold(h, t->name, strlen(t->name) + 1);
-    h = fold(h, fields, sizeof fields);
-    h = fold(h, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
+    h = mlo_fnv1a(h, t->name, strlen(t->name) + 1);
+    h = mlo_fnv1a(h, fields, sizeof fields);
+    h = mlo_fnv1a(h, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
   }
   for (size_t i = 0; i < c->ntensors; i++) { /* each file once, its header */
     const mlo_tensor *t = c->tensors[i];

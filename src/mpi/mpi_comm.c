@@ -290,12 +290,10 @@ static void coordinate(mpi_ctx *c, verdict *v) {
     }
     return;
   }
-  /* A rank that failed and went on to another step is at a mismatch
-   * because it failed: its failure is what every rank must hear, at once. */
-  bool apart = false;
-  for (int i = 1; i < n; i++)
-    apart = apart || c->votes[i].seq != c->votes[0].seq || c->votes[i].id != c->votes[0].id;
-  for (int i = 0; i < n && apart; i++)
+  /* A rank's own failure first: one that failed and went on to another
+   * step is at a mismatch because it failed, and its failure is what every
+   * rank must hear, at once. */
+  for (int i = 0; i < n; i++)
     if (c->votes[i].status) {
       v->code = V_FAILED;
       v->rank_a = i, v->id_a = c->votes[i].id;
@@ -308,14 +306,6 @@ static void coordinate(mpi_ctx *c, verdict *v) {
       v->code = V_MISMATCH;
       v->rank_a = 0, v->id_a = c->votes[0].id;
       v->rank_b = i, v->id_b = c->votes[i].id;
-      return;
-    }
-  for (int i = 0; i < n; i++)
-    if (c->votes[i].status) {
-      v->code = V_FAILED;
-      v->rank_a = i, v->id_a = c->votes[i].id;
-      v->status = c->votes[i].status;
-      snprintf(v->msg, sizeof v->msg, "%s", c->votes[i].msg);
       return;
     }
   /* what the ranks hold, compared once every rank's own part succeeded */

@@ -660,10 +660,4 @@ static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char
 }
 
 /* The module's description (module.h): libmlo-cuda.so is this file. */
-const struct mlo_module mlo_this_module = {
-    .abi = MLO_MODULE_ABI,
-    .version = MLO_MODULE_VERSION,
-    .kind = MLO_MODULE_PLATFORM,
-    .name = "cuda",
-    .create = mlo_cuda_platform_create,
-};
+MLO_MODULE_DEFINE_PLATFORM("cuda", mlo_cuda_platform_create);

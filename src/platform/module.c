@@ -143,6 +143,28 @@ static int try_load(const char *path, mlo_module_kind kind, const char *file,
   return TRY_OK;
 }
 
+/* A search for one module: where it was tried, and how it went. */
+struct search {
+  const char *file;
+  mlo_module_kind kind;
+  const struct mlo_module **out;
+  char name[96];        /* libmlo-<file>.so */
+  char candidate[4096]; /* the last place tried: where it is, once found */
+  char looked[1024];    /* every place tried, for the message */
+  size_t used;
+  char why[768]; /* what was wrong with a module found but not usable */
+  int result;    /* TRY_ABSENT until found, or found unusable */
+};
+
+/* Tries the n bytes of folder dir, unless the search is over already. */
+static void attempt(struct search *s, const char *dir, size_t n) {
+  if (s->result != TRY_ABSENT || !n || n >= sizeof s->candidate - sizeof s->name - 2) return;
+  snprintf(s->candidate, sizeof s->candidate, "%.*s/%s", (int)n, dir, s->name);
+  append(s->looked, sizeof s->looked, &s->used, s->used ? ", " : "");
+  append(s->looked, sizeof s->looked, &s->used, s->candidate);
+  s->result = try_load(s->candidate, s->kind, s->file, s->out, s->why, sizeof s->why);
+}
+
 int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
                     const char **path, char *err, size_t errlen) {
   if (!file || !*file || !out || strchr(file, '/') ||
@@ -162,47 +184,28 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
       return rc;
     }
 
-  char name[96];
-  snprintf(name, sizeof name, "libmlo-%s.so", file);
-  char looked[1024] = "";
-  size_t used = 0;
-  char why[768] = "";
-  char candidate[4096];
-  int result = TRY_ABSENT;
+  struct search sr = {.file = file, .kind = kind, .out = out, .result = TRY_ABSENT};
+  snprintf(sr.name, sizeof sr.name, "libmlo-%s.so", file);
   const char *env = getenv("MLO_MODULE_PATH");
-
   if (env && *env) {
-    const char *p = env;
-    while (result == TRY_ABSENT && *p) {
-      const char *colon = strchr(p, ':');
-      size_t n = colon ? (size_t)(colon - p) : strlen(p);
-      if (n && n < sizeof candidate - sizeof name - 2) {
-        snprintf(candidate, sizeof candidate, "%.*s/%s", (int)n, p, name);
-        append(looked, sizeof looked, &used, used ? ", " : "");
-        append(looked, sizeof looked, &used, candidate);
-        result = try_load(candidate, kind, file, out, why, sizeof why);
-      }
-      p += n + (colon ? 1 : 0);
+    for (const char *p = env; *p;) {
+      size_t n = strcspn(p, ":");
+      attempt(&sr, p, n);
+      p += n + (p[n] == ':');
     }
   } else {
     char dir[2048];
-    if (self_dir(dir, sizeof dir)) {
-      snprintf(candidate, sizeof candidate, "%s/mlo/%s", dir, name);
-      append(looked, sizeof looked, &used, candidate);
-      result = try_load(candidate, kind, file, out, why, sizeof why);
+    if (self_dir(dir, sizeof dir - 4)) {
+      strcat(dir, "/mlo");
+      attempt(&sr, dir, strlen(dir));
     }
-    if (result == TRY_ABSENT && MLO_MODULE_DIR[0]) {
-      snprintf(candidate, sizeof candidate, "%s/%s", MLO_MODULE_DIR, name);
-      append(looked, sizeof looked, &used, used ? ", " : "");
-      append(looked, sizeof looked, &used, candidate);
-      result = try_load(candidate, kind, file, out, why, sizeof why);
-    }
+    attempt(&sr, MLO_MODULE_DIR, strlen(MLO_MODULE_DIR));
     /* The program's own library path: its RUNPATH (a build tree's module
      * folder), LD_LIBRARY_PATH and the system folders, as the loader would
      * search them for it; tried by full path, since a bare-name dlopen
      * searches the RUNPATH of whoever called dlopen, which is not us under
      * a sanitizer's interceptor. */
-    if (result == TRY_ABSENT) {
+    if (sr.result == TRY_ABSENT) {
       Dl_serinfo size, *info = NULL;
       void *self = dlopen(NULL, RTLD_LAZY);
       if (self && dlinfo(self, RTLD_DI_SERINFOSIZE, &size) == 0 && size.dls_size >= sizeof size &&
@@ -210,29 +213,24 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
         /* as dlinfo(3) says: the sizes into the buffer, then the paths */
         if (dlinfo(self, RTLD_DI_SERINFOSIZE, info) == 0 &&
             dlinfo(self, RTLD_DI_SERINFO, info) == 0)
-          for (unsigned i = 0; i < info->dls_cnt && result == TRY_ABSENT; i++) {
+          for (unsigned i = 0; i < info->dls_cnt; i++) {
             const char *d = info->dls_serpath[i].dls_name;
-            if (!d || !*d || strlen(d) >= sizeof candidate - sizeof name - 2) continue;
-            snprintf(candidate, sizeof candidate, "%s/%s", d, name);
-            append(looked, sizeof looked, &used, used ? ", " : "");
-            append(looked, sizeof looked, &used, candidate);
-            result = try_load(candidate, kind, file, out, why, sizeof why);
+            if (d) attempt(&sr, d, strlen(d));
           }
       }
       free(info);
       if (self) dlclose(self);
     }
   }
-
   int rc = MLO_OK;
-  if (result == TRY_OK) {
+  if (sr.result == TRY_OK) {
     struct loaded *l = mlo_calloc(1, sizeof *l);
-    char *where = mlo_strdup(candidate);
+    char *where = mlo_strdup(sr.candidate);
     if (!l || !where) {
       free(l);
       free(where);
       *out = NULL;
-      rc = mlo_errf(err, errlen, MLO_ENOMEM, "out of host memory loading %s", name);
+      rc = mlo_errf(err, errlen, MLO_ENOMEM, "out of host memory loading %s", sr.name);
     } else {
       snprintf(l->file, sizeof l->file, "%s", file);
       l->module = *out;
@@ -241,17 +239,17 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
       modules = l;
       if (path) *path = where;
     }
-  } else if (result == TRY_FAILED) {
-    rc = mlo_errf(err, errlen, MLO_ENODEV, "%s (looked in: %s)", why, looked);
+  } else if (sr.result == TRY_FAILED) {
+    rc = mlo_errf(err, errlen, MLO_ENODEV, "%s (looked in: %s)", sr.why, sr.looked);
   } else {
-    rc =
-        mlo_errf(err, errlen, MLO_ENODEV,
-                 "module %s not found (looked in: %s%s); set MLO_MODULE_PATH to the folder "
-                 "that holds it",
-                 name, looked[0] ? looked : "nowhere", env && *env ? ", from MLO_MODULE_PATH" : "");
+    rc = mlo_errf(err, errlen, MLO_ENODEV,
+                  "module %s not found (looked in: %s%s); set MLO_MODULE_PATH to the folder "
+                  "that holds it",
+                  sr.name, sr.looked[0] ? sr.looked : "nowhere",
+                  env && *env ? ", from MLO_MODULE_PATH" : "");
   }
   pthread_mutex_unlock(&modules_lock);
   /* outside the lock: a log callback may open a platform itself */
-  if (rc == MLO_OK) mlo_logf(MLO_LOG_DEBUG, "module %s loaded from %s", name, candidate);
+  if (rc == MLO_OK) mlo_logf(MLO_LOG_DEBUG, "module %s loaded from %s", sr.name, sr.candidate);
   return rc;
 }

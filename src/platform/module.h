@@ -93,6 +93,21 @@ struct mlo_module {
   const void *impl;
 };
 
+/* A module's description, in its entry file (module_shim.c hands it to
+ * libmlo): one of these, naming what the module is and serves. */
+#define MLO_MODULE_DEFINE_PLATFORM(platform, create_fn)                                            \
+  const struct mlo_module mlo_this_module = {.abi = MLO_MODULE_ABI,                                \
+                                             .version = MLO_MODULE_VERSION,                        \
+                                             .kind = MLO_MODULE_PLATFORM,                          \
+                                             .name = (platform),                                   \
+                                             .create = (create_fn)}
+#define MLO_MODULE_DEFINE_WORKLOAD(platform, ops)                                                  \
+  const struct mlo_module mlo_this_module = {.abi = MLO_MODULE_ABI,                                \
+                                             .version = MLO_MODULE_VERSION,                        \
+                                             .kind = MLO_MODULE_WORKLOAD,                          \
+                                             .name = (platform),                                   \
+                                             .impl = (ops)}
+
 /* The one symbol a module exports.  MLO_OK with *out, or an error with a
  * message in err (a host table of another build, say). */
 typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host, const struct mlo_module **out,

@@ -26,7 +26,7 @@
  * table would become the first copy's. */
 static _Atomic(const struct mlo_module_host *) host;
 
-/* The module's own description, from its entry file (MLO_MODULE_DEFINE). */
+/* The module's own description, from its entry file (MLO_MODULE_DEFINE_*). */
 extern const struct mlo_module mlo_this_module;
 
 __attribute__((visibility("default"))) int mlo_module_init(const struct mlo_module_host *h,

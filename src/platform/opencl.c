@@ -552,10 +552,4 @@ static int mlo_opencl_platform_create(const char *spec_args, mlo_platform *p, ch
 }
 
 /* The module's description (module.h): libmlo-opencl.so is this file. */
-const struct mlo_module mlo_this_module = {
-    .abi = MLO_MODULE_ABI,
-    .version = MLO_MODULE_VERSION,
-    .kind = MLO_MODULE_PLATFORM,
-    .name = "opencl",
-    .create = mlo_opencl_platform_create,
-};
+MLO_MODULE_DEFINE_PLATFORM("opencl", mlo_opencl_platform_create);

@@ -377,10 +377,4 @@ static const struct mlo_workload_ops cuda_workload_ops = {
 };
 
 /* The module's description (platform/module.h): libmlo-workload-cuda.so. */
-const struct mlo_module mlo_this_module = {
-    .abi = MLO_MODULE_ABI,
-    .version = MLO_MODULE_VERSION,
-    .kind = MLO_MODULE_WORKLOAD,
-    .name = "cuda",
-    .impl = &cuda_workload_ops,
-};
+MLO_MODULE_DEFINE_WORKLOAD("cuda", &cuda_workload_ops);

@@ -26,8 +26,7 @@ uint64_t mlo_digest_fold(uint64_t digest, const void *bytes, size_t len) {
     p += 8;
     len -= 8;
   }
-  while (len--) h = (h ^ *p++) * FOLD_PRIME;
-  return h;
+  return mlo_fnv1a(h, p, len); /* the tail, byte by byte */
 }
 
 float mlo_workload_input(uint64_t seed, int64_t t, int64_t k) {

@@ -258,10 +258,4 @@ static const struct mlo_workload_ops opencl_workload_ops = {
 };
 
 /* The module's description (platform/module.h): libmlo-workload-opencl.so. */
-const struct mlo_module mlo_this_module = {
-    .abi = MLO_MODULE_ABI,
-    .version = MLO_MODULE_VERSION,
-    .kind = MLO_MODULE_WORKLOAD,
-    .name = "opencl",
-    .impl = &opencl_workload_ops,
-};
+MLO_MODULE_DEFINE_WORKLOAD("opencl", &opencl_workload_ops);

@@ -9,6 +9,7 @@
 #include "base/sysio.h"
 #include "workload/workload.h"
 
+#include "base/hash.h"
 #include "base/log.h"
 #include "platform/module.h"
 
@@ -27,8 +28,6 @@ struct mlo_workload {
   } * times; /* a modelling backend's forward times, by component */
   size_t ntimes;
 };
-
-#define FOLD_BASIS 0xcbf29ce484222325ull
 
 /* The back-end for a platform: host and sim are built in; a device's is
  * the module libmlo-workload-<platform>.so (its BLAS library, cuBLAS or
@@ -186,7 +185,7 @@ static int flush(mlo_workload *w) {
 int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t seed,
                                   uint64_t *digest) {
   if (!w || !comp || !digest) return MLO_EINVAL;
-  uint64_t h = FOLD_BASIS;
+  uint64_t h = MLO_FNV_BASIS;
   int rc = component_digest_into(w, comp, seed, &h);
   int frc = flush(w); /* h is the backend's until then, failure or not */
   if (!rc) rc = frc;
@@ -205,7 +204,7 @@ struct forward_args {
 
 static int forward_cb(mlo_component *comp, void *user) {
   struct forward_args *a = user;
-  *a->digest = FOLD_BASIS;
+  *a->digest = MLO_FNV_BASIS;
   a->status = a->deferred ? component_digest_into(a->w, comp, a->seed, a->digest)
                           : mlo_workload_component_digest(a->w, comp, a->seed, a->digest);
   return a->status ? 1 : 0;
@@ -303,7 +302,7 @@ int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t cou
   }
   int frc = flush(w); /* fd is the backend's until then */
   if (!rc) rc = frc;
-  uint64_t h = FOLD_BASIS;
+  uint64_t h = MLO_FNV_BASIS;
   for (size_t i = 0; i < count && !rc; i++) {
     uint64_t pair[2] = {calls[i].step, fd[i]};
     h = mlo_digest_fold(h, pair, sizeof pair);

@@ -247,20 +247,9 @@ bool targs_platform(targs *a, const char *flag, const char *val) {
 }
 
 bool targs_policy(targs *a, const char *flag, const char *val, int *out) {
-  if (!val) return false;
-  mlo_policy p;
-  if (mlo_policy_from_name(val, &p) == MLO_OK) {
-    *out = (int)p;
-    return true;
-  }
-  char list[256] = "";
-  for (int i = 0, used = 0; i < MLO_POLICY_COUNT && used < (int)sizeof list; i++) {
-    int n = snprintf(list + used, sizeof list - (size_t)used, "%s%s", i ? ", " : "",
-                     mlo_policy_name((mlo_policy)i));
-    if (n > 0) used += n;
-  }
-  targs_error(a, "%s: expected one of %s, got '%s'", flag, list, val);
-  return false;
+  const char *words[MLO_POLICY_COUNT + 1] = {NULL}; /* the library's names, in enum order */
+  for (int p = 0; p < MLO_POLICY_COUNT; p++) words[p] = mlo_policy_name((mlo_policy)p);
+  return targs_choice(a, flag, val, words, out);
 }
 
 bool targs_role(targs *a, const char *val, mlo_role_override *list, size_t *count, size_t cap) {

@@ -76,8 +76,8 @@ bool targs_platform(targs *a, const char *flag, const char *val);
 /* Whether spec names a platform the library knows; *indexed (may be NULL)
  * whether its specs take a device index ("cuda[:N]"). */
 bool tool_platform_known(const char *spec, bool *indexed);
-/* A residency policy by the library's name for it (mlo_policy_from_name);
- * *out is its mlo_policy value, the message lists the library's names. */
+/* A residency policy by the library's name for it (mlo_policy_name's
+ * table); *out is its mlo_policy value, the message lists the names. */
 bool targs_policy(targs *a, const char *flag, const char *val, int *out);
 /* One of a NULL-terminated list of words; *out is its index. */
 bool targs_choice(targs *a, const char *flag, const char *val, const char *const *words, int *out);
