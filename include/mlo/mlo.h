@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define MLO_VERSION_MAJOR 0
-#define MLO_VERSION_MINOR 4
+#define MLO_VERSION_MINOR 5
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
 MLO_API const char *mlo_version(void);
@@ -531,6 +531,48 @@ MLO_API int mlo_component_shard(mlo_component *comp, void **block, uint64_t *off
 /* Convenience for pointer platforms: the device address or NULL. */
 MLO_API void *mlo_tensor_device_ptr(const mlo_tensor *t);
 
+/* ------------------------------------------------------------------------
+ * Blocks: a component as the sequence its forward runs
+ *
+ * A component is a prologue (embeddings, time and text projections), a
+ * sequence of repeated blocks, and an epilogue (final norm, output
+ * projection).  Its slab lays each out as one contiguous range, in the
+ * order they run, so a block moves as one copy (block streaming, below).
+ * Blocks are found from the tensors' names for the layouts mlo reads
+ * (`blocks.N.`, `transformer_blocks.N.`, `single_transformer_blocks.N.`
+ * after them, `double_blocks.N.`, `single_blocks.N.`, `layers.N.`,
+ * `block.N.`, GGUF's `blk.N.`; docs/streaming.md) and may be declared
+ * instead.  "Block" here is a block of the forward, not the device block
+ * of mlo_tensor_device.
+ * ---------------------------------------------------------------------- */
+#define MLO_BLOCK_PROLOGUE (-1)
+#define MLO_BLOCK_EPILOGUE (-2)
+#define MLO_BLOCK_MAX 100000000 /* the largest block number a caller may declare */
+/* Declares the block a tensor belongs to (0..MLO_BLOCK_MAX, or the
+ * prologue or epilogue), before the component is materialized
+ * (MLO_ESTATE after).  Once any tensor of a component is declared, names
+ * are not read for that component: its tensors never declared are the
+ * prologue's.  Declared numbers give the order; gaps close up. */
+MLO_API int mlo_tensor_set_block(mlo_tensor *t, int block);
+/* Its piece as laid out: MLO_BLOCK_PROLOGUE, MLO_BLOCK_EPILOGUE or the
+ * block's index, 0 .. mlo_component_block_count()-1 in the order they run
+ * (an alias: its target's; an external tensor: the prologue's). */
+MLO_API int mlo_tensor_block(const mlo_tensor *t);
+/* The number of repeated blocks (0: a component that is all prologue). */
+MLO_API size_t mlo_component_block_count(const mlo_component *comp);
+typedef struct {
+  size_t size;     /* sizeof(mlo_block_info) */
+  int block;       /* MLO_BLOCK_PROLOGUE, a block's index, or MLO_BLOCK_EPILOGUE */
+  uint64_t offset; /* where it starts in the slab (and in a whole device block) */
+  uint64_t bytes;  /* its range's size, alignment padding between its tensors included */
+  size_t tensors;  /* tensors in it */
+} mlo_block_info;
+/* The prologue, each block, the epilogue, in the order they run: up to cap
+ * entries into out; *count (may be NULL) gets how many there are (the
+ * block count + 2). */
+MLO_API int mlo_component_blocks(mlo_component *comp, mlo_block_info *out, size_t cap,
+                                 size_t *count);
+
 /* Load progress for materialization: bytes done of total, per component.
  * A materialization uses the callback set when it started; see "Callbacks"
  * for what the callback may call. */
@@ -704,6 +746,49 @@ MLO_API int mlo_component_try_acquire(mlo_component *comp);
 MLO_API int mlo_component_release(mlo_component *comp);
 
 /* ------------------------------------------------------------------------
+ * Block streaming (docs/streaming.md)
+ *
+ * Under the BUDGET policy a component larger than the budget is not
+ * refused: it streams.  Its prologue, epilogue and as many of its blocks
+ * as the budget allows (the largest first: each one kept saves its bytes
+ * every forward) stay resident; the others pass through MLO_STREAM_SLOTS
+ * device buffers, each block's copy issued on the copy queue while the
+ * blocks before it compute, and the first blocks of the next forward
+ * while the last ones of this one compute (when the schedule calls this
+ * component again next, or no schedule is declared).  A streamed
+ * component's device bytes stay within the budget.
+ *
+ * The caller's forward says where it is: between acquire and release (or
+ * inside a hooked forward) it calls mlo_block_begin before a block's
+ * compute and mlo_block_end after it, for each block in order.  The rules
+ * are a component's: begin orders compute after the block's copy (C8); a
+ * slot is reused only after the compute submitted before its end (C9).
+ * A streamed block's tensors have a device copy (mlo_tensor_device) only
+ * between its begin and end; resident pieces always do.  For a component
+ * that does not stream, begin and end check their arguments and do
+ * nothing else, so a forward may call them always.  Blocks run out of
+ * order are loaded on demand (a stall, never an error); more blocks begun
+ * at once than there are slots is MLO_EBUSY.  A component with mutable
+ * tensors keeps the blocks holding them resident; copy_back,
+ * per_tensor_copies, sharded loads and segmented devices do not stream.
+ * ---------------------------------------------------------------------- */
+#define MLO_STREAM_SLOTS 2
+MLO_API int mlo_block_begin(mlo_component *comp, size_t block);
+MLO_API int mlo_block_end(mlo_component *comp, size_t block);
+typedef struct {
+  size_t size;             /* sizeof(mlo_stream_info) */
+  size_t blocks;           /* its blocks (0 before materialization) */
+  size_t resident_blocks;  /* of which resident while it is (all when it moves whole) */
+  size_t streamed_blocks;  /* of which passed through the slots at each forward */
+  size_t slots;            /* device buffers they pass through (0: not streamed) */
+  uint64_t slot_bytes;     /* each */
+  uint64_t device_bytes;   /* what it holds on the device while resident */
+  uint64_t streamed_bytes; /* bytes copied per forward for its streamed blocks */
+} mlo_stream_info;
+/* How comp moves under the policy in force (whole, or streamed). */
+MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out);
+
+/* ------------------------------------------------------------------------
  * The declared schedule: what the pipeline will call, so the BUDGET policy
  * can keep, evict and prefetch by next use.  A request is a list of runs,
  * each a component called `repeat` times in a row; it repeats request after
@@ -759,6 +844,10 @@ typedef struct {
                               device allocator while a load found no room */
   uint64_t forward_ns;     /* time inside forward callbacks */
   uint64_t prefetches;     /* loads issued ahead of use (BUDGET, counted in loads) */
+  /* --- since 0.5 --- */
+  uint64_t block_loads;   /* streamed blocks copied into slots (their bytes are in
+                             h2d_bytes; not counted in loads) */
+  uint64_t block_wait_ns; /* of wait_ns, waiting for a streamed block's copy */
 } mlo_component_stats;
 MLO_API int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
 /* Sums over every component, plus pipeline-level figures. */
@@ -796,6 +885,8 @@ typedef enum {
   MLO_TRACE_WAIT_BEGIN, /* the caller starts waiting on a transfer */
   MLO_TRACE_WAIT_END,
   MLO_TRACE_PREFETCH, /* the LOAD_BEGIN just traced for comp is a prefetch */
+  /* since 0.5 */
+  MLO_TRACE_BLOCK_LOAD, /* a streamed block's copy issued; bytes = its size */
 } mlo_trace_kind;
 typedef struct {
   mlo_trace_kind kind;

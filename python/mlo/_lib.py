@@ -51,7 +51,7 @@ class OffloadSettings(ctypes.Structure):
 class ComponentStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "loads", "evictions", "forwards", "h2d_bytes", "d2h_bytes", "copy_calls",
-        "platform_calls", "wait_ns", "forward_ns", "prefetches")]
+        "platform_calls", "wait_ns", "forward_ns", "prefetches", "block_loads", "block_wait_ns")]
 
 
 class PipelineStats(ctypes.Structure):
@@ -79,7 +79,7 @@ def _candidates():
     if env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libmlo.so.0.4", "libmlo.so"):
+    for name in ("libmlo.so.0.5", "libmlo.so"):
         yield os.path.join(here, name)
     # a source checkout: python/mlo -> build/
     yield os.path.join(here, "..", "..", "build", "libmlo.so")

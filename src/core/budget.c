@@ -40,9 +40,10 @@ static struct budget_state *B(const mlo_pipeline *pipe) {
 static bool better_victim(const mlo_component *o, uint64_t next, const mlo_component *best,
                           uint64_t best_next, uint64_t short_by) {
   if (!best) return true;
-  bool covers = o->block_bytes >= short_by, best_covers = best->block_bytes >= short_by;
+  bool covers = mlo_res_bytes(o) >= short_by, best_covers = mlo_res_bytes(best) >= short_by;
   if (covers != best_covers) return covers;
-  if (covers && o->block_bytes != best->block_bytes) return o->block_bytes < best->block_bytes;
+  if (covers && mlo_res_bytes(o) != mlo_res_bytes(best))
+    return mlo_res_bytes(o) < mlo_res_bytes(best);
   if (next != best_next) return next > best_next;
   return o->last_use < best->last_use;
 }
@@ -53,7 +54,7 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
   uint64_t best_next = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
-    if (o == keep || o->users || !mlo_res_is_resident(o) || !o->block_bytes) continue;
+    if (o == keep || o->users || !mlo_res_is_resident(o) || !mlo_res_bytes(o)) continue;
     uint64_t next = mlo_sched_next_use(pipe, o);
     if (limited && next <= after) continue;
     if (better_victim(o, next, best, best_next, short_by)) {
@@ -76,7 +77,7 @@ static bool evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
 }
 
 static int make_room(mlo_pipeline *pipe, mlo_component *c) {
-  uint64_t need = c->block_bytes;
+  uint64_t need = mlo_res_bytes(c);
   char a[32], b[32];
   if (need > B(pipe)->budget)
     return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) does not fit in the budget of %s", c->name,
@@ -99,7 +100,7 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
     for (size_t i = 0; i < pipe->ncomps; i++) {
       mlo_component *o = pipe->comps[i];
       if (o->users && mlo_held_by_this_thread(o)) {
-        mine += mlo_res_is_resident(o) ? o->block_bytes : 0;
+        mine += mlo_res_is_resident(o) ? mlo_res_bytes(o) : 0;
         held = o;
       }
     }
@@ -142,13 +143,13 @@ static void prefetch(mlo_pipeline *pipe) {
     d += run;
     mlo_component *t = r->comp;
     if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
-    if (!t->materialized || t->block_bytes > B(pipe)->budget) return;
+    if (!t->materialized || mlo_res_bytes(t) > B(pipe)->budget) return;
     /* Only what is needed after t's run and at least one call more: a
      * component displaced now and called right after t would have to come
      * back with nothing to hide its copy under — the stall moves from t to
      * it, and the bytes double (an encoder prefetched over the first DiT). */
-    while (pipe->device_bytes + t->block_bytes > B(pipe)->budget) {
-      mlo_component *v = pick_victim(pipe, t, true, here + run, short_by(pipe, t->block_bytes));
+    while (pipe->device_bytes + mlo_res_bytes(t) > B(pipe)->budget) {
+      mlo_component *v = pick_victim(pipe, t, true, here + run, short_by(pipe, mlo_res_bytes(t)));
       if (!v || mlo_res_evict(v) != MLO_OK) return; /* the rest must wait for their turn */
     }
     /* A failed prefetch changes nothing (mlo_res_load rolls back) and costs
@@ -157,9 +158,9 @@ static void prefetch(mlo_pipeline *pipe) {
       mlo_logf(MLO_LOG_DEBUG, "prefetch of %s not issued: %s", t->name, pipe->errmsg);
       return;
     }
-    if (!t->block_bytes) continue; /* empty (C13): nothing moved, nothing to count */
+    if (!mlo_res_bytes(t)) continue; /* empty (C13): nothing moved, nothing to count */
     t->stats.prefetches++;
-    mlo_res_trace(t, MLO_TRACE_PREFETCH, t->block_bytes);
+    mlo_res_trace(t, MLO_TRACE_PREFETCH, mlo_res_bytes(t));
   }
 }
 
@@ -187,13 +188,6 @@ static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_
                       mlo_format_size(s->reserve_bytes, a, sizeof a),
                       mlo_format_size(avail, b, sizeof b));
     got = avail - s->reserve_bytes;
-  }
-  for (size_t i = 0; i < pipe->ncomps; i++) {
-    const mlo_component *c = pipe->comps[i];
-    if (c->block_bytes > got)
-      return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "a budget of %s cannot hold '%s' (%s)",
-                      mlo_format_size(got, a, sizeof a), c->name,
-                      mlo_format_size(c->block_bytes, b, sizeof b));
   }
   *budget = got;
   return MLO_OK;
@@ -230,6 +224,29 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
   }
 }
 
+/* A component larger than the budget streams its blocks (stream.c)
+ * through a footprint within it; the others move whole.  Plans are made
+ * for components not resident (a resident one is within the budget, fit()
+ * saw to it, and moves whole). */
+static int plan_streams(mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (mlo_res_is_resident(c)) continue;
+    mlo_stream_drop(c);
+    uint64_t need = 0;
+    if (c->block_bytes > B(pipe)->budget) {
+      int rc = mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS, &need);
+      if (rc) return rc;
+    }
+  }
+  return MLO_OK;
+}
+
+static void drop_streams(mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    if (!mlo_res_is_resident(pipe->comps[i])) mlo_stream_drop(pipe->comps[i]);
+}
+
 /* Roles do not decide residency, the budget and the schedule do.  What is
  * resident already stays within the budget; with a schedule and prefetch
  * on, the first components the schedule calls start loading. */
@@ -243,7 +260,9 @@ static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   }
   pipe->policy_state = st;
   rc = fit(pipe);
+  if (!rc) rc = plan_streams(pipe);
   if (rc) {
+    drop_streams(pipe);
     pipe->policy_state = NULL;
     free(st);
     return rc;
@@ -253,6 +272,7 @@ static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
 }
 
 static void budget_disable(mlo_pipeline *pipe) {
+  drop_streams(pipe); /* a resident one keeps its plan until evicted */
   free(pipe->policy_state);
   pipe->policy_state = NULL;
 }

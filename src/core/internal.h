@@ -27,6 +27,29 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Where a tensor runs in its component's forward (blocks.c): the
+ * prologue, a block (the run of `rank`, the name's first plen bytes, and
+ * the block's number), or the epilogue. */
+enum { MLO_PIECE_PROLOGUE, MLO_PIECE_BLOCK, MLO_PIECE_EPILOGUE };
+struct mlo_block_key {
+  unsigned char kind, rank;
+  uint32_t plen, num;
+};
+
+/* A tensor with its layout key, for sorting (blocks.c). */
+struct mlo_keyed {
+  mlo_tensor *t;
+  struct mlo_block_key key;
+  size_t index; /* declaration order breaks ties */
+  int piece;
+};
+
+/* A piece's bytes in the slab (blocks.c, slab.c). */
+struct mlo_span {
+  uint64_t off, bytes;
+  size_t tensors;
+};
+
 struct mlo_tensor {
   char *name;
   mlo_component *comp; /* the component that lists this name */
@@ -45,6 +68,11 @@ struct mlo_tensor {
   uint64_t dev_offset; /* offset in the device block (and in the slab) */
   void *host;          /* host copy after materialization */
   bool registered;     /* EXTERNAL: page-locked in place by the platform */
+  /* its piece of the forward (blocks.c): from the name, or declared */
+  struct mlo_block_key bkey;
+  bool block_declared;
+  int declared_block;
+  int block; /* as laid out: MLO_BLOCK_PROLOGUE, _EPILOGUE or 0..nblocks-1 */
 };
 
 /* Which strategy owns the pipeline's hooks (C16). */
@@ -66,10 +94,11 @@ struct mlo_component {
   mlo_role_source role_source;
   mlo_tensor **tensors; /* in declaration order, aliases included */
   size_t ntensors, tcap;
-  mlo_nameset names;    /* name -> index in tensors */
-  uint64_t bytes_bound; /* >= the block's size: each own tensor + alignment */
-  bool has_mutable;     /* any own tensor flagged MUTABLE */
-  size_t own_count;     /* tensors with storage of their own */
+  mlo_nameset names;         /* name -> index in tensors */
+  struct mlo_keyed *scratch; /* tcap entries: the layout sorts here (blocks.c) */
+  uint64_t bytes_bound;      /* >= the block's size: each own tensor + alignment */
+  bool has_mutable;          /* any own tensor flagged MUTABLE */
+  size_t own_count;          /* tensors with storage of their own */
 
   /* host storage */
   bool materialized;
@@ -81,6 +110,13 @@ struct mlo_component {
   uint64_t block_bytes;    /* slab_bytes + external tensors, aligned */
   uint64_t pageable_bytes; /* of the block, copied from pageable host memory */
   bool warned_pageable;    /* its first load said so */
+  /* the pieces of its forward, as laid out (blocks.c, slab.c) */
+  bool blocks_declared; /* a tensor's block was declared: names are not read */
+  size_t nblocks;
+  struct mlo_span *spans; /* nblocks, in the order they run */
+  struct mlo_span pro, epi;
+  /* streamed residency (stream.c): NULL while it moves whole */
+  struct mlo_stream *stream;
 
   /* device residency */
   mlo_residency state;
@@ -239,10 +275,29 @@ void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
 int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);
 
+/* blocks.c */
+void mlo_block_key_of(const char *name, struct mlo_block_key *k);
+/* Sorts c's own slab tensors (not aliases, not external) into c->scratch
+ * in layout order, each with its piece (MLO_BLOCK_PROLOGUE, _EPILOGUE, or
+ * 0..*nblocks-1); returns how many.  Allocates nothing; lock held. */
+size_t mlo_blocks_sort(const mlo_component *c, size_t *nblocks);
+
 /* slab.c */
-/* The device block's byte size; with assign, sets each tensor's offset.
- * slab_bytes (may be NULL) gets the library-owned prefix. */
-uint64_t mlo_slab_layout(mlo_component *c, bool assign, uint64_t *slab_bytes);
+typedef struct {
+  uint64_t block_bytes; /* the device block: the slab, then external tensors */
+  uint64_t slab_bytes;  /* the library-owned prefix */
+  size_t nblocks;
+  struct mlo_span pro, epi;
+  struct mlo_span *spans; /* nblocks */
+  mlo_tensor **order;     /* the slab's tensors in the order they are laid out */
+  size_t norder;
+} mlo_layout;
+void mlo_layout_free(mlo_layout *lay);
+/* The layout of c's device block and slab; with assign, sets each
+ * tensor's offset and piece and lists the order; with spans, the pieces'
+ * ranges.  Without either it allocates nothing and cannot fail; else
+ * MLO_ENOMEM (nothing assigned).  Lock held. */
+int mlo_slab_layout(mlo_component *c, bool assign, bool spans, mlo_layout *out);
 int mlo_slab_materialize(mlo_component *c); /* setup_lock held */
 void mlo_slab_free(mlo_component *c);       /* lock held, not resident */
 
@@ -254,6 +309,30 @@ bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_co
 static inline bool mlo_must_wait_reconfig(const mlo_pipeline *pipe) {
   return pipe->reconfiguring && !pthread_equal(pipe->reconfig_thread, pthread_self());
 }
+
+/* stream.c — block streaming; lock held unless said otherwise. */
+/* The device bytes c takes while resident: its block, or its streamed
+ * footprint. */
+uint64_t mlo_res_bytes(const mlo_component *c);
+/* Plans c (materialized, not resident) to stream within `room` device
+ * bytes through nslots slots: the most blocks resident that fit.  *need
+ * gets the footprint, or on MLO_ENOMEM_DEVICE the least room it could
+ * stream in (0 if none).  Drops any earlier plan first. */
+int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *need);
+void mlo_stream_drop(mlo_component *c); /* not resident */
+/* A load's copies of the resident part (into c->block); the slots' fills
+ * after the load's event (start); the slots emptied at eviction. */
+int mlo_stream_copy_resident(mlo_component *c, size_t *copies, uint64_t *moved);
+void mlo_stream_start(mlo_component *c);
+void mlo_stream_evicted(mlo_component *c);
+/* Its first holder arrived (the first blocks into the slots) / its last
+ * left (a block begun and never ended ends here). */
+void mlo_stream_acquired(mlo_component *c);
+void mlo_stream_released(mlo_component *c);
+int mlo_stream_audit(mlo_component *c);
+/* Where a tensor of a streamed, resident component is in its device
+ * block; MLO_ESTATE (with the message) for a streamed block not begun. */
+int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64_t *off);
 
 /* sched.c — the declared schedule and its cursor; lock held. */
 /* Calls until c's next use from the cursor (0: the call expected next);

@@ -39,7 +39,9 @@ static int audit_locked(mlo_pipeline *pipe) {
   if (prc) return prc;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
-    if (mlo_res_is_resident(c)) resident_bytes += c->block_bytes;
+    if (mlo_res_is_resident(c)) resident_bytes += mlo_res_bytes(c);
+    int src = mlo_stream_audit(c);
+    if (src) return src;
     if (!c->users) continue;
     if (!mlo_res_is_resident(c))
       return mlo_fail(pipe, MLO_ESTATE, "audit: '%s' executes but is not resident", c->name);
@@ -166,6 +168,7 @@ static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
   if (!rc) rc = add_holder(c);
   if (rc) return rc;
   mlo_sched_advance(pipe, c);
+  mlo_stream_acquired(c); /* after the cursor moved: the slots plan from it */
   if (pol && pol->acquired) pol->acquired(pipe, c);
   if (pipe->audit_each && (rc = audit_locked(pipe))) {
     drop_holder(c);
@@ -219,6 +222,7 @@ static int release(mlo_component *c, uint64_t forward_ns) {
   }
   drop_holder(c);
   if (c->users == 0) {
+    mlo_stream_released(c);
     pthread_cond_broadcast(&pipe->idle);
     if (pipe->policy && pipe->policy->released) pipe->policy->released(pipe, c);
   }

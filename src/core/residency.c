@@ -29,7 +29,7 @@ static void trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint
   /* device_bytes is the figure after the event: a load's block counts from
    * its LOAD_BEGIN (allocated), though it is accounted once its copies are
    * queued. */
-  uint64_t dev = pipe->device_bytes + (kind == MLO_TRACE_LOAD_BEGIN ? c->block_bytes : 0);
+  uint64_t dev = pipe->device_bytes + (kind == MLO_TRACE_LOAD_BEGIN ? mlo_res_bytes(c) : 0);
   mlo_trace_event ev = {kind, c, t_ns, bytes, dev};
   pipe->trace(&ev, pipe->trace_user);
 }
@@ -97,7 +97,7 @@ static int enqueue_load_copies(mlo_component *c, size_t *copies) {
 /* Whether c loads sharded: a sharded pipeline's component whose block is
  * its slab alone (caller-owned tensors are each rank's own: replicated). */
 static bool sharded_load(const mlo_component *c) {
-  return c->pipe->sharded && c->block_bytes == c->slab_bytes && c->slab_shared;
+  return c->pipe->sharded && c->block_bytes == c->slab_bytes && c->slab_shared && !c->stream;
 }
 
 /* What an all-gather brought this rank: every other node rank's slice. */
@@ -142,7 +142,7 @@ int mlo_res_load(mlo_component *c) {
     slice = (size_t)(((c->block_bytes + n - 1) / n + 4095) / 4096 * 4096);
     c->alloc_bytes = pipe->shard_resident ? slice : (uint64_t)slice * n;
   } else {
-    c->alloc_bytes = c->block_bytes;
+    c->alloc_bytes = mlo_res_bytes(c);
   }
   uint64_t a0 = mlo_plat_now(p);
   rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->alloc_bytes, &c->block));
@@ -168,7 +168,7 @@ int mlo_res_load(mlo_component *c) {
     return mlo_fail(pipe, rc,
                     "host out of memory allocating the %s device block of '%s' (this platform "
                     "keeps device memory in host RAM)",
-                    mlo_format_size(c->block_bytes, need, sizeof need), c->name);
+                    mlo_format_size(mlo_res_bytes(c), need, sizeof need), c->name);
   }
   if (rc && rc != MLO_ENOMEM_DEVICE) {
     c->block = NULL;
@@ -183,7 +183,7 @@ int mlo_res_load(mlo_component *c) {
     return mlo_fail(pipe, rc,
                     "device out of memory loading '%s': needs %s, %s free of %s "
                     "(%s resident in this pipeline)",
-                    c->name, mlo_format_size(c->block_bytes, need, sizeof need),
+                    c->name, mlo_format_size(mlo_res_bytes(c), need, sizeof need),
                     mlo_format_size(mem.free_bytes, avail, sizeof avail),
                     mlo_format_size(mem.total_bytes, total, sizeof total),
                     mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
@@ -221,6 +221,8 @@ int mlo_res_load(mlo_component *c) {
       if (!rc) count_gathered(pipe, slice);
       gathered_on_device = true;
     }
+  } else if (!rc && c->stream) { /* the resident part now, the slots after the event */
+    rc = mlo_stream_copy_resident(c, &copies, &moved);
   } else if (!rc) {
     rc = enqueue_load_copies(c, &copies);
   }
@@ -247,7 +249,8 @@ int mlo_res_load(mlo_component *c) {
   c->stats.loads++;
   c->stats.h2d_bytes += moved;
   c->stats.copy_calls += copies;
-  pipe->device_bytes += c->block_bytes;
+  pipe->device_bytes += mlo_res_bytes(c);
+  if (c->stream) mlo_stream_start(c);
   if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
   log_transfer(c, "load", c->block_bytes, copies);
   return MLO_OK;
@@ -281,7 +284,9 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   for (size_t i = 0; i < c->ntensors && !rc; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!needs_writeback(c, t)) continue;
-    rc = PCALL(c, mlo_plat_copy_d2h(p, t->host, c->block, t->dev_offset, t->nbytes));
+    uint64_t at = t->dev_offset; /* a streamed component's mutable tensors stay resident */
+    if (c->stream && (rc = mlo_stream_tensor_offset(c, t, &at))) break;
+    rc = PCALL(c, mlo_plat_copy_d2h(p, t->host, c->block, (size_t)at, t->nbytes));
     copies++;
     *bytes += t->nbytes;
   }
@@ -329,7 +334,9 @@ int mlo_res_evict(mlo_component *c) {
   c->load_waited = false;
   c->stats.evictions++;
   c->stats.d2h_bytes += back;
-  pipe->device_bytes -= c->block_bytes;
+  pipe->device_bytes -= mlo_res_bytes(c);
+  mlo_stream_evicted(c);
+  if (!pipe->enabled) mlo_stream_drop(c); /* the plan was the policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
   log_transfer(c, "evict", back, 0);
   return MLO_OK;
@@ -340,8 +347,9 @@ void mlo_res_drop(mlo_component *c) {
   if (c->block) {
     c->stats.platform_calls++;
     mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
-    c->pipe->device_bytes -= c->block_bytes;
+    c->pipe->device_bytes -= mlo_res_bytes(c);
   }
+  mlo_stream_evicted(c);
   c->block = NULL;
   c->gather_slice = 0;
   c->shard_offset = c->shard_bytes = 0;

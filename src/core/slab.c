@@ -32,25 +32,86 @@ static bool is_external(const mlo_tensor *t) {
   return t->flags & MLO_TENSOR_EXTERNAL;
 }
 
-/* Computes the layout; with assign, stores each tensor's dev_offset.  On a
- * platform whose blocks are built from segments (caps.max_block_bytes) a
- * tensor that would straddle a segment boundary starts the next segment. */
-uint64_t mlo_slab_layout(mlo_component *c, bool assign, uint64_t *slab_bytes) {
+/* Where a tensor of nbytes goes after `end`: aligned, and within one
+ * segment where the device builds blocks from segments (seg != 0). */
+static uint64_t place(uint64_t end, uint64_t align, uint64_t seg, uint64_t nbytes) {
+  uint64_t off = nbytes ? align_up(end, align) : 0;
+  if (seg && nbytes && nbytes <= seg && off / seg != (off + nbytes - 1) / seg)
+    off = (off / seg + 1) * seg;
+  return off;
+}
+
+/* Computes the layout (internal.h).  The slab holds the tensors the
+ * library owns in the order the forward runs them (blocks.c): the
+ * prologue, each block, the epilogue, so a block is one contiguous range;
+ * external tensors follow in the device block only.  On a platform whose
+ * blocks are built from segments (caps.max_block_bytes) a tensor that
+ * would straddle a segment boundary starts the next segment. */
+int mlo_slab_layout(mlo_component *c, bool assign, bool want_spans, mlo_layout *out) {
   uint64_t align = c->pipe->alignment, end = 0;
   uint64_t seg = c->pipe->platform->caps.max_block_bytes;
-  for (int pass = 0; pass < 2; pass++) {
-    for (size_t i = 0; i < c->ntensors; i++) {
-      mlo_tensor *t = c->tensors[i];
-      if (t->target || is_external(t) != (pass == 1)) continue;
-      uint64_t off = t->nbytes ? align_up(end, align) : 0;
-      if (seg && t->nbytes && t->nbytes <= seg && off / seg != (off + t->nbytes - 1) / seg)
-        off = (off / seg + 1) * seg;
-      if (assign) t->dev_offset = off;
-      if (t->nbytes) end = off + t->nbytes;
-    }
-    if (pass == 0 && slab_bytes) *slab_bytes = end;
+  memset(out, 0, sizeof *out);
+  size_t nb, n = mlo_blocks_sort(c, &nb);
+  const struct mlo_keyed *ks = c->scratch;
+  struct mlo_span *spans = NULL, ignored;
+  mlo_tensor **order = NULL;
+  if ((want_spans || assign) && !(spans = mlo_calloc(nb ? nb : 1, sizeof *spans)))
+    return MLO_ENOMEM;
+  if (assign && !(order = mlo_malloc((n ? n : 1) * sizeof *order))) {
+    free(spans);
+    return MLO_ENOMEM;
   }
-  return end;
+  for (size_t i = 0; i < n; i++) { /* the slab, piece by piece */
+    int p = ks[i].piece;
+    struct mlo_span *s = p == MLO_BLOCK_PROLOGUE   ? &out->pro
+                         : p == MLO_BLOCK_EPILOGUE ? &out->epi
+                         : spans                   ? &spans[p]
+                                                   : &ignored;
+    mlo_tensor *t = ks[i].t;
+    uint64_t off = place(end, align, seg, t->nbytes);
+    if (assign) {
+      t->dev_offset = off;
+      t->block = p;
+      order[i] = t;
+    }
+    if (t->nbytes) {
+      if (!s->bytes) s->off = off;
+      end = off + t->nbytes;
+      s->bytes = end - s->off;
+    }
+    s->tensors++;
+    ignored = (struct mlo_span){0, 0, 0};
+  }
+  uint64_t at = 0; /* an empty piece sits where it would start */
+  for (size_t i = 0; spans && i < nb + 2; i++) {
+    struct mlo_span *s = i == 0 ? &out->pro : i == nb + 1 ? &out->epi : &spans[i - 1];
+    if (!s->bytes) s->off = at;
+    at = s->off + s->bytes;
+  }
+  out->slab_bytes = end;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || !is_external(t)) continue;
+    uint64_t off = place(end, align, seg, t->nbytes);
+    if (assign) {
+      t->dev_offset = off;
+      t->block = MLO_BLOCK_PROLOGUE;
+    }
+    if (t->nbytes) end = off + t->nbytes;
+  }
+  out->block_bytes = end;
+  out->nblocks = nb;
+  out->spans = spans;
+  out->order = order;
+  out->norder = n;
+  return MLO_OK;
+}
+
+void mlo_layout_free(mlo_layout *lay) {
+  free(lay->spans);
+  free(lay->order);
+  lay->spans = NULL;
+  lay->order = NULL;
 }
 
 /* The progress callback, read once under the lock: set_progress from
@@ -90,6 +151,7 @@ typedef struct {
   mlo_tensor **files; /* the tensors this rank reads from files */
   size_t nfiles;
   uint64_t file_bytes;
+  mlo_layout lay; /* the pieces: published with the slab */
 } slab_build;
 
 /* A segmented device (caps.max_block_bytes) cannot hold a tensor larger
@@ -224,9 +286,9 @@ static void fill_slab(mlo_component *c, slab_build *b) {
   if (c->pipe->platform->caps.simulated) return;
   bool writer = !b->shared || mlo_dist_node_rank(c->pipe->comm) == 0;
   uint64_t cursor = 0;
-  for (size_t i = 0; i < c->ntensors; i++) {
-    mlo_tensor *t = c->tensors[i];
-    if (t->target || is_external(t) || !t->nbytes) continue;
+  for (size_t i = 0; i < b->lay.norder; i++) { /* in layout order: padding runs forward */
+    mlo_tensor *t = b->lay.order[i];
+    if (!t->nbytes) continue;
     char *dst = (char *)b->slab + t->dev_offset;
     if (writer) memset((char *)b->slab + cursor, 0, t->dev_offset - cursor); /* padding */
     cursor = t->dev_offset + t->nbytes;
@@ -308,6 +370,13 @@ static void publish(mlo_component *c, slab_build *b) {
   pipe->dist.read_bytes += b->file_bytes;
   if (b->shared) pipe->dist.shared_bytes += b->slab_bytes;
   c->block_bytes = b->block_bytes;
+  free(c->spans);
+  c->spans = b->lay.spans;
+  b->lay.spans = NULL;
+  mlo_layout_free(&b->lay);
+  c->nblocks = b->lay.nblocks;
+  c->pro = b->lay.pro;
+  c->epi = b->lay.epi;
   c->pageable_bytes = pageable;
   c->materialized = true;
   c->state = MLO_RES_HOST;
@@ -352,7 +421,14 @@ int mlo_slab_materialize(mlo_component *c) {
   uint64_t t0 = mlo_now_ns();
   slab_build b = {.together = true,
                   .want_pin = c->pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED")};
-  b.block_bytes = mlo_slab_layout(c, true, &b.slab_bytes);
+  mlo_layout lay;
+  pthread_mutex_lock(&c->pipe->lock); /* the layout sorts in c->scratch */
+  rc = mlo_slab_layout(c, true, true, &lay);
+  pthread_mutex_unlock(&c->pipe->lock);
+  if (rc) return mlo_fail(c->pipe, rc, "out of host memory laying out '%s'", c->name);
+  b.block_bytes = lay.block_bytes;
+  b.slab_bytes = lay.slab_bytes;
+  b.lay = lay;
   if (!(rc = alloc_slab(c, &b))) {
     fill_slab(c, &b);
     take_my_share(c, &b);
@@ -360,6 +436,7 @@ int mlo_slab_materialize(mlo_component *c) {
   }
   if (rc) {
     undo(c, &b);
+    mlo_layout_free(&b.lay);
     return rc;
   }
   free(b.files);

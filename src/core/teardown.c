@@ -44,6 +44,9 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     mlo_res_release_events(c);
+    mlo_stream_drop(c);
+    free(c->spans);
+    free(c->scratch);
     if (drained) mlo_slab_free(c);
     if (c->users)
       mlo_logf(MLO_LOG_ERROR, "freeing a pipeline while '%s' has %d acquire(s) not released",

@@ -37,6 +37,9 @@ static int reserve_tensor(mlo_component *c) {
     mlo_tensor **grown = mlo_realloc(c->tensors, cap * sizeof *grown);
     if (!grown) return MLO_ENOMEM;
     c->tensors = grown;
+    struct mlo_keyed *room = mlo_realloc(c->scratch, cap * sizeof *room);
+    if (!room) return MLO_ENOMEM; /* the list grew, tcap did not: nothing else changed */
+    c->scratch = room;
     c->tcap = cap;
   }
   return mlo_nameset_reserve(&c->names, 1);
@@ -128,6 +131,7 @@ int mlo_tensor_add(mlo_component *c, const mlo_tensor_desc *d, mlo_tensor **out)
     return mlo_fail(pipe, MLO_ENOMEM, "out of host memory adding tensor '%s'", d->name);
   }
   t->comp = c;
+  mlo_block_key_of(t->name, &t->bkey);
   t->dtype = d->dtype;
   t->ndim = d->ndim;
   memcpy(t->shape, d->shape, sizeof t->shape);
@@ -233,7 +237,10 @@ mlo_tensor *mlo_component_find_tensor(const mlo_component *c, const char *name) 
 uint64_t mlo_component_bytes(const mlo_component *c) {
   if (!c) return 0;
   MLO_LOCK_OR(&c->pipe->lock, 0);
-  uint64_t total = mlo_slab_layout((mlo_component *)c, false, NULL);
+  mlo_layout lay;
+  uint64_t total = c->block_bytes;
+  if (!c->materialized && mlo_slab_layout((mlo_component *)c, false, false, &lay) == MLO_OK)
+    total = lay.block_bytes; /* without spans or assignment it cannot fail */
   pthread_mutex_unlock(&c->pipe->lock);
   return total;
 }
@@ -309,8 +316,9 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
   } else {
     void *handle = NULL;
     size_t local = 0;
-    mlo_plat_resolve(owner->pipe->platform, owner->block,
-                     (size_t)(own->dev_offset - owner->shard_offset), &handle, &local);
+    uint64_t at = own->dev_offset - owner->shard_offset;
+    if (owner->stream) rc = mlo_stream_tensor_offset(owner, own, &at);
+    if (!rc) mlo_plat_resolve(owner->pipe->platform, owner->block, (size_t)at, &handle, &local);
     if (block) *block = handle;
     if (offset) *offset = local;
   }
@@ -324,6 +332,11 @@ int mlo_component_shard(mlo_component *c, void **block, uint64_t *offset, uint64
   int rc = MLO_OK;
   if (!mlo_res_is_resident(c)) {
     rc = MLO_ESTATE;
+  } else if (c->stream) {
+    rc = mlo_fail(c->pipe, MLO_EUNSUPPORTED,
+                  "'%s' streams its blocks: its device block is not its layout (use "
+                  "mlo_tensor_device between mlo_block_begin and mlo_block_end)",
+                  c->name);
   } else {
     bool sliced = c->shard_bytes || c->shard_offset;
     if (block) *block = c->block;

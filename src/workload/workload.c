@@ -149,31 +149,96 @@ static int tensor_digest(mlo_workload *w, const mlo_tensor *t, int tokens, uint6
   return w->ops->bytes_digest(w->ctx, block, offset, nbytes, digest);
 }
 
-static int by_name(const void *a, const void *b) {
-  return strcmp(mlo_tensor_name(*(const mlo_tensor *const *)a),
-                mlo_tensor_name(*(const mlo_tensor *const *)b));
+/* A tensor of the forward: its piece's place in the order the forward runs
+ * them (prologue 0, block b at 1+b, epilogue last), then its name. */
+typedef struct {
+  const mlo_tensor *t;
+  size_t piece;
+} piece_tensor;
+
+static int by_piece_then_name(const void *a, const void *b) {
+  const piece_tensor *x = a, *y = b;
+  if (x->piece != y->piece) return x->piece < y->piece ? -1 : 1;
+  return strcmp(mlo_tensor_name(x->t), mlo_tensor_name(y->t));
+}
+
+static size_t piece_of(const mlo_tensor *t, size_t nblocks) {
+  int b = mlo_tensor_block(t);
+  return b == MLO_BLOCK_PROLOGUE ? 0 : b == MLO_BLOCK_EPILOGUE ? nblocks + 1 : (size_t)b + 1;
+}
+
+/* A modelling backend's forward: its time shared among the pieces by
+ * their bytes, each block's between its begin and end where it streams. */
+static int model_pieces(mlo_workload *w, mlo_component *comp, bool streamed, uint64_t *h) {
+  uint64_t ns = model_time(w, comp);
+  size_t n = 0;
+  int rc = mlo_component_blocks(comp, NULL, 0, &n);
+  if (rc) return rc;
+  mlo_block_info *info = mlo_calloc(n, sizeof *info);
+  if (!info) return MLO_ENOMEM;
+  if ((rc = mlo_component_blocks(comp, info, n, NULL))) {
+    free(info);
+    return rc;
+  }
+  uint64_t total = 0, spent = 0, done = 0;
+  for (size_t i = 0; i < n; i++) total += info[i].bytes;
+  for (size_t i = 0; i < n && !rc; i++) {
+    done += info[i].bytes;
+    uint64_t upto = total ? (uint64_t)((double)ns * (double)done / (double)total) : ns;
+    if (i + 1 == n) upto = ns;
+    bool block = streamed && info[i].block >= 0;
+    if (block) rc = mlo_block_begin(comp, (size_t)info[i].block);
+    if (!rc) rc = w->ops->model_forward(w->ctx, upto - spent, h);
+    if (block) {
+      int erc = mlo_block_end(comp, (size_t)info[i].block);
+      if (!rc) rc = erc;
+    }
+    spent = upto;
+  }
+  free(info);
+  return rc;
 }
 
 /* Issues a forward's folds into *h (deferred where the backend defers).
- * Tensors are folded in name order, not declaration order: the same
+ * Tensors are folded piece by piece in the order the forward runs them
+ * (blocks.c), each piece's in name order, not declaration order: the same
  * weights give the same digest however files split them (sharded or not,
- * shards in any order). */
+ * shards in any order), and whether the component streams or not.  A
+ * streamed component's blocks are begun before their tensors are read and
+ * ended after (mlo_block_begin), as a real forward does. */
 static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t seed, uint64_t *h) {
-  if (w->ops->model_forward) return w->ops->model_forward(w->ctx, model_time(w, comp), h);
+  mlo_stream_info si;
+  int rc = mlo_component_stream_info(comp, &si);
+  if (rc) return rc;
+  bool streamed = si.streamed_blocks > 0;
+  if (w->ops->model_forward) return model_pieces(w, comp, streamed, h);
   mlo_role role = mlo_component_role(comp);
   int tokens = role_index_ok(role) ? w->tokens[role] : w->tokens[MLO_ROLE_OTHER];
   size_t n = mlo_component_tensor_count(comp), k = 0;
-  const mlo_tensor **own = mlo_malloc((n ? n : 1) * sizeof *own);
+  size_t nblocks = mlo_component_block_count(comp);
+  piece_tensor *own = mlo_malloc((n ? n : 1) * sizeof *own);
   if (!own) return MLO_ENOMEM;
   for (size_t i = 0; i < n; i++) {
     const mlo_tensor *t = mlo_component_tensor_at(comp, i);
     /* a reference is not ours to read; a shared tensor is folded under
      * each of its names (its storage is read once per name, moved once) */
-    if (t && mlo_tensor_owner(t) == comp) own[k++] = t;
+    if (t && mlo_tensor_owner(t) == comp) own[k++] = (piece_tensor){t, piece_of(t, nblocks)};
   }
-  qsort(own, k, sizeof *own, by_name);
-  int rc = MLO_OK;
-  for (size_t i = 0; i < k && !rc; i++) rc = tensor_digest(w, own[i], tokens, seed, h);
+  qsort(own, k, sizeof *own, by_piece_then_name);
+  size_t open = 0; /* the block begun (its piece), 0 for none */
+  for (size_t i = 0; i < k && !rc; i++) {
+    size_t p = own[i].piece;
+    if (streamed && p != open) {
+      if (open) rc = mlo_block_end(comp, open - 1);
+      open = 0;
+      if (!rc && p >= 1 && p <= nblocks && !(rc = mlo_block_begin(comp, p - 1))) open = p;
+    }
+    if (!rc) rc = tensor_digest(w, own[i].t, tokens, seed, h);
+  }
+  if (open) {
+    int erc = mlo_block_end(comp, open - 1);
+    if (!rc) rc = erc;
+  }
   free(own);
   return rc;
 }

@@ -1,0 +1,586 @@
+/*
+ * stream.c — block streaming: a component larger than its room on the
+ * device runs with part of its blocks resident and the rest passed through
+ * a few device buffers ("slots"), each block's copy issued on the copy
+ * queue while the blocks before it compute (docs/streaming.md).
+ *
+ * A streamed component's device block (its footprint) is laid out as
+ *
+ *   [prologue][resident blocks...][epilogue][external tensors][slot 0]...[slot n-1]
+ *
+ * and a load copies the resident part (residency.c calls
+ * mlo_stream_copy_resident) and then fills the slots with the first
+ * streamed blocks.  The caller's forward says where it is with
+ * mlo_block_begin/mlo_block_end; the rules are the component's (C8, C9):
+ *
+ *  - begin waits, on the compute queue, for the event recorded after the
+ *    block's copy into its slot (C8);
+ *  - end records an event on the compute queue; the copy that next reuses
+ *    the slot waits for it on the copy queue first, so a slot is never
+ *    overwritten while compute still reads it (C9);
+ *  - eviction frees the whole footprint stream-ordered, as for any
+ *    component, so nothing is freed under a running copy.
+ *
+ * At each end the slot just freed takes the next streamed block in the
+ * order the forward runs them; after the last one it takes the first of
+ * the next forward when the declared schedule calls this component again
+ * next (or no schedule is declared), so a DiT step's first blocks land
+ * while the previous step's last blocks compute.  A begin for a block not
+ * in a slot (blocks run out of order) loads it on demand into the slot
+ * needed last.
+ *
+ * Every function runs with the pipeline lock held, except where begin
+ * waits, which drops it (the slot is marked in use first, so nothing
+ * reuses it meanwhile).
+ */
+#include "base/sysio.h"
+#include "core/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STREAMED UINT64_MAX /* dev_off of a block that is not resident */
+
+struct stream_slot {
+  uint64_t dev_off;
+  long blk;         /* the block it holds or is loading; -1: none */
+  bool inuse;       /* begun and not ended */
+  bool waited;      /* compute has waited for its load already */
+  bool has_free_ev; /* free_ev recorded since the slot was last filled */
+  mlo_event *load_ev, *free_ev;
+};
+
+struct mlo_stream {
+  uint64_t footprint;  /* device bytes while resident */
+  uint64_t resident;   /* of which the resident part (copied at load) */
+  uint64_t slot_bytes; /* each slot: the largest streamed block, aligned */
+  uint64_t pro_dev, epi_dev, ext_dev, ext_start;
+  uint64_t *dev_off; /* per block: where it is resident, or STREAMED */
+  size_t *order;     /* the streamed blocks in the order they run */
+  size_t *pos;       /* per block: its place in order (streamed ones) */
+  size_t nstreamed, nresident;
+  uint64_t streamed_bytes; /* moved per forward */
+  struct stream_slot *slots;
+  size_t nslots;
+  size_t next; /* the place in order of the next block to issue */
+};
+
+#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
+
+static uint64_t align_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+
+bool mlo_stream_active(const mlo_component *c) {
+  return c->stream != NULL;
+}
+
+uint64_t mlo_res_bytes(const mlo_component *c) {
+  return c->stream ? c->stream->footprint : c->block_bytes;
+}
+
+void mlo_stream_drop(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  if (!st) return;
+  for (size_t i = 0; i < st->nslots; i++) {
+    mlo_plat_event_destroy(c->pipe->platform, st->slots[i].load_ev);
+    mlo_plat_event_destroy(c->pipe->platform, st->slots[i].free_ev);
+  }
+  free(st->slots);
+  free(st->dev_off);
+  free(st->order);
+  free(st->pos);
+  free(st);
+  c->stream = NULL;
+}
+
+/* Whether a block must stay resident: a mutable tensor in it is written by
+ * compute and must reach the host at eviction from where it lives. */
+static bool block_pinned(const mlo_component *c, size_t b) {
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (!t->target && t->block == (int)b && (t->flags & MLO_TENSOR_MUTABLE)) return true;
+  }
+  return false;
+}
+
+typedef struct {
+  size_t b;
+  uint64_t bytes; /* aligned */
+} sized;
+
+static int by_size_desc(const void *pa, const void *pb) {
+  const sized *a = pa, *b = pb;
+  if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
+  return a->b < b->b ? -1 : a->b > b->b; /* the earlier block stays first */
+}
+
+/* The resident part's layout once the blocks in keep[] (first r of by[])
+ * and the pinned ones stay: fills st's offsets, returns where slots start. */
+static uint64_t place_resident(const mlo_component *c, struct mlo_stream *st, const bool *keep) {
+  uint64_t a = c->pipe->alignment, at = 0;
+  st->pro_dev = 0;
+  at = align_up(c->pro.bytes, a);
+  for (size_t b = 0; b < c->nblocks; b++) {
+    st->dev_off[b] = keep[b] ? at : STREAMED;
+    if (keep[b]) at = align_up(at + c->spans[b].bytes, a);
+  }
+  st->epi_dev = at;
+  at = align_up(at + c->epi.bytes, a);
+  st->ext_dev = at;
+  at = align_up(at + (c->block_bytes - st->ext_start), a);
+  return at;
+}
+
+int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *need) {
+  mlo_pipeline *pipe = c->pipe;
+  uint64_t a = pipe->alignment;
+  char x[32], y[32];
+  *need = 0;
+  if (mlo_res_is_resident(c))
+    return mlo_fail(pipe, MLO_ESTATE, "'%s' is resident: its plan cannot change", c->name);
+  mlo_stream_drop(c);
+  if (nslots < 1) nslots = 1;
+  if (!c->materialized) return mlo_fail(pipe, MLO_ESTATE, "%s: not materialized", c->name);
+  const char *why = NULL;
+  if (c->nblocks <= nslots)
+    why = c->nblocks ? "it has too few blocks to stream" : "no blocks were found in it";
+  else if (pipe->platform->caps.max_block_bytes)
+    why = "this device builds blocks from segments, and streaming needs whole ones";
+  else if (pipe->sharded)
+    why = "sharded loads move whole components";
+  else if (pipe->settings.copy_back || pipe->settings.per_tensor_copies)
+    why = "copy_back and per_tensor_copies move whole components";
+  if (why)
+    return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
+                    "a budget of %s cannot hold '%s' (%s), and it cannot stream: %s",
+                    mlo_format_size(room, y, sizeof y), c->name,
+                    mlo_format_size(c->block_bytes, x, sizeof x), why);
+  struct mlo_stream *st = mlo_calloc(1, sizeof *st);
+  bool *keep = mlo_calloc(c->nblocks, sizeof *keep);
+  sized *by = mlo_calloc(c->nblocks, sizeof *by);
+  if (st) {
+    st->dev_off = mlo_calloc(c->nblocks, sizeof *st->dev_off);
+    st->order = mlo_calloc(c->nblocks, sizeof *st->order);
+    st->pos = mlo_calloc(c->nblocks, sizeof *st->pos);
+    st->slots = mlo_calloc(nslots, sizeof *st->slots);
+  }
+  if (!st || !keep || !by || !st->dev_off || !st->order || !st->pos || !st->slots) {
+    free(keep);
+    free(by);
+    c->stream = st;
+    mlo_stream_drop(c);
+    return mlo_fail(pipe, MLO_ENOMEM, "out of host memory planning '%s'", c->name);
+  }
+  st->ext_start = align_up(c->slab_bytes, a);
+  if (st->ext_start > c->block_bytes) st->ext_start = c->block_bytes;
+  /* The fixed part stays: prologue, epilogue, external tensors, blocks
+   * with mutable tensors.  Of the rest, the largest stay while the room
+   * allows: each one kept saves its bytes every forward, and the slots
+   * shrink to the largest block still streamed.  Every count r of kept
+   * blocks is tried (the footprint is not monotonic in r). */
+  size_t nfree = 0;
+  for (size_t b = 0; b < c->nblocks; b++) {
+    keep[b] = block_pinned(c, b);
+    if (!keep[b]) by[nfree++] = (sized){b, align_up(c->spans[b].bytes, a)};
+  }
+  qsort(by, nfree, sizeof *by, by_size_desc);
+  uint64_t fixed = place_resident(c, st, keep);
+  size_t best = SIZE_MAX;
+  uint64_t kept = 0, min_need = UINT64_MAX;
+  for (size_t r = 0; r + nslots < nfree; r++) { /* more streamed blocks than slots */
+    uint64_t slot = by[r].bytes;
+    uint64_t total = fixed + kept + (uint64_t)nslots * slot;
+    if (total < min_need) min_need = total;
+    if (total <= room) best = r;
+    kept += by[r].bytes;
+  }
+  if (best == SIZE_MAX) {
+    *need = min_need;
+    free(keep);
+    free(by);
+    c->stream = st;
+    mlo_stream_drop(c);
+    if (min_need == UINT64_MAX)
+      return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
+                      "a budget of %s cannot hold '%s' (%s), and it cannot stream: too few of "
+                      "its blocks are free of mutable tensors",
+                      mlo_format_size(room, y, sizeof y), c->name,
+                      mlo_format_size(c->block_bytes, x, sizeof x));
+    char z[32];
+    return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
+                    "a budget of %s cannot hold '%s' (%s), and streaming it needs at least %s "
+                    "(its prologue, epilogue and %zu slots of its largest block)",
+                    mlo_format_size(room, y, sizeof y), c->name,
+                    mlo_format_size(c->block_bytes, x, sizeof x),
+                    mlo_format_size(min_need, z, sizeof z), nslots);
+  }
+  for (size_t r = 0; r < best; r++) keep[by[r].b] = true;
+  uint64_t slots_at = place_resident(c, st, keep);
+  st->slot_bytes = by[best].bytes;
+  st->nslots = nslots;
+  st->resident = slots_at;
+  st->footprint = slots_at + (uint64_t)nslots * st->slot_bytes;
+  for (size_t b = 0; b < c->nblocks; b++) {
+    if (!keep[b]) {
+      st->pos[b] = st->nstreamed;
+      st->order[st->nstreamed++] = b;
+      st->streamed_bytes += c->spans[b].bytes;
+    } else {
+      st->nresident++;
+    }
+  }
+  for (size_t i = 0; i < nslots; i++)
+    st->slots[i] =
+        (struct stream_slot){slots_at + i * st->slot_bytes, -1, false, false, false, NULL, NULL};
+  free(keep);
+  free(by);
+  c->stream = st;
+  *need = st->footprint;
+  char z[32];
+  mlo_logf(MLO_LOG_INFO,
+           "%s streams: %zu of %zu blocks resident, %zu through %zu slots of %s (%s on the "
+           "device, %s moved per forward)",
+           c->name, st->nresident, c->nblocks, st->nstreamed, nslots,
+           mlo_format_size(st->slot_bytes, x, sizeof x),
+           mlo_format_size(st->footprint, y, sizeof y),
+           mlo_format_size(st->streamed_bytes, z, sizeof z));
+  return MLO_OK;
+}
+
+/* ---- loads ------------------------------------------------------------- */
+
+int mlo_stream_copy_resident(mlo_component *c, size_t *copies, uint64_t *moved) {
+  struct mlo_stream *st = c->stream;
+  mlo_platform *p = c->pipe->platform;
+  *copies = 0;
+  *moved = 0;
+  /* runs of bytes contiguous in both the slab and the footprint go as one
+   * copy: the prologue and the blocks kept after it, usually */
+  uint64_t run_src = 0, run_dst = 0, run_len = 0;
+  int rc = MLO_OK;
+#define FLUSH_RUN()                                                                                \
+  do {                                                                                             \
+    if (run_len && !rc) {                                                                          \
+      rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)run_dst, (char *)c->slab + run_src,     \
+                                      (size_t)run_len));                                           \
+      ++*copies;                                                                                   \
+      *moved += run_len;                                                                           \
+    }                                                                                              \
+    run_len = 0;                                                                                   \
+  } while (0)
+#define ADD(src, dst, len)                                                                         \
+  do {                                                                                             \
+    if (len) {                                                                                     \
+      if (run_len && run_src + run_len == (src) && run_dst + run_len == (dst))                     \
+        run_len += (len);                                                                          \
+      else {                                                                                       \
+        FLUSH_RUN();                                                                               \
+        run_src = (src);                                                                           \
+        run_dst = (dst);                                                                           \
+        run_len = (len);                                                                           \
+      }                                                                                            \
+    }                                                                                              \
+  } while (0)
+  ADD(c->pro.off, st->pro_dev, c->pro.bytes);
+  for (size_t b = 0; b < c->nblocks; b++)
+    if (st->dev_off[b] != STREAMED) ADD(c->spans[b].off, st->dev_off[b], c->spans[b].bytes);
+  ADD(c->epi.off, st->epi_dev, c->epi.bytes);
+  FLUSH_RUN();
+#undef ADD
+#undef FLUSH_RUN
+  for (size_t i = 0; i < c->ntensors && !rc; i++) { /* caller-owned: one copy each */
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || !t->nbytes || !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
+    rc = PCALL(c,
+               mlo_plat_copy_h2d(p, c->block, (size_t)(st->ext_dev + t->dev_offset - st->ext_start),
+                                 t->host, t->nbytes));
+    ++*copies;
+    *moved += t->nbytes;
+  }
+  return rc;
+}
+
+/* Copies block b into slot s on the copy queue, after the compute that
+ * last read the slot (C9), and records the slot's load event (C8). */
+static int issue(mlo_component *c, struct stream_slot *s, size_t b) {
+  mlo_platform *p = c->pipe->platform;
+  int rc = MLO_OK;
+  s->blk = -1;
+  if (!s->load_ev) rc = PCALL(c, mlo_plat_event_create(p, &s->load_ev));
+  if (!rc && s->has_free_ev) rc = PCALL(c, mlo_plat_copy_wait(p, s->free_ev));
+  if (!rc) s->has_free_ev = false;
+  uint64_t len = c->spans[b].bytes;
+  if (!rc && len)
+    rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)s->dev_off,
+                                    (char *)c->slab + c->spans[b].off, (size_t)len));
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, s->load_ev));
+  if (rc) return rc;
+  s->blk = (long)b;
+  s->waited = false;
+  c->stats.block_loads++;
+  c->stats.h2d_bytes += len;
+  c->stats.copy_calls += len ? 1 : 0;
+  mlo_res_trace(c, MLO_TRACE_BLOCK_LOAD, len);
+  return MLO_OK;
+}
+
+static struct stream_slot *slot_of(struct mlo_stream *st, size_t b) {
+  for (size_t i = 0; i < st->nslots; i++)
+    if (st->slots[i].blk == (long)b) return &st->slots[i];
+  return NULL;
+}
+
+/* Issues the next streamed block into slot s if it is due: not in a slot
+ * already, and (past the last block) only when this component is what the
+ * schedule calls next.  A failure leaves the slot empty: the block's begin
+ * loads it on demand and reports the error there. */
+static void refill(mlo_component *c, struct stream_slot *s, size_t after_pos) {
+  struct mlo_stream *st = c->stream;
+  mlo_pipeline *pipe = c->pipe;
+  size_t q = st->order[st->next];
+  if (slot_of(st, q)) return;
+  if (st->next <= after_pos && pipe->nsched && mlo_sched_next_use(pipe, c) != 0) return;
+  if (issue(c, s, q) != MLO_OK) {
+    mlo_logf(MLO_LOG_DEBUG, "%s: block %zu not issued ahead: %s", c->name, q, pipe->errmsg);
+    s->blk = -1;
+    return;
+  }
+  st->next = (st->next + 1) % st->nstreamed;
+}
+
+void mlo_stream_start(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  st->next = 0;
+  for (size_t i = 0; i < st->nslots; i++) {
+    struct stream_slot *s = &st->slots[i];
+    s->blk = -1;
+    s->inuse = s->waited = s->has_free_ev = false;
+  }
+  for (size_t i = 0; i < st->nslots && i < st->nstreamed; i++) {
+    if (issue(c, &st->slots[i], st->order[i]) != MLO_OK) break; /* on demand, then */
+    st->next = (i + 1) % st->nstreamed;
+  }
+}
+
+void mlo_stream_acquired(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  if (!st || c->users != 1 || !mlo_res_is_resident(c)) return;
+  /* a forward starts at the first streamed blocks: those are what the
+   * slots should hold now (they do where the last forward ran on into
+   * this one, or the load just filled them) */
+  size_t want = st->nslots < st->nstreamed ? st->nslots : st->nstreamed;
+  for (size_t k = 0; k < want; k++) {
+    size_t b = st->order[k];
+    if (slot_of(st, b)) continue;
+    struct stream_slot *s = NULL;
+    for (size_t i = 0; i < st->nslots && !s; i++)
+      if (!st->slots[i].inuse && (st->slots[i].blk < 0 || st->pos[st->slots[i].blk] >= want))
+        s = &st->slots[i];
+    if (!s || issue(c, s, b) != MLO_OK) break; /* on demand, then */
+  }
+  st->next = want % st->nstreamed;
+}
+
+void mlo_stream_evicted(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  if (!st) return;
+  for (size_t i = 0; i < st->nslots; i++) {
+    st->slots[i].blk = -1;
+    st->slots[i].inuse = st->slots[i].has_free_ev = false;
+  }
+  st->next = 0;
+}
+
+void mlo_stream_released(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  if (!st || !mlo_res_is_resident(c)) return;
+  for (size_t i = 0; i < st->nslots; i++) {
+    struct stream_slot *s = &st->slots[i];
+    if (!s->inuse) continue; /* begun, never ended: the compute that read it ends here */
+    mlo_logf(MLO_LOG_WARN, "%s: block %ld was begun and never ended; ended at the release", c->name,
+             s->blk);
+    if (!s->free_ev && PCALL(c, mlo_plat_event_create(c->pipe->platform, &s->free_ev))) {
+      s->blk = -1; /* no event: never reuse it unordered; the slot waits for eviction */
+      s->inuse = true;
+      continue;
+    }
+    s->has_free_ev =
+        PCALL(c, mlo_plat_event_record_compute(c->pipe->platform, s->free_ev)) == MLO_OK;
+    s->inuse = !s->has_free_ev;
+  }
+}
+
+int mlo_stream_audit(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  if (!st || c->users) return MLO_OK;
+  for (size_t i = 0; i < st->nslots; i++)
+    if (st->slots[i].inuse)
+      return mlo_fail(c->pipe, MLO_ESTATE, "audit: block %ld of '%s' is begun with no holder",
+                      st->slots[i].blk, c->name);
+  return MLO_OK;
+}
+
+int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64_t *off) {
+  const struct mlo_stream *st = c->stream;
+  if (t->flags & MLO_TENSOR_EXTERNAL) {
+    *off = st->ext_dev + t->dev_offset - st->ext_start;
+    return MLO_OK;
+  }
+  if (t->block == MLO_BLOCK_PROLOGUE) {
+    *off = st->pro_dev + t->dev_offset - c->pro.off;
+    return MLO_OK;
+  }
+  if (t->block == MLO_BLOCK_EPILOGUE) {
+    *off = st->epi_dev + t->dev_offset - c->epi.off;
+    return MLO_OK;
+  }
+  size_t b = (size_t)t->block;
+  if (st->dev_off[b] != STREAMED) {
+    *off = st->dev_off[b] + t->dev_offset - c->spans[b].off;
+    return MLO_OK;
+  }
+  for (size_t i = 0; i < st->nslots; i++) {
+    const struct stream_slot *s = &st->slots[i];
+    if (s->blk == (long)b && s->inuse) {
+      *off = s->dev_off + t->dev_offset - c->spans[b].off;
+      return MLO_OK;
+    }
+  }
+  return mlo_fail(c->pipe, MLO_ESTATE,
+                  "tensor '%s' of '%s' is in block %zu, which streams: its device copy exists "
+                  "only between mlo_block_begin and mlo_block_end",
+                  t->name, c->name, b);
+}
+
+/* ---- the forward's side ------------------------------------------------ */
+
+/* The slot to load block b into on demand: a free one, else the one whose
+ * block is needed last from b on. */
+static struct stream_slot *victim(struct mlo_stream *st, size_t b) {
+  struct stream_slot *best = NULL;
+  size_t best_d = 0;
+  for (size_t i = 0; i < st->nslots; i++) {
+    struct stream_slot *s = &st->slots[i];
+    if (s->inuse) continue;
+    size_t d =
+        s->blk < 0 ? SIZE_MAX : (st->pos[s->blk] + st->nstreamed - st->pos[b]) % st->nstreamed;
+    if (!best || d > best_d) {
+      best = s;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
+static int check_block(mlo_component *c, size_t block, const char *what) {
+  if (c->users <= 0)
+    return mlo_fail(c->pipe, MLO_ESTATE, "%s block %zu of '%s' outside an acquire or forward", what,
+                    block, c->name);
+  if (!c->materialized || block >= c->nblocks)
+    return mlo_fail(c->pipe, MLO_EINVAL, "%s block %zu of '%s': it has %zu blocks", what, block,
+                    c->name, c->materialized ? c->nblocks : 0);
+  return MLO_OK;
+}
+
+int mlo_block_begin(mlo_component *c, size_t block) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  int rc = check_block(c, block, "begin");
+  struct mlo_stream *st = c->stream;
+  if (rc || !st || st->dev_off[block] != STREAMED || !mlo_res_is_resident(c)) {
+    pthread_mutex_unlock(&pipe->lock);
+    return rc;
+  }
+  struct stream_slot *s = slot_of(st, block);
+  if (s && s->inuse) {
+    rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' is begun already", block, c->name);
+  } else if (!s) { /* out of the order the slots were filled in: on demand */
+    s = victim(st, block);
+    if (!s)
+      rc = mlo_fail(pipe, MLO_EBUSY,
+                    "block %zu of '%s': all %zu slots hold blocks begun and not ended", block,
+                    c->name, st->nslots);
+    else if ((rc = issue(c, s, block)))
+      rc =
+          mlo_fail(pipe, rc, "%s: loading block %zu failed (%s)", c->name, block, mlo_strerror(rc));
+    else
+      st->next = (st->pos[block] + 1) % st->nstreamed; /* the forward's order from here */
+  }
+  if (rc) {
+    pthread_mutex_unlock(&pipe->lock);
+    return rc;
+  }
+  s->inuse = true;
+  bool pending = !s->waited;
+  mlo_event *ev = s->load_ev;
+  mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
+  pthread_mutex_unlock(&pipe->lock);
+  if (sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
+  mlo_platform *p = pipe->platform;
+  uint64_t t0 = mlo_plat_now(p);
+  rc = sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
+  uint64_t t1 = mlo_plat_now(p);
+  pthread_mutex_lock(&pipe->lock);
+  c->stats.platform_calls++;
+  c->stats.wait_ns += t1 - t0;
+  c->stats.block_wait_ns += t1 - t0;
+  if (!rc) s->waited = true;
+  if (pipe->trace) {
+    mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
+    mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
+    pipe->trace(&e1, pipe->trace_user);
+    pipe->trace(&e2, pipe->trace_user);
+  }
+  if (rc) {
+    s->inuse = false;
+    rc = mlo_fail(pipe, rc, "%s: waiting for block %zu failed", c->name, block);
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_block_end(mlo_component *c, size_t block) {
+  if (!c) return MLO_EINVAL;
+  mlo_pipeline *pipe = c->pipe;
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  int rc = check_block(c, block, "end");
+  struct mlo_stream *st = c->stream;
+  if (rc || !st || st->dev_off[block] != STREAMED || !mlo_res_is_resident(c)) {
+    pthread_mutex_unlock(&pipe->lock);
+    return rc;
+  }
+  struct stream_slot *s = slot_of(st, block);
+  mlo_platform *p = pipe->platform;
+  if (!s || !s->inuse)
+    rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' ended without a begin", block, c->name);
+  else if (!s->free_ev && (rc = PCALL(c, mlo_plat_event_create(p, &s->free_ev))))
+    rc = mlo_fail(pipe, rc, "%s: cannot create an event for block %zu", c->name, block);
+  else if ((rc = PCALL(c, mlo_plat_event_record_compute(p, s->free_ev))))
+    rc = mlo_fail(pipe, rc, "%s: recording the end of block %zu failed", c->name, block);
+  if (!rc) {
+    s->inuse = false;
+    s->has_free_ev = true;
+    refill(c, s, st->pos[block]);
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  return rc;
+}
+
+int mlo_component_stream_info(mlo_component *c, mlo_stream_info *out) {
+  if (!c || !out) return MLO_EINVAL;
+  MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
+  const struct mlo_stream *st = c->stream;
+  *out = (mlo_stream_info){sizeof *out,
+                           c->materialized ? c->nblocks : 0,
+                           st ? st->nresident : (c->materialized ? c->nblocks : 0),
+                           st ? st->nstreamed : 0,
+                           st ? st->nslots : 0,
+                           st ? st->slot_bytes : 0,
+                           mlo_res_bytes(c),
+                           st ? st->streamed_bytes : 0};
+  pthread_mutex_unlock(&c->pipe->lock);
+  return MLO_OK;
+}

@@ -1,0 +1,474 @@
+/*
+ * core_stream.c — blocks and block streaming (docs/streaming.md), against
+ * layouts and plans computed by hand:
+ *
+ *  - blocks found from the names of every layout mlo reads (Wan, Flux's
+ *    two groups in the order they run, T5, GGUF, a single file's prefix),
+ *    numbers compared as numbers, prologue and epilogue; declared blocks;
+ *  - the slab lays each block out as one contiguous range;
+ *  - the budget policy's plan for a DiT larger than the budget: which
+ *    blocks stay, how many slots, the footprint, and the refusals;
+ *  - a streamed forward: every block's device bytes are the checkpoint's
+ *    between its begin and end, under a jittered, throttled copy queue, for
+ *    many forwards (a slot overwritten while compute reads it, or read
+ *    before its copy landed, shows as wrong bytes); device bytes within the
+ *    budget at every audit; the steady state moves exactly the streamed
+ *    blocks' bytes per forward; blocks run out of order are loaded on
+ *    demand; the API's misuse is refused with the reason;
+ *  - the reference workload's digest is the same streamed and resident.
+ */
+#include "testutil.h"
+#include "workload/workload.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB (1024u)
+
+static mlo_component *add_named(tu_pipe *tp, const char *comp, mlo_role role,
+                                const char *const *names, const size_t *bytes, size_t n) {
+  mlo_component *c = NULL;
+  assert_ok(mlo_component_add(tp->pipe, comp, role, &c));
+  for (size_t i = 0; i < n; i++) tu_add_tensor(tp, c, names[i], bytes[i], 0);
+  return c;
+}
+
+static int block_of(mlo_component *c, const char *name) {
+  mlo_tensor *t = mlo_component_find_tensor(c, name);
+  assert_non_null(t);
+  return mlo_tensor_block(t);
+}
+
+static void test_blocks_from_names(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  static const char *const wan[] = {"patch_embedding.weight",
+                                    "blocks.10.ffn.0.weight",
+                                    "blocks.2.self_attn.q.weight",
+                                    "blocks.0.self_attn.q.weight",
+                                    "blocks.0.ffn.0.weight",
+                                    "norm_out.weight",
+                                    "condition_embedder.time_proj.weight",
+                                    "scale_shift_table",
+                                    "blocks.2.norm3.weight",
+                                    "head.head.weight"};
+  size_t b4[10];
+  for (size_t i = 0; i < 10; i++) b4[i] = 64 * (i + 1);
+  mlo_component *w = add_named(tp, "transformer", MLO_ROLE_DIT, wan, b4, 10);
+  assert_int_equal(mlo_component_block_count(w), 3);
+  assert_int_equal(block_of(w, "blocks.0.ffn.0.weight"), 0);
+  assert_int_equal(block_of(w, "blocks.2.norm3.weight"), 1);
+  assert_int_equal(block_of(w, "blocks.10.ffn.0.weight"), 2); /* 10 after 2: numbers */
+  assert_int_equal(block_of(w, "patch_embedding.weight"), MLO_BLOCK_PROLOGUE);
+  assert_int_equal(block_of(w, "condition_embedder.time_proj.weight"), MLO_BLOCK_PROLOGUE);
+  assert_int_equal(block_of(w, "norm_out.weight"), MLO_BLOCK_EPILOGUE);
+  assert_int_equal(block_of(w, "head.head.weight"), MLO_BLOCK_EPILOGUE);
+  assert_int_equal(block_of(w, "scale_shift_table"), MLO_BLOCK_EPILOGUE);
+
+  /* Flux: the double-stream blocks run before the single-stream ones,
+   * whichever sorts first by name */
+  static const char *const flux[] = {"single_transformer_blocks.0.proj_out.weight",
+                                     "transformer_blocks.1.attn.to_q.weight",
+                                     "x_embedder.weight",
+                                     "transformer_blocks.0.attn.to_q.weight",
+                                     "single_transformer_blocks.1.norm.linear.weight",
+                                     "proj_out.weight"};
+  size_t b6[6] = {64, 64, 64, 64, 64, 64};
+  mlo_component *f = add_named(tp, "flux", MLO_ROLE_DIT, flux, b6, 6);
+  assert_int_equal(mlo_component_block_count(f), 4);
+  assert_int_equal(block_of(f, "transformer_blocks.0.attn.to_q.weight"), 0);
+  assert_int_equal(block_of(f, "transformer_blocks.1.attn.to_q.weight"), 1);
+  assert_int_equal(block_of(f, "single_transformer_blocks.0.proj_out.weight"), 2);
+  assert_int_equal(block_of(f, "single_transformer_blocks.1.norm.linear.weight"), 3);
+  assert_int_equal(block_of(f, "proj_out.weight"), MLO_BLOCK_EPILOGUE);
+  assert_int_equal(block_of(f, "x_embedder.weight"), MLO_BLOCK_PROLOGUE);
+
+  /* T5, GGUF, a single file's prefix, and names that only look alike */
+  static const char *const misc[] = {"encoder.block.3.layer.0.SelfAttention.q.weight",
+                                     "encoder.block.1.layer.1.DenseReluDense.wi.weight",
+                                     "encoder.final_layer_norm.weight",
+                                     "shared.weight",
+                                     "blocks.x.weight",
+                                     "blocks.7"};
+  mlo_component *t5 = add_named(tp, "text_encoder", MLO_ROLE_ENCODER, misc, b6, 6);
+  assert_int_equal(mlo_component_block_count(t5), 2);
+  assert_int_equal(block_of(t5, "encoder.block.1.layer.1.DenseReluDense.wi.weight"), 0);
+  assert_int_equal(block_of(t5, "encoder.block.3.layer.0.SelfAttention.q.weight"), 1);
+  assert_int_equal(block_of(t5, "encoder.final_layer_norm.weight"), MLO_BLOCK_EPILOGUE);
+  assert_int_equal(block_of(t5, "blocks.x.weight"), MLO_BLOCK_PROLOGUE);
+  assert_int_equal(block_of(t5, "blocks.7"), MLO_BLOCK_PROLOGUE);
+  static const char *const gguf[] = {"blk.0.attn_q.weight", "token_embd.weight",
+                                     "blk.1.attn_q.weight", "output_norm.weight",
+                                     "model.diffusion_model.double_blocks.0.img_attn.qkv.weight"};
+  mlo_component *g = add_named(tp, "gguf", MLO_ROLE_ENCODER, gguf, b6, 5);
+  assert_int_equal(mlo_component_block_count(g), 3);
+  assert_int_equal(block_of(g, "blk.1.attn_q.weight"), 1); /* "blk." sorts before "model." */
+  assert_int_equal(block_of(g, "model.diffusion_model.double_blocks.0.img_attn.qkv.weight"), 2);
+  assert_int_equal(block_of(g, "output_norm.weight"), MLO_BLOCK_EPILOGUE);
+  assert_int_equal(block_of(g, "token_embd.weight"), MLO_BLOCK_PROLOGUE);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* After materialization each piece is one range of the slab holding
+ * exactly its tensors, and the pieces follow each other in order. */
+static void test_blocks_contiguous(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  static const char *const names[] = {"blocks.1.b", "head.w",     "blocks.0.a", "embed.w",
+                                      "blocks.1.a", "blocks.0.b", "blocks.2.a"};
+  size_t bytes[] = {1000, 300, 2000, 100, 700, 52, 4096};
+  mlo_component *c = add_named(tp, "transformer", MLO_ROLE_DIT, names, bytes, 7);
+  assert_ok(mlo_component_materialize(c));
+  size_t n = 0;
+  mlo_block_info info[8];
+  assert_ok(mlo_component_blocks(c, info, 8, &n));
+  assert_int_equal(n, 5);
+  assert_int_equal(info[0].block, MLO_BLOCK_PROLOGUE);
+  assert_int_equal(info[4].block, MLO_BLOCK_EPILOGUE);
+  const char *base = NULL;
+  for (size_t i = 0; i < 7; i++) {
+    const char *h = mlo_tensor_host_data(mlo_component_find_tensor(c, names[i]));
+    if (!base || h < base) base = h;
+  }
+  for (size_t i = 0; i < 7; i++) {
+    const mlo_tensor *t = mlo_component_find_tensor(c, names[i]);
+    uint64_t off = (uint64_t)((const char *)mlo_tensor_host_data(t) - base);
+    int b = mlo_tensor_block(t);
+    const mlo_block_info *in = &info[b == MLO_BLOCK_PROLOGUE   ? 0
+                                     : b == MLO_BLOCK_EPILOGUE ? 4
+                                                               : b + 1];
+    assert_true(off >= in->offset && off + bytes[i] <= in->offset + in->bytes);
+  }
+  for (size_t i = 1; i < 5; i++)
+    assert_true(info[i].offset >= info[i - 1].offset + info[i - 1].bytes);
+  assert_int_equal(info[1].tensors, 2);
+  assert_int_equal(info[3].tensors, 1);
+  char why[256];
+  assert_true(tu_host_content_ok(tp, c, why, sizeof why));
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+static void test_declared_blocks(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *c = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "engine", MLO_ROLE_DIT, &c));
+  mlo_tensor *a = tu_add_tensor(tp, c, "blocks.0.w", 256, 0); /* names are not read once declared */
+  mlo_tensor *b = tu_add_tensor(tp, c, "w_last", 256, 0);
+  mlo_tensor *d = tu_add_tensor(tp, c, "w_first", 256, 0);
+  mlo_tensor *e = tu_add_tensor(tp, c, "final", 256, 0);
+  assert_status(mlo_tensor_set_block(b, -3), MLO_EINVAL);
+  assert_status(mlo_tensor_set_block(b, MLO_BLOCK_MAX + 1), MLO_EINVAL);
+  assert_ok(mlo_tensor_set_block(b, 70));
+  assert_ok(mlo_tensor_set_block(d, 5));
+  assert_ok(mlo_tensor_set_block(e, MLO_BLOCK_EPILOGUE));
+  assert_int_equal(mlo_component_block_count(c), 2); /* 5 and 70: the gap closes */
+  assert_int_equal(mlo_tensor_block(d), 0);
+  assert_int_equal(mlo_tensor_block(b), 1);
+  assert_int_equal(mlo_tensor_block(a), MLO_BLOCK_PROLOGUE);
+  assert_int_equal(mlo_tensor_block(e), MLO_BLOCK_EPILOGUE);
+  assert_ok(mlo_component_materialize(c));
+  assert_status(mlo_tensor_set_block(a, 1), MLO_ESTATE);
+  assert_int_equal(mlo_tensor_block(b), 1);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* ---- streaming ---------------------------------------------------------- */
+
+/* A DiT of a 4 KiB prologue, 8 blocks of 16 KiB (two tensors each) and a
+ * 4 KiB epilogue (136 KiB), with a 8 KiB encoder and a 8 KiB VAE. */
+#define NBLK 8
+typedef struct {
+  mlo_platform *plat;
+  tu_pipe *tp;
+  mlo_component *dit, *enc, *vae;
+  mlo_tensor *blk[NBLK][2];
+} rig;
+
+static void rig_build(rig *r, const char *host_opts) {
+  memset(r, 0, sizeof *r);
+  r->plat = tu_platform_open(host_opts);
+  r->tp = tu_pipe_new(r->plat, true);
+  assert_ok(mlo_component_add(r->tp->pipe, "transformer", MLO_ROLE_DIT, &r->dit));
+  tu_add_tensor(r->tp, r->dit, "patch_embedding.weight", 4 * KB, 0);
+  char name[64];
+  for (int b = 0; b < NBLK; b++) {
+    snprintf(name, sizeof name, "blocks.%d.attn.weight", b);
+    r->blk[b][0] = tu_add_tensor(r->tp, r->dit, name, 6 * KB, 0);
+    snprintf(name, sizeof name, "blocks.%d.ffn.weight", b);
+    r->blk[b][1] = tu_add_tensor(r->tp, r->dit, name, 10 * KB, 0);
+  }
+  tu_add_tensor(r->tp, r->dit, "proj_out.weight", 4 * KB, 0);
+  assert_ok(mlo_component_add(r->tp->pipe, "text_encoder", MLO_ROLE_ENCODER, &r->enc));
+  tu_add_tensor(r->tp, r->enc, "w", 8 * KB, 0);
+  assert_ok(mlo_component_add(r->tp->pipe, "vae", MLO_ROLE_VAE, &r->vae));
+  tu_add_tensor(r->tp, r->vae, "w", 8 * KB, 0);
+}
+
+static void rig_free(rig *r) {
+  tu_pipe_free(r->tp);
+  mlo_platform_close(r->plat);
+}
+
+static int enable_budget(rig *r, uint64_t budget) {
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = budget;
+  return mlo_offload_enable(r->tp->pipe, &s);
+}
+
+/* Reads block b's tensors through their device copies and compares them
+ * with the checkpoint's bytes; false (with a note) if any differs. */
+static bool block_ok(rig *r, int b) {
+  for (int k = 0; k < 2; k++) {
+    const mlo_tensor *t = r->blk[b][k];
+    size_t n = (size_t)mlo_tensor_nbytes(t);
+    unsigned char *buf = malloc(n);
+    int rc = tu_read_device(r->tp, t, buf, n);
+    bool same = rc == MLO_OK && !memcmp(buf, mlo_tensor_host_data(t), n);
+    free(buf);
+    if (!same) {
+      tu_note_failure(r->tp, "block %d tensor %d: %s", b, k, rc ? mlo_err_name(rc) : "wrong bytes");
+      return false;
+    }
+  }
+  return true;
+}
+
+/* A forward that runs the blocks in order, each read between its begin
+ * and end, as compute would. */
+static int streamed_forward(mlo_component *c, void *user) {
+  rig *r = user;
+  for (int b = 0; b < NBLK; b++) {
+    int rc = mlo_block_begin(c, (size_t)b);
+    if (rc) {
+      tu_note_failure(r->tp, "begin %d: %s", b, mlo_err_name(rc));
+      return 1;
+    }
+    bool ok = block_ok(r, b);
+    if ((rc = mlo_block_end(c, (size_t)b)) || !ok) return 1;
+  }
+  return 0;
+}
+
+/* The plan, by hand: fixed 8 KiB; each kept block saves 16 KiB and the
+ * slots are 2 x 16 KiB.  A 72 KiB budget keeps 8 + 32 + 32: two blocks
+ * resident, six through the slots. */
+static void test_plan_by_hand(void **state) {
+  (void)state;
+  rig r;
+  rig_build(&r, "capacity=1M");
+  assert_ok(enable_budget(&r, 72 * KB));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.blocks, NBLK);
+  assert_int_equal(si.resident_blocks, 2);
+  assert_int_equal(si.streamed_blocks, 6);
+  assert_int_equal(si.slots, MLO_STREAM_SLOTS);
+  assert_int_equal(si.slot_bytes, 16 * KB);
+  assert_int_equal(si.device_bytes, 72 * KB);
+  assert_int_equal(si.streamed_bytes, 6 * 16 * KB);
+  assert_ok(mlo_component_stream_info(r.enc, &si)); /* fits: moves whole */
+  assert_int_equal(si.slots, 0);
+  assert_int_equal(si.device_bytes, 8 * KB);
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  /* 40 KiB is the least it streams in (nothing kept); below, refused with
+   * the figure */
+  assert_ok(enable_budget(&r, 40 * KB));
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.resident_blocks, 0);
+  assert_int_equal(si.device_bytes, 40 * KB);
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  assert_status(enable_budget(&r, 39 * KB), MLO_ENOMEM_DEVICE);
+  assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "needs at least 40.0 KiB"));
+  assert_false(mlo_offload_is_enabled(r.tp->pipe));
+  /* the strict policy moves components whole, as the specification says */
+  assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.slots, 0);
+  rig_free(&r);
+}
+
+/* Many forwards through a throttled, jittered link: every block's bytes are
+ * right between its begin and end, the device stays within the budget at
+ * every audit, and the steady state moves the streamed blocks' bytes and
+ * no more. */
+static void test_streamed_forwards(void **state) {
+  (void)state;
+  rig r;
+  rig_build(&r, "capacity=1M,jitter=1,bw=2e8");
+  r.tp->audit_in_forward = true;
+  mlo_pipeline_set_audit(r.tp->pipe, true);
+  assert_ok(enable_budget(&r, 72 * KB));
+  mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
+  assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
+  for (int prompt = 0; prompt < 3; prompt++) {
+    mlo_component_stats p0, p1, before, after;
+    assert_ok(mlo_component_get_stats(r.dit, &p0));
+    /* Prompt 0: the encoder's release prefetches the DiT (its resident
+     * part, and its first two streamed blocks into the slots).  From prompt
+     * 1 the VAE, prefetched beside the encoder and needed right after the
+     * DiT's run, may not be displaced by a prefetch (budget.c), so the DiT
+     * loads at its first step, the two slots with it. */
+    assert_ok(tu_forward(r.tp, r.enc));
+    for (int step = 0; step < 4; step++) {
+      assert_ok(mlo_component_get_stats(r.dit, &before));
+      assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+      assert_ok(mlo_component_get_stats(r.dit, &after));
+      /* each forward issues the blocks after the first two, and the next
+       * step's first two while its last ones run; the last step does not
+       * (the VAE is next) */
+      uint64_t want = step == 3 ? 4 : step == 0 && prompt > 0 ? 8 : 6;
+      assert_int_equal(after.block_loads - before.block_loads, want);
+      tu_assert_audit(r.tp);
+    }
+    assert_ok(tu_forward(r.tp, r.vae));
+    assert_ok(mlo_component_get_stats(r.dit, &p1));
+    /* a prompt moves the resident part once (4 + 32 + 4 KiB) and each
+     * streamed block once per step: not a byte wasted */
+    assert_int_equal(p1.loads - p0.loads, 1);
+    assert_int_equal(p1.block_loads - p0.block_loads, 4 * 6);
+    assert_int_equal(p1.h2d_bytes - p0.h2d_bytes, 40 * KB + 4 * 6 * 16 * KB);
+  }
+  tu_assert_forwards_clean(r.tp);
+  mlo_pipeline_stats ps;
+  assert_ok(mlo_pipeline_get_stats(r.tp->pipe, &ps));
+  assert_true(ps.peak_device_bytes <= 72 * KB);
+  rig_free(&r);
+}
+
+static void test_block_rules(void **state) {
+  (void)state;
+  rig r;
+  rig_build(&r, "capacity=1M,jitter=1");
+  assert_ok(enable_budget(&r, 72 * KB));
+  /* outside an acquire */
+  assert_status(mlo_block_begin(r.dit, 0), MLO_ESTATE);
+  assert_ok(mlo_component_acquire(r.dit));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  /* the largest blocks stay; with equal sizes, the first ones: 0 and 1 */
+  void *blk = NULL;
+  size_t off = 0;
+  assert_ok(mlo_tensor_device(r.blk[0][0], &blk, &off));
+  assert_status(mlo_tensor_device(r.blk[5][0], &blk, &off), MLO_ESTATE);
+  assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "mlo_block_begin"));
+  assert_status(mlo_block_begin(r.dit, NBLK), MLO_EINVAL);
+  assert_status(mlo_block_end(r.dit, 5), MLO_ESTATE); /* never begun */
+  /* out of order: on demand, right bytes */
+  assert_ok(mlo_block_begin(r.dit, 6));
+  assert_true(block_ok(&r, 6));
+  assert_status(mlo_block_begin(r.dit, 6), MLO_ESTATE); /* begun already */
+  assert_ok(mlo_block_begin(r.dit, 2));
+  assert_true(block_ok(&r, 2));
+  assert_status(mlo_block_begin(r.dit, 4), MLO_EBUSY); /* both slots are in use */
+  assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "slots"));
+  assert_ok(mlo_block_end(r.dit, 6));
+  assert_ok(mlo_block_begin(r.dit, 4));
+  assert_true(block_ok(&r, 4));
+  assert_ok(mlo_block_end(r.dit, 4));
+  /* resident blocks need no begin, and begin/end on them are accepted */
+  assert_ok(mlo_block_begin(r.dit, 1));
+  assert_true(block_ok(&r, 1));
+  assert_ok(mlo_block_end(r.dit, 1));
+  assert_status(mlo_component_shard(r.dit, NULL, NULL, NULL), MLO_EUNSUPPORTED);
+  /* block 2 left begun: the release ends it (the audit stays clean) */
+  assert_ok(mlo_component_release(r.dit));
+  tu_assert_audit(r.tp);
+  /* a component that moves whole takes begin/end as no-ops in an acquire */
+  assert_ok(mlo_component_acquire(r.enc));
+  assert_status(mlo_block_begin(r.enc, 0), MLO_EINVAL); /* it has no blocks */
+  assert_ok(mlo_component_release(r.enc));
+  /* the next forward is right whatever state the last one left */
+  assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+  tu_assert_forwards_clean(r.tp);
+  rig_free(&r);
+}
+
+/* The reference workload's digest: all-resident, strict, and streamed
+ * through a budget well below the DiT, under jitter. */
+static uint64_t workload_digest(const char *mode) {
+  mlo_platform *plat = tu_platform_open("capacity=16M,jitter=1");
+  mlo_pipeline_options o = MLO_PIPELINE_OPTIONS_INIT;
+  o.platform = plat;
+  mlo_pipeline *pipe = NULL;
+  assert_ok(mlo_pipeline_create(&o, &pipe));
+  static const char *const comps[] = {"text_encoder", "transformer", "vae"};
+  static const mlo_role roles[] = {MLO_ROLE_ENCODER, MLO_ROLE_DIT, MLO_ROLE_VAE};
+  static float data[3][12][64 * 32];
+  for (int ci = 0; ci < 3; ci++) {
+    mlo_component *c = NULL;
+    assert_ok(mlo_component_add(pipe, comps[ci], roles[ci], &c));
+    for (int k = 0; k < 12; k++) {
+      for (int e = 0; e < 64 * 32; e++) data[ci][k][e] = (float)((ci * 7 + k * 3 + e) % 17) / 8.f;
+      char name[64];
+      if (k == 0)
+        snprintf(name, sizeof name, "embed.weight");
+      else if (k == 11)
+        snprintf(name, sizeof name, "norm_out.weight");
+      else
+        snprintf(name, sizeof name, "blocks.%d.%s.weight", (k - 1) / 2, k % 2 ? "attn" : "ffn");
+      mlo_tensor_desc d = MLO_TENSOR_DESC_INIT;
+      d.name = name;
+      d.dtype = MLO_DTYPE_F32;
+      d.ndim = 2;
+      d.shape[0] = 64;
+      d.shape[1] = 32;
+      d.data = data[ci][k];
+      assert_ok(mlo_tensor_add(c, &d, NULL));
+    }
+  }
+  if (!strcmp(mode, "resident")) {
+    assert_ok(mlo_pipeline_load_all(pipe));
+  } else if (!strcmp(mode, "strict")) {
+    assert_ok(mlo_offload_enable(pipe, NULL));
+  } else {
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = 60 * KB; /* each component is 96 KiB */
+    assert_ok(mlo_offload_enable(pipe, &s));
+    mlo_stream_info si;
+    assert_ok(mlo_component_stream_info(mlo_pipeline_find(pipe, "transformer"), &si));
+    assert_true(si.streamed_blocks > 0);
+    mlo_pipeline_set_audit(pipe, true);
+  }
+  char err[256] = "";
+  mlo_workload *w = NULL;
+  assert_ok(mlo_workload_open(plat, &w, err, sizeof err));
+  mlo_workload_call *calls = NULL;
+  size_t n = 0;
+  assert_ok(mlo_workload_schedule(pipe, 4, 4, &calls, &n));
+  uint64_t digest = 0;
+  for (int prompt = 0; prompt < 2; prompt++)
+    assert_ok(mlo_workload_run(w, calls, n, &digest, NULL, NULL, NULL));
+  if (strcmp(mode, "resident")) assert_ok(mlo_pipeline_audit(pipe));
+  free(calls);
+  mlo_workload_close(w);
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(plat);
+  return digest;
+}
+
+static void test_workload_digest(void **state) {
+  (void)state;
+  uint64_t resident = workload_digest("resident");
+  assert_int_equal(workload_digest("strict"), resident);
+  assert_int_equal(workload_digest("stream"), resident);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_blocks_from_names), cmocka_unit_test(test_blocks_contiguous),
+      cmocka_unit_test(test_declared_blocks),   cmocka_unit_test(test_plan_by_hand),
+      cmocka_unit_test(test_streamed_forwards), cmocka_unit_test(test_block_rules),
+      cmocka_unit_test(test_workload_digest),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
