@@ -470,10 +470,53 @@ class PolicyTests(Fixture):
         self.assertIn("more than the device", err)
         rc, _, err = mlo("run", c, "--policy", "budget", "--budget", "64K")
         self.assertEqual(rc, 3, err)
-        self.assertIn("largest component", err)
+        self.assertIn("too few blocks to stream", err)
         rc, _, err = mlo("run", c, "--policy", "budget", "--reserve", "8G")
         self.assertEqual(rc, 3, err)
         self.assertIn("reserve", err)
+
+
+class StreamTests(Fixture):
+    """A DiT larger than the budget streams its blocks (docs/streaming.md):
+    the output is the all-resident run's, the device holds no more than
+    the budget, the report says what streamed, and a budget too small even
+    for streaming is refused with the figure it needs."""
+    scale = "0.0005"  # three blocks per DiT: enough to stream through two slots
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mlo-cli-")
+        cls.ckpt = os.path.join(cls.tmp, cls.preset)
+        mlo("synth", cls.preset, cls.ckpt, "--scale", cls.scale, check=0)
+        _, out, _ = mlo("inspect", cls.ckpt, "--json", check=0)
+        cls.info = json.loads(out)
+
+    def test_streamed_run_is_the_resident_run(self):
+        dit = max(self.info["components"], key=lambda c: c["device_bytes"])
+        budget = dit["device_bytes"] * 17 // 20  # three blocks: two slots need ~80% of it
+        res = self.run_json("--policy", "budget", "--budget", str(budget), "--prompts", "2",
+                            "--verify", "--platform", "host:jitter=1,seed=3")
+        self.assertIs(res["verified"], True)
+        self.assertIs(res["digests_agree"], True)
+        self.assertLessEqual(res["peak_device_bytes"], budget)
+        streamed = [c for c in res["components"] if c["stream"]]
+        self.assertIn(dit["name"], [c["name"] for c in streamed])
+        for c in streamed:
+            st = c["stream"]
+            self.assertEqual(st["resident_blocks"] + st["streamed_blocks"], st["blocks"])
+            self.assertLessEqual(st["device_bytes"], budget)
+            # each of its forwards copied its streamed blocks, one copy each
+            self.assertEqual(c["block_loads"], c["forwards"] * st["streamed_blocks"])
+        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget", str(budget))
+        self.assertEqual(rc, 0, err)
+        self.assertIn(dit["name"] + " streams:", out)
+
+    def test_too_small_to_stream(self):
+        dit = max(self.info["components"], key=lambda c: c["device_bytes"])
+        rc, _, err = mlo("run", self.ckpt, "--policy", "budget", "--budget",
+                         str(dit["device_bytes"] * 7 // 10))
+        self.assertEqual(rc, 3, err)
+        self.assertIn("streaming it needs at least", err)
 
 
 class OutOfMemoryTests(Fixture):

@@ -193,6 +193,62 @@ typedef struct {
   const char *no_split; /* two DiTs whose split cannot be computed: why */
 } view;
 
+/* A component's pieces (docs/streaming.md): its blocks, the largest, the
+ * prologue and epilogue, and the least budget it streams in (those two and
+ * MLO_STREAM_SLOTS slots of its largest block, each rounded to the slab's
+ * 256 B alignment); a component with no more blocks than slots moves whole
+ * (least = its bytes). */
+typedef struct {
+  size_t blocks;
+  uint64_t largest, prologue, epilogue, least;
+} block_view;
+
+static uint64_t up256(uint64_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+static void blocks_of(mlo_component *c, block_view *b) {
+  memset(b, 0, sizeof *b);
+  b->least = mlo_component_bytes(c);
+  size_t n = 0;
+  if (mlo_component_blocks(c, NULL, 0, &n) || n < 2) return;
+  mlo_block_info *info = calloc(n, sizeof *info);
+  if (!info || mlo_component_blocks(c, info, n, NULL)) {
+    free(info);
+    return;
+  }
+  b->blocks = n - 2;
+  b->prologue = info[0].bytes;
+  b->epilogue = info[n - 1].bytes;
+  for (size_t i = 1; i + 1 < n; i++)
+    if (info[i].bytes > b->largest) b->largest = info[i].bytes;
+  free(info);
+  if (b->blocks > MLO_STREAM_SLOTS) {
+    uint64_t s = up256(b->prologue) + up256(b->epilogue) + MLO_STREAM_SLOTS * up256(b->largest);
+    if (s < b->least) b->least = s;
+  }
+}
+
+static void print_blocks(mlo_pipeline *pipe) {
+  size_t ncomp = mlo_pipeline_component_count(pipe);
+  bool any = false;
+  for (size_t i = 0; i < ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    block_view b;
+    blocks_of(c, &b);
+    if (!b.blocks) continue;
+    if (!any) printf("\nblocks (the order the forward runs them; docs/streaming.md):\n");
+    any = true;
+    printf("  %-18s %4zu blocks, largest %s; prologue %s, epilogue %s",
+           tool_esc(mlo_component_name(c)), b.blocks, tool_size(b.largest), tool_size(b.prologue),
+           tool_size(b.epilogue));
+    if (b.blocks > MLO_STREAM_SLOTS)
+      printf("; streams in %s or more\n", tool_size(b.least));
+    else
+      printf("; too few to stream\n");
+  }
+}
+
 static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   size_t ncomp = mlo_pipeline_component_count(pipe);
   needs n;
@@ -212,6 +268,7 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
            mlo_component_tensor_count(c), dt, tool_size(mlo_component_tensor_bytes(c)),
            tool_size(mlo_component_bytes(c)));
   }
+  print_blocks(pipe);
   if (v->split)
     printf("\nexperts at %d steps: %s %d, %s %d (timestep >= %.3g x %d; %s, shift %.3g; %s)\n",
            v->steps, tool_esc(v->first), v->split->first_steps, tool_esc(v->second),
@@ -238,6 +295,22 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   printf("  %-36s %10s\n", least, tool_size(n.max_comp));
   printf("  %-36s %10s\n", "  prefetch: strict need + next", tool_size(ahead));
   printf("  %-36s %10s\n", "  no copies after the first prompt", tool_size(n.all));
+  uint64_t stream_least = 0;
+  const char *stream_name = NULL;
+  for (size_t i = 0; i < ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    block_view b;
+    blocks_of(c, &b);
+    if (b.least > stream_least) {
+      stream_least = b.least;
+      stream_name = mlo_component_name(c);
+    }
+  }
+  if (stream_least && stream_least < n.max_comp) {
+    char label[96];
+    snprintf(label, sizeof label, "  least, streaming: %s", tool_esc(stream_name));
+    printf("  %-36s %10s\n", label, tool_size(stream_least));
+  }
   if (!n.max_dit_name && !n.enc && !n.vae)
     printf("\nnote: nothing here would run (every component is 'other'); name the roles "
            "with --role NAME=dit|encoder|vae.\n");
@@ -255,6 +328,14 @@ static cJSON *component_json(mlo_pipeline *pipe, mlo_component *c, bool tensors)
   cJSON_AddNumberToObject(o, "tensors", (double)mlo_component_tensor_count(c));
   cJSON_AddNumberToObject(o, "tensor_bytes", (double)mlo_component_tensor_bytes(c));
   cJSON_AddNumberToObject(o, "device_bytes", (double)mlo_component_bytes(c));
+  block_view b;
+  blocks_of(c, &b);
+  cJSON *bj = cJSON_AddObjectToObject(o, "blocks");
+  cJSON_AddNumberToObject(bj, "count", (double)b.blocks);
+  cJSON_AddNumberToObject(bj, "largest_bytes", (double)b.largest);
+  cJSON_AddNumberToObject(bj, "prologue_bytes", (double)b.prologue);
+  cJSON_AddNumberToObject(bj, "epilogue_bytes", (double)b.epilogue);
+  cJSON_AddNumberToObject(bj, "stream_least_bytes", (double)b.least);
   size_t counts[MLO_DTYPE_COUNT];
   count_dtypes(c, counts);
   cJSON *dt = cJSON_AddObjectToObject(o, "dtypes");

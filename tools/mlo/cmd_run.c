@@ -225,11 +225,24 @@ static int refuse_too_small(const run_args *ra, tool_session *s) {
                  tool_size(s->capacity));
       return TOOL_EXIT_USAGE;
     }
-    mlo_component *largest = NULL;
-    need = mlo_workload_largest_bytes(s->pipe, &largest);
-    if (need <= room) return 0;
-    tool_failf("run", "needs at least %s of device memory for %s, its largest component; %s is %s",
-               tool_size(need), largest ? mlo_component_name(largest) : "?",
+    /* a component larger than the room streams its blocks when it has
+     * enough of them (the library says at enable whether the room is enough
+     * for its slots); one without blocks must fit whole */
+    mlo_component *whole = NULL;
+    need = 0;
+    for (size_t i = 0; i < mlo_pipeline_component_count(s->pipe); i++) {
+      mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
+      uint64_t b = mlo_component_bytes(c);
+      if (b > room && mlo_component_block_count(c) <= MLO_STREAM_SLOTS && b > need) {
+        need = b;
+        whole = c;
+      }
+    }
+    if (!whole) return 0;
+    tool_failf("run",
+               "needs at least %s of device memory for %s, which has too few blocks to stream "
+               "(%zu); %s is %s",
+               tool_size(need), mlo_component_name(whole), mlo_component_block_count(whole),
                ra->have_budget ? "--budget" : "the device", tool_size(room));
     return TOOL_EXIT_NOMEM;
   }

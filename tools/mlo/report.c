@@ -52,6 +52,7 @@ int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
     rep->tensor_bytes += cr->tensor_bytes;
     if (cr->bytes > rep->max_comp) rep->max_comp = cr->bytes;
     mlo_component_get_stats(c, &cr->stats);
+    if (i < r->nstreams) cr->stream = r->streams[i];
   }
   return MLO_OK;
 }
@@ -118,6 +119,17 @@ void report_print_text(const tool_report *rep, FILE *out) {
             c->stats.evictions, tool_size(c->stats.h2d_bytes), tool_size(c->stats.d2h_bytes));
   }
   fprintf(out, "  (tensors: the weights' bytes; on device: with each tensor aligned to 256 B)\n");
+  for (size_t i = 0; i < rep->ncomp; i++) {
+    const comp_report *c = &rep->comps[i];
+    if (!c->stream.slots) continue;
+    fprintf(out,
+            "  %s streams: %zu of %zu blocks resident, %zu through %zu slots of %s (%s on the "
+            "device); %s per forward, %" PRIu64 " block copies, waited %.3f s for blocks\n",
+            tool_esc(c->name), c->stream.resident_blocks, c->stream.blocks,
+            c->stream.streamed_blocks, c->stream.slots, tool_size(c->stream.slot_bytes),
+            tool_size(c->stream.device_bytes), tool_size(c->stream.streamed_bytes),
+            c->stats.block_loads, (double)c->stats.block_wait_ns / 1e9);
+  }
   const mlo_pipeline_stats *st = &rep->run.stats;
   fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
           tool_size(rep->load_bytes), rep->load_s,
@@ -181,6 +193,8 @@ static void add_stats(cJSON *o, const mlo_component_stats *s) {
   cJSON_AddNumberToObject(o, "d2h_bytes", (double)s->d2h_bytes);
   cJSON_AddNumberToObject(o, "stall_s", (double)s->wait_ns / 1e9);
   cJSON_AddNumberToObject(o, "forward_s", (double)s->forward_ns / 1e9);
+  cJSON_AddNumberToObject(o, "block_loads", (double)s->block_loads);
+  cJSON_AddNumberToObject(o, "block_stall_s", (double)s->block_wait_ns / 1e9);
 }
 
 static cJSON *build_json(const tool_report *rep) {
@@ -273,6 +287,18 @@ static cJSON *build_json(const tool_report *rep) {
     cJSON_AddNumberToObject(o, "tensor_bytes", (double)c->tensor_bytes);
     cJSON_AddNumberToObject(o, "device_bytes", (double)c->bytes);
     add_stats(o, &c->stats);
+    if (c->stream.slots) {
+      cJSON *st = cJSON_AddObjectToObject(o, "stream");
+      cJSON_AddNumberToObject(st, "blocks", (double)c->stream.blocks);
+      cJSON_AddNumberToObject(st, "resident_blocks", (double)c->stream.resident_blocks);
+      cJSON_AddNumberToObject(st, "streamed_blocks", (double)c->stream.streamed_blocks);
+      cJSON_AddNumberToObject(st, "slots", (double)c->stream.slots);
+      cJSON_AddNumberToObject(st, "slot_bytes", (double)c->stream.slot_bytes);
+      cJSON_AddNumberToObject(st, "device_bytes", (double)c->stream.device_bytes);
+      cJSON_AddNumberToObject(st, "streamed_bytes_per_forward", (double)c->stream.streamed_bytes);
+    } else {
+      cJSON_AddNullToObject(o, "stream");
+    }
     cJSON_AddItemToArray(comps, o);
   }
   if (rep->trace_path) cJSON_AddStringToObject(root, "trace", rep->trace_path);

@@ -255,6 +255,12 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
   uint64_t t0 = mlo_platform_now_ns(s->platform);
   bar.t0_ns = mlo_now_ns();
   int rc = o->offload ? mlo_offload_enable(s->pipe, &o->settings) : mlo_pipeline_load_all(s->pipe);
+  size_t ncomp = mlo_pipeline_component_count(s->pipe);
+  if (!rc && (r->streams = calloc(ncomp ? ncomp : 1, sizeof *r->streams))) {
+    r->nstreams = ncomp; /* the plan ends with offload: the report shows it */
+    for (size_t i = 0; i < ncomp; i++)
+      mlo_component_stream_info(mlo_pipeline_component_at(s->pipe, i), &r->streams[i]);
+  }
   uint64_t g0 = t0;
   mlo_pipeline_stats before = {0}, after;
   r->digests_agree = true;
@@ -293,6 +299,9 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
 
 void run_result_free(run_result *r) {
   free(r->gens);
+  free(r->streams);
+  r->streams = NULL;
+  r->nstreams = 0;
   r->gens = NULL;
   r->ngens = 0;
 }

@@ -342,11 +342,14 @@ typedef struct {
   int ngens;
   double wall_s;
   mlo_pipeline_stats stats;
-  uint64_t platform_peak; /* the platform's own high-water mark */
-  uint64_t reserved_peak; /* its allocator's reserve high-water mark (CUDA pool) */
-  size_t calls;           /* forwards in the schedule */
-  double dit_step_s;      /* mean seconds of one DiT forward (0 without DiTs) */
-  mlo_component *failed;  /* the component a failure happened in */
+  uint64_t platform_peak;   /* the platform's own high-water mark */
+  uint64_t reserved_peak;   /* its allocator's reserve high-water mark (CUDA pool) */
+  size_t calls;             /* forwards in the schedule */
+  double dit_step_s;        /* mean seconds of one DiT forward (0 without DiTs) */
+  mlo_component *failed;    /* the component a failure happened in */
+  mlo_stream_info *streams; /* per component, as the policy planned it at enable
+                               (malloc'd; run_result_free) */
+  size_t nstreams;
 } run_result;
 
 /* Runs the reference schedule for o->prompts generations, starting cold:
@@ -388,6 +391,7 @@ typedef struct {
   uint64_t bytes;        /* on the device, alignment padding included */
   uint64_t tensor_bytes; /* the tensors alone */
   mlo_component_stats stats;
+  mlo_stream_info stream; /* slots 0: it moved whole */
 } comp_report;
 
 typedef struct {
