@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""stream.py — a DiT larger than the budget, streamed block by block,
+against the same pipeline all resident and warm (issue 23's targets).
+
+On a generated Wan2.2-shaped pipeline, `mlo run` on the host platform:
+  all resident  --offload none, warm (the --verify reference: weights kept
+                across prompts, as a server runs);
+  streamed      --policy budget --budget F x the largest DiT, so each DiT
+                streams most of its blocks through two slots every step.
+The link is throttled so that one block's copy takes about one block's
+compute (--link-ratio 1; 0.5 makes a block's copy twice its compute): the
+block's compute is measured first, from the all-resident run's DiT step
+time divided by its blocks.  The host link is a copy thread sleeping to a
+rate (docs/platforms.md), a stand-in for a PCIe link of a GPU whose
+compute-to-transfer ratio per block is the same (an H100 on PCIe Gen5
+running a bf16 Wan2.2 block: ~25 ms of compute for ~700 MB at ~25 GB/s).
+
+It prints, per repetition and as medians: the steady prompt's wall time
+streamed over all resident (the exposed cost), the time waited for block
+copies, the bytes copied per prompt against the streamed blocks' bytes
+times the DiT steps (the copies must be exactly those), the peak device
+bytes against the budget, whether the digests are equal, and the physical
+bound max(compute, bytes / link) per prompt the streamed run is judged
+against at slow links.
+
+usage: bench/stream.py [--mlo build/tools/mlo/mlo] [--scale 0.002]
+                       [--fraction 0.6] [--link-ratio 1] [--steps 8]
+                       [--prompts 4] [--reps 3] [--json]
+Writes only under a temporary folder of its own.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ENV = dict(os.environ, MLO_LOG="error")
+
+
+def run(mlo, *args):
+    p = subprocess.run([mlo, *args], capture_output=True, text=True, env=ENV)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def steady(res, key="wall_s"):
+    return statistics.median(g[key] for g in res["generations"][1:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mlo", default="build/tools/mlo/mlo")
+    ap.add_argument("--scale", default="0.002")
+    ap.add_argument("--fraction", type=float, default=0.6)
+    ap.add_argument("--link-ratio", type=float, default=1.0,
+                    help="one block's compute time over its copy time")
+    ap.add_argument("--steps", default="8")
+    ap.add_argument("--prompts", default="4")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mlo-stream-") as tmp:
+        ckpt = os.path.join(tmp, "wan")
+        run(a.mlo, "synth", "wan2.2-t2v", ckpt, "--scale", a.scale)
+        info = json.loads(run(a.mlo, "inspect", ckpt, "--json"))
+        dit = max((c for c in info["components"] if c["role"] == "dit"),
+                  key=lambda c: c["device_bytes"])
+        blocks = dit["blocks"]
+        budget = int(dit["device_bytes"] * a.fraction)
+        common = ("--json", "--steps", a.steps, "--prompts", a.prompts, "--verify")
+        # the compute of one block, from an all-resident run without a link
+        probe = json.loads(run(a.mlo, "run", ckpt, "--offload", "none", *common[:-1]))
+        pd = next(c for c in probe["components"] if c["name"] == dit["name"])
+        block_s = pd["forward_s"] / pd["forwards"] / blocks["count"]
+        link = blocks["largest_bytes"] / (block_s / a.link_ratio)
+        reps = []
+        for _ in range(a.reps):
+            res = json.loads(run(a.mlo, "run", ckpt, "--policy", "budget", "--budget",
+                                 str(budget), "--link", f"{link:.6g}", *common))
+            comps = [c for c in res["components"] if c["stream"]]
+            streamed = {c["name"]: c["stream"]["streamed_bytes_per_forward"] for c in comps}
+            per_prompt_blocks = sum(streamed[c["name"]] * c["forwards"] for c in comps) / int(a.prompts)
+            gens = res["generations"][1:]
+            block_stall = sum(c["block_stall_s"] for c in comps) / int(a.prompts)
+            compute = res["reference_steady_wall_s"]
+            moved = statistics.median(g["h2d_bytes"] for g in gens)
+            reps.append({
+                "ratio": res["steady_ratio"],
+                "stall_s": steady(res, "stall_s"),
+                "block_stall_s": block_stall,
+                "streamed_block_bytes_per_prompt": per_prompt_blocks,
+                "h2d_bytes_per_prompt": moved,
+                "peak_device_bytes": res["peak_device_bytes"],
+                "budget_bytes": budget,
+                "verified": res["verified"],
+                "digests_agree": res["digests_agree"],
+                "bound_s": max(compute, moved / link),
+                "wall_s": steady(res),
+            })
+        out = {"scale": a.scale, "dit": dit["name"], "dit_bytes": dit["device_bytes"],
+               "blocks": blocks["count"], "budget_bytes": budget, "link_bytes_per_s": link,
+               "block_compute_s": block_s, "reps": reps,
+               "median_ratio": statistics.median(r["ratio"] for r in reps)}
+        if a.json:
+            print(json.dumps(out, indent=1))
+            return
+        print(f"{dit['name']}: {dit['device_bytes'] / 2**20:.1f} MiB, {blocks['count']} blocks; "
+              f"budget {budget / 2**20:.1f} MiB ({a.fraction:.0%}); link {link / 1e6:.0f} MB/s "
+              f"(a block's copy = {1 / a.link_ratio:.2g} x its compute, {block_s * 1e3:.1f} ms)")
+        for i, r in enumerate(reps):
+            print(f"  rep {i + 1}: steady prompt {r['wall_s']:.3f} s = {r['ratio']:.3f}x all "
+                  f"resident, {r['wall_s'] / r['bound_s']:.3f}x max(compute, bytes/link); "
+                  f"waited {r['stall_s']:.3f} s ({r['block_stall_s']:.3f} s for "
+                  f"blocks); copied {r['h2d_bytes_per_prompt'] / 2**20:.1f} MiB/prompt; peak "
+                  f"{r['peak_device_bytes'] / 2**20:.1f} MiB <= budget: "
+                  f"{r['peak_device_bytes'] <= budget}; identical: {r['verified']}")
+        print(f"median exposed ratio {out['median_ratio']:.3f}x all resident, warm")
+
+
+if __name__ == "__main__":
+    main()
