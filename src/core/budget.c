@@ -308,4 +308,5 @@ const struct mlo_policy_ops mlo_policy_budget_ops = {
     .released = budget_prefetch_after,
     .audit = budget_audit,
     .budget = budget_bytes,
+    .streams = true,
 };

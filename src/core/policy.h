@@ -53,6 +53,9 @@ struct mlo_policy_ops {
   /* The device bytes the policy keeps to (mlo_pipeline_stats.budget_bytes);
    * NULL: none. */
   uint64_t (*budget)(const mlo_pipeline *pipe);
+  /* Whether it plans components to stream their blocks (stream.c): a plan
+   * outlives an eviction only under a policy that does. */
+  bool streams;
 };
 
 /* admit's answer when offload was reconfigured while it waited (never

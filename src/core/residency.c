@@ -16,6 +16,7 @@
  */
 #include "core/internal.h"
 #include "base/sysio.h"
+#include "core/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,7 +337,7 @@ int mlo_res_evict(mlo_component *c) {
   c->stats.d2h_bytes += back;
   pipe->device_bytes -= mlo_res_bytes(c);
   mlo_stream_evicted(c);
-  if (!pipe->enabled) mlo_stream_drop(c); /* the plan was the policy's */
+  if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
   log_transfer(c, "evict", back, 0);
   return MLO_OK;

@@ -15,9 +15,14 @@
  *    budget at every audit; the steady state moves exactly the streamed
  *    blocks' bytes per forward; blocks run out of order are loaded on
  *    demand; the API's misuse is refused with the reason;
- *  - the reference workload's digest is the same streamed and resident.
+ *  - the reference workload's digest is the same streamed and resident;
+ *  - every platform call of a streamed prompt failed in turn: the failure
+ *    comes back as a status, the audit stays clean (device bytes the
+ *    platform handed out = the pipeline's), and the next prompt's blocks
+ *    are right.
  */
 #include "testutil.h"
+#include "platform/fault.h"
 #include "workload/workload.h"
 
 #include <stdio.h>
@@ -192,9 +197,9 @@ typedef struct {
   mlo_tensor *blk[NBLK][2];
 } rig;
 
-static void rig_build(rig *r, const char *host_opts) {
+static void rig_build_on(rig *r, mlo_platform *plat) {
   memset(r, 0, sizeof *r);
-  r->plat = tu_platform_open(host_opts);
+  r->plat = plat;
   r->tp = tu_pipe_new(r->plat, true);
   assert_ok(mlo_component_add(r->tp->pipe, "transformer", MLO_ROLE_DIT, &r->dit));
   tu_add_tensor(r->tp, r->dit, "patch_embedding.weight", 4 * KB, 0);
@@ -210,6 +215,10 @@ static void rig_build(rig *r, const char *host_opts) {
   tu_add_tensor(r->tp, r->enc, "w", 8 * KB, 0);
   assert_ok(mlo_component_add(r->tp->pipe, "vae", MLO_ROLE_VAE, &r->vae));
   tu_add_tensor(r->tp, r->vae, "w", 8 * KB, 0);
+}
+
+static void rig_build(rig *r, const char *host_opts) {
+  rig_build_on(r, tu_platform_open(host_opts));
 }
 
 static void rig_free(rig *r) {
@@ -293,6 +302,23 @@ static void test_plan_by_hand(void **state) {
   assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
   assert_ok(mlo_component_stream_info(r.dit, &si));
   assert_int_equal(si.slots, 0);
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  /* a DiT left resident and streamed by the budget stays so (C14: disable
+   * moves nothing); once evicted under strict it moves whole again */
+  assert_ok(enable_budget(&r, 72 * KB));
+  assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  assert_true(mlo_component_is_resident(r.dit));
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.slots, MLO_STREAM_SLOTS);
+  mlo_offload_settings strict = MLO_OFFLOAD_SETTINGS_INIT;
+  assert_ok(mlo_offload_enable(r.tp->pipe, &strict));
+  assert_ok(tu_forward(r.tp, r.enc)); /* C4: the encoder evicts the DiT */
+  assert_false(mlo_component_is_resident(r.dit));
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.slots, 0);
+  assert_int_equal(si.device_bytes, 136 * KB);
+  tu_assert_forwards_clean(r.tp);
   rig_free(&r);
 }
 
@@ -463,12 +489,64 @@ static void test_workload_digest(void **state) {
   assert_int_equal(workload_digest("stream"), resident);
 }
 
+/* One prompt: encoder, four DiT steps, VAE; the first failure's status. */
+static int prompt(rig *r) {
+  int rc = tu_forward(r->tp, r->enc);
+  for (int s = 0; s < 4 && !rc; s++) rc = mlo_component_forward(r->dit, streamed_forward, r);
+  if (!rc) rc = tu_forward(r->tp, r->vae);
+  return rc;
+}
+
+static void test_fault_sweep(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  unsigned fired = 0;
+  for (uint64_t nth = 1;; nth++) {
+    mlo_platform *plat = NULL;
+    char err[256] = "";
+    assert_ok(mlo_platform_open("fault:kind=any,nth=0,inner=host:capacity=1M,jitter=1", &plat, err,
+                                sizeof err));
+    rig r;
+    rig_build_on(&r, plat);
+    mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
+    assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
+    assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+    mlo_fault_arm(plat, MLO_FAULT_ANY, nth); /* from enable on */
+    int rc = enable_budget(&r, 72 * KB);
+    if (!rc) rc = prompt(&r);
+    bool hit = mlo_fault_fired(plat);
+    mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
+    if (!hit) { /* past the last call: the sweep is done */
+      assert_ok(rc);
+      rig_free(&r);
+      break;
+    }
+    fired++;
+    if (rc && rc != MLO_ECALLBACK) assert_true(mlo_pipeline_errmsg(r.tp->pipe)[0] != '\0');
+    /* nothing half-done: the platform's bytes are the pipeline's */
+    assert_ok(mlo_pipeline_audit(r.tp->pipe));
+    mlo_pipeline_stats ps;
+    assert_ok(mlo_pipeline_get_stats(r.tp->pipe, &ps));
+    assert_int_equal(tu_device_used(plat), ps.device_bytes);
+    /* and the next prompt is right (a failure inside a forward may have
+     * been absorbed: a prefetch or a fill ahead only costs its overlap) */
+    tu_reset_observations(r.tp);
+    if (!mlo_offload_is_enabled(r.tp->pipe)) assert_ok(enable_budget(&r, 72 * KB));
+    assert_ok(prompt(&r));
+    assert_ok(prompt(&r));
+    tu_assert_forwards_clean(r.tp);
+    assert_ok(mlo_pipeline_audit(r.tp->pipe));
+    rig_free(&r);
+  }
+  assert_true(fired > 20); /* the sweep reached the streamed calls */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_blocks_from_names), cmocka_unit_test(test_blocks_contiguous),
       cmocka_unit_test(test_declared_blocks),   cmocka_unit_test(test_plan_by_hand),
       cmocka_unit_test(test_streamed_forwards), cmocka_unit_test(test_block_rules),
-      cmocka_unit_test(test_workload_digest),
+      cmocka_unit_test(test_workload_digest),   cmocka_unit_test(test_fault_sweep),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
