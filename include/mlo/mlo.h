@@ -785,6 +785,12 @@ typedef struct {
   uint64_t device_bytes;   /* what it holds on the device while resident */
   uint64_t streamed_bytes; /* bytes copied per forward for its streamed blocks */
 } mlo_stream_info;
+/* The least budget under which the budget policy runs comp: the least
+ * footprint it streams in, or its whole bytes where it cannot stream (too
+ * few blocks) or streaming would not save anything.  Known before
+ * materialization (settings that never stream — sharded loads, copy_back,
+ * segmented devices — are not considered). */
+MLO_API uint64_t mlo_component_stream_least(mlo_component *comp);
 /* How comp moves under the policy in force (whole, or streamed). */
 MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out);
 

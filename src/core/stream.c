@@ -95,16 +95,6 @@ void mlo_stream_drop(mlo_component *c) {
   c->stream = NULL;
 }
 
-/* Whether a block must stay resident: a mutable tensor in it is written by
- * compute and must reach the host at eviction from where it lives. */
-static bool block_pinned(const mlo_component *c, size_t b) {
-  for (size_t i = 0; i < c->ntensors; i++) {
-    const mlo_tensor *t = c->tensors[i];
-    if (!t->target && t->block == (int)b && (t->flags & MLO_TENSOR_MUTABLE)) return true;
-  }
-  return false;
-}
-
 typedef struct {
   size_t b;
   uint64_t bytes; /* aligned */
@@ -116,8 +106,75 @@ static int by_size_desc(const void *pa, const void *pb) {
   return a->b < b->b ? -1 : a->b > b->b; /* the earlier block stays first */
 }
 
-/* The resident part's layout once the blocks in keep[] (first r of by[])
- * and the pinned ones stay: fills st's offsets, returns where slots start. */
+/* What a plan chooses from: the fixed part (prologue, epilogue, external
+ * tensors, and blocks with a mutable tensor, which must reach the host at
+ * eviction from where they live: keep[] marks them), each aligned; the
+ * other blocks largest first. */
+typedef struct {
+  mlo_layout lay;
+  bool *keep;
+  sized *by;
+  size_t nfree;
+  uint64_t fixed;
+} shape;
+
+static void shape_free(shape *sh) {
+  mlo_layout_free(&sh->lay);
+  free(sh->keep);
+  free(sh->by);
+}
+
+/* Lock held; MLO_ENOMEM. */
+static int shape_of(mlo_component *c, shape *sh) {
+  memset(sh, 0, sizeof *sh);
+  uint64_t a = c->pipe->alignment;
+  int rc = mlo_slab_layout(c, false, true, &sh->lay); /* sorts c->scratch: pieces known */
+  if (rc) return rc;
+  size_t nb = sh->lay.nblocks;
+  sh->keep = mlo_calloc(nb ? nb : 1, sizeof *sh->keep);
+  sh->by = mlo_calloc(nb ? nb : 1, sizeof *sh->by);
+  if (!sh->keep || !sh->by) {
+    shape_free(sh);
+    return MLO_ENOMEM;
+  }
+  for (size_t i = 0; i < sh->lay.norder; i++)
+    if (c->scratch[i].piece >= 0 && (c->scratch[i].t->flags & MLO_TENSOR_MUTABLE))
+      sh->keep[c->scratch[i].piece] = true;
+  uint64_t ext_start = align_up(sh->lay.slab_bytes, a);
+  uint64_t ext = sh->lay.block_bytes > ext_start ? sh->lay.block_bytes - ext_start : 0;
+  sh->fixed = align_up(sh->lay.pro.bytes, a) + align_up(sh->lay.epi.bytes, a) + align_up(ext, a);
+  for (size_t b = 0; b < nb; b++) {
+    uint64_t bytes = align_up(sh->lay.spans[b].bytes, a);
+    if (sh->keep[b])
+      sh->fixed += bytes;
+    else
+      sh->by[sh->nfree++] = (sized){b, bytes};
+  }
+  qsort(sh->by, sh->nfree, sizeof *sh->by, by_size_desc);
+  return MLO_OK;
+}
+
+/* The most blocks kept (the first r of by) with the footprint within
+ * room, more streamed than slots; SIZE_MAX if none.  *least: the least
+ * footprint of any r (UINT64_MAX: the component cannot stream).  Every r
+ * is tried: each block kept saves its bytes at every forward, and the
+ * slots shrink to the largest block still streamed, so the footprint is
+ * not monotonic in r. */
+static size_t choose(const shape *sh, size_t nslots, uint64_t room, uint64_t *least) {
+  size_t best = SIZE_MAX;
+  uint64_t kept = 0;
+  *least = UINT64_MAX;
+  for (size_t r = 0; r + nslots < sh->nfree; r++) {
+    uint64_t total = sh->fixed + kept + (uint64_t)nslots * sh->by[r].bytes;
+    if (total < *least) *least = total;
+    if (total <= room) best = r;
+    kept += sh->by[r].bytes;
+  }
+  return best;
+}
+
+/* The footprint's offsets once the blocks in keep[] stay: returns where
+ * the slots start. */
 static uint64_t place_resident(const mlo_component *c, struct mlo_stream *st, const bool *keep) {
   uint64_t a = c->pipe->alignment, at = 0;
   st->pro_dev = 0;
@@ -133,9 +190,24 @@ static uint64_t place_resident(const mlo_component *c, struct mlo_stream *st, co
   return at;
 }
 
+uint64_t mlo_component_stream_least(mlo_component *c) {
+  if (!c) return 0;
+  MLO_LOCK_OR(&c->pipe->lock, 0);
+  shape sh;
+  uint64_t whole = c->materialized ? c->block_bytes : 0, least = UINT64_MAX;
+  if (shape_of(c, &sh) == MLO_OK) {
+    whole = sh.lay.block_bytes;
+    choose(&sh, MLO_STREAM_SLOTS, 0, &least);
+    shape_free(&sh);
+  } else if (!whole) {
+    whole = c->bytes_bound; /* out of memory: a bound, never less */
+  }
+  pthread_mutex_unlock(&c->pipe->lock);
+  return least < whole ? least : whole;
+}
+
 int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *need) {
   mlo_pipeline *pipe = c->pipe;
-  uint64_t a = pipe->alignment;
   char x[32], y[32];
   *need = 0;
   if (mlo_res_is_resident(c))
@@ -157,52 +229,30 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
                     "a budget of %s cannot hold '%s' (%s), and it cannot stream: %s",
                     mlo_format_size(room, y, sizeof y), c->name,
                     mlo_format_size(c->block_bytes, x, sizeof x), why);
-  struct mlo_stream *st = mlo_calloc(1, sizeof *st);
-  bool *keep = mlo_calloc(c->nblocks, sizeof *keep);
-  sized *by = mlo_calloc(c->nblocks, sizeof *by);
-  if (st) {
+  shape sh;
+  struct mlo_stream *st = NULL;
+  if (shape_of(c, &sh) != MLO_OK)
+    return mlo_fail(pipe, MLO_ENOMEM, "out of host memory planning '%s'", c->name);
+  if ((st = mlo_calloc(1, sizeof *st))) {
     st->dev_off = mlo_calloc(c->nblocks, sizeof *st->dev_off);
     st->order = mlo_calloc(c->nblocks, sizeof *st->order);
     st->pos = mlo_calloc(c->nblocks, sizeof *st->pos);
     st->slots = mlo_calloc(nslots, sizeof *st->slots);
   }
-  if (!st || !keep || !by || !st->dev_off || !st->order || !st->pos || !st->slots) {
-    free(keep);
-    free(by);
+  if (!st || !st->dev_off || !st->order || !st->pos || !st->slots) {
+    shape_free(&sh);
     c->stream = st;
     mlo_stream_drop(c);
     return mlo_fail(pipe, MLO_ENOMEM, "out of host memory planning '%s'", c->name);
   }
-  st->ext_start = align_up(c->slab_bytes, a);
-  if (st->ext_start > c->block_bytes) st->ext_start = c->block_bytes;
-  /* The fixed part stays: prologue, epilogue, external tensors, blocks
-   * with mutable tensors.  Of the rest, the largest stay while the room
-   * allows: each one kept saves its bytes every forward, and the slots
-   * shrink to the largest block still streamed.  Every count r of kept
-   * blocks is tried (the footprint is not monotonic in r). */
-  size_t nfree = 0;
-  for (size_t b = 0; b < c->nblocks; b++) {
-    keep[b] = block_pinned(c, b);
-    if (!keep[b]) by[nfree++] = (sized){b, align_up(c->spans[b].bytes, a)};
-  }
-  qsort(by, nfree, sizeof *by, by_size_desc);
-  uint64_t fixed = place_resident(c, st, keep);
-  size_t best = SIZE_MAX;
-  uint64_t kept = 0, min_need = UINT64_MAX;
-  for (size_t r = 0; r + nslots < nfree; r++) { /* more streamed blocks than slots */
-    uint64_t slot = by[r].bytes;
-    uint64_t total = fixed + kept + (uint64_t)nslots * slot;
-    if (total < min_need) min_need = total;
-    if (total <= room) best = r;
-    kept += by[r].bytes;
-  }
+  uint64_t least;
+  size_t best = choose(&sh, nslots, room, &least);
   if (best == SIZE_MAX) {
-    *need = min_need;
-    free(keep);
-    free(by);
+    *need = least == UINT64_MAX ? 0 : least;
+    shape_free(&sh);
     c->stream = st;
     mlo_stream_drop(c);
-    if (min_need == UINT64_MAX)
+    if (least == UINT64_MAX)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
                       "a budget of %s cannot hold '%s' (%s), and it cannot stream: too few of "
                       "its blocks are free of mutable tensors",
@@ -214,16 +264,18 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
                     "(its prologue, epilogue and %zu slots of its largest block)",
                     mlo_format_size(room, y, sizeof y), c->name,
                     mlo_format_size(c->block_bytes, x, sizeof x),
-                    mlo_format_size(min_need, z, sizeof z), nslots);
+                    mlo_format_size(least, z, sizeof z), nslots);
   }
-  for (size_t r = 0; r < best; r++) keep[by[r].b] = true;
-  uint64_t slots_at = place_resident(c, st, keep);
-  st->slot_bytes = by[best].bytes;
+  for (size_t r = 0; r < best; r++) sh.keep[sh.by[r].b] = true;
+  st->ext_start = align_up(c->slab_bytes, pipe->alignment);
+  if (st->ext_start > c->block_bytes) st->ext_start = c->block_bytes;
+  uint64_t slots_at = place_resident(c, st, sh.keep);
+  st->slot_bytes = sh.by[best].bytes;
   st->nslots = nslots;
   st->resident = slots_at;
   st->footprint = slots_at + (uint64_t)nslots * st->slot_bytes;
   for (size_t b = 0; b < c->nblocks; b++) {
-    if (!keep[b]) {
+    if (!sh.keep[b]) {
       st->pos[b] = st->nstreamed;
       st->order[st->nstreamed++] = b;
       st->streamed_bytes += c->spans[b].bytes;
@@ -234,8 +286,7 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
   for (size_t i = 0; i < nslots; i++)
     st->slots[i] =
         (struct stream_slot){slots_at + i * st->slot_bytes, -1, false, false, false, NULL, NULL};
-  free(keep);
-  free(by);
+  shape_free(&sh);
   c->stream = st;
   *need = st->footprint;
   char z[32];

@@ -274,7 +274,12 @@ static void test_plan_by_hand(void **state) {
   (void)state;
   rig r;
   rig_build(&r, "capacity=1M");
+  /* the least budget it streams in, known before anything is read: the
+   * fixed 8 KiB and two slots of 16 KiB */
+  assert_int_equal(mlo_component_stream_least(r.dit), 40 * KB);
+  assert_int_equal(mlo_component_stream_least(r.enc), 8 * KB); /* no blocks: whole */
   assert_ok(enable_budget(&r, 72 * KB));
+  assert_int_equal(mlo_component_stream_least(r.dit), 40 * KB);
   mlo_stream_info si;
   assert_ok(mlo_component_stream_info(r.dit, &si));
   assert_int_equal(si.blocks, NBLK);

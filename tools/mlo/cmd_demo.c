@@ -1,13 +1,15 @@
 /*
  * cmd_demo.c — `mlo demo`, what `make demo` runs: the main job on its
  * built-in default.  Generates a Wan2.2-shaped pipeline (two DiTs, a UMT5
- * encoder, a VAE) into a cache folder once, then serves three prompts three
+ * encoder, a VAE) into a cache folder once, then serves three prompts four
  * ways on the host platform, with a link throttled so that one DiT load
  * takes one DiT step (set from the compute rate it measures):
  *   - all resident, warm (the baseline a server would run if it could),
  *   - strict model-level offload (the specification) on a smaller device,
- *   - the budget policy with prefetch on the same smaller device;
- * verifies that all three give the same digest, audits every forward, and
+ *   - the budget policy with prefetch on the same smaller device,
+ *   - the budget policy on a device smaller than one DiT (60% of it), the
+ *     DiTs streaming their blocks (docs/streaming.md);
+ * verifies that all four give the same digest, audits every forward, and
  * prints the per-prompt cost of each against the baseline, with a
  * residency timeline of the budget run.  About half a minute on two cores.
  */
@@ -44,12 +46,13 @@ static void help(void) {
   printf("usage: mlo demo [flags]\n\n"
          "Generates a Wan2.2-shaped pipeline (UMT5 encoder, two DiTs split at the\n"
          "0.875 boundary, a 3-D VAE; about %.0f MB at the default scale) into a cache\n"
-         "folder, once.  Then serves three prompts three ways on the host platform:\n"
+         "folder, once.  Then serves three prompts four ways on the host platform:\n"
          "all resident and warm (the baseline), strict model-level offload (the\n"
          "specification) and the budget policy with prefetch, both on a device that\n"
          "holds the strict need and the next component but not the whole pipeline,\n"
+         "and the budget policy on a device of 60%% of one DiT, its blocks streaming,\n"
          "over a link throttled so that one DiT load takes one DiT step.  Checks that\n"
-         "the three give identical output, audits every forward, and reports each\n"
+         "the four give identical output, audits every forward, and reports each\n"
          "one's time per prompt against the baseline, stall, bytes moved and peak\n"
          "device memory, with a timeline picture (SVG) of the budget run.\n\n"
          "flags:\n"
@@ -119,6 +122,7 @@ static int ensure_pipeline(const char *dir, double scale) {
 
 typedef struct {
   uint64_t need, all, dit; /* strict need, every component, the largest DiT */
+  uint64_t stream_least;   /* the least device the budget policy runs in, streaming */
   uint64_t capacity;       /* the demo's device */
   tool_split split;        /* the experts' steps, from the preset's scheduler */
 } demo_sizes;
@@ -148,6 +152,10 @@ static int pick_capacity(const char *dir, int steps, demo_sizes *z) {
   mlo_component *dit = NULL;
   mlo_workload_model_offload_bytes(pipe, &dit);
   z->dit = dit ? mlo_component_bytes(dit) : 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    uint64_t least = mlo_component_stream_least(mlo_pipeline_component_at(pipe, i));
+    if (least > z->stream_least) z->stream_least = least;
+  }
   uint64_t ahead = z->need + mlo_workload_largest_bytes(pipe, NULL) + (1u << 20);
   if (!z->capacity) z->capacity = ahead < z->all ? ahead : z->need + (z->all - z->need) / 2;
   tool_source src;
@@ -223,7 +231,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
                      .split = z.split,
                      .trace_path = d->trace,
                      .timeline_path = svg};
-  printf("1/3 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));
+  printf("1/4 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));
   fflush(stdout);
   char err[1024] = "";
   int rc = session_reference_run(&cfg, &o, z.all, &rep.ref, err, sizeof err);
@@ -245,7 +253,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     report_free(&rep);
     return tool_exit_for(rc);
   }
-  printf("2/3 strict offload (the specification) on a %s device, link %.2f GB/s "
+  printf("2/4 strict offload (the specification) on a %s device, link %.2f GB/s "
          "(a DiT load = one DiT step) ...\n",
          tool_size(z.capacity), bw / 1e9);
   fflush(stdout);
@@ -253,7 +261,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   run_result strict;
   code = run_one(&s, &o, d, svg, &strict, NULL);
   if (!code) {
-    printf("3/3 budget policy with prefetch, same device and link ...\n\n");
+    printf("3/4 budget policy with prefetch, same device and link ...\n");
     fflush(stdout);
     tool_trace trace;
     bool traced = tool_trace_init(&trace) == MLO_OK;
@@ -265,9 +273,39 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     if (traced) tool_trace_destroy(&trace);
   }
   session_close(&s);
+  /* A device smaller than one DiT: the budget policy streams the DiTs'
+   * blocks through it, over the same link (a block's copy about its
+   * compute). */
+  run_result streamed = {0};
+  uint64_t small = z.dit * 3 / 5;
+  if (small < z.stream_least) small = z.stream_least; /* a small scale has few blocks */
+  bool stream = small < z.dit;
+  char label[32] = "DiT streamed";
+  if (stream) snprintf(label, sizeof label, "DiT streamed (%.2fx)", (double)small / (double)z.dit);
+  if (!code && !stream)
+    printf("4/4 skipped: at this scale the DiT has too few blocks to stream in less than "
+           "itself\n\n");
+  if (!code && stream) {
+    snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
+             (unsigned long long)small, bw);
+    cfg.platform_spec = spec;
+    rc = session_open(&s, &cfg, err, sizeof err);
+    if (rc) {
+      tool_err("demo: %s", err);
+      code = tool_exit_for(rc);
+    } else {
+      printf("4/4 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
+             tool_size(small), 100.0 * (double)small / (double)z.dit);
+      fflush(stdout);
+      o.trace = NULL;
+      code = run_one(&s, &o, d, NULL, &streamed, NULL);
+      session_close(&s);
+    }
+  }
   if (!code) {
     rep.verify = true;
     rep.identical = rep.ref.digest == rep.run.digest && strict.digest == rep.run.digest &&
+                    (!stream || (streamed.digest == rep.run.digest && streamed.digests_agree)) &&
                     rep.run.digests_agree && strict.digests_agree;
     report_print_text(&rep, stdout);
     printf("\nper prompt, steady state (prompts 2-3 of 3), against all resident warm:\n");
@@ -276,9 +314,20 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     print_row("all resident (warm)", &rep.ref, &rep.ref);
     print_row("strict offload", &strict, &rep.ref);
     print_row("budget + prefetch", &rep.run, &rep.ref);
+    if (stream) print_row(label, &streamed, &rep.ref);
     printf("  (wall: time / the baseline's, which machine noise moves; exposed: 1 + stall /\n"
            "  the baseline's time, the transfer time offload leaves on the critical path)\n");
-    printf("  the digests of all three runs are %s\n", rep.identical ? "identical" : "DIFFERENT");
+    for (size_t i = 0; i < streamed.nstreams; i++)
+      if (streamed.streams[i].slots) {
+        const mlo_stream_info *si = &streamed.streams[i];
+        printf("  streamed: %zu of %zu blocks kept, %zu through %zu slots (%s on the device, "
+               "%s copied per forward)\n",
+               si->resident_blocks, si->blocks, si->streamed_blocks, si->slots,
+               tool_size(si->device_bytes), tool_size(si->streamed_bytes));
+        break; /* the experts are alike */
+      }
+    printf("  the digests of all %s runs are %s\n", stream ? "four" : "three",
+           rep.identical ? "identical" : "DIFFERENT");
     if (!rep.identical) code = TOOL_EXIT_VERIFY;
   }
   if (!code) {
@@ -298,6 +347,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
                  rep.tensor_bytes, stdout);
   }
   run_result_free(&strict);
+  run_result_free(&streamed);
   report_free(&rep);
   return code;
 }

@@ -194,18 +194,13 @@ typedef struct {
 } view;
 
 /* A component's pieces (docs/streaming.md): its blocks, the largest, the
- * prologue and epilogue, and the least budget it streams in (those two and
- * MLO_STREAM_SLOTS slots of its largest block, each rounded to the slab's
- * 256 B alignment); a component with no more blocks than slots moves whole
- * (least = its bytes). */
+ * prologue and epilogue, and the least budget the budget policy runs it in
+ * (mlo_component_stream_least: streamed, or whole where it cannot
+ * stream). */
 typedef struct {
   size_t blocks;
   uint64_t largest, prologue, epilogue, least;
 } block_view;
-
-static uint64_t up256(uint64_t v) {
-  return (v + 255) / 256 * 256;
-}
 
 static void blocks_of(mlo_component *c, block_view *b) {
   memset(b, 0, sizeof *b);
@@ -223,10 +218,7 @@ static void blocks_of(mlo_component *c, block_view *b) {
   for (size_t i = 1; i + 1 < n; i++)
     if (info[i].bytes > b->largest) b->largest = info[i].bytes;
   free(info);
-  if (b->blocks > MLO_STREAM_SLOTS) {
-    uint64_t s = up256(b->prologue) + up256(b->epilogue) + MLO_STREAM_SLOTS * up256(b->largest);
-    if (s < b->least) b->least = s;
-  }
+  b->least = mlo_component_stream_least(c);
 }
 
 static void print_blocks(mlo_pipeline *pipe) {
@@ -242,7 +234,7 @@ static void print_blocks(mlo_pipeline *pipe) {
     printf("  %-18s %4zu blocks, largest %s; prologue %s, epilogue %s",
            tool_esc(mlo_component_name(c)), b.blocks, tool_size(b.largest), tool_size(b.prologue),
            tool_size(b.epilogue));
-    if (b.blocks > MLO_STREAM_SLOTS)
+    if (b.least < mlo_component_bytes(c))
       printf("; streams in %s or more\n", tool_size(b.least));
     else
       printf("; too few to stream\n");

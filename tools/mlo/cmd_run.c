@@ -225,25 +225,30 @@ static int refuse_too_small(const run_args *ra, tool_session *s) {
                  tool_size(s->capacity));
       return TOOL_EXIT_USAGE;
     }
-    /* a component larger than the room streams its blocks when it has
-     * enough of them (the library says at enable whether the room is enough
-     * for its slots); one without blocks must fit whole */
-    mlo_component *whole = NULL;
+    /* a component larger than the room streams its blocks, in a footprint
+     * of its prologue, epilogue and two slots at least; one with too few
+     * blocks must fit whole */
+    mlo_component *big = NULL;
     need = 0;
     for (size_t i = 0; i < mlo_pipeline_component_count(s->pipe); i++) {
       mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
-      uint64_t b = mlo_component_bytes(c);
-      if (b > room && mlo_component_block_count(c) <= MLO_STREAM_SLOTS && b > need) {
-        need = b;
-        whole = c;
+      uint64_t least = mlo_component_stream_least(c);
+      if (least > room && least > need) {
+        need = least;
+        big = c;
       }
     }
-    if (!whole) return 0;
-    tool_failf("run",
-               "needs at least %s of device memory for %s, which has too few blocks to stream "
-               "(%zu); %s is %s",
-               tool_size(need), mlo_component_name(whole), mlo_component_block_count(whole),
-               ra->have_budget ? "--budget" : "the device", tool_size(room));
+    if (!big) return 0;
+    if (need < mlo_component_bytes(big))
+      tool_failf("run", "needs at least %s of device memory for %s, streaming its blocks; %s is %s",
+                 tool_size(need), mlo_component_name(big),
+                 ra->have_budget ? "--budget" : "the device", tool_size(room));
+    else
+      tool_failf("run",
+                 "needs at least %s of device memory for %s, which has too few blocks to "
+                 "stream (%zu); %s is %s",
+                 tool_size(need), mlo_component_name(big), mlo_component_block_count(big),
+                 ra->have_budget ? "--budget" : "the device", tool_size(room));
     return TOOL_EXIT_NOMEM;
   }
   if (session_fits(s, ra->offload == 1, &need, &what)) return 0;

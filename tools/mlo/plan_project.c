@@ -159,9 +159,10 @@ static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why,
                tool_size(cap));
       return false;
     }
-    if (pr->largest > budget) {
-      snprintf(why, len, "short by %s: the largest component needs %s, the budget is %s",
-               tool_size(pr->largest - budget), tool_size(pr->largest), tool_size(budget));
+    if (pr->budget_least > budget) {
+      snprintf(why, len, "short by %s: the budget policy needs %s%s, the budget is %s",
+               tool_size(pr->budget_least - budget), tool_size(pr->budget_least),
+               pr->budget_least < pr->largest ? " streaming blocks" : "", tool_size(budget));
       return false;
     }
     return true;
@@ -306,6 +307,10 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
   pr->all_bytes = mlo_workload_all_resident_bytes(s.pipe);
   pr->strict_need = mlo_workload_model_offload_bytes(s.pipe, NULL);
   pr->largest = mlo_workload_largest_bytes(s.pipe, NULL);
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    uint64_t least = mlo_component_stream_least(mlo_pipeline_component_at(s.pipe, i));
+    if (least > pr->budget_least) pr->budget_least = least;
+  }
   if ((code = model_times(pa, &s, pr, job))) goto out;
   tool_source src = pa->src;
   if (pa->preset) src.sched = &sched;
