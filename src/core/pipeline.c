@@ -262,6 +262,8 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
     out->total.wait_ns += s->wait_ns;
     out->total.forward_ns += s->forward_ns;
     out->total.prefetches += s->prefetches;
+    out->total.block_loads += s->block_loads;
+    out->total.block_wait_ns += s->block_wait_ns;
   }
   out->budget_bytes = pipe->policy && pipe->policy->budget ? pipe->policy->budget(pipe) : 0;
   out->device_bytes = pipe->device_bytes;

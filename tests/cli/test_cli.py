@@ -510,6 +510,20 @@ class StreamTests(Fixture):
         rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget", str(budget))
         self.assertEqual(rc, 0, err)
         self.assertIn(dit["name"] + " streams:", out)
+        # the trace and the timeline show every block copy
+        trace = os.path.join(self.tmp, "s.json")
+        svg = os.path.join(self.tmp, "s.svg")
+        res = self.run_json("--policy", "budget", "--budget", str(budget), "--trace", trace,
+                            "--timeline", svg)
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+        copies = [e for e in events if "block_bytes" in e.get("args", {})]
+        self.assertEqual(len(copies), res["block_loads"])
+        self.assertGreater(len(copies), 0)
+        root = ET.parse(svg).getroot()
+        marks = [t for t in root.iter() if t.tag.endswith("title")
+                 and (t.text or "").startswith("block copy issued")]
+        self.assertEqual(len(marks), res["block_loads"])
 
     def test_too_small_to_stream(self):
         dit = max(self.info["components"], key=lambda c: c["device_bytes"])

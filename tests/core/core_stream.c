@@ -372,6 +372,10 @@ static void test_streamed_forwards(void **state) {
   mlo_pipeline_stats ps;
   assert_ok(mlo_pipeline_get_stats(r.tp->pipe, &ps));
   assert_true(ps.peak_device_bytes <= 72 * KB);
+  mlo_component_stats ds;
+  assert_ok(mlo_component_get_stats(r.dit, &ds));
+  assert_int_equal(ps.total.block_loads, ds.block_loads); /* only the DiT streams */
+  assert_int_equal(ps.total.block_wait_ns, ds.block_wait_ns);
   rig_free(&r);
 }
 

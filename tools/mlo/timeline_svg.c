@@ -176,6 +176,11 @@ static void draw_row(sbuf *b, const frame *f, const tool_trace *t, mlo_component
     if (ev->comp != c) continue;
     if (ev->kind == MLO_TRACE_FORWARD_BEGIN) {
       fwd = ev->t_ns;
+    } else if (ev->kind == MLO_TRACE_BLOCK_LOAD) { /* a streamed block's copy issued */
+      sb_printf(b,
+                "<rect x='%.1f' y='%.1f' width='1.5' height='6' fill='#2f5d9b'><title>block "
+                "copy issued, %s</title></rect>\n",
+                xpos(f, ev->t_ns), y, tool_size(ev->bytes));
     } else if (ev->kind == MLO_TRACE_FORWARD_END) {
       double x0 = xpos(f, fwd), x1 = xpos(f, ev->t_ns);
       sb_printf(b,
@@ -264,6 +269,7 @@ static void draw_legend(sbuf *b, double y) {
       {"VAE", "#8cb369", "1", 12},
       {"loading (copy in flight)", "#000", "0.25", 12},
       {"prefetch (copy ahead of use)", "#2f5d9b", "0.85", 12},
+      {"streamed block's copy issued", "#2f5d9b", "1", 6},
       {"forward", "#222", "1", 5},
   };
   double x = LEFT;

@@ -160,6 +160,13 @@ static cJSON *build_trace(const tool_trace *t) {
       cJSON_AddNumberToObject(cJSON_AddObjectToObject(e, "args"), "d2h_bytes", (double)ev->bytes);
       break;
     }
+    case MLO_TRACE_BLOCK_LOAD: { /* a streamed block's copy, issued on the copy queue */
+      cJSON *e =
+          add_event(list, mlo_component_name(ev->comp), "i", TRACK_LOADS, us_since(ev->t_ns, t0));
+      cJSON_AddStringToObject(e, "s", "t");
+      cJSON_AddNumberToObject(cJSON_AddObjectToObject(e, "args"), "block_bytes", (double)ev->bytes);
+      break;
+    }
     default:
       break;
     }
