@@ -767,9 +767,13 @@ MLO_API int mlo_component_release(mlo_component *comp);
  * between its begin and end; resident pieces always do.  For a component
  * that does not stream, begin and end check their arguments and do
  * nothing else, so a forward may call them always.  Blocks run out of
- * order are loaded on demand (a stall, never an error); more blocks begun
- * at once than there are slots is MLO_EBUSY.  A component with mutable
- * tensors keeps the blocks holding them resident; copy_back,
+ * order are loaded on demand (a stall, never an error).  Several threads
+ * holding the component may run blocks at once: a block begun twice is
+ * shared (each begin needs its end); a thread that begins a block while
+ * every slot holds a block begun elsewhere waits for an end, unless it
+ * holds one of them itself (MLO_EBUSY: waiting could deadlock).  A
+ * block begun and never ended is ended at the release.  A component with
+ * mutable tensors keeps the blocks holding them resident; copy_back,
  * per_tensor_copies, sharded loads and segmented devices do not stream.
  * ---------------------------------------------------------------------- */
 #define MLO_STREAM_SLOTS 2

@@ -44,8 +44,10 @@
 
 struct stream_slot {
   uint64_t dev_off;
-  long blk;         /* the block it holds or is loading; -1: none */
-  bool inuse;       /* begun and not ended */
+  long blk;           /* the block it holds or is loading; -1: none */
+  int users;          /* begins not ended: several threads may run one block */
+  pthread_t *holders; /* the thread of each (users entries) */
+  size_t hcap;
   bool waited;      /* compute has waited for its load already */
   bool has_free_ev; /* free_ev recorded since the slot was last filled */
   mlo_event *load_ev, *free_ev;
@@ -86,6 +88,7 @@ void mlo_stream_drop(mlo_component *c) {
   for (size_t i = 0; i < st->nslots; i++) {
     mlo_plat_event_destroy(c->pipe->platform, st->slots[i].load_ev);
     mlo_plat_event_destroy(c->pipe->platform, st->slots[i].free_ev);
+    free(st->slots[i].holders);
   }
   free(st->slots);
   free(st->dev_off);
@@ -284,8 +287,7 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
     }
   }
   for (size_t i = 0; i < nslots; i++)
-    st->slots[i] =
-        (struct stream_slot){slots_at + i * st->slot_bytes, -1, false, false, false, NULL, NULL};
+    st->slots[i] = (struct stream_slot){.dev_off = slots_at + i * st->slot_bytes, .blk = -1};
   shape_free(&sh);
   c->stream = st;
   *need = st->footprint;
@@ -407,7 +409,8 @@ void mlo_stream_start(mlo_component *c) {
   for (size_t i = 0; i < st->nslots; i++) {
     struct stream_slot *s = &st->slots[i];
     s->blk = -1;
-    s->inuse = s->waited = s->has_free_ev = false;
+    s->users = 0;
+    s->waited = s->has_free_ev = false;
   }
   for (size_t i = 0; i < st->nslots && i < st->nstreamed; i++) {
     if (issue(c, &st->slots[i], st->order[i]) != MLO_OK) break; /* on demand, then */
@@ -427,7 +430,7 @@ void mlo_stream_acquired(mlo_component *c) {
     if (slot_of(st, b)) continue;
     struct stream_slot *s = NULL;
     for (size_t i = 0; i < st->nslots && !s; i++)
-      if (!st->slots[i].inuse && (st->slots[i].blk < 0 || st->pos[st->slots[i].blk] >= want))
+      if (!st->slots[i].users && (st->slots[i].blk < 0 || st->pos[st->slots[i].blk] >= want))
         s = &st->slots[i];
     if (!s || issue(c, s, b) != MLO_OK) break; /* on demand, then */
   }
@@ -439,9 +442,20 @@ void mlo_stream_evicted(mlo_component *c) {
   if (!st) return;
   for (size_t i = 0; i < st->nslots; i++) {
     st->slots[i].blk = -1;
-    st->slots[i].inuse = st->slots[i].has_free_ev = false;
+    st->slots[i].users = 0;
+    st->slots[i].has_free_ev = false;
   }
   st->next = 0;
+}
+
+/* Records the end of the compute that read slot s (C9): the next copy
+ * into it waits for this event. */
+static int record_free(mlo_component *c, struct stream_slot *s) {
+  mlo_platform *p = c->pipe->platform;
+  int rc = s->free_ev ? MLO_OK : PCALL(c, mlo_plat_event_create(p, &s->free_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, s->free_ev));
+  if (!rc) s->has_free_ev = true;
+  return rc;
 }
 
 void mlo_stream_released(mlo_component *c) {
@@ -449,25 +463,23 @@ void mlo_stream_released(mlo_component *c) {
   if (!st || !mlo_res_is_resident(c)) return;
   for (size_t i = 0; i < st->nslots; i++) {
     struct stream_slot *s = &st->slots[i];
-    if (!s->inuse) continue; /* begun, never ended: the compute that read it ends here */
+    if (!s->users) continue; /* begun, never ended: the compute that read it ends here */
     mlo_logf(MLO_LOG_WARN, "%s: block %ld was begun and never ended; ended at the release", c->name,
              s->blk);
-    if (!s->free_ev && PCALL(c, mlo_plat_event_create(c->pipe->platform, &s->free_ev))) {
-      s->blk = -1; /* no event: never reuse it unordered; the slot waits for eviction */
-      s->inuse = true;
-      continue;
+    s->users = 0;
+    if (record_free(c, s) != MLO_OK) { /* no event: order it the blunt way */
+      c->stats.platform_calls++;
+      mlo_plat_synchronize(c->pipe->platform);
     }
-    s->has_free_ev =
-        PCALL(c, mlo_plat_event_record_compute(c->pipe->platform, s->free_ev)) == MLO_OK;
-    s->inuse = !s->has_free_ev;
   }
+  pthread_cond_broadcast(&c->pipe->idle);
 }
 
 int mlo_stream_audit(mlo_component *c) {
   struct mlo_stream *st = c->stream;
   if (!st || c->users) return MLO_OK;
   for (size_t i = 0; i < st->nslots; i++)
-    if (st->slots[i].inuse)
+    if (st->slots[i].users)
       return mlo_fail(c->pipe, MLO_ESTATE, "audit: block %ld of '%s' is begun with no holder",
                       st->slots[i].blk, c->name);
   return MLO_OK;
@@ -494,7 +506,7 @@ int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64
   }
   for (size_t i = 0; i < st->nslots; i++) {
     const struct stream_slot *s = &st->slots[i];
-    if (s->blk == (long)b && s->inuse) {
+    if (s->blk == (long)b && s->users) {
       *off = s->dev_off + t->dev_offset - c->spans[b].off;
       return MLO_OK;
     }
@@ -507,6 +519,39 @@ int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64
 
 /* ---- the forward's side ------------------------------------------------ */
 
+/* The slot's holders, as a component's (offload.c): this thread's entry
+ * goes at an end, else the oldest (an end may come from another thread). */
+static int slot_hold(struct stream_slot *s) {
+  if ((size_t)s->users == s->hcap) {
+    size_t cap = s->hcap ? s->hcap * 2 : 4;
+    pthread_t *grown = mlo_realloc(s->holders, cap * sizeof *grown);
+    if (!grown) return MLO_ENOMEM;
+    s->holders = grown;
+    s->hcap = cap;
+  }
+  s->holders[s->users++] = pthread_self();
+  return MLO_OK;
+}
+
+static void slot_unhold(struct stream_slot *s) {
+  pthread_t self = pthread_self();
+  int k = 0;
+  for (int i = s->users - 1; i >= 0; i--)
+    if (pthread_equal(s->holders[i], self)) {
+      k = i;
+      break;
+    }
+  s->holders[k] = s->holders[--s->users];
+}
+
+static bool holds_a_slot(const struct mlo_stream *st) {
+  pthread_t self = pthread_self();
+  for (size_t i = 0; i < st->nslots; i++)
+    for (int k = 0; k < st->slots[i].users; k++)
+      if (pthread_equal(st->slots[i].holders[k], self)) return true;
+  return false;
+}
+
 /* The slot to load block b into on demand: a free one, else the one whose
  * block is needed last from b on. */
 static struct stream_slot *victim(struct mlo_stream *st, size_t b) {
@@ -514,7 +559,7 @@ static struct stream_slot *victim(struct mlo_stream *st, size_t b) {
   size_t best_d = 0;
   for (size_t i = 0; i < st->nslots; i++) {
     struct stream_slot *s = &st->slots[i];
-    if (s->inuse) continue;
+    if (s->users) continue;
     size_t d =
         s->blk < 0 ? SIZE_MAX : (st->pos[s->blk] + st->nstreamed - st->pos[b]) % st->nstreamed;
     if (!best || d > best_d) {
@@ -545,26 +590,35 @@ int mlo_block_begin(mlo_component *c, size_t block) {
     pthread_mutex_unlock(&pipe->lock);
     return rc;
   }
-  struct stream_slot *s = slot_of(st, block);
-  if (s && s->inuse) {
-    rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' is begun already", block, c->name);
-  } else if (!s) { /* out of the order the slots were filled in: on demand */
-    s = victim(st, block);
-    if (!s)
+  struct stream_slot *s;
+  for (;;) { /* the block's slot (shared with other threads running it), or one to load it in */
+    if ((s = slot_of(st, block))) break;
+    if ((s = victim(st, block))) { /* out of the order the slots were filled in: on demand */
+      if ((rc = issue(c, s, block)))
+        rc = mlo_fail(pipe, rc, "%s: loading block %zu failed (%s)", c->name, block,
+                      mlo_strerror(rc));
+      else
+        st->next = (st->pos[block] + 1) % st->nstreamed; /* the forward's order from here */
+      break;
+    }
+    /* Every slot holds a block begun elsewhere.  A thread that holds one
+     * must not wait (two such threads would wait for each other); one that
+     * holds none waits for an end, which every holder can reach. */
+    if (holds_a_slot(st)) {
       rc = mlo_fail(pipe, MLO_EBUSY,
-                    "block %zu of '%s': all %zu slots hold blocks begun and not ended", block,
-                    c->name, st->nslots);
-    else if ((rc = issue(c, s, block)))
-      rc =
-          mlo_fail(pipe, rc, "%s: loading block %zu failed (%s)", c->name, block, mlo_strerror(rc));
-    else
-      st->next = (st->pos[block] + 1) % st->nstreamed; /* the forward's order from here */
+                    "block %zu of '%s': all %zu slots hold blocks begun and not ended, one of "
+                    "them by this thread",
+                    block, c->name, st->nslots);
+      break;
+    }
+    pthread_cond_wait(&pipe->idle, &pipe->lock); /* c stays resident: this thread holds it */
   }
+  if (!rc && (rc = slot_hold(s)))
+    rc = mlo_fail(pipe, rc, "out of host memory beginning block %zu of '%s'", block, c->name);
   if (rc) {
     pthread_mutex_unlock(&pipe->lock);
     return rc;
   }
-  s->inuse = true;
   bool pending = !s->waited;
   mlo_event *ev = s->load_ev;
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
@@ -585,8 +639,9 @@ int mlo_block_begin(mlo_component *c, size_t block) {
     pipe->trace(&e1, pipe->trace_user);
     pipe->trace(&e2, pipe->trace_user);
   }
-  if (rc) {
-    s->inuse = false;
+  if (rc) { /* not begun after all: nothing of this thread's compute read the slot */
+    slot_unhold(s);
+    if (!s->users) pthread_cond_broadcast(&pipe->idle);
     rc = mlo_fail(pipe, rc, "%s: waiting for block %zu failed", c->name, block);
   }
   pthread_mutex_unlock(&pipe->lock);
@@ -604,17 +659,16 @@ int mlo_block_end(mlo_component *c, size_t block) {
     return rc;
   }
   struct stream_slot *s = slot_of(st, block);
-  mlo_platform *p = pipe->platform;
-  if (!s || !s->inuse)
+  if (!s || !s->users) {
     rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' ended without a begin", block, c->name);
-  else if (!s->free_ev && (rc = PCALL(c, mlo_plat_event_create(p, &s->free_ev))))
-    rc = mlo_fail(pipe, rc, "%s: cannot create an event for block %zu", c->name, block);
-  else if ((rc = PCALL(c, mlo_plat_event_record_compute(p, s->free_ev))))
+  } else if (s->users > 1) {
+    slot_unhold(s);                      /* others still run it */
+  } else if ((rc = record_free(c, s))) { /* it stays begun: the release ends it */
     rc = mlo_fail(pipe, rc, "%s: recording the end of block %zu failed", c->name, block);
-  if (!rc) {
-    s->inuse = false;
-    s->has_free_ev = true;
+  } else {
+    slot_unhold(s);
     refill(c, s, st->pos[block]);
+    pthread_cond_broadcast(&pipe->idle); /* a thread may wait for a slot */
   }
   pthread_mutex_unlock(&pipe->lock);
   return rc;

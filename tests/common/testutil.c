@@ -290,12 +290,21 @@ int tu_write_device(tu_pipe *tp, const mlo_tensor *t, const void *src, size_t by
 }
 
 bool tu_device_content_ok(tu_pipe *tp, mlo_component *comp, char *why, size_t whylen) {
+  /* a streamed block's tensors are read between its begin and end */
+  mlo_stream_info si;
+  bool streamed = mlo_component_stream_info(comp, &si) == MLO_OK && si.slots;
   for (size_t i = 0; i < tp->nrecs; i++) {
     const tu_tensor_rec *r = &tp->recs[i];
     if (r->comp != comp || r->reference) continue;
     uint8_t *buf = malloc(r->bytes ? r->bytes : 1);
     if (!buf) return false;
-    int rc = tu_read_device(tp, r->tensor, buf, r->bytes);
+    int block = streamed ? mlo_tensor_block(r->tensor) : MLO_BLOCK_PROLOGUE;
+    int rc = block >= 0 ? mlo_block_begin(comp, (size_t)block) : MLO_OK;
+    if (!rc) rc = tu_read_device(tp, r->tensor, buf, r->bytes);
+    if (block >= 0) {
+      int erc = mlo_block_end(comp, (size_t)block);
+      if (!rc) rc = erc;
+    }
     size_t at = rc ? 0 : tu_pattern_mismatch(buf, r->bytes, r->seed);
     if (rc || at != r->bytes)
       snprintf(why, whylen, "%s/%s: %s at byte %zu (got 0x%02x want 0x%02x)",

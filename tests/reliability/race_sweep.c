@@ -15,7 +15,10 @@
  * schedule in three runs the budget policy instead of strict, with prefetch
  * on or off, a budget anywhere from the largest component to the capacity
  * and a declared schedule the random calls mostly ignore (so the cursor
- * resynchronizes all the time).  Inside every forward the component must be
+ * resynchronizes all the time); in half of those the DiTs are declared in
+ * blocks and the budget is below the largest of them, so they stream
+ * (docs/streaming.md): threads holding the same DiT then run its blocks at
+ * once, share slots and wait for them.  Inside every forward the component must be
  * resident with the right bytes, nothing it excludes resident (strict), the
  * audit clean (the budget held, for budget); after each schedule the audit must pass,
  * device accounting match, and every device byte come back at the end.
@@ -220,6 +223,8 @@ typedef struct {
   unsigned toggling, toggled; /* schedules with enable/disable in them; toggles that took */
   unsigned enable_refused;    /* undersized below encoders + VAEs: nothing ran */
   unsigned budget;            /* schedules under the budget policy */
+  unsigned streamed;          /* of which with DiTs streaming their blocks */
+  uint64_t block_loads;       /* streamed blocks copied, in all */
 } totals;
 
 /* One schedule; fails the test naming the seed on any violation. */
@@ -331,6 +336,24 @@ static void run_schedule(uint64_t seed, totals *t) {
     s.prefetch = below(&prng, 4) != 0;
     s.budget_bytes = largest + splitmix(&prng) % (mem.total_bytes - largest + 1);
     if (!s.budget_bytes) s.budget_bytes = 1; /* only empty components: any budget holds them */
+    if (below(&prng, 2)) { /* DiTs in blocks (one a tensor), the budget below the largest */
+      uint64_t least = 0;
+      for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
+        mlo_component *c = mlo_pipeline_component_at(tp->pipe, i);
+        if (mlo_component_role(c) == MLO_ROLE_DIT)
+          for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+            mlo_tensor *x = mlo_component_tensor_at(c, k);
+            if (mlo_tensor_owner(x) == c && strcmp(mlo_tensor_name(x), "tied")) /* not an alias */
+              assert_ok(mlo_tensor_set_block(x, (int)k));
+          }
+        uint64_t cl = mlo_component_stream_least(c);
+        if (cl > least) least = cl;
+      }
+      if (least < largest) {
+        s.budget_bytes = least + splitmix(&prng) % (largest - least);
+        t->streamed++;
+      }
+    }
     declare_schedule(tp, &prng);
     tp->exclusion_in_forward = false; /* the budget decides, not the roles */
     t->budget++;
@@ -345,6 +368,7 @@ static void run_schedule(uint64_t seed, totals *t) {
     t->threads += run_workers(tp, &l, &rng, seed, t, &s);
   if (tp->first_failure[0])
     fail_msg("seed %llu: inside a forward: %s", (unsigned long long)seed, tp->first_failure);
+  t->block_loads += tu_pstats(tp).total.block_loads;
   rc = mlo_pipeline_audit(tp->pipe);
   if (rc) fail_msg("seed %llu: audit: %s", (unsigned long long)seed, mlo_pipeline_errmsg(tp->pipe));
   if (tu_device_used(plat) != tu_pstats(tp).device_bytes)
@@ -371,12 +395,14 @@ static void test_race_sweep(void **state) {
   printf("schedules: %u (seeds %llu..%llu), %u threads in all, %u forwards checked; "
          "%u with jitter, %u sync=device, %u undersized (%u out-of-memory refusals, %u at enable), "
          "%u EBUSY (try_acquire, enable/disable), %u nested conflicts refused; %u schedules "
-         "toggling offload (%u toggles); %u under the budget policy\n",
+         "toggling offload (%u toggles); %u under the budget policy (%u streaming DiTs, %llu "
+         "block copies)\n",
          t.schedules, (unsigned long long)first_seed,
          (unsigned long long)(first_seed + n_schedules - 1), t.threads, t.forwards, t.jitter,
          t.device_sync, t.undersized, t.oom, t.enable_refused, t.busy, t.deadlk, t.toggling,
-         t.toggled, t.budget);
+         t.toggled, t.budget, t.streamed, (unsigned long long)t.block_loads);
   assert_true(t.budget > 0 || n_schedules < 10);
+  assert_true((t.streamed > 0 && t.block_loads > 0) || n_schedules < 30);
   assert_true(t.toggled > 0 || n_schedules < 10);
   assert_int_equal(t.schedules, n_schedules);
 }
