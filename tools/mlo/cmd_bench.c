@@ -70,6 +70,7 @@ typedef struct {
   double dit_step_s;         /* one DiT forward, measured resident */
   uint64_t dit_bytes;        /* the largest DiT */
   uint64_t need, ahead, all; /* strict need, + the largest component, everything */
+  uint64_t stream;           /* a budget below the largest component: it streams (0: none) */
   size_t ncurves;
   curve curves[2];
   char e2e_what[256];
@@ -301,8 +302,17 @@ static int size_modes(const char *path, const mlo_open_options *oo, bench_result
   if (!rc) {
     res->all = mlo_workload_all_resident_bytes(pipe);
     res->need = mlo_workload_model_offload_bytes(pipe, NULL);
-    uint64_t ahead = res->need + mlo_workload_largest_bytes(pipe, NULL);
+    uint64_t largest = mlo_workload_largest_bytes(pipe, NULL);
+    uint64_t ahead = res->need + largest;
     res->ahead = ahead < res->all ? ahead : res->all;
+    /* 60% of the largest component, or the least it streams in if more */
+    uint64_t least = 0;
+    for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+      uint64_t l = mlo_component_stream_least(mlo_pipeline_component_at(pipe, i));
+      if (l > least) least = l;
+    }
+    res->stream = largest * 3 / 5 > least ? largest * 3 / 5 : least;
+    if (res->stream >= largest) res->stream = 0;
     tool_source src;
     source_init_path(&src, path);
     tool_split split;
@@ -357,6 +367,11 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
       if (b && budgets[b] == budgets[b - 1]) continue;
       if (!ba->quick) add_point(cv, MLO_POLICY_BUDGET, budgets[b], false);
       add_point(cv, MLO_POLICY_BUDGET, budgets[b], true);
+    }
+    if (res->stream) { /* below the largest component: the DiTs stream their blocks */
+      add_point(cv, MLO_POLICY_BUDGET, res->stream, true);
+      snprintf(cv->points[cv->npoints - 1].label, sizeof cv->points[0].label,
+               "budget %s, streamed", tool_size(res->stream));
     }
     rc = run_curve(ba, path, &oo, res, cv, err, errlen);
   }
