@@ -1323,6 +1323,24 @@ class RanksTests(Fixture):
         self.assertIn("node: host slabs", out)
         self.assertIn("(1.00x)", out)  # read from disk once
 
+    def test_json_on_some_ranks_only(self):
+        """--json given to rank 0 and not rank 1 (or the other way round):
+        every rank reports as it was asked, and nobody waits in a collective
+        the other never enters (this hung in MPI_Finalize before)."""
+        env = dict(os.environ, **MPI_ENV)
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        for first, second in ((["--json"], []), ([], ["--json"])):
+            args = ["run", self.ckpt, "--ranks", "shared", "--steps", "2"]
+            p = subprocess.run(["mpirun", "-np", "1", MLO, *args, *first, ":", "-np", "1", MLO,
+                                *args, *second], capture_output=True, text=True, env=env,
+                               timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("--json was given to some ranks only", p.stderr)
+            lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith('{"rank"')]
+            self.assertEqual([l["rank"] for l in lines], [0] if first else [1])
+            self.assertEqual("ranks (2, 2 on this node" in p.stdout, not first)
+
     def test_bad_flags(self):
         rc, _, err = mlo("run", self.ckpt, "--ranks", "many")
         self.assertEqual(rc, 2)

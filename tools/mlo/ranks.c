@@ -84,51 +84,71 @@ static int gather_figures(const rank_figures *mine, rank_figures *all) {
   return rc == MPI_SUCCESS ? MLO_OK : MLO_EPLATFORM;
 }
 
+/* This rank's figures as one JSON line. */
+static char *json_line(const tool_ranks *r, const rank_figures *mine, uint64_t weights) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "rank", r->rank);
+  cJSON_AddNumberToObject(o, "ranks", r->ranks);
+  cJSON_AddNumberToObject(o, "node_rank", r->node_rank);
+  cJSON_AddNumberToObject(o, "node_ranks", r->node_ranks);
+  cJSON_AddStringToObject(o, "mode", r->sharded ? "sharded" : "shared");
+  cJSON_AddNumberToObject(o, "host_pss_bytes", (double)mine->pss);
+  cJSON_AddNumberToObject(o, "slab_pss_bytes", (double)mine->slab_pss);
+  cJSON_AddNumberToObject(o, "disk_read_bytes", (double)mine->read);
+  cJSON_AddNumberToObject(o, "shared_slab_bytes", (double)mine->shared);
+  cJSON_AddNumberToObject(o, "h2d_bytes", (double)mine->h2d);
+  cJSON_AddNumberToObject(o, "gather_bytes", (double)mine->gather);
+  cJSON_AddNumberToObject(o, "gather_s", mine->gather_s);
+  cJSON_AddNumberToObject(o, "stall_s", mine->stall_s);
+  cJSON_AddNumberToObject(o, "steady_stall_s", mine->steady_stall_s);
+  cJSON_AddNumberToObject(o, "wall_s", mine->wall_s);
+  cJSON_AddNumberToObject(o, "steady_wall_s", mine->steady_wall_s);
+  cJSON_AddNumberToObject(o, "weights_bytes", (double)weights);
+  char hex[32];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)mine->digest);
+  cJSON_AddStringToObject(o, "digest", hex);
+  if (mine->verified < 0)
+    cJSON_AddNullToObject(o, "verified");
+  else
+    cJSON_AddBoolToObject(o, "verified", mine->verified == 1);
+  char *text = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return text;
+}
+
+/* Every rank makes the same collective calls whatever its own flags say
+ * (a rank given --json and one not must not wait in different
+ * collectives: issue 26.7): the JSON lines in rank order (each rank prints
+ * its own if it was asked for JSON), then the figures gathered at rank 0,
+ * which prints the table if it was asked for text. */
 int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights, bool json,
                  FILE *out) {
-  if (json) { /* one line per rank, in rank order, so lines never interleave */
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "rank", r->rank);
-    cJSON_AddNumberToObject(o, "ranks", r->ranks);
-    cJSON_AddNumberToObject(o, "node_rank", r->node_rank);
-    cJSON_AddNumberToObject(o, "node_ranks", r->node_ranks);
-    cJSON_AddStringToObject(o, "mode", r->sharded ? "sharded" : "shared");
-    cJSON_AddNumberToObject(o, "host_pss_bytes", (double)mine->pss);
-    cJSON_AddNumberToObject(o, "slab_pss_bytes", (double)mine->slab_pss);
-    cJSON_AddNumberToObject(o, "disk_read_bytes", (double)mine->read);
-    cJSON_AddNumberToObject(o, "shared_slab_bytes", (double)mine->shared);
-    cJSON_AddNumberToObject(o, "h2d_bytes", (double)mine->h2d);
-    cJSON_AddNumberToObject(o, "gather_bytes", (double)mine->gather);
-    cJSON_AddNumberToObject(o, "gather_s", mine->gather_s);
-    cJSON_AddNumberToObject(o, "stall_s", mine->stall_s);
-    cJSON_AddNumberToObject(o, "steady_stall_s", mine->steady_stall_s);
-    cJSON_AddNumberToObject(o, "wall_s", mine->wall_s);
-    cJSON_AddNumberToObject(o, "steady_wall_s", mine->steady_wall_s);
-    cJSON_AddNumberToObject(o, "weights_bytes", (double)weights);
-    char hex[32];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)mine->digest);
-    cJSON_AddStringToObject(o, "digest", hex);
-    if (mine->verified < 0)
-      cJSON_AddNullToObject(o, "verified");
-    else
-      cJSON_AddBoolToObject(o, "verified", mine->verified == 1);
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    for (int i = 0; i < r->ranks; i++) {
-      if (i == r->rank && text) {
-        fprintf(out, "%s\n", text);
-        fflush(out);
-      }
-      MPI_Barrier(MPI_COMM_WORLD);
+  int mixed[2] = {json, !json}, any[2] = {0, 0};
+  if (MPI_Allreduce(mixed, any, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+    return MLO_EPLATFORM;
+  if (any[0] && any[1] && r->rank == 0)
+    fprintf(stderr, "mlo run: --json was given to some ranks only: each rank reports as it was "
+                    "asked\n");
+  char *text = json ? json_line(r, mine, weights) : NULL;
+  for (int i = 0; i < r->ranks; i++) { /* one line per rank, in rank order: never interleaved */
+    if (i == r->rank && text) {
+      fprintf(out, "%s\n", text);
+      fflush(out);
     }
-    tool_json_printed = true;
-    cJSON_free(text);
-    return text ? MLO_OK : MLO_ENOMEM;
+    if (any[0]) MPI_Barrier(MPI_COMM_WORLD); /* every rank knows whether anyone prints */
   }
+  if (json) tool_json_printed = true;
+  cJSON_free(text);
+  if (json && !text) return MLO_ENOMEM;
+  if (json && !any[1]) return MLO_OK; /* nobody wants the table: no gather */
   rank_figures *all = r->rank == 0 ? calloc((size_t)r->ranks, sizeof *all) : NULL;
-  if (r->rank == 0 && !all) return MLO_ENOMEM;
+  if (r->rank == 0 && !all) { /* the others are in the gather already: end the job */
+    fprintf(stderr, "mlo run: rank 0: out of host memory gathering the ranks' figures\n");
+    fflush(NULL);
+    MPI_Abort(MPI_COMM_WORLD, TOOL_EXIT_FAIL);
+  }
   int rc = gather_figures(mine, all);
-  if (rc || r->rank) {
+  if (rc || r->rank || json) { /* rank 0 asked for JSON: it has printed its line */
     free(all);
     return rc;
   }
