@@ -1323,6 +1323,23 @@ class RanksTests(Fixture):
         self.assertIn("node: host slabs", out)
         self.assertIn("(1.00x)", out)  # read from disk once
 
+    def test_ranks_given_different_presets(self):
+        """Rank 0 on a Wan2.2-shaped pipeline, rank 1 on a Flux-shaped one, in
+        shared mode: every rank fails at the first component they would share,
+        naming the mismatch, within the timeout (issue 26.7: both exited 0
+        with wrong digests)."""
+        flux = os.path.join(self.tmp, "flux")
+        mlo("synth", "flux", flux, "--scale", SCALE, check=0)
+        env = dict(os.environ, **MPI_ENV)
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        p = subprocess.run(["mpirun", "-np", "1", MLO, "run", self.ckpt, "--ranks", "shared", ":",
+                            "-np", "1", MLO, "run", flux, "--ranks", "shared"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        self.assertNotEqual(p.returncode, 0, p.stdout)
+        self.assertEqual(p.stderr.count("the ranks do not hold the same checkpoint"), 2, p.stderr)
+        self.assertNotIn("output identical", p.stdout)
+
     def test_json_on_some_ranks_only(self):
         """--json given to rank 0 and not rank 1 (or the other way round):
         every rank reports as it was asked, and nobody waits in a collective
