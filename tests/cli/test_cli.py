@@ -1246,7 +1246,13 @@ class PlanTests(Fixture):
                     self.assertEqual(pol["h2d_bytes"], run["generations"][-1]["h2d_bytes"])
                     self.assertLess(abs(pol["total_wall_s"] / wall - 1), 0.10,
                                     f"plan {pol['total_wall_s']:.3f} s, run {wall:.3f} s")
-                    self.assertLess(abs(pol["total_stall_s"] - stall), 0.05 * wall,
+                    # a streamed run waits at every block, each wait with the
+                    # host's own wake-up latency, which the simulated device
+                    # does not have: under a loaded CI machine its stall is
+                    # held to issue 23's bound (10% of the wall), the
+                    # component-level runs to issue 13's (5%)
+                    bound = 0.10 if streamed else 0.05
+                    self.assertLess(abs(pol["total_stall_s"] - stall), bound * wall,
                                     f"plan stall {pol['total_stall_s']:.3f} s, run {stall:.3f} s")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
