@@ -259,7 +259,7 @@ void mlo_tensor_free(mlo_tensor *t);
 int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, uint64_t check,
                    int status, const char *msg, bool *together);
 enum { COLL_MATERIALIZE = 1, COLL_LOADED, COLL_LOAD, COLL_GATHER, COLL_FREE };
-int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
+int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total, bool share,
                    mlo_progress_fn progress, void *user);
 
 /* residency.c — every call with pipe->lock held. */

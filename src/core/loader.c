@@ -12,6 +12,13 @@
  * in host memory once, in the slab, instead of twice.  Direct I/O was
  * measured and not taken: docs/architecture.md says why.
  *
+ * A rank reading its share of a node-shared slab (the others read the rest
+ * of the same files at the same time) turns read-ahead off and drops only
+ * the pages it read: read-ahead past its share fetched pages a neighbour
+ * then fetched again, and dropping whole files at the end threw away pages
+ * the neighbours were still to read (4 ranks read 1.17-1.23x the weights,
+ * measured in /proc/PID/io; issue 26.4).
+ *
  * Every file is opened once, by the calling thread, and checked to still
  * be the file that was validated; the workers only pread, so the number of
  * opens and reads does not depend on how the chunks fall to threads (the
@@ -56,6 +63,7 @@ typedef struct {
   const load_job *bad;
   int bad_errno;
   bool drop_cache;
+  bool share; /* this rank reads a share of files other ranks read too */
 } load_ctx;
 
 /* Drops the whole pages of [off, off+len) from the page cache. */
@@ -80,8 +88,9 @@ static int read_job(load_ctx *lc, const load_job *j, int *err_no) {
     atomic_fetch_add(&lc->done, (uint64_t)n);
   }
   /* small chunks are dropped with their whole file at the end: the call
-   * costs more than the pages it would free early */
-  if (lc->drop_cache && j->len >= LOAD_DROP_MIN) drop_pages(j->fd, at, j->len);
+   * costs more than the pages it would free early (a share drops its own
+   * pages only, each chunk's at once) */
+  if (lc->drop_cache && (j->len >= LOAD_DROP_MIN || lc->share)) drop_pages(j->fd, at, j->len);
   return MLO_OK;
 }
 
@@ -126,7 +135,7 @@ static size_t load_threads(size_t njobs) {
 
 /* Opens each distinct file once (files[] is sorted by file), checked to be
  * the one validated; fds[i] is the descriptor of files[i]'s file. */
-static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *fds) {
+static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *fds, bool share) {
   for (size_t i = 0; i < nfiles; i++) fds[i] = -1;
   for (size_t i = 0; i < nfiles; i++) {
     if (i && !strcmp(files[i]->src_file, files[i - 1]->src_file)) {
@@ -142,7 +151,7 @@ static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *
                       "%s: '%s' changed since its tensors were declared (another file, size, "
                       "modification or change time); open the checkpoint again",
                       c->name, files[i]->src_file);
-    posix_fadvise(fds[i], 0, 0, POSIX_FADV_SEQUENTIAL);
+    posix_fadvise(fds[i], 0, 0, share ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
   }
   return MLO_OK;
 }
@@ -162,7 +171,7 @@ static int by_file_then_offset(const void *a, const void *b) {
   return x->src_offset < y->src_offset ? -1 : x->src_offset > y->src_offset;
 }
 
-int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total,
+int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total, bool share,
                    mlo_progress_fn progress, void *user) {
   qsort(files, nfiles, sizeof *files, by_file_then_offset);
   int *fds = mlo_malloc(nfiles * sizeof *fds);
@@ -175,15 +184,18 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
     free(jobs);
     return mlo_fail(c->pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
   }
-  int rc = open_files(c, files, nfiles, fds);
+  int rc = open_files(c, files, nfiles, fds, share);
   size_t k = 0;
   for (size_t i = 0; i < nfiles && !rc; i++)
     for (uint64_t off = 0; off < files[i]->nbytes; off += LOAD_CHUNK) {
       uint64_t left = files[i]->nbytes - off;
       jobs[k++] = (load_job){files[i], fds[i], off, left < LOAD_CHUNK ? left : LOAD_CHUNK};
     }
-  load_ctx lc = {
-      .c = c, .jobs = jobs, .njobs = njobs, .drop_cache = !mlo_env_flag("MLO_KEEP_PAGE_CACHE")};
+  load_ctx lc = {.c = c,
+                 .jobs = jobs,
+                 .njobs = njobs,
+                 .drop_cache = !mlo_env_flag("MLO_KEEP_PAGE_CACHE"),
+                 .share = share};
   atomic_init(&lc.next, 0);
   atomic_init(&lc.done, 0);
   atomic_init(&lc.failed, 0);
@@ -240,7 +252,7 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
                     t->name, t->src_file);
   }
   if (!rc && progress && said != total) progress(c, total, total, user);
-  close_files(nfiles, fds, lc.drop_cache && !rc);
+  close_files(nfiles, fds, lc.drop_cache && !rc && !share); /* the others still read them */
   pthread_cond_destroy(&lc.cond);
   pthread_mutex_destroy(&lc.lock);
   free(jobs);

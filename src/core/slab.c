@@ -335,7 +335,8 @@ static int read_files(mlo_component *c, slab_build *b) {
   ps.user = pipe->progress_user;
   pthread_mutex_unlock(&pipe->lock);
   int rc = MLO_OK;
-  if (b->nfiles) rc = mlo_load_files(c, b->files, b->nfiles, b->file_bytes, ps.fn, ps.user);
+  bool share = b->shared && mlo_dist_node_size(pipe->comm) > 1; /* the others read the rest */
+  if (b->nfiles) rc = mlo_load_files(c, b->files, b->nfiles, b->file_bytes, share, ps.fn, ps.user);
   if (b->shared) {
     char mine[200];
     snprintf(mine, sizeof mine, "%.190s", rc ? pipe->errmsg : "");

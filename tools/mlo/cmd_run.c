@@ -383,6 +383,7 @@ agree:;
     f->slab_pss = slabs ? ranks_pss_of(slabs, k) : 0;
     free(slabs);
     f->read = ds.read_bytes;
+    f->io_read = s.load_io_read;
     f->shared = ds.shared_bytes;
     f->h2d = r.stats.total.h2d_bytes;
     f->gather = ds.gather_bytes;

@@ -95,6 +95,7 @@ static char *json_line(const tool_ranks *r, const rank_figures *mine, uint64_t w
   cJSON_AddNumberToObject(o, "host_pss_bytes", (double)mine->pss);
   cJSON_AddNumberToObject(o, "slab_pss_bytes", (double)mine->slab_pss);
   cJSON_AddNumberToObject(o, "disk_read_bytes", (double)mine->read);
+  cJSON_AddNumberToObject(o, "measured_read_bytes", (double)mine->io_read);
   cJSON_AddNumberToObject(o, "shared_slab_bytes", (double)mine->shared);
   cJSON_AddNumberToObject(o, "h2d_bytes", (double)mine->h2d);
   cJSON_AddNumberToObject(o, "gather_bytes", (double)mine->gather);
@@ -156,12 +157,13 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
           r->sharded ? "sharded loads" : "replicated loads from the shared slab");
   fprintf(out, "  %4s %10s %10s %10s %10s %10s %8s %9s  %-16s %s\n", "rank", "slabs PSS", "all PSS",
           "read", "moved in", "gathered", "gather", "stall", "digest", "verified");
-  uint64_t pss = 0, slab = 0, read = 0;
+  uint64_t pss = 0, slab = 0, read = 0, io = 0;
   for (int i = 0; i < r->ranks; i++) {
     const rank_figures *f = &all[i];
     pss += f->pss;
     slab += f->slab_pss;
     read += f->read;
+    io += f->io_read;
     fprintf(out, "  %4d %10s %10s %10s %10s %10s %7.3fs %8.3fs  %016llx %s\n", i,
             tool_size(f->slab_pss), tool_size(f->pss), tool_size(f->read), tool_size(f->h2d),
             tool_size(f->gather), f->gather_s, f->stall_s, (unsigned long long)f->digest,
@@ -174,6 +176,10 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
           "  node: host slabs %s (%.2fx the weights), read from disk %s (%.2fx); processes in\n"
           "  all %s (on the host platform that includes the device memory it stands in for)\n",
           tool_size(slab), (double)slab / w, tool_size(read), (double)read / w, tool_size(pss));
+  /* what the kernel read from storage for the ranks (/proc/self/io): read-ahead included,
+   * pages another process had cached excluded */
+  fprintf(out, "  the kernel read %s from storage for them (%.2fx the weights; /proc/PID/io)\n",
+          tool_size(io), (double)io / w);
   free(all);
   return MLO_OK;
 }
@@ -274,6 +280,16 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
           slab / w, read / w, stall, one_rank_stall > 0 ? stall / one_rank_stall : 0,
           one_rank_stall);
 #endif
+}
+
+uint64_t ranks_io_read_bytes(void) {
+  FILE *f = fopen("/proc/self/io", "r");
+  char line[256];
+  unsigned long long b = 0, v;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "read_bytes: %llu", &v) == 1) b = v;
+  if (f) fclose(f);
+  return (uint64_t)b;
 }
 
 uint64_t ranks_pss_bytes(void) {

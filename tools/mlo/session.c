@@ -122,8 +122,10 @@ static int materialize(tool_session *s, const session_config *cfg, char *err, si
   progress_init(&bar, "loading", mlo_workload_all_resident_bytes(s->pipe));
   if (cfg->progress) mlo_pipeline_set_progress(s->pipe, progress_load_cb, &bar);
   uint64_t t0 = mlo_now_ns();
+  uint64_t io0 = ranks_io_read_bytes();
   int rc = mlo_pipeline_materialize(s->pipe);
   s->load_s = (double)(mlo_now_ns() - t0) / 1e9;
+  s->load_io_read = ranks_io_read_bytes() - io0;
   mlo_pipeline_stats st;
   if (!rc && mlo_pipeline_get_stats(s->pipe, &st) == MLO_OK) s->load_bytes = st.host_slab_bytes;
   mlo_pipeline_set_progress(s->pipe, NULL, NULL);

@@ -198,7 +198,10 @@ typedef struct {
 typedef struct {
   uint64_t pss;      /* proportional set size: shared pages count 1/n */
   uint64_t slab_pss; /* of it, the host slabs' mappings */
-  uint64_t read;     /* checkpoint bytes this rank read */
+  uint64_t read;     /* checkpoint bytes this rank was given to read */
+  uint64_t io_read;  /* bytes the kernel read from storage for this process while it
+                        materialized (/proc/self/io read_bytes): what it really read,
+                        read-ahead included, pages others had cached excluded */
   uint64_t shared;   /* host slabs in node-shared memory */
   uint64_t h2d, gather;
   double gather_s, stall_s, steady_stall_s, wall_s, steady_wall_s;
@@ -226,6 +229,8 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
 /* This process's proportional set size (smaps_rollup), 0 if unknown, and
  * that of the mappings holding any of addrs (each counted once). */
 uint64_t ranks_pss_bytes(void);
+/* /proc/self/io read_bytes (0 where the kernel does not account it). */
+uint64_t ranks_io_read_bytes(void);
 uint64_t ranks_pss_of(const void *const *addrs, size_t n);
 /* --json: one line per rank, in rank order; else rank 0 prints every
  * rank's figures and the node's totals against `weights`.  Collective. */
@@ -285,12 +290,13 @@ typedef struct {
   mlo_platform *platform;
   mlo_pipeline *pipe;
   mlo_workload *workload;
-  uint64_t capacity;   /* device total */
-  double load_s;       /* reading the checkpoint into host slabs */
-  uint64_t load_bytes; /* bytes read into slabs */
-  double read_s;       /* --read-check: the plain cold read of the same files */
-  uint64_t read_bytes; /* their size */
-  int refused;         /* the exit code before_load returned */
+  uint64_t capacity;     /* device total */
+  double load_s;         /* reading the checkpoint into host slabs */
+  uint64_t load_io_read; /* what the kernel read from storage meanwhile (/proc/self/io) */
+  uint64_t load_bytes;   /* bytes read into slabs */
+  double read_s;         /* --read-check: the plain cold read of the same files */
+  uint64_t read_bytes;   /* their size */
+  int refused;           /* the exit code before_load returned */
 } tool_session;
 
 typedef struct {
