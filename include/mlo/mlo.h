@@ -759,8 +759,10 @@ MLO_API int mlo_component_release(mlo_component *comp);
  * component's device bytes stay within the budget.
  *
  * The caller's forward says where it is: between acquire and release (or
- * inside a hooked forward) it calls mlo_block_begin before a block's
- * compute and mlo_block_end after it, for each block in order.  The rules
+ * inside a hooked forward), on the thread that holds the component, it
+ * calls mlo_block_begin before a block's compute and mlo_block_end after
+ * it, for each block in order (MLO_ESTATE from a thread that does not hold
+ * it).  The rules
  * are a component's: begin orders compute after the block's copy (C8); a
  * slot is reused only after the compute submitted before its end (C9).
  * A streamed block's tensors have a device copy (mlo_tensor_device) only
@@ -772,7 +774,9 @@ MLO_API int mlo_component_release(mlo_component *comp);
  * shared (each begin needs its end); a thread that begins a block while
  * every slot holds a block begun elsewhere waits for an end, unless it
  * holds one of them itself (MLO_EBUSY: waiting could deadlock).  A
- * block begun and never ended is ended at the release.  A component with
+ * block begun and never ended is ended when the thread that began it
+ * releases its last hold (every thread's at the component's last release),
+ * with a warning.  A component with
  * mutable tensors keeps the blocks holding them resident; copy_back,
  * per_tensor_copies, sharded loads and segmented devices do not stream.
  * ---------------------------------------------------------------------- */

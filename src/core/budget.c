@@ -132,6 +132,23 @@ static int fit(mlo_pipeline *pipe) {
   return MLO_OK;
 }
 
+/* A component larger than the budget streams its blocks (stream.c)
+ * through a footprint within it; the others move whole.  A plan is made
+ * for a component that is not resident (a resident one keeps the plan it
+ * was loaded with until it is evicted: a plan left from another budget is
+ * made again before its next load). */
+static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
+  if (mlo_res_is_resident(c) || !c->materialized) return MLO_OK;
+  bool want = c->block_bytes > B(pipe)->budget;
+  if (want && c->stream && mlo_stream_room(c) == B(pipe)->budget) return MLO_OK;
+  if (!want) {
+    mlo_stream_drop(c);
+    return MLO_OK;
+  }
+  uint64_t need = 0;
+  return mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS, &need);
+}
+
 /* ---- prefetch ---------------------------------------------------------- */
 
 static void prefetch(mlo_pipeline *pipe) {
@@ -143,7 +160,7 @@ static void prefetch(mlo_pipeline *pipe) {
     d += run;
     mlo_component *t = r->comp;
     if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
-    if (!t->materialized || mlo_res_bytes(t) > B(pipe)->budget) return;
+    if (!t->materialized || ensure_plan(pipe, t) || mlo_res_bytes(t) > B(pipe)->budget) return;
     /* Only what is needed after t's run and at least one call more: a
      * component displaced now and called right after t would have to come
      * back with nothing to hide its copy under — the stall moves from t to
@@ -208,7 +225,9 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
       continue;
     }
     if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
-    int rc = make_room(pipe, c);
+    int rc = ensure_plan(pipe, c);
+    if (rc) return rc;
+    rc = make_room(pipe, c);
     if (rc == MLO_EBUSY) {
       if (try_only)
         return mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: its room in the budget is in use",
@@ -224,20 +243,10 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
   }
 }
 
-/* A component larger than the budget streams its blocks (stream.c)
- * through a footprint within it; the others move whole.  Plans are made
- * for components not resident (a resident one is within the budget, fit()
- * saw to it, and moves whole). */
 static int plan_streams(mlo_pipeline *pipe) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
-    mlo_component *c = pipe->comps[i];
-    if (mlo_res_is_resident(c)) continue;
-    mlo_stream_drop(c);
-    uint64_t need = 0;
-    if (c->block_bytes > B(pipe)->budget) {
-      int rc = mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS, &need);
-      if (rc) return rc;
-    }
+    int rc = ensure_plan(pipe, pipe->comps[i]);
+    if (rc) return rc;
   }
   return MLO_OK;
 }

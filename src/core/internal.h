@@ -328,7 +328,12 @@ void mlo_stream_evicted(mlo_component *c);
 /* Its first holder arrived (the first blocks into the slots) / its last
  * left (a block begun and never ended ends here). */
 void mlo_stream_acquired(mlo_component *c);
-void mlo_stream_released(mlo_component *c);
+/* A thread released c: the blocks it began and never ended end now (every
+ * thread's with last, the component's last release). */
+void mlo_stream_released(mlo_component *c, bool last);
+/* The budget c's plan was made for (0: none); whether t's block streams. */
+uint64_t mlo_stream_room(const mlo_component *c);
+bool mlo_stream_streams(const mlo_component *c, const mlo_tensor *t);
 int mlo_stream_audit(mlo_component *c);
 /* Where a tensor of a streamed, resident component is in its device
  * block; MLO_ESTATE (with the message) for a streamed block not begun. */

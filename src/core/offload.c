@@ -221,8 +221,11 @@ static int release(mlo_component *c, uint64_t forward_ns) {
     mlo_res_trace(c, MLO_TRACE_FORWARD_END, 0);
   }
   drop_holder(c);
+  /* a streamed block this thread began and never ended ends with its hold
+   * (every thread's with the last one) */
+  if (c->stream && (c->users == 0 || !mlo_held_by_this_thread(c)))
+    mlo_stream_released(c, c->users == 0);
   if (c->users == 0) {
-    mlo_stream_released(c);
     pthread_cond_broadcast(&pipe->idle);
     if (pipe->policy && pipe->policy->released) pipe->policy->released(pipe, c);
   }

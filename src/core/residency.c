@@ -259,6 +259,9 @@ int mlo_res_load(mlo_component *c) {
 
 static bool needs_writeback(const mlo_component *c, const mlo_tensor *t) {
   if (t->target || !t->nbytes) return false;
+  /* a streamed block is a read-only copy of the slab, and not on the
+   * device now (mutable tensors keep their blocks resident) */
+  if (mlo_stream_streams(c, t)) return false;
   return (t->flags & MLO_TENSOR_MUTABLE) || c->pipe->settings.copy_back;
 }
 

@@ -305,7 +305,7 @@ static void fill_slab(mlo_component *c, slab_build *b) {
 
 /* A shared slab's file bytes are split among the node's ranks: this rank
  * keeps the tensors whose first byte falls in its 1/n of the running total
- * (declaration order, the same on every rank), so the node reads the
+ * (layout order, the same on every rank), so the node reads the
  * checkpoint once, in parallel. */
 static void take_my_share(mlo_component *c, slab_build *b) {
   if (!b->shared || !b->nfiles) return;

@@ -54,6 +54,7 @@ struct stream_slot {
 };
 
 struct mlo_stream {
+  uint64_t room;       /* the budget it was planned for */
   uint64_t footprint;  /* device bytes while resident */
   uint64_t resident;   /* of which the resident part (copied at load) */
   uint64_t slot_bytes; /* each slot: the largest streamed block, aligned */
@@ -74,8 +75,12 @@ static uint64_t align_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }
 
-bool mlo_stream_active(const mlo_component *c) {
-  return c->stream != NULL;
+uint64_t mlo_stream_room(const mlo_component *c) {
+  return c->stream ? c->stream->room : 0;
+}
+
+bool mlo_stream_streams(const mlo_component *c, const mlo_tensor *t) {
+  return c->stream && t->block >= 0 && c->stream->dev_off[t->block] == STREAMED;
 }
 
 uint64_t mlo_res_bytes(const mlo_component *c) {
@@ -289,6 +294,7 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
   for (size_t i = 0; i < nslots; i++)
     st->slots[i] = (struct stream_slot){.dev_off = slots_at + i * st->slot_bytes, .blk = -1};
   shape_free(&sh);
+  st->room = room;
   c->stream = st;
   *need = st->footprint;
   char z[32];
@@ -458,21 +464,28 @@ static int record_free(mlo_component *c, struct stream_slot *s) {
   return rc;
 }
 
-void mlo_stream_released(mlo_component *c) {
+/* Ends slot s's begins by this thread (all of them with all_threads):
+ * the compute that read it ends here. */
+static void end_left(mlo_component *c, struct stream_slot *s, bool all_threads) {
+  pthread_t self = pthread_self();
+  int left = s->users;
+  for (int k = s->users - 1; k >= 0; k--)
+    if (all_threads || pthread_equal(s->holders[k], self)) s->holders[k] = s->holders[--s->users];
+  if (s->users == left) return;
+  mlo_logf(MLO_LOG_WARN, "%s: block %ld was begun and never ended; ended at the release", c->name,
+           s->blk);
+  if (!s->users && record_free(c, s) != MLO_OK) { /* no event: order it the blunt way */
+    c->stats.platform_calls++;
+    mlo_plat_synchronize(c->pipe->platform);
+  }
+}
+
+void mlo_stream_released(mlo_component *c, bool last) {
   struct mlo_stream *st = c->stream;
   if (!st || !mlo_res_is_resident(c)) return;
-  for (size_t i = 0; i < st->nslots; i++) {
-    struct stream_slot *s = &st->slots[i];
-    if (!s->users) continue; /* begun, never ended: the compute that read it ends here */
-    mlo_logf(MLO_LOG_WARN, "%s: block %ld was begun and never ended; ended at the release", c->name,
-             s->blk);
-    s->users = 0;
-    if (record_free(c, s) != MLO_OK) { /* no event: order it the blunt way */
-      c->stats.platform_calls++;
-      mlo_plat_synchronize(c->pipe->platform);
-    }
-  }
-  pthread_cond_broadcast(&c->pipe->idle);
+  for (size_t i = 0; i < st->nslots; i++)
+    if (st->slots[i].users) end_left(c, &st->slots[i], last);
+  pthread_cond_broadcast(&c->pipe->idle); /* a thread may wait for a slot */
 }
 
 int mlo_stream_audit(mlo_component *c) {
@@ -487,6 +500,10 @@ int mlo_stream_audit(mlo_component *c) {
 
 int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64_t *off) {
   const struct mlo_stream *st = c->stream;
+  if (!t->nbytes) { /* no bytes: laid out at 0, as in a whole block */
+    *off = 0;
+    return MLO_OK;
+  }
   if (t->flags & MLO_TENSOR_EXTERNAL) {
     *off = st->ext_dev + t->dev_offset - st->ext_start;
     return MLO_OK;
@@ -571,8 +588,12 @@ static struct stream_slot *victim(struct mlo_stream *st, size_t b) {
 }
 
 static int check_block(mlo_component *c, size_t block, const char *what) {
-  if (c->users <= 0)
-    return mlo_fail(c->pipe, MLO_ESTATE, "%s block %zu of '%s' outside an acquire or forward", what,
+  /* the thread must hold the component: its waits and slots end with its
+   * release, and a slot is never held by a thread the component could be
+   * evicted under */
+  if (!mlo_held_by_this_thread(c))
+    return mlo_fail(c->pipe, MLO_ESTATE,
+                    "%s block %zu of '%s' outside an acquire or forward on this thread", what,
                     block, c->name);
   if (!c->materialized || block >= c->nblocks)
     return mlo_fail(c->pipe, MLO_EINVAL, "%s block %zu of '%s': it has %zu blocks", what, block,

@@ -25,9 +25,11 @@
 #include "platform/fault.h"
 #include "workload/workload.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KB (1024u)
 
@@ -501,6 +503,116 @@ static void test_workload_digest(void **state) {
   assert_int_equal(workload_digest("stream"), resident);
 }
 
+/* Zero-byte tensors of a streamed component's pieces: laid out at 0 as in
+ * a whole block, never an offset wrapped below a piece's start. */
+static void test_zero_byte_tensors(void **state) {
+  (void)state;
+  rig r;
+  rig_build(&r, "capacity=1M");
+  static const char *const empty[] = {"blocks.5.empty", "blocks.7.empty", "proj_out.empty"};
+  mlo_tensor *e[3];
+  for (int i = 0; i < 3; i++) e[i] = tu_add_tensor(r.tp, r.dit, empty[i], 0, 0);
+  assert_ok(enable_budget(&r, 72 * KB));
+  assert_ok(mlo_component_acquire(r.dit));
+  for (int i = 0; i < 3; i++) {
+    int b = mlo_tensor_block(e[i]);
+    if (b >= 0) assert_ok(mlo_block_begin(r.dit, (size_t)b));
+    void *blk = NULL;
+    size_t off = 1;
+    assert_ok(mlo_tensor_device(e[i], &blk, &off));
+    assert_int_equal(off, 0);
+    if (b >= 0) assert_ok(mlo_block_end(r.dit, (size_t)b));
+  }
+  assert_ok(mlo_component_release(r.dit));
+  rig_free(&r);
+}
+
+/* A thread that releases with blocks begun ends them then, so another
+ * holder waiting for a slot goes on (it waited for ever before). */
+typedef struct {
+  rig *r;
+  atomic_int done;
+  int rc;
+} waiter;
+
+static void *begin_block_4(void *arg) {
+  waiter *w = arg;
+  if (mlo_component_acquire(w->r->dit) == MLO_OK) {
+    w->rc = mlo_block_begin(w->r->dit, 4); /* both slots are begun by the main thread: waits */
+    if (!w->rc) w->rc = block_ok(w->r, 4) ? mlo_block_end(w->r->dit, 4) : -1;
+    mlo_component_release(w->r->dit);
+  }
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+static void test_release_ends_this_threads_blocks(void **state) {
+  (void)state;
+  rig r;
+  rig_build(&r, "capacity=1M,jitter=1");
+  assert_ok(enable_budget(&r, 40 * KB)); /* nothing kept: all 8 blocks stream */
+  assert_ok(mlo_component_acquire(r.dit));
+  assert_ok(mlo_block_begin(r.dit, 0));
+  assert_ok(mlo_block_begin(r.dit, 1));
+  waiter w = {&r, 0, -99};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, begin_block_4, &w), 0);
+  for (int i = 0; i < 20 && !atomic_load(&w.done); i++) usleep(10000);
+  assert_false(atomic_load(&w.done));      /* it waits for a slot */
+  assert_ok(mlo_component_release(r.dit)); /* not the last release: the other thread holds it */
+  for (int i = 0; i < 500 && !atomic_load(&w.done); i++) usleep(10000);
+  assert_true(atomic_load(&w.done));
+  pthread_join(th, NULL);
+  assert_ok(w.rc);
+  tu_assert_forwards_clean(r.tp);
+  tu_assert_audit(r.tp);
+  /* a thread that does not hold the component may not begin its blocks */
+  assert_status(mlo_block_begin(r.dit, 0), MLO_ESTATE);
+  assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "on this thread"));
+  rig_free(&r);
+}
+
+/* A plan is the budget's it was made for: a DiT left streamed by a 72 KiB
+ * budget and evicted under a 140 KiB one loads whole again; under strict
+ * with copy_back its eviction writes back what is on the device, not the
+ * streamed blocks that are not. */
+static void test_plans_follow_the_budget(void **state) {
+  (void)state;
+  rig r;
+  rig_build(&r, "capacity=1M,jitter=1");
+  mlo_component *big = NULL;
+  assert_ok(mlo_component_add(r.tp->pipe, "big", MLO_ROLE_OTHER, &big));
+  tu_add_tensor(r.tp, big, "w", 70 * KB, 0);
+  assert_ok(enable_budget(&r, 72 * KB));
+  assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  assert_ok(enable_budget(&r, 140 * KB)); /* the 136 KiB DiT fits whole now */
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.slots, MLO_STREAM_SLOTS); /* resident: it keeps its plan (C14) */
+  assert_ok(tu_forward(r.tp, big));             /* 400 KiB: the DiT is evicted */
+  assert_false(mlo_component_is_resident(r.dit));
+  assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.slots, 0); /* planned again for 140 KiB: whole */
+  assert_int_equal(si.device_bytes, 136 * KB);
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  assert_ok(mlo_component_evict(r.dit));
+  assert_ok(enable_budget(&r, 72 * KB));
+  assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.copy_back = true;
+  assert_ok(mlo_offload_enable(r.tp->pipe, &s));
+  assert_ok(
+      tu_forward(r.tp, r.enc)); /* C4 evicts the streamed DiT, writing back its resident part */
+  assert_false(mlo_component_is_resident(r.dit));
+  char why[256];
+  assert_true(tu_host_content_ok(r.tp, r.dit, why, sizeof why));
+  tu_assert_forwards_clean(r.tp);
+  rig_free(&r);
+}
+
 /* One prompt: encoder, four DiT steps, VAE; the first failure's status. */
 static int prompt(rig *r) {
   int rc = tu_forward(r->tp, r->enc);
@@ -555,10 +667,17 @@ static void test_fault_sweep(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_blocks_from_names), cmocka_unit_test(test_blocks_contiguous),
-      cmocka_unit_test(test_declared_blocks),   cmocka_unit_test(test_plan_by_hand),
-      cmocka_unit_test(test_streamed_forwards), cmocka_unit_test(test_block_rules),
-      cmocka_unit_test(test_workload_digest),   cmocka_unit_test(test_fault_sweep),
+      cmocka_unit_test(test_blocks_from_names),
+      cmocka_unit_test(test_blocks_contiguous),
+      cmocka_unit_test(test_declared_blocks),
+      cmocka_unit_test(test_plan_by_hand),
+      cmocka_unit_test(test_streamed_forwards),
+      cmocka_unit_test(test_block_rules),
+      cmocka_unit_test(test_workload_digest),
+      cmocka_unit_test(test_zero_byte_tensors),
+      cmocka_unit_test(test_release_ends_this_threads_blocks),
+      cmocka_unit_test(test_plans_follow_the_budget),
+      cmocka_unit_test(test_fault_sweep),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -139,9 +139,9 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
     if (any[0]) MPI_Barrier(MPI_COMM_WORLD); /* every rank knows whether anyone prints */
   }
   if (json) tool_json_printed = true;
+  bool lost = json && !text; /* out of memory for the line: still at every collective below */
   cJSON_free(text);
-  if (json && !text) return MLO_ENOMEM;
-  if (json && !any[1]) return MLO_OK; /* nobody wants the table: no gather */
+  if (json && !any[1]) return lost ? MLO_ENOMEM : MLO_OK; /* nobody wants the table */
   rank_figures *all = r->rank == 0 ? calloc((size_t)r->ranks, sizeof *all) : NULL;
   if (r->rank == 0 && !all) { /* the others are in the gather already: end the job */
     fprintf(stderr, "mlo run: rank 0: out of host memory gathering the ranks' figures\n");
@@ -151,7 +151,7 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
   int rc = gather_figures(mine, all);
   if (rc || r->rank || json) { /* rank 0 asked for JSON: it has printed its line */
     free(all);
-    return rc;
+    return rc ? rc : lost ? MLO_ENOMEM : MLO_OK;
   }
   fprintf(out, "\nranks (%d, %d on this node, %s):\n", r->ranks, r->node_ranks,
           r->sharded ? "sharded loads" : "replicated loads from the shared slab");
