@@ -68,6 +68,7 @@ struct mlo_tensor {
   uint64_t dev_offset; /* offset in the device block (and in the slab) */
   void *host;          /* host copy after materialization */
   bool registered;     /* EXTERNAL: page-locked in place by the platform */
+  bool registered_ro;  /* ... read-only: nothing may be copied back into it */
   /* its piece of the forward (blocks.c): from the name, or declared */
   struct mlo_block_key bkey;
   bool block_declared;
@@ -107,6 +108,7 @@ struct mlo_component {
   bool slab_pinned;
   void *slab_shared;       /* with a communicator: the node-shared mapping's handle */
   bool slab_registered;    /* a shared slab page-locked in place (host_register) */
+  bool slab_registered_ro; /* ... read-only (no mutable tensor in it) */
   uint64_t block_bytes;    /* slab_bytes + external tensors, aligned */
   uint64_t pageable_bytes; /* of the block, copied from pageable host memory */
   bool warned_pageable;    /* its first load said so */
@@ -299,6 +301,9 @@ void mlo_layout_free(mlo_layout *lay);
  * MLO_ENOMEM (nothing assigned).  Lock held. */
 int mlo_slab_layout(mlo_component *c, bool assign, bool spans, mlo_layout *out);
 int mlo_slab_materialize(mlo_component *c); /* setup_lock held */
+/* Host memory registered read-only is registered again so a write-back
+ * may land in it (copy_back writes every tensor back); setup_lock held. */
+void mlo_slab_allow_writeback(mlo_component *c);
 void mlo_slab_free(mlo_component *c);       /* lock held, not resident */
 
 /* offload.c */

@@ -376,6 +376,8 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
   if (rc) return rc;
   pthread_mutex_lock(&pipe->lock);
+  if (s->copy_back) /* every tensor comes back: none may stay registered read-only */
+    for (size_t i = 0; i < pipe->ncomps; i++) mlo_slab_allow_writeback(pipe->comps[i]);
   mlo_offload_settings before = pipe->settings;
   pipe->settings = *s;
   pipe->policy = pol;

@@ -133,9 +133,13 @@ static void register_external(mlo_component *c, uint64_t *pageable) {
     mlo_tensor *t = c->tensors[i];
     if (t->target || !is_external(t) || !t->nbytes) continue;
     if (may && !(t->flags & MLO_TENSOR_SHARDED) && !t->registered) {
+      /* read-only where nothing is ever copied back into it (issue 25.2:
+       * a write-back into memory CUDA registered read-only fails) */
+      bool ro = !(t->flags & MLO_TENSOR_MUTABLE) && !pipe->settings.copy_back;
       c->stats.platform_calls++;
-      t->registered =
-          mlo_plat_host_register(pipe->platform, (void *)t->src_data, (size_t)t->nbytes) == MLO_OK;
+      t->registered = mlo_plat_host_register(pipe->platform, (void *)t->src_data, (size_t)t->nbytes,
+                                             ro) == MLO_OK;
+      t->registered_ro = t->registered && ro;
     }
     if (!t->registered) *pageable += t->nbytes;
   }
@@ -353,8 +357,11 @@ static void publish(mlo_component *c, slab_build *b) {
   bool registered = false;
   if (b->shared && b->want_pin && pipe->platform->caps.host_register) { /* pinned in place */
     c->stats.platform_calls++;
-    registered = mlo_plat_host_register(pipe->platform, b->slab, (size_t)b->slab_bytes) == MLO_OK;
+    bool ro = !c->has_mutable && !pipe->settings.copy_back; /* mutable tensors come back here */
+    registered =
+        mlo_plat_host_register(pipe->platform, b->slab, (size_t)b->slab_bytes, ro) == MLO_OK;
     b->pinned = registered;
+    c->slab_registered_ro = registered && ro;
   }
   uint64_t pageable = b->pinned ? 0 : b->slab_bytes;
   register_external(c, &pageable);
@@ -445,6 +452,31 @@ int mlo_slab_materialize(mlo_component *c) {
   publish(c, &b);
   log_materialized(c, &b, t0);
   return MLO_OK;
+}
+
+void mlo_slab_allow_writeback(mlo_component *c) {
+  mlo_platform *p = c->pipe->platform;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (!t->registered_ro) continue;
+    c->stats.platform_calls += 2;
+    mlo_plat_host_unregister(p, (void *)t->src_data);
+    t->registered = mlo_plat_host_register(p, (void *)t->src_data, (size_t)t->nbytes, false) ==
+                    MLO_OK; /* else pageable: copied below link speed, still right */
+    t->registered_ro = false;
+    if (!t->registered) c->pageable_bytes += t->nbytes;
+  }
+  if (c->slab_registered_ro) {
+    c->stats.platform_calls += 2;
+    mlo_plat_host_unregister(p, c->slab);
+    c->slab_registered = mlo_plat_host_register(p, c->slab, (size_t)c->slab_bytes, false) == MLO_OK;
+    c->slab_registered_ro = false;
+    if (!c->slab_registered) {
+      c->pipe->pinned_bytes -= c->slab_bytes;
+      c->slab_pinned = false;
+      c->pageable_bytes += c->slab_bytes;
+    }
+  }
 }
 
 void mlo_slab_free(mlo_component *c) {

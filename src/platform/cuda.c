@@ -313,17 +313,18 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   if (in) leave(c, &g);
 }
 
-/* Pins caller-owned memory in place (portable, and read-only where the
- * device supports it: we only ever copy from it).  Best effort. */
-static int cu_host_register(void *ctx, void *ptr, size_t bytes) {
+/* Pins caller-owned memory in place (portable; read-only where core says
+ * nothing is ever copied into it and the device supports it: a write-back
+ * into memory registered read-only fails).  Best effort. */
+static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) {
   struct cuda_ctx *c = ctx;
   if (!c->pinned || !bytes) return MLO_EUNSUPPORTED;
   dev_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   int ro = 0;
-  if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, c->device) !=
-      cudaSuccess) {
+  if (read_only && cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported,
+                                          c->device) != cudaSuccess) {
     (void)cudaGetLastError();
     ro = 0;
   }

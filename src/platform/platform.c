@@ -299,10 +299,10 @@ void mlo_plat_host_free(mlo_platform *p, void *ptr, size_t bytes, bool pinned) {
     free(ptr);
 }
 
-int mlo_plat_host_register(mlo_platform *p, void *ptr, size_t bytes) {
+int mlo_plat_host_register(mlo_platform *p, void *ptr, size_t bytes, bool read_only) {
   if (!p->ops->host_register || !p->caps.host_register) return MLO_EUNSUPPORTED;
   count_call(p);
-  return p->ops->host_register(p->ctx, ptr, bytes);
+  return p->ops->host_register(p->ctx, ptr, bytes, read_only);
 }
 
 void mlo_plat_host_unregister(mlo_platform *p, void *ptr) {

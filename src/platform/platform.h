@@ -55,8 +55,11 @@ struct mlo_platform_ops {
   void (*host_free)(void *ctx, void *ptr, size_t bytes, bool pinned);
   /* Optional (caps.host_register): page-locks memory the caller owns, in
    * place, for copies at link speed; MLO_EUNSUPPORTED (or any error) leaves
-   * it pageable.  unregister waits for copies that may still read it. */
-  int (*host_register)(void *ctx, void *ptr, size_t bytes);
+   * it pageable.  read_only: nothing is ever copied into the range (no
+   * write-back), so the platform may register it so (CUDA:
+   * cudaHostRegisterReadOnly where the device supports it); otherwise it
+   * must not.  unregister waits for copies that may still read it. */
+  int (*host_register)(void *ctx, void *ptr, size_t bytes, bool read_only);
   void (*host_unregister)(void *ctx, void *ptr);
 
   /* Asynchronous copies on the copy queue.  The source/destination host
@@ -138,7 +141,7 @@ int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block);
 void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes);
 int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, bool *got_pinned);
 /* MLO_EUNSUPPORTED without the slot. */
-int mlo_plat_host_register(mlo_platform *p, void *ptr, size_t bytes);
+int mlo_plat_host_register(mlo_platform *p, void *ptr, size_t bytes, bool read_only);
 void mlo_plat_host_unregister(mlo_platform *p, void *ptr);
 void mlo_plat_host_free(mlo_platform *p, void *ptr, size_t bytes, bool pinned);
 int mlo_plat_copy_h2d(mlo_platform *p, void *block, size_t offset, const void *src, size_t bytes);
