@@ -12,7 +12,10 @@ and calls it.  `mlo.torch` hooks PyTorch / diffusers pipelines onto it::
 The C API's reference manual is include/mlo/mlo.h; docs/python.md says how
 the PyTorch adapter maps modules onto components.
 """
+import contextlib
 import ctypes
+import threading
+import weakref
 
 from . import _lib
 
@@ -64,6 +67,29 @@ class MloError(RuntimeError):
         super().__init__("%s (%s)" % (message, self.name))
 
 
+_EINVAL, _EBUSY, _ESTATE = -1, -4, -5  # mlo.h's MLO_EINVAL, MLO_EBUSY, MLO_ESTATE
+
+# Every value that crosses into C is checked here, never wrapped by ctypes
+# (2**64 + 5 is not 5) nor cut short (a name with NUL in it).
+_U64 = 1 << 64
+
+
+def _c_name(value, what):
+    if not isinstance(value, str):
+        raise ValueError("%s: a name must be a str, not %s" % (what, type(value).__name__))
+    if "\0" in value:
+        raise ValueError("%s: %r has a NUL character in it" % (what, value))
+    return value.encode()
+
+
+def _c_uint(value, what, bits=64):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("%s: %r is not an integer" % (what, value))
+    if not 0 <= value < (1 << bits):
+        raise ValueError("%s: %d is outside 0 .. 2**%d - 1" % (what, value, bits))
+    return value
+
+
 def _check(rc, what, pipe=None):
     if rc == 0:
         return
@@ -84,6 +110,7 @@ class Platform:
         if rc:
             raise MloError(rc, "platform '%s': %s" % (spec, err.value.decode(errors="replace")))
         self.spec = spec
+        self._pipelines = weakref.WeakSet()  # freed before the platform closes
 
     @property
     def handle(self):
@@ -91,33 +118,51 @@ class Platform:
 
     @property
     def name(self):
-        return lib().mlo_platform_name(self._p).decode()
+        return lib().mlo_platform_name(self._handle("name")).decode()
 
     @property
     def description(self):
-        return lib().mlo_platform_description(self._p).decode()
+        return lib().mlo_platform_description(self._handle("description")).decode()
 
     def caps(self):
         c = _lib.PlatformCaps()
-        lib().mlo_platform_get_caps(self._p, ctypes.byref(c))
+        lib().mlo_platform_get_caps(self._handle("caps"), ctypes.byref(c))
         return {f: getattr(c, f) for f, _ in c._fields_}
 
     def memory(self):
         m = _lib.PlatformMemory()
-        _check(lib().mlo_platform_get_memory(self._p, ctypes.byref(m)), "memory")
+        _check(lib().mlo_platform_get_memory(self._handle("memory"), ctypes.byref(m)), "memory")
         return {f: getattr(m, f) for f, _ in m._fields_}
 
     def synchronize(self):
-        _check(lib().mlo_platform_synchronize(self._p), "synchronize")
+        _check(lib().mlo_platform_synchronize(self._handle("synchronize")), "synchronize")
 
     def close(self):
+        """Frees the pipelines still open on it (they must go first), then
+        the platform.  Later calls on either raise MloError (MLO_ESTATE)."""
+        for pipe in list(self._pipelines):
+            pipe.free()
         if self._p:
             lib().mlo_platform_close(self._p)
             self._p = ctypes.c_void_p()
 
+    def _handle(self, what):
+        if not self._p:
+            raise MloError(_ESTATE, "%s: the platform is closed" % what)
+        return self._p
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
 
 class Component:
-    """A component of a Pipeline (owned by it)."""
+    """A component of a Pipeline (owned by it).  Once the pipeline is freed,
+    every call raises MloError (MLO_ESTATE) instead of reaching freed C
+    state."""
 
     def __init__(self, pipeline, handle, name, role):
         self.pipeline, self._c, self.name, self.role = pipeline, handle, name, role
@@ -126,22 +171,34 @@ class Component:
     def handle(self):
         return self._c
 
+    @contextlib.contextmanager
+    def _use(self, what):
+        with self.pipeline._use("%s '%s'" % (what, self.name)) as pipe:
+            yield pipe
+
     def add_tensor(self, name, dtype, shape, data_ptr=None, buffer=False):
         """Declares a tensor whose bytes are at data_ptr (copied into the
         component's slab at materialization), or zero-filled without one.
         Returns its handle, for host_data() / device_ptr()."""
+        what = "%s: tensor %r" % (self.name, name)
         d = _lib.TensorDesc()
         d.size = ctypes.sizeof(d)
-        d.name = name.encode()
+        d.name = _c_name(name, what)
+        if dtype not in _lib.DTYPE:
+            raise ValueError("%s: unknown dtype %r (known: %s)" % (what, dtype,
+                                                                ", ".join(_lib.DTYPES)))
         d.dtype = _lib.DTYPE[dtype]
+        shape = list(shape)
+        if len(shape) > _lib.MAX_DIMS:
+            raise ValueError("%s: %d dimensions (at most %d)" % (what, len(shape), _lib.MAX_DIMS))
         d.ndim = len(shape)
         for i, n in enumerate(shape):
-            d.shape[i] = n
+            d.shape[i] = _c_uint(n, "%s: dimension %d" % (what, i), 63)
         d.flags = _lib.TENSOR_BUFFER if buffer else 0
-        d.data = data_ptr
+        d.data = None if data_ptr is None else _c_uint(data_ptr, what + ": data_ptr")
         t = ctypes.c_void_p()
-        _check(lib().mlo_tensor_add(self._c, ctypes.byref(d), ctypes.byref(t)),
-               "%s: tensor '%s'" % (self.name, name), self.pipeline.handle)
+        with self._use("add_tensor") as pipe:
+            _check(lib().mlo_tensor_add(self._c, ctypes.byref(d), ctypes.byref(t)), what, pipe)
         return t
 
     @staticmethod
@@ -158,19 +215,21 @@ class Component:
 
     @property
     def bytes(self):
-        return lib().mlo_component_bytes(self._c)
+        with self._use("bytes"):
+            return lib().mlo_component_bytes(self._c)
 
     @property
     def resident(self):
-        return lib().mlo_component_is_resident(self._c)
+        with self._use("resident"):
+            return lib().mlo_component_is_resident(self._c)
 
     def acquire(self):
-        _check(lib().mlo_component_acquire(self._c), "acquire '%s'" % self.name,
-               self.pipeline.handle)
+        with self._use("acquire") as pipe:
+            _check(lib().mlo_component_acquire(self._c), "acquire '%s'" % self.name, pipe)
 
     def release(self):
-        _check(lib().mlo_component_release(self._c), "release '%s'" % self.name,
-               self.pipeline.handle)
+        with self._use("release") as pipe:
+            _check(lib().mlo_component_release(self._c), "release '%s'" % self.name, pipe)
 
     def __enter__(self):
         self.acquire()
@@ -182,80 +241,137 @@ class Component:
 
     def stats(self):
         s = _lib.ComponentStats()
-        _check(lib().mlo_component_get_stats(self._c, ctypes.byref(s)), "stats")
+        with self._use("stats"):
+            _check(lib().mlo_component_get_stats(self._c, ctypes.byref(s)), "stats")
         return {f: getattr(s, f) for f, _ in s._fields_}
 
 
 class Pipeline:
-    """Components on a platform, and the offload backend over them."""
+    """Components on a platform, and the offload backend over them.
+
+    free() (or the platform's close(), or leaving a `with` block) frees the
+    C pipeline; every later call on it or its components raises MloError
+    (MLO_ESTATE).  free() refuses (MLO_EBUSY) while other threads are inside
+    a call on it, rather than freeing under them."""
 
     def __init__(self, platform, pin_host=True):
         o = _lib.PipelineOptions()
         o.size = ctypes.sizeof(o)
-        o.platform = platform.handle
-        o.pin_host = pin_host
+        o.platform = platform._handle("pipeline")
+        o.pin_host = bool(pin_host)
         o.slab_alignment = 256
         self._p = ctypes.c_void_p()
+        self._lock = threading.Lock()
+        self._inflight = 0
         _check(lib().mlo_pipeline_create(ctypes.byref(o), ctypes.byref(self._p)), "pipeline")
         self.platform = platform
         self.components = []
+        platform._pipelines.add(self)
 
     @property
     def handle(self):
         return self._p
 
+    @contextlib.contextmanager
+    def _use(self, what):
+        with self._lock:
+            if not self._p:
+                raise MloError(_ESTATE, "%s: the pipeline is freed" % what)
+            self._inflight += 1
+        try:
+            yield self._p
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
     def add_component(self, name, role):
         if isinstance(role, str):
+            if role not in _ROLE_NAMES:
+                raise ValueError("component %r: unknown role %r (known: %s)" %
+                                 (name, role, ", ".join(_ROLE_NAMES)))
             role = _ROLE_NAMES[role]
+        elif role not in _ROLE_NAMES.values():
+            raise ValueError("component %r: unknown role %r" % (name, role))
+        cname = _c_name(name, "component")
         c = ctypes.c_void_p()
-        _check(lib().mlo_component_add(self._p, name.encode(), role, ctypes.byref(c)),
-               "component '%s'" % name, self._p)
+        with self._use("add_component") as p:
+            _check(lib().mlo_component_add(p, cname, role, ctypes.byref(c)),
+                   "component '%s'" % name, p)
         comp = Component(self, c, name, role)
         self.components.append(comp)
         return comp
 
     def materialize(self):
-        _check(lib().mlo_pipeline_materialize(self._p), "materialize", self._p)
+        with self._use("materialize") as p:
+            _check(lib().mlo_pipeline_materialize(p), "materialize", p)
 
     def enable(self, policy="strict", budget=0, reserve=0, prefetch=True):
+        pol = ctypes.c_int()
+        if not isinstance(policy, str) or "\0" in policy or \
+                lib().mlo_policy_from_name(policy.encode(), ctypes.byref(pol)):
+            raise ValueError("enable: unknown policy %r (strict or budget)" % (policy,))
         s = _lib.OffloadSettings()
         s.size = ctypes.sizeof(s)
         s.sync = _lib.SYNC_EVENT
         s.pin_host = True
-        s.policy = _lib.POLICY_BUDGET if policy == "budget" else _lib.POLICY_STRICT
-        s.budget_bytes = budget
-        s.reserve_bytes = reserve
-        s.prefetch = prefetch
-        _check(lib().mlo_offload_enable(self._p, ctypes.byref(s)), "enable", self._p)
+        s.policy = pol.value
+        s.budget_bytes = _c_uint(budget, "enable: budget")
+        s.reserve_bytes = _c_uint(reserve, "enable: reserve")
+        s.prefetch = bool(prefetch)
+        with self._use("enable") as p:
+            _check(lib().mlo_offload_enable(p, ctypes.byref(s)), "enable", p)
 
     def disable(self):
-        _check(lib().mlo_offload_disable(self._p), "disable", self._p)
+        with self._use("disable") as p:
+            _check(lib().mlo_offload_disable(p), "disable", p)
 
     @property
     def enabled(self):
-        return lib().mlo_offload_is_enabled(self._p)
+        with self._use("enabled") as p:
+            return lib().mlo_offload_is_enabled(p)
 
     def set_schedule(self, runs):
         """runs: [(Component, repeat), ...], one request (docs/planner.md)."""
         arr = (_lib.ScheduleEntry * max(1, len(runs)))()
         for i, (c, n) in enumerate(runs):
-            arr[i].comp, arr[i].repeat = c.handle, n
-        _check(lib().mlo_pipeline_set_schedule(self._p, arr, len(runs)), "schedule", self._p)
+            if not isinstance(c, Component) or c.pipeline is not self:
+                raise ValueError("schedule entry %d: not a component of this pipeline" % i)
+            arr[i].comp, arr[i].repeat = c.handle, _c_uint(n, "schedule entry %d: repeat" % i, 32)
+        with self._use("set_schedule") as p:
+            _check(lib().mlo_pipeline_set_schedule(p, arr, len(runs)), "schedule", p)
 
     def audit(self):
-        _check(lib().mlo_pipeline_audit(self._p), "audit", self._p)
+        with self._use("audit") as p:
+            _check(lib().mlo_pipeline_audit(p), "audit", p)
 
     def stats(self):
         s = _lib.PipelineStats()
-        _check(lib().mlo_pipeline_get_stats(self._p, ctypes.byref(s)), "stats")
+        with self._use("stats") as p:
+            _check(lib().mlo_pipeline_get_stats(p, ctypes.byref(s)), "stats")
         out = {f: getattr(s, f) for f, _ in s._fields_ if f != "total"}
         out.update({f: getattr(s.total, f) for f, _ in s.total._fields_})
         return out
 
     def reset_stats(self):
-        lib().mlo_pipeline_reset_stats(self._p)
+        with self._use("reset_stats") as p:
+            lib().mlo_pipeline_reset_stats(p)
 
     def free(self):
-        if self._p:
-            lib().mlo_pipeline_free(self._p)
-            self._p = ctypes.c_void_p()
+        """Frees the C pipeline (outstanding acquires go with it, as
+        mlo_pipeline_free says).  Idempotent."""
+        with self._lock:
+            if not self._p:
+                return
+            if self._inflight:
+                raise MloError(_EBUSY, "free: %d call(s) on this pipeline are in progress on "
+                               "other threads" % self._inflight)
+            p, self._p = self._p, ctypes.c_void_p()  # later calls raise from here on
+        lib().mlo_pipeline_free(p)
+        self.platform._pipelines.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+        return False

@@ -76,7 +76,10 @@ class ScheduleEntry(ctypes.Structure):
 
 def _candidates():
     env = os.environ.get("MLO_LIBRARY")
-    if env:
+    if env and os.path.isdir(env):  # a folder: the library in it (a build or lib folder)
+        for name in ("libmlo.so.0.5", "libmlo.so"):
+            yield os.path.join(env, name)
+    elif env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
     for name in ("libmlo.so.0.5", "libmlo.so"):
@@ -146,6 +149,7 @@ def _declare(lib):
         "mlo_offload_enable": (I, [P, ctypes.POINTER(OffloadSettings)]),
         "mlo_offload_disable": (I, [P]),
         "mlo_offload_is_enabled": (B, [P]),
+        "mlo_policy_from_name": (I, [C, ctypes.POINTER(I)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

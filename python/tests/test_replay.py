@@ -104,6 +104,104 @@ class BindingTests(unittest.TestCase):
         pipe.free()
 
 
+class MisuseTests(unittest.TestCase):
+    """The binding never lets Python reach freed C state (a freed pipeline's
+    objects raise MloError MLO_ESTATE; a platform closes its pipelines
+    first), never frees under a call in progress (MLO_EBUSY), and never lets
+    ctypes wrap or cut a value (ValueError).  Each of these crashed the
+    interpreter or converted silently before (issue 27.7)."""
+
+    def setUp(self):
+        self.plat = mlo.Platform("host:capacity=8M")
+        self.pipe = mlo.Pipeline(self.plat)
+        self.enc = self.pipe.add_component("text_encoder", "encoder")
+        self.enc.add_tensor("w", "F32", [256])
+        self.dit = self.pipe.add_component("transformer", "dit")
+        self.dit.add_tensor("w", "F32", [256])
+        self.dit2 = self.pipe.add_component("transformer_2", "dit")
+        self.dit2.add_tensor("w", "F32", [256])
+
+    def tearDown(self):
+        self.plat.close()
+
+    def assertState(self, fn):
+        with self.assertRaises(mlo.MloError) as e:
+            fn()
+        self.assertEqual(e.exception.name, "MLO_ESTATE")
+
+    def test_freed_pipeline_raises(self):
+        self.pipe.enable()
+        self.dit.acquire()
+        self.pipe.free()  # the acquire goes with it, as mlo_pipeline_free says
+        self.assertState(lambda: self.enc.resident)
+        self.assertState(self.dit.release)
+        self.assertState(self.pipe.enable)
+        self.assertState(lambda: self.pipe.enabled)
+        self.assertState(lambda: self.dit.add_tensor("x", "F32", [1]))
+        self.pipe.free()  # idempotent
+
+    def test_closed_platform_frees_its_pipelines_first(self):
+        self.plat.close()
+        self.assertState(self.pipe.enable)
+        self.assertState(lambda: self.plat.name)
+        self.assertState(lambda: mlo.Pipeline(self.plat))
+        self.plat.close()  # idempotent
+
+    def test_free_refuses_under_a_call_in_progress(self):
+        import threading
+        self.pipe.enable()
+        self.dit.acquire()  # the other DiT must wait for it (C12)
+        done = []
+        t = threading.Thread(target=lambda: (self.dit2.acquire(), done.append(1),
+                                             self.dit2.release()))
+        t.start()
+        for _ in range(200):  # until the other thread is inside its acquire
+            if self.pipe._inflight:
+                break
+            threading.Event().wait(0.01)
+        self.assertEqual(self.pipe._inflight, 1)
+        with self.assertRaises(mlo.MloError) as e:
+            self.pipe.free()
+        self.assertEqual(e.exception.name, "MLO_EBUSY")
+        self.dit.release()
+        t.join(10)
+        self.assertEqual(done, [1])
+        self.pipe.free()
+        self.assertState(self.dit.acquire)
+
+    def test_values_are_checked_not_wrapped(self):
+        for fn in (lambda: self.pipe.add_component("a\0b", "dit"),
+                   lambda: self.pipe.add_component("x", "nonsense"),
+                   lambda: self.dit.add_tensor("n\0ul", "F32", [1]),
+                   lambda: self.dit.add_tensor("big", "F32", [2 ** 64 + 5]),
+                   lambda: self.dit.add_tensor("neg", "F32", [-1]),
+                   lambda: self.dit.add_tensor("dt", "F33", [1]),
+                   lambda: self.dit.add_tensor("dims", "F32", [1] * 9),
+                   lambda: self.pipe.enable(policy="nonsense"),
+                   lambda: self.pipe.enable(policy="budget", budget=2 ** 64 + 10),
+                   lambda: self.pipe.enable(policy="budget", budget=-1),
+                   lambda: self.pipe.set_schedule([(self.dit, 2 ** 32 + 1)])):
+            with self.assertRaises(ValueError):
+                fn()
+        self.assertFalse(self.pipe.enabled)  # nothing ran as strict by accident
+        self.assertEqual([c.name for c in self.pipe.components],
+                         ["text_encoder", "transformer", "transformer_2"])
+        self.pipe.enable(policy="BUDGET", budget=1 << 20)  # case-insensitive, as the C API
+        self.assertEqual(self.pipe.stats()["budget_bytes"], 1 << 20)
+
+    def test_library_from_a_folder(self):
+        import subprocess
+        lib = os.environ.get("MLO_LIBRARY")
+        if not lib or os.path.isdir(lib):
+            self.skipTest("MLO_LIBRARY is not a file here")
+        env = dict(os.environ, MLO_LIBRARY=os.path.dirname(lib))
+        out = subprocess.run([sys.executable, "-c", "import mlo; print(mlo.version())"],
+                             capture_output=True, text=True, env=env,
+                             cwd=os.path.join(HERE, ".."))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), mlo.version())
+
+
 class ReplayTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
