@@ -304,7 +304,7 @@ int mlo_slab_materialize(mlo_component *c); /* setup_lock held */
 /* Host memory registered read-only is registered again so a write-back
  * may land in it (copy_back writes every tensor back); setup_lock held. */
 void mlo_slab_allow_writeback(mlo_component *c);
-void mlo_slab_free(mlo_component *c);       /* lock held, not resident */
+void mlo_slab_free(mlo_component *c); /* lock held, not resident */
 
 /* offload.c */
 /* True if a and b may never be resident while either executes. */

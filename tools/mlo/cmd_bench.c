@@ -370,8 +370,8 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
     }
     if (res->stream) { /* below the largest component: the DiTs stream their blocks */
       add_point(cv, MLO_POLICY_BUDGET, res->stream, true);
-      snprintf(cv->points[cv->npoints - 1].label, sizeof cv->points[0].label,
-               "budget %s, streamed", tool_size(res->stream));
+      snprintf(cv->points[cv->npoints - 1].label, sizeof cv->points[0].label, "budget %s, streamed",
+               tool_size(res->stream));
     }
     rc = run_curve(ba, path, &oo, res, cv, err, errlen);
   }

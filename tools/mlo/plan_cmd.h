@@ -64,7 +64,7 @@ typedef struct {
   } * comps;
   uint64_t all_bytes, strict_need, largest;
   uint64_t budget_least; /* the budget policy's least budget, streaming what it must */
-  double compute_s; /* one prompt's forwards: a warm all-resident prompt */
+  double compute_s;      /* one prompt's forwards: a warm all-resident prompt */
   tool_split split;
   int steps; /* the job's */
   size_t calls;
