@@ -2,10 +2,12 @@
  * guard.c — the helpers every file of core calls, in a file of their own
  * below the others so that none of them imports the rest: recording a
  * failure in the pipeline's message, refusing a call from inside the
- * pipeline's own callback, taking both of its locks, and the agreement step
- * before a collective operation (dist.h).  They once lived in pipeline.c,
+ * pipeline's own callback, taking both of its locks, the lists of threads
+ * holding a component or a streamed block, and the agreement step before a
+ * collective operation (dist.h).  They once lived in pipeline.c,
  * which made the six files of core import each other in a circle.
  */
+#include "base/sysio.h"
 #include "core/internal.h"
 
 #include "base/log.h"
@@ -81,4 +83,34 @@ int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, ui
                           sizeof err);
   if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
   return MLO_OK;
+}
+
+int mlo_holders_add(pthread_t **holders, size_t *cap, int *n) {
+  if ((size_t)*n == *cap) {
+    size_t grown_cap = *cap ? *cap * 2 : 4;
+    pthread_t *grown = mlo_realloc(*holders, grown_cap * sizeof *grown);
+    if (!grown) return MLO_ENOMEM;
+    *holders = grown;
+    *cap = grown_cap;
+  }
+  (*holders)[(*n)++] = pthread_self();
+  return MLO_OK;
+}
+
+void mlo_holders_drop(pthread_t *holders, int *n) {
+  pthread_t self = pthread_self();
+  int k = 0;
+  for (int i = *n - 1; i >= 0; i--)
+    if (pthread_equal(holders[i], self)) {
+      k = i;
+      break;
+    }
+  holders[k] = holders[--*n];
+}
+
+bool mlo_holders_has(const pthread_t *holders, int n) {
+  pthread_t self = pthread_self();
+  for (int i = 0; i < n; i++)
+    if (pthread_equal(holders[i], self)) return true;
+  return false;
 }

@@ -228,14 +228,20 @@ void mlo_log_reentry(const char *func);
 int mlo_lock_both(mlo_pipeline *pipe);
 void mlo_unlock_both(mlo_pipeline *pipe);
 
+/* The threads holding something (a component's acquires and forwards, a
+ * streamed block's begins): one entry per hold, in *n of them (guard.c).
+ * add: this thread's, MLO_ENOMEM with nothing changed if the list cannot
+ * grow; drop: this thread's entry if it has one, else the oldest (a
+ * release may come from another thread); has: whether this thread holds. */
+int mlo_holders_add(pthread_t **holders, size_t *cap, int *n);
+void mlo_holders_drop(pthread_t *holders, int *n);
+bool mlo_holders_has(const pthread_t *holders, int n);
+
 /* Whether the calling thread is one of c's holders (its acquires or
  * forwards in progress); lock held.  Both the exclusion rule and the budget
  * use it to refuse a wait that could never end (MLO_EDEADLK). */
 static inline bool mlo_held_by_this_thread(const mlo_component *c) {
-  pthread_t self = pthread_self();
-  for (int i = 0; i < c->users; i++)
-    if (pthread_equal(c->holders[i], self)) return true;
-  return false;
+  return mlo_holders_has(c->holders, c->users);
 }
 
 /* Resident or loading; lock held. */

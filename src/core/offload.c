@@ -104,27 +104,14 @@ static mlo_component *held_conflict(mlo_pipeline *pipe, mlo_component *c) {
 }
 
 static int add_holder(mlo_component *c) {
-  if ((size_t)c->users == c->hcap) {
-    size_t cap = c->hcap ? c->hcap * 2 : 4;
-    pthread_t *grown = mlo_realloc(c->holders, cap * sizeof *grown);
-    if (!grown) return mlo_fail(c->pipe, MLO_ENOMEM, "out of host memory acquiring '%s'", c->name);
-    c->holders = grown;
-    c->hcap = cap;
-  }
-  c->holders[c->users++] = pthread_self();
+  if (mlo_holders_add(&c->holders, &c->hcap, &c->users))
+    return mlo_fail(c->pipe, MLO_ENOMEM, "out of host memory acquiring '%s'", c->name);
   return MLO_OK;
 }
 
 /* Drops one holder: this thread's entry if it has one, else the oldest. */
 static void drop_holder(mlo_component *c) {
-  pthread_t self = pthread_self();
-  int k = 0;
-  for (int i = c->users - 1; i >= 0; i--)
-    if (pthread_equal(c->holders[i], self)) {
-      k = i;
-      break;
-    }
-  c->holders[k] = c->holders[--c->users];
+  mlo_holders_drop(c->holders, &c->users);
 }
 
 static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {

@@ -536,36 +536,10 @@ int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64
 
 /* ---- the forward's side ------------------------------------------------ */
 
-/* The slot's holders, as a component's (offload.c): this thread's entry
- * goes at an end, else the oldest (an end may come from another thread). */
-static int slot_hold(struct stream_slot *s) {
-  if ((size_t)s->users == s->hcap) {
-    size_t cap = s->hcap ? s->hcap * 2 : 4;
-    pthread_t *grown = mlo_realloc(s->holders, cap * sizeof *grown);
-    if (!grown) return MLO_ENOMEM;
-    s->holders = grown;
-    s->hcap = cap;
-  }
-  s->holders[s->users++] = pthread_self();
-  return MLO_OK;
-}
-
-static void slot_unhold(struct stream_slot *s) {
-  pthread_t self = pthread_self();
-  int k = 0;
-  for (int i = s->users - 1; i >= 0; i--)
-    if (pthread_equal(s->holders[i], self)) {
-      k = i;
-      break;
-    }
-  s->holders[k] = s->holders[--s->users];
-}
-
+/* The slots' holders are lists as a component's are (guard.c). */
 static bool holds_a_slot(const struct mlo_stream *st) {
-  pthread_t self = pthread_self();
   for (size_t i = 0; i < st->nslots; i++)
-    for (int k = 0; k < st->slots[i].users; k++)
-      if (pthread_equal(st->slots[i].holders[k], self)) return true;
+    if (mlo_holders_has(st->slots[i].holders, st->slots[i].users)) return true;
   return false;
 }
 
@@ -634,7 +608,7 @@ int mlo_block_begin(mlo_component *c, size_t block) {
     }
     pthread_cond_wait(&pipe->idle, &pipe->lock); /* c stays resident: this thread holds it */
   }
-  if (!rc && (rc = slot_hold(s)))
+  if (!rc && (rc = mlo_holders_add(&s->holders, &s->hcap, &s->users)))
     rc = mlo_fail(pipe, rc, "out of host memory beginning block %zu of '%s'", block, c->name);
   if (rc) {
     pthread_mutex_unlock(&pipe->lock);
@@ -661,7 +635,7 @@ int mlo_block_begin(mlo_component *c, size_t block) {
     pipe->trace(&e2, pipe->trace_user);
   }
   if (rc) { /* not begun after all: nothing of this thread's compute read the slot */
-    slot_unhold(s);
+    mlo_holders_drop(s->holders, &s->users);
     if (!s->users) pthread_cond_broadcast(&pipe->idle);
     rc = mlo_fail(pipe, rc, "%s: waiting for block %zu failed", c->name, block);
   }
@@ -683,11 +657,11 @@ int mlo_block_end(mlo_component *c, size_t block) {
   if (!s || !s->users) {
     rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' ended without a begin", block, c->name);
   } else if (s->users > 1) {
-    slot_unhold(s);                      /* others still run it */
-  } else if ((rc = record_free(c, s))) { /* it stays begun: the release ends it */
+    mlo_holders_drop(s->holders, &s->users); /* others still run it */
+  } else if ((rc = record_free(c, s))) {     /* it stays begun: the release ends it */
     rc = mlo_fail(pipe, rc, "%s: recording the end of block %zu failed", c->name, block);
   } else {
-    slot_unhold(s);
+    mlo_holders_drop(s->holders, &s->users);
     refill(c, s, st->pos[block]);
     pthread_cond_broadcast(&pipe->idle); /* a thread may wait for a slot */
   }
