@@ -145,8 +145,7 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
     mlo_stream_drop(c);
     return MLO_OK;
   }
-  uint64_t need = 0;
-  return mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS, &need);
+  return mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
 }
 
 /* ---- prefetch ---------------------------------------------------------- */

@@ -326,10 +326,10 @@ static inline bool mlo_must_wait_reconfig(const mlo_pipeline *pipe) {
  * footprint. */
 uint64_t mlo_res_bytes(const mlo_component *c);
 /* Plans c (materialized, not resident) to stream within `room` device
- * bytes through nslots slots: the most blocks resident that fit.  *need
- * gets the footprint, or on MLO_ENOMEM_DEVICE the least room it could
- * stream in (0 if none).  Drops any earlier plan first. */
-int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *need);
+ * bytes through nslots slots: the most blocks resident that fit
+ * (MLO_ENOMEM_DEVICE naming the least room it could stream in, where none
+ * does).  Drops any earlier plan first. */
+int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots);
 void mlo_stream_drop(mlo_component *c); /* not resident */
 /* A load's copies of the resident part (into c->block); the slots' fills
  * after the load's event (start); the slots emptied at eviction. */

@@ -214,10 +214,9 @@ uint64_t mlo_component_stream_least(mlo_component *c) {
   return least < whole ? least : whole;
 }
 
-int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *need) {
+int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
   mlo_pipeline *pipe = c->pipe;
   char x[32], y[32];
-  *need = 0;
   if (mlo_res_is_resident(c))
     return mlo_fail(pipe, MLO_ESTATE, "'%s' is resident: its plan cannot change", c->name);
   mlo_stream_drop(c);
@@ -256,7 +255,6 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
   uint64_t least;
   size_t best = choose(&sh, nslots, room, &least);
   if (best == SIZE_MAX) {
-    *need = least == UINT64_MAX ? 0 : least;
     shape_free(&sh);
     c->stream = st;
     mlo_stream_drop(c);
@@ -296,7 +294,6 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots, uint64_t *ne
   shape_free(&sh);
   st->room = room;
   c->stream = st;
-  *need = st->footprint;
   char z[32];
   mlo_logf(MLO_LOG_INFO,
            "%s streams: %zu of %zu blocks resident, %zu through %zu slots of %s (%s on the "
