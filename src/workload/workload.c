@@ -400,6 +400,22 @@ uint64_t mlo_workload_largest_bytes(mlo_pipeline *pipe, mlo_component **largest)
   return best;
 }
 
+uint64_t mlo_workload_stream_least_bytes(mlo_pipeline *pipe, mlo_component **which) {
+  uint64_t most = 0;
+  mlo_component *big = NULL;
+  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
+  for (size_t i = 0; i < n; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    uint64_t least = mlo_component_stream_least(c);
+    if (!big || least > most) {
+      big = c;
+      most = least;
+    }
+  }
+  if (which) *which = big;
+  return most;
+}
+
 uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **largest) {
   uint64_t vae = 0, enc = 0, dit = 0;
   mlo_component *big_enc = NULL, *big_dit = NULL;

@@ -138,5 +138,9 @@ uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **la
 /* The budget policy's least budget: the largest component alone (every
  * other one can be evicted while it runs); *largest gets it, may be NULL. */
 uint64_t mlo_workload_largest_bytes(mlo_pipeline *pipe, mlo_component **largest);
+/* The budget policy's least budget when it streams what it can
+ * (docs/streaming.md): the largest of each component's
+ * mlo_component_stream_least; *which (may be NULL) gets that component. */
+uint64_t mlo_workload_stream_least_bytes(mlo_pipeline *pipe, mlo_component **which);
 
 #endif

@@ -306,11 +306,7 @@ static int size_modes(const char *path, const mlo_open_options *oo, bench_result
     uint64_t ahead = res->need + largest;
     res->ahead = ahead < res->all ? ahead : res->all;
     /* 60% of the largest component, or the least it streams in if more */
-    uint64_t least = 0;
-    for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
-      uint64_t l = mlo_component_stream_least(mlo_pipeline_component_at(pipe, i));
-      if (l > least) least = l;
-    }
+    uint64_t least = mlo_workload_stream_least_bytes(pipe, NULL);
     res->stream = largest * 3 / 5 > least ? largest * 3 / 5 : least;
     if (res->stream >= largest) res->stream = 0;
     tool_source src;

@@ -152,10 +152,7 @@ static int pick_capacity(const char *dir, int steps, demo_sizes *z) {
   mlo_component *dit = NULL;
   mlo_workload_model_offload_bytes(pipe, &dit);
   z->dit = dit ? mlo_component_bytes(dit) : 0;
-  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
-    uint64_t least = mlo_component_stream_least(mlo_pipeline_component_at(pipe, i));
-    if (least > z->stream_least) z->stream_least = least;
-  }
+  z->stream_least = mlo_workload_stream_least_bytes(pipe, NULL);
   uint64_t ahead = z->need + mlo_workload_largest_bytes(pipe, NULL) + (1u << 20);
   if (!z->capacity) z->capacity = ahead < z->all ? ahead : z->need + (z->all - z->need) / 2;
   tool_source src;

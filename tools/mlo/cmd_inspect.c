@@ -287,20 +287,11 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   printf("  %-36s %10s\n", least, tool_size(n.max_comp));
   printf("  %-36s %10s\n", "  prefetch: strict need + next", tool_size(ahead));
   printf("  %-36s %10s\n", "  no copies after the first prompt", tool_size(n.all));
-  uint64_t stream_least = 0;
-  const char *stream_name = NULL;
-  for (size_t i = 0; i < ncomp; i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    block_view b;
-    blocks_of(c, &b);
-    if (b.least > stream_least) {
-      stream_least = b.least;
-      stream_name = mlo_component_name(c);
-    }
-  }
-  if (stream_least && stream_least < n.max_comp) {
+  mlo_component *streams = NULL;
+  uint64_t stream_least = mlo_workload_stream_least_bytes(pipe, &streams);
+  if (streams && stream_least < n.max_comp) {
     char label[96];
-    snprintf(label, sizeof label, "  least, streaming: %s", tool_esc(stream_name));
+    snprintf(label, sizeof label, "  least, streaming: %s", tool_esc(mlo_component_name(streams)));
     printf("  %-36s %10s\n", label, tool_size(stream_least));
   }
   if (!n.max_dit_name && !n.enc && !n.vae)

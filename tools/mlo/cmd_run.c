@@ -229,16 +229,8 @@ static int refuse_too_small(const run_args *ra, tool_session *s) {
      * of its prologue, epilogue and two slots at least; one with too few
      * blocks must fit whole */
     mlo_component *big = NULL;
-    need = 0;
-    for (size_t i = 0; i < mlo_pipeline_component_count(s->pipe); i++) {
-      mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
-      uint64_t least = mlo_component_stream_least(c);
-      if (least > room && least > need) {
-        need = least;
-        big = c;
-      }
-    }
-    if (!big) return 0;
+    need = mlo_workload_stream_least_bytes(s->pipe, &big);
+    if (!big || need <= room) return 0;
     if (need < mlo_component_bytes(big))
       tool_failf("run", "needs at least %s of device memory for %s, streaming its blocks; %s is %s",
                  tool_size(need), mlo_component_name(big),

@@ -307,10 +307,7 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
   pr->all_bytes = mlo_workload_all_resident_bytes(s.pipe);
   pr->strict_need = mlo_workload_model_offload_bytes(s.pipe, NULL);
   pr->largest = mlo_workload_largest_bytes(s.pipe, NULL);
-  for (size_t i = 0; i < pr->ncomp; i++) {
-    uint64_t least = mlo_component_stream_least(mlo_pipeline_component_at(s.pipe, i));
-    if (least > pr->budget_least) pr->budget_least = least;
-  }
+  pr->budget_least = mlo_workload_stream_least_bytes(s.pipe, NULL);
   if ((code = model_times(pa, &s, pr, job))) goto out;
   tool_source src = pa->src;
   if (pa->preset) src.sched = &sched;
