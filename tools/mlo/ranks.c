@@ -282,22 +282,22 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
 #endif
 }
 
-uint64_t ranks_io_read_bytes(void) {
-  FILE *f = fopen("/proc/self/io", "r");
+/* The value of the line of a /proc file that fmt (one %llu) reads; 0 when
+ * there is none. */
+static unsigned long long proc_value(const char *path, const char *fmt) {
+  FILE *f = fopen(path, "r");
   char line[256];
-  unsigned long long b = 0, v;
+  unsigned long long value = 0, v;
   while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "read_bytes: %llu", &v) == 1) b = v;
+    if (sscanf(line, fmt, &v) == 1) value = v;
   if (f) fclose(f);
-  return (uint64_t)b;
+  return value;
+}
+
+uint64_t ranks_io_read_bytes(void) {
+  return (uint64_t)proc_value("/proc/self/io", "read_bytes: %llu");
 }
 
 uint64_t ranks_pss_bytes(void) {
-  FILE *f = fopen("/proc/self/smaps_rollup", "r");
-  char line[256];
-  unsigned long long kb = 0, v;
-  while (f && fgets(line, sizeof line, f))
-    if (sscanf(line, "Pss: %llu kB", &v) == 1) kb = v;
-  if (f) fclose(f);
-  return (uint64_t)kb * 1024;
+  return (uint64_t)proc_value("/proc/self/smaps_rollup", "Pss: %llu kB") * 1024;
 }
