@@ -278,6 +278,11 @@ int mlo_res_evict(mlo_component *c); /* users must be 0 */
 void mlo_res_drop(mlo_component *c);
 /* Orders compute after c's load per the sync mode; lock NOT held. */
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync);
+/* The compute queue waits for ev as the sync mode says (the whole device
+ * with MLO_SYNC_DEVICE); lock NOT held.  A wait [t0, t1] for c's copies is
+ * then counted in its stats and, with traced, traced (lock held). */
+int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync);
+void mlo_res_count_wait(mlo_component *c, uint64_t t0, uint64_t t1, bool traced);
 void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
 /* Waits for a pending write-back into host memory; lock held. */
 int mlo_res_finish_writeback(mlo_component *c);

@@ -361,6 +361,21 @@ void mlo_res_drop(mlo_component *c) {
   c->load_waited = false;
 }
 
+int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync) {
+  return sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
+}
+
+void mlo_res_count_wait(mlo_component *c, uint64_t t0, uint64_t t1, bool traced) {
+  mlo_pipeline *pipe = c->pipe;
+  c->stats.platform_calls++;
+  c->stats.wait_ns += t1 - t0;
+  if (!traced || !pipe->trace) return;
+  mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
+  mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
+  pipe->trace(&e1, pipe->trace_user);
+  pipe->trace(&e2, pipe->trace_user);
+}
+
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
@@ -372,7 +387,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   pthread_mutex_unlock(&pipe->lock);
   if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
   uint64_t t0 = mlo_plat_now(p);
-  int rc = sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
+  int rc = mlo_res_compute_wait(p, ev, sync);
   if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
     rc = mlo_plat_event_sync(p, ev);
     pthread_mutex_lock(&pipe->lock);
@@ -382,19 +397,14 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   }
   uint64_t t1 = mlo_plat_now(p);
   pthread_mutex_lock(&pipe->lock);
-  c->stats.platform_calls++;
-  c->stats.wait_ns += t1 - t0;
+  mlo_res_count_wait(c, t0, t1, !rc && pending);
   if (!rc && pending) {
     c->load_waited = true;
     uint64_t done = slice ? t1 : load_done_ns(c, t1); /* one question to the platform */
     log_load_done(c, done);
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
     if (pipe->trace) {
-      mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
-      mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
       mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, done, c->block_bytes, pipe->device_bytes};
-      pipe->trace(&e1, pipe->trace_user);
-      pipe->trace(&e2, pipe->trace_user);
       pipe->trace(&e3, pipe->trace_user);
     }
   }

@@ -79,8 +79,13 @@ uint64_t mlo_stream_room(const mlo_component *c) {
   return c->stream ? c->stream->room : 0;
 }
 
+/* Whether block b passes through the slots (c has a plan, b is not kept). */
+static bool block_streams(const mlo_component *c, size_t b) {
+  return c->stream && c->stream->dev_off[b] == STREAMED;
+}
+
 bool mlo_stream_streams(const mlo_component *c, const mlo_tensor *t) {
-  return c->stream && t->block >= 0 && c->stream->dev_off[t->block] == STREAMED;
+  return t->block >= 0 && block_streams(c, (size_t)t->block);
 }
 
 uint64_t mlo_res_bytes(const mlo_component *c) {
@@ -577,11 +582,11 @@ int mlo_block_begin(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "begin");
-  struct mlo_stream *st = c->stream;
-  if (rc || !st || st->dev_off[block] != STREAMED || !mlo_res_is_resident(c)) {
+  if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
     pthread_mutex_unlock(&pipe->lock);
     return rc;
   }
+  struct mlo_stream *st = c->stream;
   struct stream_slot *s;
   for (;;) { /* the block's slot (shared with other threads running it), or one to load it in */
     if ((s = slot_of(st, block))) break;
@@ -618,19 +623,12 @@ int mlo_block_begin(mlo_component *c, size_t block) {
   if (sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
   mlo_platform *p = pipe->platform;
   uint64_t t0 = mlo_plat_now(p);
-  rc = sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
+  rc = mlo_res_compute_wait(p, ev, sync);
   uint64_t t1 = mlo_plat_now(p);
   pthread_mutex_lock(&pipe->lock);
-  c->stats.platform_calls++;
-  c->stats.wait_ns += t1 - t0;
+  mlo_res_count_wait(c, t0, t1, true);
   c->stats.block_wait_ns += t1 - t0;
   if (!rc) s->waited = true;
-  if (pipe->trace) {
-    mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
-    mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
-    pipe->trace(&e1, pipe->trace_user);
-    pipe->trace(&e2, pipe->trace_user);
-  }
   if (rc) { /* not begun after all: nothing of this thread's compute read the slot */
     mlo_holders_drop(s->holders, &s->users);
     if (!s->users) pthread_cond_broadcast(&pipe->idle);
@@ -645,11 +643,11 @@ int mlo_block_end(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "end");
-  struct mlo_stream *st = c->stream;
-  if (rc || !st || st->dev_off[block] != STREAMED || !mlo_res_is_resident(c)) {
+  if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
     pthread_mutex_unlock(&pipe->lock);
     return rc;
   }
+  struct mlo_stream *st = c->stream;
   struct stream_slot *s = slot_of(st, block);
   if (!s || !s->users) {
     rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' ended without a begin", block, c->name);
