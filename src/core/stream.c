@@ -411,15 +411,20 @@ static void refill(mlo_component *c, struct stream_slot *s, size_t after_pos) {
   st->next = (st->next + 1) % st->nstreamed;
 }
 
-void mlo_stream_start(mlo_component *c) {
-  struct mlo_stream *st = c->stream;
-  st->next = 0;
+/* Empty slots: after a load allocated them, or an eviction freed them. */
+static void reset_slots(struct mlo_stream *st) {
   for (size_t i = 0; i < st->nslots; i++) {
     struct stream_slot *s = &st->slots[i];
     s->blk = -1;
     s->users = 0;
     s->waited = s->has_free_ev = false;
   }
+  st->next = 0;
+}
+
+void mlo_stream_start(mlo_component *c) {
+  struct mlo_stream *st = c->stream;
+  reset_slots(st);
   for (size_t i = 0; i < st->nslots && i < st->nstreamed; i++) {
     if (issue(c, &st->slots[i], st->order[i]) != MLO_OK) break; /* on demand, then */
     st->next = (i + 1) % st->nstreamed;
@@ -446,14 +451,7 @@ void mlo_stream_acquired(mlo_component *c) {
 }
 
 void mlo_stream_evicted(mlo_component *c) {
-  struct mlo_stream *st = c->stream;
-  if (!st) return;
-  for (size_t i = 0; i < st->nslots; i++) {
-    st->slots[i].blk = -1;
-    st->slots[i].users = 0;
-    st->slots[i].has_free_ev = false;
-  }
-  st->next = 0;
+  if (c->stream) reset_slots(c->stream);
 }
 
 /* Records the end of the compute that read slot s (C9): the next copy
