@@ -192,8 +192,9 @@ int mlo_component_blocks(mlo_component *c, mlo_block_info *out, size_t cap, size
   if (!c || (cap && !out)) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
-  mlo_layout lay;
-  int rc = mlo_slab_layout(c, false, true, &lay);
+  /* a materialized component keeps its pieces; another is laid out now */
+  mlo_layout lay = {.nblocks = c->nblocks, .pro = c->pro, .epi = c->epi, .spans = c->spans};
+  int rc = c->materialized ? MLO_OK : mlo_slab_layout(c, false, true, &lay);
   if (!rc) {
     if (count) *count = lay.nblocks + 2;
     /* prologue, the blocks, epilogue: in the order they run */
@@ -207,7 +208,7 @@ int mlo_component_blocks(mlo_component *c, mlo_block_info *out, size_t cap, size
                                                        : (int)(i - 1),
                                 s->off, s->bytes, s->tensors};
     }
-    mlo_layout_free(&lay);
+    if (!c->materialized) mlo_layout_free(&lay);
   } else {
     rc = mlo_fail(pipe, rc, "out of host memory laying out '%s'", c->name);
   }
