@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define MLO_VERSION_MAJOR 0
-#define MLO_VERSION_MINOR 5
+#define MLO_VERSION_MINOR 6
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
 MLO_API const char *mlo_version(void);
@@ -510,7 +510,8 @@ MLO_API unsigned mlo_tensor_flags(const mlo_tensor *t);
 MLO_API const char *mlo_tensor_file(const mlo_tensor *t, uint64_t *offset);
 /* The component that owns the storage (for a reference: the other one). */
 MLO_API mlo_component *mlo_tensor_owner(const mlo_tensor *t);
-/* The host copy (NULL before materialization).  Authoritative whenever the
+/* The host copy (NULL before materialization, and for a component the disk
+ * tier keeps in its files: host_budget_bytes).  Authoritative whenever the
  * component is not resident; while resident, mutable tensors may be newer on
  * the device. */
 MLO_API const void *mlo_tensor_host_data(const mlo_tensor *t);
@@ -684,11 +685,26 @@ typedef struct {
                              workspaces), as ComfyUI's --reserve-vram */
   bool prefetch;          /* BUDGET: load scheduled components ahead of their
                              forward (default true; needs a schedule) */
+  /* --- since 0.6; a caller built against 0.2-0.5 passes the shorter size
+   * and gets 0 --- */
+  /* the disk tier's staging ring, pinned, besides host_budget_bytes: 4
+   * buffers of up to 16 MiB (as large as the largest slab on disk) */
+#define MLO_STAGING_MAX_BYTES (64ull << 20)
+  uint64_t host_budget_bytes; /* host memory the pipeline's slabs may keep; 0 =
+                                 every slab in host memory.  What does not fit
+                                 stays in its checkpoint file and each load
+                                 reads it through a small pinned staging ring
+                                 (the disk tier, docs/disk.md); chosen from the
+                                 schedule: a component used least per prompt
+                                 goes first.  Only file-backed, immutable
+                                 components that move whole may live on disk;
+                                 MLO_ENOMEM naming them where the rest do not
+                                 fit */
 } mlo_offload_settings;
 #define MLO_OFFLOAD_SETTINGS_INIT                                                                  \
   {                                                                                                \
     sizeof(mlo_offload_settings), MLO_SYNC_EVENT, true, false, false, false, MLO_POLICY_STRICT, 0, \
-        0, true                                                                                    \
+        0, true, 0                                                                                 \
   }
 
 /* An offload delegate (C10): a pipeline whose mutually exclusive parts are
@@ -862,6 +878,12 @@ typedef struct {
   uint64_t block_loads;   /* streamed blocks copied into slots (their bytes are in
                              h2d_bytes; not counted in loads) */
   uint64_t block_wait_ns; /* of wait_ns, waiting for a streamed block's copy */
+  /* --- since 0.6 --- */
+  uint64_t disk_loads;      /* loads read from the checkpoint (the disk tier),
+                               counted when issued, as loads are */
+  uint64_t disk_read_bytes; /* bytes those loads have read from files (a load
+                               still reading, a prefetch, adds them as it ends) */
+  uint64_t disk_wait_ns;    /* of wait_ns, waiting for their reads */
 } mlo_component_stats;
 MLO_API int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
 /* Sums over every component, plus pipeline-level figures. */
@@ -872,6 +894,10 @@ typedef struct {
   uint64_t host_slab_bytes;   /* host slabs allocated */
   uint64_t pinned_bytes;      /* of which pinned */
   uint64_t budget_bytes;      /* the BUDGET policy's budget while enabled; else 0 */
+  /* --- since 0.6 --- */
+  uint64_t host_budget_bytes; /* host_budget_bytes in force (0: none) */
+  uint64_t disk_bytes;        /* slab bytes left in checkpoint files (disk tier) */
+  uint64_t staging_bytes;     /* the disk tier's staging ring (pinned when it can be) */
 } mlo_pipeline_stats;
 MLO_API int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out);
 /* What a pipeline's rank did (every pipeline has one; without a

@@ -45,18 +45,20 @@ class OffloadSettings(ctypes.Structure):
                 ("distributed", ctypes.c_bool), ("per_tensor_copies", ctypes.c_bool),
                 ("copy_back", ctypes.c_bool), ("policy", ctypes.c_int),
                 ("budget_bytes", ctypes.c_uint64), ("reserve_bytes", ctypes.c_uint64),
-                ("prefetch", ctypes.c_bool)]
+                ("prefetch", ctypes.c_bool), ("host_budget_bytes", ctypes.c_uint64)]
 
 
 class ComponentStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "loads", "evictions", "forwards", "h2d_bytes", "d2h_bytes", "copy_calls",
-        "platform_calls", "wait_ns", "forward_ns", "prefetches", "block_loads", "block_wait_ns")]
+        "platform_calls", "wait_ns", "forward_ns", "prefetches", "block_loads", "block_wait_ns",
+        "disk_loads", "disk_read_bytes", "disk_wait_ns")]
 
 
 class PipelineStats(ctypes.Structure):
     _fields_ = [("total", ComponentStats)] + [(n, ctypes.c_uint64) for n in (
-        "device_bytes", "peak_device_bytes", "host_slab_bytes", "pinned_bytes", "budget_bytes")]
+        "device_bytes", "peak_device_bytes", "host_slab_bytes", "pinned_bytes", "budget_bytes",
+        "host_budget_bytes", "disk_bytes", "staging_bytes")]
 
 
 class PlatformMemory(ctypes.Structure):
@@ -77,12 +79,12 @@ class ScheduleEntry(ctypes.Structure):
 def _candidates():
     env = os.environ.get("MLO_LIBRARY")
     if env and os.path.isdir(env):  # a folder: the library in it (a build or lib folder)
-        for name in ("libmlo.so.0.5", "libmlo.so"):
+        for name in ("libmlo.so.0.6", "libmlo.so"):
             yield os.path.join(env, name)
     elif env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libmlo.so.0.5", "libmlo.so"):
+    for name in ("libmlo.so.0.6", "libmlo.so"):
         yield os.path.join(here, name)
     # a source checkout: python/mlo -> build/
     yield os.path.join(here, "..", "..", "build", "libmlo.so")

@@ -54,7 +54,8 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
   uint64_t best_next = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
-    if (o == keep || o->users || !mlo_res_is_resident(o) || !mlo_res_bytes(o)) continue;
+    if (o == keep || o->users || o->disk_busy || !mlo_res_is_resident(o) || !mlo_res_bytes(o))
+      continue; /* in use, or still being read from disk */
     uint64_t next = mlo_sched_next_use(pipe, o);
     if (limited && next <= after) continue;
     if (better_victim(o, next, best, best_next, short_by)) {
@@ -76,6 +77,14 @@ static bool evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
   return v && mlo_res_evict(v) == MLO_OK;
 }
 
+/* A resident component still being read from disk and held by nobody:
+ * eviction gets its room once the reader is done. */
+static bool disk_busy_idle(const mlo_pipeline *pipe) {
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    if (pipe->comps[i]->disk_busy && !pipe->comps[i]->users) return true;
+  return false;
+}
+
 static int make_room(mlo_pipeline *pipe, mlo_component *c) {
   uint64_t need = mlo_res_bytes(c);
   char a[32], b[32];
@@ -90,6 +99,9 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
       if (rc) return rc;
       continue;
     }
+    /* A load from disk still being issued frees its room to eviction when
+     * the reader is done, whatever this thread holds: wait for it. */
+    if (disk_busy_idle(pipe)) return MLO_EBUSY;
     /* Everything resident is in use.  Room held by this thread never comes
      * back while it waits; room held by others does, at their release —
      * unless they wait for room this thread holds.  So a thread that holds
@@ -122,6 +134,10 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
 static int fit(mlo_pipeline *pipe) {
   while (pipe->device_bytes > B(pipe)->budget) {
     mlo_component *v = pick_victim(pipe, NULL, false, 0, pipe->device_bytes - B(pipe)->budget);
+    if (!v && disk_busy_idle(pipe)) { /* its reads end without this thread */
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      continue;
+    }
     if (!v)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
                       "the components in use hold more than the budget of %s",
@@ -144,6 +160,15 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
   if (!want) {
     mlo_stream_drop(c);
     return MLO_OK;
+  }
+  if (c->on_disk) {
+    char a[32], b[32];
+    return mlo_fail(pipe, MLO_EUNSUPPORTED,
+                    "'%s' (%s) lives on disk (host_budget_bytes) and is larger than the budget "
+                    "of %s: streaming its blocks from disk is not built; raise the host budget "
+                    "so it stays in host memory",
+                    c->name, mlo_format_size(c->block_bytes, a, sizeof a),
+                    mlo_format_size(B(pipe)->budget, b, sizeof b));
   }
   return mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
 }
@@ -182,7 +207,7 @@ static void prefetch(mlo_pipeline *pipe) {
 
 /* ---- the budget -------------------------------------------------------- */
 
-static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
+int mlo_budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
   mlo_platform_memory mem = {0};
   int rc = mlo_platform_get_memory(pipe->platform, &mem);
   if (rc) return mlo_fail(pipe, rc, "budget: cannot read the device's memory");
@@ -261,7 +286,7 @@ static void drop_streams(mlo_pipeline *pipe) {
 static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   struct budget_state *st = mlo_calloc(1, sizeof *st);
   if (!st) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
-  int rc = budget_for(pipe, s, &st->budget);
+  int rc = mlo_budget_for(pipe, s, &st->budget);
   if (rc) {
     free(st);
     return rc;

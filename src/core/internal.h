@@ -119,6 +119,15 @@ struct mlo_component {
   struct mlo_span pro, epi;
   /* streamed residency (stream.c): NULL while it moves whole */
   struct mlo_stream *stream;
+  /* the disk tier (disk.c): a slab left in its checkpoint files */
+  bool want_disk;          /* the host plan at enable chose the disk for it */
+  bool on_disk;            /* materialized without a slab: each load reads its files */
+  bool disk_busy;          /* a load's reads and copies are being issued by the reader */
+  int disk_rc;             /* the last disk load's failure (0: none), said by disk_err */
+  char disk_err[400];      /* written by the reader, read under the lock after disk_busy */
+  mlo_tensor **disk_files; /* its file-backed tensors, by file then offset */
+  size_t ndisk_files;
+  mlo_component *disk_next; /* the reader's queue */
 
   /* device residency */
   mlo_residency state;
@@ -191,9 +200,14 @@ struct mlo_pipeline {
   bool shard_resident; /* ... and keep their slice alone, gathering nothing */
   mlo_dist_stats dist;
 
+  /* the disk tier (disk.c): the reader thread, its queue and staging ring;
+   * NULL until the first load from disk */
+  struct mlo_disk *disk;
+
   /* accounting */
   uint64_t device_bytes, peak_device_bytes;
   uint64_t host_slab_bytes, pinned_bytes;
+  uint64_t disk_bytes; /* slab bytes of components on disk */
 
   mlo_progress_fn progress;
   void *progress_user;
@@ -269,6 +283,16 @@ int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, ui
 enum { COLL_MATERIALIZE = 1, COLL_LOADED, COLL_LOAD, COLL_GATHER, COLL_FREE };
 int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total, bool share,
                    mlo_progress_fn progress, void *user);
+/* The loader's parts the disk tier reads with too (loader.c): files sorted
+ * by file then offset; each distinct file opened once and checked to be
+ * the one validated (fds[i] is files[i]'s; the message in why); closed,
+ * dropping what is left of them in the page cache with drop; the whole
+ * pages of a range dropped from it. */
+void mlo_sort_by_file(mlo_tensor **files, size_t nfiles);
+int mlo_open_checked(const mlo_component *c, mlo_tensor *const *files, size_t nfiles, int *fds,
+                     bool share, char *why, size_t whylen);
+void mlo_close_files(size_t nfiles, const int *fds, bool drop);
+void mlo_drop_pages(int fd, uint64_t off, uint64_t len);
 
 /* residency.c — every call with pipe->lock held. */
 int mlo_res_load(mlo_component *c);  /* no eviction; rolls back on failure */
@@ -316,6 +340,27 @@ int mlo_slab_materialize(mlo_component *c); /* setup_lock held */
  * may land in it (copy_back writes every tensor back); setup_lock held. */
 void mlo_slab_allow_writeback(mlo_component *c);
 void mlo_slab_free(mlo_component *c); /* lock held, not resident */
+
+/* disk.c — the disk tier: slabs kept in their checkpoint files, read by a
+ * reader thread through a pinned staging ring at each load. */
+/* Chooses, at enable (both locks held), the components whose slabs stay in
+ * host memory within s->host_budget_bytes and marks the rest want_disk;
+ * device_room: a component larger streams and must stay in host memory.
+ * MLO_ENOMEM (naming them) where what must stay does not fit;
+ * MLO_EUNSUPPORTED where the pipeline cannot use the tier. */
+int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room);
+/* Materializes c without a slab (setup_lock held): its files are checked
+ * and its file-backed tensors listed in layout lay. */
+int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
+/* A load of an on-disk c, its block allocated (lock held): the reader reads
+ * and copies it and records c->load_ev. */
+int mlo_disk_start(mlo_component *c);
+/* Waits, lock held (dropped while waiting), until c's reads are issued;
+ * the load's failure, said on the pipeline, if they failed. */
+int mlo_disk_wait(mlo_component *c);
+/* Stops the reader (lock NOT held): a load in flight ends early and fails. */
+void mlo_disk_stop(mlo_pipeline *pipe);
+uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe); /* lock held */
 
 /* offload.c */
 /* True if a and b may never be resident while either executes. */

@@ -32,6 +32,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -66,8 +67,7 @@ typedef struct {
   bool share; /* this rank reads a share of files other ranks read too */
 } load_ctx;
 
-/* Drops the whole pages of [off, off+len) from the page cache. */
-static void drop_pages(int fd, uint64_t off, uint64_t len) {
+void mlo_drop_pages(int fd, uint64_t off, uint64_t len) {
   uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   uint64_t lo = (off + page - 1) / page * page, hi = (off + len) / page * page;
   if (hi > lo) posix_fadvise(fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
@@ -90,7 +90,7 @@ static int read_job(load_ctx *lc, const load_job *j, int *err_no) {
   /* small chunks are dropped with their whole file at the end: the call
    * costs more than the pages it would free early (a share drops its own
    * pages only, each chunk's at once) */
-  if (lc->drop_cache && (j->len >= LOAD_DROP_MIN || lc->share)) drop_pages(j->fd, at, j->len);
+  if (lc->drop_cache && (j->len >= LOAD_DROP_MIN || lc->share)) mlo_drop_pages(j->fd, at, j->len);
   return MLO_OK;
 }
 
@@ -133,30 +133,40 @@ static size_t load_threads(size_t njobs) {
   return (size_t)n < njobs ? (size_t)n : njobs;
 }
 
-/* Opens each distinct file once (files[] is sorted by file), checked to be
- * the one validated; fds[i] is the descriptor of files[i]'s file. */
-static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *fds, bool share) {
+int mlo_open_checked(const mlo_component *c, mlo_tensor *const *files, size_t nfiles, int *fds,
+                     bool share, char *why, size_t whylen) {
   for (size_t i = 0; i < nfiles; i++) fds[i] = -1;
   for (size_t i = 0; i < nfiles; i++) {
     if (i && !strcmp(files[i]->src_file, files[i - 1]->src_file)) {
       fds[i] = fds[i - 1];
       continue;
     }
-    char why[512];
+    char err[512];
     mlo_file_id now;
-    int rc = mlo_open_regular(files[i]->src_file, &fds[i], &now, why, sizeof why);
-    if (rc) return mlo_fail(c->pipe, rc, "%s: %s", c->name, why);
-    if (!mlo_file_id_equal(&now, &files[i]->src_id))
-      return mlo_fail(c->pipe, MLO_EIO,
-                      "%s: '%s' changed since its tensors were declared (another file, size, "
-                      "modification or change time); open the checkpoint again",
-                      c->name, files[i]->src_file);
+    int rc = mlo_open_regular(files[i]->src_file, &fds[i], &now, err, sizeof err);
+    if (rc) {
+      snprintf(why, whylen, "%s: %s", c->name, err);
+      return rc;
+    }
+    if (!mlo_file_id_equal(&now, &files[i]->src_id)) {
+      snprintf(why, whylen,
+               "%s: '%s' changed since its tensors were declared (another file, size, "
+               "modification or change time); open the checkpoint again",
+               c->name, files[i]->src_file);
+      return MLO_EIO;
+    }
     posix_fadvise(fds[i], 0, 0, share ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
   }
   return MLO_OK;
 }
 
-static void close_files(size_t nfiles, int *fds, bool drop) {
+static int open_files(mlo_component *c, mlo_tensor **files, size_t nfiles, int *fds, bool share) {
+  char why[768];
+  int rc = mlo_open_checked(c, files, nfiles, fds, share, why, sizeof why);
+  return rc ? mlo_fail(c->pipe, rc, "%s", why) : MLO_OK;
+}
+
+void mlo_close_files(size_t nfiles, const int *fds, bool drop) {
   for (size_t i = 0; i < nfiles; i++) {
     if (fds[i] < 0 || (i && fds[i] == fds[i - 1])) continue;
     if (drop) posix_fadvise(fds[i], 0, 0, POSIX_FADV_DONTNEED); /* the edges chunks left */
@@ -171,9 +181,13 @@ static int by_file_then_offset(const void *a, const void *b) {
   return x->src_offset < y->src_offset ? -1 : x->src_offset > y->src_offset;
 }
 
+void mlo_sort_by_file(mlo_tensor **files, size_t nfiles) {
+  qsort(files, nfiles, sizeof *files, by_file_then_offset);
+}
+
 int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total, bool share,
                    mlo_progress_fn progress, void *user) {
-  qsort(files, nfiles, sizeof *files, by_file_then_offset);
+  mlo_sort_by_file(files, nfiles);
   int *fds = mlo_malloc(nfiles * sizeof *fds);
   size_t njobs = 0;
   for (size_t i = 0; i < nfiles; i++)
@@ -252,7 +266,7 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
                     t->name, t->src_file);
   }
   if (!rc && progress && said != total) progress(c, total, total, user);
-  close_files(nfiles, fds, lc.drop_cache && !rc && !share); /* the others still read them */
+  mlo_close_files(nfiles, fds, lc.drop_cache && !rc && !share); /* the others still read them */
   pthread_cond_destroy(&lc.cond);
   pthread_mutex_destroy(&lc.lock);
   free(jobs);

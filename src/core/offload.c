@@ -281,11 +281,14 @@ int mlo_pipeline_load_all(mlo_pipeline *pipe) {
 /* The settings of 0.1 ended at copy_back: a caller built against them
  * passes that size and gets the later fields' defaults. */
 #define SETTINGS_SIZE_0_1 offsetof(mlo_offload_settings, policy)
+/* Those of 0.2-0.5 ended at prefetch (host_budget_bytes came in 0.6). */
+#define SETTINGS_SIZE_0_5 offsetof(mlo_offload_settings, host_budget_bytes)
 
 /* Validates the caller's settings into *out (a full struct). */
 static int read_settings(mlo_pipeline *pipe, const mlo_offload_settings *in,
                          mlo_offload_settings *out) {
-  if (in->size != SETTINGS_SIZE_0_1 && in->size < sizeof(mlo_offload_settings))
+  if (in->size != SETTINGS_SIZE_0_1 && in->size != SETTINGS_SIZE_0_5 &&
+      in->size < sizeof(mlo_offload_settings))
     return mlo_fail(pipe, MLO_EINVAL, "offload settings: size field is %zu, expected %zu", in->size,
                     sizeof(mlo_offload_settings));
   *out = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
@@ -308,7 +311,8 @@ static bool same_settings(const mlo_offload_settings *a, const mlo_offload_setti
   return a->sync == b->sync && a->pin_host == b->pin_host && a->distributed == b->distributed &&
          a->per_tensor_copies == b->per_tensor_copies && a->copy_back == b->copy_back &&
          a->policy == b->policy && a->budget_bytes == b->budget_bytes &&
-         a->reserve_bytes == b->reserve_bytes && a->prefetch == b->prefetch;
+         a->reserve_bytes == b->reserve_bytes && a->prefetch == b->prefetch &&
+         a->host_budget_bytes == b->host_budget_bytes;
 }
 
 /* Removes every group's hooks (members leave it); the group objects stay
@@ -351,6 +355,24 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   return MLO_OK;
 }
 
+/* Which slabs stay in host memory (disk.c), from the device room a
+ * component must fit whole in (larger ones stream and keep their slabs).
+ * A component not resident whose tier changes gives up its storage here
+ * and is materialized again in its new tier; lock held.  A failed enable
+ * leaves such a component in its new tier: nothing is lost, its next load
+ * reads from there. */
+static int host_plan(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  uint64_t room = UINT64_MAX;
+  int rc = s->host_budget_bytes && s->policy == MLO_POLICY_BUDGET ? mlo_budget_for(pipe, s, &room)
+                                                                  : MLO_OK;
+  if (!rc) rc = mlo_disk_plan(pipe, s, room);
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (c->materialized && !mlo_res_is_resident(c) && c->on_disk != c->want_disk) mlo_slab_free(c);
+  }
+  return rc;
+}
+
 /* Generic hooks: the policy's check, every slab materialized, then the
  * policy makes residency what it wants (strict.c: C1/C2's encoders and
  * VAEs; budget.c: what fits).  A failure leaves everything as it was (C15). */
@@ -359,6 +381,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   pthread_mutex_lock(&pipe->lock);
   if (!s->pin_host) pipe->pin_host = false;
   int rc = pol->check ? pol->check(pipe, s) : MLO_OK;
+  if (!rc) rc = host_plan(pipe, s);
   pthread_mutex_unlock(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
   if (rc) return rc;
@@ -413,6 +436,9 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
   if (delegate && s.policy != MLO_POLICY_STRICT)
     rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
                   "the budget policy needs the generic hooks; this pipeline has a delegate");
+  else if (delegate && s.host_budget_bytes)
+    rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
+                  "host_budget_bytes needs the generic hooks; this pipeline has a delegate");
   else
     rc = delegate ? enable_delegate(pipe, &s) : enable_generic(pipe, &s);
   pthread_mutex_lock(&pipe->lock);

@@ -264,7 +264,13 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
     out->total.prefetches += s->prefetches;
     out->total.block_loads += s->block_loads;
     out->total.block_wait_ns += s->block_wait_ns;
+    out->total.disk_loads += s->disk_loads;
+    out->total.disk_read_bytes += s->disk_read_bytes;
+    out->total.disk_wait_ns += s->disk_wait_ns;
   }
+  out->host_budget_bytes = pipe->enabled ? pipe->settings.host_budget_bytes : 0;
+  out->disk_bytes = pipe->disk_bytes;
+  out->staging_bytes = mlo_disk_staging_bytes(pipe);
   out->budget_bytes = pipe->policy && pipe->policy->budget ? pipe->policy->budget(pipe) : 0;
   out->device_bytes = pipe->device_bytes;
   out->peak_device_bytes = pipe->peak_device_bytes;

@@ -62,6 +62,10 @@ struct mlo_policy_ops {
  * returned to a caller of the API). */
 #define MLO_POLICY_CHANGED (-1000)
 
+/* The device budget the budget policy would keep to with settings s
+ * (budget.c): budget_bytes, or what is free less reserve_bytes; lock held. */
+int mlo_budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget);
+
 extern const struct mlo_policy_ops mlo_policy_strict_ops;
 extern const struct mlo_policy_ops mlo_policy_budget_ops;
 

@@ -224,10 +224,12 @@ int mlo_res_load(mlo_component *c) {
     }
   } else if (!rc && c->stream) { /* the resident part now, the slots after the event */
     rc = mlo_stream_copy_resident(c, &copies, &moved);
+  } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
+    rc = mlo_disk_start(c);
   } else if (!rc) {
     rc = enqueue_load_copies(c, &copies);
   }
-  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
+  if (!rc && !c->on_disk) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
   if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
     c->stats.platform_calls++;
     mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
@@ -313,6 +315,9 @@ int mlo_res_finish_writeback(mlo_component *c) {
 
 int mlo_res_evict(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
+  /* a load from disk still being issued: its block is the reader's until
+   * then (the policies pick other victims; this is the rare rest) */
+  while (c->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
   if (c->state != MLO_RES_LOADING && c->state != MLO_RES_DEVICE) return MLO_OK;
   if (c->users) return mlo_fail(pipe, MLO_EBUSY, "%s: cannot evict while it executes", c->name);
   if (!c->block_bytes) {
@@ -380,13 +385,31 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
   pthread_mutex_lock(&pipe->lock); /* internal: acquire released it just before */
+  uint64_t d0 = mlo_plat_now(p), disk_ns = 0;
+  if (c->disk_busy || c->disk_rc) { /* a load from disk: its reads first */
+    int rc = mlo_disk_wait(c);
+    disk_ns = mlo_plat_now(p) - d0;
+    c->stats.disk_wait_ns += disk_ns;
+    if (rc) {
+      c->stats.wait_ns += disk_ns;
+      pthread_mutex_unlock(&pipe->lock);
+      return rc;
+    }
+  }
   bool pending = !c->load_waited;
   bool empty = !c->block_bytes;
   mlo_event *ev = c->load_ev;
   size_t slice = c->gather_slice;
   pthread_mutex_unlock(&pipe->lock);
-  if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
-  uint64_t t0 = mlo_plat_now(p);
+  if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) {
+    if (disk_ns) {
+      pthread_mutex_lock(&pipe->lock);
+      c->stats.wait_ns += disk_ns;
+      pthread_mutex_unlock(&pipe->lock);
+    }
+    return MLO_OK;
+  }
+  uint64_t t0 = disk_ns ? d0 : mlo_plat_now(p); /* the stall from its start */
   int rc = mlo_res_compute_wait(p, ev, sync);
   if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
     rc = mlo_plat_event_sync(p, ev);

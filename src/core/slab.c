@@ -354,7 +354,7 @@ static int read_files(mlo_component *c, slab_build *b) {
  * tensor's host bytes, the slab's kind, the pipeline's counters. */
 static void publish(mlo_component *c, slab_build *b) {
   mlo_pipeline *pipe = c->pipe;
-  bool registered = false;
+  bool registered = false, disk = c->want_disk;
   if (b->shared && b->want_pin && pipe->platform->caps.host_register) { /* pinned in place */
     c->stats.platform_calls++;
     bool ro = !c->has_mutable && !pipe->settings.copy_back; /* mutable tensors come back here */
@@ -369,7 +369,7 @@ static void publish(mlo_component *c, slab_build *b) {
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!t->target && !is_external(t))
-      t->host = t->nbytes ? (char *)b->slab + t->dev_offset : b->slab;
+      t->host = disk ? NULL : t->nbytes ? (char *)b->slab + t->dev_offset : b->slab;
   }
   c->slab_bytes = b->slab_bytes;
   c->slab_pinned = b->pinned;
@@ -387,7 +387,13 @@ static void publish(mlo_component *c, slab_build *b) {
   c->epi = b->lay.epi;
   c->pageable_bytes = pageable;
   c->materialized = true;
+  c->on_disk = disk;
   c->state = MLO_RES_HOST;
+  if (disk) {
+    pipe->disk_bytes += b->slab_bytes;
+    pthread_mutex_unlock(&pipe->lock);
+    return;
+  }
   if (b->slab_bytes) c->stats.platform_calls++;
   pipe->host_slab_bytes += b->slab_bytes;
   if (b->pinned) pipe->pinned_bytes += b->slab_bytes;
@@ -437,6 +443,14 @@ int mlo_slab_materialize(mlo_component *c) {
   b.block_bytes = lay.block_bytes;
   b.slab_bytes = lay.slab_bytes;
   b.lay = lay;
+  if (c->want_disk) { /* the disk tier: its files are its host copy */
+    if ((rc = mlo_disk_prepare(c, &b.lay))) {
+      mlo_layout_free(&b.lay);
+      return rc;
+    }
+    publish(c, &b);
+    return MLO_OK;
+  }
   if (!(rc = alloc_slab(c, &b))) {
     fill_slab(c, &b);
     take_my_share(c, &b);
@@ -486,6 +500,15 @@ void mlo_slab_free(mlo_component *c) {
     c->stats.platform_calls++;
     mlo_plat_host_unregister(c->pipe->platform, (void *)t->src_data);
     t->registered = false;
+  }
+  if (c->on_disk) {
+    free(c->disk_files);
+    c->disk_files = NULL;
+    c->ndisk_files = 0;
+    c->pipe->disk_bytes -= c->slab_bytes;
+    c->on_disk = false;
+    c->materialized = false;
+    return;
   }
   if (!c->slab) return;
   if (c->slab_registered) {

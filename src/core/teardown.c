@@ -16,6 +16,7 @@
 void mlo_pipeline_free(mlo_pipeline *pipe) {
   if (!pipe) return;
   mlo_offload_disable(pipe);
+  mlo_disk_stop(pipe); /* a load from disk in flight ends, undone */
   MLO_LOCK_OR_VOID(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
@@ -48,6 +49,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     free(c->spans);
     free(c->scratch);
     if (drained) mlo_slab_free(c);
+    free(c->disk_files);
     if (c->users)
       mlo_logf(MLO_LOG_ERROR, "freeing a pipeline while '%s' has %d acquire(s) not released",
                c->name, c->users);

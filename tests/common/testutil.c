@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -184,6 +185,37 @@ mlo_tensor *tu_add_tensor(tu_pipe *tp, mlo_component *comp, const char *name, si
   desc.shape[0] = (int64_t)(bytes / 4);
   desc.flags = flags;
   desc.data = src;
+  mlo_tensor *t = NULL;
+  assert_ok(mlo_tensor_add(comp, &desc, &t));
+  assert_non_null(t);
+  tp->recs[tp->nrecs++] = (tu_tensor_rec){t, comp, seed, bytes, false};
+  return t;
+}
+
+void tu_write_file_pattern(const char *comp_name, const char *name, size_t bytes, const char *path,
+                           uint64_t offset) {
+  void *src = malloc(bytes ? bytes : 1);
+  assert_non_null(src);
+  tu_fill_pattern(src, bytes, tu_seed(comp_name, name));
+  int fd = open(path, O_WRONLY | O_CREAT, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, src, bytes, (off_t)offset), (ssize_t)bytes);
+  close(fd);
+  free(src);
+}
+
+mlo_tensor *tu_add_file_tensor(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
+                               const char *path, uint64_t offset) {
+  assert_true(tp->nrecs < TU_MAX_TENSORS);
+  assert_true(bytes % 4 == 0);
+  uint32_t seed = tu_seed(mlo_component_name(comp), name);
+  mlo_tensor_desc desc = MLO_TENSOR_DESC_INIT;
+  desc.name = name;
+  desc.dtype = MLO_DTYPE_F32;
+  desc.ndim = 1;
+  desc.shape[0] = (int64_t)(bytes / 4);
+  desc.file = path;
+  desc.file_offset = offset;
   mlo_tensor *t = NULL;
   assert_ok(mlo_tensor_add(comp, &desc, &t));
   assert_non_null(t);

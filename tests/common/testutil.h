@@ -147,6 +147,15 @@ mlo_component *tu_add_component(tu_pipe *tp, const tu_comp_spec *spec);
 /* Adds a tensor holding the pattern of (component, name), from memory. */
 mlo_tensor *tu_add_tensor(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
                           unsigned flags);
+/* Writes the pattern of (component, name) into path at offset (the file
+ * is created if missing), for tu_add_file_tensor: write every tensor of a
+ * file before declaring any (a declaration records the file as it is). */
+void tu_write_file_pattern(const char *comp_name, const char *name, size_t bytes, const char *path,
+                           uint64_t offset);
+/* Adds a tensor read from path at offset, recorded as holding the pattern
+ * of (component, name). */
+mlo_tensor *tu_add_file_tensor(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
+                               const char *path, uint64_t offset);
 /* Adds an alias and records that it must show the target's bytes. */
 void tu_add_alias(tu_pipe *tp, mlo_component *comp, const char *name, mlo_tensor *target);
 mlo_component *tu_comp(tu_pipe *tp, const char *name); /* fails the test if absent */

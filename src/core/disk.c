@@ -1,0 +1,488 @@
+/*
+ * disk.c — the disk tier: weights larger than host memory (docs/disk.md).
+ *
+ * With a host budget (mlo_offload_settings.host_budget_bytes) the slabs
+ * that do not fit are never allocated: such a component is materialized
+ * as its layout and the list of its file-backed tensors, and every load
+ * reads them from the checkpoint.  The choice is made once, at enable,
+ * from the declared schedule: the components used most per prompt keep
+ * their slabs (a DiT called in several runs); one used once, an encoder,
+ * is the natural one to leave on disk.
+ *
+ * A load from disk is asynchronous like any other: mlo_res_load allocates
+ * the device block and hands the component to the pipeline's reader
+ * thread, which reads the files in chunks into a small ring of pinned
+ * staging buffers and queues each chunk's copies to the device from there;
+ * a buffer is reused once the copies out of it are done (its event).  The
+ * reader records the load's event after the last copy, so compute is
+ * ordered after it exactly as after a load from a slab (C8); a forward
+ * first waits for the reader to have issued them (mlo_disk_wait, counted
+ * as disk_wait_ns).  A prefetch issued by the budget policy therefore
+ * reads the next component from disk while the current one computes.
+ *
+ * Host memory stays within the budget plus the ring: the pages read are
+ * dropped from the page cache behind every chunk (the loader does the
+ * same), and each file is checked, when opened for a load, to be the one
+ * its tensors were validated from.  The reader makes platform calls off
+ * the pipeline lock (the platforms' queues take their own locks) and
+ * touches the component only under the lock, at a job's end.
+ */
+#include "base/sysio.h"
+#include "core/internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DISK_SLOTS 4                                    /* buffers in the ring */
+#define DISK_CHUNK (MLO_STAGING_MAX_BYTES / DISK_SLOTS) /* one staging buffer, at most */
+#define DISK_GAP ((uint64_t)64 << 10) /* file gaps read through rather than split */
+
+struct disk_slot {
+  void *buf;
+  mlo_event *ev; /* recorded after the copies out of buf */
+  bool used;
+};
+
+struct mlo_disk {
+  pthread_t thread;
+  bool started, stopping;
+  pthread_cond_t work; /* signalled (under pipe->lock) when a job is queued or at stop */
+  mlo_component *head, *tail;
+  struct disk_slot slots[DISK_SLOTS];
+  uint64_t chunk; /* bytes of each buffer (0: the ring is not allocated yet) */
+  bool pinned;
+};
+
+/* ---- the host plan ------------------------------------------------------ */
+
+/* Why c cannot live on disk (NULL: it can), given the device room it must
+ * fit whole in. */
+static const char *why_in_host(const mlo_component *c, uint64_t block_bytes, uint64_t room) {
+  if (c->pipe->comm) return "ranks share slabs";
+  if (block_bytes > room) return "it streams its blocks";
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (t->target || !t->nbytes) continue;
+    if (t->flags & MLO_TENSOR_EXTERNAL) return "caller-owned tensors";
+    if (t->flags & MLO_TENSOR_MUTABLE) return "mutable tensors";
+    if (!t->src_file) return "tensors not from files";
+  }
+  return NULL;
+}
+
+typedef struct {
+  mlo_component *c;
+  uint64_t bytes; /* its slab */
+  uint64_t runs, calls;
+} candidate;
+
+/* Uses per cycle of the schedule: runs (each a load where the component is
+ * evicted between them) and calls. */
+static void uses_of(const mlo_pipeline *pipe, const mlo_component *c, uint64_t *runs,
+                    uint64_t *calls) {
+  *runs = *calls = 0;
+  for (size_t i = 0; i < pipe->nsched; i++)
+    if (pipe->sched[i].comp == c) {
+      ++*runs;
+      *calls += pipe->sched[i].repeat;
+    }
+}
+
+static int role_rank(mlo_role r) {
+  return r == MLO_ROLE_DIT ? 0 : r == MLO_ROLE_VAE ? 1 : r == MLO_ROLE_ENCODER ? 3 : 2;
+}
+
+/* The component kept in host memory first: loaded more often per prompt,
+ * then called more, then by role (a DiT before a VAE before an encoder). */
+static int keep_first(const void *pa, const void *pb) {
+  const candidate *a = pa, *b = pb;
+  if (a->runs != b->runs) return a->runs > b->runs ? -1 : 1;
+  if (a->calls != b->calls) return a->calls > b->calls ? -1 : 1;
+  int ra = role_rank(a->c->role), rb = role_rank(b->c->role);
+  if (ra != rb) return ra - rb;
+  return a->c->index < b->c->index ? -1 : a->c->index > b->c->index;
+}
+
+static void log_plan(const mlo_pipeline *pipe, uint64_t budget, uint64_t kept) {
+  if (!mlo_log_enabled(MLO_LOG_INFO)) return;
+  char a[32], b[32], line[400];
+  size_t at = 0;
+  line[0] = 0;
+  for (size_t i = 0; i < pipe->ncomps && at + 1 < sizeof line; i++) {
+    const mlo_component *c = pipe->comps[i];
+    if (!c->want_disk) continue;
+    int n = snprintf(line + at, sizeof line - at, "%s%s", at ? ", " : "", c->name);
+    if (n > 0) at += (size_t)n;
+  }
+  mlo_logf(MLO_LOG_INFO, "host budget %s: %s of slabs in host memory; on disk: %s",
+           mlo_format_size(budget, a, sizeof a), mlo_format_size(kept, b, sizeof b),
+           at ? line : "nothing");
+}
+
+int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room) {
+  uint64_t budget = s->host_budget_bytes;
+  for (size_t i = 0; i < pipe->ncomps; i++) pipe->comps[i]->want_disk = false;
+  if (!budget) return MLO_OK;
+  if (pipe->platform->caps.simulated)
+    return mlo_fail(pipe, MLO_EUNSUPPORTED,
+                    "host_budget_bytes: the simulated device does not model the disk tier");
+  if (s->copy_back)
+    return mlo_fail(pipe, MLO_EINVAL,
+                    "host_budget_bytes with copy_back: every tensor is written back to host "
+                    "memory, so none may live on disk");
+  candidate *cand = mlo_calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *cand);
+  if (!cand) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
+  size_t n = 0;
+  uint64_t must = 0;
+  char who[300] = "";
+  size_t at = 0;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    mlo_layout lay;
+    mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
+    const char *why = why_in_host(c, lay.block_bytes, device_room);
+    /* a resident component keeps the tier it was loaded from */
+    if (mlo_res_is_resident(c) && c->materialized) {
+      c->want_disk = c->on_disk;
+      if (!c->on_disk) must += lay.slab_bytes;
+      continue;
+    }
+    if (!lay.slab_bytes) continue; /* nothing to keep anywhere */
+    if (why) {
+      must += lay.slab_bytes;
+      if (at + 1 < sizeof who) {
+        char sz[32];
+        int k = snprintf(who + at, sizeof who - at, "%s'%s' (%s: %s)", at ? ", " : "", c->name,
+                         mlo_format_size(lay.slab_bytes, sz, sizeof sz), why);
+        if (k > 0) at += (size_t)k;
+      }
+      continue;
+    }
+    cand[n].c = c;
+    cand[n].bytes = lay.slab_bytes;
+    uses_of(pipe, c, &cand[n].runs, &cand[n].calls);
+    n++;
+  }
+  char a[32], b[32];
+  if (must > budget) {
+    free(cand);
+    return mlo_fail(pipe, MLO_ENOMEM,
+                    "host budget %s is below the %s that must stay in host memory: %s",
+                    mlo_format_size(budget, a, sizeof a), mlo_format_size(must, b, sizeof b),
+                    at ? who : "resident components loaded from host slabs");
+  }
+  qsort(cand, n, sizeof *cand, keep_first);
+  uint64_t left = budget - must;
+  for (size_t i = 0; i < n; i++) {
+    if (cand[i].bytes <= left)
+      left -= cand[i].bytes;
+    else
+      cand[i].c->want_disk = true;
+  }
+  free(cand);
+  log_plan(pipe, budget, budget - left);
+  return MLO_OK;
+}
+
+/* ---- materializing without a slab --------------------------------------- */
+
+int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay) {
+  mlo_tensor **files = mlo_malloc((lay->norder ? lay->norder : 1) * sizeof *files);
+  int *fds = mlo_malloc((lay->norder ? lay->norder : 1) * sizeof *fds);
+  if (!files || !fds) {
+    free(files);
+    free(fds);
+    return mlo_fail(c->pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < lay->norder; i++)
+    if (lay->order[i]->nbytes) files[n++] = lay->order[i];
+  mlo_sort_by_file(files, n);
+  char why[768];
+  int rc = mlo_open_checked(c, files, n, fds, false, why, sizeof why);
+  mlo_close_files(n, fds, false);
+  free(fds);
+  if (rc) {
+    free(files);
+    return mlo_fail(c->pipe, rc, "%s", why);
+  }
+  free(c->disk_files);
+  c->disk_files = files;
+  c->ndisk_files = n;
+  return MLO_OK;
+}
+
+/* ---- the reader --------------------------------------------------------- */
+
+typedef struct {
+  mlo_component *c;
+  uint64_t calls, copies, read;
+  char *err;
+  size_t errlen;
+} job;
+
+typedef struct {
+  const mlo_tensor *t;
+  uint64_t toff, boff, len; /* bytes [toff, toff+len) of t at boff in the buffer */
+} piece;
+
+static int plat(job *j, int rc) {
+  j->calls++;
+  return rc;
+}
+
+/* Allocates the ring, buffers as large as the largest slab on disk up to
+ * DISK_CHUNK; lock NOT held. */
+static int alloc_ring(mlo_pipeline *pipe, struct mlo_disk *d, uint64_t largest, char *err,
+                      size_t errlen) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  uint64_t chunk = largest < DISK_CHUNK ? largest : DISK_CHUNK;
+  chunk = (chunk + page - 1) / page * page;
+  bool want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED"), all_pinned = true;
+  for (int i = 0; i < DISK_SLOTS; i++) {
+    bool pinned = false;
+    int rc =
+        mlo_plat_host_alloc(pipe->platform, (size_t)chunk, want_pin, &d->slots[i].buf, &pinned);
+    if (!rc) rc = mlo_plat_event_create(pipe->platform, &d->slots[i].ev);
+    if (rc) {
+      snprintf(err, errlen, "allocating the disk tier's staging ring (%d x %llu bytes) failed (%s)",
+               DISK_SLOTS, (unsigned long long)chunk, mlo_strerror(rc));
+      return rc;
+    }
+    all_pinned = all_pinned && pinned;
+  }
+  d->pinned = all_pinned;
+  pthread_mutex_lock(&pipe->lock);
+  d->chunk = chunk;
+  if (all_pinned) pipe->pinned_bytes += chunk * DISK_SLOTS;
+  pthread_mutex_unlock(&pipe->lock);
+  return MLO_OK;
+}
+
+static void free_ring(mlo_pipeline *pipe, struct mlo_disk *d) {
+  for (int i = 0; i < DISK_SLOTS; i++) {
+    if (d->slots[i].ev) mlo_plat_event_destroy(pipe->platform, d->slots[i].ev);
+    if (d->slots[i].buf)
+      mlo_plat_host_free(pipe->platform, d->slots[i].buf, (size_t)d->chunk, d->pinned);
+  }
+  if (d->pinned && d->chunk) pipe->pinned_bytes -= d->chunk * DISK_SLOTS;
+}
+
+/* Reads len bytes at `at` into buf, whatever the short reads. */
+static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const mlo_tensor *t, job *j) {
+  uint64_t got = 0;
+  while (got < len) {
+    ssize_t r = mlo_pread(fd, buf + got, (size_t)(len - got), at + got);
+    if (r < 0) {
+      snprintf(j->err, j->errlen, "%s: reading tensor '%s' from '%s': %s", j->c->name, t->name,
+               t->src_file, strerror(errno));
+      return MLO_EIO;
+    }
+    if (r == 0) {
+      snprintf(j->err, j->errlen,
+               "%s: tensor '%s': '%s' ended early (it shrank since it was opened)", j->c->name,
+               t->name, t->src_file);
+      return MLO_EFORMAT;
+    }
+    got += (uint64_t)r;
+  }
+  j->read += len;
+  return MLO_OK;
+}
+
+/* Reads c's files chunk by chunk into the ring and queues each chunk's
+ * copies into c->block; the load's event after the last.  Lock NOT held:
+ * c's files, layout and block do not change while it is disk_busy. */
+static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *stopping) {
+  mlo_component *c = j->c;
+  mlo_platform *p = c->pipe->platform;
+  size_t n = c->ndisk_files;
+  mlo_tensor **files = c->disk_files;
+  int *fds = mlo_malloc((n ? n : 1) * sizeof *fds);
+  if (!fds) {
+    snprintf(j->err, j->errlen, "%s: out of host memory", c->name);
+    return MLO_ENOMEM;
+  }
+  int rc = mlo_open_checked(c, files, n, fds, false, j->err, j->errlen);
+  bool drop = !mlo_env_flag("MLO_KEEP_PAGE_CACHE");
+  size_t i = 0, k = 0;
+  uint64_t toff = 0;
+  while (!rc && i < n) {
+    if (__atomic_load_n(stopping, __ATOMIC_ACQUIRE)) {
+      snprintf(j->err, j->errlen, "%s: the load from disk was stopped (the pipeline is freed)",
+               c->name);
+      rc = MLO_ESTATE;
+      break;
+    }
+    struct disk_slot *s = &d->slots[k++ % DISK_SLOTS];
+    if (s->used && (rc = plat(j, mlo_plat_event_sync(p, s->ev)))) {
+      snprintf(j->err, j->errlen, "%s: waiting for a staging buffer's copy failed (%s)", c->name,
+               mlo_strerror(rc));
+      break;
+    }
+    /* the chunk: a run of tensors adjacent in one file (gaps under DISK_GAP
+     * read through), at most one buffer */
+    int fd = fds[i];
+    uint64_t start = files[i]->src_offset + toff, fill = 0;
+    size_t np = 0;
+    while (i < n && fds[i] == fd && fill < d->chunk) {
+      const mlo_tensor *t = files[i];
+      uint64_t here = t->src_offset + toff;
+      if (here < start + fill || here - (start + fill) > DISK_GAP || here - start >= d->chunk)
+        break;
+      uint64_t boff = here - start, take = t->nbytes - toff;
+      if (take > d->chunk - boff) take = d->chunk - boff;
+      pcs[np++] = (piece){t, toff, boff, take};
+      fill = boff + take;
+      toff += take;
+      if (toff == t->nbytes) {
+        i++;
+        toff = 0;
+      }
+    }
+    rc = read_range(fd, s->buf, fill, start, pcs[0].t, j);
+    if (!rc && drop) mlo_drop_pages(fd, start, fill);
+    for (size_t q = 0; q < np && !rc; q++) {
+      rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(pcs[q].t->dev_offset + pcs[q].toff),
+                                     (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
+      j->copies++;
+    }
+    if (!rc) rc = plat(j, mlo_plat_event_record_copy(p, s->ev));
+    if (!rc)
+      s->used = true;
+    else if (!j->err[0])
+      snprintf(j->err, j->errlen, "%s: copying to the device failed (%s)", c->name,
+               mlo_strerror(rc));
+  }
+  if (!rc && (rc = plat(j, mlo_plat_event_record_copy(p, c->load_ev))))
+    snprintf(j->err, j->errlen, "%s: recording the load's event failed (%s)", c->name,
+             mlo_strerror(rc));
+  mlo_close_files(n, fds, drop && !rc);
+  free(fds);
+  return rc;
+}
+
+/* A job's end, lock held: the counts, and on failure the load undone (the
+ * block freed stream-ordered after the copies already queued). */
+static void finish(job *j, int rc) {
+  mlo_component *c = j->c;
+  mlo_pipeline *pipe = c->pipe;
+  c->stats.platform_calls += j->calls;
+  c->stats.copy_calls += j->copies;
+  c->stats.disk_read_bytes += j->read;
+  c->disk_rc = rc;
+  c->disk_busy = false;
+  if (rc && mlo_res_is_resident(c)) {
+    mlo_logf(MLO_LOG_DEBUG, "load of %s from disk failed: %s", c->name, c->disk_err);
+    mlo_res_drop(c);
+  }
+  pthread_cond_broadcast(&pipe->idle);
+}
+
+static uint64_t largest_on_disk(const mlo_pipeline *pipe) {
+  uint64_t m = 0;
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    if (pipe->comps[i]->on_disk && pipe->comps[i]->slab_bytes > m) m = pipe->comps[i]->slab_bytes;
+  return m;
+}
+
+static void *reader(void *arg) {
+  mlo_pipeline *pipe = arg;
+  struct mlo_disk *d = pipe->disk;
+  piece *pcs = NULL;
+  size_t pcap = 0;
+  pthread_mutex_lock(&pipe->lock);
+  for (;;) {
+    while (!d->head && !d->stopping) pthread_cond_wait(&d->work, &pipe->lock);
+    mlo_component *c = d->head;
+    if (!c) break; /* stopping, and nothing queued */
+    d->head = c->disk_next;
+    if (!d->head) d->tail = NULL;
+    c->disk_next = NULL;
+    uint64_t largest = d->chunk ? 0 : largest_on_disk(pipe);
+    size_t want = c->ndisk_files + 1;
+    pthread_mutex_unlock(&pipe->lock);
+    job j = {.c = c, .err = c->disk_err, .errlen = sizeof c->disk_err};
+    c->disk_err[0] = 0;
+    int rc = MLO_OK;
+    if (!d->chunk) rc = alloc_ring(pipe, d, largest, c->disk_err, sizeof c->disk_err);
+    if (!rc && want > pcap) { /* a chunk holds at most every tensor of the component */
+      piece *grown = realloc(pcs, want * sizeof *pcs);
+      if (!grown) {
+        snprintf(c->disk_err, sizeof c->disk_err, "%s: out of host memory", c->name);
+        rc = MLO_ENOMEM;
+      } else {
+        pcs = grown;
+        pcap = want;
+      }
+    }
+    if (!rc) rc = read_component(d, &j, pcs, &d->stopping);
+    pthread_mutex_lock(&pipe->lock);
+    finish(&j, rc);
+  }
+  pthread_mutex_unlock(&pipe->lock);
+  free(pcs);
+  return NULL;
+}
+
+int mlo_disk_start(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  struct mlo_disk *d = pipe->disk;
+  if (!d) {
+    if (!(d = mlo_calloc(1, sizeof *d)))
+      return mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
+    pthread_cond_init(&d->work, NULL);
+    pipe->disk = d;
+  }
+  if (!d->started) {
+    if (pthread_create(&d->thread, NULL, reader, pipe) != 0)
+      return mlo_fail(pipe, MLO_ENOMEM, "%s: cannot start the disk tier's reader thread", c->name);
+    d->started = true;
+  }
+  c->disk_busy = true;
+  c->disk_rc = MLO_OK;
+  c->stats.disk_loads++; /* counted when issued, as loads are */
+  c->disk_next = NULL;
+  if (d->tail)
+    d->tail->disk_next = c;
+  else
+    d->head = c;
+  d->tail = c;
+  pthread_cond_signal(&d->work);
+  return MLO_OK;
+}
+
+int mlo_disk_wait(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  while (c->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
+  if (c->disk_rc && !mlo_res_is_resident(c)) return mlo_fail(pipe, c->disk_rc, "%s", c->disk_err);
+  return MLO_OK;
+}
+
+void mlo_disk_stop(mlo_pipeline *pipe) {
+  pthread_mutex_lock(&pipe->lock);
+  struct mlo_disk *d = pipe->disk;
+  if (!d) {
+    pthread_mutex_unlock(&pipe->lock);
+    return;
+  }
+  __atomic_store_n(&d->stopping, true, __ATOMIC_RELEASE);
+  pthread_cond_signal(&d->work);
+  bool started = d->started;
+  pthread_mutex_unlock(&pipe->lock);
+  if (started) pthread_join(d->thread, NULL);
+  pthread_mutex_lock(&pipe->lock);
+  mlo_plat_synchronize(pipe->platform); /* the ring's last copies are done */
+  free_ring(pipe, d);
+  pthread_cond_destroy(&d->work);
+  pipe->disk = NULL;
+  free(d);
+  pthread_mutex_unlock(&pipe->lock);
+}
+
+uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe) {
+  return pipe->disk ? pipe->disk->chunk * DISK_SLOTS : 0;
+}

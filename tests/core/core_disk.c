@@ -1,0 +1,304 @@
+/*
+ * core_disk — the disk tier (disk.c, docs/disk.md): with a host budget the
+ * slabs that do not fit stay in their checkpoint files and every load
+ * reads them through the staging ring.  Checked here:
+ *  - a pipeline a third larger than the host budget runs schedule after schedule with
+ *    every forward seeing its tensors' exact bytes on the device (copies
+ *    delayed at random, jitter=1), under both policies; the slabs kept in
+ *    host memory stay within the budget; the host plan keeps the component
+ *    called most and leaves the encoder on disk; the counters say how many
+ *    loads read how many bytes;
+ *  - a host budget below what must stay in host memory (tensors not from
+ *    files) is refused with the figures, and nothing is enabled;
+ *  - a file changed under a component on disk is refused at its read;
+ *  - a read failing at any point of a load fails that forward cleanly
+ *    (nothing resident, the file named) and the next forward reads it
+ *    right; short reads are no failure;
+ *  - a pipeline freed with loads from disk in flight ends them.
+ */
+#include "testutil.h"
+
+#include "base/sysio.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static int setup(void **state) {
+  (void)state;
+  const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  snprintf(dir, sizeof dir, "%s/mlo_core_disk_XXXXXX", base);
+  return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  static const char *const files[] = {"encoder.bin", "dit_a.bin", "dit_b.bin", "vae.bin"};
+  char p[512];
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+    unlink(p);
+  }
+  rmdir(dir);
+  return 0;
+}
+
+static void file_of(const char *name, char *out, size_t len) {
+  snprintf(out, len, "%s/%s.bin", dir, name);
+}
+
+/* Tensors of one component in its own file, at offsets with small gaps (read
+ * through), one large gap (a new read), one tensor over a 16 MiB chunk. */
+static mlo_component *add_file_comp(tu_pipe *tp, const char *name, mlo_role role, size_t big) {
+  mlo_component *c = NULL;
+  assert_ok(mlo_component_add(tp->pipe, name, role, &c));
+  char path[512];
+  file_of(name, path, sizeof path);
+  unlink(path);
+  const size_t sizes[] = {4, 1000, big, 4096, 36};
+  const uint64_t gaps[] = {0, 6, 200 << 10, 0, 20};
+  enum { N = sizeof sizes / sizeof *sizes };
+  char tname[N][32];
+  uint64_t at[N], end = 12; /* a header's worth */
+  for (size_t i = 0; i < N; i++) {
+    snprintf(tname[i], sizeof tname[i], "blocks.%zu.w", i);
+    at[i] = end + gaps[i];
+    end = at[i] + sizes[i];
+    tu_write_file_pattern(name, tname[i], sizes[i], path, at[i]);
+  }
+  for (size_t i = 0; i < N; i++) tu_add_file_tensor(tp, c, tname[i], sizes[i], path, at[i]);
+  return c;
+}
+
+static tu_pipe *build(mlo_platform *plat) {
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  add_file_comp(tp, "encoder", MLO_ROLE_ENCODER, 3u << 20);
+  add_file_comp(tp, "dit_a", MLO_ROLE_DIT, (20u << 20) + 4); /* two chunks and a bit */
+  add_file_comp(tp, "dit_b", MLO_ROLE_DIT, 6u << 20);
+  add_file_comp(tp, "vae", MLO_ROLE_VAE, 1u << 20);
+  return tp;
+}
+
+static const struct {
+  const char *comp;
+  unsigned repeat;
+} schedule[] = {{"encoder", 1}, {"dit_a", 3}, {"dit_b", 2}, {"vae", 1}};
+#define NSCHED (sizeof schedule / sizeof *schedule)
+
+static void declare_schedule(tu_pipe *tp) {
+  mlo_schedule_entry e[NSCHED];
+  for (size_t i = 0; i < NSCHED; i++)
+    e[i] = (mlo_schedule_entry){tu_comp(tp, schedule[i].comp), schedule[i].repeat};
+  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, NSCHED));
+}
+
+static void run_prompt(tu_pipe *tp) {
+  for (size_t i = 0; i < NSCHED; i++)
+    for (unsigned r = 0; r < schedule[i].repeat; r++) {
+      int rc = tu_forward(tp, tu_comp(tp, schedule[i].comp));
+      if (rc)
+        fail_msg("forward of %s: %s (%s)", schedule[i].comp, mlo_err_name(rc),
+                 mlo_pipeline_errmsg(tp->pipe));
+    }
+}
+
+static uint64_t comp_bytes(mlo_component *c) {
+  return mlo_component_bytes(c);
+}
+
+/* What one load of c from disk reads: its tensors and the two small gaps
+ * read through (6 and 20 bytes; the 200 KiB one is skipped). */
+static uint64_t read_per_load(mlo_component *c) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < mlo_component_tensor_count(c); i++)
+    n += mlo_tensor_nbytes(mlo_component_tensor_at(c, i));
+  return n + 26;
+}
+
+static void check_runs(mlo_policy policy) {
+  mlo_platform *plat = tu_platform_open("jitter=1");
+  tu_pipe *tp = build(plat);
+  declare_schedule(tp);
+  mlo_component *enc = tu_comp(tp, "encoder"), *a = tu_comp(tp, "dit_a"), *b = tu_comp(tp, "dit_b"),
+                *vae = tu_comp(tp, "vae");
+  uint64_t total = comp_bytes(enc) + comp_bytes(a) + comp_bytes(b) + comp_bytes(vae);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = policy;
+  /* a device that holds the largest and little more: every prompt loads */
+  if (policy == MLO_POLICY_BUDGET) s.budget_bytes = comp_bytes(a) + (1u << 20);
+  /* room for the DiT called most and the VAE: the rest (a third) on disk */
+  uint64_t host = comp_bytes(a) + comp_bytes(vae) + (512u << 10);
+  s.host_budget_bytes = host;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_pipeline_stats st = tu_pstats(tp);
+  assert_int_equal(st.host_budget_bytes, host);
+  assert_int_equal(st.host_slab_bytes, comp_bytes(a) + comp_bytes(vae));
+  assert_true(st.disk_bytes > 0);
+  assert_int_equal(st.host_slab_bytes + st.disk_bytes, total);
+  /* the DiT called most keeps its slab; the encoder, used once, is on disk */
+  assert_non_null(mlo_tensor_host_data(mlo_component_tensor_at(a, 0)));
+  assert_null(mlo_tensor_host_data(mlo_component_tensor_at(enc, 0)));
+  const int prompts = 3;
+  for (int p = 0; p < prompts; p++) run_prompt(tp);
+  /* the next prompt's encoder: its load (a prefetch, under the budget
+   * policy) is complete once its forward ran, so every count below is */
+  assert_ok(tu_forward(tp, enc));
+  tu_assert_forwards_clean(tp);
+  tu_assert_audit(tp);
+  /* each load of a component on disk read its file bytes, once; every
+   * prompt loads the encoder again (evicted for the DiTs) */
+  mlo_component *each[] = {enc, a, b, vae};
+  for (size_t i = 0; i < 4; i++) {
+    mlo_component_stats cs = tu_cstats(each[i]);
+    bool on_disk = mlo_tensor_host_data(mlo_component_tensor_at(each[i], 0)) == NULL;
+    assert_int_equal(cs.disk_loads, on_disk ? cs.loads : 0);
+    assert_int_equal(cs.disk_read_bytes, cs.disk_loads * read_per_load(each[i]));
+  }
+  assert_int_equal(tu_cstats(enc).disk_loads, prompts + 1);
+  st = tu_pstats(tp);
+  assert_true(st.staging_bytes > 0);
+  assert_true(st.total.disk_wait_ns <= st.total.wait_ns);
+  printf("core_disk: %s: %llu loads from disk, %.1f MiB read, %.3f s waited for the disk\n",
+         mlo_policy_name(policy), (unsigned long long)st.total.disk_loads,
+         (double)st.total.disk_read_bytes / 1048576.0, (double)st.total.disk_wait_ns / 1e9);
+  assert_ok(mlo_offload_disable(tp->pipe));
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+static void test_runs_twice_the_host_budget(void **state) {
+  (void)state;
+  check_runs(MLO_POLICY_BUDGET);
+  check_runs(MLO_POLICY_STRICT);
+}
+
+static void test_budget_below_what_must_stay_refused(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(plat);
+  mlo_component *other = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "adapter", MLO_ROLE_OTHER, &other));
+  tu_add_tensor(tp, other, "w", 1u << 20, 0); /* from memory: cannot live on disk */
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.host_budget_bytes = 512u << 10;
+  int rc = mlo_offload_enable(tp->pipe, &s);
+  const char *msg = mlo_pipeline_errmsg(tp->pipe);
+  if (rc != MLO_ENOMEM) fail_msg("%s: %s", mlo_err_name(rc), msg);
+  assert_non_null(strstr(msg, "512 KiB"));
+  assert_non_null(strstr(msg, "1.00 MiB"));
+  assert_non_null(strstr(msg, "'adapter'"));
+  assert_non_null(strstr(msg, "not from files"));
+  assert_false(mlo_offload_is_enabled(tp->pipe));
+  /* a budget that holds it runs, the rest on disk */
+  s.host_budget_bytes = 1u << 20;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_ok(tu_forward(tp, tu_comp(tp, "dit_a")));
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+static void test_file_changed_refused_at_read(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(plat);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.host_budget_bytes = 1; /* everything on disk */
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  char path[512];
+  file_of("dit_b", path, sizeof path);
+  struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000, 0}}; /* another mtime */
+  assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+  mlo_component *b = tu_comp(tp, "dit_b");
+  int rc = mlo_component_forward(b, tu_forward_check, tp);
+  const char *msg = mlo_pipeline_errmsg(tp->pipe);
+  if (rc != MLO_EIO) fail_msg("%s: %s", mlo_err_name(rc), msg);
+  assert_non_null(strstr(msg, "dit_b.bin"));
+  assert_non_null(strstr(msg, "changed since"));
+  assert_false(mlo_component_is_resident(b));
+  uint64_t resident = 0; /* the failed load holds no device memory */
+  for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(tp->pipe, i);
+    if (mlo_component_is_resident(c)) resident += mlo_component_bytes(c);
+  }
+  assert_int_equal(tu_pstats(tp).device_bytes, resident);
+  /* another component still runs */
+  assert_ok(tu_forward(tp, tu_comp(tp, "dit_a")));
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+static void test_read_faults_swept(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(plat);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.prefetch = false; /* each forward's load is its own */
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_component *a = tu_comp(tp, "dit_a");
+  mlo_sysfault_arm(MLO_SYSFAULT_READ, 0); /* counting */
+  assert_ok(tu_forward(tp, a));
+  uint64_t reads = mlo_sysfault_calls(MLO_SYSFAULT_READ);
+  mlo_sysfault_disarm();
+  assert_true(reads >= 3); /* the chunks of its big tensor, and the rest */
+  for (uint64_t n = 1; n <= reads; n++) {
+    assert_ok(mlo_offload_disable(tp->pipe));
+    assert_ok(mlo_component_evict(a));
+    assert_ok(mlo_offload_enable(tp->pipe, &s));
+    mlo_sysfault_arm(MLO_SYSFAULT_READ, n);
+    int rc = mlo_component_forward(a, tu_forward_check, tp);
+    bool fired = mlo_sysfault_fired();
+    mlo_sysfault_disarm();
+    assert_true(fired);
+    const char *msg = mlo_pipeline_errmsg(tp->pipe);
+    if (rc != MLO_EIO)
+      fail_msg("read #%llu: %s (%s)", (unsigned long long)n, mlo_err_name(rc), msg);
+    assert_non_null(strstr(msg, "reading tensor"));
+    assert_non_null(strstr(msg, "dit_a.bin"));
+    assert_false(mlo_component_is_resident(a));
+    assert_int_equal(tu_pstats(tp).device_bytes, 0);
+    assert_ok(tu_forward(tp, a)); /* the retry reads it right */
+  }
+  mlo_sysfault_arm(MLO_SYSFAULT_SHORT, 2);
+  assert_ok(tu_forward(tp, tu_comp(tp, "dit_b")));
+  mlo_sysfault_disarm();
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+static void test_free_with_loads_in_flight(void **state) {
+  (void)state;
+  /* a slow link: the prefetches enable issues are still being read and
+   * copied when the pipeline is freed */
+  mlo_platform *plat = tu_platform_open("bw=200000000");
+  tu_pipe *tp = build(plat);
+  declare_schedule(tp);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  tu_pipe_free(tp);
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_int_equal(tu_device_used(plat), 0);
+  mlo_platform_close(plat);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_runs_twice_the_host_budget),
+      cmocka_unit_test(test_budget_below_what_must_stay_refused),
+      cmocka_unit_test(test_file_changed_refused_at_read),
+      cmocka_unit_test(test_read_faults_swept),
+      cmocka_unit_test(test_free_with_loads_in_flight),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
