@@ -533,6 +533,76 @@ class StreamTests(Fixture):
         self.assertIn("streaming its blocks", err)
 
 
+class DiskTests(Fixture):
+    """A host budget leaves what does not fit in its checkpoint files and
+    each load reads it from there (docs/disk.md): the output is the
+    all-resident run's, the slabs kept stay within the budget, every load
+    of a component on disk reads its bytes, and a budget below what must
+    stay in host memory (a streamed DiT) is refused with the figures."""
+    scale = "0.0005"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mlo-cli-")
+        cls.ckpt = os.path.join(cls.tmp, cls.preset)
+        mlo("synth", cls.preset, cls.ckpt, "--scale", cls.scale, check=0)
+        _, out, _ = mlo("inspect", cls.ckpt, "--json", check=0)
+        cls.info = json.loads(out)
+
+    def test_run_beyond_host_memory_is_the_resident_run(self):
+        comps = self.info["components"]
+        total = sum(c["device_bytes"] for c in comps)
+        dit = max(comps, key=lambda c: c["device_bytes"])
+        host = total // 2
+        res = self.run_json("--policy", "budget", "--budget", str(dit["device_bytes"] * 11 // 10),
+                            "--host-memory", str(host), "--prompts", "3", "--verify",
+                            "--platform", "host:jitter=1,seed=5")
+        self.assertIs(res["verified"], True)
+        self.assertIs(res["digests_agree"], True)
+        self.assertEqual(res["host_budget_bytes"], host)
+        self.assertLessEqual(res["host_slab_bytes"], host)
+        self.assertEqual(res["host_slab_bytes"] + res["disk_bytes"], total)
+        self.assertGreater(res["staging_bytes"], 0)
+        on_disk = [c for c in res["components"] if c["disk_loads"]]
+        self.assertTrue(on_disk)
+        for c in on_disk:  # every load of it reads it from disk, its tensors' bytes at least
+            self.assertEqual(c["disk_loads"], c["loads"])
+            # (the last may be a prefetch for a next prompt, still reading)
+            self.assertGreaterEqual(c["disk_read_bytes"], (c["loads"] - 1) * c["tensor_bytes"])
+            self.assertLessEqual(c["disk_stall_s"], c["stall_s"])
+        # the warm prompts read from disk too: the device keeps one DiT
+        for g in res["generations"][1:]:
+            self.assertGreater(g["disk_read_bytes"], 0)
+            self.assertLessEqual(g["disk_stall_s"], g["stall_s"])
+        self.assertLessEqual(sum(g["disk_read_bytes"] for g in res["generations"]),
+                             res["disk_read_bytes"])
+        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--host-memory", str(host))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("host memory        budget", out)
+        self.assertIn("disk tier", out)
+        self.assertIn("peak RSS", out)
+
+    def test_host_memory_below_what_must_stay(self):
+        dit = max(self.info["components"], key=lambda c: c["device_bytes"])
+        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget",
+                           str(dit["device_bytes"] * 17 // 20), "--host-memory", "1M")
+        self.assertEqual(rc, 3, err)
+        self.assertIn("host budget 1.00 MiB is below", err)
+        self.assertIn(f"'{dit['name']}'", err)
+        self.assertIn("it streams its blocks", err)
+        self.assertEqual(out, "")
+
+    def test_bad_host_memory(self):
+        for args, said in ((["--host-memory", "0"], "--host-memory"),
+                           (["--host-memory", "1G", "--offload", "none"], "--offload model"),
+                           (["--host-memory", "1G", "--literal"], "--literal"),
+                           (["--host-memory", "lots"], "--host-memory")):
+            rc, out, err = mlo("run", self.ckpt, *args)
+            self.assertEqual(rc, 2, f"{args}: {err}")
+            self.assertIn(said, err)
+            self.assertEqual(out, "")
+
+
 class OutOfMemoryTests(Fixture):
     def test_too_small_for_offload(self):
         rc, out, err = mlo("run", self.ckpt, "--device-memory", "1M")

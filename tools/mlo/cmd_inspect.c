@@ -241,6 +241,36 @@ static void print_blocks(mlo_pipeline *pipe) {
   }
 }
 
+/* Host memory for the slabs: all of them; the least with the disk tier
+ * (what is not from files stays); and at the least streaming budget, where
+ * the streamed components stay too (docs/disk.md). */
+typedef struct {
+  uint64_t all, least, stream_keep;
+} host_need;
+
+static bool from_files(mlo_component *c) {
+  for (size_t i = 0; i < mlo_component_tensor_count(c); i++) {
+    const mlo_tensor *t = mlo_component_tensor_at(c, i);
+    if (mlo_tensor_owner(t) == c && mlo_tensor_nbytes(t) && !mlo_tensor_file(t, NULL)) return false;
+  }
+  return true;
+}
+
+static void host_needs(mlo_pipeline *pipe, host_need *h) {
+  memset(h, 0, sizeof *h);
+  uint64_t room = mlo_workload_stream_least_bytes(pipe, NULL);
+  size_t ncomp = mlo_pipeline_component_count(pipe);
+  for (size_t i = 0; i < ncomp; i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    uint64_t bytes = mlo_component_bytes(c);
+    bool stays = !from_files(c);
+    h->all += bytes;
+    h->least += stays ? bytes : 0;
+    h->stream_keep += stays || bytes > room ? bytes : 0;
+  }
+  if (h->stream_keep == h->least) h->stream_keep = 0; /* nothing streams */
+}
+
 static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   size_t ncomp = mlo_pipeline_component_count(pipe);
   needs n;
@@ -293,6 +323,18 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
     char label[96];
     snprintf(label, sizeof label, "  least, streaming: %s", tool_esc(mlo_component_name(streams)));
     printf("  %-36s %10s\n", label, tool_size(stream_least));
+  }
+  host_need h;
+  host_needs(pipe, &h);
+  printf("\nhost memory for the weights (--host-memory SIZE; docs/disk.md):\n");
+  printf("  %-36s %10s\n", "every slab in host memory", tool_size(h.all));
+  printf("  %-36s %10s\n", "least: every slab on disk", tool_size(h.least));
+  printf("    (plus the disk tier's pinned staging ring, %s)\n", tool_size(MLO_STAGING_MAX_BYTES));
+  if (h.stream_keep) {
+    char label[96];
+    snprintf(label, sizeof label, "least, streaming at %s", tool_size(stream_least));
+    printf("  %-36s %10s\n", label, tool_size(h.stream_keep));
+    printf("    (a streamed component keeps its slab: its blocks are copied from it every step)\n");
   }
   if (!n.max_dit_name && !n.enc && !n.vae)
     printf("\nnote: nothing here would run (every component is 'other'); name the roles "
@@ -370,6 +412,14 @@ static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
   cJSON_AddNumberToObject(budget, "prefetch_bytes",
                           (double)(model + n.max_comp < n.all ? model + n.max_comp : n.all));
   cJSON_AddNumberToObject(budget, "no_copies_bytes", (double)n.all);
+  host_need h;
+  host_needs(pipe, &h);
+  cJSON *host = cJSON_AddObjectToObject(root, "host_memory");
+  cJSON_AddNumberToObject(host, "all_bytes", (double)h.all);
+  cJSON_AddNumberToObject(host, "least_bytes", (double)h.least);
+  cJSON_AddNumberToObject(host, "least_streaming_bytes",
+                          (double)(h.stream_keep ? h.stream_keep : h.least));
+  cJSON_AddNumberToObject(host, "staging_bytes", (double)MLO_STAGING_MAX_BYTES);
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   return tool_print_json_text(text);

@@ -18,8 +18,8 @@ typedef struct {
   bool have_capacity, have_link, verify, json, literal, no_prefetch, read_check;
   uint64_t capacity, link;
   int policy; /* an mlo_policy */
-  bool have_budget, have_reserve;
-  uint64_t budget, reserve;
+  bool have_budget, have_reserve, have_host;
+  uint64_t budget, reserve, host;
   long prompts;
   int offload; /* index into offload_words */
   int sync;    /* index into sync_words */
@@ -65,6 +65,12 @@ static void help(void) {
          "  --reserve SIZE        budget policy: leave SIZE free for your own\n"
          "                        allocations (activations, workspaces)\n"
          "  --no-prefetch         budget policy: load on demand only\n"
+         "  --host-memory SIZE    host memory the weights may keep, e.g. 16G: what does\n"
+         "                        not fit stays in its checkpoint file and each load\n"
+         "                        reads it through a 64 MiB pinned staging ring; the\n"
+         "                        components used least per prompt go to disk first\n"
+         "                        (docs/disk.md).  The report shows the disk's reads and\n"
+         "                        stall and the peak RSS\n"
          "  --prompts N           N generations in one process (default 1); the report\n"
          "                        shows each, so the warm steady state is visible\n"
          "  --sync MODE           event (default) | device (synchronize before each\n"
@@ -97,11 +103,13 @@ static void help(void) {
          "          --diffusion-model wan2.2_t2v_low_noise_14B_Q4_K_M.gguf \\\n"
          "          --t5xxl umt5_xxl_fp8_e4m3fn_scaled.safetensors --vae wan_2.1_vae.safetensors\n"
          "  mlo run ckpt --policy budget --budget 1G --prompts 4 --verify\n"
+         "  mlo run ckpt --policy budget --host-memory 8G --prompts 3\n"
          "  mlo run /models/Wan2.2-T2V-A14B --platform cuda:0 --steps 40 --json\n"
          "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n"
          "  mpirun -np 4 mlo run ckpt --ranks sharded --link 2e8 --verify\n\n"
          "exit codes: 0 ok, 1 verification failed, 2 bad usage or input,\n"
-         "3 out of device memory, 4 other failure.\n");
+         "3 out of device memory (or --host-memory below what must stay in host\n"
+         "memory), 4 other failure.\n");
 }
 
 static bool parse_tokens(targs *a, const char *val, int tokens[4]) {
@@ -142,6 +150,9 @@ static bool parse_flag(targs *a, run_args *r) {
     r->have_budget = targs_size(a, "--budget", v, &r->budget);
   } else if (targs_value(a, "--reserve", &v)) {
     r->have_reserve = targs_size(a, "--reserve", v, &r->reserve);
+  } else if (targs_value(a, "--host-memory", &v)) {
+    r->have_host = targs_size(a, "--host-memory", v, &r->host);
+    if (r->have_host && !r->host) targs_error(a, "--host-memory: give a size above 0");
   } else if (targs_value(a, "--prompts", &v)) {
     targs_int(a, "--prompts", v, 1, 1000, &r->prompts);
   } else if (targs_flag(a, "--no-prefetch")) {
@@ -211,6 +222,13 @@ static int parse(int argc, char **argv, run_args *r) {
                               : "--read-check");
   if (!a.failed && budget && r->offload == 0)
     targs_error(&a, "--policy budget needs --offload model");
+  if (!a.failed && r->have_host && r->offload == 0)
+    targs_error(&a, "--host-memory needs --offload model");
+  if (!a.failed && r->have_host && r->ranks >= 0)
+    targs_error(&a, "--host-memory with --ranks: the disk tier is one process's for now");
+  if (!a.failed && r->have_host && r->literal)
+    targs_error(&a, "--host-memory with --literal: the literal baseline copies every tensor "
+                    "back to host memory");
   return a.failed ? TOOL_EXIT_USAGE : 0;
 }
 
@@ -269,6 +287,7 @@ static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, 
   o->settings.budget_bytes = ra->have_budget ? ra->budget : 0;
   o->settings.reserve_bytes = ra->have_reserve ? ra->reserve : 0;
   o->settings.prefetch = !ra->no_prefetch;
+  o->settings.host_budget_bytes = ra->have_host ? ra->host : 0;
   o->prompts = (int)ra->prompts;
   o->steps = (int)ra->steps;
   o->audit = ra->verify;
@@ -343,6 +362,7 @@ static int run_main(const run_args *ra, session_config *cfg, run_options *o, too
     tool_failf("run", "%s%s%s", r.failed ? mlo_component_name(r.failed) : "", r.failed ? ": " : "",
                err);
     code = (ra->verify && rc == MLO_ESTATE) ? TOOL_EXIT_VERIFY : tool_exit_for(rc);
+    if (rc == MLO_ENOMEM && ra->have_host) code = TOOL_EXIT_NOMEM; /* what must stay exceeds it */
     goto agree; /* the other ranks learn of it there, not at their timeout */
   }
   if (o->trace) {
@@ -469,8 +489,12 @@ int cmd_run(int argc, char **argv) {
              (unsigned long long)ra.link);
   }
   bool progress = !ra.json && ra.rk.rank == 0;
-  session_config cfg = {
-      .source = &ra.src, .platform_spec = spec, .progress = progress, .read_check = ra.read_check};
+  session_config cfg = {.source = &ra.src,
+                        .platform_spec = spec,
+                        .progress = progress,
+                        .read_check = ra.read_check,
+                        .defer_materialize =
+                            ra.have_host}; /* enable reads what stays in host memory */
   memcpy(cfg.tokens, ra.tokens, sizeof cfg.tokens);
   tool_trace trace;
   bool tracing = ra.trace || ra.timeline;

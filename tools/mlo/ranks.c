@@ -298,6 +298,10 @@ uint64_t ranks_io_read_bytes(void) {
   return (uint64_t)proc_value("/proc/self/io", "read_bytes: %llu");
 }
 
+uint64_t ranks_peak_rss_bytes(void) {
+  return (uint64_t)proc_value("/proc/self/status", "VmHWM: %llu kB") * 1024;
+}
+
 uint64_t ranks_pss_bytes(void) {
   return (uint64_t)proc_value("/proc/self/smaps_rollup", "Pss: %llu kB") * 1024;
 }

@@ -141,6 +141,21 @@ void report_print_text(const tool_report *rep, FILE *out) {
             "the load ran at %.2fx its speed\n",
             rep->read_s, rep->read_s > 0 ? (double)rep->read_bytes / rep->read_s / 1e9 : 0.0,
             load_vs_read(rep));
+  if (st->host_budget_bytes) {
+    fprintf(out,
+            "host memory        budget %s: %s of slabs in host memory, %s left on disk; a %s "
+            "staging ring; peak RSS %s%s\n",
+            tool_size(st->host_budget_bytes), tool_size(st->host_slab_bytes),
+            tool_size(st->disk_bytes), tool_size(st->staging_bytes), tool_size(rep->run.peak_rss),
+            rep->capacity && strstr(rep->platform, "host") ? " (the host device's memory in it)"
+                                                           : "");
+    fprintf(out,
+            "disk tier          %" PRIu64 " loads read %s from the checkpoint (%s per prompt, "
+            "median); waited %.3f s for the disk\n",
+            st->total.disk_loads, tool_size(st->total.disk_read_bytes),
+            tool_size((uint64_t)run_steady(&rep->run, GEN_DISK)),
+            (double)st->total.disk_wait_ns / 1e9);
+  }
   fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
           tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
           100.0 * tool_ratio((double)st->peak_device_bytes, (double)rep->all_resident));
@@ -195,6 +210,9 @@ static void add_stats(cJSON *o, const mlo_component_stats *s) {
   cJSON_AddNumberToObject(o, "forward_s", (double)s->forward_ns / 1e9);
   cJSON_AddNumberToObject(o, "block_loads", (double)s->block_loads);
   cJSON_AddNumberToObject(o, "block_stall_s", (double)s->block_wait_ns / 1e9);
+  cJSON_AddNumberToObject(o, "disk_loads", (double)s->disk_loads);
+  cJSON_AddNumberToObject(o, "disk_read_bytes", (double)s->disk_read_bytes);
+  cJSON_AddNumberToObject(o, "disk_stall_s", (double)s->disk_wait_ns / 1e9);
 }
 
 static cJSON *build_json(const tool_report *rep) {
@@ -232,6 +250,11 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddNumberToObject(root, "model_offload_bytes", (double)rep->model_need);
   cJSON_AddNumberToObject(root, "max_component_bytes", (double)rep->max_comp);
   cJSON_AddNumberToObject(root, "pinned_bytes", (double)rep->run.stats.pinned_bytes);
+  cJSON_AddNumberToObject(root, "host_budget_bytes", (double)rep->run.stats.host_budget_bytes);
+  cJSON_AddNumberToObject(root, "host_slab_bytes", (double)rep->run.stats.host_slab_bytes);
+  cJSON_AddNumberToObject(root, "disk_bytes", (double)rep->run.stats.disk_bytes);
+  cJSON_AddNumberToObject(root, "staging_bytes", (double)rep->run.stats.staging_bytes);
+  cJSON_AddNumberToObject(root, "peak_rss_bytes", (double)rep->run.peak_rss);
   /* the process's memory at the end of the run, shared pages counted 1/n */
   cJSON_AddNumberToObject(root, "host_pss_bytes", (double)rep->rank.pss);
   cJSON_AddNumberToObject(root, "slab_pss_bytes", (double)rep->rank.slab_pss);
@@ -260,6 +283,8 @@ static cJSON *build_json(const tool_report *rep) {
     cJSON_AddNumberToObject(o, "loads", (double)r->loads);
     cJSON_AddNumberToObject(o, "evictions", (double)r->evictions);
     cJSON_AddNumberToObject(o, "prefetches", (double)r->prefetches);
+    cJSON_AddNumberToObject(o, "disk_read_bytes", (double)r->disk_read_bytes);
+    cJSON_AddNumberToObject(o, "disk_stall_s", r->disk_stall_s);
     snprintf(hex, sizeof hex, "%016" PRIx64, r->digest);
     cJSON_AddStringToObject(o, "digest", hex);
     cJSON_AddItemToArray(gens, o);

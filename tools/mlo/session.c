@@ -161,6 +161,7 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
       return TOOL_SESSION_REFUSED;
     }
   }
+  if (cfg->defer_materialize) return MLO_OK;
   rc = materialize(s, cfg, err, errlen);
   if (rc) goto out_close;
   return MLO_OK;
@@ -287,6 +288,8 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
     g->loads = after.total.loads - before.total.loads;
     g->evictions = after.total.evictions - before.total.evictions;
     g->prefetches = after.total.prefetches - before.total.prefetches;
+    g->disk_read_bytes = after.total.disk_read_bytes - before.total.disk_read_bytes;
+    g->disk_stall_s = (double)(after.total.disk_wait_ns - before.total.disk_wait_ns) / 1e9;
     if (!rc) r->ngens = p + 1;
     if (g->digest != r->gens[0].digest) r->digests_agree = false;
     before = after;
@@ -318,6 +321,8 @@ static double gen_value(const gen_result *g, gen_figure what) {
     return (double)g->h2d_bytes;
   case GEN_LOADS:
     return (double)g->loads;
+  case GEN_DISK:
+    return (double)g->disk_read_bytes;
   }
   return 0;
 }
@@ -368,6 +373,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
     dit_forwards += st.forwards;
   }
   r->dit_step_s = dit_forwards ? (double)dit_ns / 1e9 / (double)dit_forwards : 0;
+  r->peak_rss = ranks_peak_rss_bytes();
   mlo_platform_memory mem;
   if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) {
     r->platform_peak = mem.peak_bytes;

@@ -229,6 +229,8 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
 /* This process's proportional set size (smaps_rollup), 0 if unknown, and
  * that of the mappings holding any of addrs (each counted once). */
 uint64_t ranks_pss_bytes(void);
+/* This process's resident high-water mark (VmHWM; 0 if unknown). */
+uint64_t ranks_peak_rss_bytes(void);
 /* /proc/self/io read_bytes (0 where the kernel does not account it). */
 uint64_t ranks_io_read_bytes(void);
 uint64_t ranks_pss_of(const void *const *addrs, size_t n);
@@ -306,7 +308,10 @@ typedef struct {
   size_t override_count;
   bool progress;   /* a load bar while materializing */
   bool read_check; /* time a plain cold read of the files, then load cold */
-  int tokens[4];   /* per role (0: the default) */
+  /* leave materializing to the run's enable (a host budget decides which
+   * slabs it reads) */
+  bool defer_materialize;
+  int tokens[4]; /* per role (0: the default) */
   /* Called with the pipeline open and nothing loaded; a nonzero return
    * (an exit code, err set) ends session_open with that code, negated. */
   int (*before_load)(tool_session *s, void *user, char *err, size_t errlen);
@@ -338,6 +343,8 @@ typedef struct {
 typedef struct {
   double wall_s, stall_s;
   uint64_t h2d_bytes, loads, evictions, prefetches;
+  uint64_t disk_read_bytes; /* read from checkpoint files by loads (the disk tier) */
+  double disk_stall_s;      /* of stall_s, waiting for them */
   uint64_t digest;
 } gen_result;
 
@@ -350,6 +357,7 @@ typedef struct {
   mlo_pipeline_stats stats;
   uint64_t platform_peak;   /* the platform's own high-water mark */
   uint64_t reserved_peak;   /* its allocator's reserve high-water mark (CUDA pool) */
+  uint64_t peak_rss;        /* the process's resident high-water mark (VmHWM) */
   size_t calls;             /* forwards in the schedule */
   double dit_step_s;        /* mean seconds of one DiT forward (0 without DiTs) */
   mlo_component *failed;    /* the component a failure happened in */
@@ -368,7 +376,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
 void run_result_free(run_result *r);
 /* One figure of a run's steady state: its median over generations 2..
  * (the warm prompts), the first's when there is only one. */
-typedef enum { GEN_WALL, GEN_STALL, GEN_H2D, GEN_LOADS } gen_figure;
+typedef enum { GEN_WALL, GEN_STALL, GEN_H2D, GEN_LOADS, GEN_DISK } gen_figure;
 double run_steady(const run_result *r, gen_figure what);
 /* a / b, 0 when b is not positive (a ratio to a missing baseline). */
 double tool_ratio(double a, double b);
