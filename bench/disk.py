@@ -28,8 +28,8 @@ the host-budget run over the all-slabs run (both outside the group), the
 bytes read from disk per prompt, the time waited for the disk per warm
 prompt over its wall, and whether the digests are equal.  The disk's reads
 are real reads: the loader and the disk tier drop the pages they read, so
-each load reads the device (`/proc/PID/io` read_bytes is printed beside
-mlo's own count).
+each load reads the device (what the kernel read for the process, wait4's
+ru_inblock, is printed beside mlo's own count).
 
 Needs root and a memory controller (v2 `memory.max`, or v1
 `memory.limit_in_bytes`); without them it says so and measures the runs
@@ -54,21 +54,30 @@ RING = 64 << 20
 
 
 def run(mlo, *args, cgroup=None):
-    """Runs mlo; returns (exit code or -signal, stdout, stderr, read_bytes)."""
+    """Runs mlo; returns (exit code or -signal, stdout, stderr, bytes the
+    kernel read from storage for it: wait4's ru_inblock, 512-byte units)."""
     def enter():
         if cgroup:
             with open(os.path.join(cgroup.path, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-    p = subprocess.Popen([mlo, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=ENV, preexec_fn=enter if cgroup else None)
-    out, err = p.communicate()
-    return p.returncode, out, err
+    with tempfile.TemporaryFile("w+") as errf:
+        p = subprocess.Popen([mlo, *args], stdout=subprocess.PIPE, stderr=errf, text=True,
+                             env=ENV, preexec_fn=enter if cgroup else None)
+        out = p.stdout.read()
+        p.stdout.close()
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        errf.seek(0)
+        err = errf.read()
+    return p.returncode, out, err, ru.ru_inblock * 512
 
 
-def must(mlo, *args):
-    rc, out, err = run(mlo, *args)
+def must(mlo, *args, reads=None):
+    rc, out, err, read = run(mlo, *args)
     if rc != 0:
         sys.exit(f"mlo {' '.join(args)}: exit {rc}: {err.strip()}")
+    if reads is not None:
+        reads.append(read)
     return out
 
 
@@ -196,7 +205,9 @@ def main():
         for rep in range(a.reps):
             row = {}
             full = json.loads(must(mlo, "run", ckpt, *common))
-            disk = json.loads(must(mlo, "run", ckpt, *common, "--host-memory", str(host)))
+            kernel = []
+            disk = json.loads(must(mlo, "run", ckpt, *common, "--host-memory", str(host),
+                                   reads=kernel))
             row["digest_equal"] = full["digest"] == disk["digest"]
             row["wall_ratio"] = steady(disk, "wall_s") / steady(full, "wall_s")
             row["disk_bytes_per_prompt"] = steady(disk, "disk_read_bytes")
@@ -204,17 +215,21 @@ def main():
             row["full_peak_rss"] = full["peak_rss_bytes"]
             row["disk_peak_rss"] = disk["peak_rss_bytes"]
             row["host_slab_bytes"] = disk["host_slab_bytes"]
+            # what the kernel read for the run against mlo's count: the slabs
+            # kept (read once, at enable) and every load from disk
+            row["kernel_read_bytes"] = kernel[0]
+            row["mlo_read_bytes"] = disk["host_slab_bytes"] + disk["disk_read_bytes"]
             if cg:
                 cg.reset_peak()
                 oom0 = cg.oom_kills() or 0
-                rc, out, err = run(mlo, "run", ckpt, *common, "--host-memory", str(host),
-                                   cgroup=cg)
+                rc, out, err, _ = run(mlo, "run", ckpt, *common, "--host-memory", str(host),
+                                      cgroup=cg)
                 row["in_group_exit"] = rc
                 row["in_group_digest_equal"] = rc == 0 and json.loads(out)["digest"] == full["digest"]
                 row["in_group_peak"] = cg.peak()
                 row["in_group_cache_left"] = cg.cache()
                 row["in_group_oom_kills"] = (cg.oom_kills() or 0) - oom0
-                rc, _, _ = run(mlo, "run", ckpt, *common, cgroup=cg)
+                rc, _, _, _ = run(mlo, "run", ckpt, *common, cgroup=cg)
                 row["all_slabs_exit"] = rc
                 row["all_slabs_oom_kills"] = (cg.oom_kills() or 0) - oom0 - row["in_group_oom_kills"]
             rows.append(row)
@@ -238,6 +253,9 @@ def main():
         print(f"  peak RSS: all slabs {med['full_peak_rss'] / 2**20:.0f} MiB, host budget "
               f"{med['disk_peak_rss'] / 2**20:.0f} MiB")
         print(f"  digests equal                          {all(r['digest_equal'] for r in rows)}")
+        print(f"  read by the kernel for the run         {med['kernel_read_bytes'] / 2**20:.0f} MiB "
+              f"(mlo counts {med['mlo_read_bytes'] / 2**20:.0f} MiB: the slabs kept, read once, "
+              f"and every load from disk)")
         if cg:
             exits = [r["all_slabs_exit"] for r in rows]
             print(f"  in the control group ({'v2' if cg.v2 else 'v1'}, limit {limit / 2**20:.0f} MiB):")

@@ -9,6 +9,8 @@
  *   - the budget policy with prefetch on the same smaller device,
  *   - the budget policy on a device smaller than one DiT (60% of it), the
  *     DiTs streaming their blocks (docs/streaming.md);
+ *   - the budget policy with half the weights' host memory, the rest read
+ *     from the checkpoint at each load (docs/disk.md);
  * verifies that all four give the same digest, audits every forward, and
  * prints the per-prompt cost of each against the baseline, with a
  * residency timeline of the budget run.  About half a minute on two cores.
@@ -46,13 +48,15 @@ static void help(void) {
   printf("usage: mlo demo [flags]\n\n"
          "Generates a Wan2.2-shaped pipeline (UMT5 encoder, two DiTs split at the\n"
          "0.875 boundary, a 3-D VAE; about %.0f MB at the default scale) into a cache\n"
-         "folder, once.  Then serves three prompts four ways on the host platform:\n"
+         "folder, once.  Then serves three prompts five ways on the host platform:\n"
          "all resident and warm (the baseline), strict model-level offload (the\n"
          "specification) and the budget policy with prefetch, both on a device that\n"
          "holds the strict need and the next component but not the whole pipeline,\n"
-         "and the budget policy on a device of 60%% of one DiT, its blocks streaming,\n"
-         "over a link throttled so that one DiT load takes one DiT step.  Checks that\n"
-         "the four give identical output, audits every forward, and reports each\n"
+         "the budget policy on a device of 60%% of one DiT, its blocks streaming, and\n"
+         "the budget policy with half the weights' host memory, the rest read from the\n"
+         "checkpoint at each load, over a link throttled so that one DiT load takes one\n"
+         "DiT step.  Checks that the five give identical output, audits every forward,\n"
+         "and reports each\n"
          "one's time per prompt against the baseline, stall, bytes moved and peak\n"
          "device memory, with a timeline picture (SVG) of the budget run.\n\n"
          "flags:\n"
@@ -228,7 +232,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
                      .split = z.split,
                      .trace_path = d->trace,
                      .timeline_path = svg};
-  printf("1/4 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));
+  printf("1/5 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));
   fflush(stdout);
   char err[1024] = "";
   int rc = session_reference_run(&cfg, &o, z.all, &rep.ref, err, sizeof err);
@@ -250,7 +254,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     report_free(&rep);
     return tool_exit_for(rc);
   }
-  printf("2/4 strict offload (the specification) on a %s device, link %.2f GB/s "
+  printf("2/5 strict offload (the specification) on a %s device, link %.2f GB/s "
          "(a DiT load = one DiT step) ...\n",
          tool_size(z.capacity), bw / 1e9);
   fflush(stdout);
@@ -258,7 +262,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   run_result strict;
   code = run_one(&s, &o, d, svg, &strict, NULL);
   if (!code) {
-    printf("3/4 budget policy with prefetch, same device and link ...\n");
+    printf("3/5 budget policy with prefetch, same device and link ...\n");
     fflush(stdout);
     tool_trace trace;
     bool traced = tool_trace_init(&trace) == MLO_OK;
@@ -280,7 +284,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   char label[32] = "DiT streamed";
   if (stream) snprintf(label, sizeof label, "DiT streamed (%.2fx)", (double)small / (double)z.dit);
   if (!code && !stream)
-    printf("4/4 skipped: at this scale the DiT has too few blocks to stream in less than "
+    printf("4/5 skipped: at this scale the DiT has too few blocks to stream in less than "
            "itself\n\n");
   if (!code && stream) {
     snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
@@ -291,7 +295,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
       tool_err("demo: %s", err);
       code = tool_exit_for(rc);
     } else {
-      printf("4/4 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
+      printf("4/5 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
              tool_size(small), 100.0 * (double)small / (double)z.dit);
       fflush(stdout);
       o.trace = NULL;
@@ -299,11 +303,39 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
       session_close(&s);
     }
   }
+  /* Half the weights' host memory: what does not fit stays in the files
+   * and is read at each load, the next one's reads under the current
+   * compute (docs/disk.md). */
+  run_result disk = {0};
+  uint64_t host = z.all / 2;
+  if (!code) {
+    snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
+             (unsigned long long)z.capacity, bw);
+    cfg.platform_spec = spec;
+    cfg.defer_materialize = true; /* the run's enable reads what stays in host memory */
+    rc = session_open(&s, &cfg, err, sizeof err);
+    cfg.defer_materialize = false;
+    if (rc) {
+      tool_err("demo: %s", err);
+      code = tool_exit_for(rc);
+    } else {
+      printf("5/5 budget policy with prefetch and %s of host memory for %s of weights: the "
+             "rest is read from disk at each load ...\n\n",
+             tool_size(host), tool_size(z.all));
+      fflush(stdout);
+      o.trace = NULL;
+      o.settings.host_budget_bytes = host;
+      code = run_one(&s, &o, d, NULL, &disk, NULL);
+      o.settings.host_budget_bytes = 0;
+      session_close(&s);
+    }
+  }
   if (!code) {
     rep.verify = true;
     rep.identical = rep.ref.digest == rep.run.digest && strict.digest == rep.run.digest &&
                     (!stream || (streamed.digest == rep.run.digest && streamed.digests_agree)) &&
-                    rep.run.digests_agree && strict.digests_agree;
+                    disk.digest == rep.run.digest && disk.digests_agree && rep.run.digests_agree &&
+                    strict.digests_agree;
     report_print_text(&rep, stdout);
     printf("\nper prompt, steady state (prompts 2-3 of 3), against all resident warm:\n");
     printf("  %-22s %9s %8s %9s %11s %11s %10s\n", "", "time", "wall", "exposed", "stall", "moved",
@@ -312,6 +344,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     print_row("strict offload", &strict, &rep.ref);
     print_row("budget + prefetch", &rep.run, &rep.ref);
     if (stream) print_row(label, &streamed, &rep.ref);
+    print_row("host memory 1/2", &disk, &rep.ref);
     printf("  (wall: time / the baseline's, which machine noise moves; exposed: 1 + stall /\n"
            "  the baseline's time, the transfer time offload leaves on the critical path)\n");
     for (size_t i = 0; i < streamed.nstreams; i++)
@@ -323,7 +356,12 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
                tool_size(si->device_bytes), tool_size(si->streamed_bytes));
         break; /* the experts are alike */
       }
-    printf("  the digests of all %s runs are %s\n", stream ? "four" : "three",
+    printf("  host memory 1/2: %s of slabs kept of %s, %s read from disk per prompt, %.3f s "
+           "waited for it; peak RSS %s (the host device's %s in it)\n",
+           tool_size(disk.stats.host_slab_bytes), tool_size(z.all),
+           tool_size((uint64_t)run_steady(&disk, GEN_DISK)), run_steady(&disk, GEN_DISK_STALL),
+           tool_size(disk.peak_rss), tool_size(z.capacity));
+    printf("  the digests of all %s runs are %s\n", stream ? "five" : "four",
            rep.identical ? "identical" : "DIFFERENT");
     if (!rep.identical) code = TOOL_EXIT_VERIFY;
   }
@@ -345,6 +383,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   }
   run_result_free(&strict);
   run_result_free(&streamed);
+  run_result_free(&disk);
   report_free(&rep);
   return code;
 }

@@ -323,6 +323,8 @@ static double gen_value(const gen_result *g, gen_figure what) {
     return (double)g->loads;
   case GEN_DISK:
     return (double)g->disk_read_bytes;
+  case GEN_DISK_STALL:
+    return g->disk_stall_s;
   }
   return 0;
 }

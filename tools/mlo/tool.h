@@ -376,7 +376,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
 void run_result_free(run_result *r);
 /* One figure of a run's steady state: its median over generations 2..
  * (the warm prompts), the first's when there is only one. */
-typedef enum { GEN_WALL, GEN_STALL, GEN_H2D, GEN_LOADS, GEN_DISK } gen_figure;
+typedef enum { GEN_WALL, GEN_STALL, GEN_H2D, GEN_LOADS, GEN_DISK, GEN_DISK_STALL } gen_figure;
 double run_steady(const run_result *r, gen_figure what);
 /* a / b, 0 when b is not positive (a ratio to a missing baseline). */
 double tool_ratio(double a, double b);
