@@ -356,6 +356,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
   }
   mlo_pipeline_reset_stats(s->pipe);
   mlo_platform_reset_peak(s->platform);
+  ranks_reset_peak_rss(); /* the run's own peak, not an earlier run's in this process */
   if (o->trace) mlo_pipeline_set_trace(s->pipe, tool_trace_hook, o->trace);
   mlo_pipeline_set_audit(s->pipe, o->audit);
   rc = timed_run(s, o, calls, r->calls, r);

@@ -229,8 +229,11 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
 /* This process's proportional set size (smaps_rollup), 0 if unknown, and
  * that of the mappings holding any of addrs (each counted once). */
 uint64_t ranks_pss_bytes(void);
-/* This process's resident high-water mark (VmHWM; 0 if unknown). */
+/* This process's resident high-water mark (VmHWM; 0 if unknown), and its
+ * reset to the RSS now (where the kernel allows: else it stays the
+ * process's peak so far). */
 uint64_t ranks_peak_rss_bytes(void);
+void ranks_reset_peak_rss(void);
 /* /proc/self/io read_bytes (0 where the kernel does not account it). */
 uint64_t ranks_io_read_bytes(void);
 uint64_t ranks_pss_of(const void *const *addrs, size_t n);
