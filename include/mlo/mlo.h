@@ -617,6 +617,12 @@ MLO_API int mlo_pipeline_load_all(mlo_pipeline *pipe);
  * executing while non-resident, and device bytes match the resident blocks.
  * MLO_OK, or MLO_ESTATE with the violation in mlo_pipeline_errmsg. */
 MLO_API int mlo_pipeline_audit(mlo_pipeline *pipe);
+/* Waits until every load this pipeline issued is complete on the device,
+ * loads from disk included (the disk tier's reader issues their copies
+ * after mlo_platform_synchronize may have returned), then synchronizes
+ * the platform.  For counters that must be final (a report); a server
+ * need not call it. */
+MLO_API int mlo_pipeline_synchronize(mlo_pipeline *pipe);
 /* Audit automatically at every acquire (used by `mlo run --verify`). */
 MLO_API void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);
 

@@ -103,6 +103,10 @@ int mlo_out_write_all(const char *path, const void *data, size_t len, char *err,
 /* write(2) until done; 0 or -1 with errno. */
 int mlo_write_full(int fd, const void *data, size_t len);
 
+/* Sleeps until the monotonic clock (mlo_now_ns) reaches deadline; at once
+ * if it has (util.c). */
+void mlo_sleep_until_ns(uint64_t deadline);
+
 /* ---- fault injection (tests) ------------------------------------------- */
 typedef enum {
   MLO_SYSFAULT_ALLOC, /* mlo_malloc/calloc/realloc/strdup return NULL */

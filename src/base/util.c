@@ -4,6 +4,7 @@
  * sync modes and residency states.
  */
 #include "base/log.h"
+#include "base/sysio.h"
 #include "base/utf8.h"
 
 #include <ctype.h>
@@ -168,6 +169,12 @@ uint64_t mlo_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void mlo_sleep_until_ns(uint64_t deadline) {
+  struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+  }
 }
 
 /* ---- sizes ------------------------------------------------------------ */

@@ -249,6 +249,7 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
       continue;
     }
     if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
+    if (!c->materialized) return MLO_NOT_MATERIALIZED;
     int rc = ensure_plan(pipe, c);
     if (rc) return rc;
     rc = make_room(pipe, c);

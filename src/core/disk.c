@@ -43,7 +43,8 @@
 struct disk_slot {
   void *buf;
   mlo_event *ev; /* recorded after the copies out of buf */
-  bool used;
+  bool used;     /* ev was recorded */
+  bool pinned;   /* buf is page-locked (freed as such) */
 };
 
 struct mlo_disk {
@@ -52,8 +53,9 @@ struct mlo_disk {
   pthread_cond_t work; /* signalled (under pipe->lock) when a job is queued or at stop */
   mlo_component *head, *tail;
   struct disk_slot slots[DISK_SLOTS];
-  uint64_t chunk; /* bytes of each buffer (0: the ring is not allocated yet) */
-  bool pinned;
+  uint64_t chunk;  /* bytes of each buffer (0: the ring is not allocated) */
+  uint64_t pinned; /* of the ring's bytes, page-locked (counted in pinned_bytes) */
+  bool want_pin;   /* the pipeline's pin_host, read under its lock */
 };
 
 /* ---- the host plan ------------------------------------------------------ */
@@ -61,14 +63,15 @@ struct mlo_disk {
 /* Why c cannot live on disk (NULL: it can), given the device room it must
  * fit whole in. */
 static const char *why_in_host(const mlo_component *c, uint64_t block_bytes, uint64_t room) {
-  if (c->pipe->comm) return "ranks share slabs";
   if (block_bytes > room) return "it streams its blocks";
   for (size_t i = 0; i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
     if (t->target || !t->nbytes) continue;
     if (t->flags & MLO_TENSOR_EXTERNAL) return "caller-owned tensors";
     if (t->flags & MLO_TENSOR_MUTABLE) return "mutable tensors";
-    if (!t->src_file) return "tensors not from files";
+    /* a projection's tensors stand for a checkpoint's (the simulated device
+     * reads no file: its disk is a rate) */
+    if (!t->src_file && !c->pipe->platform->caps.simulated) return "tensors not from files";
   }
   return NULL;
 }
@@ -126,13 +129,14 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
   uint64_t budget = s->host_budget_bytes;
   for (size_t i = 0; i < pipe->ncomps; i++) pipe->comps[i]->want_disk = false;
   if (!budget) return MLO_OK;
-  if (pipe->platform->caps.simulated)
-    return mlo_fail(pipe, MLO_EUNSUPPORTED,
-                    "host_budget_bytes: the simulated device does not model the disk tier");
   if (s->copy_back)
     return mlo_fail(pipe, MLO_EINVAL,
                     "host_budget_bytes with copy_back: every tensor is written back to host "
                     "memory, so none may live on disk");
+  if (pipe->comm)
+    return mlo_fail(pipe, MLO_EUNSUPPORTED,
+                    "host_budget_bytes with ranks: the node's slabs are shared, and the disk tier "
+                    "does not yet share a host budget between ranks");
   candidate *cand = mlo_calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *cand);
   if (!cand) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
   size_t n = 0;
@@ -144,12 +148,6 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
     mlo_layout lay;
     mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
     const char *why = why_in_host(c, lay.block_bytes, device_room);
-    /* a resident component keeps the tier it was loaded from */
-    if (mlo_res_is_resident(c) && c->materialized) {
-      c->want_disk = c->on_disk;
-      if (!c->on_disk) must += lay.slab_bytes;
-      continue;
-    }
     if (!lay.slab_bytes) continue; /* nothing to keep anywhere */
     if (why) {
       must += lay.slab_bytes;
@@ -187,9 +185,24 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
   return MLO_OK;
 }
 
+void mlo_disk_change_tier(mlo_component *c) {
+  if (!c->materialized || mlo_res_is_resident(c) || c->on_disk == c->want_disk) return;
+  /* nothing queued may still read or write the host memory freed here: a
+   * load never waited for, a streamed block's refill, a write-back */
+  mlo_res_finish_writeback(c);
+  if (c->slab) {
+    c->stats.platform_calls++;
+    mlo_plat_synchronize(c->pipe->platform);
+  }
+  mlo_stream_drop(c); /* planned on the layout it gives up */
+  mlo_slab_free(c);
+  c->disk_rc = MLO_OK;
+}
+
 /* ---- materializing without a slab --------------------------------------- */
 
 int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay) {
+  if (c->pipe->platform->caps.simulated) return MLO_OK; /* no files: a modelled disk */
   mlo_tensor **files = mlo_malloc((lay->norder ? lay->norder : 1) * sizeof *files);
   int *fds = mlo_malloc((lay->norder ? lay->norder : 1) * sizeof *fds);
   if (!files || !fds) {
@@ -234,48 +247,70 @@ static int plat(job *j, int rc) {
   return rc;
 }
 
-/* Allocates the ring, buffers as large as the largest slab on disk up to
- * DISK_CHUNK; lock NOT held. */
-static int alloc_ring(mlo_pipeline *pipe, struct mlo_disk *d, uint64_t largest, char *err,
-                      size_t errlen) {
-  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-  uint64_t chunk = largest < DISK_CHUNK ? largest : DISK_CHUNK;
-  chunk = (chunk + page - 1) / page * page;
-  bool want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED"), all_pinned = true;
+/* The ring's buffers, each freed once the copies out of it are done; the
+ * pinned bytes freed.  Lock NOT held (a partial ring too). */
+static uint64_t free_ring(mlo_pipeline *pipe, struct mlo_disk *d) {
+  uint64_t pinned = 0;
   for (int i = 0; i < DISK_SLOTS; i++) {
-    bool pinned = false;
-    int rc =
-        mlo_plat_host_alloc(pipe->platform, (size_t)chunk, want_pin, &d->slots[i].buf, &pinned);
-    if (!rc) rc = mlo_plat_event_create(pipe->platform, &d->slots[i].ev);
+    struct disk_slot *s = &d->slots[i];
+    if (s->used) mlo_plat_event_sync(pipe->platform, s->ev);
+    if (s->ev) mlo_plat_event_destroy(pipe->platform, s->ev);
+    if (s->buf) mlo_plat_host_free(pipe->platform, s->buf, (size_t)d->chunk, s->pinned);
+    if (s->buf && s->pinned) pinned += d->chunk;
+    *s = (struct disk_slot){0};
+  }
+  d->chunk = 0;
+  return pinned;
+}
+
+/* A ring whose buffers are chunk bytes (page-rounded): *pinned gets the
+ * bytes pinned.  On failure nothing is left allocated.  Lock NOT held. */
+static int alloc_ring(mlo_pipeline *pipe, struct mlo_disk *d, uint64_t chunk, bool want_pin,
+                      uint64_t *pinned, char *err, size_t errlen) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  d->chunk = (chunk + page - 1) / page * page;
+  *pinned = 0;
+  for (int i = 0; i < DISK_SLOTS; i++) {
+    struct disk_slot *s = &d->slots[i];
+    int rc = mlo_plat_host_alloc(pipe->platform, (size_t)d->chunk, want_pin, &s->buf, &s->pinned);
+    if (rc) s->buf = NULL;
+    if (!rc) rc = mlo_plat_event_create(pipe->platform, &s->ev);
     if (rc) {
       snprintf(err, errlen, "allocating the disk tier's staging ring (%d x %llu bytes) failed (%s)",
-               DISK_SLOTS, (unsigned long long)chunk, mlo_strerror(rc));
+               DISK_SLOTS, (unsigned long long)d->chunk, mlo_strerror(rc));
+      free_ring(pipe, d);
       return rc;
     }
-    all_pinned = all_pinned && pinned;
+    if (s->pinned) *pinned += d->chunk;
   }
-  d->pinned = all_pinned;
-  pthread_mutex_lock(&pipe->lock);
-  d->chunk = chunk;
-  if (all_pinned) pipe->pinned_bytes += chunk * DISK_SLOTS;
-  pthread_mutex_unlock(&pipe->lock);
   return MLO_OK;
 }
 
-static void free_ring(mlo_pipeline *pipe, struct mlo_disk *d) {
-  for (int i = 0; i < DISK_SLOTS; i++) {
-    if (d->slots[i].ev) mlo_plat_event_destroy(pipe->platform, d->slots[i].ev);
-    if (d->slots[i].buf)
-      mlo_plat_host_free(pipe->platform, d->slots[i].buf, (size_t)d->chunk, d->pinned);
-  }
-  if (d->pinned && d->chunk) pipe->pinned_bytes -= d->chunk * DISK_SLOTS;
+/* MLO_DISK_BW (bytes per second): the reader paces its reads to that rate,
+ * a slower disk's stand-in for benchmarks and the projection's validation,
+ * as the host platform's bw= is a slower link's; 0 or unset: as fast as the
+ * disk reads. */
+static double paced_rate(void) {
+  const char *env = getenv("MLO_DISK_BW");
+  uint64_t v = 0;
+  return env && *env && mlo_parse_size(env, false, &v) == MLO_OK ? (double)v : 0;
 }
 
-/* Reads len bytes at `at` into buf, whatever the short reads. */
-static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const mlo_tensor *t, job *j) {
+/* The piece of a chunk that holds its byte boff (a gap's: the next one). */
+static const mlo_tensor *tensor_at(const piece *pcs, size_t np, uint64_t boff) {
+  for (size_t q = 0; q < np; q++)
+    if (boff < pcs[q].boff + pcs[q].len) return pcs[q].t;
+  return pcs[np - 1].t;
+}
+
+/* Reads len bytes at `at` into buf, whatever the short reads; a failure
+ * names the tensor of the chunk's pieces it hit. */
+static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const piece *pcs, size_t np,
+                      job *j) {
   uint64_t got = 0;
   while (got < len) {
     ssize_t r = mlo_pread(fd, buf + got, (size_t)(len - got), at + got);
+    const mlo_tensor *t = r <= 0 ? tensor_at(pcs, np, got) : NULL;
     if (r < 0) {
       snprintf(j->err, j->errlen, "%s: reading tensor '%s' from '%s': %s", j->c->name, t->name,
                t->src_file, strerror(errno));
@@ -308,6 +343,8 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
   }
   int rc = mlo_open_checked(c, files, n, fds, false, j->err, j->errlen);
   bool drop = !mlo_env_flag("MLO_KEEP_PAGE_CACHE");
+  double pace = paced_rate();
+  uint64_t t0 = mlo_now_ns(), paced = 0;
   size_t i = 0, k = 0;
   uint64_t toff = 0;
   while (!rc && i < n) {
@@ -343,8 +380,12 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
         toff = 0;
       }
     }
-    rc = read_range(fd, s->buf, fill, start, pcs[0].t, j);
+    rc = read_range(fd, s->buf, fill, start, pcs, np, j);
     if (!rc && drop) mlo_drop_pages(fd, start, fill);
+    if (!rc && pace > 0) { /* a slower disk's stand-in: this chunk ends no sooner than it would */
+      paced += fill;
+      mlo_sleep_until_ns(t0 + (uint64_t)((double)paced * 1e9 / pace));
+    }
     for (size_t q = 0; q < np && !rc; q++) {
       rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(pcs[q].t->dev_offset + pcs[q].toff),
                                      (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
@@ -375,9 +416,10 @@ static void finish(job *j, int rc) {
   c->stats.disk_read_bytes += j->read;
   c->disk_rc = rc;
   c->disk_busy = false;
-  if (rc && mlo_res_is_resident(c)) {
+  if (rc && mlo_res_is_resident(c)) { /* undone: the trace closes the load it began */
     mlo_logf(MLO_LOG_DEBUG, "load of %s from disk failed: %s", c->name, c->disk_err);
     mlo_res_drop(c);
+    mlo_res_trace(c, MLO_TRACE_EVICT, 0);
   }
   pthread_cond_broadcast(&pipe->idle);
 }
@@ -402,13 +444,24 @@ static void *reader(void *arg) {
     d->head = c->disk_next;
     if (!d->head) d->tail = NULL;
     c->disk_next = NULL;
-    uint64_t largest = d->chunk ? 0 : largest_on_disk(pipe);
+    /* buffers as large as the largest slab on disk, up to DISK_CHUNK: a
+     * ring made for smaller slabs is made again */
+    uint64_t chunk = largest_on_disk(pipe);
+    if (chunk > DISK_CHUNK) chunk = DISK_CHUNK;
+    bool regrow = d->chunk < chunk, want_pin = d->want_pin;
     size_t want = c->ndisk_files + 1;
     pthread_mutex_unlock(&pipe->lock);
     job j = {.c = c, .err = c->disk_err, .errlen = sizeof c->disk_err};
     c->disk_err[0] = 0;
     int rc = MLO_OK;
-    if (!d->chunk) rc = alloc_ring(pipe, d, largest, c->disk_err, sizeof c->disk_err);
+    if (regrow) {
+      uint64_t freed = free_ring(pipe, d), pinned = 0;
+      rc = alloc_ring(pipe, d, chunk, want_pin, &pinned, c->disk_err, sizeof c->disk_err);
+      pthread_mutex_lock(&pipe->lock);
+      pipe->pinned_bytes = pipe->pinned_bytes - freed + pinned;
+      d->pinned = pinned;
+      pthread_mutex_unlock(&pipe->lock);
+    }
     if (!rc && want > pcap) { /* a chunk holds at most every tensor of the component */
       piece *grown = realloc(pcs, want * sizeof *pcs);
       if (!grown) {
@@ -428,8 +481,29 @@ static void *reader(void *arg) {
   return NULL;
 }
 
+/* A load from the simulated device's disk (mlo plan): chunk by chunk, a
+ * modelled read, then its copy, all issued now on the virtual clock, so a
+ * projection is exact and the same every time; no reader thread. */
+static int sim_load(mlo_component *c) {
+  mlo_platform *p = c->pipe->platform;
+  int rc = MLO_OK;
+  c->stats.disk_loads++;
+  for (uint64_t off = 0; off < c->slab_bytes && !rc; off += DISK_CHUNK) {
+    uint64_t len = c->slab_bytes - off < DISK_CHUNK ? c->slab_bytes - off : DISK_CHUNK;
+    c->stats.platform_calls += 2;
+    rc = mlo_sim_disk_read(p, len);
+    if (!rc) rc = mlo_plat_copy_h2d(p, c->block, (size_t)off, NULL, (size_t)len);
+    if (!rc) c->stats.disk_read_bytes += len;
+  }
+  c->stats.platform_calls++;
+  if (!rc) rc = mlo_plat_event_record_copy(p, c->load_ev);
+  if (rc) return mlo_fail(c->pipe, rc, "%s: the simulated load from disk failed", c->name);
+  return MLO_OK;
+}
+
 int mlo_disk_start(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
+  if (pipe->platform->caps.simulated) return sim_load(c);
   struct mlo_disk *d = pipe->disk;
   if (!d) {
     if (!(d = mlo_calloc(1, sizeof *d)))
@@ -437,6 +511,7 @@ int mlo_disk_start(mlo_component *c) {
     pthread_cond_init(&d->work, NULL);
     pipe->disk = d;
   }
+  d->want_pin = pipe->pin_host && !mlo_env_flag("MLO_NO_PINNED");
   if (!d->started) {
     if (pthread_create(&d->thread, NULL, reader, pipe) != 0)
       return mlo_fail(pipe, MLO_ENOMEM, "%s: cannot start the disk tier's reader thread", c->name);
@@ -475,12 +550,20 @@ void mlo_disk_stop(mlo_pipeline *pipe) {
   pthread_mutex_unlock(&pipe->lock);
   if (started) pthread_join(d->thread, NULL);
   pthread_mutex_lock(&pipe->lock);
-  mlo_plat_synchronize(pipe->platform); /* the ring's last copies are done */
-  free_ring(pipe, d);
+  pipe->pinned_bytes -= free_ring(pipe, d); /* each after the copies out of it */
   pthread_cond_destroy(&d->work);
   pipe->disk = NULL;
   free(d);
   pthread_mutex_unlock(&pipe->lock);
+}
+
+int mlo_pipeline_synchronize(mlo_pipeline *pipe) {
+  if (!pipe) return MLO_EINVAL;
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    while (pipe->comps[i]->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
+  pthread_mutex_unlock(&pipe->lock);
+  return mlo_plat_synchronize(pipe->platform);
 }
 
 uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe) {

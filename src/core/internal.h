@@ -349,6 +349,11 @@ void mlo_slab_free(mlo_component *c); /* lock held, not resident */
  * MLO_ENOMEM (naming them) where what must stay does not fit;
  * MLO_EUNSUPPORTED where the pipeline cannot use the tier. */
 int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room);
+/* Makes c's storage follow its host plan (lock held): a component not
+ * resident whose tier changed gives up its storage, once nothing queued
+ * uses it, and is materialized again in its tier at its next use.  Enable
+ * applies it at once, an eviction to the component it evicts. */
+void mlo_disk_change_tier(mlo_component *c);
 /* Materializes c without a slab (setup_lock held): its files are checked
  * and its file-backed tensors listed in layout lay. */
 int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);

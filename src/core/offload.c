@@ -114,6 +114,17 @@ static void drop_holder(mlo_component *c) {
   mlo_holders_drop(c->holders, &c->users);
 }
 
+/* A component c excludes whose load from disk is still being issued: it
+ * cannot be evicted until the reader is done (the evictions below must not
+ * wait, or the checks above would be stale). */
+static mlo_component *reading_conflict(mlo_pipeline *pipe, mlo_component *c) {
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *o = pipe->comps[i];
+    if (o->disk_busy && mlo_excludes(pipe, c, o)) return o;
+  }
+  return NULL;
+}
+
 static mlo_component *busy_conflict(mlo_pipeline *pipe, mlo_component *c) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
@@ -133,15 +144,24 @@ static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     if (other)
       return mlo_fail(pipe, MLO_EDEADLK, "'%s' cannot run while this thread holds '%s'", c->name,
                       other->name);
-    while (mlo_must_wait_reconfig(pipe) || (other = busy_conflict(pipe, c))) {
+    mlo_component *reading = NULL;
+    while (mlo_must_wait_reconfig(pipe) || (other = busy_conflict(pipe, c)) ||
+           (reading = reading_conflict(pipe, c))) {
       if (try_only)
-        return other ? mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name,
-                                other->name)
-                     : mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: offload is being reconfigured",
-                                c->name);
+        return other     ? mlo_fail(pipe, MLO_EBUSY, "'%s' must wait: '%s' is executing", c->name,
+                                    other->name)
+               : reading ? mlo_fail(pipe, MLO_EBUSY,
+                                    "'%s' must wait: '%s', which it excludes, is being read "
+                                    "from disk",
+                                    c->name, reading->name)
+                         : mlo_fail(pipe, MLO_EBUSY,
+                                    "'%s' must wait: offload is being reconfigured", c->name);
       pthread_cond_wait(&pipe->idle, &pipe->lock);
-      other = NULL;
+      other = reading = NULL;
     }
+    /* an eviction moved it to another tier (a host plan made while it was
+     * resident) while this thread waited: materialized again, off the lock */
+    if (!c->materialized) return MLO_NOT_MATERIALIZED;
     pol = pipe->policy;
     for (size_t i = 0; i < pipe->ncomps; i++) {
       mlo_component *o = pipe->comps[i];
@@ -168,13 +188,16 @@ static int acquire(mlo_component *c, bool try_only) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
-  if (!c->materialized) { /* first use: read the weights outside the lock */
-    pthread_mutex_unlock(&pipe->lock);
-    int rc = mlo_component_materialize(c);
-    if (rc) return rc;
-    pthread_mutex_lock(&pipe->lock);
-  }
-  int rc = acquire_locked(pipe, c, try_only);
+  int rc;
+  do {
+    if (!c->materialized) { /* first use: read the weights outside the lock */
+      pthread_mutex_unlock(&pipe->lock);
+      rc = mlo_component_materialize(c);
+      if (rc) return rc;
+      pthread_mutex_lock(&pipe->lock);
+    }
+    rc = acquire_locked(pipe, c, try_only);
+  } while (rc == MLO_NOT_MATERIALIZED);
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   pthread_mutex_unlock(&pipe->lock);
   if (rc) return rc;
@@ -254,6 +277,9 @@ int mlo_component_load(mlo_component *c) {
     rc = mlo_fail(pipe, MLO_ESTATE, "load '%s': offload is enabled", c->name);
   else
     rc = mlo_res_load(c);
+  /* a load from disk: its copies are issued (or it failed) before return,
+   * as a load from a slab's are */
+  if (!rc && c->disk_busy) rc = mlo_disk_wait(c);
   pthread_mutex_unlock(&pipe->lock);
   return rc;
 }
@@ -358,18 +384,15 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
 /* Which slabs stay in host memory (disk.c), from the device room a
  * component must fit whole in (larger ones stream and keep their slabs).
  * A component not resident whose tier changes gives up its storage here
- * and is materialized again in its new tier; lock held.  A failed enable
- * leaves such a component in its new tier: nothing is lost, its next load
- * reads from there. */
+ * and is materialized again in its new tier; a resident one, at its
+ * eviction; lock held.  A failed enable leaves such a component in its new
+ * tier: nothing is lost, its next load reads from there. */
 static int host_plan(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   uint64_t room = UINT64_MAX;
   int rc = s->host_budget_bytes && s->policy == MLO_POLICY_BUDGET ? mlo_budget_for(pipe, s, &room)
                                                                   : MLO_OK;
   if (!rc) rc = mlo_disk_plan(pipe, s, room);
-  for (size_t i = 0; i < pipe->ncomps && !rc; i++) {
-    mlo_component *c = pipe->comps[i];
-    if (c->materialized && !mlo_res_is_resident(c) && c->on_disk != c->want_disk) mlo_slab_free(c);
-  }
+  for (size_t i = 0; i < pipe->ncomps && !rc; i++) mlo_disk_change_tier(pipe->comps[i]);
   return rc;
 }
 

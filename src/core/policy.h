@@ -61,6 +61,10 @@ struct mlo_policy_ops {
 /* admit's answer when offload was reconfigured while it waited (never
  * returned to a caller of the API). */
 #define MLO_POLICY_CHANGED (-1000)
+/* admit's (and the acquire's) answer when the component is no longer
+ * materialized after a wait: an eviction moved it to another tier
+ * (disk.c); the acquire materializes it again and starts over. */
+#define MLO_NOT_MATERIALIZED (-1001)
 
 /* The device budget the budget policy would keep to with settings s
  * (budget.c): budget_bytes, or what is free less reserve_bytes; lock held. */

@@ -261,6 +261,7 @@ int mlo_res_load(mlo_component *c) {
 
 static bool needs_writeback(const mlo_component *c, const mlo_tensor *t) {
   if (t->target || !t->nbytes) return false;
+  if (c->on_disk) return false; /* immutable, and its host copy is its files */
   /* a streamed block is a read-only copy of the slab, and not on the
    * device now (mutable tensors keep their blocks resident) */
   if (mlo_stream_streams(c, t)) return false;
@@ -348,6 +349,7 @@ int mlo_res_evict(mlo_component *c) {
   if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
   log_transfer(c, "evict", back, 0);
+  mlo_disk_change_tier(c); /* a host plan made while it was resident */
   return MLO_OK;
 }
 

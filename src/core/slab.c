@@ -363,7 +363,7 @@ static void publish(mlo_component *c, slab_build *b) {
     b->pinned = registered;
     c->slab_registered_ro = registered && ro;
   }
-  uint64_t pageable = b->pinned ? 0 : b->slab_bytes;
+  uint64_t pageable = b->pinned || disk ? 0 : b->slab_bytes; /* on disk: the ring's, pinned */
   register_external(c, &pageable);
   pthread_mutex_lock(&pipe->lock);
   for (size_t i = 0; i < c->ntensors; i++) {

@@ -49,17 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_until_ns(uint64_t deadline) {
-  struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
-  }
-}
+#define now_ns mlo_now_ns /* base/: the monotonic clock, and sleeping to a point on it */
+#define sleep_until_ns mlo_sleep_until_ns
 
 /* ---- the copy engine ------------------------------------------------- */
 

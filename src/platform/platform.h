@@ -134,6 +134,10 @@ int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, s
 /* The simulated platform's compute: the calling thread (its compute queue,
  * as on host) spends ns of virtual time.  MLO_EINVAL for another platform. */
 int mlo_sim_compute(mlo_platform *p, uint64_t ns);
+/* The simulated platform's disk (the disk tier's reads, docs/disk.md): a
+ * read of bytes from now, at its disk= rate, before which the copy queue
+ * starts nothing more.  MLO_EINVAL for another platform. */
+int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes);
 
 /* Wrappers used by core: apply defaults for NULL slots, count calls, keep
  * used/peak accounting.  Same contracts as the slots above. */

@@ -17,6 +17,11 @@
  *    least the event's time (that difference is the stall core measures),
  *    copy_wait sets COPY_FREE to at least it, synchronize sets NOW to at
  *    least COPY_FREE;
+ *  - one disk, busy until DISK_FREE: a read of a disk-tier load (core's
+ *    disk.c, through mlo_sim_disk_read) issued at NOW ends at
+ *    max(NOW, DISK_FREE) + bytes / disk, and the copy queue takes nothing
+ *    after it before then (the reader queues a chunk's copy once it is
+ *    read; chunk by chunk, reads and copies overlap);
  *  - device memory is a counter against the capacity; a block is a small
  *    handle.  Host memory is address space reserved with PROT_NONE: a slab
  *    of 28 GB costs nothing, and reading one faults rather than returning
@@ -42,6 +47,7 @@
 #define SIM_DEFAULT_CAPACITY (80ull << 30)
 #define SIM_DEFAULT_LINK 25000000000ull /* a PCIe 4.0 x16 link, pinned */
 #define SIM_MIN_LINK 1000000ull         /* as the host platform's bw= */
+#define SIM_DEFAULT_DISK 3000000000ull  /* a PCIe 4.0 NVMe SSD's sustained read */
 #define SIM_MAX_CAPACITY (1ull << 46)   /* 64 TiB: past any device */
 #define SIM_EPOCH_NS 1000000000ull      /* the clock starts at 1 s, never 0 */
 
@@ -51,8 +57,8 @@ struct mlo_event {
 
 struct sim_ctx {
   pthread_mutex_t lock;
-  uint64_t capacity, used, link;
-  uint64_t now, copy_free; /* ns */
+  uint64_t capacity, used, link, disk;
+  uint64_t now, copy_free, disk_free; /* ns */
 };
 
 static uint64_t max_u64(uint64_t a, uint64_t b) {
@@ -254,8 +260,20 @@ int mlo_sim_compute(mlo_platform *p, uint64_t ns) {
   return MLO_OK;
 }
 
+int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes) {
+  if (mlo_fault_is(p)) p = mlo_fault_inner(p);
+  if (!p || p->ops != &sim_ops) return MLO_EINVAL;
+  struct sim_ctx *s = p->ctx;
+  pthread_mutex_lock(&s->lock);
+  s->disk_free =
+      max_u64(s->now, s->disk_free) + (uint64_t)((double)bytes * 1e9 / (double)s->disk + 0.5);
+  s->copy_free = max_u64(s->copy_free, s->disk_free);
+  pthread_mutex_unlock(&s->lock);
+  return MLO_OK;
+}
+
 struct sim_options {
-  uint64_t capacity, link;
+  uint64_t capacity, link, disk;
 };
 
 static int sim_option(const char *key, const char *value, void *user, char *err, size_t errlen) {
@@ -263,6 +281,16 @@ static int sim_option(const char *key, const char *value, void *user, char *err,
   if (!strcmp(key, "capacity")) {
     if (mlo_parse_size(value, false, &o->capacity) || o->capacity > SIM_MAX_CAPACITY) {
       snprintf(err, errlen, "sim platform option capacity=%s: expected a size such as 80G", value);
+      return MLO_EINVAL;
+    }
+    return MLO_OK;
+  }
+  if (!strcmp(key, "disk")) {
+    if (mlo_parse_size(value, false, &o->disk) || o->disk < SIM_MIN_LINK) {
+      snprintf(err, errlen,
+               "sim platform option disk=%s: expected the disk's read rate in bytes per second, "
+               "at least 1e6, such as 3e9",
+               value);
       return MLO_EINVAL;
     }
     return MLO_OK;
@@ -277,12 +305,13 @@ static int sim_option(const char *key, const char *value, void *user, char *err,
     }
     return MLO_OK;
   }
-  snprintf(err, errlen, "unknown sim platform option %s=%s (known: capacity, link)", key, value);
+  snprintf(err, errlen, "unknown sim platform option %s=%s (known: capacity, link, disk)", key,
+           value);
   return MLO_EINVAL;
 }
 
 int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
-  struct sim_options o = {SIM_DEFAULT_CAPACITY, SIM_DEFAULT_LINK};
+  struct sim_options o = {SIM_DEFAULT_CAPACITY, SIM_DEFAULT_LINK, SIM_DEFAULT_DISK};
   int rc = mlo_spec_parse_kv(spec_args, sim_option, &o, err, errlen);
   if (rc) return rc;
   struct sim_ctx *s = mlo_calloc(1, sizeof *s);
@@ -290,11 +319,14 @@ int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, s
   pthread_mutex_init(&s->lock, NULL);
   s->capacity = o.capacity;
   s->link = o.link;
-  s->now = s->copy_free = SIM_EPOCH_NS;
+  s->disk = o.disk;
+  s->now = s->copy_free = s->disk_free = SIM_EPOCH_NS;
   p->ops = &sim_ops;
   p->ctx = s;
   char cap[32];
-  snprintf(p->description, sizeof p->description, "simulated, capacity %s, link %.2f GB/s",
-           mlo_format_size(o.capacity, cap, sizeof cap), (double)o.link / 1e9);
+  snprintf(p->description, sizeof p->description,
+           "simulated, capacity %s, link %.2f GB/s, disk %.2f GB/s",
+           mlo_format_size(o.capacity, cap, sizeof cap), (double)o.link / 1e9,
+           (double)o.disk / 1e9);
   return MLO_OK;
 }

@@ -14,13 +14,18 @@
  *  - a read failing at any point of a load fails that forward cleanly
  *    (nothing resident, the file named) and the next forward reads it
  *    right; short reads are no failure;
- *  - a pipeline freed with loads from disk in flight ends them.
+ *  - a pipeline freed with loads from disk in flight ends them;
+ *  - a tier change waits for copies still queued on the memory it frees;
+ *    strict exclusion holds while an excluded component is being read (and
+ *    try_acquire says so); a load by hand returns with its copies issued;
+ *    copy_back never writes into a component whose host copy is its files.
  */
 #include "testutil.h"
 
 #include "base/sysio.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +43,8 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  static const char *const files[] = {"encoder.bin", "dit_a.bin", "dit_b.bin", "vae.bin"};
+  static const char *const files[] = {"encoder.bin", "dit_a.bin", "dit_b.bin", "vae.bin",
+                                      "big.bin"};
   char p[512];
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     snprintf(p, sizeof p, "%s/%s", dir, files[i]);
@@ -292,6 +298,102 @@ static void test_free_with_loads_in_flight(void **state) {
   mlo_platform_close(plat);
 }
 
+/* A tier change at enable frees host memory a copy still queued may use (a
+ * load by hand, evicted before its copy ran): it waits for the copy. */
+static void test_tier_change_waits_for_queued_copies(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("bw=100000000,capacity=256M"); /* the copy: ~0.7 s */
+  tu_pipe *tp = build(plat);
+  /* large enough that its slab is unmapped when freed (a use after it faults) */
+  mlo_component *a = add_file_comp(tp, "big", MLO_ROLE_DIT, 64u << 20);
+  assert_ok(mlo_component_load(a));
+  assert_ok(mlo_component_evict(a)); /* its slab is still the source of a queued copy */
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_null(mlo_tensor_host_data(mlo_component_tensor_at(a, 0)));
+  assert_ok(tu_forward(tp, a));
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+typedef struct {
+  tu_pipe *tp;
+  const char *name;
+} racer;
+
+static void *race_forward(void *arg) {
+  racer *r = arg;
+  int rc = tu_forward(r->tp, tu_comp(r->tp, r->name));
+  if (rc) tu_note_failure(r->tp, "forward of %s: %s", r->name, mlo_err_name(rc));
+  return NULL;
+}
+
+/* Strict enable loads the encoder from disk; two DiTs acquired while it is
+ * still being read wait for the read, then exclude each other (C3): the
+ * evictions never run on a stale check.  A try_acquire meanwhile says
+ * why it would wait. */
+static void test_strict_exclusion_while_reading(void **state) {
+  (void)state;
+  setenv("MLO_DISK_BW", "20000000", 1); /* the encoder's read: ~150 ms */
+  for (int round = 0; round < 3; round++) {
+    mlo_platform *plat = tu_platform_open(NULL);
+    tu_pipe *tp = build(plat);
+    tp->audit_in_forward = tp->exclusion_in_forward = true;
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.host_budget_bytes = 1;
+    assert_ok(mlo_offload_enable(tp->pipe, &s)); /* the encoder and the VAE: reads issued */
+    if (round == 0) { /* the reads take 150 ms: a try_acquire now says it would wait */
+      assert_int_equal(mlo_component_try_acquire(tu_comp(tp, "dit_b")), MLO_EBUSY);
+      assert_non_null(strstr(mlo_pipeline_errmsg(tp->pipe), "being read from disk"));
+    }
+    racer r[2] = {{tp, "dit_a"}, {tp, "dit_b"}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+      assert_int_equal(pthread_create(&th[i], NULL, race_forward, &r[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    tu_assert_forwards_clean(tp);
+    tu_pipe_free(tp);
+    mlo_platform_close(plat);
+  }
+  unsetenv("MLO_DISK_BW");
+}
+
+/* After a host budget, offload off: a load by hand of a component on disk
+ * returns with its copies issued, as a load from a slab does; a later
+ * enable with copy_back (every tensor written back) never writes into a
+ * component whose host copy is its files, and moves it back to a slab at
+ * its eviction. */
+static void test_by_hand_and_copy_back_after_a_host_budget(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("bw=200000000");
+  tu_pipe *tp = build(plat);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s)); /* strict: the encoder loads from disk */
+  assert_ok(mlo_offload_disable(tp->pipe));
+  mlo_component *b = tu_comp(tp, "dit_b"), *enc = tu_comp(tp, "encoder");
+  assert_ok(mlo_component_load(b));
+  assert_ok(mlo_platform_synchronize(plat));
+  char why[256];
+  if (!tu_device_content_ok(tp, b, why, sizeof why)) fail_msg("by hand: %s", why);
+  assert_ok(mlo_component_evict(b));
+  s = (mlo_offload_settings)MLO_OFFLOAD_SETTINGS_INIT;
+  s.copy_back = true;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_true(mlo_component_is_resident(enc));     /* still the one loaded from disk */
+  assert_ok(tu_forward(tp, tu_comp(tp, "dit_a"))); /* evicts it: nothing written back */
+  assert_false(mlo_component_is_resident(enc));
+  assert_ok(tu_forward(tp, enc)); /* in host memory again, as the plan without a budget says */
+  assert_non_null(mlo_tensor_host_data(mlo_component_tensor_at(enc, 0)));
+  /* the VAE, resident since the first enable, keeps its tier until evicted */
+  assert_int_equal(tu_pstats(tp).disk_bytes, mlo_component_bytes(tu_comp(tp, "vae")));
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_runs_twice_the_host_budget),
@@ -299,6 +401,9 @@ int main(void) {
       cmocka_unit_test(test_file_changed_refused_at_read),
       cmocka_unit_test(test_read_faults_swept),
       cmocka_unit_test(test_free_with_loads_in_flight),
+      cmocka_unit_test(test_tier_change_waits_for_queued_copies),
+      cmocka_unit_test(test_strict_exclusion_while_reading),
+      cmocka_unit_test(test_by_hand_and_copy_back_after_a_host_budget),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -39,8 +39,12 @@ static void help(void) {
          "  --no-prefetch         with --policy budget: on-demand loads only\n"
          "  --offload none        only the all-resident row\n"
          "  --budget SIZE, --reserve SIZE   the budget policy's budget, or what it leaves\n"
-         "                        free (activations, workspaces)\n" TOOL_SPLIT_HELP
-         "what to assume:\n"
+         "                        free (activations, workspaces)\n"
+         "  --host-memory SIZE    host memory the weights' slabs may keep: the rest is\n"
+         "                        read from disk at each load (docs/disk.md); the rows\n"
+         "                        then say what the disk costs\n"
+         "  --disk-bw BYTES_PER_S the disk's read rate (default 3e9, a PCIe 4.0 NVMe "
+         "SSD)\n" TOOL_SPLIT_HELP "what to assume:\n"
          "  --dtype D             DiT and encoder weights in D: fp8, bf16, fp16, fp32, or a\n"
          "                        GGUF type (Q8_0, Q4_K, ...); norms and the VAE keep theirs\n"
          "  --step-time K=S,...   seconds per forward for a role (dit, encoder, vae) or a\n"
@@ -61,6 +65,7 @@ static void help(void) {
   printf("\n\nexamples:\n"
          "  mlo plan wan2.2-t2v --device rtx4090 --dtype fp8\n"
          "  mlo plan wan2.2-t2v --device h100-sxm --steps 40 --frames 33\n"
+         "  mlo plan wan2.2-t2v --device l40s --host-memory 32G --disk-bw 2e9\n"
          "  mlo plan /models/FLUX.1-dev --device l40s --json\n"
          "  mlo plan ckpt --device-memory 1G --link 2e8 --step-time dit=0.5,encoder=0.1,vae=0.2\n\n"
          "exit codes: 0 ok (also when nothing fits: the table says why), 2 bad usage or\n"
@@ -135,6 +140,12 @@ static bool parse_flag(targs *a, plan_args *pa) {
     pa->have_budget = targs_size(a, "--budget", v, &pa->budget);
   } else if (targs_value(a, "--reserve", &v)) {
     pa->have_reserve = targs_size(a, "--reserve", v, &pa->reserve);
+  } else if (targs_value(a, "--host-memory", &v)) {
+    pa->have_host = targs_size(a, "--host-memory", v, &pa->host);
+  } else if (targs_value(a, "--disk-bw", &v)) {
+    pa->have_disk = targs_size(a, "--disk-bw", v, &pa->disk);
+    if (pa->have_disk && pa->disk < 1000000)
+      targs_error(a, "--disk-bw: %s bytes per second is below 1e6", v);
   } else if (targs_value(a, "--dtype", &v)) {
     pa->have_dtype = v && plan_parse_dtype(v, &pa->dtype) == MLO_OK;
     if (v && !pa->have_dtype)
@@ -201,6 +212,10 @@ static int parse(int argc, char **argv, plan_args *pa) {
     targs_error(&a, "--offload none runs no policy; drop --policy");
   if (!a.failed && pa->have_budget && pa->have_reserve)
     targs_error(&a, "give --budget or --reserve, not both");
+  if (!a.failed && pa->have_disk && !pa->have_host)
+    targs_error(&a, "--disk-bw is the disk tier's: give --host-memory");
+  if (!a.failed && pa->have_host && pa->offload == 0)
+    targs_error(&a, "--host-memory is for offload policies; --offload none keeps every slab");
   if (!a.failed && pa->policy == MLO_POLICY_STRICT && (pa->have_budget || pa->have_reserve))
     targs_error(&a, "%s is the budget policy's; --policy strict has none",
                 pa->have_budget ? "--budget" : "--reserve");

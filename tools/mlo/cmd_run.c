@@ -151,8 +151,7 @@ static bool parse_flag(targs *a, run_args *r) {
   } else if (targs_value(a, "--reserve", &v)) {
     r->have_reserve = targs_size(a, "--reserve", v, &r->reserve);
   } else if (targs_value(a, "--host-memory", &v)) {
-    r->have_host = targs_size(a, "--host-memory", v, &r->host);
-    if (r->have_host && !r->host) targs_error(a, "--host-memory: give a size above 0");
+    r->have_host = targs_size(a, "--host-memory", v, &r->host); /* refuses 0 */
   } else if (targs_value(a, "--prompts", &v)) {
     targs_int(a, "--prompts", v, 1, 1000, &r->prompts);
   } else if (targs_flag(a, "--no-prefetch")) {
@@ -362,8 +361,9 @@ static int run_main(const run_args *ra, session_config *cfg, run_options *o, too
     tool_failf("run", "%s%s%s", r.failed ? mlo_component_name(r.failed) : "", r.failed ? ": " : "",
                err);
     code = (ra->verify && rc == MLO_ESTATE) ? TOOL_EXIT_VERIFY : tool_exit_for(rc);
-    if (rc == MLO_ENOMEM && ra->have_host) code = TOOL_EXIT_NOMEM; /* what must stay exceeds it */
-    goto agree; /* the other ranks learn of it there, not at their timeout */
+    if (rc == MLO_ENOMEM && ra->have_host && strstr(err, "host budget"))
+      code = TOOL_EXIT_NOMEM; /* what must stay in host memory exceeds it */
+    goto agree;               /* the other ranks learn of it there, not at their timeout */
   }
   if (o->trace) {
     rc = session_write_pictures(o->trace, &s, ra->src.label, o, &r, ra->trace, ra->timeline, err,

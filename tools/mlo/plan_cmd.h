@@ -29,6 +29,8 @@ typedef struct {
   bool no_prefetch;
   bool have_budget, have_reserve;
   uint64_t budget, reserve;
+  bool have_host, have_disk;
+  uint64_t host, disk; /* --host-memory, --disk-bw */
   bool have_dtype;
   mlo_dtype dtype;
   const char *job, *timeline;
@@ -43,11 +45,15 @@ typedef struct {
 
 typedef struct {
   bool run, fits;
-  char why[256]; /* what is short, or why the run failed */
+  char why[512]; /* what is short, or why the run failed */
   double wall_s, stall_s, first_wall_s;
   double total_wall_s, total_stall_s; /* every prompt, the cold one included */
   uint64_t total_h2d;
   uint64_t h2d_bytes, loads, peak_device, pinned_host, budget;
+  uint64_t disk_bytes; /* read from disk per steady prompt (--host-memory) */
+  uint64_t total_disk; /* ... over every prompt */
+  uint64_t host_slab;  /* slabs kept in host memory */
+  double disk_cost_s;  /* wall_s less the same policy's with every slab in host memory */
 } pol_result;
 
 typedef struct {

@@ -37,8 +37,13 @@ static const char *size_arg(uint64_t b) {
 
 static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) {
   if (pr->advice < 0) {
-    fprintf(out, "advice: nothing fits on %s; try --dtype fp8 (or a GGUF type) or a larger card\n",
-            pr->dev.title);
+    bool host = false; /* a row refused for the host budget alone */
+    for (int p = POL_STRICT; p < POL_COUNT; p++)
+      host = host || (pa->have_host && plan_wanted(pa, p) && strstr(pr->pol[p].why, "host budget"));
+    fprintf(out,
+            "advice: nothing fits on %s%s; try %s--dtype fp8 (or a GGUF type) or a larger card\n",
+            pr->dev.title, host ? " in this host memory" : "",
+            host ? "a larger --host-memory (the rows say what must stay in it), " : "");
     return;
   }
   const pol_result *q = &pr->pol[pr->advice];
@@ -53,6 +58,9 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
     snprintf(flags + fl, sizeof flags - fl, " --budget %s", size_arg(pa->budget));
   else if (pr->advice >= POL_BUDGET && pa->have_reserve)
     snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(pa->reserve));
+  fl = strlen(flags);
+  if (pr->advice != POL_RESIDENT && pa->have_host)
+    snprintf(flags + fl, sizeof flags - fl, " --host-memory %s", size_arg(pa->host));
   fprintf(out, "advice: %s, %s over all-resident: mlo run %s --platform cuda --steps %d%s\n",
           pol_names[pr->advice], plan_pct(plan_overhead(pr, q)),
           pa->preset ? "<its diffusers directory>" : pa->src.label, pr->steps, flags);
@@ -117,6 +125,20 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
             pol_names[pr->advice]);
   else
     fprintf(out, "is not run)\n");
+  if (pa->have_host) {
+    fprintf(out, "host memory %s for %s of weights, disk %.2f GB/s (--disk-bw):\n",
+            tool_size(pa->host), tool_size(pr->all_bytes),
+            (pa->have_disk ? (double)pa->disk : 3e9) / 1e9);
+    for (int p = POL_STRICT; p < POL_COUNT; p++) {
+      const pol_result *q = &pr->pol[p];
+      if (!plan_wanted(pa, p) || !q->fits) continue;
+      fprintf(out,
+              "  %-16s keeps %s of slabs, reads %s from disk per prompt: %s per prompt (%s) "
+              "over the same with every slab in host memory\n",
+              pol_names[p], tool_size(q->host_slab), tool_size(q->disk_bytes), secs(q->disk_cost_s),
+              plan_pct(q->disk_cost_s / (q->wall_s - q->disk_cost_s)));
+    }
+  }
   print_advice(pa, pr, out);
   if (!pa->have_reserve && !pa->have_budget)
     fprintf(out, "note: weights only; leave room for activations with --reserve SIZE\n");
@@ -179,6 +201,12 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
       cJSON_AddNumberToObject(e, "h2d_bytes", (double)q->h2d_bytes);
       cJSON_AddNumberToObject(e, "loads", (double)q->loads);
       if (p >= POL_BUDGET) cJSON_AddNumberToObject(e, "budget_bytes", (double)q->budget);
+      if (pa->have_host && p != POL_RESIDENT) {
+        cJSON_AddNumberToObject(e, "host_slab_bytes", (double)q->host_slab);
+        cJSON_AddNumberToObject(e, "disk_read_bytes", (double)q->disk_bytes);
+        cJSON_AddNumberToObject(e, "total_disk_read_bytes", (double)q->total_disk);
+        cJSON_AddNumberToObject(e, "disk_cost_s", q->disk_cost_s);
+      }
     }
     cJSON_AddItemToArray(pols, e);
   }

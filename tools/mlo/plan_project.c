@@ -119,6 +119,7 @@ static void fill_options(const plan_args *pa, int pol, const plan_result *pr, ru
     o->settings.budget_bytes = pa->have_budget ? pa->budget : 0;
     o->settings.reserve_bytes = pa->have_reserve ? pa->reserve : 0;
   }
+  if (pol != POL_RESIDENT && pa->have_host) o->settings.host_budget_bytes = pa->host;
   o->prompts = (int)pa->prompts;
   o->steps = pr->steps;
   o->first_steps = pr->split.first_steps;
@@ -185,9 +186,11 @@ static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int
   q->run = true;
   if (rc) {
     q->fits = false;
-    snprintf(q->why, sizeof q->why, "the projected run failed: %.200s", err);
+    snprintf(q->why, sizeof q->why, "%s%.470s",
+             pa->have_host && rc == MLO_ENOMEM ? "" : "the projected run failed: ", err);
     run_result_free(&r);
-    return rc == MLO_ENOMEM_DEVICE ? MLO_OK : rc;
+    /* a device, or a host budget, too small: the row says so */
+    return rc == MLO_ENOMEM_DEVICE || (rc == MLO_ENOMEM && pa->have_host) ? MLO_OK : rc;
   }
   q->wall_s = run_steady(&r, GEN_WALL);
   q->stall_s = run_steady(&r, GEN_STALL);
@@ -200,6 +203,17 @@ static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int
   q->peak_device = r.stats.peak_device_bytes;
   q->pinned_host = r.stats.pinned_bytes;
   q->budget = r.stats.budget_bytes;
+  q->disk_bytes = (uint64_t)run_steady(&r, GEN_DISK);
+  q->host_slab = r.stats.host_slab_bytes;
+  q->total_disk = r.stats.total.disk_read_bytes;
+  if (o.settings.host_budget_bytes && !keep) { /* what the disk costs: the same, all in host */
+    run_result all;
+    o.settings.host_budget_bytes = 0;
+    o.trace = NULL;
+    if (session_run(s, &o, &all, err, sizeof err) == MLO_OK)
+      q->disk_cost_s = q->wall_s - run_steady(&all, GEN_WALL);
+    run_result_free(&all);
+  }
   if (keep)
     *keep = r;
   else
@@ -279,6 +293,10 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
   char spec[256], err[1024] = "";
   snprintf(spec, sizeof spec, "sim:capacity=%llu,link=%llu", (unsigned long long)pr->dev.memory,
            (unsigned long long)pr->dev.link);
+  if (pa->have_disk) {
+    size_t len = strlen(spec);
+    snprintf(spec + len, sizeof spec - len, ",disk=%llu", (unsigned long long)pa->disk);
+  }
   tool_session s;
   memset(&s, 0, sizeof s);
   int code = 0;

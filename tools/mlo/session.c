@@ -276,8 +276,8 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
      * device is drained only after the last: a prefetch for the next prompt
      * still in flight belongs to the next prompt, as on a server, and is
      * counted there if anything waits for it. */
-    if (p == prompts - 1 || rc) {
-      int sync_rc = mlo_platform_synchronize(s->platform);
+    if (p == prompts - 1 || rc) { /* loads from disk included: the counters are final */
+      int sync_rc = mlo_pipeline_synchronize(s->pipe);
       if (!rc) rc = sync_rc;
     }
     uint64_t g1 = mlo_platform_now_ns(s->platform);
