@@ -821,6 +821,11 @@ typedef struct {
  * materialization (settings that never stream — sharded loads, copy_back,
  * segmented devices — are not considered). */
 MLO_API uint64_t mlo_component_stream_least(mlo_component *comp);
+/* The bytes of the blocks comp would stream under a budget of room (its
+ * plan's choice; known before materialization): what a host budget must
+ * keep of it in host memory while it streams (docs/disk.md).  0 where it
+ * fits room whole; UINT64_MAX where it cannot stream there. */
+MLO_API uint64_t mlo_component_streamed_bytes(mlo_component *comp, uint64_t room);
 /* How comp moves under the policy in force (whole, or streamed). */
 MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out);
 

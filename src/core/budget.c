@@ -161,7 +161,7 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
     mlo_stream_drop(c);
     return MLO_OK;
   }
-  if (c->on_disk) {
+  if (c->on_disk && !c->partial) { /* a plan made without a host budget */
     char a[32], b[32];
     return mlo_fail(pipe, MLO_EUNSUPPORTED,
                     "'%s' (%s) lives on disk (host_budget_bytes) and is larger than the budget "
@@ -170,7 +170,8 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
                     c->name, mlo_format_size(c->block_bytes, a, sizeof a),
                     mlo_format_size(B(pipe)->budget, b, sizeof b));
   }
-  return mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
+  int rc = mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
+  return rc ? rc : mlo_disk_fill_streamed(c); /* on disk: its streamed blocks into host memory */
 }
 
 /* ---- prefetch ---------------------------------------------------------- */

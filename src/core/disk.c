@@ -62,8 +62,7 @@ struct mlo_disk {
 
 /* Why c cannot live on disk (NULL: it can), given the device room it must
  * fit whole in. */
-static const char *why_in_host(const mlo_component *c, uint64_t block_bytes, uint64_t room) {
-  if (block_bytes > room) return "it streams its blocks";
+static const char *why_in_host(const mlo_component *c) {
   for (size_t i = 0; i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
     if (t->target || !t->nbytes) continue;
@@ -78,8 +77,9 @@ static const char *why_in_host(const mlo_component *c, uint64_t block_bytes, uin
 
 typedef struct {
   mlo_component *c;
-  uint64_t bytes; /* its slab */
+  uint64_t bytes; /* its slab (a streamed one's: besides the blocks that stream) */
   uint64_t runs, calls;
+  bool streams; /* on disk, its streamed blocks stay in host memory (want_partial) */
 } candidate;
 
 /* Uses per cycle of the schedule: runs (each a load where the component is
@@ -127,7 +127,8 @@ static void log_plan(const mlo_pipeline *pipe, uint64_t budget, uint64_t kept) {
 
 int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room) {
   uint64_t budget = s->host_budget_bytes;
-  for (size_t i = 0; i < pipe->ncomps; i++) pipe->comps[i]->want_disk = false;
+  for (size_t i = 0; i < pipe->ncomps; i++)
+    pipe->comps[i]->want_disk = pipe->comps[i]->want_partial = false;
   if (!budget) return MLO_OK;
   if (s->copy_back)
     return mlo_fail(pipe, MLO_EINVAL,
@@ -147,20 +148,32 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
     mlo_component *c = pipe->comps[i];
     mlo_layout lay;
     mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
-    const char *why = why_in_host(c, lay.block_bytes, device_room);
+    const char *why = why_in_host(c);
     if (!lay.slab_bytes) continue; /* nothing to keep anywhere */
-    if (why) {
-      must += lay.slab_bytes;
+    /* one that streams reads its blocks from host memory at every forward:
+     * those stay, and the rest of it may live on disk */
+    uint64_t stays = lay.slab_bytes;
+    bool streams = false;
+    if (!why && lay.block_bytes > device_room) {
+      stays = mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
+      streams = stays != UINT64_MAX;
+      if (!streams) why = "it cannot stream in the device budget", stays = lay.slab_bytes;
+    }
+    if (why || streams) {
+      must += stays;
       if (at + 1 < sizeof who) {
         char sz[32];
-        int k = snprintf(who + at, sizeof who - at, "%s'%s' (%s: %s)", at ? ", " : "", c->name,
-                         mlo_format_size(lay.slab_bytes, sz, sizeof sz), why);
+        int k = why ? snprintf(who + at, sizeof who - at, "%s'%s' (%s: %s)", at ? ", " : "",
+                               c->name, mlo_format_size(stays, sz, sizeof sz), why)
+                    : snprintf(who + at, sizeof who - at, "%s'%s' (the %s of blocks it streams)",
+                               at ? ", " : "", c->name, mlo_format_size(stays, sz, sizeof sz));
         if (k > 0) at += (size_t)k;
       }
-      continue;
+      if (why) continue;
     }
     cand[n].c = c;
-    cand[n].bytes = lay.slab_bytes;
+    cand[n].streams = streams;
+    cand[n].bytes = lay.slab_bytes - (streams ? stays : 0);
     uses_of(pipe, c, &cand[n].runs, &cand[n].calls);
     n++;
   }
@@ -175,10 +188,12 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
   qsort(cand, n, sizeof *cand, keep_first);
   uint64_t left = budget - must;
   for (size_t i = 0; i < n; i++) {
-    if (cand[i].bytes <= left)
+    if (cand[i].bytes <= left) {
       left -= cand[i].bytes;
-    else
+    } else {
       cand[i].c->want_disk = true;
+      cand[i].c->want_partial = cand[i].streams;
+    }
   }
   free(cand);
   log_plan(pipe, budget, budget - left);
@@ -186,7 +201,9 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
 }
 
 void mlo_disk_change_tier(mlo_component *c) {
-  if (!c->materialized || mlo_res_is_resident(c) || c->on_disk == c->want_disk) return;
+  if (!c->materialized || mlo_res_is_resident(c) ||
+      (c->on_disk == c->want_disk && c->partial == c->want_partial))
+    return;
   /* nothing queued may still read or write the host memory freed here: a
    * load never waited for, a streamed block's refill, a write-back */
   mlo_res_finish_writeback(c);
@@ -197,6 +214,97 @@ void mlo_disk_change_tier(mlo_component *c) {
   mlo_stream_drop(c); /* planned on the layout it gives up */
   mlo_slab_free(c);
   c->disk_rc = MLO_OK;
+}
+
+/* ---- a component on disk that streams ------------------------------------ */
+
+/* Unregisters the slab's page-locked runs. */
+static void unpin_runs(mlo_component *c) {
+  for (size_t i = 0; i < c->npinned_runs; i++) {
+    c->stats.platform_calls++;
+    mlo_plat_host_unregister(c->pipe->platform, c->pinned_runs[i]);
+  }
+  free(c->pinned_runs);
+  c->pinned_runs = NULL;
+  c->npinned_runs = 0;
+}
+
+/* Page-locks the filled blocks, each run of adjacent ones once (its pages
+ * rounded out: runs are apart by a kept block, larger than a page).  A run
+ * that cannot be registered stays pageable (copied below link speed). */
+static void pin_runs(mlo_component *c) {
+  unpin_runs(c);
+  mlo_platform *p = c->pipe->platform;
+  if (!p->caps.host_register || !c->pipe->pin_host || mlo_env_flag("MLO_NO_PINNED")) return;
+  if (!(c->pinned_runs = mlo_calloc(c->nblocks ? c->nblocks : 1, sizeof *c->pinned_runs))) return;
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  for (size_t b = 0; b < c->nblocks;) {
+    if (!c->filled[b]) {
+      b++;
+      continue;
+    }
+    uint64_t lo = c->spans[b].off, hi = lo;
+    for (; b < c->nblocks && c->filled[b]; b++) hi = c->spans[b].off + c->spans[b].bytes;
+    lo = lo / page * page;
+    hi = (hi + page - 1) / page * page;
+    char *at = (char *)c->slab + lo;
+    c->stats.platform_calls++;
+    if (mlo_plat_host_register(p, at, (size_t)(hi - lo), true) == MLO_OK)
+      c->pinned_runs[c->npinned_runs++] = at;
+  }
+}
+
+int mlo_disk_fill_streamed(mlo_component *c) {
+  if (!c->partial || !c->stream) return MLO_OK;
+  mlo_pipeline *pipe = c->pipe;
+  mlo_tensor **list = mlo_malloc((c->ntensors ? c->ntensors : 1) * sizeof *list);
+  if (!list) return mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
+  size_t n = 0;
+  uint64_t bytes = 0, blocks = 0;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || !t->nbytes || t->block < 0 || c->filled[t->block]) continue;
+    if (!mlo_stream_streams(c, t)) continue;
+    list[n++] = t;
+    bytes += t->nbytes;
+  }
+  /* on the simulated device there is nothing to read: its slab is
+   * address space, a projection's blocks are their sizes */
+  int rc = n && !pipe->platform->caps.simulated
+               ? mlo_load_files(c, list, n, bytes, false, NULL, NULL)
+               : MLO_OK;
+  if (rc) {
+    free(list);
+    return rc;
+  }
+  for (size_t i = 0; i < n; i++) list[i]->host = (char *)c->slab + list[i]->dev_offset;
+  for (size_t b = 0; b < c->nblocks; b++)
+    if (!c->filled[b] && c->stream && mlo_stream_block_streams(c, b)) {
+      c->filled[b] = true;
+      blocks += c->spans[b].bytes;
+    }
+  pipe->host_slab_bytes += blocks;
+  pipe->disk_bytes -= blocks;
+  free(list);
+  pin_runs(c);
+  return MLO_OK;
+}
+
+void mlo_disk_free_partial(mlo_component *c) {
+  if (!c->partial) return;
+  unpin_runs(c);
+  uint64_t blocks = 0;
+  for (size_t b = 0; b < c->nblocks; b++) blocks += c->filled[b] ? c->spans[b].bytes : 0;
+  c->pipe->host_slab_bytes -= blocks;
+  c->pipe->disk_bytes += blocks; /* slab_free takes the whole slab off disk_bytes */
+  for (size_t i = 0; i < c->ntensors; i++)
+    if (!c->tensors[i]->target && !(c->tensors[i]->flags & MLO_TENSOR_EXTERNAL))
+      c->tensors[i]->host = NULL;
+  mlo_plat_host_free(c->pipe->platform, c->slab, (size_t)c->slab_bytes, false);
+  c->slab = NULL;
+  free(c->filled);
+  c->filled = NULL;
+  c->partial = false;
 }
 
 /* ---- materializing without a slab --------------------------------------- */
@@ -334,13 +442,19 @@ static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const piece 
 static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *stopping) {
   mlo_component *c = j->c;
   mlo_platform *p = c->pipe->platform;
-  size_t n = c->ndisk_files;
-  mlo_tensor **files = c->disk_files;
-  int *fds = mlo_malloc((n ? n : 1) * sizeof *fds);
-  if (!fds) {
+  /* what this load reads: every file-backed tensor, or, streaming, those
+   * of the pieces it keeps resident (the slots fill from the slab) */
+  size_t n = 0;
+  mlo_tensor **files = mlo_malloc((c->ndisk_files ? c->ndisk_files : 1) * sizeof *files);
+  int *fds = mlo_malloc((c->ndisk_files ? c->ndisk_files : 1) * sizeof *fds);
+  if (!fds || !files) {
+    free(files);
+    free(fds);
     snprintf(j->err, j->errlen, "%s: out of host memory", c->name);
     return MLO_ENOMEM;
   }
+  for (size_t f = 0; f < c->ndisk_files; f++)
+    if (!c->stream || !mlo_stream_streams(c, c->disk_files[f])) files[n++] = c->disk_files[f];
   int rc = mlo_open_checked(c, files, n, fds, false, j->err, j->errlen);
   bool drop = !mlo_env_flag("MLO_KEEP_PAGE_CACHE");
   double pace = paced_rate();
@@ -387,7 +501,9 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       mlo_sleep_until_ns(t0 + (uint64_t)((double)paced * 1e9 / pace));
     }
     for (size_t q = 0; q < np && !rc; q++) {
-      rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(pcs[q].t->dev_offset + pcs[q].toff),
+      uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */
+      if (c->stream) mlo_stream_tensor_offset(c, pcs[q].t, &at);
+      rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(at + pcs[q].toff),
                                      (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
       j->copies++;
     }
@@ -403,6 +519,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
              mlo_strerror(rc));
   mlo_close_files(n, fds, drop && !rc);
   free(fds);
+  free(files);
   return rc;
 }
 
@@ -488,8 +605,9 @@ static int sim_load(mlo_component *c) {
   mlo_platform *p = c->pipe->platform;
   int rc = MLO_OK;
   c->stats.disk_loads++;
-  for (uint64_t off = 0; off < c->slab_bytes && !rc; off += DISK_CHUNK) {
-    uint64_t len = c->slab_bytes - off < DISK_CHUNK ? c->slab_bytes - off : DISK_CHUNK;
+  uint64_t total = c->stream ? mlo_stream_resident_bytes(c) : c->slab_bytes;
+  for (uint64_t off = 0; off < total && !rc; off += DISK_CHUNK) {
+    uint64_t len = total - off < DISK_CHUNK ? total - off : DISK_CHUNK;
     c->stats.platform_calls += 2;
     rc = mlo_sim_disk_read(p, len);
     if (!rc) rc = mlo_plat_copy_h2d(p, c->block, (size_t)off, NULL, (size_t)len);

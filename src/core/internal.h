@@ -120,7 +120,12 @@ struct mlo_component {
   /* streamed residency (stream.c): NULL while it moves whole */
   struct mlo_stream *stream;
   /* the disk tier (disk.c): a slab left in its checkpoint files */
-  bool want_disk;          /* the host plan at enable chose the disk for it */
+  bool want_disk;     /* the host plan at enable chose the disk for it */
+  bool want_partial;  /* ... and it streams: its streamed blocks stay in host memory */
+  bool partial;       /* on disk but for the streamed blocks in filled[], in its slab */
+  bool *filled;       /* per block: read into the slab (partial) */
+  void **pinned_runs; /* ranges of the slab registered with the platform (partial) */
+  size_t npinned_runs;
   bool on_disk;            /* materialized without a slab: each load reads its files */
   bool disk_busy;          /* a load's reads and copies are being issued by the reader */
   int disk_rc;             /* the last disk load's failure (0: none), said by disk_err */
@@ -354,6 +359,13 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
  * uses it, and is materialized again in its tier at its next use.  Enable
  * applies it at once, an eviction to the component it evicts. */
 void mlo_disk_change_tier(mlo_component *c);
+/* A component on disk that streams (partial) reads the blocks its plan
+ * streams into its slab, once each, and page-locks them; lock held, after
+ * every stream plan of it.  MLO_OK when it is not partial. */
+int mlo_disk_fill_streamed(mlo_component *c);
+/* Frees what a partial component holds besides its files: the blocks
+ * read, their registration, the slab (lock held; nothing queued uses it). */
+void mlo_disk_free_partial(mlo_component *c);
 /* Materializes c without a slab (setup_lock held): its files are checked
  * and its file-backed tensors listed in layout lay. */
 int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
@@ -386,6 +398,15 @@ uint64_t mlo_res_bytes(const mlo_component *c);
  * does).  Drops any earlier plan first. */
 int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots);
 void mlo_stream_drop(mlo_component *c); /* not resident */
+/* The slab bytes of the blocks c would stream within room (a plan's
+ * choice, made from its layout: c need not be materialized); UINT64_MAX
+ * where it cannot stream there. */
+uint64_t mlo_stream_streamed_bytes(mlo_component *c, uint64_t room, size_t nslots);
+/* Whether c's plan streams block b; the slab bytes of the pieces it keeps
+ * resident (the prologue, the blocks kept, the epilogue), as a load copies
+ * them. */
+bool mlo_stream_block_streams(const mlo_component *c, size_t b);
+uint64_t mlo_stream_resident_bytes(const mlo_component *c);
 /* A load's copies of the resident part (into c->block); the slots' fills
  * after the load's event (start); the slots emptied at eviction. */
 int mlo_stream_copy_resident(mlo_component *c, size_t *copies, uint64_t *moved);

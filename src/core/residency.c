@@ -222,10 +222,11 @@ int mlo_res_load(mlo_component *c) {
       if (!rc) count_gathered(pipe, slice);
       gathered_on_device = true;
     }
+  } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
+    rc = mlo_disk_start(c);       /* (streaming: the resident part; the slots below) */
+    if (c->stream) moved = mlo_stream_resident_bytes(c);
   } else if (!rc && c->stream) { /* the resident part now, the slots after the event */
     rc = mlo_stream_copy_resident(c, &copies, &moved);
-  } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
-    rc = mlo_disk_start(c);
   } else if (!rc) {
     rc = enqueue_load_copies(c, &copies);
   }

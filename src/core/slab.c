@@ -156,6 +156,7 @@ typedef struct {
   size_t nfiles;
   uint64_t file_bytes;
   mlo_layout lay; /* the pieces: published with the slab */
+  bool *filled;   /* on disk and streaming: which blocks its slab holds (none yet) */
 } slab_build;
 
 /* A segmented device (caps.max_block_bytes) cannot hold a tensor larger
@@ -389,8 +390,11 @@ static void publish(mlo_component *c, slab_build *b) {
   c->materialized = true;
   c->on_disk = disk;
   c->state = MLO_RES_HOST;
-  if (disk) {
+  if (disk) { /* a partial one's streamed blocks come into its slab when planned */
     pipe->disk_bytes += b->slab_bytes;
+    c->slab = b->slab;
+    c->partial = b->slab != NULL;
+    c->filled = b->filled;
     pthread_mutex_unlock(&pipe->lock);
     return;
   }
@@ -444,7 +448,23 @@ int mlo_slab_materialize(mlo_component *c) {
   b.slab_bytes = lay.slab_bytes;
   b.lay = lay;
   if (c->want_disk) { /* the disk tier: its files are its host copy */
+    /* one that streams: a slab of address space, its streamed blocks read
+     * into it once planned (pageable: only those pages are touched and
+     * page-locked) */
+    if (c->want_partial && b.slab_bytes) {
+      rc = mlo_plat_host_alloc(c->pipe->platform, b.slab_bytes, false, &b.slab, &b.pinned);
+      b.filled = mlo_calloc(b.lay.nblocks ? b.lay.nblocks : 1, sizeof *b.filled);
+      if (rc || !b.filled) {
+        if (!rc) mlo_plat_host_free(c->pipe->platform, b.slab, b.slab_bytes, false);
+        free(b.filled);
+        mlo_layout_free(&b.lay);
+        return mlo_fail(c->pipe, MLO_ENOMEM, "%s: cannot reserve a %llu-byte host slab", c->name,
+                        (unsigned long long)b.slab_bytes);
+      }
+    }
     if ((rc = mlo_disk_prepare(c, &b.lay))) {
+      if (b.slab) mlo_plat_host_free(c->pipe->platform, b.slab, b.slab_bytes, false);
+      free(b.filled);
       mlo_layout_free(&b.lay);
       return rc;
     }
@@ -502,6 +522,7 @@ void mlo_slab_free(mlo_component *c) {
     t->registered = false;
   }
   if (c->on_disk) {
+    mlo_disk_free_partial(c);
     free(c->disk_files);
     c->disk_files = NULL;
     c->ndisk_files = 0;

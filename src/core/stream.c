@@ -84,6 +84,16 @@ static bool block_streams(const mlo_component *c, size_t b) {
   return c->stream && c->stream->dev_off[b] == STREAMED;
 }
 
+bool mlo_stream_block_streams(const mlo_component *c, size_t b) {
+  return block_streams(c, b);
+}
+
+uint64_t mlo_stream_resident_bytes(const mlo_component *c) {
+  uint64_t n = c->pro.bytes + c->epi.bytes;
+  for (size_t b = 0; b < c->nblocks; b++) n += block_streams(c, b) ? 0 : c->spans[b].bytes;
+  return n;
+}
+
 bool mlo_stream_streams(const mlo_component *c, const mlo_tensor *t) {
   return t->block >= 0 && block_streams(c, (size_t)t->block);
 }
@@ -201,6 +211,30 @@ static uint64_t place_resident(const mlo_component *c, struct mlo_stream *st, co
   st->ext_dev = at;
   at = align_up(at + (c->block_bytes - st->ext_start), a);
   return at;
+}
+
+uint64_t mlo_stream_streamed_bytes(mlo_component *c, uint64_t room, size_t nslots) {
+  shape sh;
+  if (shape_of(c, &sh) != MLO_OK) return UINT64_MAX;
+  uint64_t least, bytes = UINT64_MAX;
+  size_t best = choose(&sh, nslots, room, &least);
+  if (best != SIZE_MAX) {
+    bytes = 0;
+    for (size_t r = best; r < sh.nfree; r++) bytes += sh.lay.spans[sh.by[r].b].bytes;
+  }
+  shape_free(&sh);
+  return bytes;
+}
+
+uint64_t mlo_component_streamed_bytes(mlo_component *c, uint64_t room) {
+  if (!c) return 0;
+  MLO_LOCK_OR(&c->pipe->lock, 0);
+  mlo_layout lay;
+  mlo_slab_layout(c, false, false, &lay);
+  uint64_t bytes =
+      lay.block_bytes <= room ? 0 : mlo_stream_streamed_bytes(c, room, MLO_STREAM_SLOTS);
+  pthread_mutex_unlock(&c->pipe->lock);
+  return bytes;
 }
 
 uint64_t mlo_component_stream_least(mlo_component *c) {

@@ -169,27 +169,34 @@ tu_pipe *tu_pipe_new(mlo_platform *plat, bool pin_host) {
   return tp;
 }
 
+/* Declares an F32 1-D tensor of bytes from desc's source and records it as
+ * holding the pattern of (component, name). */
+static mlo_tensor *declare_pattern(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
+                                   mlo_tensor_desc *desc) {
+  desc->name = name;
+  desc->dtype = MLO_DTYPE_F32;
+  desc->ndim = 1;
+  desc->shape[0] = (int64_t)(bytes / 4);
+  mlo_tensor *t = NULL;
+  assert_ok(mlo_tensor_add(comp, desc, &t));
+  assert_non_null(t);
+  tp->recs[tp->nrecs++] =
+      (tu_tensor_rec){t, comp, tu_seed(mlo_component_name(comp), name), bytes, false};
+  return t;
+}
+
 mlo_tensor *tu_add_tensor(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
                           unsigned flags) {
   assert_true(tp->nrecs < TU_MAX_TENSORS && tp->nsources < TU_MAX_TENSORS);
   assert_true(bytes % 4 == 0);
-  uint32_t seed = tu_seed(mlo_component_name(comp), name);
   void *src = malloc(bytes ? bytes : 1);
   assert_non_null(src);
-  tu_fill_pattern(src, bytes, seed);
+  tu_fill_pattern(src, bytes, tu_seed(mlo_component_name(comp), name));
   tp->sources[tp->nsources++] = src;
   mlo_tensor_desc desc = MLO_TENSOR_DESC_INIT;
-  desc.name = name;
-  desc.dtype = MLO_DTYPE_F32;
-  desc.ndim = 1;
-  desc.shape[0] = (int64_t)(bytes / 4);
   desc.flags = flags;
   desc.data = src;
-  mlo_tensor *t = NULL;
-  assert_ok(mlo_tensor_add(comp, &desc, &t));
-  assert_non_null(t);
-  tp->recs[tp->nrecs++] = (tu_tensor_rec){t, comp, seed, bytes, false};
-  return t;
+  return declare_pattern(tp, comp, name, bytes, &desc);
 }
 
 void tu_write_file_pattern(const char *comp_name, const char *name, size_t bytes, const char *path,
@@ -208,19 +215,10 @@ mlo_tensor *tu_add_file_tensor(tu_pipe *tp, mlo_component *comp, const char *nam
                                const char *path, uint64_t offset) {
   assert_true(tp->nrecs < TU_MAX_TENSORS);
   assert_true(bytes % 4 == 0);
-  uint32_t seed = tu_seed(mlo_component_name(comp), name);
   mlo_tensor_desc desc = MLO_TENSOR_DESC_INIT;
-  desc.name = name;
-  desc.dtype = MLO_DTYPE_F32;
-  desc.ndim = 1;
-  desc.shape[0] = (int64_t)(bytes / 4);
   desc.file = path;
   desc.file_offset = offset;
-  mlo_tensor *t = NULL;
-  assert_ok(mlo_tensor_add(comp, &desc, &t));
-  assert_non_null(t);
-  tp->recs[tp->nrecs++] = (tu_tensor_rec){t, comp, seed, bytes, false};
-  return t;
+  return declare_pattern(tp, comp, name, bytes, &desc);
 }
 
 void tu_add_alias(tu_pipe *tp, mlo_component *comp, const char *name, mlo_tensor *target) {

@@ -43,8 +43,8 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  static const char *const files[] = {"encoder.bin", "dit_a.bin", "dit_b.bin", "vae.bin",
-                                      "big.bin"};
+  static const char *const files[] = {"encoder.bin", "dit_a.bin", "dit_b.bin",
+                                      "vae.bin",     "big.bin",   "sdit.bin"};
   char p[512];
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     snprintf(p, sizeof p, "%s/%s", dir, files[i]);
@@ -394,6 +394,114 @@ static void test_by_hand_and_copy_back_after_a_host_budget(void **state) {
   mlo_platform_close(plat);
 }
 
+/* A DiT of 8 blocks of 1 MiB, a prologue and an epilogue, in one file. */
+#define SBLK 8
+static mlo_component *add_streaming_dit(tu_pipe *tp) {
+  mlo_component *c = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "sdit", MLO_ROLE_DIT, &c));
+  char path[512], names[SBLK + 2][32];
+  file_of("sdit", path, sizeof path);
+  unlink(path);
+  size_t sizes[SBLK + 2];
+  uint64_t at[SBLK + 2], end = 8;
+  snprintf(names[0], sizeof names[0], "patch_embedding.weight");
+  snprintf(names[SBLK + 1], sizeof names[SBLK + 1], "head.weight");
+  sizes[0] = sizes[SBLK + 1] = 64u << 10;
+  for (int b = 0; b < SBLK; b++) {
+    snprintf(names[b + 1], sizeof names[b + 1], "blocks.%d.attn.weight", b);
+    sizes[b + 1] = 1u << 20;
+  }
+  for (int i = 0; i < SBLK + 2; i++) {
+    at[i] = end;
+    end += sizes[i];
+    tu_write_file_pattern("sdit", names[i], sizes[i], path, at[i]);
+  }
+  for (int i = 0; i < SBLK + 2; i++) tu_add_file_tensor(tp, c, names[i], sizes[i], path, at[i]);
+  return c;
+}
+
+/* A forward that reads each block between its begin and end, and the
+ * prologue and epilogue, against the pattern each tensor was written with. */
+static int streamed_check(mlo_component *c, void *user) {
+  tu_pipe *tp = user;
+  for (int b = -1; b <= SBLK; b++) {
+    bool in_block = b >= 0 && b < SBLK;
+    if (in_block && mlo_block_begin(c, (size_t)b)) {
+      tu_note_failure(tp, "begin %d: %s", b, mlo_pipeline_errmsg(tp->pipe));
+      return 1;
+    }
+    const mlo_tensor *t = mlo_component_tensor_at(c, (size_t)(b + 1));
+    size_t n = (size_t)mlo_tensor_nbytes(t);
+    unsigned char *buf = malloc(n);
+    int rc = tu_read_device(tp, t, buf, n);
+    size_t first = rc ? 0 : tu_pattern_mismatch(buf, n, tu_seed("sdit", mlo_tensor_name(t)));
+    free(buf);
+    if (in_block) mlo_block_end(c, (size_t)b);
+    if (first != n) {
+      tu_note_failure(tp, "%s: wrong from byte %zu (%s)", mlo_tensor_name(t), first,
+                      mlo_err_name(rc));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* A DiT larger than the device budget streams its blocks; with a host
+ * budget its streamed blocks stay in host memory (they are copied at every
+ * forward) and the rest of it, the blocks kept resident, the prologue and
+ * the epilogue, is read from disk at each load: every forward sees every
+ * byte right, with copies delayed at random. */
+static void test_streamed_component_on_disk(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("jitter=1");
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *enc = add_file_comp(tp, "encoder", MLO_ROLE_ENCODER, 1u << 20);
+  mlo_component *dit = add_streaming_dit(tp);
+  mlo_schedule_entry e[] = {{enc, 1}, {dit, 3}};
+  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 5u << 20; /* the 8.1 MiB DiT keeps some blocks, streams the rest */
+  s.host_budget_bytes = 1;   /* below its streamed blocks: refused, naming them */
+  int rc = mlo_offload_enable(tp->pipe, &s);
+  const char *msg = mlo_pipeline_errmsg(tp->pipe);
+  if (rc != MLO_ENOMEM) fail_msg("%s: %s", mlo_err_name(rc), msg);
+  assert_non_null(strstr(msg, "'sdit' (the "));
+  assert_non_null(strstr(msg, "of blocks it streams)"));
+  s.host_budget_bytes = 7u << 20; /* its streamed blocks, not the rest of it */
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(dit, &si));
+  assert_true(si.streamed_blocks >= 2 && si.resident_blocks >= 1);
+  mlo_pipeline_stats st = tu_pstats(tp);
+  assert_int_equal(st.host_slab_bytes, si.streamed_bytes); /* the encoder is on disk too */
+  /* a streamed block's tensor has host bytes, a resident one's is on disk */
+  size_t host = 0;
+  for (int b = 0; b < SBLK; b++)
+    host += mlo_tensor_host_data(mlo_component_tensor_at(dit, (size_t)b + 1)) != NULL;
+  assert_int_equal(host, si.streamed_blocks);
+  assert_null(mlo_tensor_host_data(mlo_component_tensor_at(dit, 0)));
+  for (int p = 0; p < 3; p++) {
+    assert_ok(tu_forward(tp, enc));
+    for (int k = 0; k < 3; k++) {
+      rc = mlo_component_forward(dit, streamed_check, tp);
+      if (rc)
+        fail_msg("prompt %d: %s (%s; %s)", p, mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe),
+                 tp->first_failure);
+    }
+  }
+  assert_ok(mlo_pipeline_synchronize(tp->pipe));
+  tu_assert_forwards_clean(tp);
+  mlo_component_stats ds = tu_cstats(dit);
+  assert_true(ds.disk_loads >= 3); /* the encoder displaces it every prompt */
+  uint64_t resident = 2 * (64u << 10) + (uint64_t)si.resident_blocks * (1u << 20);
+  assert_int_equal(ds.disk_read_bytes, ds.disk_loads * resident);
+  assert_int_equal(ds.block_loads, 9 * si.streamed_blocks); /* from the slab, every forward */
+  tu_assert_audit(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_runs_twice_the_host_budget),
@@ -404,6 +512,7 @@ int main(void) {
       cmocka_unit_test(test_tier_change_waits_for_queued_copies),
       cmocka_unit_test(test_strict_exclusion_while_reading),
       cmocka_unit_test(test_by_hand_and_copy_back_after_a_host_budget),
+      cmocka_unit_test(test_streamed_component_on_disk),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -266,7 +266,8 @@ static void host_needs(mlo_pipeline *pipe, host_need *h) {
     bool stays = !from_files(c);
     h->all += bytes;
     h->least += stays ? bytes : 0;
-    h->stream_keep += stays || bytes > room ? bytes : 0;
+    uint64_t streamed = stays ? 0 : mlo_component_streamed_bytes(c, room);
+    h->stream_keep += stays || streamed == UINT64_MAX ? bytes : streamed;
   }
   if (h->stream_keep == h->least) h->stream_keep = 0; /* nothing streams */
 }
@@ -334,7 +335,7 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
     char label[96];
     snprintf(label, sizeof label, "least, streaming at %s", tool_size(stream_least));
     printf("  %-36s %10s\n", label, tool_size(h.stream_keep));
-    printf("    (a streamed component keeps its slab: its blocks are copied from it every step)\n");
+    printf("    (a streamed component keeps the blocks it streams: they are copied every step)\n");
   }
   if (!n.max_dit_name && !n.enc && !n.vae)
     printf("\nnote: nothing here would run (every component is 'other'); name the roles "
