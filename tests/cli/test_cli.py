@@ -582,6 +582,26 @@ class DiskTests(Fixture):
         self.assertEqual(rc, 3, err)
         self.assertEqual(json.loads(out)["error"], "host_budget_too_small")
 
+    def test_gguf_on_disk(self):
+        """Quantized GGUF components move as their bytes from disk too: a
+        Q4_K_M DiT and a Q8_0 encoder, everything on disk, then the DiT in
+        host memory and the encoder on disk (core_disk streams from disk;
+        this DiT has one block)."""
+        S = os.path.join(REAL, "single")
+        files = ["--diffusion-model", os.path.join(S, "wan2.2_t2v_high_noise_14B_Q4_K_M.gguf"),
+                 "--component", "te:encoder=" + os.path.join(S, "umt5-xxl-encoder-Q8_0.gguf")]
+        rc, out, err = mlo("run", *files, "--json")
+        self.assertEqual(rc, 0, err)
+        dit = json.loads(out)["components"][0]
+        for args in (["--host-memory", "1K"],
+                     ["--host-memory", str(dit["device_bytes"])]):
+            rc, out, err = mlo("run", *files, "--policy", "budget", "--prompts", "2", "--verify",
+                               "--json", "--platform", "host:jitter=1", *args)
+            self.assertEqual(rc, 0, err)
+            res = json.loads(out)
+            self.assertIs(res["verified"], True)
+            self.assertGreater(res["disk_read_bytes"], 0)
+
     def test_bad_host_memory(self):
         for args, said in ((["--host-memory", "0"], "--host-memory"),
                            (["--host-memory", "1G", "--offload", "none"], "--offload model"),
