@@ -702,10 +702,13 @@ typedef struct {
                                  reads it through a small pinned staging ring
                                  (the disk tier, docs/disk.md); chosen from the
                                  schedule: a component used least per prompt
-                                 goes first.  Only file-backed, immutable
-                                 components that move whole may live on disk;
-                                 MLO_ENOMEM naming them where the rest do not
-                                 fit */
+                                 goes first; a component that streams keeps
+                                 the blocks it streams.  Only file-backed,
+                                 immutable components may live on disk;
+                                 MLO_ENOMEM naming what must stay where it
+                                 does not fit.  With ranks: the node's budget,
+                                 sharded loads only (each rank reads its
+                                 slice), else MLO_EUNSUPPORTED */
 } mlo_offload_settings;
 #define MLO_OFFLOAD_SETTINGS_INIT                                                                  \
   {                                                                                                \

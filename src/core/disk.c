@@ -134,10 +134,15 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
     return mlo_fail(pipe, MLO_EINVAL,
                     "host_budget_bytes with copy_back: every tensor is written back to host "
                     "memory, so none may live on disk");
-  if (pipe->comm)
+  /* ranks: the budget is the node's (its slabs are shared); a component on
+   * disk is read by each rank in its slice of a sharded load, so the node
+   * reads it once.  Loaded whole by every rank, it would be read once per
+   * rank. */
+  if (pipe->comm && !pipe->sharded)
     return mlo_fail(pipe, MLO_EUNSUPPORTED,
-                    "host_budget_bytes with ranks: the node's slabs are shared, and the disk tier "
-                    "does not yet share a host budget between ranks");
+                    "host_budget_bytes with ranks needs sharded loads: each rank reads its "
+                    "slice of a component on disk, and the node's ranks gather the rest (with "
+                    "whole loads every rank would read it all)");
   candidate *cand = mlo_calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *cand);
   if (!cand) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
   size_t n = 0;
@@ -340,6 +345,8 @@ int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay) {
 
 typedef struct {
   mlo_component *c;
+  uint64_t lo, hi, at; /* the slab bytes read, and where lo goes in the block */
+  size_t gather;       /* a sharded load's slice to all-gather after (0: none) */
   uint64_t calls, copies, read;
   char *err;
   size_t errlen;
@@ -443,24 +450,36 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
   mlo_component *c = j->c;
   mlo_platform *p = c->pipe->platform;
   /* what this load reads: every file-backed tensor, or, streaming, those
-   * of the pieces it keeps resident (the slots fill from the slab) */
-  size_t n = 0;
-  mlo_tensor **files = mlo_malloc((c->ndisk_files ? c->ndisk_files : 1) * sizeof *files);
-  int *fds = mlo_malloc((c->ndisk_files ? c->ndisk_files : 1) * sizeof *fds);
-  if (!fds || !files) {
+   * of the pieces it keeps resident (the slots fill from the slab); of a
+   * sharded load, the bytes in this rank's slice [lo, hi) of the slab, each
+   * tensor from byte from[f] to to[f] of it */
+  size_t n = 0, cap = c->ndisk_files ? c->ndisk_files : 1;
+  mlo_tensor **files = mlo_malloc(cap * sizeof *files);
+  int *fds = mlo_malloc(cap * sizeof *fds);
+  uint64_t *from = mlo_malloc(cap * sizeof *from), *to = mlo_malloc(cap * sizeof *to);
+  if (!fds || !files || !from || !to) {
     free(files);
     free(fds);
+    free(from);
+    free(to);
     snprintf(j->err, j->errlen, "%s: out of host memory", c->name);
     return MLO_ENOMEM;
   }
-  for (size_t f = 0; f < c->ndisk_files; f++)
-    if (!c->stream || !mlo_stream_streams(c, c->disk_files[f])) files[n++] = c->disk_files[f];
+  for (size_t f = 0; f < c->ndisk_files; f++) {
+    mlo_tensor *t = c->disk_files[f];
+    uint64_t a = t->dev_offset > j->lo ? t->dev_offset : j->lo;
+    uint64_t b = t->dev_offset + t->nbytes < j->hi ? t->dev_offset + t->nbytes : j->hi;
+    if ((c->stream && mlo_stream_streams(c, t)) || a >= b) continue;
+    from[n] = a - t->dev_offset;
+    to[n] = b - t->dev_offset;
+    files[n++] = t;
+  }
   int rc = mlo_open_checked(c, files, n, fds, false, j->err, j->errlen);
   bool drop = !mlo_env_flag("MLO_KEEP_PAGE_CACHE");
   double pace = paced_rate();
   uint64_t t0 = mlo_now_ns(), paced = 0;
   size_t i = 0, k = 0;
-  uint64_t toff = 0;
+  uint64_t toff = n ? from[0] : 0;
   while (!rc && i < n) {
     if (__atomic_load_n(stopping, __ATOMIC_ACQUIRE)) {
       snprintf(j->err, j->errlen, "%s: the load from disk was stopped (the pipeline is freed)",
@@ -484,15 +503,12 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       uint64_t here = t->src_offset + toff;
       if (here < start + fill || here - (start + fill) > DISK_GAP || here - start >= d->chunk)
         break;
-      uint64_t boff = here - start, take = t->nbytes - toff;
+      uint64_t boff = here - start, take = to[i] - toff;
       if (take > d->chunk - boff) take = d->chunk - boff;
       pcs[np++] = (piece){t, toff, boff, take};
       fill = boff + take;
       toff += take;
-      if (toff == t->nbytes) {
-        i++;
-        toff = 0;
-      }
+      if (toff == to[i] && ++i < n) toff = from[i];
     }
     rc = read_range(fd, s->buf, fill, start, pcs, np, j);
     if (!rc && drop) mlo_drop_pages(fd, start, fill);
@@ -503,6 +519,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
     for (size_t q = 0; q < np && !rc; q++) {
       uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */
       if (c->stream) mlo_stream_tensor_offset(c, pcs[q].t, &at);
+      at = at - j->lo + j->at; /* a slice: where it goes in this rank's block */
       rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(at + pcs[q].toff),
                                      (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
       j->copies++;
@@ -514,12 +531,20 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       snprintf(j->err, j->errlen, "%s: copying to the device failed (%s)", c->name,
                mlo_strerror(rc));
   }
+  /* a sharded load on a device that gathers on its copy queue: the slices
+   * reach every rank's block after this rank's copies, before the event */
+  if (!rc && j->gather &&
+      (rc = plat(j, mlo_plat_all_gather(p, c->block, j->gather, mlo_dist_node_rank(c->pipe->comm),
+                                        mlo_dist_nccl(c->pipe->comm)))))
+    snprintf(j->err, j->errlen, "%s: the all-gather failed (%s)", c->name, mlo_strerror(rc));
   if (!rc && (rc = plat(j, mlo_plat_event_record_copy(p, c->load_ev))))
     snprintf(j->err, j->errlen, "%s: recording the load's event failed (%s)", c->name,
              mlo_strerror(rc));
   mlo_close_files(n, fds, drop && !rc);
   free(fds);
   free(files);
+  free(from);
+  free(to);
   return rc;
 }
 
@@ -531,10 +556,13 @@ static void finish(job *j, int rc) {
   c->stats.platform_calls += j->calls;
   c->stats.copy_calls += j->copies;
   c->stats.disk_read_bytes += j->read;
+  if (!rc && j->gather) /* what the all-gather brought this rank: the others' slices */
+    pipe->dist.gather_bytes += (uint64_t)j->gather * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
   c->disk_rc = rc;
   c->disk_busy = false;
   if (rc && mlo_res_is_resident(c)) { /* undone: the trace closes the load it began */
     mlo_logf(MLO_LOG_DEBUG, "load of %s from disk failed: %s", c->name, c->disk_err);
+    c->disk_tell = c->gather_slice != 0; /* the other ranks wait to gather its slice */
     mlo_res_drop(c);
     mlo_res_trace(c, MLO_TRACE_EVICT, 0);
   }
@@ -568,7 +596,13 @@ static void *reader(void *arg) {
     bool regrow = d->chunk < chunk, want_pin = d->want_pin;
     size_t want = c->ndisk_files + 1;
     pthread_mutex_unlock(&pipe->lock);
-    job j = {.c = c, .err = c->disk_err, .errlen = sizeof c->disk_err};
+    job j = {.c = c,
+             .lo = c->disk_lo,
+             .hi = c->disk_hi,
+             .at = c->disk_at,
+             .gather = c->disk_gather,
+             .err = c->disk_err,
+             .errlen = sizeof c->disk_err};
     c->disk_err[0] = 0;
     int rc = MLO_OK;
     if (regrow) {
@@ -619,7 +653,7 @@ static int sim_load(mlo_component *c) {
   return MLO_OK;
 }
 
-int mlo_disk_start(mlo_component *c) {
+int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at, size_t gather) {
   mlo_pipeline *pipe = c->pipe;
   if (pipe->platform->caps.simulated) return sim_load(c);
   struct mlo_disk *d = pipe->disk;
@@ -637,6 +671,10 @@ int mlo_disk_start(mlo_component *c) {
   }
   c->disk_busy = true;
   c->disk_rc = MLO_OK;
+  c->disk_lo = lo;
+  c->disk_hi = hi;
+  c->disk_at = at;
+  c->disk_gather = gather;
   c->stats.disk_loads++; /* counted when issued, as loads are */
   c->disk_next = NULL;
   if (d->tail)

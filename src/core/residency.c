@@ -98,7 +98,8 @@ static int enqueue_load_copies(mlo_component *c, size_t *copies) {
 /* Whether c loads sharded: a sharded pipeline's component whose block is
  * its slab alone (caller-owned tensors are each rank's own: replicated). */
 static bool sharded_load(const mlo_component *c) {
-  return c->pipe->sharded && c->block_bytes == c->slab_bytes && c->slab_shared && !c->stream;
+  return c->pipe->sharded && c->block_bytes == c->slab_bytes && (c->slab_shared || c->on_disk) &&
+         !c->stream;
 }
 
 /* What an all-gather brought this rank: every other node rank's slice. */
@@ -204,10 +205,15 @@ int mlo_res_load(mlo_component *c) {
     uint64_t len = from < c->slab_bytes ? c->slab_bytes - from : 0;
     if (len > slice) len = slice;
     uint64_t at = pipe->shard_resident ? 0 : from; /* a shard alone starts its block */
-    if (len)
+    /* on disk: the reader reads this rank's slice of the files (the node
+     * reads each byte once), and gathers after it where the device does */
+    bool device_gathers = !pipe->shard_resident && !p->caps.host_addressable;
+    if (c->on_disk)
+      rc = mlo_disk_start(c, from, from + len, at, device_gathers ? slice : 0);
+    else if (len)
       rc =
           PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
-    copies = len ? 1 : 0;
+    copies = len && !c->on_disk ? 1 : 0;
     moved = len;
     if (pipe->shard_resident) {
       c->shard_offset = from;
@@ -216,14 +222,16 @@ int mlo_res_load(mlo_component *c) {
     }
     /* a device that gathers on its copy queue does it now, before the
      * load's event; the host platform gathers at the wait, through MPI */
-    if (!rc && !pipe->shard_resident && !p->caps.host_addressable) {
+    if (!rc && c->on_disk && device_gathers) {
+      gathered_on_device = true; /* the reader's, after its copies */
+    } else if (!rc && device_gathers) {
       rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
                                         mlo_dist_nccl(pipe->comm)));
       if (!rc) count_gathered(pipe, slice);
       gathered_on_device = true;
     }
   } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
-    rc = mlo_disk_start(c);       /* (streaming: the resident part; the slots below) */
+    rc = mlo_disk_start(c, 0, UINT64_MAX, 0, 0); /* (streaming: the resident part; slots below) */
     if (c->stream) moved = mlo_stream_resident_bytes(c);
   } else if (!rc && c->stream) { /* the resident part now, the slots after the event */
     rc = mlo_stream_copy_resident(c, &copies, &moved);
@@ -393,6 +401,13 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     int rc = mlo_disk_wait(c);
     disk_ns = mlo_plat_now(p) - d0;
     c->stats.disk_wait_ns += disk_ns;
+    if (rc && c->disk_tell) { /* the other node ranks are at the gather: tell them, now */
+      char said[sizeof pipe->errmsg];
+      snprintf(said, sizeof said, "%s", pipe->errmsg);
+      c->disk_tell = false;
+      mlo_collective(pipe, c, COLL_GATHER, 0, rc, said, NULL);
+      mlo_fail(pipe, rc, "%s", said);
+    }
     if (rc) {
       c->stats.wait_ns += disk_ns;
       pthread_mutex_unlock(&pipe->lock);

@@ -251,23 +251,32 @@ static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *c
 /* The host slab: one per node, shared by its ranks (after every rank
  * arrived at this component holding the same checkpoint for it), or this
  * process's own from the platform. */
+/* Every node rank at this component holding the same checkpoint for it,
+ * in the same tier (its slab shared, or on disk: each rank then reads its
+ * slice of the same files). */
+static int agree(mlo_component *c, const slab_build *b) {
+  mlo_pipeline *pipe = c->pipe;
+  uint64_t check = 0;
+  char why[400] = "";
+  int mine = shared_check(c, b, &check, why, sizeof why); /* a failure is every rank's to hear */
+  check ^= c->want_disk ? 0x9e3779b97f4a7c15ull : 0;
+  int rc = mlo_collective(pipe, c, COLL_MATERIALIZE, check, mine, mine ? why : NULL, NULL);
+  if (rc != MLO_ESTATE || !strstr(pipe->errmsg, " differ at ")) return rc;
+  char said[sizeof pipe->errmsg];
+  snprintf(said, sizeof said, "%s", pipe->errmsg);
+  return mlo_fail(pipe, rc,
+                  "%s: the ranks do not hold the same checkpoint for it (its tensors, their "
+                  "layout, or their files' sizes or headers differ, or their host plans put "
+                  "it in another tier): %s",
+                  c->name, said);
+}
+
 static int alloc_slab(mlo_component *c, slab_build *b) {
   mlo_pipeline *pipe = c->pipe;
   if (!b->slab_bytes) return MLO_OK;
   int rc;
   if (pipe->comm) {
-    uint64_t check = 0;
-    char why[400] = "";
-    int mine = shared_check(c, b, &check, why, sizeof why); /* a failure is every rank's to hear */
-    if ((rc = mlo_collective(pipe, c, COLL_MATERIALIZE, check, mine, mine ? why : NULL, NULL))) {
-      if (rc != MLO_ESTATE || !strstr(pipe->errmsg, " differ at ")) return rc;
-      char said[sizeof pipe->errmsg];
-      snprintf(said, sizeof said, "%s", pipe->errmsg);
-      return mlo_fail(pipe, rc,
-                      "%s: the ranks do not hold the same checkpoint for it (its tensors, their "
-                      "layout, or their files' sizes or headers differ): %s",
-                      c->name, said);
-    }
+    if ((rc = agree(c, b))) return rc;
     char err[256];
     rc = mlo_dist_shared_alloc(pipe->comm, (size_t)b->slab_bytes, &b->slab, &b->shared, err,
                                sizeof err);
@@ -462,7 +471,8 @@ int mlo_slab_materialize(mlo_component *c) {
                         (unsigned long long)b.slab_bytes);
       }
     }
-    if ((rc = mlo_disk_prepare(c, &b.lay))) {
+    if (c->pipe->comm && b.slab_bytes) rc = agree(c, &b); /* ranks: the same files, sliced */
+    if (rc || (rc = mlo_disk_prepare(c, &b.lay))) {
       if (b.slab) mlo_plat_host_free(c->pipe->platform, b.slab, b.slab_bytes, false);
       free(b.filled);
       mlo_layout_free(&b.lay);

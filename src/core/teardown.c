@@ -46,9 +46,9 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     mlo_component *c = pipe->comps[i];
     mlo_res_release_events(c);
     mlo_stream_drop(c);
+    if (drained) mlo_slab_free(c); /* a partial slab's blocks are its spans: before them */
     free(c->spans);
     free(c->scratch);
-    if (drained) mlo_slab_free(c);
     free(c->disk_files);
     if (c->users)
       mlo_logf(MLO_LOG_ERROR, "freeing a pipeline while '%s' has %d acquire(s) not released",

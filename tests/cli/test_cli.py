@@ -1452,6 +1452,36 @@ class RanksTests(Fixture):
         rc, out, _ = mlo("run", cls.ckpt, "--json", "--steps", "4")
         cls.single = json.loads(out)["digest"]
 
+    def test_disk_tier_read_once_per_node(self):
+        """--host-memory under mpirun, sharded (docs/disk.md): each rank reads
+        its slice of a component on disk and the node's ranks gather the
+        rest, so the node reads from disk exactly what one process does;
+        every rank's digest is the single process's.  Whole (shared) loads
+        would read it once per rank: refused, saying so."""
+        host = str(self.info["all_resident_bytes"] // 2)
+        args = ["--policy", "budget", "--budget", self.capacity_for_offload(), "--host-memory",
+                host, "--prompts", "2", "--steps", "4", "--json"]
+        rc, out, err = mlo("run", self.ckpt, *args)
+        self.assertEqual(rc, 0, err)
+        alone = json.loads(out)
+        self.assertGreater(alone["disk_read_bytes"], 0)
+        _, out, _ = mpi_run(2, "run", self.ckpt, "--ranks", "sharded", "--verify", *args)
+        objs = [json.loads(line) for line in out.splitlines() if line.strip()]
+        self.assertEqual(len(objs), 2)
+        for o in objs:
+            self.assertEqual(o["digest"], self.single)
+            self.assertIs(o["verified"], True)
+            self.assertGreater(o["disk_tier_read_bytes"], 0)
+        # the same bytes, but for small file gaps a slice reads through that
+        # the whole load read as tensors (256 B of 10.9 MB here)
+        node = sum(o["disk_tier_read_bytes"] for o in objs)
+        self.assertGreaterEqual(node, alone["disk_read_bytes"])
+        self.assertLess(node / alone["disk_read_bytes"] - 1, 0.001)
+        rc, _, err = mpi_run(2, "run", self.ckpt, "--ranks", "shared", "--host-memory", host,
+                             check=None)
+        self.assertNotEqual(rc, 0)
+        self.assertIn("--ranks sharded reads it once per node", err)
+
     def test_digests_across_ranks_and_modes(self):
         cap = self.capacity_for_offload()
         for n in (1, 2, 4):

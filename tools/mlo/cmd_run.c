@@ -223,8 +223,9 @@ static int parse(int argc, char **argv, run_args *r) {
     targs_error(&a, "--policy budget needs --offload model");
   if (!a.failed && r->have_host && r->offload == 0)
     targs_error(&a, "--host-memory needs --offload model");
-  if (!a.failed && r->have_host && r->ranks >= 0)
-    targs_error(&a, "--host-memory with --ranks: the disk tier is one process's for now");
+  if (!a.failed && r->have_host && r->ranks == 0)
+    targs_error(&a, "--host-memory with --ranks shared: every rank would read each component on "
+                    "disk whole; --ranks sharded reads it once per node");
   if (!a.failed && r->have_host && r->literal)
     targs_error(&a, "--host-memory with --literal: the literal baseline copies every tensor "
                     "back to host memory");
@@ -397,6 +398,7 @@ agree:;
     f->read = ds.read_bytes;
     f->io_read = s.load_io_read;
     f->shared = ds.shared_bytes;
+    f->tier_read = r.stats.total.disk_read_bytes;
     f->h2d = r.stats.total.h2d_bytes;
     f->gather = ds.gather_bytes;
     f->gather_s = (double)ds.gather_ns / 1e9;

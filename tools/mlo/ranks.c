@@ -97,6 +97,7 @@ static char *json_line(const tool_ranks *r, const rank_figures *mine, uint64_t w
   cJSON_AddNumberToObject(o, "disk_read_bytes", (double)mine->read);
   cJSON_AddNumberToObject(o, "measured_read_bytes", (double)mine->io_read);
   cJSON_AddNumberToObject(o, "shared_slab_bytes", (double)mine->shared);
+  cJSON_AddNumberToObject(o, "disk_tier_read_bytes", (double)mine->tier_read);
   cJSON_AddNumberToObject(o, "h2d_bytes", (double)mine->h2d);
   cJSON_AddNumberToObject(o, "gather_bytes", (double)mine->gather);
   cJSON_AddNumberToObject(o, "gather_s", mine->gather_s);

@@ -203,6 +203,7 @@ typedef struct {
                         materialized (/proc/self/io read_bytes): what it really read,
                         read-ahead included, pages others had cached excluded */
   uint64_t shared;   /* host slabs in node-shared memory */
+  uint64_t tier_read; /* read from files by loads from disk (--host-memory) */
   uint64_t h2d, gather;
   double gather_s, stall_s, steady_stall_s, wall_s, steady_wall_s;
   uint64_t digest;
