@@ -55,6 +55,7 @@ struct mlo_disk {
   struct disk_slot slots[DISK_SLOTS];
   uint64_t chunk;  /* bytes of each buffer (0: the ring is not allocated) */
   uint64_t pinned; /* of the ring's bytes, page-locked (counted in pinned_bytes) */
+  uint64_t bytes;  /* the ring's bytes, for the stats (chunk is the reader's; this, the lock's) */
   bool want_pin;   /* the pipeline's pin_host, read under its lock */
 };
 
@@ -611,6 +612,7 @@ static void *reader(void *arg) {
       pthread_mutex_lock(&pipe->lock);
       pipe->pinned_bytes = pipe->pinned_bytes - freed + pinned;
       d->pinned = pinned;
+      d->bytes = d->chunk * DISK_SLOTS;
       pthread_mutex_unlock(&pipe->lock);
     }
     if (!rc && want > pcap) { /* a chunk holds at most every tensor of the component */
@@ -723,5 +725,5 @@ int mlo_pipeline_synchronize(mlo_pipeline *pipe) {
 }
 
 uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe) {
-  return pipe->disk ? pipe->disk->chunk * DISK_SLOTS : 0;
+  return pipe->disk ? pipe->disk->bytes : 0;
 }
