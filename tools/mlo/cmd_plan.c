@@ -287,8 +287,11 @@ out_free:
   return code;
 }
 
-int plan_brief(const char *preset, const char *device, const char *dtype, FILE *out) {
+int plan_brief(const char *preset, const char *device, const char *dtype, uint64_t host,
+               FILE *out) {
   plan_args pa = {.scale = 1.0, .mfu = 0.4, .prompts = 3, .policy = -1, .offload = -1};
+  pa.have_host = host != 0;
+  pa.host = host;
   pa.preset = preset;
   pa.src.label = preset;
   pa.device = device;
@@ -300,8 +303,9 @@ int plan_brief(const char *preset, const char *device, const char *dtype, FILE *
   int code = plan_device_run(&pa, dev, &pr, &job, false);
   if (code) return code;
   char what[96];
-  snprintf(what, sizeof what, "%s, %s", dev->name, dtype ? dtype : "bf16");
-  fprintf(out, "  %-16s", what);
+  snprintf(what, sizeof what, "%s, %s%s%s", dev->name, dtype ? dtype : "bf16", host ? ", RAM " : "",
+           host ? tool_size(host) : "");
+  fprintf(out, "  %-28s", what);
   if (pr.advice < 0) {
     fprintf(out, " nothing fits (%s)\n", pr.pol[POL_STRICT].why);
   } else {

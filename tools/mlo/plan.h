@@ -53,8 +53,9 @@ int plan_parse_dtype(const char *text, mlo_dtype *out);
 int plan_clone(mlo_pipeline *src, mlo_pipeline *dst, mlo_dtype to, char *err, size_t errlen);
 
 int cmd_plan(int argc, char **argv);
-/* One line for the demo: preset at full size on a card (dtype may be NULL):
- * which policies fit and their overhead over all-resident. */
-int plan_brief(const char *preset, const char *device, const char *dtype, FILE *out);
+/* One line for the demo: preset at full size on a card (dtype may be NULL;
+ * host, the host memory for the weights, 0 for all of them): which
+ * policies fit and their overhead over all-resident. */
+int plan_brief(const char *preset, const char *device, const char *dtype, uint64_t host, FILE *out);
 
 #endif
