@@ -1062,6 +1062,18 @@ def plan_json(*args, code=0):
     return json.loads(out)
 
 
+def validation_pipeline(tmp):
+    """The validations' pipeline in tmp (scale 0.002) and its inspection, with
+    two devices: the strict need and half the largest component, and 60% of
+    a DiT (the budget policy streams its blocks)."""
+    path = os.path.join(tmp, "wan")
+    mlo("synth", "wan2.2-t2v", path, "--scale", "0.002", check=0)
+    _, out, _ = mlo("inspect", path, "--json", check=0)
+    info = json.loads(out)
+    cap = info["model_offload_bytes"] + info["max_component_bytes"] // 2
+    return path, info, cap, info["max_component_bytes"] * 3 // 5
+
+
 class PlanTests(Fixture):
     """mlo plan: presets at full size on the card profiles, what the table
     must say whatever the compute model's figures, and the validation of
@@ -1316,13 +1328,7 @@ class PlanTests(Fixture):
         the projection to a cold-start bias it is not given)."""
         tmp = tempfile.mkdtemp(prefix="mlo-plan-val-")
         try:
-            path = os.path.join(tmp, "wan")
-            mlo("synth", "wan2.2-t2v", path, "--scale", "0.002", check=0)
-            _, out, _ = mlo("inspect", path, "--json", check=0)
-            info = json.loads(out)
-            cap = info["model_offload_bytes"] + info["max_component_bytes"] // 2
-            # and a device of 60% of a DiT: the budget policy streams its blocks
-            small = info["max_component_bytes"] * 3 // 5
+            path, info, cap, small = validation_pipeline(tmp)
             for flags, name, device in ((["--policy", "strict"], "strict", cap),
                                         (["--policy", "budget"], "budget+prefetch", cap),
                                         (["--policy", "budget"], "budget+prefetch", small)):
@@ -1372,12 +1378,7 @@ class PlanTests(Fixture):
         the slab's, alignment included)."""
         tmp = tempfile.mkdtemp(prefix="mlo-plan-disk-")
         try:
-            path = os.path.join(tmp, "wan")
-            mlo("synth", "wan2.2-t2v", path, "--scale", "0.002", check=0)
-            _, out, _ = mlo("inspect", path, "--json", check=0)
-            info = json.loads(out)
-            cap = info["model_offload_bytes"] + info["max_component_bytes"] // 2
-            small = info["max_component_bytes"] * 3 // 5  # both DiTs stream
+            path, info, cap, small = validation_pipeline(tmp)
             weights = info["all_resident_bytes"]
             for device, host in ((cap, weights // 2), (small, weights * 3 // 4)):
                 common = ["--device-memory", str(device), "--link", "2e8", "--steps", "6",
