@@ -171,7 +171,9 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
                     mlo_format_size(B(pipe)->budget, b, sizeof b));
   }
   int rc = mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
-  return rc ? rc : mlo_disk_fill_streamed(c); /* on disk: its streamed blocks into host memory */
+  if (!rc && (rc = mlo_disk_fill_streamed(c))) /* on disk: its streamed blocks into host memory */
+    mlo_stream_drop(c); /* not read: no plan may copy them (the next admit plans again) */
+  return rc;
 }
 
 /* ---- prefetch ---------------------------------------------------------- */

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define DISK_SLOTS 4                                    /* buffers in the ring */
@@ -139,6 +140,12 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
    * disk is read by each rank in its slice of a sharded load, so the node
    * reads it once.  Loaded whole by every rank, it would be read once per
    * rank. */
+  if (pipe->comm && pipe->sharded && !pipe->shard_resident &&
+      !pipe->platform->caps.host_addressable)
+    return mlo_fail(pipe, MLO_EUNSUPPORTED,
+                    "host_budget_bytes with sharded loads on this device: its all-gathers would "
+                    "be issued from the reader and the caller in no agreed order (NCCL); built "
+                    "for the host platform and for sharded residency so far");
   if (pipe->comm && !pipe->sharded)
     return mlo_fail(pipe, MLO_EUNSUPPORTED,
                     "host_budget_bytes with ranks needs sharded loads: each rank reads its "
@@ -243,26 +250,52 @@ static void pin_runs(mlo_component *c) {
   mlo_platform *p = c->pipe->platform;
   if (!p->caps.host_register || !c->pipe->pin_host || mlo_env_flag("MLO_NO_PINNED")) return;
   if (!(c->pinned_runs = mlo_calloc(c->nblocks ? c->nblocks : 1, sizeof *c->pinned_runs))) return;
-  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-  for (size_t b = 0; b < c->nblocks;) {
-    if (!c->filled[b]) {
-      b++;
-      continue;
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), lo = 0, hi = 0;
+  bool open_run = false;
+  /* runs of filled blocks, their pages rounded out; runs whose pages meet
+   * (a kept block under a page between them) are one: registrations must
+   * not overlap */
+  for (size_t b = 0; b <= c->nblocks; b++) {
+    bool in = b < c->nblocks && c->filled[b];
+    uint64_t a = in ? c->spans[b].off / page * page : 0;
+    if (open_run && (!in || a > hi)) {
+      char *at = (char *)c->slab + lo;
+      c->stats.platform_calls++;
+      if (mlo_plat_host_register(p, at, (size_t)(hi - lo), true) == MLO_OK)
+        c->pinned_runs[c->npinned_runs++] = at;
+      open_run = false;
     }
-    uint64_t lo = c->spans[b].off, hi = lo;
-    for (; b < c->nblocks && c->filled[b]; b++) hi = c->spans[b].off + c->spans[b].bytes;
-    lo = lo / page * page;
-    hi = (hi + page - 1) / page * page;
-    char *at = (char *)c->slab + lo;
-    c->stats.platform_calls++;
-    if (mlo_plat_host_register(p, at, (size_t)(hi - lo), true) == MLO_OK)
-      c->pinned_runs[c->npinned_runs++] = at;
+    if (!in) continue;
+    if (!open_run) lo = a;
+    hi = (c->spans[b].off + c->spans[b].bytes + page - 1) / page * page;
+    open_run = true;
   }
+}
+
+/* Gives back the blocks a new plan no longer streams: their pages (whole
+ * ones inside the block), their host pointers, their bytes to disk_bytes. */
+static void trim_unstreamed(mlo_component *c) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), back = 0;
+  for (size_t b = 0; b < c->nblocks; b++) {
+    if (!c->filled[b] || mlo_stream_block_streams(c, b)) continue;
+    c->filled[b] = false;
+    back += c->spans[b].bytes;
+    uint64_t lo = (c->spans[b].off + page - 1) / page * page;
+    uint64_t hi = (c->spans[b].off + c->spans[b].bytes) / page * page;
+    if (hi > lo && !c->pipe->platform->caps.simulated)
+      madvise((char *)c->slab + lo, (size_t)(hi - lo), MADV_DONTNEED);
+    for (size_t i = 0; i < c->ntensors; i++)
+      if (c->tensors[i]->block == (int)b && !c->tensors[i]->target) c->tensors[i]->host = NULL;
+  }
+  c->pipe->host_slab_bytes -= back;
+  c->pipe->disk_bytes += back;
 }
 
 int mlo_disk_fill_streamed(mlo_component *c) {
   if (!c->partial || !c->stream) return MLO_OK;
   mlo_pipeline *pipe = c->pipe;
+  unpin_runs(c); /* nothing is resident: no copy reads the slab now */
+  trim_unstreamed(c);
   mlo_tensor **list = mlo_malloc((c->ntensors ? c->ntensors : 1) * sizeof *list);
   if (!list) return mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
   size_t n = 0;
@@ -347,7 +380,6 @@ int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay) {
 typedef struct {
   mlo_component *c;
   uint64_t lo, hi, at; /* the slab bytes read, and where lo goes in the block */
-  size_t gather;       /* a sharded load's slice to all-gather after (0: none) */
   uint64_t calls, copies, read;
   char *err;
   size_t errlen;
@@ -532,12 +564,6 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       snprintf(j->err, j->errlen, "%s: copying to the device failed (%s)", c->name,
                mlo_strerror(rc));
   }
-  /* a sharded load on a device that gathers on its copy queue: the slices
-   * reach every rank's block after this rank's copies, before the event */
-  if (!rc && j->gather &&
-      (rc = plat(j, mlo_plat_all_gather(p, c->block, j->gather, mlo_dist_node_rank(c->pipe->comm),
-                                        mlo_dist_nccl(c->pipe->comm)))))
-    snprintf(j->err, j->errlen, "%s: the all-gather failed (%s)", c->name, mlo_strerror(rc));
   if (!rc && (rc = plat(j, mlo_plat_event_record_copy(p, c->load_ev))))
     snprintf(j->err, j->errlen, "%s: recording the load's event failed (%s)", c->name,
              mlo_strerror(rc));
@@ -557,15 +583,19 @@ static void finish(job *j, int rc) {
   c->stats.platform_calls += j->calls;
   c->stats.copy_calls += j->copies;
   c->stats.disk_read_bytes += j->read;
-  if (!rc && j->gather) /* what the all-gather brought this rank: the others' slices */
-    pipe->dist.gather_bytes += (uint64_t)j->gather * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
   c->disk_rc = rc;
   c->disk_busy = false;
-  if (rc && mlo_res_is_resident(c)) { /* undone: the trace closes the load it began */
+  if (rc && mlo_res_is_resident(c)) {
     mlo_logf(MLO_LOG_DEBUG, "load of %s from disk failed: %s", c->name, c->disk_err);
-    c->disk_tell = c->gather_slice != 0; /* the other ranks wait to gather its slice */
-    mlo_res_drop(c);
-    mlo_res_trace(c, MLO_TRACE_EVICT, 0);
+    /* a sharded load stays loading, failed: the other ranks will wait at its
+     * gather, so its wait tells them there (a rank that dropped it here
+     * would load it again, out of step with them); any other is undone now,
+     * the trace closing the load it began */
+    c->disk_tell = c->gather_slice != 0;
+    if (!c->disk_tell) {
+      mlo_res_drop(c);
+      mlo_res_trace(c, MLO_TRACE_EVICT, 0);
+    }
   }
   pthread_cond_broadcast(&pipe->idle);
 }
@@ -601,7 +631,6 @@ static void *reader(void *arg) {
              .lo = c->disk_lo,
              .hi = c->disk_hi,
              .at = c->disk_at,
-             .gather = c->disk_gather,
              .err = c->disk_err,
              .errlen = sizeof c->disk_err};
     c->disk_err[0] = 0;
@@ -637,11 +666,12 @@ static void *reader(void *arg) {
 /* A load from the simulated device's disk (mlo plan): chunk by chunk, a
  * modelled read, then its copy, all issued now on the virtual clock, so a
  * projection is exact and the same every time; no reader thread. */
-static int sim_load(mlo_component *c) {
+static int sim_load(mlo_component *c, uint64_t lo, uint64_t hi) {
   mlo_platform *p = c->pipe->platform;
   int rc = MLO_OK;
   c->stats.disk_loads++;
-  uint64_t total = c->stream ? mlo_stream_resident_bytes(c) : c->slab_bytes;
+  if (hi > c->slab_bytes) hi = c->slab_bytes; /* a slice's, or the whole */
+  uint64_t total = c->stream ? mlo_stream_resident_bytes(c) : hi > lo ? hi - lo : 0;
   for (uint64_t off = 0; off < total && !rc; off += DISK_CHUNK) {
     uint64_t len = total - off < DISK_CHUNK ? total - off : DISK_CHUNK;
     c->stats.platform_calls += 2;
@@ -655,9 +685,9 @@ static int sim_load(mlo_component *c) {
   return MLO_OK;
 }
 
-int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at, size_t gather) {
+int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at) {
   mlo_pipeline *pipe = c->pipe;
-  if (pipe->platform->caps.simulated) return sim_load(c);
+  if (pipe->platform->caps.simulated) return sim_load(c, lo, hi);
   struct mlo_disk *d = pipe->disk;
   if (!d) {
     if (!(d = mlo_calloc(1, sizeof *d)))
@@ -676,7 +706,6 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at, size
   c->disk_lo = lo;
   c->disk_hi = hi;
   c->disk_at = at;
-  c->disk_gather = gather;
   c->stats.disk_loads++; /* counted when issued, as loads are */
   c->disk_next = NULL;
   if (d->tail)
@@ -691,7 +720,7 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at, size
 int mlo_disk_wait(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   while (c->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
-  if (c->disk_rc && !mlo_res_is_resident(c)) return mlo_fail(pipe, c->disk_rc, "%s", c->disk_err);
+  if (c->disk_rc) return mlo_fail(pipe, c->disk_rc, "%s", c->disk_err); /* this load's */
   return MLO_OK;
 }
 

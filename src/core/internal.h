@@ -134,7 +134,6 @@ struct mlo_component {
   size_t ndisk_files;
   mlo_component *disk_next;           /* the reader's queue */
   uint64_t disk_lo, disk_hi, disk_at; /* the load's slab bytes, and where lo goes */
-  size_t disk_gather;                 /* its slice to all-gather after it (0: none) */
   bool disk_tell; /* a sharded load from disk failed: its wait tells the other ranks */
 
   /* device residency */
@@ -374,10 +373,9 @@ void mlo_disk_free_partial(mlo_component *c);
 int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
 /* A load of an on-disk c, its block allocated (lock held): the reader reads
  * the slab bytes [lo, hi) of it from its files, copies them to the block
- * (lo at `at`), all-gathers a sharded load's slice of gather bytes on the
- * copy queue where gather != 0, and records c->load_ev.  A whole load is
- * (0, UINT64_MAX, 0, 0). */
-int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at, size_t gather);
+ * (lo at `at`) and records c->load_ev.  A whole load is (0, UINT64_MAX, 0);
+ * a sharded one, this rank's slice (gathered at the wait). */
+int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at);
 /* Waits, lock held (dropped while waiting), until c's reads are issued;
  * the load's failure, said on the pipeline, if they failed. */
 int mlo_disk_wait(mlo_component *c);

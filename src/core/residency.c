@@ -208,8 +208,8 @@ int mlo_res_load(mlo_component *c) {
     /* on disk: the reader reads this rank's slice of the files (the node
      * reads each byte once), and gathers after it where the device does */
     bool device_gathers = !pipe->shard_resident && !p->caps.host_addressable;
-    if (c->on_disk)
-      rc = mlo_disk_start(c, from, from + len, at, device_gathers ? slice : 0);
+    if (c->on_disk) /* (its tier is refused where the device gathers: disk.c) */
+      rc = mlo_disk_start(c, from, from + len, at);
     else if (len)
       rc =
           PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
@@ -222,16 +222,14 @@ int mlo_res_load(mlo_component *c) {
     }
     /* a device that gathers on its copy queue does it now, before the
      * load's event; the host platform gathers at the wait, through MPI */
-    if (!rc && c->on_disk && device_gathers) {
-      gathered_on_device = true; /* the reader's, after its copies */
-    } else if (!rc && device_gathers) {
+    if (!rc && device_gathers) {
       rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
                                         mlo_dist_nccl(pipe->comm)));
       if (!rc) count_gathered(pipe, slice);
       gathered_on_device = true;
     }
-  } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
-    rc = mlo_disk_start(c, 0, UINT64_MAX, 0, 0); /* (streaming: the resident part; slots below) */
+  } else if (!rc && c->on_disk) {             /* the reader reads, copies and records the event */
+    rc = mlo_disk_start(c, 0, UINT64_MAX, 0); /* (streaming: the resident part; slots below) */
     if (c->stream) moved = mlo_stream_resident_bytes(c);
   } else if (!rc && c->stream) { /* the resident part now, the slots after the event */
     rc = mlo_stream_copy_resident(c, &copies, &moved);
@@ -406,6 +404,8 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
       snprintf(said, sizeof said, "%s", pipe->errmsg);
       c->disk_tell = false;
       mlo_collective(pipe, c, COLL_GATHER, 0, rc, said, NULL);
+      mlo_res_drop(c); /* the failed sharded load, kept loading for this (disk.c) */
+      mlo_res_trace(c, MLO_TRACE_EVICT, 0);
       mlo_fail(pipe, rc, "%s", said);
     }
     if (rc) {
@@ -450,7 +450,12 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     }
   }
   pthread_mutex_unlock(&pipe->lock);
-  if (rc) return mlo_fail(pipe, rc, "%s: waiting for the load failed", c->name);
+  if (rc) { /* a collective's message (another rank's failure) is kept */
+    char said[sizeof pipe->errmsg];
+    snprintf(said, sizeof said, "%s", pipe->errmsg);
+    return mlo_fail(pipe, rc, "%s: waiting for the load failed%s%s", c->name, said[0] ? ": " : "",
+                    said);
+  }
   return MLO_OK;
 }
 

@@ -502,6 +502,77 @@ static void test_streamed_component_on_disk(void **state) {
   mlo_platform_close(plat);
 }
 
+/* A re-plan that streams fewer blocks gives back the ones it no longer
+ * streams (host memory within the new budget); a fill that fails leaves no
+ * plan copying blocks never read, and the next forward reads them. */
+static void test_replan_and_failed_fill(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("jitter=1");
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *enc = add_file_comp(tp, "encoder", MLO_ROLE_ENCODER, 1u << 20);
+  mlo_component *dit = add_streaming_dit(tp);
+  mlo_schedule_entry e[] = {{enc, 1}, {dit, 3}};
+  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 4u << 20; /* streams most blocks */
+  s.host_budget_bytes = 7u << 20;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  uint64_t many = tu_pstats(tp).host_slab_bytes;
+  assert_ok(mlo_component_forward(dit, streamed_check, tp));
+  assert_ok(mlo_offload_disable(tp->pipe));
+  assert_ok(mlo_component_evict(dit));
+  /* a larger device: fewer blocks stream, and the host budget holds just them */
+  uint64_t fewer = mlo_component_streamed_bytes(dit, 7u << 20);
+  assert_true(fewer > 0 && fewer < many);
+  s.budget_bytes = 7u << 20;
+  s.host_budget_bytes = fewer + (512u << 10);
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_int_equal(tu_pstats(tp).host_slab_bytes, fewer);
+  for (int k = 0; k < 2; k++) assert_ok(mlo_component_forward(dit, streamed_check, tp));
+  assert_ok(mlo_offload_disable(tp->pipe));
+  assert_ok(mlo_component_evict(dit));
+  /* back to the small device, its blocks read again, the first read failing */
+  s.budget_bytes = 4u << 20;
+  s.host_budget_bytes = 7u << 20;
+  s.prefetch = false;
+  mlo_sysfault_arm(MLO_SYSFAULT_READ, 1);
+  int rc = mlo_offload_enable(tp->pipe, &s); /* the fill reads at enable: it fails there */
+  mlo_sysfault_disarm();
+  assert_int_equal(rc, MLO_EIO);
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  tu_reset_observations(tp);
+  for (int k = 0; k < 2; k++) {
+    rc = mlo_component_forward(dit, streamed_check, tp);
+    if (rc)
+      fail_msg("%s (%s; %s)", mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe), tp->first_failure);
+  }
+  assert_int_equal(tu_pstats(tp).host_slab_bytes, many);
+  /* a fill at a forward: the DiT resident whole, then a host budget whose
+   * enable evicts it (its tier changes then) and a forward whose fill fails */
+  assert_ok(mlo_offload_disable(tp->pipe));
+  assert_ok(mlo_component_evict(dit));
+  s.budget_bytes = 64u << 20;
+  s.host_budget_bytes = 0;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_ok(mlo_component_forward(dit, streamed_check, tp));
+  assert_ok(mlo_offload_disable(tp->pipe));
+  s.budget_bytes = 5u << 20;
+  s.host_budget_bytes = 7u << 20;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_false(mlo_component_is_resident(dit)); /* evicted to fit: on disk now, unread */
+  mlo_sysfault_arm(MLO_SYSFAULT_READ, 1);
+  rc = mlo_component_forward(dit, streamed_check, tp);
+  mlo_sysfault_disarm();
+  assert_int_equal(rc, MLO_EIO);
+  tu_reset_observations(tp);
+  rc = mlo_component_forward(dit, streamed_check, tp); /* every block read, none stale */
+  if (rc)
+    fail_msg("%s (%s; %s)", mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe), tp->first_failure);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_runs_twice_the_host_budget),
@@ -513,6 +584,7 @@ int main(void) {
       cmocka_unit_test(test_strict_exclusion_while_reading),
       cmocka_unit_test(test_by_hand_and_copy_back_after_a_host_budget),
       cmocka_unit_test(test_streamed_component_on_disk),
+      cmocka_unit_test(test_replan_and_failed_fill),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
