@@ -57,8 +57,8 @@ void tool_print_json_error(int code) {
   cJSON *o = cJSON_CreateObject();
   /* exit 3 for a host budget below what must stay in host memory says so */
   bool host = code == TOOL_EXIT_NOMEM && strstr(tool_last_error, "host budget ");
-  cJSON_AddStringToObject(o, "error",
-                          host ? "host_budget_too_small" : names[code >= 0 && code <= 4 ? code : 4]);
+  cJSON_AddStringToObject(
+      o, "error", host ? "host_budget_too_small" : names[code >= 0 && code <= 4 ? code : 4]);
   cJSON_AddNumberToObject(o, "code", code);
   cJSON_AddStringToObject(o, "message", tool_last_error[0] ? tool_last_error : "failed");
   tool_print_json_text(o ? cJSON_Print(o) : NULL);

@@ -196,13 +196,13 @@ typedef struct {
 } tool_ranks;
 /* What one rank measured (plain data: gathered to rank 0 as bytes). */
 typedef struct {
-  uint64_t pss;      /* proportional set size: shared pages count 1/n */
-  uint64_t slab_pss; /* of it, the host slabs' mappings */
-  uint64_t read;     /* checkpoint bytes this rank was given to read */
-  uint64_t io_read;  /* bytes the kernel read from storage for this process while it
-                        materialized (/proc/self/io read_bytes): what it really read,
-                        read-ahead included, pages others had cached excluded */
-  uint64_t shared;   /* host slabs in node-shared memory */
+  uint64_t pss;       /* proportional set size: shared pages count 1/n */
+  uint64_t slab_pss;  /* of it, the host slabs' mappings */
+  uint64_t read;      /* checkpoint bytes this rank was given to read */
+  uint64_t io_read;   /* bytes the kernel read from storage for this process while it
+                         materialized (/proc/self/io read_bytes): what it really read,
+                         read-ahead included, pages others had cached excluded */
+  uint64_t shared;    /* host slabs in node-shared memory */
   uint64_t tier_read; /* read from files by loads from disk (--host-memory) */
   uint64_t h2d, gather;
   double gather_s, stall_s, steady_stall_s, wall_s, steady_wall_s;
