@@ -429,10 +429,11 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   }
   uint64_t t0 = disk_ns ? d0 : mlo_plat_now(p); /* the stall from its start */
   int rc = mlo_res_compute_wait(p, ev, sync);
-  if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
+  char said[sizeof pipe->errmsg] = ""; /* a failed gather's reason (another rank's, maybe) */
+  if (!rc && pending && slice) {       /* the slices are in: gather them (one thread per rank) */
     rc = mlo_plat_event_sync(p, ev);
     pthread_mutex_lock(&pipe->lock);
-    if (!rc) rc = gather(c, slice);
+    if (!rc && (rc = gather(c, slice))) snprintf(said, sizeof said, "%s", pipe->errmsg);
     if (!rc) c->gather_slice = 0; /* else the next wait gathers again (or fails again) */
     pthread_mutex_unlock(&pipe->lock);
   }
@@ -450,12 +451,9 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     }
   }
   pthread_mutex_unlock(&pipe->lock);
-  if (rc) { /* a collective's message (another rank's failure) is kept */
-    char said[sizeof pipe->errmsg];
-    snprintf(said, sizeof said, "%s", pipe->errmsg);
+  if (rc)
     return mlo_fail(pipe, rc, "%s: waiting for the load failed%s%s", c->name, said[0] ? ": " : "",
                     said);
-  }
   return MLO_OK;
 }
 
