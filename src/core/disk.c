@@ -54,10 +54,9 @@ struct mlo_disk {
   pthread_cond_t work; /* signalled (under pipe->lock) when a job is queued or at stop */
   mlo_component *head, *tail;
   struct disk_slot slots[DISK_SLOTS];
-  uint64_t chunk;  /* bytes of each buffer (0: the ring is not allocated) */
-  uint64_t pinned; /* of the ring's bytes, page-locked (counted in pinned_bytes) */
-  uint64_t bytes;  /* the ring's bytes, for the stats (chunk is the reader's; this, the lock's) */
-  bool want_pin;   /* the pipeline's pin_host, read under its lock */
+  uint64_t chunk; /* bytes of each buffer (0: the ring is not allocated) */
+  uint64_t bytes; /* the ring's bytes, for the stats (chunk is the reader's; this, the lock's) */
+  bool want_pin;  /* the pipeline's pin_host, read under its lock */
 };
 
 /* ---- the host plan ------------------------------------------------------ */
@@ -318,7 +317,7 @@ int mlo_disk_fill_streamed(mlo_component *c) {
   }
   for (size_t i = 0; i < n; i++) list[i]->host = (char *)c->slab + list[i]->dev_offset;
   for (size_t b = 0; b < c->nblocks; b++)
-    if (!c->filled[b] && c->stream && mlo_stream_block_streams(c, b)) {
+    if (!c->filled[b] && mlo_stream_block_streams(c, b)) {
       c->filled[b] = true;
       blocks += c->spans[b].bytes;
     }
@@ -640,7 +639,6 @@ static void *reader(void *arg) {
       rc = alloc_ring(pipe, d, chunk, want_pin, &pinned, c->disk_err, sizeof c->disk_err);
       pthread_mutex_lock(&pipe->lock);
       pipe->pinned_bytes = pipe->pinned_bytes - freed + pinned;
-      d->pinned = pinned;
       d->bytes = d->chunk * DISK_SLOTS;
       pthread_mutex_unlock(&pipe->lock);
     }
@@ -717,10 +715,13 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at) {
   return MLO_OK;
 }
 
+void mlo_disk_settle(mlo_component *c) {
+  while (c->disk_busy) pthread_cond_wait(&c->pipe->idle, &c->pipe->lock);
+}
+
 int mlo_disk_wait(mlo_component *c) {
-  mlo_pipeline *pipe = c->pipe;
-  while (c->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
-  if (c->disk_rc) return mlo_fail(pipe, c->disk_rc, "%s", c->disk_err); /* this load's */
+  mlo_disk_settle(c);
+  if (c->disk_rc) return mlo_fail(c->pipe, c->disk_rc, "%s", c->disk_err); /* this load's */
   return MLO_OK;
 }
 
@@ -747,8 +748,7 @@ void mlo_disk_stop(mlo_pipeline *pipe) {
 int mlo_pipeline_synchronize(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
-  for (size_t i = 0; i < pipe->ncomps; i++)
-    while (pipe->comps[i]->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++) mlo_disk_settle(pipe->comps[i]);
   pthread_mutex_unlock(&pipe->lock);
   return mlo_plat_synchronize(pipe->platform);
 }

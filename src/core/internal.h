@@ -377,7 +377,8 @@ int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
  * a sharded one, this rank's slice (gathered at the wait). */
 int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at);
 /* Waits, lock held (dropped while waiting), until c's reads are issued;
- * the load's failure, said on the pipeline, if they failed. */
+ * wait adds the load's failure, said on the pipeline, if they failed. */
+void mlo_disk_settle(mlo_component *c);
 int mlo_disk_wait(mlo_component *c);
 /* Stops the reader (lock NOT held): a load in flight ends early and fails. */
 void mlo_disk_stop(mlo_pipeline *pipe);

@@ -325,7 +325,7 @@ int mlo_res_evict(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   /* a load from disk still being issued: its block is the reader's until
    * then (the policies pick other victims; this is the rare rest) */
-  while (c->disk_busy) pthread_cond_wait(&pipe->idle, &pipe->lock);
+  mlo_disk_settle(c);
   if (c->state != MLO_RES_LOADING && c->state != MLO_RES_DEVICE) return MLO_OK;
   if (c->users) return mlo_fail(pipe, MLO_EBUSY, "%s: cannot evict while it executes", c->name);
   if (!c->block_bytes) {
@@ -394,8 +394,9 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
   pthread_mutex_lock(&pipe->lock); /* internal: acquire released it just before */
-  uint64_t d0 = mlo_plat_now(p), disk_ns = 0;
+  uint64_t d0 = 0, disk_ns = 0;
   if (c->disk_busy || c->disk_rc) { /* a load from disk: its reads first */
+    d0 = mlo_plat_now(p);
     int rc = mlo_disk_wait(c);
     disk_ns = mlo_plat_now(p) - d0;
     c->stats.disk_wait_ns += disk_ns;

@@ -242,8 +242,8 @@ static void print_blocks(mlo_pipeline *pipe) {
 }
 
 /* Host memory for the slabs: all of them; the least with the disk tier
- * (what is not from files stays); and at the least streaming budget, where
- * the streamed components stay too (docs/disk.md). */
+ * (what is not from files stays); and at the least streaming budget, room,
+ * where the blocks streamed stay too (docs/disk.md). */
 typedef struct {
   uint64_t all, least, stream_keep;
 } host_need;
@@ -256,9 +256,8 @@ static bool from_files(mlo_component *c) {
   return true;
 }
 
-static void host_needs(mlo_pipeline *pipe, host_need *h) {
+static void host_needs(mlo_pipeline *pipe, uint64_t room, host_need *h) {
   memset(h, 0, sizeof *h);
-  uint64_t room = mlo_workload_stream_least_bytes(pipe, NULL);
   size_t ncomp = mlo_pipeline_component_count(pipe);
   for (size_t i = 0; i < ncomp; i++) {
     mlo_component *c = mlo_pipeline_component_at(pipe, i);
@@ -326,7 +325,7 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
     printf("  %-36s %10s\n", label, tool_size(stream_least));
   }
   host_need h;
-  host_needs(pipe, &h);
+  host_needs(pipe, stream_least, &h);
   printf("\nhost memory for the weights (--host-memory SIZE; docs/disk.md):\n");
   printf("  %-36s %10s\n", "every slab in host memory", tool_size(h.all));
   printf("  %-36s %10s\n", "least: every slab on disk", tool_size(h.least));
@@ -414,7 +413,7 @@ static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
                           (double)(model + n.max_comp < n.all ? model + n.max_comp : n.all));
   cJSON_AddNumberToObject(budget, "no_copies_bytes", (double)n.all);
   host_need h;
-  host_needs(pipe, &h);
+  host_needs(pipe, mlo_workload_stream_least_bytes(pipe, NULL), &h);
   cJSON *host = cJSON_AddObjectToObject(root, "host_memory");
   cJSON_AddNumberToObject(host, "all_bytes", (double)h.all);
   cJSON_AddNumberToObject(host, "least_bytes", (double)h.least);
