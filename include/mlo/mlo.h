@@ -858,6 +858,30 @@ typedef struct {
  * not. */
 MLO_API int mlo_pipeline_set_schedule(mlo_pipeline *pipe, const mlo_schedule_entry *entries,
                                       size_t count);
+/* Copies the schedule in force (declared, or learned) into out, at most
+ * cap entries, and its length to *count (out may be NULL with cap 0, to ask
+ * the length).  A run longer than 2^32 - 1 calls is reported as that many. */
+MLO_API int mlo_pipeline_get_schedule(mlo_pipeline *pipe, mlo_schedule_entry *out, size_t cap,
+                                      size_t *count);
+/* Learns the schedule from the calls themselves, for a caller that cannot
+ * declare it (a framework's hooks, a checkpoint opened without a workload):
+ * while on, every acquire is recorded, and when a request ends its calls
+ * become the schedule (as mlo_pipeline_set_schedule would declare them),
+ * so the BUDGET policy prefetches from the second request on.  A request
+ * ends where the component it began with is called again after a DiT has
+ * run (a pipeline without a DiT: after any other component): encoders,
+ * DiT steps, VAE, then the next prompt's encoder.  A request that begins
+ * and ends with one component (image to image: VAE encode ... VAE decode)
+ * is learned as the cycle it is, its last and the next one's first calls
+ * one run, from the end of its second request.  At every end the calls are compared with the schedule in force and replace
+ * it where they differ (another step count, another expert boundary), so a
+ * learned schedule follows the requests; one wrong for a request costs
+ * prefetches, never correctness.  A request whose first component runs
+ * again, apart, after a DiT (encoder, DiT, encoder, DiT, VAE) is learned in
+ * pieces: declare such a schedule.  On (true) records afresh from the next
+ * call; off (false) stops recording and keeps the schedule in force.  Recording is O(1) per call; a request of more
+ * than 4096 runs is not learned. */
+MLO_API int mlo_pipeline_learn_schedule(mlo_pipeline *pipe, bool learn);
 
 /* ------------------------------------------------------------------------
  * Exclusion groups: the building block for delegates (C10)

@@ -194,6 +194,11 @@ struct mlo_pipeline {
   size_t nsched;
   size_t cur_run;
   uint64_t cur_done;
+  /* learning the schedule from the calls (mlo_pipeline_learn_schedule):
+   * the current request's calls so far, as runs */
+  bool learning;
+  struct mlo_sched_run *rec;
+  size_t nrec, reccap;
   uint64_t tick; /* acquires so far, for least-recently-used */
 
   /* the residency policy in force while generic offload is enabled

@@ -425,6 +425,27 @@ class PolicyTests(Fixture):
         for g in res["generations"]:
             self.assertGreater(g["prefetches"], 0, g)
 
+    def test_learned_schedule_prefetches_from_the_second_prompt(self):
+        # no schedule declared: the first prompt is on demand, the second
+        # prefetches what the first taught (its first call on demand), the
+        # third moves as a declared run does, with its digest
+        budget = str(self.budget_ahead())
+        declared = self.run_json("--policy", "budget", "--budget", budget, "--prompts", "3")
+        learned = self.run_json("--policy", "budget", "--budget", budget, "--prompts", "3",
+                                "--learn-schedule")
+        self.assertIs(learned["schedule_learned"], True)
+        self.assertIs(declared["schedule_learned"], False)
+        self.assertEqual(learned["digest"], declared["digest"])
+        gens = learned["generations"]
+        self.assertEqual(gens[0]["prefetches"], 0)
+        self.assertGreater(gens[1]["prefetches"], 0)  # learned at its first call
+        for g, d in zip(gens[2:], declared["generations"][2:]):  # then as declared
+            self.assertEqual(g["prefetches"], d["prefetches"], (g, d))
+            self.assertEqual(g["loads"], d["loads"], (g, d))
+        rc, out, err = mlo("run", self.ckpt, "--learn-schedule")
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--learn-schedule needs --policy budget", err)
+
     def test_text_report_shows_each_prompt(self):
         rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--prompts", "3", "--verify")
         self.assertEqual(rc, 0, err)

@@ -2,7 +2,8 @@
  * core_planner.c — the BUDGET policy's decisions (docs/planner.md) against
  * sequences computed by hand: Belady's victims with a declared schedule,
  * least recently used without one, ties, a schedule shorter than the
- * request, calls off the schedule, prefetch that never displaces what is
+ * request, calls off the schedule, a schedule learned from the calls,
+ * prefetch that never displaces what is
  * executing or acquired, a prefetch that fails, waiting for room held by
  * another thread, zero copies in the steady state when everything fits, and
  * the settings' validation.
@@ -445,6 +446,99 @@ static void test_refused_enable_keeps_settings(void **state) {
   mlo_platform_close(plat);
 }
 
+/* The schedule in force as "P1 Q2 R1 S1" (empty: none). */
+static void expect_schedule(fixture *f, const char *want) {
+  mlo_schedule_entry e[32];
+  size_t n = 0;
+  char got[256] = "";
+  assert_ok(mlo_pipeline_get_schedule(f->tp->pipe, e, 32, &n));
+  assert_true(n <= 32);
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(got);
+    snprintf(got + len, sizeof got - len, "%s%s%u", i ? " " : "", mlo_component_name(e[i].comp),
+             e[i].repeat);
+  }
+  if (strcmp(got, want)) fail_msg("schedule\n  got:  %s\n  want: %s", got, want);
+}
+
+static uint64_t prefetches(fixture *f) {
+  mlo_pipeline_stats st;
+  assert_ok(mlo_pipeline_get_stats(f->tp->pipe, &st));
+  return st.total.prefetches;
+}
+
+/* Learning (mlo_pipeline_learn_schedule): the first request's calls become
+ * the schedule at the next request's first call, which prefetches from
+ * there on; another step count is learned at the request after it; off
+ * keeps what was learned. */
+static void test_learn_schedule(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M,jitter=1", 2 * KB64, true);
+  assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, true));
+  run(&f, "PQQRS");
+  expect_schedule(&f, ""); /* the request has not ended yet */
+  assert_int_equal(prefetches(&f), 0);
+  run(&f, "P");
+  expect_schedule(&f, "P1 Q2 R1 S1");
+  run(&f, "QQRS");
+  uint64_t learned = prefetches(&f);
+  assert_true(learned > 0);
+  run(&f, "PQQQRRS"); /* three steps on Q, two on R: learned at the next P */
+  expect_schedule(&f, "P1 Q2 R1 S1");
+  run(&f, "P");
+  expect_schedule(&f, "P1 Q3 R2 S1");
+  assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, false));
+  run(&f, "QRSPQ");
+  expect_schedule(&f, "P1 Q3 R2 S1");
+  assert_true(prefetches(&f) > learned);
+  teardown(&f);
+}
+
+/* A prompt's negative (P S before the DiTs run, then P again) does not end
+ * a request: it ends at the first component after a DiT ran.  An
+ * image-to-image request (S encodes, P, Q R, S decodes) begins and ends
+ * with S: learned as a cycle, S's decode and the next encode one run. */
+static void test_learn_request_ends(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f, "capacity=1M", 4 * KB64, false);
+  assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, true));
+  run(&f, "PSPQRS");
+  run(&f, "P");
+  expect_schedule(&f, "P1 S1 P1 Q1 R1 S1");
+  assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, true)); /* again: records afresh */
+  run(&f, "SPQQR"); /* the decode ends the request as begun */
+  run(&f, "S");
+  expect_schedule(&f, "S1 P1 Q2 R1");
+  run(&f, "SPQQR"); /* recorded from the decode: the cycle */
+  run(&f, "S");
+  expect_schedule(&f, "S2 P1 Q2 R1");
+  run(&f, "SPQQR"); /* the same cycle again: the schedule stays */
+  run(&f, "S");
+  expect_schedule(&f, "S2 P1 Q2 R1");
+  assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, true));
+  run(&f, "SPQR");
+  run(&f, "S");
+  expect_schedule(&f, "S1 P1 Q1 R1");
+  /* while learning, a declared schedule lasts until the calls differ */
+  mlo_schedule_entry e[] = {{tu_comp(f.tp, "S"), 1},
+                            {tu_comp(f.tp, "P"), 1},
+                            {tu_comp(f.tp, "Q"), 1},
+                            {tu_comp(f.tp, "R"), 1}};
+  assert_ok(mlo_pipeline_set_schedule(f.tp->pipe, e, 4));
+  run(&f, "PQQR");
+  run(&f, "S");
+  expect_schedule(&f, "S1 P1 Q2 R1");
+  size_t n = 7;
+  assert_int_equal(mlo_pipeline_get_schedule(f.tp->pipe, NULL, 0, &n), MLO_OK);
+  assert_int_equal(n, 4);
+  assert_int_equal(mlo_pipeline_get_schedule(f.tp->pipe, NULL, 1, &n), MLO_EINVAL);
+  assert_int_equal(mlo_pipeline_get_schedule(f.tp->pipe, e, 4, NULL), MLO_EINVAL);
+  assert_int_equal(mlo_pipeline_learn_schedule(NULL, true), MLO_EINVAL);
+  teardown(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_policy_names),
@@ -461,6 +555,8 @@ int main(void) {
       cmocka_unit_test(test_room_held),
       cmocka_unit_test(test_settings_validation),
       cmocka_unit_test(test_enable_fits_budget),
+      cmocka_unit_test(test_learn_schedule),
+      cmocka_unit_test(test_learn_request_ends),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

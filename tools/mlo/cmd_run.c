@@ -15,7 +15,7 @@ typedef struct {
   tool_source src;
   tool_split_args split;
   const char *platform, *trace, *timeline;
-  bool have_capacity, have_link, verify, json, literal, no_prefetch, read_check;
+  bool have_capacity, have_link, verify, json, literal, no_prefetch, read_check, learn;
   uint64_t capacity, link;
   int policy; /* an mlo_policy */
   bool have_budget, have_reserve, have_host;
@@ -65,6 +65,9 @@ static void help(void) {
          "  --reserve SIZE        budget policy: leave SIZE free for your own\n"
          "                        allocations (activations, workspaces)\n"
          "  --no-prefetch         budget policy: load on demand only\n"
+         "  --learn-schedule      budget policy: declare no schedule; libmlo learns it\n"
+         "                        from the first prompt's calls (as mlo.torch does) and\n"
+         "                        prefetches from the second (--prompts 2 or more)\n"
          "  --host-memory SIZE    host memory the weights may keep, e.g. 16G: what does\n"
          "                        not fit stays in its checkpoint file and each load\n"
          "                        reads it through a 64 MiB pinned staging ring; the\n"
@@ -158,6 +161,8 @@ static bool parse_flag(targs *a, run_args *r) {
     targs_int(a, "--prompts", v, 1, 1000, &r->prompts);
   } else if (targs_flag(a, "--no-prefetch")) {
     r->no_prefetch = true;
+  } else if (targs_flag(a, "--learn-schedule")) {
+    r->learn = true;
   } else if (targs_value(a, "--sync", &v)) {
     targs_choice(a, "--sync", v, sync_words, &r->sync);
   } else if (targs_value(a, "--steps", &v)) {
@@ -205,11 +210,12 @@ static int parse(int argc, char **argv, run_args *r) {
   if (!a.failed && r->split.have_steps && (r->split.have_ratio || r->split.have_shift))
     targs_error(&a, "--boundary-steps sets the split itself; drop --boundary and --flow-shift");
   bool budget = r->policy == MLO_POLICY_BUDGET;
-  if (!a.failed && (r->have_budget || r->have_reserve || r->no_prefetch) && !budget)
+  if (!a.failed && (r->have_budget || r->have_reserve || r->no_prefetch || r->learn) && !budget)
     targs_error(&a, "%s needs --policy budget",
                 r->have_budget    ? "--budget"
                 : r->have_reserve ? "--reserve"
-                                  : "--no-prefetch");
+                : r->no_prefetch  ? "--no-prefetch"
+                                  : "--learn-schedule");
   if (!a.failed && r->have_link && strncmp(r->platform, "host", 4))
     targs_error(&a, "--link throttles the host platform; a real device's link is what it is");
   if (!a.failed && r->have_link && strstr(r->platform, "bw="))
@@ -289,6 +295,7 @@ static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, 
   o->settings.budget_bytes = ra->have_budget ? ra->budget : 0;
   o->settings.reserve_bytes = ra->have_reserve ? ra->reserve : 0;
   o->settings.prefetch = !ra->no_prefetch;
+  o->learn_schedule = ra->learn;
   o->settings.host_budget_bytes = ra->have_host ? ra->host : 0;
   o->prompts = (int)ra->prompts;
   o->steps = (int)ra->steps;
@@ -513,6 +520,7 @@ int cmd_run(int argc, char **argv) {
   rep.sync = mlo_sync_name(o.settings.sync);
   rep.policy = mlo_policy_name(o.settings.policy);
   rep.prefetch = o.settings.policy == MLO_POLICY_BUDGET && o.settings.prefetch;
+  rep.learned = o.learn_schedule;
   rep.steps = (int)ra.steps;
   rep.trace_path = ra.trace;
   rep.timeline_path = ra.timeline;

@@ -102,8 +102,9 @@ void report_print_text(const tool_report *rep, FILE *out) {
   if (!strcmp(rep->offload, "model")) {
     fprintf(out, ", policy %s", rep->policy);
     if (rep->run.stats.budget_bytes)
-      fprintf(out, " %s%s", tool_size(rep->run.stats.budget_bytes),
-              rep->prefetch ? " with prefetch" : ", no prefetch");
+      fprintf(out, " %s%s%s", tool_size(rep->run.stats.budget_bytes),
+              rep->prefetch ? " with prefetch" : ", no prefetch",
+              rep->learned ? ", schedule learned" : "");
   }
   fprintf(out, "), %d steps, %zu forwards", rep->steps, rep->run.calls);
   if (rep->run.ngens > 1) fprintf(out, ", %d prompts", rep->run.ngens);
@@ -224,6 +225,7 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON_AddStringToObject(root, "policy", rep->policy);
   cJSON_AddNumberToObject(root, "budget_bytes", (double)rep->run.stats.budget_bytes);
   cJSON_AddBoolToObject(root, "prefetch", rep->prefetch);
+  cJSON_AddBoolToObject(root, "schedule_learned", rep->learned);
   cJSON_AddNumberToObject(root, "prompts", rep->run.ngens);
   cJSON_AddNumberToObject(root, "steps", rep->steps);
   const char *first = rep->dit_first, *second = rep->dit_second;

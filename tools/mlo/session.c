@@ -347,7 +347,9 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
     return rc;
   }
   rc = make_cold(s);
-  if (!rc) rc = declare_schedule(s, calls, r->calls);
+  if (!rc)
+    rc = o->learn_schedule ? mlo_pipeline_learn_schedule(s->pipe, true)
+                           : declare_schedule(s, calls, r->calls);
   if (rc) {
     const char *why = mlo_pipeline_errmsg(s->pipe); /* empty when a platform call failed */
     snprintf(err, errlen, "cannot reset residency: %s", why[0] ? why : mlo_strerror(rc));
@@ -384,6 +386,7 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
   }
   int off_rc = mlo_offload_disable(s->pipe);
   if (!rc) rc = off_rc;
+  mlo_pipeline_learn_schedule(s->pipe, false);
   mlo_pipeline_set_schedule(s->pipe, NULL, 0);
   free(calls);
   return rc;

@@ -333,6 +333,7 @@ void session_close(tool_session *s);
 typedef struct {
   bool offload;                  /* model-level offload; false = all resident */
   mlo_offload_settings settings; /* policy, budget and prefetch included */
+  bool learn_schedule;           /* learn it from the calls; false: declare it */
   int prompts;                   /* generations in one process (0 counts as 1) */
   int steps;
   int first_steps; /* of two DiTs, steps on the first (tool_split) */
@@ -418,6 +419,7 @@ typedef struct {
   const char *sync;
   const char *policy; /* "strict" or "budget" */
   bool prefetch;
+  bool learned; /* the schedule learned from the calls, not declared */
   int prompts;
   int steps;
   tool_split split;
