@@ -100,17 +100,51 @@ def _check(rc, what, pipe=None):
     raise MloError(rc, "%s: %s" % (what, msg))
 
 
+class _Handle:
+    """A C handle that a finalizer frees once: the Python object that owns
+    it may go without close()/free() (garbage), and a platform's handle must
+    outlive its pipelines' (each pipeline frees before its platform closes,
+    whatever order the collector finds them in)."""
+    __slots__ = ("value", "children", "__weakref__")
+
+    def __init__(self):
+        self.value = ctypes.c_void_p()
+        self.children = weakref.WeakSet()  # a platform's: its pipelines' handles
+
+
+def _free_pipeline(h):
+    p, h.value = h.value, ctypes.c_void_p()
+    if p:
+        lib().mlo_pipeline_free(p)
+
+
+def _close_platform(h):
+    for child in list(h.children):
+        _free_pipeline(child)
+    p, h.value = h.value, ctypes.c_void_p()
+    if p:
+        lib().mlo_platform_close(p)
+
+
 class Platform:
-    """A device: "host[:capacity=8G,...]", "cuda[:N][:stream=...]", "opencl[:N]"."""
+    """A device: "host[:capacity=8G,...]", "cuda[:N][:stream=...]", "opencl[:N]".
+    Closed by close(), a `with` block, or when it is garbage (after every
+    pipeline on it)."""
 
     def __init__(self, spec="host"):
-        self._p = ctypes.c_void_p()
+        self._h = _Handle()
         err = ctypes.create_string_buffer(512)
-        rc = lib().mlo_platform_open(spec.encode(), ctypes.byref(self._p), err, len(err))
+        rc = lib().mlo_platform_open(_c_name(spec, "platform"), ctypes.byref(self._h.value), err,
+                                     len(err))
         if rc:
             raise MloError(rc, "platform '%s': %s" % (spec, err.value.decode(errors="replace")))
         self.spec = spec
         self._pipelines = weakref.WeakSet()  # freed before the platform closes
+        weakref.finalize(self, _close_platform, self._h)
+
+    @property
+    def _p(self):
+        return self._h.value
 
     @property
     def handle(self):
@@ -142,9 +176,7 @@ class Platform:
         the platform.  Later calls on either raise MloError (MLO_ESTATE)."""
         for pipe in list(self._pipelines):
             pipe.free()
-        if self._p:
-            lib().mlo_platform_close(self._p)
-            self._p = ctypes.c_void_p()
+        _close_platform(self._h)
 
     def _handle(self, what):
         if not self._p:
@@ -252,7 +284,8 @@ class Pipeline:
     free() (or the platform's close(), or leaving a `with` block) frees the
     C pipeline; every later call on it or its components raises MloError
     (MLO_ESTATE).  free() refuses (MLO_EBUSY) while other threads are inside
-    a call on it, rather than freeing under them."""
+    a call on it, rather than freeing under them.  A pipeline that becomes
+    garbage is freed then (its platform stays open while it lives)."""
 
     def __init__(self, platform, pin_host=True):
         o = _lib.PipelineOptions()
@@ -260,13 +293,19 @@ class Pipeline:
         o.platform = platform._handle("pipeline")
         o.pin_host = bool(pin_host)
         o.slab_alignment = 256
-        self._p = ctypes.c_void_p()
+        self._h = _Handle()
         self._lock = threading.Lock()
         self._inflight = 0
-        _check(lib().mlo_pipeline_create(ctypes.byref(o), ctypes.byref(self._p)), "pipeline")
+        _check(lib().mlo_pipeline_create(ctypes.byref(o), ctypes.byref(self._h.value)), "pipeline")
         self.platform = platform
         self.components = []
         platform._pipelines.add(self)
+        platform._h.children.add(self._h)
+        weakref.finalize(self, _free_pipeline, self._h)
+
+    @property
+    def _p(self):
+        return self._h.value
 
     @property
     def handle(self):
@@ -340,6 +379,23 @@ class Pipeline:
         with self._use("set_schedule") as p:
             _check(lib().mlo_pipeline_set_schedule(p, arr, len(runs)), "schedule", p)
 
+    def learn_schedule(self, learn=True):
+        """Learns the schedule from the calls (mlo_pipeline_learn_schedule):
+        the budget policy prefetches from the second request on."""
+        with self._use("learn_schedule") as p:
+            _check(lib().mlo_pipeline_learn_schedule(p, bool(learn)), "learn_schedule", p)
+
+    def schedule(self):
+        """The schedule in force, declared or learned: [(Component, repeat)]."""
+        by_handle = {c.handle.value: c for c in self.components}
+        with self._use("schedule") as p:
+            n = ctypes.c_size_t()
+            _check(lib().mlo_pipeline_get_schedule(p, None, 0, ctypes.byref(n)), "schedule", p)
+            arr = (_lib.ScheduleEntry * max(1, n.value))()
+            _check(lib().mlo_pipeline_get_schedule(p, arr, n.value, ctypes.byref(n)), "schedule",
+                   p)
+        return [(by_handle.get(arr[i].comp), arr[i].repeat) for i in range(n.value)]
+
     def audit(self):
         with self._use("audit") as p:
             _check(lib().mlo_pipeline_audit(p), "audit", p)
@@ -365,8 +421,7 @@ class Pipeline:
             if self._inflight:
                 raise MloError(_EBUSY, "free: %d call(s) on this pipeline are in progress on "
                                "other threads" % self._inflight)
-            p, self._p = self._p, ctypes.c_void_p()  # later calls raise from here on
-        lib().mlo_pipeline_free(p)
+            _free_pipeline(self._h)  # later calls raise from here on
         self.platform._pipelines.discard(self)
 
     def __enter__(self):

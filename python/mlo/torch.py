@@ -24,8 +24,8 @@ import torch
 
 from . import Component, MloError, Pipeline, Platform, lib, role_from_class, role_guess
 
-__all__ = ["enable_model_offload", "disable_model_offload", "SupportsComponentDiscovery",
-           "OffloadDelegate", "Offload"]
+__all__ = ["enable_model_offload", "disable_model_offload", "close_model_offload",
+           "SupportsComponentDiscovery", "OffloadDelegate", "Offload"]
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
            torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
@@ -106,11 +106,13 @@ def discover(pipe):
     return out
 
 
-def _view(ptr, t_like, nbytes):
-    """A torch tensor over nbytes at ptr with t_like's dtype and shape."""
+def _view(ptr, t_like, nbytes, keep=None):
+    """A torch tensor over nbytes at ptr with t_like's dtype and shape; it
+    keeps `keep` (the libmlo pipeline that owns the bytes) alive."""
     if nbytes == 0 or not ptr:
         return torch.empty(t_like.shape, dtype=t_like.dtype, device="cpu")
     buf = (ctypes.c_char * nbytes).from_address(ptr)
+    buf._mlo_keep = keep  # the tensor holds buf: the memory outlives no view
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "non-writable buffer": ctypes arrays are writable
         flat = torch.frombuffer(buf, dtype=torch.uint8)
@@ -118,12 +120,20 @@ def _view(ptr, t_like, nbytes):
 
 
 class _Entry:
-    """One tensor of a component: where it sits in the module tree."""
-    __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like")
+    """One tensor of a component: where it sits in the module tree, its
+    dtype and shape (`like`, on the meta device: no bytes of torch's are
+    kept), and the address it was last bound to."""
+    __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like", "name", "ptr")
 
-    def __init__(self, owner, attr, is_param, handle, nbytes, like):
+    def __init__(self, owner, attr, is_param, handle, nbytes, like, name):
         self.owner, self.attr, self.is_param = owner, attr, is_param
-        self.handle, self.nbytes, self.like = handle, nbytes, like
+        self.handle, self.nbytes, self.like, self.name = handle, nbytes, like, name
+        self.ptr = None
+
+    def current(self):
+        """The tensor the module has in this place now."""
+        return getattr(self.owner, self.attr) if self.is_param else \
+            self.owner._buffers.get(self.attr)
 
 
 class _Managed:
@@ -132,6 +142,8 @@ class _Managed:
         self.entries = []
         self.bound = None  # "host", "device", or None (torch's own memory)
         self.bound_ptr = None
+        self.fingerprint = None  # of the device block, when bound there
+        self.written_back = 0  # tensors written back to the slab (defect 27.1)
         self.hooks = []
         self.patched = {}
 
@@ -149,8 +161,9 @@ class Offload:
     pipeline's modules.  Kept on the pipeline as ``pipe._mlo_offload``; its
     memory holds the modules' weights as long as the pipeline lives."""
 
-    def __init__(self, device, policy, budget, reserve, prefetch):
+    def __init__(self, device, policy, budget, reserve, prefetch, check_writes=True):
         self.settings = (device, policy, budget, reserve, prefetch)
+        self.check_writes = check_writes
         self.platform = Platform(_platform_spec(device))
         self.caps = self.platform.caps()
         self.device_type = "cuda" if self.platform.name == "cuda" else "cpu"
@@ -158,6 +171,7 @@ class Offload:
         self.managed = []
         self.owner_of = {}  # data_ptr -> _Managed that stores it (C6)
         self.enabled = False
+        self.closed = False
         self._originals = []
 
     # -- declaring --------------------------------------------------------
@@ -192,28 +206,108 @@ class Offload:
             owner, attr = _resolve(module, qname)
             self._originals.append((owner, attr, is_param, t, data))
             m.entries.append(_Entry(owner, attr, is_param, handle, Component.nbytes(handle),
-                                    data))
+                                    torch.empty(data.shape, dtype=data.dtype, device="meta"),
+                                    "%s.%s" % (name, qname)))
             if t.numel():
                 self.owner_of[key] = m
         self.managed.append(m)
         return m
 
     # -- binding ----------------------------------------------------------
+    def _entry_view(self, e, where):
+        """e's bytes in the slab ("host") or the device block ("device")."""
+        ptr = Component.host_data(e.handle) if where == "host" else \
+            Component.device_ptr(e.handle)
+        if where == "device" and self.caps["device_pointers"] and not self.caps[
+                "host_addressable"]:
+            return _cuda_view(ptr, e.like, e.nbytes, self.pipeline)
+        return _view(ptr, e.like, e.nbytes, self.pipeline)
+
     def _bind(self, m, where):
         for e in m.entries:
-            ptr = Component.host_data(e.handle) if where == "host" else \
-                Component.device_ptr(e.handle)
-            if where == "device" and self.caps["device_pointers"] and not self.caps[
-                    "host_addressable"]:
-                view = _cuda_view(ptr, e.like, e.nbytes)
-            else:
-                view = _view(ptr, e.like, e.nbytes)
+            view = self._entry_view(e, where)
             if e.is_param:
                 getattr(e.owner, e.attr).data = view
             else:
                 e.owner._buffers[e.attr] = view
+            e.ptr = view.data_ptr() if view.numel() else None
         m.bound = where
         m.bound_ptr = self._first_device_ptr(m) if where == "device" else None
+        m.fingerprint = self._fingerprint(m) if where == "device" and self.check_writes else None
+
+    # -- writes into the weights (defect 27.1) -----------------------------
+    def _block_view(self, m):
+        """m's whole device block as one int32 tensor (first tensor to the
+        end of the last), or None where it has no bytes."""
+        spans = [(Component.device_ptr(e.handle), e.nbytes) for e in m.entries if e.nbytes]
+        if not spans:
+            return None
+        lo = min(p for p, _ in spans)
+        hi = max(p + n for p, n in spans)
+        n = (hi - lo) // 4
+        if n == 0:
+            return None
+        like = torch.empty((n,), dtype=torch.int32, device="meta")
+        if self.caps["device_pointers"] and not self.caps["host_addressable"]:
+            return _cuda_view(lo, like, n * 4, self.pipeline)
+        return _view(lo, like, n * 4, self.pipeline)
+
+    def _fingerprint(self, m):
+        """The 64-bit sum of m's device block's 32-bit words: one reduction
+        on the device, read back (a sync: it runs only where an eviction
+        may follow).  A write that changes the bytes changes it, except one
+        that only permutes words."""
+        v = self._block_view(m)
+        return None if v is None else int(torch.sum(v, dtype=torch.int64))
+
+    def _write_back(self, m, entries, why):
+        for e in entries:
+            if e.nbytes:
+                self._entry_view(e, "host").copy_(self._entry_view(e, "device"))
+        m.written_back += len(entries)
+        warnings.warn("mlo: %s: %d tensor(s) of '%s' were written in place on the device; "
+                      "written back to its host slab so no later load loses them"
+                      % (why, len(entries), m.name), stacklevel=4)
+
+    def check_writes_now(self, skip=None):
+        """Every write into a component's weights reaches its slab before
+        libmlo may evict or reload it: a tensor that was replaced (p.data =
+        x, a safe LoRA fuse) has its values copied into mlo's memory and is
+        bound again; a device block whose fingerprint changed (p.data.add_(),
+        load_state_dict, an unsafe fuse) is written back.  A replacement of
+        another dtype or shape is refused (MloError): mlo cannot keep it."""
+        for m in self.managed:
+            if m.bound is None:
+                continue
+            replaced = []
+            for e in m.entries:
+                cur = e.current()
+                if cur is None or not e.nbytes or cur.data_ptr() == e.ptr:
+                    continue
+                if cur.dtype != e.like.dtype or tuple(cur.shape) != tuple(e.like.shape):
+                    raise MloError(-1, "%s was replaced by a %s %s tensor while offloaded (it is "
+                                   "%s %s): mlo cannot keep it; call disable_model_offload and "
+                                   "enable again" % (e.name, cur.dtype, tuple(cur.shape),
+                                                     e.like.dtype, tuple(e.like.shape)))
+                replaced.append((e, cur))
+            for e, cur in replaced:
+                with torch.no_grad():
+                    self._entry_view(e, "host").copy_(cur)
+                    if m.bound == "device":
+                        self._entry_view(e, "device").copy_(cur)
+            if replaced:
+                self._bind(m, m.bound)
+                m.written_back += len(replaced)
+                warnings.warn("mlo: %d tensor(s) of '%s' were replaced (%s…); their values are "
+                              "now in mlo's memory" % (len(replaced), m.name,
+                                                       replaced[0][0].name), stacklevel=3)
+            if m is skip or m.bound != "device" or m.fingerprint is None:
+                continue
+            now = self._fingerprint(m)
+            if now != m.fingerprint:
+                with torch.no_grad():
+                    self._write_back(m, m.entries, "a write into the weights")
+                m.fingerprint = now
 
     def _first_device_ptr(self, m):
         for e in m.entries:
@@ -233,11 +327,22 @@ class Offload:
 
     # -- entry points -------------------------------------------------------
     def acquire(self, m):
+        if self.check_writes:
+            # an acquire may evict others (a switch; the budget policy's
+            # prefetch); m itself only when it is not resident
+            self.check_writes_now(skip=m if m.bound == "device" else None)
         m.comp.acquire()
         self.sync_bindings()
 
     def release(self, m):
+        # the budget policy prefetches at a release, which may evict
+        # anything, m included: writes first, and bindings after
+        budget = self.settings[1] == "budget"
+        if budget and self.check_writes:
+            self.check_writes_now()
         m.comp.release()
+        if budget:
+            self.sync_bindings()
 
     def acquired(self, m):
         """A context manager: m resident (and bound) inside, for entry points
@@ -302,8 +407,36 @@ class Offload:
         device, policy, budget, reserve, prefetch = self.settings
         self.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
         self.enabled = True
+        if policy == "budget":  # nothing declares the calls: learn them (docs/planner.md)
+            self.pipeline.learn_schedule(True)
         self.sync_bindings()
         self._originals = []  # torch's own copies go: the slabs hold the weights now
+
+    def close(self):
+        """Gives the weights back to torch and frees libmlo's memory: every
+        module's tensors become torch-owned CPU tensors holding their current
+        values (writes included), the hooks go, the pipeline and platform
+        are freed.  Idempotent; the Offload is unusable afterwards."""
+        if self.closed:
+            return
+        if self.enabled:
+            self.check_writes_now()
+        for m in self.managed:
+            self.unhook(m)
+            for e in m.entries:
+                cur = e.current()
+                own = torch.empty(e.like.shape, dtype=e.like.dtype, device="cpu")
+                if e.nbytes and cur is not None:
+                    own.copy_(cur)
+                if e.is_param:
+                    getattr(e.owner, e.attr).data = own
+                else:
+                    e.owner._buffers[e.attr] = own
+            m.bound = None
+        self.managed, self.owner_of, self.enabled = [], {}, False
+        self.pipeline.free()  # later calls on it raise MloError
+        self.platform.close()
+        self.closed = True
 
     def restore(self):
         """After a failed enable: every module back on torch's own tensors."""
@@ -322,10 +455,11 @@ class _ExecutionDevice:
         self.execution_device = torch.device(device)
 
 
-def _cuda_view(ptr, like, nbytes):
+def _cuda_view(ptr, like, nbytes, keep=None):
     """A CUDA tensor over a device block's bytes (no copy): the bytes as
     uint8 through __cuda_array_interface__, then viewed as the tensor's
-    dtype and shape (bf16 and fp8 have no typestr of their own)."""
+    dtype and shape (bf16 and fp8 have no typestr of their own).  torch
+    keeps the interface object, which keeps `keep` (the pipeline)."""
     if nbytes == 0 or not ptr:
         return torch.empty(like.shape, dtype=like.dtype, device="cuda")
 
@@ -333,26 +467,119 @@ def _cuda_view(ptr, like, nbytes):
         __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                     "version": 3, "strides": None}
 
-    return torch.as_tensor(_Iface(), device="cuda").view(like.dtype).view(like.shape)
+    iface = _Iface()
+    iface.keep = keep
+    return torch.as_tensor(iface, device="cuda").view(like.dtype).view(like.shape)
 
 
 def _platform_spec(device):
-    if isinstance(device, str) and device.startswith("cuda") and "stream=" not in device:
+    """The libmlo platform for what a torch user passes: None (the GPU torch
+    sees, else the host stand-in, with a warning), "cpu" / torch.device
+    ("cpu"), "cuda", "cuda:N", torch.device("cuda", N), or a libmlo spec
+    ("host:capacity=4G", "cuda:0:stream=...")."""
+    if device is None:
+        if torch.cuda.is_available():
+            device = "cuda"
+        else:
+            warnings.warn("mlo: torch sees no GPU: the weights go to libmlo's host platform, a "
+                          "stand-in device in host memory (pass device= to choose)", stacklevel=4)
+            return "host"
+    if isinstance(device, torch.device):
+        if device.type == "cpu":
+            return "host"
+        if device.type != "cuda":
+            raise ValueError("device %s: mlo runs on cuda or the host platform" % device)
+        device = "cuda" if device.index is None else "cuda:%d" % device.index
+    if not isinstance(device, str):
+        raise ValueError("device: %r is neither a str nor a torch.device" % (device,))
+    if device == "cpu":
+        return "host"
+    if device.startswith("cuda") and "stream=" not in device:
         # compute is torch's current stream: loads are ordered against it (C8)
-        index = device.split(":")[1] if ":" in device else "0"
+        index = device.split(":")[1] if ":" in device else str(torch.cuda.current_device())
+        if not index.isdigit():
+            raise ValueError("device %r: expected cuda or cuda:N" % device)
         stream = torch.cuda.current_stream(int(index)).cuda_stream
         return "cuda:%s:stream=%d" % (index, stream)
     return device
 
 
-def enable_model_offload(pipe, device="host", policy="strict", budget=0, reserve=0,
-                         prefetch=True):
+_DIFFUSERS_OFFLOAD = ("enable_model_cpu_offload", "enable_sequential_cpu_offload",
+                      "enable_group_offload")
+
+
+def _foreign_offload(pipe, modules):
+    """What offload hooks of diffusers' or accelerate's are on the pipeline's
+    modules: a list of "name: how" strings."""
+    found = []
+    for name, module in modules:
+        for sub in module.modules():
+            hook = getattr(sub, "_hf_hook", None)
+            if hook is not None and not isinstance(hook, _ExecutionDevice):
+                kind = type(hook).__name__
+                how = "enable_sequential_cpu_offload" if "AlignDevices" in kind or \
+                    "Sequential" in kind else "enable_model_cpu_offload"
+                found.append("%s: accelerate's %s (%s; pipe.remove_all_hooks() removes it)"
+                             % (name, kind, how))
+                break
+            registry = getattr(sub, "_diffusers_hook", None)
+            hooks = getattr(registry, "hooks", None) if registry is not None else None
+            if hooks:
+                found.append("%s: diffusers' hooks %s (enable_group_offload or layerwise "
+                             "casting; the model's disable_group_offload() removes group "
+                             "offload)" % (name, ", ".join(sorted(hooks))))
+                break
+    return found
+
+
+def _refusing(what):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("%s on a pipeline offloaded by mlo: two offload systems would fight "
+                           "over the same weights; call mlo.torch.disable_model_offload(pipe) "
+                           "first" % what)
+    return refuse
+
+
+def _guarded_to(obj, managed):
+    """obj.to (a pipeline's or a module's) while mlo holds the weights: a
+    device is mlo's to choose (ignored, with a warning); another dtype is
+    refused, before anything is converted."""
+    original = obj.to
+
+    def to(*args, **kwargs):
+        dtypes = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.dtype)]
+        for m in managed:
+            for e in m.entries:
+                if e.like.is_floating_point() and any(d != e.like.dtype for d in dtypes):
+                    raise RuntimeError(
+                        "%s.to(%s) while mlo offloads it: mlo holds %s as %s; call "
+                        "mlo.torch.disable_model_offload(pipe) and enable again after "
+                        "converting" % (type(obj).__name__, ", ".join(map(str, dtypes)),
+                                        e.name, e.like.dtype))
+        if any(not isinstance(a, torch.dtype) for a in args) or \
+                any(k in kwargs for k in ("device", "torch_device")):
+            warnings.warn("mlo: %s.to(device) ignored: mlo places the weights (it loads each "
+                          "component before it runs)" % type(obj).__name__, stacklevel=2)
+        return obj
+
+    to.mlo_original = original
+    return to
+
+
+def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0,
+                         prefetch=True, check_writes=True):
     """Model-level offload of a diffusers (or any) pipeline through libmlo.
 
-    device: a libmlo platform spec ("cuda", "cuda:1", "host:capacity=4G").
+    device: where compute runs: None (the GPU torch sees; the host stand-in
+    with a warning when there is none), "cuda", "cuda:1", a torch.device,
+    "cpu" (the host platform), or a libmlo spec ("host:capacity=4G").
     policy: "strict" (the specification: a DiT's forward evicts encoders and
     the other DiTs, an encoder's evicts the DiTs; VAEs stay) or "budget"
-    (keep what fits in `budget` bytes, evict by next use, prefetch).
+    (keep what fits in `budget` bytes, evict by next use, prefetch from the
+    schedule libmlo learns from the first generation's calls).
+    check_writes: writes into the weights while offloaded (a LoRA fuse,
+    load_state_dict, p.data.mul_()) reach mlo's memory before any eviction
+    (a fingerprint of each resident block at each switch; False skips it).
     Idempotent with the same arguments (C11); different ones raise MloError
     (EOWNED, C16).  On failure the modules are left as they were (C15).
     Returns the backend (pipe._mlo_offload)."""
@@ -364,20 +591,26 @@ def enable_model_offload(pipe, device="host", policy="strict", budget=0, reserve
         if not current.enabled:
             _reenable(pipe, current)
         return current
-    backend = Offload(device, policy, budget, reserve, prefetch)
+    backend = Offload(device, policy, budget, reserve, prefetch, check_writes)
     try:
         if isinstance(pipe, OffloadDelegate):
             pipe.mlo_enable_offload(backend)
             if not backend.enabled:
                 backend.start()
         else:
-            for name, module, role in discover(pipe):
+            found = discover(pipe)
+            foreign = _foreign_offload(pipe, [(n, mod) for n, mod, _ in found])
+            if foreign:
+                raise ValueError("the pipeline has another offload installed; remove it before "
+                                 "mlo's: " + "; ".join(foreign))
+            for name, module, role in found:
                 backend.add_module(name, module, role)
             if not any(m.role == "dit" for m in backend.managed):
                 raise ValueError("no DiT found (declare the components: SupportsComponentDiscovery)")
             backend.start()
             for m in backend.managed:
                 backend.hook(m)
+            _guard_pipeline(pipe, backend)
     except BaseException:
         for m in backend.managed:
             backend.unhook(m)
@@ -389,16 +622,44 @@ def enable_model_offload(pipe, device="host", policy="strict", budget=0, reserve
     return backend
 
 
+def _guard_pipeline(pipe, backend):
+    """pipe.to and diffusers' own offload entry points, guarded while mlo
+    offloads (instance attributes over the class's methods, removed at
+    disable)."""
+    pipe_patched = {}
+    for method in _DIFFUSERS_OFFLOAD:
+        if hasattr(pipe, method):
+            pipe_patched[method] = pipe.__dict__.get(method)
+            setattr(pipe, method, _refusing("pipe.%s()" % method))
+    if hasattr(pipe, "to") and not isinstance(pipe, torch.nn.Module):
+        pipe_patched["to"] = pipe.__dict__.get("to")
+        pipe.to = _guarded_to(pipe, backend.managed)
+    backend.pipe_patched = (pipe, pipe_patched)
+
+
+def _unguard_pipeline(backend):
+    pipe, patched = getattr(backend, "pipe_patched", (None, {}))
+    for method, old in patched.items():
+        if old is None:
+            pipe.__dict__.pop(method, None)
+        else:
+            setattr(pipe, method, old)
+    backend.pipe_patched = (None, {})
+
+
 def _reenable(pipe, backend):
     device, policy, budget, reserve, prefetch = backend.settings
     backend.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
     backend.enabled = True
+    if policy == "budget":
+        backend.pipeline.learn_schedule(True)
     backend.sync_bindings()
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_enable_offload(backend)
     else:
         for m in backend.managed:
             backend.hook(m)
+        _guard_pipeline(pipe, backend)
 
 
 def disable_model_offload(pipe):
@@ -410,7 +671,23 @@ def disable_model_offload(pipe):
         return
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_disable_offload(backend)
+    if backend.check_writes:
+        backend.check_writes_now()
     for m in backend.managed:
         backend.unhook(m)
+    _unguard_pipeline(backend)
     backend.pipeline.disable()
     backend.enabled = False
+
+
+def close_model_offload(pipe):
+    """Ends mlo's hold on the pipeline: the weights go back to torch-owned
+    CPU tensors (with every write made to them), the hooks go, and libmlo's
+    pipeline and platform are freed at once.  The pipeline then runs as
+    plain torch; enable_model_offload may be called again.  Idempotent."""
+    backend = getattr(pipe, "_mlo_offload", None)
+    if backend is None:
+        return
+    disable_model_offload(pipe)
+    backend.close()
+    del pipe._mlo_offload

@@ -6,6 +6,8 @@ them (docs/python.md); there test_replay.py checks the binding against what
 record.py wrote from these same runs.  Run here with
     MLO_LIBRARY=build/libmlo.so python3 python/tests/run.py test_torch
 """
+import ctypes
+import gc
 import os
 import sys
 import unittest
@@ -255,6 +257,226 @@ class ModuleTests(unittest.TestCase):
             self.assertFalse(enc.comp.resident)  # the DiT's acquire evicted the encoder
             self.assertEqual(enc.bound, "host")
         mlo.torch.disable_model_offload(p)
+
+
+def rss_bytes():
+    """Resident memory as the kernel counts it, after the collector and
+    glibc have handed back what is free (malloc_trim): what is held, not
+    what the allocator caches."""
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def add_lora(pipe, seed=5):
+    """A LoRA on both experts with non-zero weights (peft's own layers,
+    added after enable as a user loads one)."""
+    from peft import LoraConfig
+    torch.manual_seed(seed)
+    for name in ("transformer", "transformer_2"):
+        getattr(pipe, name).add_adapter(
+            LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "to_v", "ffn.net.0.proj"],
+                       init_lora_weights=False), adapter_name="style")
+
+
+class WritesTests(unittest.TestCase):
+    """Writes into the weights while offloaded reach libmlo's memory (27.1)."""
+
+    def setUp(self):
+        warnings.simplefilter("ignore")
+
+    def lora_runs(self, offload, safe):
+        pipe = tiny.wan()
+        if offload:
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        add_lora(pipe)
+        outs = [np.asarray(tiny.run_wan(pipe))]
+        pipe.fuse_lora(components=["transformer", "transformer_2"], safe_fusing=safe)
+        outs += [np.asarray(tiny.run_wan(pipe)) for _ in range(2)]
+        return outs, (b if offload else None)
+
+    def test_fused_lora_is_kept(self):
+        for safe in (False, True):  # in place (.data +=), and .data replaced
+            ref, _ = self.lora_runs(False, safe)
+            got, b = self.lora_runs(True, safe)
+            for i, (r, g) in enumerate(zip(ref, got)):
+                self.assertTrue(np.array_equal(r, g), "safe_fusing=%s: generation %d differs "
+                                "from plain diffusers by %g" % (safe, i,
+                                                                float(np.abs(r - g).max())))
+            self.assertGreater(sum(m.written_back for m in b.managed), 0)
+            self.assertIsNone(in_mlo_memory(b))
+            b.pipeline.audit()
+
+    def test_in_place_writes_resident_and_evicted(self):
+        def edit(pipe):
+            with torch.no_grad():
+                pipe.transformer.proj_out.weight.data.mul_(1.5)  # .data: no version bump
+                pipe.transformer_2.load_state_dict(
+                    {k: v * 0.5 for k, v in pipe.transformer_2.state_dict().items()})
+        ref_pipe = tiny.wan()
+        tiny.run_wan(ref_pipe)
+        edit(ref_pipe)
+        ref = np.asarray(tiny.run_wan(ref_pipe))
+        pipe = tiny.wan()
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        tiny.run_wan(pipe)  # transformer_2 is resident now, transformer evicted
+        edit(pipe)
+        for _ in range(2):
+            self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        self.assertGreater(sum(m.written_back for m in b.managed), 0)
+
+    def test_another_dtype_is_refused(self):
+        pipe = tiny.wan()
+        mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        w = pipe.transformer.proj_out.weight
+        w.data = w.data.to(torch.float64)
+        with self.assertRaisesRegex(mlo.MloError, "proj_out.weight was replaced by a "
+                                    "torch.float64"):
+            tiny.run_wan(pipe)
+
+    def test_pipe_to_is_guarded(self):
+        ref = np.asarray(tiny.run_wan(tiny.wan()))
+        pipe = tiny.wan()
+        mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        with self.assertRaisesRegex(RuntimeError, r"to\(torch.bfloat16\) while mlo offloads"):
+            pipe.to(torch.bfloat16)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.assertIs(pipe.to("cpu"), pipe)
+        self.assertTrue(any("ignored: mlo places the weights" in str(x.message) for x in w))
+        self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        mlo.torch.disable_model_offload(pipe)
+        self.assertNotIn("to", pipe.__dict__)  # the guard goes with the offload
+        self.assertIs(pipe.to(torch.float32), pipe)
+
+    def test_device_names_as_torch_users_pass_them(self):
+        ref = np.asarray(tiny.run_wan(tiny.wan()))
+        for device in ("cpu", torch.device("cpu"), None):
+            pipe = tiny.wan()
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                b = mlo.torch.enable_model_offload(pipe, device=device)
+            self.assertEqual(b.platform.name, "host", device)
+            if device is None and not torch.cuda.is_available():
+                self.assertTrue(any("torch sees no GPU" in str(x.message) for x in w))
+            self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))), device)
+        for bad in (torch.device("meta"), 3, "cuda:x"):
+            with self.assertRaises((ValueError, mlo.MloError), msg=repr(bad)):
+                mlo.torch.enable_model_offload(tiny.wan(), device=bad)
+
+    def test_other_offload_hooks_are_refused(self):
+        pipe = tiny.wan()
+        pipe.transformer.enable_group_offload(onload_device=torch.device("cpu"),
+                                              offload_device=torch.device("cpu"),
+                                              offload_type="block_level", num_blocks_per_group=1)
+        with self.assertRaisesRegex(ValueError, "transformer: diffusers' hooks .*group_offload"):
+            mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        self.assertFalse(hasattr(pipe, "_mlo_offload"))
+        pipe = tiny.wan()
+        mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        for method in ("enable_model_cpu_offload", "enable_sequential_cpu_offload"):
+            with self.assertRaisesRegex(RuntimeError, "disable_model_offload"):
+                getattr(pipe, method)()
+
+
+class LearnedScheduleTests(unittest.TestCase):
+    def setUp(self):
+        warnings.simplefilter("ignore")
+
+    def test_budget_policy_prefetches_from_the_second_generation(self):
+        pipe = tiny.wan()
+        ref = np.asarray(tiny.run_wan(tiny.wan()))
+        sizes = {}
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="strict")
+        sizes = {m.name: m.comp.bytes for m in b.managed}
+        mlo.torch.close_model_offload(pipe)
+        # room for the VAE, one expert and the encoder, not both experts
+        budget = sizes["vae"] + sizes["transformer"] + sizes["text_encoder"]
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget", budget=budget)
+        self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        self.assertEqual(b.pipeline.stats()["prefetches"], 0)  # nothing learned yet
+        self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        runs = [(c.name, n) for c, n in b.pipeline.schedule()]
+        # CFG: two encoder calls (prompt, negative), two per step on each expert
+        self.assertEqual([name for name, _ in runs],
+                         ["text_encoder", "transformer", "transformer_2", "vae"])
+        self.assertEqual(runs[0][1], 2)
+        self.assertEqual(runs[1][1] + runs[2][1], 2 * 4)
+        b.pipeline.reset_stats()
+        self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        self.assertGreater(b.pipeline.stats()["prefetches"], 0)
+        self.assertLessEqual(b.pipeline.stats()["peak_device_bytes"], budget)
+
+
+class LifetimeTests(unittest.TestCase):
+    """Weights held once, and nothing left when a pipeline goes (27.2)."""
+
+    def setUp(self):
+        warnings.simplefilter("ignore")
+
+    def cycle(self, close):
+        pipe = tiny.wan(ffn_dim=200000)
+        mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
+        tiny.run_wan(pipe, steps=2)
+        if close:
+            mlo.torch.close_model_offload(pipe)
+        del pipe
+        gc.collect()
+
+    def test_rss_flat_over_cycles(self):
+        for close in (False, True):
+            self.cycle(close)  # warm: torch's and diffusers' own one-time allocations
+            first = rss_bytes()
+            for _ in range(5):
+                self.cycle(close)
+            self.assertLess(rss_bytes(), first * 1.05 + (8 << 20),
+                            "close=%s: RSS grew from %d MiB to %d MiB over 5 cycles"
+                            % (close, first >> 20, rss_bytes() >> 20))
+
+    def test_weights_held_once(self):
+        base = rss_bytes()
+        pipe = tiny.wan(ffn_dim=200000)
+        weights = sum(t.numel() * t.element_size() for name in ("transformer", "transformer_2",
+                                                                 "text_encoder", "vae")
+                      for t in getattr(pipe, name).state_dict().values())
+        self.assertGreater(weights, 100 << 20)
+        b = mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
+        held = rss_bytes() - base
+        self.assertLessEqual(held, weights * 1.05 + (16 << 20),
+                             "%d MiB resident for %d MiB of weights" % (held >> 20, weights >> 20))
+        slabs = b.pipeline.stats()["host_slab_bytes"]  # the weights, 256-byte aligned
+        self.assertTrue(weights <= slabs < weights * 1.01, (slabs, weights))
+        del b
+        mlo.torch.close_model_offload(pipe)
+
+    def test_close_gives_the_weights_back(self):
+        ref = np.asarray(tiny.run_wan(tiny.wan()))
+        pipe = tiny.wan()
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        tiny.run_wan(pipe)
+        mlo.torch.close_model_offload(pipe)
+        mlo.torch.close_model_offload(pipe)  # idempotent
+        with self.assertRaises(mlo.MloError):
+            b.pipeline.stats()
+        self.assertFalse(hasattr(pipe, "_mlo_offload"))
+        self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        mlo.torch.enable_model_offload(pipe, device=DEVICE)  # and again
+        self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+
+    def test_modules_outlive_the_pipeline(self):
+        pipe = tiny.wan()
+        mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        tiny.run_wan(pipe)
+        dit = pipe.transformer
+        w = dit.proj_out.weight.detach().clone()
+        del pipe
+        gc.collect()
+        # the module's views keep libmlo's memory: reading them is safe
+        self.assertTrue(torch.equal(dit.proj_out.weight.detach(), w))
 
 
 if __name__ == "__main__":
