@@ -8,15 +8,23 @@ CMAKE_FLAGS ?=
 # runs), never for people who only build mlo: MLO_WERROR is off in CMake.
 WERROR ?= OFF
 
-.PHONY: all bootstrap build demo test test-asan test-tsan test-install test-build-types clean
+.PHONY: all bootstrap torch-venv build demo test test-asan test-tsan test-install test-build-types clean
 
 all: build
 
 bootstrap:
 	@bash scripts/bootstrap.sh
 
+# The Python with torch, diffusers, transformers and peft that the mlo.torch
+# tests run under (scripts/torch-venv.sh; `make test` installs it, MLO_TORCH=0
+# skips it).  Where it exists, the build hands it to ctest.
+TORCH_PYTHON = $(CURDIR)/.cache/torch-venv/bin/python
+torch-venv: bootstrap
+	@bash scripts/torch-venv.sh
+
 build: bootstrap
-	cmake -S . -B $(BUILD) -DMLO_WERROR=$(WERROR) $(CMAKE_FLAGS) > /dev/null
+	cmake -S . -B $(BUILD) -DMLO_WERROR=$(WERROR) \
+	  $(if $(wildcard $(TORCH_PYTHON)),-DMLO_TORCH_PYTHON=$(TORCH_PYTHON)) $(CMAKE_FLAGS) > /dev/null
 	cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 demo: build
@@ -27,7 +35,7 @@ demo: build
 # the run.  SANITIZE=0 skips the sanitizer builds (a quick local run).
 SANITIZE ?= 1
 test: WERROR = ON
-test: build
+test: torch-venv build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE '^(fuzz|slow)$$'
 	$(MAKE) --no-print-directory test-install test-build-types
 ifneq ($(SANITIZE),0)

@@ -16,6 +16,15 @@ build of libmlo) both run for real and the script also prints wall time per
 generation and peak device memory, with an all-resident run beside them.
 
     MLO_LIBRARY=build/libmlo.so python python/bench_offload.py [--prompts 2] [--cuda]
+
+--stalls compares strict with the budget policy on the schedule libmlo
+learns from the first generation (mlo.torch declares none): a Wan2.2
+pipeline with 51 MB experts on the host platform, its link throttled to
+2 GB/s (a 51 MB expert loads in about 25 ms, as a 14 GB bf16 expert on a
+PCIe 4.0 x16 link at 25 GB/s takes 0.6 s against seconds of compute),
+and a budget that holds one expert with the encoder and VAE, not both:
+per generation, the stall (libmlo's wait_ns, every wait for a load),
+loads and prefetches.
 """
 import argparse
 import os
@@ -79,12 +88,44 @@ def rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def stalls(prompts):
+    """Strict against budget + the learned schedule, per generation."""
+    device = "host:capacity=512M,bw=2e9"
+    sizes = None
+    print("stall per generation, Wan2.2 with 51 MB experts, host platform at 2 GB/s:")
+    print("%-22s %s" % ("", "  ".join("gen %d: stall, loads, prefetches" % g
+                                      for g in range(1, prompts + 1))))
+    for policy in ("strict", "budget"):
+        pipe = tiny.wan(ffn_dim=200000)
+        if sizes is None:
+            b = mlo.torch.enable_model_offload(pipe, device=device)
+            sizes = {m.name: m.comp.bytes for m in b.managed}
+            mlo.torch.close_model_offload(pipe)
+        budget = sizes["vae"] + sizes["transformer"] + sizes["text_encoder"]
+        b = mlo.torch.enable_model_offload(pipe, device=device, policy=policy,
+                                           budget=budget if policy == "budget" else 0)
+        cells = []
+        for _ in range(prompts):
+            b.pipeline.reset_stats()
+            tiny.run_wan(pipe, steps=8)
+            st = b.pipeline.stats()
+            cells.append("%6.1f ms %3d %3d" % (st["wait_ns"] / 1e6, st["loads"], st["prefetches"]))
+        label = "strict" if policy == "strict" else "budget, learned sched."
+        print("%-22s %s" % (label, "  ".join(cells)))
+        mlo.torch.close_model_offload(pipe)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--cuda", action="store_true", help="run both on a GPU for real")
+    ap.add_argument("--stalls", action="store_true",
+                    help="strict against budget on a learned schedule (see above)")
     a = ap.parse_args()
     warnings.simplefilter("ignore")
+    if a.stalls:
+        stalls(max(a.prompts, 3))
+        return
     rows = []
     for name, (build, run) in tiny.PIPELINES.items():
         weights = module_bytes(torch.nn.ModuleList(

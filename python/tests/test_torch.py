@@ -1,10 +1,9 @@
 """test_torch.py — mlo.torch on real diffusers pipelines (tiny, random
 weights, built in memory: tiny.py), CPU, host platform.
 
-Needs torch, diffusers and transformers: several GB, so CI does not install
-them (docs/python.md); there test_replay.py checks the binding against what
-record.py wrote from these same runs.  Run here with
-    MLO_LIBRARY=build/libmlo.so python3 python/tests/run.py test_torch
+Needs torch, diffusers, transformers and peft: `make test` installs them
+(scripts/torch-venv.sh) and ctest runs this as python_torch.  By hand:
+    MLO_LIBRARY=build/libmlo.so .cache/torch-venv/bin/python python/tests/run.py test_torch
 """
 import ctypes
 import gc
