@@ -873,14 +873,13 @@ MLO_API int mlo_pipeline_get_schedule(mlo_pipeline *pipe, mlo_schedule_entry *ou
  * DiT steps, VAE, then the next prompt's encoder.  A request that begins
  * and ends with one component (image to image: VAE encode ... VAE decode)
  * is learned as the cycle it is, its last and the next one's first calls
- * one run, from the end of its second request.  At every end the calls are compared with the schedule in force and replace
- * it where they differ (another step count, another expert boundary), so a
- * learned schedule follows the requests; one wrong for a request costs
- * prefetches, never correctness.  A request whose first component runs
- * again, apart, after a DiT (encoder, DiT, encoder, DiT, VAE) is learned in
- * pieces: declare such a schedule.  On (true) records afresh from the next
- * call; off (false) stops recording and keeps the schedule in force.  Recording is O(1) per call; a request of more
- * than 4096 runs is not learned. */
+ * one run, from the end of its second request.  At every end the calls are compared with the
+ * schedule in force and replace it where they differ (another step count, another expert boundary),
+ * so a learned schedule follows the requests; one wrong for a request costs prefetches, never
+ * correctness.  A request whose first component runs again, apart, after a DiT (encoder, DiT,
+ * encoder, DiT, VAE) is learned in pieces: declare such a schedule.  On (true) records afresh from
+ * the next call; off (false) stops recording and keeps the schedule in force.  Recording is O(1)
+ * per call; a request of more than 4096 runs is not learned. */
 MLO_API int mlo_pipeline_learn_schedule(mlo_pipeline *pipe, bool learn);
 
 /* ------------------------------------------------------------------------
