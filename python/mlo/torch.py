@@ -19,6 +19,7 @@ release; a VAE's decode/encode are wrapped the same way (C17).
 import abc
 import ctypes
 import warnings
+import weakref
 
 import torch
 
@@ -172,6 +173,7 @@ class Offload:
         self.owner_of = {}  # data_ptr -> _Managed that stores it (C6)
         self.enabled = False
         self.closed = False
+        self.pipe_ref = None
         self._originals = []
 
     # -- declaring --------------------------------------------------------
@@ -412,6 +414,19 @@ class Offload:
         self.sync_bindings()
         self._originals = []  # torch's own copies go: the slabs hold the weights now
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        """`with enable_model_offload(pipe) as b:` ends as
+        close_model_offload(pipe) does."""
+        pipe = self.pipe_ref() if self.pipe_ref is not None else None
+        if pipe is not None and getattr(pipe, "_mlo_offload", None) is self:
+            close_model_offload(pipe)
+        else:
+            self.close()
+        return False
+
     def close(self):
         """Gives the weights back to torch and frees libmlo's memory: every
         module's tensors become torch-owned CPU tensors holding their current
@@ -619,6 +634,7 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
             pipe.mlo_disable_offload(backend)
         raise
     pipe._mlo_offload = backend
+    backend.pipe_ref = weakref.ref(pipe)
     return backend
 
 

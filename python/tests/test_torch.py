@@ -463,7 +463,11 @@ class LifetimeTests(unittest.TestCase):
             b.pipeline.stats()
         self.assertFalse(hasattr(pipe, "_mlo_offload"))
         self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
-        mlo.torch.enable_model_offload(pipe, device=DEVICE)  # and again
+        with mlo.torch.enable_model_offload(pipe, device=DEVICE) as b:  # and again, scoped
+            self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+        self.assertFalse(hasattr(pipe, "_mlo_offload"))
+        with self.assertRaises(mlo.MloError):
+            b.pipeline.stats()
         self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
 
     def test_modules_outlive_the_pipeline(self):
