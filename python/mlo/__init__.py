@@ -245,6 +245,38 @@ class Component:
     def nbytes(tensor):
         return lib().mlo_tensor_nbytes(tensor)
 
+    @staticmethod
+    def tensor_block(tensor):
+        """The block a tensor is laid out in: its index, or -1 (prologue) /
+        -2 (epilogue) (mlo_tensor_block)."""
+        return lib().mlo_tensor_block(tensor)
+
+    @property
+    def block_count(self):
+        with self._use("block_count"):
+            return lib().mlo_component_block_count(self._c)
+
+    def stream_info(self):
+        """How it moves under the policy in force (mlo_component_stream_info):
+        slots > 0 when it streams."""
+        s = _lib.StreamInfo()
+        s.size = ctypes.sizeof(s)
+        with self._use("stream_info") as pipe:
+            _check(lib().mlo_component_stream_info(self._c, ctypes.byref(s)), "stream_info", pipe)
+        return {f: getattr(s, f) for f, _ in s._fields_ if f != "size"}
+
+    def block_begin(self, block):
+        """Before block `block`'s compute (mlo_block_begin): its tensors have
+        a device copy until block_end."""
+        with self._use("block_begin") as pipe:
+            _check(lib().mlo_block_begin(self._c, _c_uint(block, "block_begin")),
+                   "block_begin '%s' %d" % (self.name, block), pipe)
+
+    def block_end(self, block):
+        with self._use("block_end") as pipe:
+            _check(lib().mlo_block_end(self._c, _c_uint(block, "block_end")),
+                   "block_end '%s' %d" % (self.name, block), pipe)
+
     @property
     def bytes(self):
         with self._use("bytes"):

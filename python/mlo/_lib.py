@@ -72,6 +72,12 @@ class PlatformCaps(ctypes.Structure):
         "device_pointers", "host_addressable")] + [("max_block_bytes", ctypes.c_uint64)]
 
 
+class StreamInfo(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_size_t) for n in (
+        "blocks", "resident_blocks", "streamed_blocks", "slots")] + [
+        (n, ctypes.c_uint64) for n in ("slot_bytes", "device_bytes", "streamed_bytes")]
+
+
 class ScheduleEntry(ctypes.Structure):
     _fields_ = [("comp", ctypes.c_void_p), ("repeat", ctypes.c_uint32)]
 
@@ -151,6 +157,11 @@ def _declare(lib):
         "mlo_tensor_host_data": (P, [P]),
         "mlo_tensor_device_ptr": (P, [P]),
         "mlo_tensor_nbytes": (U64, [P]),
+        "mlo_tensor_block": (I, [P]),
+        "mlo_component_block_count": (Z, [P]),
+        "mlo_component_stream_info": (I, [P, ctypes.POINTER(StreamInfo)]),
+        "mlo_block_begin": (I, [P, Z]),
+        "mlo_block_end": (I, [P, Z]),
         "mlo_offload_enable": (I, [P, ctypes.POINTER(OffloadSettings)]),
         "mlo_offload_disable": (I, [P]),
         "mlo_offload_is_enabled": (B, [P]),

@@ -124,11 +124,13 @@ class _Entry:
     """One tensor of a component: where it sits in the module tree, its
     dtype and shape (`like`, on the meta device: no bytes of torch's are
     kept), and the address it was last bound to."""
-    __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like", "name", "ptr")
+    __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like", "name", "ptr",
+                 "qname")
 
     def __init__(self, owner, attr, is_param, handle, nbytes, like, name):
         self.owner, self.attr, self.is_param = owner, attr, is_param
         self.handle, self.nbytes, self.like, self.name = handle, nbytes, like, name
+        self.qname = name.split(".", 1)[1]
         self.ptr = None
 
     def current(self):
@@ -147,6 +149,8 @@ class _Managed:
         self.written_back = 0  # tensors written back to the slab (defect 27.1)
         self.hooks = []
         self.patched = {}
+        self.streams = False  # its blocks pass through device slots (block streaming)
+        self.blocks = {}  # block index -> (its module, its entries)
 
 
 def _resolve(module, qualified):
@@ -217,31 +221,39 @@ class Offload:
 
     # -- binding ----------------------------------------------------------
     def _entry_view(self, e, where):
-        """e's bytes in the slab ("host") or the device block ("device")."""
+        """e's bytes in the slab ("host") or the device block ("device").  A
+        streamed block's tensors have a device copy only between its
+        block_begin and block_end: outside, "device" is their slab."""
         ptr = Component.host_data(e.handle) if where == "host" else \
             Component.device_ptr(e.handle)
+        if where == "device" and not ptr and e.nbytes:
+            where, ptr = "host", Component.host_data(e.handle)
         if where == "device" and self.caps["device_pointers"] and not self.caps[
                 "host_addressable"]:
             return _cuda_view(ptr, e.like, e.nbytes, self.pipeline)
         return _view(ptr, e.like, e.nbytes, self.pipeline)
 
+    def _bind_entry(self, e, where):
+        view = self._entry_view(e, where)
+        if e.is_param:
+            getattr(e.owner, e.attr).data = view
+        else:
+            e.owner._buffers[e.attr] = view
+        e.ptr = view.data_ptr() if view.numel() else None
+
     def _bind(self, m, where):
         for e in m.entries:
-            view = self._entry_view(e, where)
-            if e.is_param:
-                getattr(e.owner, e.attr).data = view
-            else:
-                e.owner._buffers[e.attr] = view
-            e.ptr = view.data_ptr() if view.numel() else None
+            self._bind_entry(e, where)
         m.bound = where
         m.bound_ptr = self._first_device_ptr(m) if where == "device" else None
         m.fingerprint = self._fingerprint(m) if where == "device" and self.check_writes else None
 
     # -- writes into the weights (defect 27.1) -----------------------------
-    def _block_view(self, m):
-        """m's whole device block as one int32 tensor (first tensor to the
-        end of the last), or None where it has no bytes."""
-        spans = [(Component.device_ptr(e.handle), e.nbytes) for e in m.entries if e.nbytes]
+    def _span_view(self, entries):
+        """The device bytes from the first of these entries to the end of the
+        last, as one int32 tensor; None where they have no device bytes."""
+        spans = [(Component.device_ptr(e.handle), e.nbytes) for e in entries if e.nbytes]
+        spans = [(p, n) for p, n in spans if p]
         if not spans:
             return None
         lo = min(p for p, _ in spans)
@@ -255,12 +267,21 @@ class Offload:
         return _view(lo, like, n * 4, self.pipeline)
 
     def _fingerprint(self, m):
-        """The 64-bit sum of m's device block's 32-bit words: one reduction
-        on the device, read back (a sync: it runs only where an eviction
+        """The 64-bit sums of m's device bytes' 32-bit words: one reduction
+        over its device block, or for a component that streams one per
+        resident piece (each is contiguous; the slots between them change
+        at every block), read back (a sync: it runs only where an eviction
         may follow).  A write that changes the bytes changes it, except one
-        that only permutes words."""
-        v = self._block_view(m)
-        return None if v is None else int(torch.sum(v, dtype=torch.int64))
+        that only permutes words.  A streamed block's bytes are not covered:
+        outside its forward its tensors are the slab itself."""
+        groups = [m.entries] if not m.streams else \
+            [[e for e in m.entries if Component.tensor_block(e.handle) == b]
+             for b in [-1, -2] + list(range(m.comp.block_count))]
+        sums = []
+        for g in groups:
+            v = self._span_view(g)
+            sums.append(None if v is None else int(torch.sum(v, dtype=torch.int64)))
+        return tuple(sums)
 
     def _write_back(self, m, entries, why):
         for e in entries:
@@ -375,6 +396,12 @@ class Offload:
         post = m.module.register_forward_hook(lambda mod, args, out: self.release(m),
                                               always_call=True)
         m.hooks += [pre, post]
+        for b, (module, entries) in m.blocks.items():  # a streamed component's blocks
+            m.hooks.append(module.register_forward_pre_hook(
+                lambda mod, args, b=b, entries=entries: self._block_begin(m, b, entries)))
+            m.hooks.append(module.register_forward_hook(
+                lambda mod, args, out, b=b, entries=entries: self._block_end(m, b, entries),
+                always_call=True))
         for method in ("decode", "encode"):  # their _decode/_encode run inside: one acquire
             fn = m.module.__dict__.get(method) or getattr(type(m.module), method, None)
             if fn is None or method in m.patched:
@@ -411,8 +438,52 @@ class Offload:
         self.enabled = True
         if policy == "budget":  # nothing declares the calls: learn them (docs/planner.md)
             self.pipeline.learn_schedule(True)
+        for m in self.managed:
+            self.plan_blocks(m)
         self.sync_bindings()
         self._originals = []  # torch's own copies go: the slabs hold the weights now
+
+    def plan_blocks(self, m):
+        """Where m streams (the budget policy keeps only some of its blocks
+        resident: docs/streaming.md), each block's module: the module its
+        tensors' names share (`blocks.3` for blocks.3.attn1...), hooked in
+        hook() to say where the forward is (a resident block's begin and
+        end cost libmlo nothing)."""
+        m.streams = m.comp.stream_info()["slots"] > 0
+        m.blocks = {}
+        if not m.streams:
+            return
+        by_block = {}
+        for e in m.entries:
+            b = Component.tensor_block(e.handle)
+            if b >= 0:
+                by_block.setdefault(b, []).append(e)
+        for b, entries in sorted(by_block.items()):
+            paths = [e.qname.split(".")[:-1] for e in entries]
+            common = paths[0]
+            for p in paths[1:]:
+                n = 0
+                while n < min(len(common), len(p)) and common[n] == p[n]:
+                    n += 1
+                common = common[:n]
+            module = m.module
+            for part in common:
+                module = getattr(module, part, None)
+            if not common or not isinstance(module, torch.nn.Module):
+                raise MloError(-8, "'%s' streams, but the tensors of its block %d (%s, ...) share "
+                               "no module to hook; give it a budget that holds it whole"
+                               % (m.name, b, entries[0].qname))
+            m.blocks[b] = (module, entries)
+
+    def _block_begin(self, m, b, entries):
+        m.comp.block_begin(b)
+        for e in entries:  # the block's slot, until its end
+            self._bind_entry(e, "device")
+
+    def _block_end(self, m, b, entries):
+        m.comp.block_end(b)
+        for e in entries:  # a streamed block's slot is reused after this: its slab again
+            self._bind_entry(e, "device")
 
     def __enter__(self):
         return self
@@ -669,6 +740,8 @@ def _reenable(pipe, backend):
     backend.enabled = True
     if policy == "budget":
         backend.pipeline.learn_schedule(True)
+    for m in backend.managed:
+        backend.plan_blocks(m)
     backend.sync_bindings()
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_enable_offload(backend)

@@ -26,15 +26,16 @@ def tokenizer(max_length):
                                    eos_token="</s>", model_max_length=max_length)
 
 
-def wan(seed=0, ffn_dim=32):
-    """ffn_dim sizes the DiTs: 32 is a few KiB each, 200000 about 51 MB."""
+def wan(seed=0, ffn_dim=32, num_layers=2):
+    """ffn_dim sizes the DiTs: 32 is a few KiB each, 200000 about 51 MB;
+    num_layers is their blocks."""
     torch.manual_seed(seed)
 
     def dit(s):
         torch.manual_seed(s)
         return WanTransformer3DModel(
             patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
-            out_channels=4, text_dim=16, freq_dim=16, ffn_dim=ffn_dim, num_layers=2,
+            out_channels=4, text_dim=16, freq_dim=16, ffn_dim=ffn_dim, num_layers=num_layers,
             rope_max_seq_len=32).eval()
 
     torch.manual_seed(seed + 3)
