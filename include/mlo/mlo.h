@@ -879,7 +879,8 @@ MLO_API int mlo_pipeline_get_schedule(mlo_pipeline *pipe, mlo_schedule_entry *ou
  * correctness.  A request whose first component runs again, apart, after a DiT (encoder, DiT,
  * encoder, DiT, VAE) is learned in pieces: declare such a schedule.  On (true) records afresh from
  * the next call; off (false) stops recording and keeps the schedule in force.  Recording is O(1)
- * per call; a request of more than 4096 runs is not learned. */
+ * per call; a request of more than 4096 runs stops learning (with a warning), as does running out
+ * of memory for the recording. */
 MLO_API int mlo_pipeline_learn_schedule(mlo_pipeline *pipe, bool learn);
 
 /* ------------------------------------------------------------------------

@@ -287,6 +287,11 @@ class Component:
         with self._use("resident"):
             return lib().mlo_component_is_resident(self._c)
 
+    def evict(self):
+        """Drops its device copy now (mlo_component_evict)."""
+        with self._use("evict") as pipe:
+            _check(lib().mlo_component_evict(self._c), "evict '%s'" % self.name, pipe)
+
     def acquire(self):
         with self._use("acquire") as pipe:
             _check(lib().mlo_component_acquire(self._c), "acquire '%s'" % self.name, pipe)
@@ -423,10 +428,11 @@ class Pipeline:
         with self._use("schedule") as p:
             n = ctypes.c_size_t()
             _check(lib().mlo_pipeline_get_schedule(p, None, 0, ctypes.byref(n)), "schedule", p)
-            arr = (_lib.ScheduleEntry * max(1, n.value))()
-            _check(lib().mlo_pipeline_get_schedule(p, arr, n.value, ctypes.byref(n)), "schedule",
-                   p)
-        return [(by_handle.get(arr[i].comp), arr[i].repeat) for i in range(n.value)]
+            cap = n.value
+            arr = (_lib.ScheduleEntry * max(1, cap))()
+            _check(lib().mlo_pipeline_get_schedule(p, arr, cap, ctypes.byref(n)), "schedule", p)
+        # another thread may have learned a longer one in between: what fit
+        return [(by_handle.get(arr[i].comp), arr[i].repeat) for i in range(min(cap, n.value))]
 
     def audit(self):
         with self._use("audit") as p:

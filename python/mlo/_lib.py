@@ -151,6 +151,7 @@ def _declare(lib):
         "mlo_component_bytes": (U64, [P]),
         "mlo_component_is_resident": (B, [P]),
         "mlo_component_acquire": (I, [P]),
+        "mlo_component_evict": (I, [P]),
         "mlo_component_release": (I, [P]),
         "mlo_component_get_stats": (I, [P, ctypes.POINTER(ComponentStats)]),
         "mlo_tensor_add": (I, [P, ctypes.POINTER(TensorDesc), ctypes.POINTER(P)]),

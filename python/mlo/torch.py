@@ -18,6 +18,7 @@ release; a VAE's decode/encode are wrapped the same way (C17).
 """
 import abc
 import ctypes
+import gc
 import warnings
 import weakref
 
@@ -145,7 +146,8 @@ class _Managed:
         self.entries = []
         self.bound = None  # "host", "device", or None (torch's own memory)
         self.bound_ptr = None
-        self.fingerprint = None  # of the device block, when bound there
+        self.reference = None  # the fingerprint of its slab (check_writes_now)
+        self.acquired_since_load = False  # its device copy waited for by an acquire
         self.written_back = 0  # tensors written back to the slab (defect 27.1)
         self.hooks = []
         self.patched = {}
@@ -241,96 +243,120 @@ class Offload:
             e.owner._buffers[e.attr] = view
         e.ptr = view.data_ptr() if view.numel() else None
 
-    def _bind(self, m, where):
+    def _bind(self, m, where, fresh=True):
         for e in m.entries:
             self._bind_entry(e, where)
         m.bound = where
         m.bound_ptr = self._first_device_ptr(m) if where == "device" else None
-        m.fingerprint = self._fingerprint(m) if where == "device" and self.check_writes else None
+        if fresh:  # a new load (or none): unchecked until its forward has waited for it
+            m.acquired_since_load = False
 
     # -- writes into the weights (defect 27.1) -----------------------------
-    def _span_view(self, entries):
-        """The device bytes from the first of these entries to the end of the
-        last, as one int32 tensor; None where they have no device bytes."""
-        spans = [(Component.device_ptr(e.handle), e.nbytes) for e in entries if e.nbytes]
-        spans = [(p, n) for p, n in spans if p]
-        if not spans:
+    def _span_sum(self, entries, where):
+        """The 64-bit sum of the 32-bit words from the first of these
+        entries to the end of the last, in the slab ("host") or on the
+        device: one reduction, read back.  None where one of them has no
+        device copy (a streamed block outside its forward)."""
+        ptr_of = Component.host_data if where == "host" else Component.device_ptr
+        spans = [(ptr_of(e.handle), e.nbytes) for e in entries if e.nbytes]
+        if not spans or any(not p for p, _ in spans):
             return None
         lo = min(p for p, _ in spans)
-        hi = max(p + n for p, n in spans)
-        n = (hi - lo) // 4
-        if n == 0:
-            return None
+        n = (max(p + k for p, k in spans) - lo + 3) // 4  # blocks are 256-byte aligned
         like = torch.empty((n,), dtype=torch.int32, device="meta")
-        if self.caps["device_pointers"] and not self.caps["host_addressable"]:
-            return _cuda_view(lo, like, n * 4, self.pipeline)
-        return _view(lo, like, n * 4, self.pipeline)
+        if where == "device" and self.caps["device_pointers"] and \
+                not self.caps["host_addressable"]:
+            v = _cuda_view(lo, like, n * 4, self.pipeline)
+        else:
+            v = _view(lo, like, n * 4, self.pipeline)
+        return int(torch.sum(v, dtype=torch.int64))
 
-    def _fingerprint(self, m):
-        """The 64-bit sums of m's device bytes' 32-bit words: one reduction
-        over its device block, or for a component that streams one per
-        resident piece (each is contiguous; the slots between them change
-        at every block), read back (a sync: it runs only where an eviction
-        may follow).  A write that changes the bytes changes it, except one
-        that only permutes words.  A streamed block's bytes are not covered:
-        outside its forward its tensors are the slab itself."""
-        groups = [m.entries] if not m.streams else \
-            [[e for e in m.entries if Component.tensor_block(e.handle) == b]
-             for b in [-1, -2] + list(range(m.comp.block_count))]
-        sums = []
-        for g in groups:
-            v = self._span_view(g)
-            sums.append(None if v is None else int(torch.sum(v, dtype=torch.int64)))
-        return tuple(sums)
+    def _sums(self, m, where):
+        """m's fingerprint: one sum over its bytes, or for a component that
+        streams one per piece (prologue, epilogue, each block: each is
+        contiguous, the same in the slab and on the device; the slots
+        between resident pieces change at every block)."""
+        if not m.streams:
+            return (self._span_sum(m.entries, where),)
+        groups = {}
+        for e in m.entries:
+            groups.setdefault(Component.tensor_block(e.handle), []).append(e)
+        return tuple(self._span_sum(g, where) for _, g in sorted(groups.items()))
 
-    def _write_back(self, m, entries, why):
-        for e in entries:
-            if e.nbytes:
-                self._entry_view(e, "host").copy_(self._entry_view(e, "device"))
-        m.written_back += len(entries)
-        warnings.warn("mlo: %s: %d tensor(s) of '%s' were written in place on the device; "
-                      "written back to its host slab so no later load loses them"
-                      % (why, len(entries), m.name), stacklevel=4)
+    def _take_reference(self, m):
+        """The fingerprint of m's slab: what a load puts on the device.  A
+        check compares a loaded component's device bytes with it, so a
+        write made on the device at any time after the load is seen.  A
+        write into the slab itself (while m is not resident) leaves it
+        stale: the next check writes back bytes that are already there."""
+        m.reference = self._sums(m, "host") if self.check_writes else None
 
     def check_writes_now(self, skip=None):
         """Every write into a component's weights reaches its slab before
         libmlo may evict or reload it: a tensor that was replaced (p.data =
         x, a safe LoRA fuse) has its values copied into mlo's memory and is
-        bound again; a device block whose fingerprint changed (p.data.add_(),
-        load_state_dict, an unsafe fuse) is written back.  A replacement of
-        another dtype or shape is refused (MloError): mlo cannot keep it."""
+        bound again; a loaded component whose device bytes no longer match
+        its slab's fingerprint (p.data.add_(), load_state_dict, an unsafe
+        fuse) is written back.  A replacement of another dtype or shape is
+        refused (MloError): mlo cannot keep it.
+
+        Device bytes are read only for a component whose forward has run
+        since its load (the acquire ordered the compute stream after the
+        copy, C8): a prefetch still in flight is never read, nor waited
+        for.  A write into a component made between its prefetch and its
+        first forward is caught at that forward's next check."""
         for m in self.managed:
             if m.bound is None:
                 continue
-            replaced = []
-            for e in m.entries:
-                cur = e.current()
-                if cur is None or not e.nbytes or cur.data_ptr() == e.ptr:
-                    continue
-                if cur.dtype != e.like.dtype or tuple(cur.shape) != tuple(e.like.shape):
-                    raise MloError(-1, "%s was replaced by a %s %s tensor while offloaded (it is "
-                                   "%s %s): mlo cannot keep it; call disable_model_offload and "
-                                   "enable again" % (e.name, cur.dtype, tuple(cur.shape),
-                                                     e.like.dtype, tuple(e.like.shape)))
-                replaced.append((e, cur))
-            for e, cur in replaced:
-                with torch.no_grad():
-                    self._entry_view(e, "host").copy_(cur)
-                    if m.bound == "device":
-                        self._entry_view(e, "device").copy_(cur)
-            if replaced:
-                self._bind(m, m.bound)
-                m.written_back += len(replaced)
-                warnings.warn("mlo: %d tensor(s) of '%s' were replaced (%s…); their values are "
-                              "now in mlo's memory" % (len(replaced), m.name,
-                                                       replaced[0][0].name), stacklevel=3)
-            if m is skip or m.bound != "device" or m.fingerprint is None:
+            self._check_replaced(m)
+            if m is skip or m.bound != "device" or not m.acquired_since_load or \
+                    m.reference is None:
                 continue
-            now = self._fingerprint(m)
-            if now != m.fingerprint:
+            now = self._sums(m, "device")
+            if any(d is not None and d != r for d, r in zip(now, m.reference)):
                 with torch.no_grad():
-                    self._write_back(m, m.entries, "a write into the weights")
-                m.fingerprint = now
+                    loaded = [e for e in m.entries if e.nbytes and Component.device_ptr(e.handle)]
+                    for e in loaded:
+                        self._entry_view(e, "host").copy_(self._entry_view(e, "device"))
+                m.written_back += len(loaded)
+                m.reference = tuple(r if d is None else d for d, r in zip(now, m.reference))
+                warnings.warn("mlo: the weights of '%s' were written on the device; %d tensor(s) "
+                              "written back to its host slab so no later load loses them"
+                              % (m.name, len(loaded)), stacklevel=3)
+
+    def _check_replaced(self, m):
+        replaced = []
+        for e in m.entries:
+            cur = e.current()
+            if cur is None or not e.nbytes or cur.data_ptr() == e.ptr:
+                continue
+            if cur.dtype != e.like.dtype or tuple(cur.shape) != tuple(e.like.shape):
+                raise MloError(-1, "%s was replaced by a %s %s tensor while offloaded (it is %s "
+                               "%s): mlo cannot keep it; call disable_model_offload and enable "
+                               "again (diffusers' VAE upcast, force_upcast, does this: run the "
+                               "VAE in float32 or set vae.config.force_upcast = False)"
+                               % (e.name, cur.dtype, tuple(cur.shape), e.like.dtype,
+                                  tuple(e.like.shape)))
+            replaced.append((e, cur))
+        if not replaced:
+            return
+        ordered = m.bound == "device" and m.acquired_since_load
+        with torch.no_grad():
+            for e, cur in replaced:
+                self._entry_view(e, "host").copy_(cur)
+                if ordered:
+                    self._entry_view(e, "device").copy_(cur)
+        if m.bound == "device" and not ordered:
+            # loaded, perhaps still loading, and never waited for: the device
+            # copy is older than the slab now; drop it, the next use reloads
+            m.comp.evict()
+            self._bind(m, "host")
+        else:
+            self._bind(m, m.bound, fresh=False)
+        self._take_reference(m)
+        m.written_back += len(replaced)
+        warnings.warn("mlo: %d tensor(s) of '%s' were replaced (%s…); their values are now in "
+                      "mlo's memory" % (len(replaced), m.name, replaced[0][0].name), stacklevel=4)
 
     def _first_device_ptr(self, m):
         for e in m.entries:
@@ -356,6 +382,7 @@ class Offload:
             self.check_writes_now(skip=m if m.bound == "device" else None)
         m.comp.acquire()
         self.sync_bindings()
+        m.acquired_since_load = True  # the compute stream waits for its load (C8)
 
     def release(self, m):
         # the budget policy prefetches at a release, which may evict
@@ -440,6 +467,7 @@ class Offload:
             self.pipeline.learn_schedule(True)
         for m in self.managed:
             self.plan_blocks(m)
+            self._take_reference(m)
         self.sync_bindings()
         self._originals = []  # torch's own copies go: the slabs hold the weights now
 
@@ -505,8 +533,12 @@ class Offload:
         are freed.  Idempotent; the Offload is unusable afterwards."""
         if self.closed:
             return
+        pipe = self.pipe_ref() if self.pipe_ref is not None else None
         if self.enabled:
-            self.check_writes_now()
+            if pipe is not None and getattr(pipe, "_mlo_offload", None) is self:
+                disable_model_offload(pipe)  # hooks, guards, and every write checked
+            else:
+                self.settle_and_check()
         for m in self.managed:
             self.unhook(m)
             for e in m.entries:
@@ -520,9 +552,26 @@ class Offload:
                     e.owner._buffers[e.attr] = own
             m.bound = None
         self.managed, self.owner_of, self.enabled = [], {}, False
-        self.pipeline.free()  # later calls on it raise MloError
-        self.platform.close()
+        _unguard_pipeline(self)
+        if pipe is not None and getattr(pipe, "_mlo_offload", None) is self:
+            del pipe._mlo_offload
+        # No explicit free: a view of libmlo's memory taken before (a
+        # state_dict, a .data) keeps its pipeline, and the finalizers free
+        # it when the last one goes.  Pipeline and Components form a cycle:
+        # collect it now, so with no such view the memory goes at once.
+        self.pipeline = self.platform = None
         self.closed = True
+        gc.collect()
+
+    def settle_and_check(self):
+        """Waits for every copy in flight (a sync point: disable, close), so
+        every loaded component's device bytes can be read, then checks them
+        all for writes."""
+        self.platform.synchronize()
+        for m in self.managed:
+            if m.bound == "device":
+                m.acquired_since_load = True
+        self.check_writes_now()
 
     def restore(self):
         """After a failed enable: every module back on torch's own tensors."""
@@ -580,13 +629,18 @@ def _platform_spec(device):
         raise ValueError("device: %r is neither a str nor a torch.device" % (device,))
     if device == "cpu":
         return "host"
-    if device.startswith("cuda") and "stream=" not in device:
-        # compute is torch's current stream: loads are ordered against it (C8)
-        index = device.split(":")[1] if ":" in device else str(torch.cuda.current_device())
-        if not index.isdigit():
-            raise ValueError("device %r: expected cuda or cuda:N" % device)
+    parts = device.split(":", 2)
+    if parts[0] == "cuda" and "stream=" not in device:
+        # compute is torch's current stream: loads are ordered against it
+        # (C8); the spec's other options (capacity=, ...) are kept
+        if len(parts) > 1 and parts[1].isdigit():
+            index, opts = parts[1], parts[2] if len(parts) > 2 else ""
+        elif len(parts) > 1 and "=" not in parts[1]:
+            raise ValueError("device %r: expected cuda, cuda:N or cuda[:N]:options" % device)
+        else:
+            index, opts = str(torch.cuda.current_device()), ":".join(parts[1:])
         stream = torch.cuda.current_stream(int(index)).cuda_stream
-        return "cuda:%s:stream=%d" % (index, stream)
+        return "cuda:%s:%sstream=%d" % (index, opts + "," if opts else "", stream)
     return device
 
 
@@ -671,6 +725,8 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     Returns the backend (pipe._mlo_offload)."""
     current = getattr(pipe, "_mlo_offload", None)
     args = (device, policy, budget, reserve, prefetch)
+    if current is not None and current.closed:
+        current = None
     if current is not None:
         if current.settings != args:
             raise MloError(-13, "offload is already enabled with other settings")
@@ -736,12 +792,15 @@ def _unguard_pipeline(backend):
 
 def _reenable(pipe, backend):
     device, policy, budget, reserve, prefetch = backend.settings
+    if backend.check_writes:  # writes made while disabled, before enable may evict
+        backend.settle_and_check()
     backend.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
     backend.enabled = True
     if policy == "budget":
         backend.pipeline.learn_schedule(True)
     for m in backend.managed:
         backend.plan_blocks(m)
+        backend._take_reference(m)
     backend.sync_bindings()
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_enable_offload(backend)
@@ -761,7 +820,7 @@ def disable_model_offload(pipe):
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_disable_offload(backend)
     if backend.check_writes:
-        backend.check_writes_now()
+        backend.settle_and_check()
     for m in backend.managed:
         backend.unhook(m)
     _unguard_pipeline(backend)
@@ -775,8 +834,5 @@ def close_model_offload(pipe):
     pipeline and platform are freed at once.  The pipeline then runs as
     plain torch; enable_model_offload may be called again.  Idempotent."""
     backend = getattr(pipe, "_mlo_offload", None)
-    if backend is None:
-        return
-    disable_model_offload(pipe)
-    backend.close()
-    del pipe._mlo_offload
+    if backend is not None:
+        backend.close()

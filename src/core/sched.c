@@ -95,19 +95,30 @@ void mlo_sched_free(mlo_pipeline *pipe) {
   pipe->nrec = pipe->reccap = 0;
 }
 
+/* Learning ends (the schedule in force stays): a recording restarted
+ * mid-request would learn a piece of one as if it were a request. */
+static void stop_learning(mlo_pipeline *pipe, const char *why) {
+  mlo_logf(MLO_LOG_WARN, "schedule learning stopped: %s; the schedule in force stays", why);
+  pipe->learning = false;
+  pipe->nrec = 0;
+}
+
 /* Appends one call of c to the recording (a run of its own, or one more of
- * the last).  A recording past LEARN_MAX_RUNS starts again at this call. */
+ * the last). */
 static void record_call(mlo_pipeline *pipe, mlo_component *c) {
   if (pipe->nrec && pipe->rec[pipe->nrec - 1].comp == c) {
     pipe->rec[pipe->nrec - 1].repeat++;
     return;
   }
-  if (pipe->nrec == LEARN_MAX_RUNS) pipe->nrec = 0;
+  if (pipe->nrec == LEARN_MAX_RUNS) {
+    stop_learning(pipe, "a request of more than 4096 runs (declare its schedule)");
+    return;
+  }
   if (pipe->nrec == pipe->reccap) {
     size_t cap = pipe->reccap ? 2 * pipe->reccap : 16;
     struct mlo_sched_run *r = realloc(pipe->rec, cap * sizeof *r);
-    if (!r) { /* nothing learned this request; the calls are served as ever */
-      pipe->nrec = 0;
+    if (!r) { /* the calls are served as ever, unprefetched */
+      stop_learning(pipe, "out of host memory for the recording");
       return;
     }
     pipe->rec = r;

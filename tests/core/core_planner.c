@@ -536,6 +536,13 @@ static void test_learn_request_ends(void **state) {
   assert_int_equal(mlo_pipeline_get_schedule(f.tp->pipe, NULL, 1, &n), MLO_EINVAL);
   assert_int_equal(mlo_pipeline_get_schedule(f.tp->pipe, e, 4, NULL), MLO_EINVAL);
   assert_int_equal(mlo_pipeline_learn_schedule(NULL, true), MLO_EINVAL);
+  /* a request of more than 4096 runs stops learning rather than learn a
+   * piece of it: P ends nothing afterwards, and the schedule stays */
+  assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, true));
+  run(&f, "P");
+  for (int i = 0; i < 2100; i++) run(&f, "QR");
+  run(&f, "PQRS");
+  expect_schedule(&f, "S1 P1 Q2 R1");
   teardown(&f);
 }
 
