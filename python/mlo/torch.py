@@ -171,7 +171,13 @@ class Offload:
     def __init__(self, device, policy, budget, reserve, prefetch, check_writes=True):
         self.settings = (device, policy, budget, reserve, prefetch)
         self.check_writes = check_writes
-        self.platform = Platform(_platform_spec(device))
+        spec = _platform_spec(device)
+        self.platform = Platform(spec)
+        # the stream compute is ordered on (C8): torch's current one at enable
+        self.cuda_stream = None
+        if spec.startswith("cuda:") and "stream=" in spec:
+            self.cuda_stream = (int(spec.split(":")[1]),
+                                int(spec.split("stream=")[1].split(",")[0], 0))
         self.caps = self.platform.caps()
         self.device_type = "cuda" if self.platform.name == "cuda" else "cpu"
         self.pipeline = Pipeline(self.platform)
@@ -375,7 +381,21 @@ class Offload:
                 self._bind(m, "host")
 
     # -- entry points -------------------------------------------------------
+    def _check_stream(self):
+        """The loads are ordered against the stream given at enable; a forward
+        launched on another (`with torch.cuda.stream(s):`) would not wait for
+        them.  Refused, never run unordered (issue 25.1)."""
+        index, handle = self.cuda_stream
+        now = torch.cuda.current_stream(index).cuda_stream
+        if now != handle:
+            raise MloError(-5, "torch's current stream on cuda:%d is 0x%x, but offload was enabled "
+                           "on stream 0x%x: loads are ordered against that one only; run the "
+                           "pipeline on the stream it was enabled on, or enable inside the same "
+                           "`with torch.cuda.stream(...)`" % (index, now, handle))
+
     def acquire(self, m):
+        if self.cuda_stream is not None:
+            self._check_stream()
         if self.check_writes:
             # an acquire may evict others (a switch; the budget policy's
             # prefetch); m itself only when it is not resident

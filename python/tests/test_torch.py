@@ -409,6 +409,28 @@ class WritesTests(unittest.TestCase):
             with self.assertRaises((ValueError, mlo.MloError), msg=repr(bad)):
                 mlo.torch.enable_model_offload(tiny.wan(), device=bad)
 
+    def test_a_switched_cuda_stream_is_refused(self):
+        # The logic only (no GPU here): a backend enabled on stream 0x1234
+        # asked to run while torch's current stream is another.
+        pipe = tiny.wan()
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        b.cuda_stream = (0, 0x1234)
+
+        class Stream:
+            def __init__(self, handle):
+                self.cuda_stream = handle
+
+        real = torch.cuda.current_stream
+        try:
+            torch.cuda.current_stream = lambda index=None: Stream(0)  # noqa: E731
+            with self.assertRaisesRegex(mlo.MloError, "is 0x0, but offload was enabled on "
+                                        "stream 0x1234"):
+                tiny.run_wan(pipe)
+            torch.cuda.current_stream = lambda index=None: Stream(0x1234)  # noqa: E731
+            tiny.run_wan(pipe)
+        finally:
+            torch.cuda.current_stream = real
+
     def test_other_offload_hooks_are_refused(self):
         pipe = tiny.wan()
         pipe.transformer.enable_group_offload(onload_device=torch.device("cpu"),

@@ -646,7 +646,7 @@ static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char
   c->chunk = (size_t)opt.chunk;
   c->capacity = opt.capacity;
   c->compute = (cudaStream_t)opt.stream;
-  c->compute_external = opt.stream != 0;
+  c->compute_external = opt.stream_given; /* 0: the legacy default stream */
   /* The environment is a kill switch: it wins over pinned=1. */
   c->pinned = opt.pinned != 0 && !mlo_env_flag("MLO_NO_PINNED");
   rc = cu_create_streams(c, err, errlen);

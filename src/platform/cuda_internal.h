@@ -22,7 +22,8 @@ struct cuda_options {
   int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
   uint64_t chunk;    /* bytes per cudaMemcpyAsync */
   uint64_t capacity; /* 0: the whole device */
-  uintptr_t stream;  /* stream=: the caller's compute stream (not ours to destroy); 0: ours */
+  uintptr_t stream;  /* stream=: the caller's compute stream (not ours to destroy) */
+  bool stream_given; /* stream= was given: 0 is then the legacy default stream */
 };
 
 struct cuda_ctx {

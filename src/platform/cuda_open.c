@@ -41,17 +41,20 @@ static int cu_option(const char *key, const char *value, void *user, char *err, 
   }
   if (!strcmp(key, "stream")) {
     /* A framework's stream (torch.cuda.current_stream().cuda_stream), so
-     * compute waits for loads on the stream the framework launches on. */
+     * compute waits for loads on the stream the framework launches on.  0
+     * is the legacy default stream: torch's default stream's handle. */
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(value, &end, 0);
-    if (!value[0] || *end || errno || !v) {
+    if (!value[0] || *end || errno || value[0] == '-') {
       snprintf(err, errlen,
-               "cuda platform option stream=%s: expected a cudaStream_t handle such as 0x5555",
+               "cuda platform option stream=%s: expected a cudaStream_t handle such as 0x5555 "
+               "(0: the legacy default stream)",
                value);
       return MLO_EINVAL;
     }
     o->stream = (uintptr_t)v;
+    o->stream_given = true;
     return MLO_OK;
   }
   snprintf(err, errlen,

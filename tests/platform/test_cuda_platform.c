@@ -40,7 +40,8 @@ static void test_bad_specs(void **state) {
       {"cuda:0:pinned=2", "pinned"},        {"cuda:0:chunk=12", "chunk"},
       {"cuda:0:chunk=lots", "chunk"},       {"cuda:0:pinned", "pinned"},
       {"cuda:0:capacity=lots", "capacity"}, {"cuda:0:capacity=0", "capacity"},
-      {"cuda:0:stream=0", "stream"},        {"cuda:0:stream=fast", "stream"},
+      {"cuda:0:stream=-1", "stream"},       {"cuda:0:stream=fast", "stream"},
+      {"cuda:0:stream=", "stream"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlo_platform *p = (mlo_platform *)&p; /* must come back NULL */
@@ -56,8 +57,12 @@ static void test_bad_specs(void **state) {
 /* Valid specs either open or say clearly that no device is there. */
 static void test_valid_specs(void **state) {
   (void)state;
-  const char *specs[] = {"cuda", "cuda:0", "cuda:0:pinned=0,chunk=8M", "cuda:pinned=1",
-                         "cuda:0:capacity=24G"};
+  const char *specs[] = {"cuda",
+                         "cuda:0",
+                         "cuda:0:pinned=0,chunk=8M",
+                         "cuda:pinned=1",
+                         "cuda:0:capacity=24G", /* torch's default stream's handle */
+                         "cuda:0:stream=0"};
   for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
     mlo_platform *p = NULL;
     char err[256] = "";
