@@ -305,6 +305,22 @@ typedef struct {
 MLO_API int mlo_platform_get_memory(mlo_platform *platform, mlo_platform_memory *mem);
 /* Resets peak_bytes to the current used_bytes. */
 MLO_API void mlo_platform_reset_peak(mlo_platform *platform);
+/* Device memory another allocator in the process keeps cached but unused
+ * (a framework's caching allocator: PyTorch's reserved, unallocated
+ * blocks, which the device counts as used).  With one set, a device
+ * allocation that fails for want of memory calls reclaim() (torch:
+ * empty_cache) and is tried once more, and mlo_platform_get_memory counts
+ * cached_bytes() as free, so the budget policy's default budget includes
+ * it.  Either function may be NULL; NULL cache removes them.  They are
+ * called on the thread that allocates (an acquire, a prefetch, enable)
+ * with libmlo's locks held, so they may call nothing of libmlo's. */
+typedef struct {
+  void (*reclaim)(void *user);
+  uint64_t (*cached_bytes)(void *user);
+  void *user;
+} mlo_framework_cache;
+MLO_API void mlo_platform_set_framework_cache(mlo_platform *platform,
+                                              const mlo_framework_cache *cache);
 /* The native compute queue the library orders its loads against: a
  * cudaStream_t for CUDA, a cl_command_queue for OpenCL, NULL for host (host
  * compute runs on the calling thread). */

@@ -171,6 +171,31 @@ class Platform:
     def synchronize(self):
         _check(lib().mlo_platform_synchronize(self._handle("synchronize")), "synchronize")
 
+    def set_framework_cache(self, reclaim=None, cached_bytes=None):
+        """Device memory another allocator holds cached but unused (torch's
+        caching allocator): reclaim() is called when an allocation fails,
+        which is then tried again, and cached_bytes() counts as free memory
+        (mlo_platform_set_framework_cache).  Both None: removed.  They run
+        with libmlo's locks held: they must not call mlo."""
+        def safe(fn, default):
+            def call(_user):
+                try:
+                    return fn()
+                except Exception:  # an exception cannot cross into C
+                    return default
+            return call
+        if reclaim is None and cached_bytes is None:
+            lib().mlo_platform_set_framework_cache(self._handle("set_framework_cache"), None)
+            self._framework_cache = None
+            return
+        c = _lib.FrameworkCache()
+        c.reclaim = _lib.RECLAIM_FN(safe(reclaim, None)) if reclaim else _lib.RECLAIM_FN()
+        c.cached_bytes = _lib.CACHED_FN(safe(lambda: max(0, int(cached_bytes())), 0)) \
+            if cached_bytes else _lib.CACHED_FN()
+        self._framework_cache = c  # the C side keeps pointers to these callbacks
+        lib().mlo_platform_set_framework_cache(self._handle("set_framework_cache"),
+                                               ctypes.byref(c))
+
     def close(self):
         """Frees the pipelines still open on it (they must go first), then
         the platform.  Later calls on either raise MloError (MLO_ESTATE)."""

@@ -78,6 +78,14 @@ class StreamInfo(ctypes.Structure):
         (n, ctypes.c_uint64) for n in ("slot_bytes", "device_bytes", "streamed_bytes")]
 
 
+RECLAIM_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+CACHED_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p)
+
+
+class FrameworkCache(ctypes.Structure):
+    _fields_ = [("reclaim", RECLAIM_FN), ("cached_bytes", CACHED_FN), ("user", ctypes.c_void_p)]
+
+
 class ScheduleEntry(ctypes.Structure):
     _fields_ = [("comp", ctypes.c_void_p), ("repeat", ctypes.c_uint32)]
 
@@ -132,6 +140,7 @@ def _declare(lib):
         "mlo_platform_get_caps": (None, [P, ctypes.POINTER(PlatformCaps)]),
         "mlo_platform_get_memory": (I, [P, ctypes.POINTER(PlatformMemory)]),
         "mlo_platform_synchronize": (I, [P]),
+        "mlo_platform_set_framework_cache": (None, [P, ctypes.POINTER(FrameworkCache)]),
         "mlo_pipeline_create": (I, [ctypes.POINTER(PipelineOptions), ctypes.POINTER(P)]),
         "mlo_pipeline_free": (None, [P]),
         "mlo_pipeline_errmsg": (C, [P]),

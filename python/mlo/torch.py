@@ -178,6 +178,14 @@ class Offload:
         if spec.startswith("cuda:") and "stream=" in spec:
             self.cuda_stream = (int(spec.split(":")[1]),
                                 int(spec.split("stream=")[1].split(",")[0], 0))
+        if self.platform.name == "cuda":
+            # torch's caching allocator holds freed blocks as reserved: mlo
+            # counts them free and asks for them before an allocation fails
+            index = self.cuda_stream[0] if self.cuda_stream else torch.cuda.current_device()
+            self.platform.set_framework_cache(
+                reclaim=torch.cuda.empty_cache,
+                cached_bytes=lambda: torch.cuda.memory_reserved(index) -
+                torch.cuda.memory_allocated(index))
         self.caps = self.platform.caps()
         self.device_type = "cuda" if self.platform.name == "cuda" else "cpu"
         self.pipeline = Pipeline(self.platform)

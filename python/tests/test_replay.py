@@ -104,6 +104,45 @@ class BindingTests(unittest.TestCase):
         pipe.free()
 
 
+    def test_framework_cache_is_asked_back(self):
+        # another pipeline on the device stands in for torch's caching
+        # allocator: its resident encoder is the cache, evicted on request
+        plat = mlo.Platform("host:capacity=150K")
+        keep = []
+
+        def pipeline(enc_floats, dit_floats):
+            pipe = mlo.Pipeline(plat)
+            comps = {}
+            for name, role, n in (("text_encoder", "encoder", enc_floats),
+                                  ("transformer", "dit", dit_floats)):
+                buf = (ctypes.c_float * n)()
+                keep.append(buf)
+                comps[name] = pipe.add_component(name, role)
+                comps[name].add_tensor("w", "F32", [n], ctypes.addressof(buf))
+            pipe.enable()  # the encoder resident (C2)
+            return pipe, comps
+
+        torch_like, cache = pipeline(30000, 1)
+        torch_like.disable()  # hooks off, the encoder stays: evict() is allowed
+        pipe, comps = pipeline(1000, 30000)
+        with self.assertRaises(mlo.MloError) as e:
+            comps["transformer"].acquire()
+        self.assertEqual(e.exception.name, "MLO_ENOMEM_DEVICE")
+        free = plat.memory()["free_bytes"]
+        calls = []
+        plat.set_framework_cache(
+            reclaim=lambda: (calls.append(1), cache["text_encoder"].evict()),
+            cached_bytes=lambda: cache["text_encoder"].bytes if cache["text_encoder"].resident
+            else 0)
+        self.assertEqual(plat.memory()["free_bytes"], free + cache["text_encoder"].bytes)
+        with comps["transformer"]:
+            pass
+        self.assertEqual(calls, [1])
+        self.assertFalse(cache["text_encoder"].resident)
+        plat.set_framework_cache()
+        plat.close()
+
+
 class MisuseTests(unittest.TestCase):
     """The binding never lets Python reach freed C state (a freed pipeline's
     objects raise MloError MLO_ESTATE; a platform closes its pipelines

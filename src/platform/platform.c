@@ -214,17 +214,28 @@ int mlo_platform_get_memory(mlo_platform *p, mlo_platform_memory *mem) {
   int rc = p->ops->get_memory(p->ctx, &total, &free_bytes);
   if (rc) return rc;
   pthread_mutex_lock(p->acct_lock);
+  mlo_framework_cache fw = p->fw;
   mem->total_bytes = total;
-  mem->free_bytes = free_bytes;
   mem->used_bytes = p->used_bytes;
   mem->peak_bytes = p->peak_bytes;
   pthread_mutex_unlock(p->acct_lock);
+  /* what another allocator holds cached is free for us: it gives it back
+   * when an allocation needs it (mlo_plat_dev_alloc) */
+  uint64_t cached = fw.cached_bytes ? fw.cached_bytes(fw.user) : 0;
+  mem->free_bytes = cached > total - free_bytes ? total : free_bytes + cached;
   mem->reserved_peak_bytes = mem->peak_bytes;
   uint64_t reserved = 0;
   if (p->ops->reserved_peak && p->ops->reserved_peak(p->ctx, &reserved) == MLO_OK &&
       reserved > mem->reserved_peak_bytes)
     mem->reserved_peak_bytes = reserved;
   return MLO_OK;
+}
+
+void mlo_platform_set_framework_cache(mlo_platform *p, const mlo_framework_cache *cache) {
+  if (!p) return;
+  pthread_mutex_lock(p->acct_lock);
+  p->fw = cache ? *cache : (mlo_framework_cache){0};
+  pthread_mutex_unlock(p->acct_lock);
 }
 
 void mlo_platform_reset_peak(mlo_platform *p) {
@@ -264,6 +275,15 @@ int mlo_platform_synchronize(mlo_platform *p) {
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
   count_call(p);
   int rc = p->ops->dev_alloc(p->ctx, bytes, block);
+  if (rc == MLO_ENOMEM_DEVICE) { /* another allocator's cache may hold what is missing */
+    pthread_mutex_lock(p->acct_lock);
+    mlo_framework_cache fw = p->fw;
+    pthread_mutex_unlock(p->acct_lock);
+    if (fw.reclaim) {
+      fw.reclaim(fw.user);
+      rc = p->ops->dev_alloc(p->ctx, bytes, block);
+    }
+  }
   if (rc) return rc;
   pthread_mutex_lock(p->acct_lock);
   p->used_bytes += bytes;

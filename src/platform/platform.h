@@ -123,7 +123,8 @@ struct mlo_platform {
   /* Accounting done by the wrappers, not by each platform. */
   void *acct_lock; /* pthread_mutex_t*, opaque here to keep headers light */
   uint64_t used_bytes, peak_bytes;
-  uint64_t calls; /* every wrapper call: C13 counts these */
+  uint64_t calls;         /* every wrapper call: C13 counts these */
+  mlo_framework_cache fw; /* another allocator's cache (mlo_platform_set_framework_cache) */
 };
 
 /* Constructors of the platforms built into libmlo (cuda and opencl are

@@ -2,7 +2,8 @@
  * core_oom_rollback — out of device memory during a load rolls the
  * component back to the host, leaves the rest as it was and returns
  * MLO_ENOMEM_DEVICE with a message that says what did not fit (docs/reliability.md);
- * once memory is freed the same call succeeds.
+ * once memory is freed the same call succeeds; memory another allocator
+ * holds cached is asked back before an allocation fails.
  */
 #include "testutil.h"
 
@@ -83,10 +84,70 @@ static void test_dit_larger_than_device(void **state) {
   mlo_platform_close(plat);
 }
 
+/* Another allocator's cache (mlo_platform_set_framework_cache): a second
+ * pipeline on the same device stands in for PyTorch's caching allocator,
+ * its 64 KiB component what torch holds reserved but unallocated. */
+typedef struct {
+  mlo_component *held;
+  int reclaims;
+} framework;
+
+static void fw_reclaim(void *user) {
+  framework *fw = user;
+  fw->reclaims++;
+  if (mlo_component_is_resident(fw->held)) assert_ok(mlo_component_evict(fw->held));
+}
+
+static uint64_t fw_cached(void *user) {
+  framework *fw = user;
+  return mlo_component_is_resident(fw->held) ? mlo_component_bytes(fw->held) : 0;
+}
+
+/* The DiT does not fit beside the framework's cache: with the cache
+ * declared, the failed allocation asks for it back and succeeds, and the
+ * cache counts as free memory (the budget policy's default budget). */
+static void test_framework_cache_given_back(void **state) {
+  (void)state;
+  for (int declared = 0; declared < 2; declared++) {
+    mlo_platform *plat = tu_platform_open("capacity=160K");
+    tu_pipe *tp = tu_pipe_build(plat, specs, 3);
+    tu_pipe *torch_like = tu_pipe_build(plat, specs + 3, 1);
+    framework fw = {tu_comp(torch_like, "controlnet"), 0};
+    assert_ok(mlo_component_load(fw.held));
+    mlo_platform_memory before, after;
+    assert_ok(mlo_platform_get_memory(plat, &before));
+    if (declared) {
+      mlo_framework_cache cache = {fw_reclaim, fw_cached, &fw};
+      mlo_platform_set_framework_cache(plat, &cache);
+    }
+    assert_ok(mlo_platform_get_memory(plat, &after));
+    assert_int_equal(after.free_bytes, before.free_bytes + (declared ? 65536 : 0));
+    assert_ok(mlo_offload_enable(tp->pipe, NULL));
+    mlo_component *dit = tu_comp(tp, "transformer");
+    if (!declared) {
+      assert_status(tu_forward(tp, dit), MLO_ENOMEM_DEVICE);
+      assert_true(mlo_component_is_resident(fw.held));
+    } else {
+      assert_ok(tu_forward(tp, dit));
+      assert_int_equal(fw.reclaims, 1);
+      assert_false(mlo_component_is_resident(fw.held));
+      assert_ok(mlo_platform_get_memory(plat, &after)); /* nothing cached now */
+      assert_int_equal(after.free_bytes, after.total_bytes - after.used_bytes);
+    }
+    tu_assert_audit(tp);
+    tu_assert_forwards_clean(tp);
+    mlo_platform_set_framework_cache(plat, NULL);
+    tu_pipe_free(tp);
+    tu_pipe_free(torch_like);
+    mlo_platform_close(plat);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dit_oom_rolls_back_then_retries),
       cmocka_unit_test(test_dit_larger_than_device),
+      cmocka_unit_test(test_framework_cache_given_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
