@@ -313,7 +313,9 @@ MLO_API void mlo_platform_reset_peak(mlo_platform *platform);
  * cached_bytes() as free, so the budget policy's default budget includes
  * it.  Either function may be NULL; NULL cache removes them.  They are
  * called on the thread that allocates (an acquire, a prefetch, enable)
- * with libmlo's locks held, so they may call nothing of libmlo's. */
+ * with libmlo's locks held, so they may call nothing of libmlo's.  reclaim
+ * also runs when it is the platform's own capacity= cap that binds (it
+ * cannot tell the two apart): a wasted call, never a wrong answer. */
 typedef struct {
   void (*reclaim)(void *user);
   uint64_t (*cached_bytes)(void *user);
@@ -323,7 +325,8 @@ MLO_API void mlo_platform_set_framework_cache(mlo_platform *platform,
                                               const mlo_framework_cache *cache);
 /* The native compute queue the library orders its loads against: a
  * cudaStream_t for CUDA, a cl_command_queue for OpenCL, NULL for host (host
- * compute runs on the calling thread). */
+ * compute runs on the calling thread).  NULL on CUDA too where the platform
+ * was opened on the legacy default stream (stream=0, PyTorch's default). */
 MLO_API void *mlo_platform_compute_queue(mlo_platform *platform);
 /* Waits until everything submitted to the platform has finished. */
 MLO_API int mlo_platform_synchronize(mlo_platform *platform);
@@ -616,6 +619,10 @@ typedef enum {
 MLO_API const char *mlo_residency_name(mlo_residency r);
 MLO_API mlo_residency mlo_component_residency(mlo_component *comp);
 MLO_API bool mlo_component_is_resident(mlo_component *comp); /* LOADING or DEVICE */
+/* Resident and its device copy complete (its load or prefetch has landed),
+ * asked without waiting: its device bytes may be read now.  false while
+ * it is not resident or still loading. */
+MLO_API bool mlo_component_load_done(mlo_component *comp);
 
 /* Loads a component without evicting anything (no contract applied).
  * Used by the all-resident mode and by callers managing residency by hand

@@ -14,6 +14,7 @@ the PyTorch adapter maps modules onto components.
 """
 import contextlib
 import ctypes
+import gc
 import threading
 import weakref
 
@@ -140,6 +141,7 @@ class Platform:
             raise MloError(rc, "platform '%s': %s" % (spec, err.value.decode(errors="replace")))
         self.spec = spec
         self._pipelines = weakref.WeakSet()  # freed before the platform closes
+        self._framework_caches = []  # set_framework_cache's callbacks, kept alive
         weakref.finalize(self, _close_platform, self._h)
 
     @property
@@ -179,20 +181,28 @@ class Platform:
         with libmlo's locks held: they must not call mlo."""
         def safe(fn, default):
             def call(_user):
+                # libmlo's locks are held: no collection may run a finalizer
+                # that frees an mlo object in here
+                collecting = gc.isenabled()
+                gc.disable()
                 try:
                     return fn()
                 except Exception:  # an exception cannot cross into C
                     return default
+                finally:
+                    if collecting:
+                        gc.enable()
             return call
         if reclaim is None and cached_bytes is None:
             lib().mlo_platform_set_framework_cache(self._handle("set_framework_cache"), None)
-            self._framework_cache = None
             return
         c = _lib.FrameworkCache()
         c.reclaim = _lib.RECLAIM_FN(safe(reclaim, None)) if reclaim else _lib.RECLAIM_FN()
         c.cached_bytes = _lib.CACHED_FN(safe(lambda: max(0, int(cached_bytes())), 0)) \
             if cached_bytes else _lib.CACHED_FN()
-        self._framework_cache = c  # the C side keeps pointers to these callbacks
+        # the C side may call the callbacks it copied until it is closed,
+        # even after another set: keep every one alive as long as the platform
+        self._framework_caches.append(c)
         lib().mlo_platform_set_framework_cache(self._handle("set_framework_cache"),
                                                ctypes.byref(c))
 
@@ -311,6 +321,13 @@ class Component:
     def resident(self):
         with self._use("resident"):
             return lib().mlo_component_is_resident(self._c)
+
+    @property
+    def load_done(self):
+        """Resident with its load landed (mlo_component_load_done): its device
+        bytes may be read, asked without waiting."""
+        with self._use("load_done"):
+            return lib().mlo_component_load_done(self._c)
 
     def evict(self):
         """Drops its device copy now (mlo_component_evict)."""

@@ -159,6 +159,7 @@ def _declare(lib):
         "mlo_component_name": (C, [P]),
         "mlo_component_bytes": (U64, [P]),
         "mlo_component_is_resident": (B, [P]),
+        "mlo_component_load_done": (B, [P]),
         "mlo_component_acquire": (I, [P]),
         "mlo_component_evict": (I, [P]),
         "mlo_component_release": (I, [P]),

@@ -276,14 +276,18 @@ class Offload:
         if not spans or any(not p for p, _ in spans):
             return None
         lo = min(p for p, _ in spans)
-        n = (max(p + k for p, k in spans) - lo + 3) // 4  # blocks are 256-byte aligned
-        like = torch.empty((n,), dtype=torch.int32, device="meta")
-        if where == "device" and self.caps["device_pointers"] and \
-                not self.caps["host_addressable"]:
-            v = _cuda_view(lo, like, n * 4, self.pipeline)
-        else:
-            v = _view(lo, like, n * 4, self.pipeline)
-        return int(torch.sum(v, dtype=torch.int64))
+        size = max(p + k for p, k in spans) - lo  # exactly what a load copies
+        cuda = where == "device" and self.caps["device_pointers"] and \
+            not self.caps["host_addressable"]
+        sums = []
+        for at, n, dtype in ((lo, size // 4, torch.int32), (lo + size // 4 * 4, size % 4,
+                                                           torch.uint8)):
+            if n:
+                like = torch.empty((n,), dtype=dtype, device="meta")
+                v = (_cuda_view if cuda else _view)(at, like, n * like.element_size(),
+                                                    self.pipeline)
+                sums.append(int(torch.sum(v, dtype=torch.int64)))
+        return tuple(sums)
 
     def _sums(self, m, where):
         """m's fingerprint: one sum over its bytes, or for a component that
@@ -314,18 +318,23 @@ class Offload:
         fuse) is written back.  A replacement of another dtype or shape is
         refused (MloError): mlo cannot keep it.
 
-        Device bytes are read only for a component whose forward has run
-        since its load (the acquire ordered the compute stream after the
-        copy, C8): a prefetch still in flight is never read, nor waited
-        for.  A write into a component made between its prefetch and its
-        first forward is caught at that forward's next check."""
+        Device bytes are read only once the load is known complete: the
+        component's forward has run since (its acquire ordered the compute
+        stream after the copy, C8), or the load's event says it has landed.
+        A prefetch still in flight is never read, nor waited for; a write
+        into one would race its copy anyway."""
         for m in self.managed:
             if m.bound is None:
                 continue
             self._check_replaced(m)
-            if m is skip or m.bound != "device" or not m.acquired_since_load or \
-                    m.reference is None:
+            if m is skip or m.bound != "device" or m.reference is None:
                 continue
+            if not m.acquired_since_load:
+                # loaded ahead (a prefetch, enable) and not run yet: read once
+                # its copy has landed, never waited for
+                if not m.comp.load_done:
+                    continue
+                m.acquired_since_load = True
             now = self._sums(m, "device")
             if any(d is not None and d != r for d, r in zip(now, m.reference)):
                 with torch.no_grad():
@@ -567,6 +576,8 @@ class Offload:
                 disable_model_offload(pipe)  # hooks, guards, and every write checked
             else:
                 self.settle_and_check()
+        else:
+            self.platform.synchronize()  # no copy in flight under what is read below
         for m in self.managed:
             self.unhook(m)
             for e in m.entries:
@@ -594,12 +605,13 @@ class Offload:
     def settle_and_check(self):
         """Waits for every copy in flight (a sync point: disable, close), so
         every loaded component's device bytes can be read, then checks them
-        all for writes."""
+        all for writes (unless check_writes is off)."""
         self.platform.synchronize()
         for m in self.managed:
             if m.bound == "device":
                 m.acquired_since_load = True
-        self.check_writes_now()
+        if self.check_writes:
+            self.check_writes_now()
 
     def restore(self):
         """After a failed enable: every module back on torch's own tensors."""
@@ -698,6 +710,24 @@ def _foreign_offload(pipe, modules):
                              "offload)" % (name, ", ".join(sorted(hooks))))
                 break
     return found
+
+
+# diffusers' methods that write into the weights themselves: run with the
+# offload paused (disable, write, enable), which writes back what they
+# changed on the device and drops a streamed component's slots, so a
+# block copied ahead of the write is never used.
+_WEIGHT_WRITERS = ("fuse_lora", "unfuse_lora")
+
+
+def _offload_paused(pipe, method):
+    def paused(*args, **kwargs):
+        backend = pipe._mlo_offload
+        disable_model_offload(pipe)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _reenable(pipe, backend)
+    return paused
 
 
 def _refusing(what):
@@ -805,6 +835,10 @@ def _guard_pipeline(pipe, backend):
     if hasattr(pipe, "to") and not isinstance(pipe, torch.nn.Module):
         pipe_patched["to"] = pipe.__dict__.get("to")
         pipe.to = _guarded_to(pipe, backend.managed)
+    for method in _WEIGHT_WRITERS:
+        if hasattr(pipe, method):
+            pipe_patched[method] = pipe.__dict__.get(method)
+            setattr(pipe, method, _offload_paused(pipe, getattr(pipe, method)))
     backend.pipe_patched = (pipe, pipe_patched)
 
 
@@ -820,8 +854,13 @@ def _unguard_pipeline(backend):
 
 def _reenable(pipe, backend):
     device, policy, budget, reserve, prefetch = backend.settings
-    if backend.check_writes:  # writes made while disabled, before enable may evict
-        backend.settle_and_check()
+    backend.settle_and_check()  # writes made while disabled, before enable may evict
+    for m in backend.managed:
+        if m.streams and m.comp.resident:
+            # its slots may hold blocks copied before a write into its slab
+            # (made while disabled): drop them, the next forward reloads
+            m.comp.evict()
+            backend._bind(m, "host")
     backend.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
     backend.enabled = True
     if policy == "budget":
@@ -847,8 +886,7 @@ def disable_model_offload(pipe):
         return
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_disable_offload(backend)
-    if backend.check_writes:
-        backend.settle_and_check()
+    backend.settle_and_check()  # no copy in flight after disable, every write kept
     for m in backend.managed:
         backend.unhook(m)
     _unguard_pipeline(backend)

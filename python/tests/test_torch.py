@@ -280,12 +280,12 @@ def one_expert_budget(build):
     return sizes["vae"] + sizes["text_encoder"] + sizes["transformer"]
 
 
-def add_lora(pipe, seed=5):
+def add_lora(pipe, seed=5, names=("transformer", "transformer_2")):
     """A LoRA on both experts with non-zero weights (peft's own layers,
     added after enable as a user loads one)."""
     from peft import LoraConfig
     torch.manual_seed(seed)
-    for name in ("transformer", "transformer_2"):
+    for name in names:
         getattr(pipe, name).add_adapter(
             LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "to_v", "ffn.net.0.proj"],
                        init_lora_weights=False), adapter_name="style")
@@ -369,6 +369,29 @@ class WritesTests(unittest.TestCase):
             mlo.torch.enable_model_offload(pipe, device=DEVICE, policy=policy, budget=budget)
             for _ in range(2):
                 self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))), policy)
+
+    def test_write_into_a_prefetched_component(self):
+        # Loaded ahead and not run yet when written, then evicted before its
+        # forward: its load has landed, so the check reads and keeps it.
+        pipe = tiny.wan(num_layers=8, ffn_dim=4096)  # experts of 4.4 MB
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        sizes = {m.name: m.comp.bytes for m in b.managed}
+        mlo.torch.close_model_offload(pipe)
+        budget = sizes["transformer"] + sizes["vae"] + sizes["text_encoder"] // 2
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget", budget=budget)
+        tiny.run_wan(pipe)
+        tiny.run_wan(pipe)
+        m = {m.name: m for m in b.managed}
+        self.assertTrue(m["text_encoder"].comp.resident)  # prefetched for the next prompt
+        w = next(pipe.text_encoder.parameters())
+        with torch.no_grad():
+            w.data.add_(0.5)
+        expect = w.detach().clone()
+        with b.acquired(m["transformer"]):  # needs the encoder's room first
+            pass
+        self.assertFalse(m["text_encoder"].comp.resident)
+        self.assertTrue(torch.equal(next(pipe.text_encoder.parameters()).detach(), expect))
+        self.assertGreater(m["text_encoder"].written_back, 0)
 
     def test_another_dtype_is_refused(self):
         pipe = tiny.wan()
@@ -601,6 +624,54 @@ class StreamTests(unittest.TestCase):
         self.assertEqual(len(seen), 16)  # every block of both experts ran
         self.assertTrue(all(all(v) for v in seen.values()),
                         "a block computed from memory other than its device copy: %s" % seen)
+
+    def test_one_dit_written_between_generations(self):
+        # One DiT (Wan2.1's shape): it stays resident between generations,
+        # its slots filled ahead with blocks copied before the write.
+        from diffusers import WanPipeline
+
+        def build():
+            p = tiny.wan(num_layers=8, ffn_dim=4096)
+            return WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae,
+                               transformer=p.transformer, scheduler=p.scheduler)
+
+        def run(pipe):
+            with torch.no_grad():
+                return np.asarray(pipe(tiny.PROMPT, num_inference_steps=4, height=16, width=16,
+                                       num_frames=5, max_sequence_length=8, guidance_scale=3.0,
+                                       generator=torch.Generator().manual_seed(0),
+                                       output_type="np").frames)
+
+        def write(pipe):  # a streamed block (0 and 1 stay resident)
+            with torch.no_grad():
+                pipe.transformer.blocks[2].ffn.net[0].proj.weight.data.add_(0.5)
+
+        def fuse(pipe):
+            add_lora(pipe, names=("transformer",))
+            pipe.fuse_lora(components=["transformer"])
+
+        for edit, paused in ((fuse, False), (write, True)):
+            ref_pipe = build()
+            edit(ref_pipe)
+            ref = run(ref_pipe)
+            pipe = build()
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+            budget = sum(m.comp.bytes for m in b.managed if m.role != "dit") + \
+                b.managed[[m.role for m in b.managed].index("dit")].comp.bytes * 6 // 10
+            mlo.torch.close_model_offload(pipe)
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget",
+                                               budget=budget)
+            self.assertTrue(next(m for m in b.managed if m.role == "dit").streams)
+            run(pipe)  # learning: at its end the DiT's first blocks are copied ahead
+            if paused:  # a direct write: between disable and enable
+                mlo.torch.disable_model_offload(pipe)
+            edit(pipe)  # fuse_lora pauses the offload itself
+            if paused:
+                mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget",
+                                               budget=budget)
+            for i in range(2):
+                self.assertTrue(np.array_equal(ref, run(pipe)), "%s: generation %d"
+                                % (edit.__name__, i))
 
     def test_lora_fused_while_streaming(self):
         ref_pipe = tiny.wan(num_layers=8, ffn_dim=4096)

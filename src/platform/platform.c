@@ -222,6 +222,7 @@ int mlo_platform_get_memory(mlo_platform *p, mlo_platform_memory *mem) {
   /* what another allocator holds cached is free for us: it gives it back
    * when an allocation needs it (mlo_plat_dev_alloc) */
   uint64_t cached = fw.cached_bytes ? fw.cached_bytes(fw.user) : 0;
+  if (free_bytes > total) total = free_bytes; /* never wrap below */
   mem->free_bytes = cached > total - free_bytes ? total : free_bytes + cached;
   mem->reserved_peak_bytes = mem->peak_bytes;
   uint64_t reserved = 0;
