@@ -178,10 +178,12 @@ class Offload:
         if spec.startswith("cuda:") and "stream=" in spec:
             self.cuda_stream = (int(spec.split(":")[1]),
                                 int(spec.split("stream=")[1].split(",")[0], 0))
+        self.torch_device = "cpu"
         if self.platform.name == "cuda":
             # torch's caching allocator holds freed blocks as reserved: mlo
             # counts them free and asks for them before an allocation fails
             index = self.cuda_stream[0] if self.cuda_stream else torch.cuda.current_device()
+            self.torch_device = "cuda:%d" % index  # views on the block's own device
             self.platform.set_framework_cache(
                 reclaim=torch.cuda.empty_cache,
                 cached_bytes=lambda: torch.cuda.memory_reserved(index) -
@@ -246,7 +248,7 @@ class Offload:
             where, ptr = "host", Component.host_data(e.handle)
         if where == "device" and self.caps["device_pointers"] and not self.caps[
                 "host_addressable"]:
-            return _cuda_view(ptr, e.like, e.nbytes, self.pipeline)
+            return _cuda_view(ptr, e.like, e.nbytes, self.pipeline, self.torch_device)
         return _view(ptr, e.like, e.nbytes, self.pipeline)
 
     def _bind_entry(self, e, where):
@@ -284,8 +286,9 @@ class Offload:
                                                            torch.uint8)):
             if n:
                 like = torch.empty((n,), dtype=dtype, device="meta")
-                v = (_cuda_view if cuda else _view)(at, like, n * like.element_size(),
-                                                    self.pipeline)
+                v = _cuda_view(at, like, n * like.element_size(), self.pipeline,
+                               self.torch_device) if cuda else \
+                    _view(at, like, n * like.element_size(), self.pipeline)
                 sums.append(int(torch.sum(v, dtype=torch.int64)))
         return tuple(sums)
 
@@ -401,7 +404,14 @@ class Offload:
     def _check_stream(self):
         """The loads are ordered against the stream given at enable; a forward
         launched on another (`with torch.cuda.stream(s):`) would not wait for
-        them.  Refused, never run unordered (issue 25.1)."""
+        them.  Refused, never run unordered (issue 25.1).  So is a forward
+        under CUDA graph capture: a captured graph would replay without
+        mlo's loads and evictions."""
+        if torch.cuda.is_current_stream_capturing():
+            raise MloError(-5, "mlo offload cannot run under CUDA graph capture: the graph "
+                           "would replay without its loads and evictions; capture with the "
+                           "offload disabled, or do not capture (torch.compile's "
+                           "mode='reduce-overhead' captures)")
         index, handle = self.cuda_stream
         now = torch.cuda.current_stream(index).cuda_stream
         if now != handle:
@@ -630,13 +640,14 @@ class _ExecutionDevice:
         self.execution_device = torch.device(device)
 
 
-def _cuda_view(ptr, like, nbytes, keep=None):
+def _cuda_view(ptr, like, nbytes, keep=None, device="cuda"):
     """A CUDA tensor over a device block's bytes (no copy): the bytes as
     uint8 through __cuda_array_interface__, then viewed as the tensor's
     dtype and shape (bf16 and fp8 have no typestr of their own).  torch
-    keeps the interface object, which keeps `keep` (the pipeline)."""
+    keeps the interface object, which keeps `keep` (the pipeline).  device
+    is the block's own ("cuda:N"): asked for another, torch would copy."""
     if nbytes == 0 or not ptr:
-        return torch.empty(like.shape, dtype=like.dtype, device="cuda")
+        return torch.empty(like.shape, dtype=like.dtype, device=device)
 
     class _Iface:
         __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
@@ -644,7 +655,7 @@ def _cuda_view(ptr, like, nbytes, keep=None):
 
     iface = _Iface()
     iface.keep = keep
-    return torch.as_tensor(iface, device="cuda").view(like.dtype).view(like.shape)
+    return torch.as_tensor(iface, device=device).view(like.dtype).view(like.shape)
 
 
 def _platform_spec(device):

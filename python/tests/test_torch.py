@@ -432,7 +432,7 @@ class WritesTests(unittest.TestCase):
             with self.assertRaises((ValueError, mlo.MloError), msg=repr(bad)):
                 mlo.torch.enable_model_offload(tiny.wan(), device=bad)
 
-    def test_a_switched_cuda_stream_is_refused(self):
+    def test_a_switched_cuda_stream_or_a_capture_is_refused(self):
         # The logic only (no GPU here): a backend enabled on stream 0x1234
         # asked to run while torch's current stream is another.
         pipe = tiny.wan()
@@ -443,16 +443,20 @@ class WritesTests(unittest.TestCase):
             def __init__(self, handle):
                 self.cuda_stream = handle
 
-        real = torch.cuda.current_stream
+        real = torch.cuda.current_stream, torch.cuda.is_current_stream_capturing
         try:
+            torch.cuda.is_current_stream_capturing = lambda: False  # noqa: E731
             torch.cuda.current_stream = lambda index=None: Stream(0)  # noqa: E731
             with self.assertRaisesRegex(mlo.MloError, "is 0x0, but offload was enabled on "
                                         "stream 0x1234"):
                 tiny.run_wan(pipe)
             torch.cuda.current_stream = lambda index=None: Stream(0x1234)  # noqa: E731
             tiny.run_wan(pipe)
+            torch.cuda.is_current_stream_capturing = lambda: True  # noqa: E731
+            with self.assertRaisesRegex(mlo.MloError, "CUDA graph capture"):
+                tiny.run_wan(pipe)
         finally:
-            torch.cuda.current_stream = real
+            torch.cuda.current_stream, torch.cuda.is_current_stream_capturing = real
 
     def test_other_offload_hooks_are_refused(self):
         pipe = tiny.wan()
