@@ -11,20 +11,37 @@
 #                          MLO_MODULE_PATH to this folder: docs/modules.md)
 #   build-gpu/pack/libs/   every shared library they need that is neither
 #                          glibc nor CUDA's (the GPU machine has those)
+#   build-gpu/pack/python/ the mlo package with this build's libmlo in it,
+#                          the CPU tests' fixtures (tiny.py) and
+#                          gpu-torch.py, for the torch step
+#   build-gpu/pack/wheels/ diffusers, transformers and what they need that a
+#                          torch install lacks, as wheels for Python 3.12
+#                          (installed there with --no-index; PyPI is not
+#                          reachable from the device)
 #   build-gpu/pack/MANIFEST  what was packed, from which commit
 #
-# Then, on the device: scripts/gpu-check.sh (carry build-gpu/pack).
-# Exit status: 0 when the pack is complete and small enough.
+# libstdc++ and libgcc_s are never carried: every machine has them, and a
+# carried one would shadow torch's.
+#
+# Then, on the device, the one command: OUT=$OUT scripts/gpu-check.sh
+# (carry build-gpu/pack).  Exit status: 0 when the pack is complete and
+# small enough.
+#
+# MLO_GPU_NO_BUILD=1 packs an existing build (MLO_GPU_BUILD) as it is;
+# MLO_GPU_PACK_DIR puts the pack elsewhere; MLO_GPU_NO_WHEELS=1 carries no
+# wheels (the torch step then reports itself skipped).  CI's dry run of the
+# check (tests/scripts) uses all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${MLO_GPU_BUILD:-build-gpu}
-pack="$build/pack"
+pack=${MLO_GPU_PACK_DIR:-$build/pack}
 limit_mib=${MLO_GPU_PACK_MIB:-60}
 
 if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   echo "gpu-prep: no CUDA toolkit here (/usr/local/cuda): cannot build the CUDA platform" >&2
   exit 1
 fi
+if [ "${MLO_GPU_NO_BUILD:-0}" != 1 ]; then
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
   -DMLO_WITH_OPENCL=OFF -DMLO_WITH_MPI=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON \
@@ -37,6 +54,7 @@ cmake --build "$build" -j"$(nproc)" >"$build/gpu-prep.build.log" 2>&1 || {
   tail -30 "$build/gpu-prep.build.log" >&2
   exit 1
 }
+fi
 
 bins=("$build/tools/mlo/mlo" "$build/tests/platform/platform_cuda" "$build/examples/wan22_offload")
 for t in "$build"/tests/C[0-9]*_*; do
@@ -65,6 +83,7 @@ done
 is_system() {
   case "$(basename "$1")" in
   libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux* | linux-vdso*) return 0 ;;
+  libstdc++.so* | libgcc_s.so*) return 0 ;;
   libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so* | libnccl.so* | libnvidia*) return 0 ;;
   esac
   case "$1" in /usr/local/cuda*) return 0 ;; esac
@@ -85,6 +104,7 @@ for b in "$pack"/bin/* "$pack"/modules/*; do
   while read -r lib; do
     case "$lib" in
     "$pack"/libs/* | /lib*/libc.so* | /lib*/libm.so* | /lib*/ld-linux* | /usr/local/cuda*) ;;
+    */libstdc++.so* | */libgcc_s.so*) ;;
     *) is_system "$lib" || { echo "gpu-prep: $(basename "$b") resolves $lib outside the pack" >&2; missing=1; } ;;
     esac
   done < <(env -i LD_LIBRARY_PATH="$pack/libs" ldd "$b" | awk '/=>/ {print $3}')
@@ -95,6 +115,31 @@ for b in "$pack"/bin/* "$pack"/modules/*; do
   fi
 done
 [ "$missing" -eq 0 ] || exit 1
+# The large ones travel compressed (OpenBLAS is 36 MiB, 4 as xz): the check
+# unpacks them into its output folder before anything runs.
+for lib in "$pack"/libs/*; do
+  [ "$(stat -c %s "$lib")" -gt $((4 << 20)) ] && xz -T0 -6 "$lib"
+done
+
+# mlo.torch for the torch step: the package with this build's libmlo, the
+# fixtures, the step's script
+mkdir -p "$pack/python/mlo"
+cp python/mlo/*.py "$pack/python/mlo/"
+so=$(ls "$build"/libmlo.so.*.*.* 2>/dev/null | head -1)
+[ -n "$so" ] || { echo "gpu-prep: no shared libmlo in $build" >&2; exit 1; }
+cp "$so" "$pack/python/mlo/libmlo.so.$(basename "$so" | cut -d. -f3-4)"
+strip --strip-unneeded "$pack"/python/mlo/libmlo.so.*
+cp python/tests/tiny.py scripts/gpu-torch.py "$pack/python/"
+if [ "${MLO_GPU_NO_WHEELS:-0}" != 1 ]; then
+  mkdir -p "$pack/wheels"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+    -d "$pack/wheels" diffusers==0.42.1 transformers==5.24.0 tokenizers==0.23.3 \
+    huggingface_hub safetensors regex pyyaml tqdm >"$build/gpu-prep.wheels.log" 2>&1 || {
+    tail -5 "$build/gpu-prep.wheels.log" >&2
+    echo "gpu-prep: could not fetch the wheels (PyPI); the torch step will be skipped" >&2
+  }
+fi
 
 {
   echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
@@ -102,8 +147,13 @@ done
   echo "programs:"
   for b in "$pack"/bin/*; do echo "  bin/$(basename "$b")"; done
   for m in "$pack"/modules/*; do echo "  modules/$(basename "$m")"; done
+  echo "python:"
+  for f in "$pack"/python/* "$pack"/python/mlo/*; do [ -f "$f" ] && echo "  ${f#$pack/}"; done
+  echo "wheels:"
+  for w in "$pack"/wheels/*.whl; do [ -f "$w" ] && echo "  wheels/$(basename "$w")"; done
   echo "libraries:"
   for l in "$pack"/libs/*; do echo "  libs/$(basename "$l")"; done
+  echo "(libs/*.xz: unpacked by gpu-check.sh)"
 } >"$pack/MANIFEST"
 
 size_kib=$(du -sk "$pack" | cut -f1)

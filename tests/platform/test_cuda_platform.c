@@ -165,8 +165,17 @@ static void test_free_then_reuse(void **state) {
   mlo_platform_close(p);
 }
 
+/* MLO_UNDER_SANITIZER=1 (scripts/gpu-check.sh under compute-sanitizer):
+ * the deliberate allocation failure and the unordered negative control are
+ * left out, so every report the sanitizer makes is a real defect. */
+static bool under_sanitizer(void) {
+  const char *v = getenv("MLO_UNDER_SANITIZER");
+  return v && !strcmp(v, "1");
+}
+
 static void test_oom_maps_and_recovers(void **state) {
   (void)state;
+  if (under_sanitizer()) skip(); /* the driver's refusal is an API error it reports */
   mlo_platform *p = tu_open_spec("cuda:0");
   mlo_platform_memory mem;
   assert_ok(mlo_platform_get_memory(p, &mem));
@@ -308,7 +317,7 @@ static void test_load_ordering(void **state) {
     assert_ok(mlo_plat_dev_alloc(p, n, &block));
     assert_ok(mlo_plat_copy_h2d(p, block, 0, slab, n));
     assert_ok(mlo_plat_event_record_copy(p, loaded));
-    bool wait = round % 2 == 0;
+    bool wait = round % 2 == 0 || under_sanitizer(); /* the control races on purpose */
     if (wait) assert_ok(mlo_plat_compute_wait(p, loaded));
     compute_copy(p, scratch, block, n);
     if (wait) {

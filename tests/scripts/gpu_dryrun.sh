@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The device check's own logic, where no GPU is (ctest gpu_check_dryrun):
+# scripts/gpu-prep.sh packs this build as it is (no wheels: no download),
+# then scripts/gpu-check.sh runs on that pack with MLO_GPU_DRYRUN=1.  It
+# must exit 0 with the preflight run, every device step reported SKIPPED
+# (dry run), no FAIL, and its summary and archive written.  Everything is
+# written under a temporary folder this script makes and removes.
+set -euo pipefail
+build=$1
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+MLO_GPU_BUILD="$build" MLO_GPU_NO_BUILD=1 MLO_GPU_NO_WHEELS=1 MLO_GPU_PACK_DIR="$tmp/pack" \
+  bash "$repo/scripts/gpu-prep.sh"
+MLO_GPU_DRYRUN=1 MLO_GPU_PACK="$tmp/pack" OUT="$tmp/out" bash "$repo/scripts/gpu-check.sh"
+summary="$tmp/out/summary.txt"
+fail() {
+  echo "gpu_dryrun: $*"
+  cat "$summary"
+  exit 1
+}
+[ -s "$tmp/out/gpu-check.tar.gz" ] || fail "no archive"
+[ -s "$tmp/out/preflight.txt" ] || fail "no preflight"
+grep -q "^-- bin/platform_cuda" "$tmp/out/preflight.txt" || fail "the preflight did not ldd the binaries"
+! grep -q "^FAIL" "$summary" || fail "a step failed in a dry run"
+for s in platform_cuda contract example torch bench synth run run-budget run-pressure; do
+  grep -q "^SKIPPED (dry run) $s:" "$summary" || fail "step $s not reported"
+done
+grep -q "^overall: PASS" "$summary" || fail "no overall PASS"
+# the pack as it travels: under 64 MiB, no libstdc++ or libgcc_s in it
+size_kib=$(du -sk "$tmp/pack" | cut -f1)
+[ "$size_kib" -lt $((64 * 1024)) ] || fail "the pack is $((size_kib / 1024)) MiB"
+! ls "$tmp/pack/libs" | grep -qE "libstdc\+\+|libgcc_s" || fail "libstdc++ or libgcc_s carried"
+echo "gpu_dryrun: ok, pack $((size_kib / 1024)) MiB"
