@@ -366,19 +366,16 @@ class Offload:
             replaced.append((e, cur))
         if not replaced:
             return
-        ordered = m.bound == "device" and m.acquired_since_load
+        if m.bound == "device" and not (m.acquired_since_load or m.comp.load_done):
+            # loaded ahead and still loading: its copy would land over the
+            # new values (rare: wait for it, then write them on the device)
+            self.platform.synchronize()
         with torch.no_grad():
             for e, cur in replaced:
                 self._entry_view(e, "host").copy_(cur)
-                if ordered:
+                if m.bound == "device":
                     self._entry_view(e, "device").copy_(cur)
-        if m.bound == "device" and not ordered:
-            # loaded, perhaps still loading, and never waited for: the device
-            # copy is older than the slab now; drop it, the next use reloads
-            m.comp.evict()
-            self._bind(m, "host")
-        else:
-            self._bind(m, m.bound, fresh=False)
+        self._bind(m, m.bound, fresh=False)
         self._take_reference(m)
         m.written_back += len(replaced)
         warnings.warn("mlo: %d tensor(s) of '%s' were replaced (%s…); their values are now in "

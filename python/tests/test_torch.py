@@ -373,25 +373,31 @@ class WritesTests(unittest.TestCase):
     def test_write_into_a_prefetched_component(self):
         # Loaded ahead and not run yet when written, then evicted before its
         # forward: its load has landed, so the check reads and keeps it.
-        pipe = tiny.wan(num_layers=8, ffn_dim=4096)  # experts of 4.4 MB
-        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-        sizes = {m.name: m.comp.bytes for m in b.managed}
-        mlo.torch.close_model_offload(pipe)
-        budget = sizes["transformer"] + sizes["vae"] + sizes["text_encoder"] // 2
-        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget", budget=budget)
-        tiny.run_wan(pipe)
-        tiny.run_wan(pipe)
-        m = {m.name: m for m in b.managed}
-        self.assertTrue(m["text_encoder"].comp.resident)  # prefetched for the next prompt
-        w = next(pipe.text_encoder.parameters())
-        with torch.no_grad():
-            w.data.add_(0.5)
-        expect = w.detach().clone()
-        with b.acquired(m["transformer"]):  # needs the encoder's room first
-            pass
-        self.assertFalse(m["text_encoder"].comp.resident)
-        self.assertTrue(torch.equal(next(pipe.text_encoder.parameters()).detach(), expect))
-        self.assertGreater(m["text_encoder"].written_back, 0)
+        for how in ("in place", "replaced"):
+            pipe = tiny.wan(num_layers=8, ffn_dim=4096)  # experts of 4.4 MB
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+            sizes = {m.name: m.comp.bytes for m in b.managed}
+            mlo.torch.close_model_offload(pipe)
+            budget = sizes["transformer"] + sizes["vae"] + sizes["text_encoder"] // 2
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget",
+                                               budget=budget)
+            tiny.run_wan(pipe)
+            tiny.run_wan(pipe)
+            m = {m.name: m for m in b.managed}
+            self.assertTrue(m["text_encoder"].comp.resident)  # prefetched for the next prompt
+            w = next(pipe.text_encoder.parameters())
+            with torch.no_grad():
+                if how == "in place":
+                    w.data.add_(0.5)
+                else:
+                    w.data = w.data + 0.5
+            expect = w.detach().clone()
+            with b.acquired(m["transformer"]):  # needs the encoder's room first
+                pass
+            self.assertFalse(m["text_encoder"].comp.resident, how)
+            self.assertTrue(torch.equal(next(pipe.text_encoder.parameters()).detach(), expect),
+                            how)
+            self.assertGreater(m["text_encoder"].written_back, 0, how)
 
     def test_another_dtype_is_refused(self):
         pipe = tiny.wan()
