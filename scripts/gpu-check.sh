@@ -7,12 +7,7 @@
 #   0 preflight            nvidia-smi, driver and runtime versions, ldd of
 #                          every carried binary, where compute-sanitizer is
 #   1 platform_cuda        the CUDA platform's own tests (label gpu)
-#   2 memcheck             the same under compute-sanitizer memcheck with
-#                          stream-ordered race tracking and leak checks
-#                          (API errors not reported; the deliberate
-#                          allocation failure and the unordered negative
-#                          control left out: MLO_UNDER_SANITIZER=1)
-#   3 contract             C1-C17 with MLO_TEST_PLATFORM=cuda:0
+#   2 contract             C1-C17 with MLO_TEST_PLATFORM=cuda:0
 #   4 example              the example, strict and budget, on cuda:0
 #   5 torch                mlo.torch on CUDA (scripts/gpu-torch.py): a tiny
 #                          real diffusers pipeline on torch's default stream
@@ -24,13 +19,22 @@
 #                          pipeline under --device-memory (strict, then budget)
 #   8 run-pressure         the same run while another process holds all of
 #                          the device but what the run needs: same digest
+#   9 memcheck             platform_cuda under compute-sanitizer memcheck with
+#                          stream-ordered race tracking and leak checks
+#                          (API errors not reported; the deliberate
+#                          allocation failure, the unordered negative control
+#                          and the driver-memory figures left out:
+#                          MLO_UNDER_SANITIZER=1); last, as the slowest
 #
-# Every step has a time limit and the whole a deadline (default 400 s, so a
-# rerun fits in a 15-minute device session).  A step FAILs only for a real
-# defect: one that cannot run here (exit 77: no device seen, a dependency
-# missing, compute-sanitizer's "Device not supported") is SKIPPED, with its
-# reason.  nvidia-smi's memory is sampled throughout.  $OUT/summary.txt and
-# $OUT/gpu-check.tar.gz (every log) are written whatever happens.
+# Every step has a time limit and the whole a deadline (default 400 s).  A
+# step FAILs only for a real defect: one that cannot run here (exit 77: no
+# device seen, a dependency missing, compute-sanitizer's "Device not
+# supported") is SKIPPED with its reason, and one the deadline cut short is
+# NOT RUN (the verdict is then INCOMPLETE, exit 2, unless something failed).
+# nvidia-smi's memory is sampled throughout.  Work files live outside $OUT
+# (the device tool returns at most 8 files of 16 MiB): $OUT gets
+# summary.txt, preflight.txt and gpu-check.tar.gz (every log, each capped
+# at 1 MiB), whatever happens.
 #
 # The pack's libraries go on the library path of mlo's own programs only,
 # never on python3's (torch brings its own libstdc++ and BLAS).
@@ -40,20 +44,24 @@
 # that needs the device is reported SKIPPED (dry run) with its command, and
 # the exit status is 0 when the pack is complete.
 #
-# Exit status: 0 only if no step failed.
+# Exit status: 0 when every step passed or was skipped; 1 when one failed;
+# 2 when none failed but the deadline left some not run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 pack=${MLO_GPU_PACK:-build-gpu/pack}
 pack=$(cd "$pack" 2>/dev/null && pwd || echo "$pack")
-out=${OUT:-gpu-check-out}
+result=${OUT:-gpu-check-out}
 dry=${MLO_GPU_DRYRUN:-0}
 deadline=$((SECONDS + ${MLO_GPU_DEADLINE:-400}))
 scale=${MLO_GPU_SCALE:-0.05} # ~3.5 GB of bf16 weights
+mkdir -p "$result"
+result=$(cd "$result" && pwd)
+out=$(mktemp -d "${TMPDIR:-/tmp}/mlo-gpu-check.XXXXXX") # the work folder
 mkdir -p "$out/logs"
-out=$(cd "$out" && pwd)
 summary="$out/summary.txt"
 : >"$summary"
 status=0
+incomplete=0
 smi=
 holder_pid_file="$out/holder.pid"
 say() { echo "$*" | tee -a "$summary"; }
@@ -62,9 +70,22 @@ finish() {
   [ -n "$smi" ] && kill "$smi" 2>/dev/null
   [ -f "$holder_pid_file" ] && kill "$(cat "$holder_pid_file")" 2>/dev/null
   rm -f "$holder_pid_file"
-  say "overall: $([ $status -eq 0 ] && echo PASS || echo FAIL) in $SECONDS s$([ "$dry" = 1 ] && echo ' (dry run)')"
-  tar czf "$out/gpu-check.tar.gz" -C "$out" --exclude gpu-check.tar.gz --exclude ./libs \
-    --exclude ./pylib . 2>/dev/null
+  local verdict=PASS
+  [ $incomplete -eq 1 ] && verdict=INCOMPLETE
+  [ $status -ne 0 ] && verdict=FAIL
+  say "overall: $verdict in $SECONDS s$([ "$dry" = 1 ] && echo ' (dry run)')"
+  # what comes back: three files, every log capped at 1 MiB in the archive
+  mkdir -p "$out/archive"
+  for f in "$out"/*.txt "$out"/*.json "$out"/*.csv "$out"/*.log "$out"/logs/*.log; do
+    [ -f "$f" ] && tail -c 1048576 "$f" >"$out/archive/$(basename "$f")"
+  done
+  tar czf "$result/gpu-check.tar.gz" -C "$out/archive" . 2>/dev/null
+  cp "$summary" "$result/summary.txt"
+  [ -f "$out/preflight.txt" ] && cp "$out/preflight.txt" "$result/preflight.txt"
+  rm -rf "$out"
+  [ $status -ne 0 ] && exit 1
+  [ $incomplete -eq 1 ] && exit 2
+  exit 0
 }
 trap finish EXIT
 
@@ -73,6 +94,7 @@ if [ ! -x "$pack/bin/mlo" ]; then
   status=1
   exit 1
 fi
+export out bin holder_pid_file
 bin="$pack/bin"
 # the pack's libraries, the large ones unpacked from xz (gpu-prep.sh)
 libs="$out/libs"
@@ -80,8 +102,12 @@ rm -rf "$libs"
 mkdir -p "$libs"
 for lib in "$pack"/libs/*; do
   case $lib in
-  *.xz) python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$lib" "$libs/$(basename "$lib" .xz)" || { say "FAIL: cannot unpack $lib"; status=1; } ;;
+  *.xz)
+    dst="$libs/$(basename "$lib" .xz)"
+    xz -dc "$lib" >"$dst" 2>/dev/null ||
+      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$lib" "$dst" || { say "FAIL: cannot unpack $lib (no xz, no python3 lzma)"; status=1; }
+    ;;
   *) cp "$lib" "$libs/" ;;
   esac
 done
@@ -105,25 +131,33 @@ step() {
     printf '%q ' "$@" >"$out/logs/$name.log"
     return 0
   fi
-  local left=$((deadline - SECONDS))
+  local left=$((deadline - SECONDS - 8)) # the kill grace and finish() fit
   if [ "$left" -lt 10 ]; then
-    say "FAIL $name: not run, the deadline was reached"
-    status=1
+    say "NOT RUN $name: the deadline was reached"
+    incomplete=1
     return 1
   fi
-  [ "$limit" -gt "$left" ] && limit=$left
+  local cut=0
+  [ "$limit" -gt "$left" ] && limit=$left && cut=1
   local t0=$SECONDS
-  timeout -k 5 "$limit" "$@" >"$out/logs/$name.log" 2>&1
+  timeout -k 3 "$limit" "$@" >"$out/logs/$name.log" 2>&1
   local rc=$?
   local verdict=ok
   case $rc in
   0) ;;
-  77) verdict="SKIPPED ($(grep -m1 -i 'skipped' "$out/logs/$name.log" | cut -c1-160))" ;;
-  124 | 137) verdict="FAIL (timed out after $limit s)" ;;
+  77) verdict="SKIPPED ($(grep -i 'skipped' "$out/logs/$name.log" | tail -1 | cut -c1-160))" ;;
+  124 | 137)
+    if [ $cut -eq 1 ]; then
+      verdict="NOT RUN (cut at $limit s by the deadline)"
+      incomplete=1
+    else
+      verdict="FAIL (timed out after $limit s)"
+    fi
+    ;;
   *) verdict="FAIL (exit $rc)" ;;
   esac
   say "$verdict $name: $((SECONDS - t0)) s"
-  case $rc in 0 | 77) ;; *) status=1 ;; esac
+  case $rc in 0 | 77) ;; 124 | 137) [ $cut -eq 1 ] || status=1 ;; *) status=1 ;; esac
   return $rc
 }
 
@@ -158,30 +192,20 @@ if [ "$dry" != 1 ]; then
   smi=$!
 fi
 
-# --- 1, 2: the platform's own tests, then under compute-sanitizer ----------
-step platform_cuda 90 "${mlo_env[@]}" "$bin/platform_cuda"
-memcheck() {
-  local raw="$out/memcheck-raw.log"
-  "${mlo_env[@]}" MLO_UNDER_SANITIZER=1 "$sanitizer" --tool memcheck --report-api-errors no \
-    --track-stream-ordered-races all --leak-check full --error-exitcode 3 "$bin/platform_cuda" \
-    >"$raw" 2>&1
-  local rc=$?
-  cat "$raw"
-  if [ $rc -ne 0 ] && grep -q "Device not supported" "$raw"; then
-    echo "skipped: compute-sanitizer says Device not supported on this machine"
-    return 77
-  fi
-  return $rc
-}
-if [ -n "$sanitizer" ]; then
-  export -f memcheck
-  export sanitizer bin out
-  step memcheck 150 bash -c "$(declare -p mlo_env); memcheck"
-else
-  say "SKIPPED memcheck: compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+# the torch step's wheels install while the C steps run (no network there)
+pylib=
+wheels_pid=
+if ls "$pack"/wheels/*.whl >/dev/null 2>&1 && [ "$dry" != 1 ]; then
+  pylib="$out/pylib"
+  (timeout 90 python3 -m pip install --quiet --no-index --no-deps --no-compile \
+    --no-cache-dir --target "$pylib" "$pack"/wheels/*.whl >"$out/logs/wheels.log" 2>&1 ||
+    echo "the carried wheels did not install" >>"$out/logs/wheels.log") &
+  wheels_pid=$!
 fi
 
-# --- 3, 4: the contract and the example ------------------------------------
+# --- 1: the platform's own tests --------------------------------------------
+step platform_cuda 90 "${mlo_env[@]}" "$bin/platform_cuda"
+# --- 2, 3: the contract and the example ------------------------------------
 contract() { # every contract program on cuda:0; none found is a failure
   local n=0 failed=0
   for t in "$bin"/C[0-9]*_*; do
@@ -200,17 +224,9 @@ step example 45 "${mlo_env[@]}" bash -c "'$bin/wan22_offload' cuda:0 8 && '$bin/
 
 # --- 5: mlo.torch on CUDA (python3 with torch; the pack's libraries are not
 # on its path: gpu-torch.py loads libcjson from the pack by name) -----------
-pylib=
-if ls "$pack"/wheels/*.whl >/dev/null 2>&1; then
-  pylib="$out/pylib"
-  if [ "$dry" != 1 ]; then
-    timeout 60 python3 -m pip install --quiet --no-index --no-deps --target "$pylib" \
-      "$pack"/wheels/*.whl >"$out/logs/wheels.log" 2>&1 ||
-      say "note: the carried wheels did not install (logs/wheels.log)"
-  fi
-fi
+[ -n "${wheels_pid:-}" ] && wait "$wheels_pid"
 step torch 120 env "PYTHONPATH=$pack/python${pylib:+:$pylib}" "MLO_PACK_LIBS=$libs" \
-  "MLO_MODULE_PATH=$pack/modules" "MLO_LIBRARY=$pack/python/mlo/libmlo.so.0.6" \
+  "MLO_MODULE_PATH=$pack/modules" "MLO_LIBRARY=$pack/python/mlo" PYTHONUNBUFFERED=1 \
   MLO_LOG=warn python3 "$pack/python/gpu-torch.py"
 
 # --- 6, 7, 8: the tool ------------------------------------------------------
@@ -222,14 +238,14 @@ step synth 60 "${mlo_env[@]}" "$bin/mlo" synth wan2.2-t2v "$ckpt" --scale "$scal
 if [ "$dry" = 1 ]; then
   need=1
 else
-  need=$("${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json 2>/dev/null | python3 -c \
+  need=$(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json 2>/dev/null | python3 -c \
     'import json,sys; d=json.load(sys.stdin); print(d["model_offload_bytes"] * 9 // 8 + (64 << 20))' \
     2>/dev/null || echo 0)
-  ahead=$("${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json 2>/dev/null | python3 -c \
+  ahead=$(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json 2>/dev/null | python3 -c \
     'import json,sys; d=json.load(sys.stdin); print(d["budget_policy"]["prefetch_bytes"] + (64 << 20))' \
     2>/dev/null || echo 0)
 fi
-if [ "$need" -gt 0 ]; then
+if [ "$need" -gt 0 ] && [ "${ahead:-1}" -gt 0 ]; then
   step run 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform cuda:0 --device-memory "$need" \
     --steps 8 --prompts 2 --verify --json --trace "$out/trace.json"
   cp "$out/logs/run.log" "$out/run.json" 2>/dev/null
@@ -280,15 +296,38 @@ EOF
     python3 - "$out/logs/run.log" "$out/logs/run-pressure.log" >>"$summary" 2>&1 <<'EOF' || status=1
 import json, sys
 def digest(path):
-    text = open(path).read()
-    return json.loads(text[text.index("{"):])["digest"]
+    text = open(path).read()  # the report's JSON, perhaps with log lines around it
+    return json.JSONDecoder().raw_decode(text[text.index("{"):])[0]["digest"]
 a, b = digest(sys.argv[1]), digest(sys.argv[2])
 print(f"digest under memory pressure: {b} vs {a}: {'same' if a == b else 'DIFFERENT'}")
 sys.exit(0 if a == b else 1)
 EOF
   fi
 else
-  say "FAIL run: the pipeline's size could not be read"
+  say "FAIL run: the pipeline's size could not be read (mlo inspect)"
   status=1
 fi
+
+# --- 9: memcheck, last: the slowest, and the deadline may cut it -------------
+memcheck() {
+  local raw="$out/memcheck-raw.log"
+  "${mlo_env[@]}" MLO_UNDER_SANITIZER=1 "$sanitizer" --tool memcheck --report-api-errors no \
+    --track-stream-ordered-races all --leak-check full --error-exitcode 3 "$bin/platform_cuda" \
+    >"$raw" 2>&1
+  local rc=$?
+  cat "$raw"
+  if [ $rc -ne 0 ] && grep -q "Device not supported" "$raw"; then
+    echo "skipped: compute-sanitizer says Device not supported on this machine"
+    return 77
+  fi
+  return $rc
+}
+if [ -n "$sanitizer" ]; then
+  export -f memcheck
+  export sanitizer bin out
+  step memcheck 150 bash -c "$(declare -p mlo_env); memcheck"
+else
+  say "SKIPPED memcheck: compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+fi
+
 exit $status

@@ -14,10 +14,11 @@
 #   build-gpu/pack/python/ the mlo package with this build's libmlo in it,
 #                          the CPU tests' fixtures (tiny.py) and
 #                          gpu-torch.py, for the torch step
-#   build-gpu/pack/wheels/ diffusers, transformers and what they need that a
-#                          torch install lacks, as wheels for Python 3.12
-#                          (installed there with --no-index; PyPI is not
-#                          reachable from the device)
+#   build-gpu/pack/wheels/ diffusers and transformers, the two the device's
+#                          torch install lacks (it has huggingface_hub,
+#                          tokenizers, safetensors, regex, pyyaml, tqdm:
+#                          carrying newer ones would shadow them), installed
+#                          there with --no-index --no-deps (no PyPI there)
 #   build-gpu/pack/MANIFEST  what was packed, from which commit
 #
 # libstdc++ and libgcc_s are never carried: every machine has them, and a
@@ -43,8 +44,11 @@ if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
 fi
 if [ "${MLO_GPU_NO_BUILD:-0}" != 1 ]; then
 mkdir -p "$build"
+# NCCL off: the check does not run sharded loads, and a standard toolkit on
+# the device has no libnccl for the module to load
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
   -DMLO_WITH_OPENCL=OFF -DMLO_WITH_MPI=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON \
+  -DMLO_NCCL_INCLUDE=MLO_NCCL_INCLUDE-NOTFOUND -DMLO_NCCL_LIBRARY=MLO_NCCL_LIBRARY-NOTFOUND \
   -DMLO_BUILD_BENCH=OFF \
   -DMLO_WERROR=ON >"$build/gpu-prep.configure.log" 2>&1 || {
   tail -20 "$build/gpu-prep.configure.log" >&2
@@ -125,17 +129,21 @@ done
 # fixtures, the step's script
 mkdir -p "$pack/python/mlo"
 cp python/mlo/*.py "$pack/python/mlo/"
-so=$(ls "$build"/libmlo.so.*.*.* 2>/dev/null | head -1)
-[ -n "$so" ] || { echo "gpu-prep: no shared libmlo in $build" >&2; exit 1; }
-cp "$so" "$pack/python/mlo/libmlo.so.$(basename "$so" | cut -d. -f3-4)"
-strip --strip-unneeded "$pack"/python/mlo/libmlo.so.*
+# this build's libmlo (a reused build folder holds older versions too),
+# under its SONAME, where mlo/_lib.py looks first
+so=$(readlink -f "$build/libmlo.so" 2>/dev/null || true)
+[ -f "$so" ] || { echo "gpu-prep: no shared libmlo in $build" >&2; exit 1; }
+soname=$(readelf -d "$so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
+[ -n "$soname" ] || { echo "gpu-prep: $so has no SONAME" >&2; exit 1; }
+cp "$so" "$pack/python/mlo/$soname"
+strip --strip-unneeded "$pack/python/mlo/$soname"
 cp python/tests/tiny.py scripts/gpu-torch.py "$pack/python/"
 if [ "${MLO_GPU_NO_WHEELS:-0}" != 1 ]; then
   mkdir -p "$pack/wheels"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
     --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    -d "$pack/wheels" diffusers==0.42.1 transformers==5.24.0 tokenizers==0.23.3 \
-    huggingface_hub safetensors regex pyyaml tqdm >"$build/gpu-prep.wheels.log" 2>&1 || {
+    -d "$pack/wheels" diffusers==0.42.1 transformers==5.24.0 \
+    >"$build/gpu-prep.wheels.log" 2>&1 || {
     tail -5 "$build/gpu-prep.wheels.log" >&2
     echo "gpu-prep: could not fetch the wheels (PyPI); the torch step will be skipped" >&2
   }

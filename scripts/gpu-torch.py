@@ -15,6 +15,7 @@ needs is not there (no GPU torch sees, diffusers or transformers not
 importable), with the reason on stderr; 1 otherwise.
 """
 import ctypes
+import faulthandler
 import os
 import statistics
 import sys
@@ -22,6 +23,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # the pack's python/: mlo, tiny.py
+
+
+faulthandler.dump_traceback_later(100)  # a hang shows where it stopped, before the limit
 
 
 def skip(why):
@@ -51,6 +55,18 @@ if libs:
             ctypes.CDLL(os.path.join(libs, name), mode=ctypes.RTLD_GLOBAL)
 import mlo  # noqa: E402
 import mlo.torch  # noqa: E402
+
+try:  # the pack, then the device: neither is a defect of mlo.torch
+    mlo.lib()
+except OSError as e:
+    print("the pack's libmlo did not load (gpu-prep.sh?): %s" % e)
+    sys.exit(1)
+try:
+    mlo.Platform("cuda").close()
+except mlo.MloError as e:
+    if e.name == "MLO_ENODEV":
+        skip("libmlo's CUDA platform sees no device: %s" % e)
+    raise
 
 failed = []
 

@@ -19,9 +19,16 @@ fail() {
   cat "$summary"
   exit 1
 }
+python3 -m py_compile "$tmp/pack/python/gpu-torch.py" || fail "gpu-torch.py does not compile"
+[ -f "$tmp/pack/python/mlo/libmlo.so.0.6" ] || fail "the pack's python package has no libmlo.so.0.6"
 [ -s "$tmp/out/gpu-check.tar.gz" ] || fail "no archive"
 [ -s "$tmp/out/preflight.txt" ] || fail "no preflight"
 grep -q "^-- bin/platform_cuda" "$tmp/out/preflight.txt" || fail "the preflight did not ldd the binaries"
+# what the device tool brings back: at most 8 files, each under 16 MiB
+n=$(find "$tmp/out" -type f | wc -l)
+[ "$n" -le 8 ] || fail "$n files in \$OUT (the device tool returns 8)"
+big=$(find "$tmp/out" -type f -size +16M)
+[ -z "$big" ] || fail "over 16 MiB in \$OUT: $big"
 ! grep -q "^FAIL" "$summary" || fail "a step failed in a dry run"
 for s in platform_cuda contract example torch bench synth run run-budget run-pressure; do
   grep -q "^SKIPPED (dry run) $s:" "$summary" || fail "step $s not reported"
