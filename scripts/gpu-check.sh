@@ -39,10 +39,14 @@
 # The pack's libraries go on the library path of mlo's own programs only,
 # never on python3's (torch brings its own libstdc++ and BLAS).
 #
-# MLO_GPU_DRYRUN=1 runs the script's own logic on a machine without a GPU
-# (CI does, on a pack made from its build): the preflight runs, every step
-# that needs the device is reported SKIPPED (dry run) with its command, and
-# the exit status is 0 when the pack is complete.
+# MLO_GPU_DRYRUN=1 runs the script's own logic on a machine without a GPU:
+# the preflight runs, every step is reported SKIPPED (dry run) with its
+# command, and the exit status is 0 when the pack is complete.
+# MLO_GPU_DRYRUN=2 is a rehearsal there: every step runs for real on libmlo's
+# host platform instead of cuda:0 (a tiny pipeline, bench --quick, a holder
+# that holds nothing), so the steps' own commands, variables and verdicts
+# are exercised; the ones that need a GPU report themselves SKIPPED.  CI
+# runs both (tests/scripts/gpu_dryrun.sh).
 #
 # Exit status: 0 when every step passed or was skipped; 1 when one failed;
 # 2 when none failed but the deadline left some not run.
@@ -52,6 +56,13 @@ pack=${MLO_GPU_PACK:-build-gpu/pack}
 pack=$(cd "$pack" 2>/dev/null && pwd || echo "$pack")
 result=${OUT:-gpu-check-out}
 dry=${MLO_GPU_DRYRUN:-0}
+plat=cuda:0 # the device the steps use; the rehearsal's is the host platform
+bench_quick=
+if [ "$dry" = 2 ]; then
+  plat=host
+  bench_quick=--quick
+  MLO_GPU_SCALE=${MLO_GPU_SCALE:-0.0005}
+fi
 deadline=$((SECONDS + ${MLO_GPU_DEADLINE:-400}))
 scale=${MLO_GPU_SCALE:-0.05} # ~3.5 GB of bf16 weights
 mkdir -p "$result"
@@ -73,7 +84,7 @@ finish() {
   local verdict=PASS
   [ $incomplete -eq 1 ] && verdict=INCOMPLETE
   [ $status -ne 0 ] && verdict=FAIL
-  say "overall: $verdict in $SECONDS s$([ "$dry" = 1 ] && echo ' (dry run)')"
+  say "overall: $verdict in $SECONDS s$([ "$dry" = 1 ] && echo ' (dry run)')$([ "$dry" = 2 ] && echo ' (rehearsal on the host platform)')"
   # what comes back: three files, every log capped at 1 MiB in the archive
   mkdir -p "$out/archive"
   for f in "$out"/*.txt "$out"/*.json "$out"/*.csv "$out"/*.log "$out"/logs/*.log; do
@@ -94,7 +105,7 @@ if [ ! -x "$pack/bin/mlo" ]; then
   status=1
   exit 1
 fi
-export out bin holder_pid_file
+export out bin holder_pid_file plat dry
 bin="$pack/bin"
 # the pack's libraries, the large ones unpacked from xz (gpu-prep.sh)
 libs="$out/libs"
@@ -185,7 +196,7 @@ if [ -n "$missing_libs" ]; then
   status=1
 fi
 
-if [ "$dry" != 1 ]; then
+if [ "$dry" = 0 ]; then
   nvidia-smi >"$out/nvidia-smi.txt" 2>&1
   nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv \
     -lms 500 >"$out/nvidia-smi-memory.csv" 2>/dev/null &
@@ -206,12 +217,12 @@ fi
 # --- 1: the platform's own tests --------------------------------------------
 step platform_cuda 90 "${mlo_env[@]}" "$bin/platform_cuda"
 # --- 2, 3: the contract and the example ------------------------------------
-contract() { # every contract program on cuda:0; none found is a failure
+contract() { # every contract program on $plat; none found is a failure
   local n=0 failed=0
   for t in "$bin"/C[0-9]*_*; do
     [ -x "$t" ] || continue
     n=$((n + 1))
-    "${mlo_env[@]}" MLO_TEST_PLATFORM=cuda:0 timeout -k 5 60 "$t" ||
+    "${mlo_env[@]}" MLO_TEST_PLATFORM=$plat timeout -k 5 60 "$t" ||
       { echo "FAILED: $(basename "$t") ($?)"; failed=1; }
   done
   echo "$n contract programs"
@@ -220,7 +231,7 @@ contract() { # every contract program on cuda:0; none found is a failure
 export -f contract
 export bin
 step contract 120 bash -c "$(declare -p mlo_env); contract"
-step example 45 "${mlo_env[@]}" bash -c "'$bin/wan22_offload' cuda:0 8 && '$bin/wan22_offload' cuda:0 8 budget"
+step example 45 "${mlo_env[@]}" bash -c "'$bin/wan22_offload' $plat 8 && '$bin/wan22_offload' $plat 8 budget"
 
 # --- 5: mlo.torch on CUDA (python3 with torch; the pack's libraries are not
 # on its path: gpu-torch.py loads libcjson from the pack by name) -----------
@@ -230,10 +241,10 @@ step torch 120 env "PYTHONPATH=$pack/python${pylib:+:$pylib}" "MLO_PACK_LIBS=$li
   MLO_LOG=warn python3 "$pack/python/gpu-torch.py"
 
 # --- 6, 7, 8: the tool ------------------------------------------------------
-step bench 90 "${mlo_env[@]}" "$bin/mlo" bench --platform cuda:0 --json
+step bench 90 "${mlo_env[@]}" "$bin/mlo" bench --platform "$plat" --json $bench_quick
 cp "$out/logs/bench.log" "$out/bench.json" 2>/dev/null
 
-ckpt=${TMPDIR:-/tmp}/mlo-gpu-wan
+ckpt="$out/wan" # in the work folder: removed with it
 step synth 60 "${mlo_env[@]}" "$bin/mlo" synth wan2.2-t2v "$ckpt" --scale "$scale"
 if [ "$dry" = 1 ]; then
   need=1
@@ -246,10 +257,10 @@ else
     2>/dev/null || echo 0)
 fi
 if [ "$need" -gt 0 ] && [ "${ahead:-1}" -gt 0 ]; then
-  step run 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform cuda:0 --device-memory "$need" \
+  step run 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform "$plat" --device-memory "$need" \
     --steps 8 --prompts 2 --verify --json --trace "$out/trace.json"
   cp "$out/logs/run.log" "$out/run.json" 2>/dev/null
-  step run-budget 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform cuda:0 \
+  step run-budget 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform "$plat" \
     --device-memory "${ahead:-1}" --policy budget --steps 8 --prompts 3 --verify --json
   cp "$out/logs/run-budget.log" "$out/run-budget.json" 2>/dev/null
 
@@ -257,8 +268,12 @@ if [ "$need" -gt 0 ] && [ "${ahead:-1}" -gt 0 ]; then
   # mlo's own CUDA context and cuBLAS workspace (1 GiB); the run starts only
   # once it says it holds them, and it never outlives this step.
   pressure() {
-    python3 - "$need" >"$out/holder.log" 2>&1 <<'EOF' &
-import sys, time, torch
+    python3 - "$need" "$dry" >"$out/holder.log" 2>&1 <<'EOF' &
+import sys, time
+if sys.argv[2] == "2":  # the rehearsal: a holder that holds nothing
+    print("holding nothing (rehearsal on the host platform)", flush=True)
+    time.sleep(600)
+import torch
 need = int(sys.argv[1])
 free, total = torch.cuda.mem_get_info()
 hold = max(0, free - need - (1 << 30))
@@ -282,7 +297,7 @@ EOF
     cat "$out/holder.log"
     # no --verify: its all-resident reference cannot fit beside the holder;
     # the digest is compared with the verified run above instead
-    "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform cuda:0 --steps 8 --json
+    "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform "$plat" --steps 8 --json
     local rc=$?
     kill "$holder" 2>/dev/null
     wait "$holder" 2>/dev/null

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The device check's own logic, where no GPU is (ctest gpu_check_dryrun):
 # scripts/gpu-prep.sh packs this build as it is (no wheels: no download),
-# then scripts/gpu-check.sh runs on that pack with MLO_GPU_DRYRUN=1.  It
-# must exit 0 with the preflight run, every device step reported SKIPPED
-# (dry run), no FAIL, and its summary and archive written.  Everything is
-# written under a temporary folder this script makes and removes.
+# then scripts/gpu-check.sh runs on that pack twice.  MLO_GPU_DRYRUN=1 must
+# exit 0 with the preflight run, every step reported SKIPPED (dry run), no
+# FAIL, its summary and archive written and $OUT within the device tool's
+# limits.  MLO_GPU_DRYRUN=2, the rehearsal, runs every step for real on the
+# host platform: the steps that need no GPU must pass (their commands,
+# variables and verdicts), with the same digest under the stub holder, and
+# those that need one report themselves SKIPPED.  Everything is written
+# under a temporary folder this script makes and removes.
 set -euo pipefail
 build=$1
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -38,4 +42,17 @@ grep -q "^overall: PASS" "$summary" || fail "no overall PASS"
 size_kib=$(du -sk "$tmp/pack" | cut -f1)
 [ "$size_kib" -lt $((64 * 1024)) ] || fail "the pack is $((size_kib / 1024)) MiB"
 ! ls "$tmp/pack/libs" | grep -qE "libstdc\+\+|libgcc_s" || fail "libstdc++ or libgcc_s carried"
-echo "gpu_dryrun: ok, pack $((size_kib / 1024)) MiB"
+
+# the rehearsal
+MLO_GPU_DRYRUN=2 MLO_GPU_PACK="$tmp/pack" OUT="$tmp/rehearsal" bash "$repo/scripts/gpu-check.sh" ||
+  { summary="$tmp/rehearsal/summary.txt"; fail "the rehearsal did not pass"; }
+summary="$tmp/rehearsal/summary.txt"
+for s in contract example bench synth run run-budget run-pressure; do
+  grep -q "^ok $s:" "$summary" || fail "rehearsal: step $s did not pass"
+done
+grep -q "^SKIPPED .* platform_cuda:" "$summary" || fail "rehearsal: platform_cuda not skipped"
+grep -q "^digest under memory pressure: .*: same" "$summary" || fail "rehearsal: no digest check"
+grep -q "^overall: PASS" "$summary" || fail "rehearsal: no overall PASS"
+n=$(find "$tmp/rehearsal" -type f | wc -l)
+[ "$n" -le 8 ] || fail "rehearsal: $n files in \$OUT"
+echo "gpu_dryrun: ok, pack $((size_kib / 1024)) MiB, dry run and rehearsal"
