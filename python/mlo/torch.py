@@ -19,6 +19,7 @@ release; a VAE's decode/encode are wrapped the same way (C17).
 import abc
 import ctypes
 import gc
+import os
 import warnings
 import weakref
 
@@ -153,6 +154,7 @@ class _Managed:
         self.patched = {}
         self.streams = False  # its blocks pass through device slots (block streaming)
         self.blocks = {}  # block index -> (its module, its entries)
+        self.pieces = []  # its entries by contiguous piece: what a fingerprint sums
 
 
 def _resolve(module, qualified):
@@ -293,16 +295,8 @@ class Offload:
         return tuple(sums)
 
     def _sums(self, m, where):
-        """m's fingerprint: one sum over its bytes, or for a component that
-        streams one per piece (prologue, epilogue, each block: each is
-        contiguous, the same in the slab and on the device; the slots
-        between resident pieces change at every block)."""
-        if not m.streams:
-            return (self._span_sum(m.entries, where),)
-        groups = {}
-        for e in m.entries:
-            groups.setdefault(Component.tensor_block(e.handle), []).append(e)
-        return tuple(self._span_sum(g, where) for _, g in sorted(groups.items()))
+        """m's fingerprint: one sum per piece of m.pieces (plan_blocks)."""
+        return tuple(self._span_sum(g, where) for g in m.pieces)
 
     def _take_reference(self, m):
         """The fingerprint of m's slab: what a load puts on the device.  A
@@ -504,6 +498,13 @@ class Offload:
         self.pipeline.materialize()
         for m in self.managed:
             self._bind(m, "host")
+        self.enable()
+        self._originals = []  # torch's own copies go: the slabs hold the weights now
+
+    def enable(self):
+        """libmlo's offload on with the settings (at start, and again after a
+        disable); each component's blocks planned, its slab's fingerprint
+        taken, every module bound where libmlo has its bytes."""
         device, policy, budget, reserve, prefetch = self.settings
         self.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
         self.enabled = True
@@ -511,41 +512,42 @@ class Offload:
             self.pipeline.learn_schedule(True)
         for m in self.managed:
             self.plan_blocks(m)
-            self._take_reference(m)
         self.sync_bindings()
-        self._originals = []  # torch's own copies go: the slabs hold the weights now
 
     def plan_blocks(self, m):
         """Where m streams (the budget policy keeps only some of its blocks
         resident: docs/streaming.md), each block's module: the module its
         tensors' names share (`blocks.3` for blocks.3.attn1...), hooked in
         hook() to say where the forward is (a resident block's begin and
-        end cost libmlo nothing)."""
+        end cost libmlo nothing).  Then the pieces a fingerprint sums: the
+        whole component, or for one that streams each piece (prologue,
+        epilogue, each block: each contiguous, the same in the slab and on
+        the device, where the slots between resident pieces change at every
+        block), and the reference fingerprint of its slab."""
         m.streams = m.comp.stream_info()["slots"] > 0
         m.blocks = {}
-        if not m.streams:
-            return
-        by_block = {}
-        for e in m.entries:
-            b = Component.tensor_block(e.handle)
-            if b >= 0:
-                by_block.setdefault(b, []).append(e)
-        for b, entries in sorted(by_block.items()):
-            paths = [e.qname.split(".")[:-1] for e in entries]
-            common = paths[0]
-            for p in paths[1:]:
-                n = 0
-                while n < min(len(common), len(p)) and common[n] == p[n]:
-                    n += 1
-                common = common[:n]
-            module = m.module
-            for part in common:
-                module = getattr(module, part, None)
-            if not common or not isinstance(module, torch.nn.Module):
-                raise MloError(-8, "'%s' streams, but the tensors of its block %d (%s, ...) share "
-                               "no module to hook; give it a budget that holds it whole"
-                               % (m.name, b, entries[0].qname))
-            m.blocks[b] = (module, entries)
+        m.pieces = [m.entries]
+        if m.streams:
+            by_block = {}
+            for e in m.entries:
+                by_block.setdefault(Component.tensor_block(e.handle), []).append(e)
+            m.pieces = [g for _, g in sorted(by_block.items())]
+            for b, entries in sorted(by_block.items()):
+                if b >= 0:
+                    m.blocks[b] = (self._block_module(m, b, entries), entries)
+        self._take_reference(m)
+
+    def _block_module(self, m, b, entries):
+        """The module block b's tensors' names share: its hooks' place."""
+        common = os.path.commonprefix([e.qname.split(".")[:-1] for e in entries])
+        module = m.module
+        for part in common:
+            module = getattr(module, part, None)
+        if not common or not isinstance(module, torch.nn.Module):
+            raise MloError(-8, "'%s' streams, but the tensors of its block %d (%s, ...) share "
+                           "no module to hook; give it a budget that holds it whole"
+                           % (m.name, b, entries[0].qname))
+        return module
 
     def _block_begin(self, m, b, entries):
         m.comp.block_begin(b)
@@ -563,11 +565,7 @@ class Offload:
     def __exit__(self, *exc):
         """`with enable_model_offload(pipe) as b:` ends as
         close_model_offload(pipe) does."""
-        pipe = self.pipe_ref() if self.pipe_ref is not None else None
-        if pipe is not None and getattr(pipe, "_mlo_offload", None) is self:
-            close_model_offload(pipe)
-        else:
-            self.close()
+        self.close()
         return False
 
     def close(self):
@@ -578,8 +576,9 @@ class Offload:
         if self.closed:
             return
         pipe = self.pipe_ref() if self.pipe_ref is not None else None
+        owned = pipe is not None and getattr(pipe, "_mlo_offload", None) is self
         if self.enabled:
-            if pipe is not None and getattr(pipe, "_mlo_offload", None) is self:
+            if owned:
                 disable_model_offload(pipe)  # hooks, guards, and every write checked
             else:
                 self.settle_and_check()
@@ -599,7 +598,7 @@ class Offload:
             m.bound = None
         self.managed, self.owner_of, self.enabled = [], {}, False
         _unguard_pipeline(self)
-        if pipe is not None and getattr(pipe, "_mlo_offload", None) is self:
+        if owned:
             del pipe._mlo_offload
         # No explicit free: a view of libmlo's memory taken before (a
         # state_dict, a .data) keeps its pipeline, and the finalizers free
@@ -861,7 +860,6 @@ def _unguard_pipeline(backend):
 
 
 def _reenable(pipe, backend):
-    device, policy, budget, reserve, prefetch = backend.settings
     backend.settle_and_check()  # writes made while disabled, before enable may evict
     for m in backend.managed:
         if m.streams and m.comp.resident:
@@ -869,14 +867,7 @@ def _reenable(pipe, backend):
             # (made while disabled): drop them, the next forward reloads
             m.comp.evict()
             backend._bind(m, "host")
-    backend.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
-    backend.enabled = True
-    if policy == "budget":
-        backend.pipeline.learn_schedule(True)
-    for m in backend.managed:
-        backend.plan_blocks(m)
-        backend._take_reference(m)
-    backend.sync_bindings()
+    backend.enable()
     if isinstance(pipe, OffloadDelegate):
         pipe.mlo_enable_offload(backend)
     else:
