@@ -249,12 +249,13 @@ step synth 60 "${mlo_env[@]}" "$bin/mlo" synth wan2.2-t2v "$ckpt" --scale "$scal
 if [ "$dry" = 1 ]; then
   need=1
 else
-  need=$(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json 2>/dev/null | python3 -c \
-    'import json,sys; d=json.load(sys.stdin); print(d["model_offload_bytes"] * 9 // 8 + (64 << 20))' \
-    2>/dev/null || echo 0)
-  ahead=$(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json 2>/dev/null | python3 -c \
-    'import json,sys; d=json.load(sys.stdin); print(d["budget_policy"]["prefetch_bytes"] + (64 << 20))' \
-    2>/dev/null || echo 0)
+  # one inspect: the strict run's device (9/8 of its need) and the budget
+  # run's (room to prefetch the next component), 64 MiB over each
+  read -r need ahead < <(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json \
+    2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin)
+print(d["model_offload_bytes"] * 9 // 8 + (64 << 20), d["budget_policy"]["prefetch_bytes"] + (64 << 20))' \
+    2>/dev/null || echo 0 0)
+  need=${need:-0}
 fi
 if [ "$need" -gt 0 ] && [ "${ahead:-1}" -gt 0 ]; then
   step run 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform "$plat" --device-memory "$need" \

@@ -271,12 +271,18 @@ def rss_bytes():
     raise RuntimeError("no VmRSS")
 
 
-def one_expert_budget(build):
-    """A budget that holds the VAE, the encoder and one expert, not both."""
-    pipe = build()
+def component_bytes(pipe):
+    """Each component's bytes in mlo, {name: bytes}; the pipeline is left as
+    it was (offloaded for the count, then closed)."""
     b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
     sizes = {m.name: m.comp.bytes for m in b.managed}
     mlo.torch.close_model_offload(pipe)
+    return sizes
+
+
+def one_expert_budget(build):
+    """A budget that holds the VAE, the encoder and one expert, not both."""
+    sizes = component_bytes(build())
     return sizes["vae"] + sizes["text_encoder"] + sizes["transformer"]
 
 
@@ -375,9 +381,7 @@ class WritesTests(unittest.TestCase):
         # forward: its load has landed, so the check reads and keeps it.
         for how in ("in place", "replaced"):
             pipe = tiny.wan(num_layers=8, ffn_dim=4096)  # experts of 4.4 MB
-            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-            sizes = {m.name: m.comp.bytes for m in b.managed}
-            mlo.torch.close_model_offload(pipe)
+            sizes = component_bytes(pipe)
             budget = sizes["transformer"] + sizes["vae"] + sizes["text_encoder"] // 2
             b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget",
                                                budget=budget)
@@ -596,9 +600,7 @@ class StreamTests(unittest.TestCase):
         build = lambda: tiny.wan(num_layers=8, ffn_dim=4096)  # noqa: E731
         ref = np.asarray(tiny.run_wan(build()))
         pipe = build()
-        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-        sizes = {m.name: m.comp.bytes for m in b.managed}
-        mlo.torch.close_model_offload(pipe)
+        sizes = component_bytes(pipe)
         budget = sizes["vae"] + sizes["text_encoder"] + sizes["transformer"] * 6 // 10
         b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget", budget=budget)
         return ref, pipe, b, budget
@@ -665,10 +667,8 @@ class StreamTests(unittest.TestCase):
             edit(ref_pipe)
             ref = run(ref_pipe)
             pipe = build()
-            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-            budget = sum(m.comp.bytes for m in b.managed if m.role != "dit") + \
-                b.managed[[m.role for m in b.managed].index("dit")].comp.bytes * 6 // 10
-            mlo.torch.close_model_offload(pipe)
+            sizes = component_bytes(pipe)
+            budget = sizes["vae"] + sizes["text_encoder"] + sizes["transformer"] * 6 // 10
             b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget",
                                                budget=budget)
             self.assertTrue(next(m for m in b.managed if m.role == "dit").streams)

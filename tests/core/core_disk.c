@@ -446,6 +446,18 @@ static int streamed_check(mlo_component *c, void *user) {
   return 0;
 }
 
+/* A 1 MiB encoder and the streaming DiT, both from files, the request
+ * declared as one encoder call and three DiT steps. */
+static tu_pipe *encoder_and_streaming_dit(mlo_platform *plat, mlo_component **enc,
+                                          mlo_component **dit) {
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  *enc = add_file_comp(tp, "encoder", MLO_ROLE_ENCODER, 1u << 20);
+  *dit = add_streaming_dit(tp);
+  mlo_schedule_entry e[] = {{*enc, 1}, {*dit, 3}};
+  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
+  return tp;
+}
+
 /* A DiT larger than the device budget streams its blocks; with a host
  * budget its streamed blocks stay in host memory (they are copied at every
  * forward) and the rest of it, the blocks kept resident, the prologue and
@@ -454,11 +466,8 @@ static int streamed_check(mlo_component *c, void *user) {
 static void test_streamed_component_on_disk(void **state) {
   (void)state;
   mlo_platform *plat = tu_platform_open("jitter=1");
-  tu_pipe *tp = tu_pipe_new(plat, true);
-  mlo_component *enc = add_file_comp(tp, "encoder", MLO_ROLE_ENCODER, 1u << 20);
-  mlo_component *dit = add_streaming_dit(tp);
-  mlo_schedule_entry e[] = {{enc, 1}, {dit, 3}};
-  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
+  mlo_component *enc, *dit;
+  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   s.policy = MLO_POLICY_BUDGET;
   s.budget_bytes = 5u << 20; /* the 8.1 MiB DiT keeps some blocks, streams the rest */
@@ -508,11 +517,8 @@ static void test_streamed_component_on_disk(void **state) {
 static void test_replan_and_failed_fill(void **state) {
   (void)state;
   mlo_platform *plat = tu_platform_open("jitter=1");
-  tu_pipe *tp = tu_pipe_new(plat, true);
-  mlo_component *enc = add_file_comp(tp, "encoder", MLO_ROLE_ENCODER, 1u << 20);
-  mlo_component *dit = add_streaming_dit(tp);
-  mlo_schedule_entry e[] = {{enc, 1}, {dit, 3}};
-  assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
+  mlo_component *enc, *dit;
+  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   s.policy = MLO_POLICY_BUDGET;
   s.budget_bytes = 4u << 20; /* streams most blocks */

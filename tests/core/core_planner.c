@@ -461,12 +461,6 @@ static void expect_schedule(fixture *f, const char *want) {
   if (strcmp(got, want)) fail_msg("schedule\n  got:  %s\n  want: %s", got, want);
 }
 
-static uint64_t prefetches(fixture *f) {
-  mlo_pipeline_stats st;
-  assert_ok(mlo_pipeline_get_stats(f->tp->pipe, &st));
-  return st.total.prefetches;
-}
-
 /* Learning (mlo_pipeline_learn_schedule): the first request's calls become
  * the schedule at the next request's first call, which prefetches from
  * there on; another step count is learned at the request after it; off
@@ -478,11 +472,11 @@ static void test_learn_schedule(void **state) {
   assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, true));
   run(&f, "PQQRS");
   expect_schedule(&f, ""); /* the request has not ended yet */
-  assert_int_equal(prefetches(&f), 0);
+  assert_int_equal(tu_pstats(f.tp).total.prefetches, 0);
   run(&f, "P");
   expect_schedule(&f, "P1 Q2 R1 S1");
   run(&f, "QQRS");
-  uint64_t learned = prefetches(&f);
+  uint64_t learned = tu_pstats(f.tp).total.prefetches;
   assert_true(learned > 0);
   run(&f, "PQQQRRS"); /* three steps on Q, two on R: learned at the next P */
   expect_schedule(&f, "P1 Q2 R1 S1");
@@ -491,7 +485,7 @@ static void test_learn_schedule(void **state) {
   assert_ok(mlo_pipeline_learn_schedule(f.tp->pipe, false));
   run(&f, "QRSPQ");
   expect_schedule(&f, "P1 Q3 R2 S1");
-  assert_true(prefetches(&f) > learned);
+  assert_true(tu_pstats(f.tp).total.prefetches > learned);
   teardown(&f);
 }
 
