@@ -142,7 +142,7 @@ if [ "${MLO_GPU_NO_WHEELS:-0}" != 1 ]; then
   mkdir -p "$pack/wheels"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
     --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    -d "$pack/wheels" diffusers==0.42.1 transformers==5.24.0 \
+    -d "$pack/wheels" $(grep -E '^(diffusers|transformers)==' python/tests/torch-requirements.txt) \
     >"$build/gpu-prep.wheels.log" 2>&1 || {
     tail -5 "$build/gpu-prep.wheels.log" >&2
     echo "gpu-prep: could not fetch the wheels (PyPI); the torch step will be skipped" >&2

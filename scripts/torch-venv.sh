@@ -12,16 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.cache/torch-venv
-pins=(torch==2.15.0 diffusers==0.42.1 transformers==5.24.0 peft==0.21.2 accelerate==1.15.0
-      numpy)
+pins=python/tests/torch-requirements.txt # the versions, shared with gpu-prep.sh
 if [ "${MLO_TORCH:-1}" = 0 ]; then
   exit 0
 fi
 if "$venv/bin/python" -c 'import torch, diffusers, transformers, peft' 2>/dev/null; then
   exit 0
 fi
-echo "torch-venv: installing ${pins[*]} into $venv (about 6 GB, a few minutes; MLO_TORCH=0 skips)"
+echo "torch-venv: installing $(grep -v '^#' "$pins" | tr '\n' ' ')into $venv (about 6 GB, a few minutes; MLO_TORCH=0 skips)"
 python3 -m venv "$venv"
 start=$(date +%s)
-"$venv/bin/pip" install --quiet --disable-pip-version-check "${pins[@]}"
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r "$pins"
 echo "torch-venv: installed in $(( $(date +%s) - start )) s"
