@@ -114,7 +114,10 @@ static int gather(mlo_component *c, size_t slice) {
   uint64_t g0 = mlo_plat_now(pipe->platform);
   char err[512] = "";
   int rc = mlo_collective(pipe, c, COLL_GATHER, 0, MLO_OK, NULL, NULL);
+  uint64_t t0 = mlo_plat_now(pipe->platform);
   if (!rc) rc = mlo_dist_allgather(pipe->comm, c->block, slice, err, sizeof err);
+  /* a platform that models the node's fabric holds the gather to it */
+  if (!rc) mlo_plat_gather_pace(pipe->platform, slice, mlo_dist_node_size(pipe->comm), t0);
   if (rc && err[0]) mlo_fail(pipe, rc, "%s: %s", c->name, err);
   pipe->dist.gather_ns += mlo_plat_now(pipe->platform) - g0;
   if (!rc) count_gathered(pipe, slice);

@@ -54,10 +54,11 @@
 
 /* ---- the copy engine ------------------------------------------------- */
 
-/* Copies at most bw bytes per second: after each chunk, sleeps until the
+/* Copies at most copy_bps bytes per second (bw=, or the rank's share of its
+ * group's uplink where that is less): after each chunk, sleeps until the
  * time the link would have needed for the bytes so far. */
 static void throttled_copy(const struct host_ctx *ctx, void *dst, const void *src, size_t bytes) {
-  if (!ctx->opt.bw) {
+  if (!(ctx->opt.copy_bps > 0)) {
     memcpy(dst, src, bytes);
     return;
   }
@@ -66,7 +67,7 @@ static void throttled_copy(const struct host_ctx *ctx, void *dst, const void *sr
     size_t n = bytes - done < HOST_CHUNK_BYTES ? bytes - done : HOST_CHUNK_BYTES;
     memcpy((char *)dst + done, (const char *)src + done, n);
     done += n;
-    sleep_until_ns(start + (uint64_t)((double)done * 1e9 / (double)ctx->opt.bw));
+    sleep_until_ns(start + (uint64_t)((double)done * 1e9 / ctx->opt.copy_bps));
   }
 }
 
@@ -327,6 +328,27 @@ static void host_destroy(void *vctx) {
   free(ctx);
 }
 
+/* ---- the node it stands in for ------------------------------------------ */
+
+static int host_topology(void *vctx, mlo_node_topology *t) {
+  struct host_ctx *ctx = vctx;
+  if (!ctx->opt.node) return MLO_EUNSUPPORTED;
+  *t = ctx->opt.topo;
+  return MLO_OK;
+}
+
+/* The MPI all-gather through shared memory outruns most fabrics it stands
+ * for: hold it to the modelled one (docs/distributed.md, "Topology"). */
+static void host_gather_pace(void *vctx, size_t slice, int ranks, uint64_t t0_ns) {
+  struct host_ctx *ctx = vctx;
+  mlo_load_plan plan;
+  if (!ctx->opt.node || ranks < 1 ||
+      mlo_node_plan_loads(&ctx->opt.topo, (unsigned)ranks, (uint64_t)slice * (uint64_t)ranks,
+                          &plan))
+    return;
+  sleep_until_ns(t0_ns + (uint64_t)(plan.gather_s * 1e9));
+}
+
 static const struct mlo_platform_ops host_ops = {
     .name = "host",
     .destroy = host_destroy,
@@ -349,6 +371,8 @@ static const struct mlo_platform_ops host_ops = {
     .event_time = host_event_time,
     .synchronize = host_synchronize,
     .compute_queue = NULL, /* host compute runs on the calling thread */
+    .topology = host_topology,
+    .gather_pace = host_gather_pace,
 };
 
 /* ---- options ----------------------------------------------------------- */
@@ -382,6 +406,32 @@ static int host_option(const char *key, const char *value, void *user, char *err
                        "bytes per second of at least 1e6, such as 25e9 or 25G");
     return MLO_OK;
   }
+  if (!strcmp(key, "group")) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long v = strtoul(value, &end, 10);
+    if (value[0] < '1' || value[0] > '9' || *end || errno || v > 4096)
+      return bad_value(err, errlen, key, value, "the ranks behind one uplink, 1 to 4096");
+    o->topo.group = (unsigned)v;
+    o->node = true;
+    return MLO_OK;
+  }
+  if (!strcmp(key, "uplink") || !strcmp(key, "fabric")) {
+    uint64_t v = 0;
+    bool fabric = key[0] == 'f';
+    if (mlo_parse_size(value, fabric, &v) || (v && v < HOST_MIN_BW))
+      return bad_value(err, errlen, key, value,
+                       fabric ? "bytes per second of at least 1e6, or 0 for no peer path"
+                              : "bytes per second of at least 1e6, such as 25e9 or 25G");
+    *(fabric ? &o->topo.fabric_bps : &o->topo.uplink_bps) = (double)v;
+    o->fabric_given |= fabric;
+    o->node = true;
+    return MLO_OK;
+  }
+  if (!strcmp(key, "pcie_p2p")) {
+    o->node = true;
+    return parse_flag(key, value, &o->topo.fabric_via_uplinks, err, errlen);
+  }
   if (!strcmp(key, "seed")) {
     char *end = NULL;
     errno = 0;
@@ -397,9 +447,35 @@ static int host_option(const char *key, const char *value, void *user, char *err
   if (!strcmp(key, "prefault")) return parse_flag(key, value, &o->prefault, err, errlen);
   snprintf(err, errlen,
            "unknown host platform option %s=%s (known: capacity, bw, jitter, seed, poison, "
-           "blocking_d2h, prefault)",
+           "blocking_d2h, prefault, group, uplink, fabric, pcie_p2p)",
            key, value);
   return MLO_EINVAL;
+}
+
+/* The node options model links, so they need one (bw=); a PCIe fabric
+ * needs a rate.  Sets what copies are held to. */
+static int node_options(struct host_options *o, char *err, size_t errlen) {
+  o->copy_bps = (double)o->bw;
+  if (!o->node) return MLO_OK;
+  if (!o->bw) {
+    snprintf(err, errlen,
+             "host platform options group=, uplink=, fabric= and pcie_p2p= model a node's "
+             "links: give each rank's link too (bw=)");
+    return MLO_EINVAL;
+  }
+  if (o->topo.fabric_via_uplinks && !(o->topo.fabric_bps > 0)) {
+    snprintf(err, errlen, "host platform option pcie_p2p=1 needs the fabric's rate (fabric=)");
+    return MLO_EINVAL;
+  }
+  o->topo.link_bps = (double)o->bw;
+  mlo_load_plan plan; /* the group's ranks all loading: each one's share */
+  unsigned group = o->topo.group ? o->topo.group : 1;
+  if (mlo_node_plan_loads(&o->topo, group, 0, &plan)) {
+    snprintf(err, errlen, "host platform: the node options do not form a topology");
+    return MLO_EINVAL;
+  }
+  o->copy_bps = plan.link_bps;
+  return MLO_OK;
 }
 
 /* Whether page-locking works here at all (RLIMIT_MEMLOCK, privileges). */
@@ -417,8 +493,21 @@ static void describe(mlo_platform *p, const struct host_options *o) {
   char cap[32], bw[48] = "unlimited";
   mlo_format_size(o->capacity, cap, sizeof cap);
   if (o->bw) snprintf(bw, sizeof bw, "%.2f GB/s", (double)o->bw / 1e9);
-  snprintf(p->description, sizeof p->description, "host-backed, capacity %s, bw %s%s%s%s", cap, bw,
-           o->jitter ? ", jitter" : "", o->blocking_d2h ? ", blocking d2h" : "",
+  char node[160] = "";
+  if (o->node) {
+    const mlo_node_topology *t = &o->topo;
+    int n = 0;
+    if (t->group > 1 && t->uplink_bps > 0)
+      n = snprintf(node, sizeof node, ", %u per uplink of %.2f GB/s", t->group,
+                   t->uplink_bps / 1e9);
+    if (!(t->fabric_bps > 0))
+      snprintf(node + n, sizeof node - (size_t)n, ", no peer path");
+    else
+      snprintf(node + n, sizeof node - (size_t)n, ", fabric %.2f GB/s%s", t->fabric_bps / 1e9,
+               t->fabric_via_uplinks ? " (PCIe peer-to-peer)" : "");
+  }
+  snprintf(p->description, sizeof p->description, "host-backed, capacity %s, bw %s%s%s%s%s", cap,
+           bw, node, o->jitter ? ", jitter" : "", o->blocking_d2h ? ", blocking d2h" : "",
            o->prefault ? ", prefaulted" : "");
 }
 
@@ -452,6 +541,7 @@ static int map_arena(struct host_ctx *ctx, char *err, size_t errlen) {
 int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
   struct host_options opt = {.capacity = HOST_DEFAULT_CAPACITY, .poison = true};
   int rc = mlo_spec_parse_kv(spec_args, host_option, &opt, err, errlen);
+  if (!rc) rc = node_options(&opt, err, errlen);
   if (rc) return rc;
   struct host_ctx *ctx = mlo_calloc(1, sizeof *ctx);
   if (!ctx) return MLO_ENOMEM;

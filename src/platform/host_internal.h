@@ -45,6 +45,11 @@ struct host_options {
   uint64_t bw; /* bytes per second; 0 = unlimited */
   uint64_t seed;
   bool jitter, poison, blocking_d2h, prefault;
+  /* the node it stands in for (group=, uplink=, fabric=, pcie_p2p=) */
+  bool node;              /* any of them given: the topology is modelled */
+  bool fabric_given;      /* fabric=0 (none) is a value, not an absence */
+  mlo_node_topology topo; /* link_bps is bw */
+  double copy_bps;        /* what copies are held to: bw, or the uplink's share */
 };
 
 enum host_op_kind { HOST_OP_H2D, HOST_OP_D2H };

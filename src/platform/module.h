@@ -34,7 +34,9 @@
 #include <stdint.h>
 
 /* Bumped whenever either table below changes shape. */
-#define MLO_MODULE_ABI 2 /* 2: host_register says whether a range may be registered read-only */
+#define MLO_MODULE_ABI                                                                             \
+  3 /* 2: host_register says whether a range may be registered read-only;                          \
+       3: the topology and gather_pace slots */
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)

@@ -261,6 +261,19 @@ bool mlo_plat_has_all_gather(const mlo_platform *p) {
   return p->ops->all_gather != NULL;
 }
 
+void mlo_plat_gather_pace(mlo_platform *p, size_t slice, int ranks, uint64_t t0_ns) {
+  if (p->ops->gather_pace) p->ops->gather_pace(p->ctx, slice, ranks, t0_ns);
+}
+
+int mlo_platform_get_topology(mlo_platform *p, mlo_node_topology *t) {
+  if (!p || !t) return MLO_EINVAL;
+  if (!p->ops->topology) return MLO_EUNSUPPORTED;
+  mlo_node_topology got = {0};
+  int rc = p->ops->topology(p->ctx, &got);
+  if (!rc) *t = got;
+  return rc;
+}
+
 uint64_t mlo_plat_now(const mlo_platform *p) {
   return p->ops->now_ns ? p->ops->now_ns(p->ctx) : mlo_now_ns();
 }

@@ -112,6 +112,15 @@ struct mlo_platform_ops {
    * The simulated platform answers its virtual clock, so a projected run's
    * stall and wall time come out of the same accounting as a real one's. */
   uint64_t (*now_ns)(void *ctx);
+  /* Optional, for a platform that models a node (host: group=, uplink=,
+   * fabric=): the node's copy paths as it models them.  NULL or
+   * MLO_EUNSUPPORTED: not modelled (a real device's are what they are). */
+  int (*topology)(void *ctx, mlo_node_topology *t);
+  /* Optional, with topology: core has just all-gathered `ranks` slices of
+   * `slice` bytes, starting at t0_ns (mlo_plat_now), by some means faster
+   * than the modelled fabric (host: MPI through shared memory); returns no
+   * sooner than the modelled gather would have ended. */
+  void (*gather_pace)(void *ctx, size_t slice, int ranks, uint64_t t0_ns);
 };
 
 /* The handle behind the public mlo_platform. */
@@ -183,6 +192,8 @@ void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle
 /* The all_gather slot; MLO_EUNSUPPORTED without one. */
 int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll);
 bool mlo_plat_has_all_gather(const mlo_platform *p);
+/* The gather_pace slot (nothing without one).  Not a platform call. */
+void mlo_plat_gather_pace(mlo_platform *p, size_t slice, int ranks, uint64_t t0_ns);
 /* The platform's clock (the now_ns slot, or mlo_now_ns).  Not a platform
  * call: it is never counted and never fails. */
 uint64_t mlo_plat_now(const mlo_platform *p);

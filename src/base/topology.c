@@ -1,0 +1,61 @@
+/*
+ * topology.c — the node model: what loading a component on every GPU of a
+ * node costs, replicated (each GPU copies all of it from the host) or
+ * sharded (each copies 1/n, then the GPUs all-gather), from the node's
+ * copy paths (mlo_node_topology).  One function serves every place that
+ * needs the answer, so they cannot disagree: the host platform paces its
+ * stand-in links and gathers by it, `mlo run --ranks auto` and `mlo plan
+ * --node` choose the load from it (docs/distributed.md, "Topology").
+ *
+ * The model is bytes over the narrowest path each way, with every GPU of
+ * the node loading at once:
+ *  - a GPU's host rate is its link, or its share of the uplink its group
+ *    sits behind, whichever is less;
+ *  - replicated: the whole component at that rate;
+ *  - sharded: 1/n at that rate, then (n-1)/n received from the peers:
+ *    over the fabric where there is one; over the host links where there
+ *    is none (peers' bytes staged through host memory); and where the
+ *    fabric is PCIe peer-to-peer, what comes from another group crosses
+ *    this group's uplink too.
+ * Nothing overlaps the slice with the gather, as neither platform does.
+ */
+#include "mlo/mlo.h"
+
+#include <math.h>
+#include <stddef.h>
+
+static bool rate_ok(double r) {
+  return isfinite(r) && r >= 0;
+}
+
+int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t bytes,
+                        mlo_load_plan *out) {
+  if (!t || !out || !gpus || gpus > 4096 || !rate_ok(t->link_bps) || !(t->link_bps > 0) ||
+      !rate_ok(t->uplink_bps) || !rate_ok(t->fabric_bps))
+    return MLO_EINVAL;
+  double n = gpus, s = (double)bytes;
+  double group = t->group > 1 ? (t->group < gpus ? t->group : gpus) : 1;
+  double link = t->link_bps;
+  if (t->uplink_bps > 0 && t->uplink_bps / group < link) link = t->uplink_bps / group;
+
+  mlo_load_plan p = {.link_bps = link, .replicated_s = s / link};
+  double slice = s / n, incoming = s - slice;
+  p.slice_s = slice / link;
+  if (gpus == 1) {
+    p.gather_s = 0;
+  } else if (t->fabric_bps > 0) {
+    p.gather_s = incoming / t->fabric_bps;
+    /* each group takes in, through its uplink, what its members need from
+     * the GPUs outside it */
+    if (t->fabric_via_uplinks && t->uplink_bps > 0 && group < n) {
+      double cross = group * (n - group) * slice / t->uplink_bps;
+      if (cross > p.gather_s) p.gather_s = cross;
+    }
+  } else {
+    p.gather_s = incoming / link;
+  }
+  p.sharded_s = p.slice_s + p.gather_s;
+  p.sharded = gpus > 1 && p.sharded_s < 0.95 * p.replicated_s;
+  *out = p;
+  return MLO_OK;
+}
