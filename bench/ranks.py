@@ -22,8 +22,12 @@ in for the GPUs' fabric, so the link must be slow against it as PCIe is
 against NVLink (1:18-36): the default 2e7 B/s is about 1/25 of what the
 all-gather reaches on a 2-core machine with 4 ranks.
 
+Then, for each named topology (--nodes, mlo plan's node profiles, their
+uplinks and fabric at the profile's ratios to --link): what --ranks auto
+chose, and the sharded/replicated stall ratio modelled against measured.
+
 usage: bench/ranks.py [--mlo build/tools/mlo/mlo] [--ranks 4] [--scale 0.001]
-                      [--link 2e7] [--steps 4] [--prompts 3] [--json]
+                      [--link 2e7] [--steps 4] [--prompts 3] [--nodes A,B] [--json]
 Writes only under a temporary folder of its own.
 """
 import argparse
@@ -62,6 +66,8 @@ def main():
     ap.add_argument("--link", default="2e7")
     ap.add_argument("--steps", default="4")
     ap.add_argument("--prompts", default="3")
+    ap.add_argument("--nodes", default="h100-sxm-8,l40s-4,rtx4090-2",
+                    help="named topologies to run --ranks auto on (comma-separated; '' for none)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     mlo = os.path.abspath(a.mlo)
@@ -94,20 +100,51 @@ def main():
                           "stall": statistics.median(o["steady_stall_s"] for o in objs),
                           "gather_s": statistics.median(o["gather_s"] for o in objs),
                           "gather_bytes": objs[0]["gather_bytes"]}
+        nodes = {}
+        for node in [x for x in a.nodes.split(",") if x]:
+            # --ranks auto decides; the other mode, forced, is what it decided against
+            auto = mpirun(n, common + ["--ranks", "auto", "--node", node],
+                          os.path.join(tmp, node + "-auto"))
+            chose = auto[0]["mode"]
+            other = "shared" if chose == "sharded" else "sharded"
+            forced = mpirun(n, common + ["--ranks", other, "--node", node],
+                            os.path.join(tmp, node + "-" + other))
+            assert len({o["digest"] for o in auto + forced}) == 1, "a rank's digest differs"
+            stall = {chose: statistics.median(o["steady_stall_s"] for o in auto),
+                     other: statistics.median(o["steady_stall_s"] for o in forced)}
+            nodes[node] = {"chose": chose, "stall": stall,
+                           "modelled": {"shared": auto[0]["modelled_replicated_s_per_gib"],
+                                        "sharded": auto[0]["modelled_sharded_s_per_gib"]}}
     base = rows["one rank"]["stall"]
     if a.json:
         print(json.dumps({"ranks": n, "weights_bytes": weights, "link": float(a.link),
-                          "rows": rows}, indent=1))
+                          "rows": rows, "nodes": nodes}, indent=1))
         return 0
     print("%d ranks, weights %.1f MiB, link %.0f MB/s per rank, strict policy, %s steps, "
           "%s prompts" % (n, weights / 2**20, float(a.link) / 1e6, a.steps, a.prompts))
     print("%-12s %14s %14s %14s %10s" % ("mode", "node slabs", "node reads", "stall/prompt",
                                           "vs 1 rank"))
+    # "sharded" here gathers as fast as MPI's shared memory goes (no fabric
+    # modelled: about 25x the default link); the named topologies below
+    # hold the gather to a fabric's rate
     for name in ("one rank", "independent", "shared", "sharded"):
         r = rows[name]
         print("%-12s %8.1f MiB %4.2fx %8.1f MiB %4.2fx %12.3f s %9.2fx" % (
             name, r["slab"] / 2**20, r["slab"] / weights, r["read"] / 2**20, r["read"] / weights,
             r["stall"], r["stall"] / base))
+    if nodes:
+        print("\nnamed topologies (mlo run --node; the links at the profile's ratios to %.0f MB/s "
+              "per rank):" % (float(a.link) / 1e6))
+        print("%-11s %-8s %21s %21s %7s %14s" % ("node", "auto", "modelled sharded/repl",
+                                                "measured sharded/repl", "right?",
+                                                "auto vs 1 rank"))
+        for node, r in nodes.items():
+            m = r["modelled"]["sharded"] / r["modelled"]["shared"]
+            x = r["stall"]["sharded"] / r["stall"]["shared"]
+            print("%-11s %-8s %20.2fx %20.2fx %7s %13.2fx" % (
+                node, r["chose"], m, x,
+                "yes" if (r["chose"] == "sharded") == (x < 1) or abs(x - 1) < 0.05 else "NO",
+                r["stall"][r["chose"]] / base))
     return 0
 
 

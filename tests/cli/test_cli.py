@@ -1202,6 +1202,46 @@ class PlanTests(Fixture):
         moved = sum(c["device_bytes"] for c in res["components"] if c["role"] != "vae")
         self.assertEqual(pols["strict"]["h2d_bytes"], moved)
 
+    def test_nodes(self):
+        """--node: the node's ranks load each switch the way its copy paths
+        make faster, and the projection runs at that load's rate per GPU
+        (issue 26, "honest figures"): NVSwitch and a shared PCIe uplink shard,
+        a desktop without peer-to-peer does not, nor does one GPU."""
+        gib = float(1 << 30)
+        for node, gpus, want in (("h100-sxm-8", None, "sharded"), ("l40s-4", None, "sharded"),
+                                 ("rtx4090-2", None, "replicated"),
+                                 ("h100-sxm-8", "1", "replicated")):
+            args = ["flux", "--node", node] + (["--gpus", gpus] if gpus else [])
+            res = plan_json(*args)
+            n = res["node"]
+            self.assertEqual(n["loads"], want, node)
+            self.assertEqual(n["gpus"], int(gpus) if gpus else {"h100-sxm-8": 8, "l40s-4": 4,
+                                                                  "rtx4090-2": 2}[node])
+            fast = min(n["replicated_s_per_gib"], n["sharded_s_per_gib"])
+            chosen = n["sharded_s_per_gib"] if want == "sharded" else n["replicated_s_per_gib"]
+            self.assertEqual(chosen, fast, node)
+            if want == "replicated":  # a tie, or sharding saving under 5%, stays replicated
+                self.assertGreaterEqual(n["sharded_s_per_gib"], 0.95 * n["replicated_s_per_gib"])
+            self.assertAlmostEqual(n["effective_link_bytes_per_s"], gib / chosen, delta=1)
+            self.assertEqual(res["device"]["link_bytes_per_s"], n["effective_link_bytes_per_s"])
+            self.check_device(res)
+        # each GPU's link from --link; the choice follows from the ratios
+        res = plan_json("flux", "--node", "l40s-4", "--link", "5e9")
+        self.assertEqual(res["node"]["gpu_link_bytes_per_s"], 5e9)
+        _, out, _ = mlo("plan", "wan2.2-t2v", "--node", "h100-sxm-8", check=0)
+        self.assertIn("node:     8x H100 SXM", out)
+        self.assertIn("sharded loads: a GiB reaches every GPU in", out)
+        _, out, _ = mlo("plan", "--help", check=0)
+        for node in ("h100-sxm-8", "l40s-4", "rtx4090-2"):
+            self.assertIn(node, out)
+        for args, needle in ((["--node", "dgx"], "unknown node 'dgx'"),
+                             (["--node", "l40s-4", "--device", "h100"], "drop --device"),
+                             (["--gpus", "4"], "give --node"),
+                             (["--node", "l40s-4", "--gpus", "0"], "--gpus")):
+            rc, _, err = mlo("plan", "flux", *args)
+            self.assertEqual(rc, 2, args)
+            self.assertIn(needle, err, args)
+
     def test_full_size_wan_on_a_desktop(self):
         """The issue's desktop: an RTX 4090 (24 GiB) with 32 GiB of host memory for
         the 64 GiB Wan2.2 A14B.  Both experts stream; their streamed blocks stay
@@ -1584,6 +1624,56 @@ class RanksTests(Fixture):
         self.assertNotEqual(p.returncode, 0, p.stdout)
         self.assertEqual(p.stderr.count("the ranks do not hold the same checkpoint"), 2, p.stderr)
         self.assertNotIn("output identical", p.stdout)
+
+    def test_auto_chooses_from_the_topology(self):
+        """--ranks auto: sharded where the node's topology makes it faster,
+        replicated where it does not or is not known; the modelled figures in
+        every rank's line; the digest the single process's either way."""
+        common = ["run", self.ckpt, "--json", "--steps", "4", "--verify", "--link", "2e8"]
+
+        def ranks(*args):
+            _, out, _ = mpi_run(2, *common, *args)
+            objs = [json.loads(line) for line in out.splitlines() if line.strip()]
+            self.assertEqual(len(objs), 2)
+            for o in objs:
+                self.assertEqual(o["digest"], self.single)
+                self.assertIs(o["verified"], True)
+            return objs[0]
+
+        o = ranks("--ranks", "auto", "--node", "h100-sxm-8")
+        self.assertEqual((o["mode"], o["mode_chosen"]), ("sharded", True))
+        self.assertIn("h100-sxm-8", o["topology"])
+        self.assertLess(o["modelled_sharded_s_per_gib"], o["modelled_replicated_s_per_gib"])
+        self.assertGreater(o["gather_bytes"], 0)
+        # 2 ranks of 2e8 B/s, NVLink at 7.2x the link: 1/2 + 1/(2 x 7.2) of a replicated load
+        self.assertAlmostEqual(o["modelled_sharded_s_per_gib"] / o["modelled_replicated_s_per_gib"],
+                               0.5 + 0.5 / 7.2, places=6)
+        o = ranks("--ranks", "auto", "--node", "rtx4090-2")
+        self.assertEqual((o["mode"], o["gather_bytes"]), ("shared", 0))
+        o = ranks("--ranks", "auto")
+        self.assertEqual(o["mode"], "shared")
+        self.assertIn("not known", o["topology"])
+        self.assertIsNone(o["modelled_sharded_s_per_gib"])
+        # the node's options given to the host platform itself
+        o = ranks("--ranks", "auto", "--platform", "host:fabric=2e9")
+        self.assertEqual(o["mode"], "sharded")
+        self.assertIn("given in --platform", o["topology"])
+        # a mode given is kept, and the model still reported
+        o = ranks("--ranks", "shared", "--node", "h100-sxm-8")
+        self.assertEqual((o["mode"], o["mode_chosen"]), ("shared", False))
+        self.assertIsNotNone(o["modelled_sharded_s_per_gib"])
+
+    def test_node_flags(self):
+        """--node's misuse is refused before any rank starts."""
+        for args, needle in ((["--node", "l40s-4"], "give --ranks auto"),
+                             (["--ranks", "auto", "--node", "l40s-4"], "give --link"),
+                             (["--ranks", "auto", "--node", "dgx", "--link", "2e8"],
+                              "unknown node 'dgx'"),
+                             (["--ranks", "auto", "--node", "l40s-4", "--link", "2e8",
+                               "--platform", "host:group=2"], "not both")):
+            rc, _, err = mlo("run", self.ckpt, *args)
+            self.assertEqual(rc, 2, args)
+            self.assertIn(needle, err, args)
 
     def test_json_on_some_ranks_only(self):
         """--json given to rank 0 and not rank 1 (or the other way round):

@@ -30,6 +30,11 @@ static void help(void) {
          "  --device CARD         a built-in profile (list below); without it and\n"
          "                        without --device-memory: one line per built-in card\n"
          "  --device-memory SIZE  device memory (overrides the card's)\n"
+         "  --node NODE           a node of several cards (list below): its ranks load\n"
+         "                        each switch replicated or sharded, whichever its copy\n"
+         "                        paths make faster, and the table's link is that\n"
+         "                        load's rate per GPU (--link sets each GPU's own)\n"
+         "  --gpus N              the node's GPUs (default: the profile's)\n"
          "  --link BYTES_PER_S    pinned host-to-device bandwidth, e.g. 25e9 (overrides)\n"
          "  --steps N             denoising steps (default: the pipeline's diffusers default)\n"
          "  --prompts N           generations per projected run (default 3, at least 2:\n"
@@ -62,11 +67,15 @@ static void help(void) {
          "                        mlo run --timeline draws a real one\n" TOOL_SOURCE_HELP "\n"
          "cards:");
   for (size_t i = 0; i < plan_ndevices; i++) printf("%s %s", i ? "," : "", plan_devices[i].name);
-  printf("\n\nexamples:\n"
+  printf("\nnodes:\n");
+  for (size_t i = 0; i < plan_nnodes; i++)
+    printf("  %-11s %s: %s\n", plan_nodes[i].name, plan_nodes[i].title, plan_nodes[i].paths);
+  printf("\nexamples:\n"
          "  mlo plan wan2.2-t2v --device rtx4090 --dtype fp8\n"
          "  mlo plan wan2.2-t2v --device h100-sxm --steps 40 --frames 33\n"
          "  mlo plan wan2.2-t2v --device l40s --host-memory 32G --disk-bw 2e9\n"
          "  mlo plan /models/FLUX.1-dev --device l40s --json\n"
+         "  mlo plan wan2.2-t2v --node l40s-4\n"
          "  mlo plan ckpt --device-memory 1G --link 2e8 --step-time dit=0.5,encoder=0.1,vae=0.2\n\n"
          "exit codes: 0 ok (also when nothing fits: the table says why), 2 bad usage or\n"
          "input, 4 other failure.\n");
@@ -115,6 +124,12 @@ static bool parse_flag(targs *a, plan_args *pa) {
     if (v && !plan_device_find(v))
       targs_error(a, "--device: unknown card '%s' (mlo plan --help lists them)", v);
     pa->device = v;
+  } else if (targs_value(a, "--node", &v)) {
+    if (v && !plan_node_find(v))
+      targs_error(a, "--node: unknown node '%s' (mlo plan --help lists them)", v);
+    pa->node = v;
+  } else if (targs_value(a, "--gpus", &v)) {
+    targs_int(a, "--gpus", v, 1, 4096, &pa->gpus);
   } else if (targs_value(a, "--device-memory", &v)) {
     pa->have_capacity = targs_size(a, "--device-memory", v, &pa->capacity);
   } else if (targs_value(a, "--link", &v)) {
@@ -210,6 +225,12 @@ static int parse(int argc, char **argv, plan_args *pa) {
     targs_error(&a, "--no-prefetch needs --policy budget");
   if (!a.failed && pa->offload == 0 && pa->policy >= 0)
     targs_error(&a, "--offload none runs no policy; drop --policy");
+  const plan_node *node = plan_node_find(pa->node);
+  if (!a.failed && node && pa->device &&
+      plan_device_find(pa->device) != plan_device_find(node->card))
+    targs_error(&a, "--node %s has %s cards: drop --device %s", node->name, node->card, pa->device);
+  if (!a.failed && pa->gpus && !node) targs_error(&a, "--gpus is a node's: give --node");
+  if (!a.failed && node) pa->device = node->card;
   if (!a.failed && pa->have_budget && pa->have_reserve)
     targs_error(&a, "give --budget or --reserve, not both");
   if (!a.failed && pa->have_disk && !pa->have_host)

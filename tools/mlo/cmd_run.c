@@ -6,6 +6,7 @@
  * forward.  Refuses a device too small before loading anything onto it,
  * with a message that says what to change (exit 3).
  */
+#include "plan.h"
 #include "tool.h"
 
 #include <stdlib.h>
@@ -25,14 +26,16 @@ typedef struct {
   int sync;    /* index into sync_words */
   long steps;
   int tokens[4];
-  int ranks;           /* index into ranks_words; -1: one process */
-  double rank_timeout; /* seconds */
+  int ranks;             /* index into ranks_words; -1: one process */
+  const plan_node *node; /* --node */
+  double rank_timeout;   /* seconds */
   tool_ranks rk;
 } run_args;
 
 static const char *const offload_words[] = {"none", "model", NULL};
 static const char *const sync_words[] = {"event", "device", NULL};
-static const char *const ranks_words[] = {"shared", "sharded", NULL};
+static const char *const ranks_words[] = {"shared", "sharded", "auto", NULL};
+enum { RANKS_SHARED, RANKS_SHARDED, RANKS_AUTO };
 
 static void help(void) {
   printf("usage: mlo run PATH [flags]\n"
@@ -93,9 +96,17 @@ static void help(void) {
          "                        a node share one host slab per component and each reads\n"
          "                        1/n of the checkpoint; shared: each rank loads whole\n"
          "                        components from the shared slab; sharded: each copies\n"
-         "                        1/n and the node's ranks all-gather the rest\n"
+         "                        1/n and the node's ranks all-gather the rest; auto:\n"
+         "                        whichever the node's topology makes faster (--node, or\n"
+         "                        the host platform's group=, uplink=, fabric=),\n"
+         "                        replicated where it is not known\n"
          "                        (docs/distributed.md).  Reports every rank (--json: one\n"
          "                        line per rank) and the node's host memory and disk reads\n"
+         "  --node NODE           with --ranks: the node the ranks run on, a profile of\n"
+         "                        mlo plan (h100-sxm-8, l40s-4, rtx4090-2): --ranks auto\n"
+         "                        decides from it; on the host platform it also models\n"
+         "                        the node's uplinks and fabric at the profile's ratios\n"
+         "                        to --link\n"
          "  --rank-timeout S      how long a collective step waits for a missing rank\n"
          "                        before failing on every rank (default 60)\n"
          "  --read-check          before loading, time a plain read of the same files\n"
@@ -111,7 +122,8 @@ static void help(void) {
          "  mlo run ckpt --policy budget --host-memory 8G --prompts 3\n"
          "  mlo run /models/Wan2.2-T2V-A14B --platform cuda:0 --steps 40 --json\n"
          "  mlo run ckpt --offload none --trace run.json --timeline run.svg\n"
-         "  mpirun -np 4 mlo run ckpt --ranks sharded --link 2e8 --verify\n\n"
+         "  mpirun -np 4 mlo run ckpt --ranks sharded --link 2e8 --verify\n"
+         "  mpirun -np 4 mlo run ckpt --ranks auto --node l40s-4 --link 2e8\n\n"
          "exit codes: 0 ok, 1 verification failed, 2 bad usage or input,\n"
          "3 out of device memory (or --host-memory below what must stay in host\n"
          "memory), 4 other failure.\n");
@@ -184,12 +196,29 @@ static bool parse_flag(targs *a, run_args *r) {
     r->read_check = true;
   } else if (targs_value(a, "--ranks", &v)) {
     targs_choice(a, "--ranks", v, ranks_words, &r->ranks);
+  } else if (targs_value(a, "--node", &v)) {
+    r->node = plan_node_find(v);
+    if (v && !r->node) targs_error(a, "--node: unknown node '%s' (mlo plan --help lists them)", v);
   } else if (targs_value(a, "--rank-timeout", &v)) {
     targs_double(a, "--rank-timeout", v, 0.1, 86400, &r->rank_timeout);
   } else {
     return false;
   }
   return true;
+}
+
+/* --node on the host platform: its links at the profile's ratios to --link
+ * (each rank's), its groups no larger than the node's ranks. */
+static void node_options(const run_args *ra, char *spec, size_t size) {
+  mlo_node_topology t = plan_node_topology(ra->node, 0);
+  double k = (double)ra->link / t.link_bps;
+  unsigned group = t.group > 1 ? t.group : 1;
+  if (group > (unsigned)ra->rk.node_ranks) group = (unsigned)ra->rk.node_ranks;
+  size_t len = strlen(spec);
+  len += (size_t)snprintf(spec + len, size - len, ",group=%u,fabric=%.0f,pcie_p2p=%d", group,
+                          t.fabric_bps * k, t.fabric_via_uplinks);
+  if (t.uplink_bps > 0 && len < size)
+    snprintf(spec + len, size - len, ",uplink=%.0f", t.uplink_bps * k);
 }
 
 /* 0 to go on, -1 for --help, else an exit code. */
@@ -231,7 +260,17 @@ static int parse(int argc, char **argv, run_args *r) {
     targs_error(&a, "--policy budget needs --offload model");
   if (!a.failed && r->have_host && r->offload == 0)
     targs_error(&a, "--host-memory needs --offload model");
-  if (!a.failed && r->have_host && r->ranks == 0)
+  bool host = !strncmp(r->platform, "host", 4);
+  if (!a.failed && r->node && r->ranks < 0)
+    targs_error(&a, "--node describes the ranks' node: give --ranks auto (or shared, sharded)");
+  if (!a.failed && r->node && host && !r->have_link)
+    targs_error(&a, "--node on the host platform models the node's links at the profile's "
+                    "ratios: give --link, each rank's link (e.g. 2e8)");
+  if (!a.failed && r->node && host &&
+      (strstr(r->platform, "group=") || strstr(r->platform, "uplink=") ||
+       strstr(r->platform, "fabric=") || strstr(r->platform, "pcie_p2p=")))
+    targs_error(&a, "give --node or the node's options in --platform, not both");
+  if (!a.failed && r->have_host && r->ranks == RANKS_SHARED)
     targs_error(&a, "--host-memory with --ranks shared: every rank would read each component on "
                     "disk whole; --ranks sharded reads it once per node");
   if (!a.failed && r->have_host && r->literal)
@@ -472,9 +511,7 @@ int cmd_run(int argc, char **argv) {
       code = tool_exit_for(rc);
       goto out_free;
     }
-    ra.rk.sharded = ra.ranks == 1;
     ra.src.comm = ra.rk.comm;
-    ra.src.sharded = ra.rk.sharded;
     if (!strcmp(ra.platform, "cuda")) { /* one GPU per rank of the node */
       snprintf(cuda_spec, sizeof cuda_spec, "cuda:%d", ra.rk.node_rank);
       ra.platform = cuda_spec;
@@ -498,6 +535,21 @@ int cmd_run(int argc, char **argv) {
     size_t len = strlen(spec);
     snprintf(spec + len, sizeof spec - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
              (unsigned long long)ra.link);
+  }
+  if (ra.node && !strncmp(spec, "host", 4)) node_options(&ra, spec, sizeof spec);
+  if (ra.ranks >= 0) {
+    char err[512] = "";
+    mlo_node_topology nt;
+    if (ra.node) nt = plan_node_topology(ra.node, 0);
+    int rc =
+        ranks_plan_loads(&ra.rk, spec, ra.node ? &nt : NULL, ra.node ? ra.node->name : NULL,
+                         ra.ranks == RANKS_AUTO ? -1 : ra.ranks, ra.have_host, err, sizeof err);
+    if (rc) {
+      tool_failf("run", "%s", err);
+      code = tool_exit_for(rc);
+      goto out_free;
+    }
+    ra.src.sharded = ra.rk.sharded;
   }
   bool progress = !ra.json && ra.rk.rank == 0;
   session_config cfg = {.source = &ra.src,

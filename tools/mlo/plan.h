@@ -21,6 +21,25 @@ extern const size_t plan_ndevices;
 /* By name or alias ("h100", "4090"), case-insensitive; NULL if unknown. */
 const plan_device *plan_device_find(const char *name);
 
+/* A node of several cards and its copy paths, for choosing how a switch
+ * loads on its ranks (docs/distributed.md, "Topology"; each figure's
+ * source in docs/plan.md).  topo.link_bps 0: the card's link. */
+typedef struct {
+  const char *name;  /* "h100-sxm-8", as --node takes it */
+  const char *title; /* "8x H100 SXM (HGX H100)" */
+  const char *card;  /* a plan_devices name */
+  unsigned gpus;
+  mlo_node_topology topo;
+  const char *paths; /* the copy paths in words */
+} plan_node;
+extern const plan_node plan_nodes[];
+extern const size_t plan_nnodes;
+/* By name, case-insensitive; NULL if unknown. */
+const plan_node *plan_node_find(const char *name);
+/* The node's topology, each GPU's link `link` where it is > 0 (--link),
+ * else the profile's, else its card's. */
+mlo_node_topology plan_node_topology(const plan_node *node, double link);
+
 /* What one generation does (diffusers' __call__ defaults per family). */
 typedef struct {
   const char *family; /* a preset name: "wan2.2-t2v", "flux", "qwen-image", "sd3" */

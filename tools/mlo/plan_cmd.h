@@ -21,6 +21,8 @@ typedef struct {
   const char *preset;
   double scale;
   const char *device;
+  const char *node; /* --node: a plan_nodes name */
+  long gpus;        /* --gpus: the node's GPUs (0: the profile's) */
   bool have_capacity, have_link, have_tflops;
   uint64_t capacity, link;
   double tflops, mfu;
@@ -57,8 +59,13 @@ typedef struct {
 } pol_result;
 
 typedef struct {
-  plan_device dev; /* the profile with --device-memory / --link applied */
-  bool custom;     /* no profile: --device-memory, --link, --tflops */
+  plan_device dev;       /* the profile with --device-memory / --link applied; with
+                            --node, link is the node's effective rate per GPU */
+  const plan_node *node; /* --node, else NULL */
+  unsigned gpus;
+  double gpu_link;     /* with node: each GPU's own link */
+  mlo_load_plan loads; /* with node: a GiB's load each way */
+  bool custom;         /* no profile: --device-memory, --link, --tflops */
   size_t ncomp;
   struct comp_plan {
     char name[128];

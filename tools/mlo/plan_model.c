@@ -49,6 +49,51 @@ const plan_device *plan_device_find(const char *name) {
   return NULL;
 }
 
+/* Nodes our users run on.  A GPU's host link as the card's (80% of the bus,
+ * what pinned copies reach); a fabric at 80% of its per-direction peak,
+ * likewise (docs/plan.md lists the sources and what each layout assumes). */
+const plan_node plan_nodes[] = {
+    {"h100-sxm-8",
+     "8x H100 SXM (HGX H100)",
+     "h100-sxm",
+     8,
+     {.link_bps = 0, .group = 1, .fabric_bps = 360e9},
+     "a PCIe 5.0 x16 host path per GPU; NVLink 4 through NVSwitch, 450 GB/s each way"},
+    {"l40s-4",
+     "4x L40S PCIe server",
+     "l40s",
+     4,
+     {.link_bps = 0,
+      .group = 2,
+      .uplink_bps = GEN4_LINK,
+      .fabric_bps = 20e9,
+      .fabric_via_uplinks = true},
+     "two GPUs per PCIe 4.0 switch, one x16 uplink each to the CPU; peer-to-peer over PCIe"},
+    {"rtx4090-2",
+     "2x RTX 4090 desktop",
+     "rtx4090",
+     2,
+     {.link_bps = GEN4_LINK / 2, .group = 1},
+     "the CPU's 16 lanes split x8/x8; no peer-to-peer (GeForce): gathers go through host "
+     "memory"},
+};
+const size_t plan_nnodes = sizeof plan_nodes / sizeof plan_nodes[0];
+
+const plan_node *plan_node_find(const char *name) {
+  for (size_t i = 0; name && i < plan_nnodes; i++)
+    if (!strcasecmp(name, plan_nodes[i].name)) return &plan_nodes[i];
+  return NULL;
+}
+
+mlo_node_topology plan_node_topology(const plan_node *node, double link) {
+  mlo_node_topology t = node->topo;
+  if (link > 0)
+    t.link_bps = link;
+  else if (!(t.link_bps > 0))
+    t.link_bps = plan_device_find(node->card)->link;
+  return t;
+}
+
 /* diffusers' defaults for each pipeline's __call__: WanPipeline 832x480,
  * 81 frames, 50 steps, guidance 5 (two passes per step); FluxPipeline
  * 1024^2, 28 steps, distilled guidance (one pass), T5 at 512 tokens;

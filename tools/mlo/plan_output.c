@@ -89,6 +89,18 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
     fprintf(out, ", %.0f TFLOPS bf16%s (mfu %.2f)", pr->dev.bf16_tflops,
             pr->dev.fp8_tflops > 0 && pr->dev.fp8_tflops != pr->dev.bf16_tflops ? " / fp8 x2" : "",
             pa->mfu);
+  if (pr->node) {
+    const mlo_load_plan *l = &pr->loads;
+    double fast = l->sharded ? l->sharded_s : l->replicated_s;
+    double slow = l->sharded ? l->replicated_s : l->sharded_s;
+    fprintf(out,
+            "\nnode:     %s, %u GPUs: %s\n"
+            "          %s loads: a GiB reaches every GPU in %.1f ms (%s: %.1f ms); each GPU's "
+            "link %.1f GB/s, %.1f GB/s effective",
+            pr->node->title, pr->gpus, pr->node->paths, l->sharded ? "sharded" : "replicated",
+            fast * 1e3, l->sharded ? "replicated" : "sharded", slow * 1e3, pr->gpu_link / 1e9,
+            pr->dev.link / 1e9);
+  }
   fprintf(out, "\njob:      %dx%d", job->width, job->height);
   if (job->frames > 1) fprintf(out, ", %d frames", job->frames);
   fprintf(out, ", %d steps", job->steps);
@@ -154,6 +166,23 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(d, "bf16_tflops", pr->dev.bf16_tflops);
   cJSON_AddNumberToObject(d, "fp8_tflops", pr->dev.fp8_tflops);
   cJSON_AddNumberToObject(d, "mfu", pa->mfu);
+  if (pr->node) {
+    const mlo_node_topology t = plan_node_topology(pr->node, pr->gpu_link);
+    cJSON *n = cJSON_AddObjectToObject(o, "node");
+    cJSON_AddStringToObject(n, "name", pr->node->name);
+    cJSON_AddStringToObject(n, "title", pr->node->title);
+    cJSON_AddStringToObject(n, "paths", pr->node->paths);
+    cJSON_AddNumberToObject(n, "gpus", pr->gpus);
+    cJSON_AddNumberToObject(n, "gpu_link_bytes_per_s", t.link_bps);
+    cJSON_AddNumberToObject(n, "group", t.group);
+    cJSON_AddNumberToObject(n, "uplink_bytes_per_s", t.uplink_bps);
+    cJSON_AddNumberToObject(n, "fabric_bytes_per_s", t.fabric_bps);
+    cJSON_AddBoolToObject(n, "fabric_via_uplinks", t.fabric_via_uplinks);
+    cJSON_AddStringToObject(n, "loads", pr->loads.sharded ? "sharded" : "replicated");
+    cJSON_AddNumberToObject(n, "replicated_s_per_gib", pr->loads.replicated_s);
+    cJSON_AddNumberToObject(n, "sharded_s_per_gib", pr->loads.sharded_s);
+    cJSON_AddNumberToObject(n, "effective_link_bytes_per_s", pr->dev.link);
+  }
   cJSON *j = cJSON_AddObjectToObject(o, "job");
   cJSON_AddStringToObject(j, "family", job->family);
   cJSON_AddNumberToObject(j, "width", job->width);

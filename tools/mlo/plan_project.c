@@ -290,6 +290,19 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
   if (pa->have_link) pr->dev.link = (double)pa->link;
   if (pa->have_tflops) pr->dev.bf16_tflops = pr->dev.fp8_tflops = pa->tflops;
   if (!pr->dev.memory) pr->dev.memory = 80ull << 30;
+  if ((pr->node = plan_node_find(pa->node))) {
+    /* every GPU of the node loads at once, the way the topology makes
+     * fastest: the simulated link is that load's rate per GPU */
+    pr->gpus = pa->gpus ? (unsigned)pa->gpus : pr->node->gpus;
+    mlo_node_topology t = plan_node_topology(pr->node, pa->have_link ? (double)pa->link : 0);
+    pr->gpu_link = t.link_bps;
+    if (mlo_node_plan_loads(&t, pr->gpus, 1ull << 30, &pr->loads)) {
+      tool_failf("plan", "--node %s: the topology does not plan", pr->node->name);
+      return TOOL_EXIT_FAIL;
+    }
+    double s = pr->loads.sharded ? pr->loads.sharded_s : pr->loads.replicated_s;
+    pr->dev.link = (double)(1ull << 30) / s;
+  }
   char spec[256], err[1024] = "";
   snprintf(spec, sizeof spec, "sim:capacity=%llu,link=%llu", (unsigned long long)pr->dev.memory,
            (unsigned long long)pr->dev.link);

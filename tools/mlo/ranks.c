@@ -92,6 +92,15 @@ static char *json_line(const tool_ranks *r, const rank_figures *mine, uint64_t w
   cJSON_AddNumberToObject(o, "node_rank", r->node_rank);
   cJSON_AddNumberToObject(o, "node_ranks", r->node_ranks);
   cJSON_AddStringToObject(o, "mode", r->sharded ? "sharded" : "shared");
+  cJSON_AddBoolToObject(o, "mode_chosen", r->chosen); /* --ranks auto */
+  cJSON_AddStringToObject(o, "topology", r->topology);
+  if (r->modelled) { /* a GiB's load on every rank of the node, each way, as modelled */
+    cJSON_AddNumberToObject(o, "modelled_replicated_s_per_gib", r->plan.replicated_s);
+    cJSON_AddNumberToObject(o, "modelled_sharded_s_per_gib", r->plan.sharded_s);
+  } else {
+    cJSON_AddNullToObject(o, "modelled_replicated_s_per_gib");
+    cJSON_AddNullToObject(o, "modelled_sharded_s_per_gib");
+  }
   cJSON_AddNumberToObject(o, "host_pss_bytes", (double)mine->pss);
   cJSON_AddNumberToObject(o, "slab_pss_bytes", (double)mine->slab_pss);
   cJSON_AddNumberToObject(o, "disk_read_bytes", (double)mine->read);
@@ -154,8 +163,13 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
     free(all);
     return rc ? rc : lost ? MLO_ENOMEM : MLO_OK;
   }
-  fprintf(out, "\nranks (%d, %d on this node, %s):\n", r->ranks, r->node_ranks,
-          r->sharded ? "sharded loads" : "replicated loads from the shared slab");
+  fprintf(out, "\nranks (%d, %d on this node, %s%s):\n", r->ranks, r->node_ranks,
+          r->sharded ? "sharded loads" : "replicated loads from the shared slab",
+          r->chosen ? ", chosen by --ranks auto" : "");
+  fprintf(out, "  the node's topology: %s\n", r->topology);
+  if (r->modelled)
+    fprintf(out, "  modelled: a GiB reaches every rank in %.3f s replicated, %.3f s sharded\n",
+            r->plan.replicated_s, r->plan.sharded_s);
   fprintf(out, "  %4s %10s %10s %10s %10s %10s %8s %9s  %-16s %s\n", "rank", "slabs PSS", "all PSS",
           "read", "moved in", "gathered", "gather", "stall", "digest", "verified");
   uint64_t pss = 0, slab = 0, read = 0, io = 0;
@@ -246,21 +260,27 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
   snprintf(cmd, sizeof cmd,
            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
            "OMPI_MCA_rmaps_base_oversubscribe=1 MLO_LOG=error mpirun -np 2 '%s' run '%s' "
-           "--ranks sharded --json --steps %d --prompts 3 --device-memory %llu "
+           "--ranks auto --node h100-sxm-8 --json --steps %d --prompts 3 --device-memory %llu "
            "--platform host:prefault=1,poison=0 --link %.0f 2>/dev/null",
            self, dir, steps, (unsigned long long)capacity, bw);
   fflush(out);
   FILE *p = popen(cmd, "r");
   char line[8192];
-  double stall = 0, slab = 0, read = 0;
-  int ranks = 0;
+  double stall = 0, slab = 0, read = 0, modelled = 0;
+  int ranks = 0, sharded = 0;
   while (p && fgets(line, sizeof line, p)) {
     cJSON *o = cJSON_Parse(line);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "steady_stall_s");
     const cJSON *sp = cJSON_GetObjectItemCaseSensitive(o, "slab_pss_bytes");
     const cJSON *rd = cJSON_GetObjectItemCaseSensitive(o, "disk_read_bytes");
-    if (cJSON_IsNumber(st) && cJSON_IsNumber(sp) && cJSON_IsNumber(rd)) {
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(o, "modelled_sharded_s_per_gib");
+    const cJSON *mr = cJSON_GetObjectItemCaseSensitive(o, "modelled_replicated_s_per_gib");
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
+    if (cJSON_IsNumber(st) && cJSON_IsNumber(sp) && cJSON_IsNumber(rd) && cJSON_IsNumber(ms) &&
+        cJSON_IsNumber(mr) && cJSON_IsString(mode)) {
       ranks++;
+      sharded += !strcmp(mode->valuestring, "sharded");
+      modelled = ms->valuedouble / mr->valuedouble;
       stall = st->valuedouble > stall ? st->valuedouble : stall;
       slab += sp->valuedouble;
       read += rd->valuedouble;
@@ -268,18 +288,20 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
     cJSON_Delete(o);
   }
   int rc = p ? pclose(p) : -1;
-  if (rc != 0 || ranks != 2 || !weights) {
+  if (rc != 0 || ranks != 2 || sharded != 2 || !weights) {
     fprintf(out, "\nseveral ranks: not shown (mpirun -np 2 did not run here)\n");
     return;
   }
   double w = (double)weights;
   fprintf(out,
-          "\ntwo ranks on this node (mpirun -np 2 mlo run --ranks sharded), strict policy:\n"
+          "\ntwo ranks as on an 8x H100 SXM node (mpirun -np 2 mlo run --ranks auto --node\n"
+          "h100-sxm-8: NVSwitch at 7.2x each GPU's host link, modelled), strict policy:\n"
           "  host slabs %.2fx the weights (two processes with slabs of their own: 2.00x), read\n"
-          "  from disk %.2fx; each rank copies half of every load over its link and the two\n"
-          "  all-gather the rest: stall %.3f s per prompt, %.2fx one rank's %.3f s\n",
+          "  from disk %.2fx; the topology makes sharded loads faster, so each rank copies half\n"
+          "  of every load and the two all-gather the rest: stall %.3f s per prompt, %.2fx one\n"
+          "  rank's %.3f s (the model: %.2fx)\n",
           slab / w, read / w, stall, one_rank_stall > 0 ? stall / one_rank_stall : 0,
-          one_rank_stall);
+          one_rank_stall, modelled);
 #endif
 }
 
@@ -312,4 +334,37 @@ uint64_t ranks_peak_rss_bytes(void) {
 
 uint64_t ranks_pss_bytes(void) {
   return (uint64_t)proc_value("/proc/self/smaps_rollup", "Pss: %llu kB") * 1024;
+}
+
+/* ---- --ranks auto: replicated or sharded, from the node's topology ---- */
+
+int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *node,
+                     const char *node_name, int mode, bool disk_tier, char *err, size_t errlen) {
+  mlo_node_topology t = {0};
+  r->chosen = mode < 0;
+  r->modelled = false;
+  if (!strncmp(spec, "host", 4) && (!spec[4] || spec[4] == ':')) {
+    /* the host platform says what it models (a --node profile became its
+     * options, or the user gave them in --platform) */
+    mlo_platform *p = NULL;
+    int rc = mlo_platform_open(spec, &p, err, errlen);
+    if (rc) return rc;
+    r->modelled = mlo_platform_get_topology(p, &t) == MLO_OK;
+    mlo_platform_close(p);
+    if (r->modelled)
+      snprintf(r->topology, sizeof r->topology, "%s, as the host platform models it",
+               node_name ? node_name : "the node given in --platform");
+  }
+  if (!r->modelled && node) {
+    t = *node;
+    r->modelled = true;
+    snprintf(r->topology, sizeof r->topology, "%s (mlo plan --help)", node_name);
+  }
+  if (r->modelled && mlo_node_plan_loads(&t, (unsigned)r->node_ranks, 1ull << 30, &r->plan))
+    r->modelled = false;
+  if (!r->modelled)
+    snprintf(r->topology, sizeof r->topology,
+             "not known: give --node (mlo plan --help lists them) to let it decide");
+  r->sharded = mode >= 0 ? mode == 1 : disk_tier || (r->modelled && r->plan.sharded);
+  return MLO_OK;
 }

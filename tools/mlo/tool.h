@@ -193,7 +193,21 @@ typedef struct {
   mlo_comm *comm;
   bool sharded;
   int rank, ranks, node_rank, node_ranks;
+  bool chosen;        /* --ranks auto: sharded is mlo's choice, not the user's */
+  bool modelled;      /* the node's topology is known: plan holds its figures */
+  char topology[160]; /* where it came from, in words */
+  mlo_load_plan plan; /* with modelled: a GiB's load each way on this node */
 } tool_ranks;
+/* The node's loads: the topology the platform `spec` models (the host
+ * platform with group=, uplink=, fabric=: a --node profile becomes those)
+ * or else `node` (a --node profile, may be NULL), planned for r's
+ * node_ranks GPUs into r->plan; and r->sharded: mode 1 sharded, 0
+ * replicated, -1 (--ranks auto) the faster as planned, replicated where no
+ * topology is known, sharded where loads read from files (disk_tier: only
+ * sharded loads read them once per node).  MLO_OK, or a failure to open
+ * the platform (err says). */
+int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *node,
+                     const char *node_name, int mode, bool disk_tier, char *err, size_t errlen);
 /* What one rank measured (plain data: gathered to rank 0 as bytes). */
 typedef struct {
   uint64_t pss;       /* proportional set size: shared pages count 1/n */
