@@ -1663,6 +1663,27 @@ class RanksTests(Fixture):
         self.assertEqual((o["mode"], o["mode_chosen"]), ("shared", False))
         self.assertIsNotNone(o["modelled_sharded_s_per_gib"])
 
+    def test_ranks_that_would_load_differently(self):
+        """One rank sharded, the other replicated (other --ranks, or --ranks
+        auto on other --node profiles): both fail at once, before a slab is
+        shared, saying why (it failed only at the first load's agreement,
+        with a message about acquire order, and waited out the timeout at
+        the report)."""
+        env = dict(os.environ, **MPI_ENV)
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        for first, second in ((["--ranks", "sharded"], ["--ranks", "shared"]),
+                              (["--ranks", "auto", "--node", "h100-sxm-8", "--link", "2e8"],
+                               ["--ranks", "auto", "--node", "rtx4090-2", "--link", "2e8"])):
+            args = ["run", self.ckpt, "--steps", "2", "--rank-timeout", "30"]
+            p = subprocess.run(["mpirun", "-np", "1", MLO, *args, *first, ":", "-np", "1", MLO,
+                                *args, *second], capture_output=True, text=True, env=env,
+                               timeout=120)
+            self.assertEqual(p.returncode, 4, p.stderr)
+            self.assertEqual(p.stderr.count("the ranks would load differently"), 2, p.stderr)
+            self.assertNotIn("did not arrive", p.stderr)
+            self.assertNotIn("output identical", p.stdout)
+
     def test_node_flags(self):
         """--node's misuse is refused before any rank starts."""
         for args, needle in ((["--node", "l40s-4"], "give --ranks auto"),

@@ -427,7 +427,8 @@ static int run_main(const run_args *ra, session_config *cfg, run_options *o, too
   if (rc) code = TOOL_EXIT_FAIL;
 agree:;
   char aerr[512] = "";
-  if (ra->src.comm && (code = ranks_agree(&ra->rk, 1, code, aerr, sizeof aerr))) {
+  if (ra->src.comm &&
+      (code = ranks_agree(&ra->rk, RANKS_STEP_MEASURE, code, 0, aerr, sizeof aerr))) {
     if (aerr[0]) tool_failf("run", "%s", aerr);
   } else if (!code) { /* while the slabs are mapped: what this process holds, and (--ranks) did */
     mlo_dist_stats ds = MLO_DIST_STATS_INIT;
@@ -549,6 +550,16 @@ int cmd_run(int argc, char **argv) {
       code = tool_exit_for(rc);
       goto out_free;
     }
+    /* ranks that would load differently (other --ranks or --node flags)
+     * fail together now, before a slab is shared */
+    code = ranks_agree(&ra.rk, RANKS_STEP_LOADS, 0, ra.rk.sharded ? 2 : 1, err, sizeof err);
+    if (code) {
+      tool_failf("run", "%s%s", err,
+                 strstr(err, "differ") ? ": the ranks would load differently (give every rank the "
+                                         "same --ranks and --node)"
+                                       : "");
+      goto out_free;
+    }
     ra.src.sharded = ra.rk.sharded;
   }
   bool progress = !ra.json && ra.rk.rank == 0;
@@ -579,7 +590,8 @@ int cmd_run(int argc, char **argv) {
   code = run_main(&ra, &cfg, &o, &rep);
   if (!code && ra.verify) code = verify_against_resident(&cfg, &o, &rep);
   char aerr[512] = "";
-  if (ra.src.comm && (code = ranks_agree(&ra.rk, 2, code, aerr, sizeof aerr)) && aerr[0])
+  if (ra.src.comm && (code = ranks_agree(&ra.rk, RANKS_STEP_REPORT, code, 0, aerr, sizeof aerr)) &&
+      aerr[0])
     tool_failf("run", "%s", aerr);
   if (!code && ra.src.comm) {
     rep.rank.verified = rep.verify ? rep.identical : -1;

@@ -63,14 +63,21 @@ static const char *step_name(uint64_t id, void *user) {
   (void)user;
   if (!(id & MLO_DIST_PROGRAM_STEP)) /* the other rank is still at its pipeline */
     return "a step of its pipeline (loading or freeing it)";
-  return (id & ~MLO_DIST_PROGRAM_STEP) == 1 ? "measuring the ranks" : "reporting the ranks";
+  switch (id & ~MLO_DIST_PROGRAM_STEP) {
+  case RANKS_STEP_MEASURE:
+    return "measuring the ranks";
+  case RANKS_STEP_LOADS:
+    return "choosing sharded or replicated loads";
+  default:
+    return "reporting the ranks";
+  }
 }
 
-int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen) {
+int ranks_agree(const tool_ranks *r, int step, int code, uint64_t check, char *err, size_t errlen) {
   if (!r->comm) return code;
   char mine[64];
   snprintf(mine, sizeof mine, "exit code %d", code);
-  int rc = mlo_dist_agree(r->comm, MLO_DIST_PROGRAM_STEP | (uint64_t)step, 0,
+  int rc = mlo_dist_agree(r->comm, MLO_DIST_PROGRAM_STEP | (uint64_t)step, check,
                           code ? MLO_ECALLBACK : MLO_OK, code ? mine : NULL, step_name, NULL, NULL,
                           err, errlen);
   return rc ? (code ? code : TOOL_EXIT_FAIL) : code;
@@ -209,8 +216,8 @@ int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
 void ranks_stop(tool_ranks *r, int code) {
   (void)r, (void)code;
 }
-int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen) {
-  (void)r, (void)step, (void)err, (void)errlen;
+int ranks_agree(const tool_ranks *r, int step, int code, uint64_t check, char *err, size_t errlen) {
+  (void)r, (void)step, (void)check, (void)err, (void)errlen;
   return code;
 }
 int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights, bool json,

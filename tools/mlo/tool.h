@@ -229,12 +229,16 @@ int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen);
 /* Frees the communicator and finalizes MPI if ranks_start initialized it;
  * a broken communicator ends the job with MPI_Abort(code) instead. */
 void ranks_stop(tool_ranks *r, int code);
-/* Every rank at `step` (1: measuring, so a page's PSS counts every rank
- * that touched it; 2: reporting, whose collectives need every rank) with
- * its exit code so far: code if every rank got here with 0, else non-zero
- * on every rank (err says which failed), within the communicator's
- * timeout, never a hang.  code itself without ranks. */
-int ranks_agree(const tool_ranks *r, int step, int code, char *err, size_t errlen);
+/* Every rank at `step` with its exit code so far: code if every rank got
+ * here with 0 and the same check, else non-zero on every rank (err says
+ * which failed or differ), within the communicator's timeout, never a
+ * hang.  code itself without ranks. */
+enum {
+  RANKS_STEP_MEASURE = 1, /* a page's PSS counts every rank that touched it */
+  RANKS_STEP_REPORT = 2,  /* the report's collectives need every rank */
+  RANKS_STEP_LOADS = 3,   /* check: the loads chosen, the same on every rank */
+};
+int ranks_agree(const tool_ranks *r, int step, int code, uint64_t check, char *err, size_t errlen);
 /* The demo's line on several ranks: this binary under `mpirun -np 2 ...
  * --ranks sharded` on the demo's checkpoint, device and link, reported
  * against the weights and against one rank's steady stall; a line saying
