@@ -49,13 +49,26 @@ def in_mlo_memory(backend):
 class Watch:
     """Checks at every hook (each acquire) what the contract allows: the
     audit passes, a DiT runs with no encoder and no other DiT resident, an
-    encoder with no DiT resident, and every tensor is bound where libmlo
-    has its bytes."""
+    encoder with no DiT resident; and at each acquire and release, every
+    tensor is bound where libmlo has its bytes."""
 
     def __init__(self, test, backend, strict=True):
         self.test, self.backend, self.calls, self.strict = test, backend, [], strict
-        self.orig = backend.acquire
+        self.orig, self.orig_release = backend.acquire, backend.release
         backend.acquire = self.acquire
+        backend.release = self.release
+
+    def bound_where_libmlo_has_the_bytes(self):
+        for o in self.backend.managed:
+            self.test.assertEqual(o.bound, "device" if o.comp.resident else "host", o.name)
+        self.test.assertIsNone(in_mlo_memory(self.backend))
+
+    def release(self, m):
+        """A release may evict (the budget policy prefetches there): what it
+        evicted is bound to its slab at once, not at the next acquire, so no
+        module points at a freed device block in between (issue 25.8)."""
+        self.orig_release(m)
+        self.bound_where_libmlo_has_the_bytes()
 
     def acquire(self, m):
         self.orig(m)
@@ -72,9 +85,7 @@ class Watch:
         if self.strict and m.role == "encoder":
             bad = [o.name for o in b.managed if o.role == "dit" and o.name in resident]
             self.test.assertFalse(bad, "%s runs with %s resident" % (m.name, bad))
-        for o in b.managed:
-            self.test.assertEqual(o.bound, "device" if o.comp.resident else "host", o.name)
-        self.test.assertIsNone(in_mlo_memory(b))
+        self.bound_where_libmlo_has_the_bytes()
 
 
 class PipelineTests(unittest.TestCase):
