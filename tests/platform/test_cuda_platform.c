@@ -7,6 +7,10 @@
  *       no-device message; needs no GPU, so it runs in CI.
  *   platform_cuda       (label gpu) — everything on a device; exits 77
  *       (skipped) when no CUDA device is visible.
+ *   platform_cuda_fake  (label platform) — `fake`: the device tests on the
+ *       fake runtime (tests/fakecuda), at smaller sizes and without the
+ *       cuBLAS digests (the fake runs no kernels); fails unless the fake is
+ *       the runtime loaded.
  */
 #include "testutil.h"
 
@@ -14,10 +18,15 @@
 #include "workload/workload.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The largest buffers the device tests move: 1 GiB on a GPU, less on the
+ * fake runtime, whose device memory is this machine's. */
+static size_t big_bytes = (size_t)1 << 30;
 
 /* ---- without a device --------------------------------------------------- */
 
@@ -299,7 +308,7 @@ static void compute_copy(mlo_platform *p, void *dst, const void *src, size_t n) 
 static void test_load_ordering(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("cuda:0");
-  const size_t n = (size_t)1 << 30;
+  const size_t n = big_bytes;
   unsigned char *slab = NULL, *host = malloc(n);
   bool pinned = false;
   assert_non_null(host);
@@ -343,7 +352,7 @@ static void test_load_ordering(void **state) {
 static void test_free_ordering(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("cuda:0");
-  const size_t n = (size_t)256 << 20;
+  const size_t n = big_bytes / 4;
   unsigned char *one = NULL, *two = NULL, *host = malloc(n);
   bool p1 = false, p2 = false;
   assert_non_null(host);
@@ -385,7 +394,7 @@ static void test_memory_given_back(void **state) {
   assert_int_equal(cudaSetDevice(0), cudaSuccess);
   assert_int_equal(cudaMemGetInfo(&free0, &total), cudaSuccess);
   mlo_platform *p = tu_open_spec("cuda:0");
-  const size_t n = (size_t)2 << 30;
+  const size_t n = 2 * big_bytes;
   void *block = NULL;
   assert_ok(mlo_plat_dev_alloc(p, n, &block));
   size_t held = 0;
@@ -471,6 +480,12 @@ static void test_workload_gemm(void **state) {
   mlo_platform_close(p);
 }
 
+/* A symbol of the fake runtime (tests/fakecuda): NULL when the runtime
+ * loaded is not the fake. */
+static void *fake_symbol(const char *name) {
+  return dlsym(RTLD_DEFAULT, name);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "spec")) {
     const struct CMUnitTest spec_tests[] = {
@@ -479,6 +494,12 @@ int main(int argc, char **argv) {
     };
     return cmocka_run_group_tests(spec_tests, NULL, NULL);
   }
+  bool fake = argc > 1 && !strcmp(argv[1], "fake");
+  if (fake && !fake_symbol("fakecuda_contexts_created")) {
+    fprintf(stderr, "`fake` asked for, but the CUDA runtime loaded is not tests/fakecuda's\n");
+    return 1;
+  }
+  if (fake) big_bytes = (size_t)64 << 20;
   mlo_platform *probe = NULL;
   char err[256] = "";
   int rc = mlo_platform_open("cuda", &probe, err, sizeof err);
@@ -499,5 +520,19 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_free_ordering),
       cmocka_unit_test(test_memory_given_back),
   };
+  if (fake) { /* no kernels on the fake: everything but the cuBLAS digests */
+    const struct CMUnitTest fake_tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_free_then_reuse),
+        cmocka_unit_test(test_oom_maps_and_recovers),
+        cmocka_unit_test(test_capacity_caps),
+        cmocka_unit_test(test_no_pinned),
+        cmocka_unit_test(test_current_device_kept),
+        cmocka_unit_test(test_load_ordering),
+        cmocka_unit_test(test_free_ordering),
+        cmocka_unit_test(test_memory_given_back),
+    };
+    return cmocka_run_group_tests(fake_tests, NULL, NULL);
+  }
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
