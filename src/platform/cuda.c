@@ -87,34 +87,22 @@ static int cuda_status(struct cuda_ctx *c, cudaError_t e, const char *what) {
   return MLO_EPLATFORM;
 }
 
-/* The current device is per host thread and belongs to the caller: every
- * entry point selects ours if it is not current and puts the caller's back
- * on the way out (a thread that never selected one gets device 0 back,
- * which is what it had).  A lost context answers at once. */
-typedef struct {
-  int prev;
-  bool switched;
-} dev_guard;
-
-static int enter(struct cuda_ctx *c, dev_guard *g) {
+/* The current context is per host thread and belongs to the caller: every
+ * entry point makes our device's primary context current if it is not and
+ * puts back exactly what was current on the way out — no context for a
+ * thread that had none (cuda_ctx.h: restoring "device 0" there would
+ * create a context on GPU 0).  A lost context answers at once. */
+static int enter(struct cuda_ctx *c, mlo_cu_guard *g) {
   g->switched = false;
   pthread_mutex_lock(&c->lock);
   bool lost = c->sticky;
   pthread_mutex_unlock(&c->lock);
   if (lost) return MLO_EPLATFORM;
-  int cur = -1;
-  int rc = cuda_status(c, cudaGetDevice(&cur), "cudaGetDevice");
-  if (rc || cur == c->device) return rc;
-  rc = cuda_status(c, cudaSetDevice(c->device), "cudaSetDevice");
-  if (!rc) {
-    g->prev = cur;
-    g->switched = true;
-  }
-  return rc;
+  return cuda_status(c, mlo_cu_ctx_enter(c->primary, g), "making the device's context current");
 }
 
-static void leave(struct cuda_ctx *c, const dev_guard *g) {
-  if (g->switched) cuda_status(c, cudaSetDevice(g->prev), "cudaSetDevice (restoring)");
+static void leave(struct cuda_ctx *c, const mlo_cu_guard *g) {
+  cuda_status(c, mlo_cu_ctx_leave(g), "restoring the caller's context");
 }
 
 /* ---- device blocks ------------------------------------------------------ */
@@ -122,7 +110,7 @@ static void leave(struct cuda_ctx *c, const dev_guard *g) {
 static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   struct cuda_ctx *c = ctx;
   *block = NULL;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   /* Reserve against the capacity first (capacity= lets a big GPU stand in
@@ -173,7 +161,7 @@ static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
  * the pool.  No host wait. */
 static void cu_dev_free(void *ctx, void *block, size_t bytes) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   if (enter(c, &g)) return;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
     cudaStreamSynchronize(c->copy);
@@ -206,7 +194,7 @@ static void cu_dev_free(void *ctx, void *block, size_t bytes) {
  * (freed blocks it keeps for reuse, which cudaMemGetInfo counts as used). */
 static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   size_t f = 0, t = 0;
@@ -236,7 +224,7 @@ static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
 static int cu_reserved_peak(void *ctx, uint64_t *bytes) {
   struct cuda_ctx *c = ctx;
   if (!c->pool) return MLO_EUNSUPPORTED;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   rc = cuda_status(c, cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, bytes),
@@ -248,7 +236,7 @@ static int cu_reserved_peak(void *ctx, uint64_t *bytes) {
 /* Setting the high-water attribute to 0 resets it (to the current reserve). */
 static void cu_reset_reserved_peak(void *ctx) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   if (!c->pool || enter(c, &g)) return;
   uint64_t zero = 0;
   cuda_status(c, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &zero),
@@ -271,7 +259,7 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
   *ptr = NULL;
   *got_pinned = false;
   if (pinned && !c->pinned) warn_pageable_once(c, "pinning disabled (pinned=0 or MLO_NO_PINNED=1)");
-  dev_guard g;
+  mlo_cu_guard g;
   if (pinned && c->pinned && bytes && !enter(c, &g)) {
     /* Portable: the slab stays pinned for every device and context. */
     cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
@@ -300,7 +288,7 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
 static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   struct cuda_ctx *c = ctx;
   (void)bytes;
-  dev_guard g;
+  mlo_cu_guard g;
   bool in = !enter(c, &g);
   if (in) {
     cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
@@ -319,7 +307,7 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
 static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) {
   struct cuda_ctx *c = ctx;
   if (!c->pinned || !bytes) return MLO_EUNSUPPORTED;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   int ro = 0;
@@ -344,7 +332,7 @@ static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) 
 
 static void cu_host_unregister(void *ctx, void *ptr) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   if (enter(c, &g)) return;
   cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
   cuda_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
@@ -358,7 +346,7 @@ static void cu_host_unregister(void *ctx, void *ptr) {
  * buffer, chunked or not, and the call returns once staged). */
 static int copy_chunks(struct cuda_ctx *c, cudaStream_t stream, char *dst, const char *src,
                        size_t bytes, enum cudaMemcpyKind kind) {
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   for (size_t done = 0; !rc && done < bytes; done += c->chunk) {
@@ -389,7 +377,7 @@ static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, s
  * the receive buffer. */
 static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   ncclResult_t r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
@@ -412,7 +400,7 @@ struct mlo_event {
 
 static int cu_event_create(void *ctx, mlo_event **ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   mlo_event *m = mlo_calloc(1, sizeof *m);
@@ -436,7 +424,7 @@ static int cu_event_create(void *ctx, mlo_event **ev) {
 
 static void cu_event_destroy(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   bool in = !enter(c, &g);
   if (in) {
     cuda_status(c, cudaEventDestroy(ev->e), "cudaEventDestroy");
@@ -456,7 +444,7 @@ static void CUDART_CB stamp_host_fn(void *user) {
  * notes the completion time, for traces (best effort: no stamp, unknown). */
 static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, bool stamped,
                      const char *what) {
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (!rc) rc = cuda_status(c, cudaEventRecord(ev->e, stream), what);
   mlo_stamp *stamp = NULL;
@@ -504,7 +492,7 @@ static int cu_event_record_compute(void *ctx, mlo_event *ev) {
 }
 
 static int stream_wait(struct cuda_ctx *c, cudaStream_t stream, mlo_event *ev) {
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   rc = cuda_status(c, cudaStreamWaitEvent(stream, ev->e, 0), "cudaStreamWaitEvent");
@@ -529,7 +517,7 @@ static int cu_readback_wait(void *ctx, mlo_event *ev) {
 
 static int cu_event_sync(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   rc = cuda_status(c, cudaEventSynchronize(ev->e), "cudaEventSynchronize");
@@ -541,7 +529,7 @@ static int cu_event_sync(void *ctx, mlo_event *ev) {
  * it (that would drop an error the user's own work left to be read). */
 static int cu_event_query(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   cudaError_t e = cudaEventQuery(ev->e);
@@ -552,7 +540,7 @@ static int cu_event_query(void *ctx, mlo_event *ev) {
 
 static int cu_synchronize(void *ctx) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
@@ -581,7 +569,7 @@ static void cu_get_caps(void *ctx, mlo_platform_caps *caps) {
 static void cu_destroy(void *ctx) {
   struct cuda_ctx *c = ctx;
   if (!c) return;
-  dev_guard g;
+  mlo_cu_guard g;
   if (!enter(c, &g)) {
     cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
     for (int i = 0; i < 4; i++)

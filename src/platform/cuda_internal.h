@@ -6,6 +6,7 @@
 #ifndef MLO_PLATFORM_CUDA_INTERNAL_H
 #define MLO_PLATFORM_CUDA_INTERNAL_H
 
+#include "platform/cuda_ctx.h"
 #include "platform/platform.h"
 
 #include <cuda_runtime_api.h>
@@ -28,6 +29,7 @@ struct cuda_options {
 
 struct cuda_ctx {
   int device;
+  void *primary; /* the device's primary context (CUcontext), current in every call */
   /* COPY: loads; READBACK: write-backs (so an evicted component's
    * write-back, which waits for its compute, never holds up the next load);
    * COMPUTE: the user's queue; RELEASE: frees. */

@@ -11,6 +11,9 @@
  *       fake runtime (tests/fakecuda), at smaller sizes and without the
  *       cuBLAS digests (the fake runs no kernels); fails unless the fake is
  *       the runtime loaded.
+ *   platform_cuda_contexts (label platform) — `contexts`: on the fake with
+ *       two devices, a thread that never chose a device drives cuda:1 and
+ *       no context is ever created on device 0 (issue 25, item 3).
  */
 #include "testutil.h"
 
@@ -480,10 +483,98 @@ static void test_workload_gemm(void **state) {
   mlo_platform_close(p);
 }
 
-/* A symbol of the fake runtime (tests/fakecuda): NULL when the runtime
- * loaded is not the fake. */
+/* ---- contexts, on the fake runtime (issue 25, item 3) ------------------- */
+
+/* The fake runtime's record of contexts (tests/fakecuda): NULL when the
+ * runtime loaded is not the fake. */
 static void *fake_symbol(const char *name) {
   return dlsym(RTLD_DEFAULT, name);
+}
+
+struct drive {
+  bool choose_device0; /* the thread selects device 0 itself first */
+  const char *failed;  /* the first step that failed, NULL if none */
+  int current_after;   /* its current context's device afterwards, -1: none */
+};
+
+#define DRIVE_STEP(d, expr)                                                                        \
+  do {                                                                                             \
+    if (!(d)->failed && (expr) != MLO_OK) (d)->failed = #expr;                                     \
+  } while (0)
+
+/* Everything a load, a forward and an eviction ask of cuda:1, and the
+ * workload backend's create (which fails on the fake, having no cuBLAS:
+ * its failure path runs), from a thread of its own. */
+static void *drive_cuda1(void *arg) {
+  struct drive *d = arg;
+  int (*current)(void) = (int (*)(void))fake_symbol("fakecuda_current_context");
+  if (d->choose_device0 && cudaSetDevice(0) != cudaSuccess) d->failed = "cudaSetDevice(0)";
+  mlo_platform *p = NULL;
+  char err[256] = "";
+  DRIVE_STEP(d, mlo_platform_open("cuda:1", &p, err, sizeof err));
+  if (d->failed) return NULL;
+  const size_t n = (size_t)1 << 20;
+  void *slab = NULL, *back = NULL, *block = NULL;
+  bool pinned = false, back_pinned = false;
+  mlo_event *loaded = NULL, *used = NULL;
+  DRIVE_STEP(d, mlo_plat_host_alloc(p, n, true, &slab, &pinned));
+  DRIVE_STEP(d, mlo_plat_host_alloc(p, n, true, &back, &back_pinned));
+  if (!d->failed) tu_fill_pattern(slab, n, 9);
+  DRIVE_STEP(d, mlo_plat_event_create(p, &loaded));
+  DRIVE_STEP(d, mlo_plat_event_create(p, &used));
+  DRIVE_STEP(d, mlo_plat_dev_alloc(p, n, &block));
+  DRIVE_STEP(d, mlo_plat_copy_h2d(p, block, 0, slab, n));
+  DRIVE_STEP(d, mlo_plat_event_record_copy(p, loaded));
+  DRIVE_STEP(d, mlo_plat_compute_wait(p, loaded));
+  DRIVE_STEP(d, mlo_plat_event_record_compute(p, used));
+  DRIVE_STEP(d, mlo_plat_readback_wait(p, used));
+  DRIVE_STEP(d, mlo_plat_copy_d2h(p, back, block, 0, n));
+  DRIVE_STEP(d, mlo_plat_event_record_readback(p, used));
+  DRIVE_STEP(d, mlo_plat_event_sync(p, used));
+  DRIVE_STEP(d, mlo_plat_event_query(p, loaded));
+  mlo_platform_memory mem;
+  DRIVE_STEP(d, mlo_platform_get_memory(p, &mem));
+  if (!d->failed && tu_pattern_mismatch(back, n, 9) != n) d->failed = "the round trip's bytes";
+  mlo_plat_dev_free(p, block, n);
+  DRIVE_STEP(d, mlo_plat_synchronize(p));
+  const struct mlo_workload_ops *ops = NULL;
+  void *wctx = NULL;
+  if (!d->failed && mlo_workload_backend("cuda", &ops, err, sizeof err) == MLO_OK &&
+      ops->create(p, &wctx) == MLO_OK)
+    ops->destroy(wctx);
+  mlo_plat_event_destroy(p, loaded);
+  mlo_plat_event_destroy(p, used);
+  mlo_plat_host_free(p, slab, n, pinned);
+  mlo_plat_host_free(p, back, n, back_pinned);
+  mlo_platform_close(p);
+  d->current_after = current();
+  return NULL;
+}
+
+/* A thread that never chose a device uses cuda:1 only: no context on
+ * device 0, ever, and the thread is left with no current context.  Then a
+ * thread that chose device 0 gets device 0's context back. */
+static void test_no_context_on_device0(void **state) {
+  (void)state;
+  unsigned (*created)(void) = (unsigned (*)(void))fake_symbol("fakecuda_contexts_created");
+  assert_non_null(created);
+  int count = 0;
+  assert_int_equal(cudaGetDeviceCount(&count), cudaSuccess);
+  assert_int_equal(count, 2); /* MLO_FAKECUDA_DEVICES=2 */
+  assert_int_equal(created(), 0);
+  struct drive fresh = {.current_after = -2};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, drive_cuda1, &fresh), 0);
+  pthread_join(t, NULL);
+  if (fresh.failed) fail_msg("driving cuda:1 failed at %s", fresh.failed);
+  assert_int_equal(created(), 1u << 1); /* device 1's context only */
+  assert_int_equal(fresh.current_after, -1);
+
+  struct drive chose = {.choose_device0 = true, .current_after = -2};
+  assert_int_equal(pthread_create(&t, NULL, drive_cuda1, &chose), 0);
+  pthread_join(t, NULL);
+  if (chose.failed) fail_msg("driving cuda:1 after choosing device 0 failed at %s", chose.failed);
+  assert_int_equal(chose.current_after, 0);
 }
 
 int main(int argc, char **argv) {
@@ -493,6 +584,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_valid_specs),
     };
     return cmocka_run_group_tests(spec_tests, NULL, NULL);
+  }
+  if (argc > 1 && !strcmp(argv[1], "contexts")) {
+    const struct CMUnitTest context_tests[] = {cmocka_unit_test(test_no_context_on_device0)};
+    return cmocka_run_group_tests(context_tests, NULL, NULL);
   }
   bool fake = argc > 1 && !strcmp(argv[1], "fake");
   if (fake && !fake_symbol("fakecuda_contexts_created")) {
