@@ -105,6 +105,13 @@ static void leave(struct cuda_ctx *c, const mlo_cu_guard *g) {
   cuda_status(c, mlo_cu_ctx_leave(g), "restoring the caller's context");
 }
 
+/* An event: a cudaEvent_t and its completion stamp (event_time). */
+struct mlo_event {
+  cudaEvent_t e;
+  mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
+  pthread_mutex_t lock;
+};
+
 /* ---- device blocks ------------------------------------------------------ */
 
 static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
@@ -156,11 +163,11 @@ static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
   pthread_mutex_unlock(&c->lock);
 }
 
-/* Ordered after every copy (either way) and every kernel already
- * submitted: RELEASE waits for the three tails, then returns the block to
- * the pool.  No host wait. */
-static void cu_dev_free(void *ctx, void *block, size_t bytes) {
-  struct cuda_ctx *c = ctx;
+/* RELEASE waits for the copy and readback tails (copies either way into
+ * or out of the block) and for `used` — the compute tail (every kernel
+ * already submitted) for dev_free, the block's own last-use event for
+ * dev_free_after — then returns the block to the pool.  No host wait. */
+static void release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEvent_t used) {
   mlo_cu_guard g;
   if (enter(c, &g)) return;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
@@ -174,10 +181,10 @@ static void cu_dev_free(void *ctx, void *block, size_t bytes) {
   pthread_mutex_lock(&c->lock);
   cudaError_t e = cudaEventRecord(c->copy_tail, c->copy);
   if (e == cudaSuccess) e = cudaEventRecord(c->readback_tail, c->readback);
-  if (e == cudaSuccess) e = cudaEventRecord(c->compute_tail, c->compute);
+  if (e == cudaSuccess && !used) e = cudaEventRecord(c->compute_tail, c->compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->copy_tail, 0);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->readback_tail, 0);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->compute_tail, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, used ? used : c->compute_tail, 0);
   pthread_mutex_unlock(&c->lock);
   if (e != cudaSuccess) {
     /* Could not order it: leaking is wrong, freeing early is worse. */
@@ -188,6 +195,17 @@ static void cu_dev_free(void *ctx, void *block, size_t bytes) {
   }
   freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
   leave(c, &g);
+}
+
+static void cu_dev_free(void *ctx, void *block, size_t bytes) {
+  release_after(ctx, block, bytes, NULL);
+}
+
+/* After the block's last use (core's event, recorded at its last release),
+ * not after compute queued since: a prefetch into this memory overlaps
+ * the current forward (issue 25, item 7). */
+static void cu_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
+  release_after(ctx, block, bytes, used->e);
 }
 
 /* Free memory as the device sees it, plus what our pool holds in reserve
@@ -392,12 +410,6 @@ static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *c
 
 /* ---- events: a cudaEvent_t and its completion stamp --------------------- */
 
-struct mlo_event {
-  cudaEvent_t e;
-  mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
-  pthread_mutex_t lock;
-};
-
 static int cu_event_create(void *ctx, mlo_event **ev) {
   struct cuda_ctx *c = ctx;
   mlo_cu_guard g;
@@ -597,6 +609,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .reset_reserved_peak = cu_reset_reserved_peak,
     .dev_alloc = cu_dev_alloc,
     .dev_free = cu_dev_free,
+    .dev_free_after = cu_dev_free_after,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .host_register = cu_host_register,

@@ -302,6 +302,23 @@ void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
   pthread_mutex_unlock(p->acct_lock);
 }
 
+void mlo_plat_dev_free_after(mlo_platform *p, void *block, size_t bytes, mlo_event *used) {
+  if (!used || !mlo_plat_has_dev_free_after(p)) {
+    mlo_plat_dev_free(p, block, bytes);
+    return;
+  }
+  if (!block) return;
+  count_call(p);
+  p->ops->dev_free_after(p->ctx, block, bytes, used);
+  pthread_mutex_lock(p->acct_lock);
+  p->used_bytes -= bytes;
+  pthread_mutex_unlock(p->acct_lock);
+}
+
+bool mlo_plat_has_dev_free_after(const mlo_platform *p) {
+  return p->ops->dev_free_after && p->caps.events;
+}
+
 int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {
   count_call(p);
   *got_pinned = false;

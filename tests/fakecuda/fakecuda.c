@@ -141,6 +141,29 @@ int fakecuda_current_context(void) {
   return cur_ctx ? cur_ctx->device : -1;
 }
 
+/* Waits up to ms for every stream but `except` to have run everything
+ * queued on it; true if they all did.  A test holds one stream (a host
+ * function that blocks) and asks whether the others depend on it. */
+bool fakecuda_idle_except(cudaStream_t except, unsigned ms) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += ms / 1000;
+  deadline.tv_nsec += (long)(ms % 1000) * 1000000;
+  if (deadline.tv_nsec >= 1000000000) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&fc.lock);
+  bool idle = false;
+  for (;;) {
+    idle = true;
+    for (struct CUstream_st *s = fc.streams; s; s = s->next_live) idle &= s == except || !s->head;
+    if (idle || pthread_cond_timedwait(&fc.cond, &fc.lock, &deadline)) break;
+  }
+  pthread_mutex_unlock(&fc.lock);
+  return idle;
+}
+
 uint64_t fakecuda_use_after_free(void) {
   pthread_mutex_lock(&fc.lock);
   uint64_t n = fc.use_after_free;
