@@ -156,27 +156,29 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
 
 /* The bytes a block held stop counting once its free is queued: a free
  * that fails leaves them held, as they are. */
-static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
-  if (rc) return;
+static int freed(struct cuda_ctx *c, size_t bytes, int rc) {
+  if (rc) return rc;
   pthread_mutex_lock(&c->lock);
   c->used -= bytes;
   pthread_mutex_unlock(&c->lock);
+  return MLO_OK;
 }
 
 /* RELEASE waits for the copy and readback tails (copies either way into
  * or out of the block) and for `used` — the compute tail (every kernel
  * already submitted) for dev_free, the block's own last-use event for
  * dev_free_after — then returns the block to the pool.  No host wait. */
-static void release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEvent_t used) {
+static int release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEvent_t used) {
   mlo_cu_guard g;
-  if (enter(c, &g)) return;
+  int rc = enter(c, &g);
+  if (rc) return rc;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
     cudaStreamSynchronize(c->copy);
     cudaStreamSynchronize(c->readback);
     cudaStreamSynchronize(c->compute);
-    freed(c, bytes, cuda_status(c, cudaFree(block), "cudaFree"));
+    rc = freed(c, bytes, cuda_status(c, cudaFree(block), "cudaFree"));
     leave(c, &g);
-    return;
+    return rc;
   }
   pthread_mutex_lock(&c->lock);
   cudaError_t e = cudaEventRecord(c->copy_tail, c->copy);
@@ -193,19 +195,20 @@ static void release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEve
     cudaStreamSynchronize(c->readback);
     cudaStreamSynchronize(c->compute);
   }
-  freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
+  rc = freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
   leave(c, &g);
+  return rc;
 }
 
-static void cu_dev_free(void *ctx, void *block, size_t bytes) {
-  release_after(ctx, block, bytes, NULL);
+static int cu_dev_free(void *ctx, void *block, size_t bytes) {
+  return release_after(ctx, block, bytes, NULL);
 }
 
 /* After the block's last use (core's event, recorded at its last release),
  * not after compute queued since: a prefetch into this memory overlaps
  * the current forward (issue 25, item 7). */
-static void cu_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
-  release_after(ctx, block, bytes, used->e);
+static int cu_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
+  return release_after(ctx, block, bytes, used->e);
 }
 
 /* Free memory as the device sees it, plus what our pool holds in reserve

@@ -14,8 +14,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Copies are cut into pieces this large: big enough for full link speed,
- * small enough that a pageable source is staged in bounded chunks. */
+/* Copies are cut into pieces this large: each cudaMemcpyAsync call stays
+ * bounded (a pinned source copies asynchronously at link speed in any
+ * size).  It bounds nothing for a pageable source: the driver stages that
+ * through its own buffer, chunked or not, and the call returns once
+ * staged, which is why core registers a slab that fell back to pageable
+ * memory (slab.c) and warns about what stays pageable. */
 #define DEFAULT_CHUNK ((uint64_t)64 << 20)
 
 struct cuda_options {

@@ -107,12 +107,12 @@ static int fault_dev_alloc(void *ctx, size_t bytes, void **block) {
   return FAULT_OR(f, MLO_FAULT_DEV_ALLOC, mlo_plat_dev_alloc(f->inner, bytes, block));
 }
 
-static void fault_dev_free(void *ctx, void *block, size_t bytes) {
-  mlo_plat_dev_free(((struct fault_ctx *)ctx)->inner, block, bytes);
+static int fault_dev_free(void *ctx, void *block, size_t bytes) {
+  return mlo_plat_dev_free(((struct fault_ctx *)ctx)->inner, block, bytes);
 }
 
-static void fault_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
-  mlo_plat_dev_free_after(((struct fault_ctx *)ctx)->inner, block, bytes, used);
+static int fault_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
+  return mlo_plat_dev_free_after(((struct fault_ctx *)ctx)->inner, block, bytes, used);
 }
 
 static int fault_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 /* Bumped whenever either table below changes shape. */
-#define MLO_MODULE_ABI 2 /* 2: host_register says whether a range may be registered read-only */
+#define MLO_MODULE_ABI 3 /* 3: dev_free returns whether it freed; 2: host_register read_only */
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)
@@ -73,7 +73,7 @@ struct mlo_module_host {
                             size_t errlen);
   /* The platform wrappers a workload back-end orders its compute with. */
   int (*dev_alloc)(mlo_platform *p, size_t bytes, void **block);
-  void (*dev_free)(mlo_platform *p, void *block, size_t bytes);
+  int (*dev_free)(mlo_platform *p, void *block, size_t bytes);
   int (*event_create)(mlo_platform *p, mlo_event **ev);
   void (*event_destroy)(mlo_platform *p, mlo_event *ev);
   int (*event_record_copy)(mlo_platform *p, mlo_event *ev);

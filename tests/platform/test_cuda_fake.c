@@ -1,7 +1,10 @@
 /*
  * test_cuda_fake.c — core and the CUDA platform together on the fake CUDA
  * runtime (tests/fakecuda), for the defects of issue 25 that only show
- * with a GPU's asynchrony: which queued work a free waits for (item 7).
+ * with a GPU's asynchrony or a device's refusals: which queued work a free
+ * waits for (item 7, the default run); a slab that falls back to pageable
+ * memory is registered (item 9, `pageable`, with cudaHostAlloc failing);
+ * the used bytes follow a free that fails (item 9, `free-fails`).
  *
  * Each check runs the real libmlo-cuda.so through the public API; the fake
  * runs streams as FIFO threads, so a host function that blocks on the
@@ -133,10 +136,74 @@ static void test_free_never_before_queued_use(void **state) {
   mlo_platform_close(plat);
 }
 
-int main(void) {
+/* ---- item 9 ------------------------------------------------------------- */
+
+static uint64_t fake_registered_bytes(void) {
+  uint64_t (*count)(void) =
+      (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakecuda_host_registered_bytes");
+  assert_non_null(count);
+  return count();
+}
+
+/* cudaHostAlloc fails (MLO_FAKECUDA_HOSTALLOC_FAIL=1): every slab falls
+ * back to pageable memory, which is then registered in place, counted as
+ * pinned, loads correctly, and is unregistered when the slab goes. */
+static void test_pageable_slab_registered(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  const tu_comp_spec specs[] = {{"text_encoder", MLO_ROLE_ENCODER, 2, 64 * 1024, 1},
+                                {"transformer", MLO_ROLE_DIT, 4, 256 * 1024, 0},
+                                {"vae", MLO_ROLE_VAE, 1, 64 * 1024, 0}};
+  tu_pipe *tp = tu_pipe_build(plat, specs, 3);
+  assert_int_equal(fake_registered_bytes(), 0);
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  mlo_pipeline_stats st = tu_pstats(tp);
+  assert_true(st.host_slab_bytes > 0);
+  assert_int_equal(st.pinned_bytes, st.host_slab_bytes);
+  assert_int_equal(fake_registered_bytes(), st.host_slab_bytes);
+  for (int round = 0; round < 2; round++) {
+    assert_ok(tu_forward(tp, tu_comp(tp, "text_encoder")));
+    assert_ok(tu_forward(tp, tu_comp(tp, "transformer")));
+    assert_ok(tu_forward(tp, tu_comp(tp, "vae")));
+  }
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  assert_int_equal(fake_registered_bytes(), 0);
+  mlo_platform_close(plat);
+}
+
+/* Frees fail (MLO_FAKECUDA_FREE_FAIL=1): the device still holds the block,
+ * so the platform's used bytes still count it. */
+static void test_failed_free_keeps_bytes(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  const size_t n = (size_t)1 << 20;
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(plat, n, &block));
+  mlo_platform_memory before;
+  assert_ok(mlo_platform_get_memory(plat, &before));
+  assert_int_equal(before.used_bytes, n);
+  assert_int_not_equal(mlo_plat_dev_free(plat, block, n), MLO_OK);
+  mlo_platform_memory after;
+  assert_ok(mlo_platform_get_memory(plat, &after));
+  assert_int_equal(after.used_bytes, n);
+  assert_true(after.free_bytes <= before.free_bytes);
+  mlo_platform_close(plat);
+}
+
+int main(int argc, char **argv) {
   if (!dlsym(RTLD_DEFAULT, "fakecuda_contexts_created")) {
     fprintf(stderr, "the CUDA runtime loaded is not tests/fakecuda's\n");
     return 1;
+  }
+  const char *mode = argc > 1 ? argv[1] : "";
+  if (!strcmp(mode, "pageable")) {
+    const struct CMUnitTest pageable[] = {cmocka_unit_test(test_pageable_slab_registered)};
+    return cmocka_run_group_tests(pageable, NULL, NULL);
+  }
+  if (!strcmp(mode, "free-fails")) {
+    const struct CMUnitTest fails[] = {cmocka_unit_test(test_failed_free_keeps_bytes)};
+    return cmocka_run_group_tests(fails, NULL, NULL);
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_free_waits_for_own_use_only),
