@@ -817,8 +817,12 @@ MLO_API bool mlo_offload_is_enabled(mlo_pipeline *pipe);
 /* A hooked forward (C3/C4/C8): applies the exclusion rule for comp (waiting
  * while a conflicting component executes on another thread), loads comp if
  * needed, orders compute after the load and calls fn(comp, user); a later
- * eviction is ordered after every compute submitted before it, so it never
- * frees or copies back memory that compute may still use (C9).  Without
+ * eviction is ordered after the compute submitted while comp was held
+ * (between its acquire and its release: compute on a component belongs
+ * there while offload is enabled) and after every copy, so it never frees
+ * or copies back memory that compute may still use (C9); compute queued
+ * later, for other components, does not hold the free back (by hand,
+ * with offload off, an eviction waits for all compute).  Without
  * offload, loads comp if needed and evicts nothing.
  * fn's non-zero return is passed through as MLO_ECALLBACK. */
 typedef int (*mlo_forward_fn)(mlo_component *comp, void *user);

@@ -148,6 +148,14 @@ struct mlo_component {
   mlo_event *compute_ev;              /* recorded after forwards that write (mutable) */
   mlo_event *writeback_ev;            /* pending async write-back into host memory */
   bool writeback_pending;
+  /* Recorded on the compute queue at its last release while offload is
+   * enabled: after every compute that used this residency (compute on a
+   * component happens between its acquire and release), so its eviction
+   * frees after that and not after compute queued since (issue 25, item
+   * 7).  Valid only for this residency and this enable (use_epoch). */
+  mlo_event *use_ev;
+  bool use_valid;
+  uint64_t use_epoch;
   int users;          /* forwards/acquires in progress */
   pthread_t *holders; /* the thread of each of them (users entries), for EDEADLK */
   size_t hcap;
@@ -173,6 +181,7 @@ struct mlo_pipeline {
   /* offload state */
   mlo_strategy strategy;
   bool enabled;
+  uint64_t enable_epoch; /* counts enables: a component's use_ev is of one */
   mlo_offload_settings settings;
   /* enable/disable is between its checks and its end with `lock` dropped
    * (materializing, or inside a delegate): acquires wait, except on the
@@ -323,6 +332,9 @@ void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
 /* Waits for a pending write-back into host memory; lock held. */
 int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);
+/* At a component's last release: records use_ev where the platform can
+ * free after it (mlo_plat_has_dev_free_after); lock held. */
+int mlo_res_note_last_use(mlo_component *c);
 
 /* blocks.c */
 void mlo_block_key_of(const char *name, struct mlo_block_key *k);

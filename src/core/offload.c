@@ -246,6 +246,7 @@ static int release(mlo_component *c, uint64_t forward_ns) {
   if (c->stream && (c->users == 0 || !mlo_held_by_this_thread(c)))
     mlo_stream_released(c, c->users == 0);
   if (c->users == 0) {
+    rc = mlo_res_note_last_use(c);
     pthread_cond_broadcast(&pipe->idle);
     if (pipe->policy && pipe->policy->released) pipe->policy->released(pipe, c);
   }
@@ -387,6 +388,7 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   }
   pthread_mutex_lock(&pipe->lock);
   pipe->enabled = true;
+  pipe->enable_epoch++;
   pthread_mutex_unlock(&pipe->lock);
   return MLO_OK;
 }
@@ -426,6 +428,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   pipe->policy = pol;
   pipe->strategy = STRATEGY_GENERIC;
   pipe->enabled = true;
+  pipe->enable_epoch++; /* compute by hand before it is not ordered by use_ev */
   rc = pol->enable(pipe, s);
   if (rc) {
     pipe->settings = before;

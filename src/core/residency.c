@@ -258,6 +258,7 @@ int mlo_res_load(mlo_component *c) {
   }
   c->state = MLO_RES_LOADING;
   c->load_waited = false;
+  c->use_valid = false; /* a new residency: no use of it yet */
   c->gather_slice = gathered_on_device ? 0 : slice;
   c->stats.loads++;
   c->stats.h2d_bytes += moved;
@@ -278,11 +279,32 @@ static bool needs_writeback(const mlo_component *c, const mlo_tensor *t) {
   return (t->flags & MLO_TENSOR_MUTABLE) || c->pipe->settings.copy_back;
 }
 
+int mlo_res_note_last_use(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  mlo_platform *p = pipe->platform;
+  c->use_valid = false;
+  if (!pipe->enabled || !c->block || !mlo_plat_has_dev_free_after(p)) return MLO_OK;
+  int rc = ensure_event(c, &c->use_ev);
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, c->use_ev));
+  if (rc) /* the eviction then frees after all compute, as without the slot */
+    return mlo_fail(pipe, rc, "%s: recording the end of its compute failed", c->name);
+  c->use_valid = true;
+  c->use_epoch = pipe->enable_epoch;
+  return MLO_OK;
+}
+
+/* The event after this residency's last use, where one orders its free
+ * (mlo_res_note_last_use); NULL: after all compute. */
+static mlo_event *last_use(const mlo_component *c) {
+  const mlo_pipeline *pipe = c->pipe;
+  return c->use_valid && pipe->enabled && c->use_epoch == pipe->enable_epoch ? c->use_ev : NULL;
+}
+
 /* Copies mutable tensors back to their host storage, after the compute
- * that wrote them: an event recorded on the compute queue right now, which
- * follows every kernel submitted so far (one recorded at the last release
- * would miss work queued since, and cost two platform calls on every hot
- * forward).  Under the XPU rule the copy completes before return. */
+ * that wrote them: the residency's last-use event where there is one, else
+ * an event recorded on the compute queue right now, which follows every
+ * kernel submitted so far.  Under the XPU rule the copy completes before
+ * return. */
 static int write_back(mlo_component *c, uint64_t *bytes) {
   mlo_platform *p = c->pipe->platform;
   size_t copies = 0;
@@ -290,9 +312,10 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   bool any = false;
   for (size_t i = 0; i < c->ntensors && !any; i++) any = needs_writeback(c, c->tensors[i]);
   if (!any) return MLO_OK;
-  int rc = ensure_event(c, &c->compute_ev);
-  if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
-  if (!rc) rc = PCALL(c, mlo_plat_readback_wait(p, c->compute_ev));
+  mlo_event *used = last_use(c);
+  int rc = used ? MLO_OK : ensure_event(c, &c->compute_ev);
+  if (!rc && !used) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_readback_wait(p, used ? used : c->compute_ev));
   /* A component evicted before any forward waited for its load: on a
    * readback queue of its own the copies back must wait for that load too
    * (on one queue they follow it anyway). */
@@ -346,7 +369,8 @@ int mlo_res_evict(mlo_component *c) {
   int rc = write_back(c, &back);
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
   c->stats.platform_calls++;
-  mlo_plat_dev_free(pipe->platform, c->block, (size_t)c->alloc_bytes);
+  mlo_plat_dev_free_after(pipe->platform, c->block, (size_t)c->alloc_bytes, last_use(c));
+  c->use_valid = false;
   c->block = NULL;
   c->gather_slice = 0;
   c->shard_offset = c->shard_bytes = 0;
@@ -466,5 +490,7 @@ void mlo_res_release_events(mlo_component *c) {
   mlo_plat_event_destroy(p, c->load_ev);
   mlo_plat_event_destroy(p, c->compute_ev);
   mlo_plat_event_destroy(p, c->writeback_ev);
-  c->load_ev = c->compute_ev = c->writeback_ev = NULL;
+  mlo_plat_event_destroy(p, c->use_ev);
+  c->load_ev = c->compute_ev = c->writeback_ev = c->use_ev = NULL;
+  c->use_valid = false;
 }

@@ -360,20 +360,32 @@ static int read_files(mlo_component *c, slab_build *b) {
   return rc;
 }
 
+/* Whether the slab is pinned in place (host_register): a node-shared one
+ * always (nothing else can pin it), and one that fell back to pageable
+ * memory when the platform could not allocate it pinned (cudaHostAlloc
+ * refused: registering the pageable memory may still work). */
+static bool pin_in_place(const mlo_component *c, const slab_build *b) {
+  const mlo_platform *p = c->pipe->platform;
+  if (!b->want_pin || !p->caps.host_register) return false;
+  return b->shared ||
+         (!b->pinned && b->slab && b->slab_bytes && !c->want_disk && !p->caps.simulated);
+}
+
 /* The component's storage, now complete, published under the lock: each
  * tensor's host bytes, the slab's kind, the pipeline's counters. */
 static void publish(mlo_component *c, slab_build *b) {
   mlo_pipeline *pipe = c->pipe;
   bool registered = false, disk = c->want_disk;
-  if (b->shared && b->want_pin && pipe->platform->caps.host_register) { /* pinned in place */
+  if (pin_in_place(c, b)) {
     c->stats.platform_calls++;
     bool ro = !c->has_mutable && !pipe->settings.copy_back; /* mutable tensors come back here */
     registered =
         mlo_plat_host_register(pipe->platform, b->slab, (size_t)b->slab_bytes, ro) == MLO_OK;
-    b->pinned = registered;
+    if (b->shared) b->pinned = registered; /* else pinned stays how it was allocated (freeing) */
     c->slab_registered_ro = registered && ro;
   }
-  uint64_t pageable = b->pinned || disk ? 0 : b->slab_bytes; /* on disk: the ring's, pinned */
+  /* on disk: the ring's, pinned */
+  uint64_t pageable = b->pinned || registered || disk ? 0 : b->slab_bytes;
   register_external(c, &pageable);
   pthread_mutex_lock(&pipe->lock);
   for (size_t i = 0; i < c->ntensors; i++) {
@@ -409,13 +421,13 @@ static void publish(mlo_component *c, slab_build *b) {
   }
   if (b->slab_bytes) c->stats.platform_calls++;
   pipe->host_slab_bytes += b->slab_bytes;
-  if (b->pinned) pipe->pinned_bytes += b->slab_bytes;
+  if (b->pinned || registered) pipe->pinned_bytes += b->slab_bytes;
   pthread_mutex_unlock(&pipe->lock);
 }
 
 static void log_materialized(const mlo_component *c, const slab_build *b, uint64_t t0) {
   if (!b->slab_bytes) return;
-  if (!b->pinned && c->pipe->pin_host && c->pipe->platform->caps.pinned_host)
+  if (!b->pinned && !c->slab_registered && c->pipe->pin_host && c->pipe->platform->caps.pinned_host)
     mlo_logf(MLO_LOG_INFO, "%s: host slab is pageable (pinning unavailable or disabled)", c->name);
   if (!mlo_log_enabled(MLO_LOG_INFO)) return;
   double secs = (double)(mlo_now_ns() - t0) / 1e9;
@@ -517,7 +529,7 @@ void mlo_slab_allow_writeback(mlo_component *c) {
     c->slab_registered_ro = false;
     if (!c->slab_registered) {
       c->pipe->pinned_bytes -= c->slab_bytes;
-      c->slab_pinned = false;
+      if (c->slab_shared) c->slab_pinned = false; /* a fallback's says how it was allocated */
       c->pageable_bytes += c->slab_bytes;
     }
   }
@@ -542,6 +554,8 @@ void mlo_slab_free(mlo_component *c) {
     return;
   }
   if (!c->slab) return;
+  /* page-locked: allocated so, or registered (a shared or fallback slab) */
+  bool locked = c->slab_pinned || (c->slab_registered && !c->slab_shared);
   if (c->slab_registered) {
     c->stats.platform_calls++;
     mlo_plat_host_unregister(c->pipe->platform, c->slab);
@@ -555,7 +569,7 @@ void mlo_slab_free(mlo_component *c) {
   c->slab_shared = NULL;
   c->slab_registered = false;
   c->pipe->host_slab_bytes -= c->slab_bytes;
-  if (c->slab_pinned) c->pipe->pinned_bytes -= c->slab_bytes;
+  if (locked) c->pipe->pinned_bytes -= c->slab_bytes;
   c->slab = NULL;
   c->materialized = false;
 }

@@ -87,42 +87,37 @@ static int cuda_status(struct cuda_ctx *c, cudaError_t e, const char *what) {
   return MLO_EPLATFORM;
 }
 
-/* The current device is per host thread and belongs to the caller: every
- * entry point selects ours if it is not current and puts the caller's back
- * on the way out (a thread that never selected one gets device 0 back,
- * which is what it had).  A lost context answers at once. */
-typedef struct {
-  int prev;
-  bool switched;
-} dev_guard;
-
-static int enter(struct cuda_ctx *c, dev_guard *g) {
+/* The current context is per host thread and belongs to the caller: every
+ * entry point makes our device's primary context current if it is not and
+ * puts back exactly what was current on the way out — no context for a
+ * thread that had none (cuda_ctx.h: restoring "device 0" there would
+ * create a context on GPU 0).  A lost context answers at once. */
+static int enter(struct cuda_ctx *c, mlo_cu_guard *g) {
   g->switched = false;
   pthread_mutex_lock(&c->lock);
   bool lost = c->sticky;
   pthread_mutex_unlock(&c->lock);
   if (lost) return MLO_EPLATFORM;
-  int cur = -1;
-  int rc = cuda_status(c, cudaGetDevice(&cur), "cudaGetDevice");
-  if (rc || cur == c->device) return rc;
-  rc = cuda_status(c, cudaSetDevice(c->device), "cudaSetDevice");
-  if (!rc) {
-    g->prev = cur;
-    g->switched = true;
-  }
-  return rc;
+  return cuda_status(c, mlo_cu_ctx_enter(c->primary, g), "making the device's context current");
 }
 
-static void leave(struct cuda_ctx *c, const dev_guard *g) {
-  if (g->switched) cuda_status(c, cudaSetDevice(g->prev), "cudaSetDevice (restoring)");
+static void leave(struct cuda_ctx *c, const mlo_cu_guard *g) {
+  cuda_status(c, mlo_cu_ctx_leave(g), "restoring the caller's context");
 }
+
+/* An event: a cudaEvent_t and its completion stamp (event_time). */
+struct mlo_event {
+  cudaEvent_t e;
+  mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
+  pthread_mutex_t lock;
+};
 
 /* ---- device blocks ------------------------------------------------------ */
 
 static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   struct cuda_ctx *c = ctx;
   *block = NULL;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   /* Reserve against the capacity first (capacity= lets a big GPU stand in
@@ -161,35 +156,37 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
 
 /* The bytes a block held stop counting once its free is queued: a free
  * that fails leaves them held, as they are. */
-static void freed(struct cuda_ctx *c, size_t bytes, int rc) {
-  if (rc) return;
+static int freed(struct cuda_ctx *c, size_t bytes, int rc) {
+  if (rc) return rc;
   pthread_mutex_lock(&c->lock);
   c->used -= bytes;
   pthread_mutex_unlock(&c->lock);
+  return MLO_OK;
 }
 
-/* Ordered after every copy (either way) and every kernel already
- * submitted: RELEASE waits for the three tails, then returns the block to
- * the pool.  No host wait. */
-static void cu_dev_free(void *ctx, void *block, size_t bytes) {
-  struct cuda_ctx *c = ctx;
-  dev_guard g;
-  if (enter(c, &g)) return;
+/* RELEASE waits for the copy and readback tails (copies either way into
+ * or out of the block) and for `used` — the compute tail (every kernel
+ * already submitted) for dev_free, the block's own last-use event for
+ * dev_free_after — then returns the block to the pool.  No host wait. */
+static int release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEvent_t used) {
+  mlo_cu_guard g;
+  int rc = enter(c, &g);
+  if (rc) return rc;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
     cudaStreamSynchronize(c->copy);
     cudaStreamSynchronize(c->readback);
     cudaStreamSynchronize(c->compute);
-    freed(c, bytes, cuda_status(c, cudaFree(block), "cudaFree"));
+    rc = freed(c, bytes, cuda_status(c, cudaFree(block), "cudaFree"));
     leave(c, &g);
-    return;
+    return rc;
   }
   pthread_mutex_lock(&c->lock);
   cudaError_t e = cudaEventRecord(c->copy_tail, c->copy);
   if (e == cudaSuccess) e = cudaEventRecord(c->readback_tail, c->readback);
-  if (e == cudaSuccess) e = cudaEventRecord(c->compute_tail, c->compute);
+  if (e == cudaSuccess && !used) e = cudaEventRecord(c->compute_tail, c->compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->copy_tail, 0);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->readback_tail, 0);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, c->compute_tail, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(c->release, used ? used : c->compute_tail, 0);
   pthread_mutex_unlock(&c->lock);
   if (e != cudaSuccess) {
     /* Could not order it: leaking is wrong, freeing early is worse. */
@@ -198,15 +195,27 @@ static void cu_dev_free(void *ctx, void *block, size_t bytes) {
     cudaStreamSynchronize(c->readback);
     cudaStreamSynchronize(c->compute);
   }
-  freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
+  rc = freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
   leave(c, &g);
+  return rc;
+}
+
+static int cu_dev_free(void *ctx, void *block, size_t bytes) {
+  return release_after(ctx, block, bytes, NULL);
+}
+
+/* After the block's last use (core's event, recorded at its last release),
+ * not after compute queued since: a prefetch into this memory overlaps
+ * the current forward (issue 25, item 7). */
+static int cu_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
+  return release_after(ctx, block, bytes, used->e);
 }
 
 /* Free memory as the device sees it, plus what our pool holds in reserve
  * (freed blocks it keeps for reuse, which cudaMemGetInfo counts as used). */
 static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   size_t f = 0, t = 0;
@@ -236,7 +245,7 @@ static int cu_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
 static int cu_reserved_peak(void *ctx, uint64_t *bytes) {
   struct cuda_ctx *c = ctx;
   if (!c->pool) return MLO_EUNSUPPORTED;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   rc = cuda_status(c, cudaMemPoolGetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, bytes),
@@ -248,7 +257,7 @@ static int cu_reserved_peak(void *ctx, uint64_t *bytes) {
 /* Setting the high-water attribute to 0 resets it (to the current reserve). */
 static void cu_reset_reserved_peak(void *ctx) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   if (!c->pool || enter(c, &g)) return;
   uint64_t zero = 0;
   cuda_status(c, cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReservedMemHigh, &zero),
@@ -271,7 +280,7 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
   *ptr = NULL;
   *got_pinned = false;
   if (pinned && !c->pinned) warn_pageable_once(c, "pinning disabled (pinned=0 or MLO_NO_PINNED=1)");
-  dev_guard g;
+  mlo_cu_guard g;
   if (pinned && c->pinned && bytes && !enter(c, &g)) {
     /* Portable: the slab stays pinned for every device and context. */
     cudaError_t e = cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
@@ -300,7 +309,7 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
 static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   struct cuda_ctx *c = ctx;
   (void)bytes;
-  dev_guard g;
+  mlo_cu_guard g;
   bool in = !enter(c, &g);
   if (in) {
     cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
@@ -319,7 +328,7 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
 static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) {
   struct cuda_ctx *c = ctx;
   if (!c->pinned || !bytes) return MLO_EUNSUPPORTED;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   int ro = 0;
@@ -344,7 +353,7 @@ static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) 
 
 static void cu_host_unregister(void *ctx, void *ptr) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   if (enter(c, &g)) return;
   cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
   cuda_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
@@ -358,7 +367,7 @@ static void cu_host_unregister(void *ctx, void *ptr) {
  * buffer, chunked or not, and the call returns once staged). */
 static int copy_chunks(struct cuda_ctx *c, cudaStream_t stream, char *dst, const char *src,
                        size_t bytes, enum cudaMemcpyKind kind) {
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   for (size_t done = 0; !rc && done < bytes; done += c->chunk) {
@@ -389,7 +398,7 @@ static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, s
  * the receive buffer. */
 static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   ncclResult_t r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
@@ -404,15 +413,9 @@ static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *c
 
 /* ---- events: a cudaEvent_t and its completion stamp --------------------- */
 
-struct mlo_event {
-  cudaEvent_t e;
-  mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
-  pthread_mutex_t lock;
-};
-
 static int cu_event_create(void *ctx, mlo_event **ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   mlo_event *m = mlo_calloc(1, sizeof *m);
@@ -436,7 +439,7 @@ static int cu_event_create(void *ctx, mlo_event **ev) {
 
 static void cu_event_destroy(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   bool in = !enter(c, &g);
   if (in) {
     cuda_status(c, cudaEventDestroy(ev->e), "cudaEventDestroy");
@@ -456,7 +459,7 @@ static void CUDART_CB stamp_host_fn(void *user) {
  * notes the completion time, for traces (best effort: no stamp, unknown). */
 static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, bool stamped,
                      const char *what) {
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (!rc) rc = cuda_status(c, cudaEventRecord(ev->e, stream), what);
   mlo_stamp *stamp = NULL;
@@ -504,7 +507,7 @@ static int cu_event_record_compute(void *ctx, mlo_event *ev) {
 }
 
 static int stream_wait(struct cuda_ctx *c, cudaStream_t stream, mlo_event *ev) {
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   rc = cuda_status(c, cudaStreamWaitEvent(stream, ev->e, 0), "cudaStreamWaitEvent");
@@ -529,7 +532,7 @@ static int cu_readback_wait(void *ctx, mlo_event *ev) {
 
 static int cu_event_sync(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   rc = cuda_status(c, cudaEventSynchronize(ev->e), "cudaEventSynchronize");
@@ -541,7 +544,7 @@ static int cu_event_sync(void *ctx, mlo_event *ev) {
  * it (that would drop an error the user's own work left to be read). */
 static int cu_event_query(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   cudaError_t e = cudaEventQuery(ev->e);
@@ -552,7 +555,7 @@ static int cu_event_query(void *ctx, mlo_event *ev) {
 
 static int cu_synchronize(void *ctx) {
   struct cuda_ctx *c = ctx;
-  dev_guard g;
+  mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
   cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
@@ -581,7 +584,7 @@ static void cu_get_caps(void *ctx, mlo_platform_caps *caps) {
 static void cu_destroy(void *ctx) {
   struct cuda_ctx *c = ctx;
   if (!c) return;
-  dev_guard g;
+  mlo_cu_guard g;
   if (!enter(c, &g)) {
     cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
     for (int i = 0; i < 4; i++)
@@ -609,6 +612,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .reset_reserved_peak = cu_reset_reserved_peak,
     .dev_alloc = cu_dev_alloc,
     .dev_free = cu_dev_free,
+    .dev_free_after = cu_dev_free_after,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .host_register = cu_host_register,

@@ -6,6 +6,7 @@
 #ifndef MLO_PLATFORM_CUDA_INTERNAL_H
 #define MLO_PLATFORM_CUDA_INTERNAL_H
 
+#include "platform/cuda_ctx.h"
 #include "platform/platform.h"
 
 #include <cuda_runtime_api.h>
@@ -13,8 +14,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Copies are cut into pieces this large: big enough for full link speed,
- * small enough that a pageable source is staged in bounded chunks. */
+/* Copies are cut into pieces this large: each cudaMemcpyAsync call stays
+ * bounded (a pinned source copies asynchronously at link speed in any
+ * size).  It bounds nothing for a pageable source: the driver stages that
+ * through its own buffer, chunked or not, and the call returns once
+ * staged, which is why core registers a slab that fell back to pageable
+ * memory (slab.c) and warns about what stays pageable. */
 #define DEFAULT_CHUNK ((uint64_t)64 << 20)
 
 struct cuda_options {
@@ -28,6 +33,7 @@ struct cuda_options {
 
 struct cuda_ctx {
   int device;
+  void *primary; /* the device's primary context (CUcontext), current in every call */
   /* COPY: loads; READBACK: write-backs (so an evicted component's
    * write-back, which waits for its compute, never holds up the next load);
    * COMPUTE: the user's queue; RELEASE: frees. */

@@ -116,13 +116,20 @@ static cudaError_t create_pool(struct cuda_ctx *c) {
   return e;
 }
 
+/* On the caller's thread: our device's primary context is created and made
+ * current for the setup (cudaSetDevice), then the caller's context, or
+ * none, is current again. */
 int cu_create_streams(struct cuda_ctx *c, char *err, size_t errlen) {
-  int prev = -1;
-  cudaError_t e = cudaGetDevice(&prev);
-  const char *what = "cudaGetDevice";
+  void *prev = NULL;
+  cudaError_t e = mlo_cu_ctx_current(&prev);
+  const char *what = "cuCtxGetCurrent (through cudaGetDriverEntryPointByVersion)";
   if (e == cudaSuccess) {
     what = "cudaSetDevice";
     e = cudaSetDevice(c->device);
+  }
+  if (e == cudaSuccess) {
+    what = "cuCtxGetCurrent";
+    e = mlo_cu_ctx_current(&c->primary);
   }
   cudaStream_t *streams[] = {&c->copy, &c->readback, &c->compute, &c->release};
   for (int i = 0; i < 4 && e == cudaSuccess; i++) {
@@ -143,7 +150,7 @@ int cu_create_streams(struct cuda_ctx *c, char *err, size_t errlen) {
     snprintf(err, errlen, "cuda platform: %s failed: %s", what, cudaGetErrorString(e));
     rc = e == cudaErrorMemoryAllocation ? MLO_ENOMEM_DEVICE : MLO_EPLATFORM;
   }
-  if (prev >= 0 && prev != c->device) cudaSetDevice(prev); /* the caller's, back */
+  if (mlo_cu_ctx_set(prev) != cudaSuccess) (void)cudaGetLastError(); /* the caller's, back */
   return rc;
 }
 

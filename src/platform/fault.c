@@ -107,8 +107,12 @@ static int fault_dev_alloc(void *ctx, size_t bytes, void **block) {
   return FAULT_OR(f, MLO_FAULT_DEV_ALLOC, mlo_plat_dev_alloc(f->inner, bytes, block));
 }
 
-static void fault_dev_free(void *ctx, void *block, size_t bytes) {
-  mlo_plat_dev_free(((struct fault_ctx *)ctx)->inner, block, bytes);
+static int fault_dev_free(void *ctx, void *block, size_t bytes) {
+  return mlo_plat_dev_free(((struct fault_ctx *)ctx)->inner, block, bytes);
+}
+
+static int fault_dev_free_after(void *ctx, void *block, size_t bytes, mlo_event *used) {
+  return mlo_plat_dev_free_after(((struct fault_ctx *)ctx)->inner, block, bytes, used);
 }
 
 static int fault_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {
@@ -222,6 +226,7 @@ static const struct mlo_platform_ops fault_ops = {
     .get_memory = fault_get_memory,
     .dev_alloc = fault_dev_alloc,
     .dev_free = fault_dev_free,
+    .dev_free_after = fault_dev_free_after,
     .host_alloc = fault_host_alloc,
     .host_free = fault_host_free,
     .copy_h2d = fault_copy_h2d,
@@ -343,6 +348,7 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
     f->ops.event_record_readback = NULL;
     f->ops.readback_wait = NULL;
   }
+  if (!f->inner->ops->dev_free_after) f->ops.dev_free_after = NULL; /* as inside */
   p->ops = &f->ops;
   p->ctx = f;
   snprintf(p->description, sizeof p->description, "fault injection (%s #%llu) over %.100s",

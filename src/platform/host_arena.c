@@ -166,14 +166,14 @@ int mlo_host_dev_alloc(void *vctx, size_t bytes, void **block) {
   return MLO_OK;
 }
 
-void mlo_host_dev_free(void *vctx, void *block, size_t bytes) {
+int mlo_host_dev_free(void *vctx, void *block, size_t bytes) {
   struct host_ctx *ctx = vctx;
   pthread_mutex_lock(&ctx->lock);
   struct host_range *b = mlo_host_find_live(ctx, block);
   if (!b) {
     pthread_mutex_unlock(&ctx->lock);
     mlo_logf(MLO_LOG_ERROR, "host platform: dev_free of %p, which is not a live block", block);
-    return;
+    return MLO_EINVAL;
   }
   if (b->bytes != bytes)
     mlo_logf(MLO_LOG_WARN, "host platform: dev_free of a %zu-byte block as %zu bytes", b->bytes,
@@ -186,6 +186,7 @@ void mlo_host_dev_free(void *vctx, void *block, size_t bytes) {
   insert_free(ctx, b);
   pthread_cond_broadcast(&ctx->done_cv);
   pthread_mutex_unlock(&ctx->lock);
+  return MLO_OK;
 }
 
 int mlo_host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes) {

@@ -105,7 +105,7 @@ struct mlo_event {
 /* Device memory (host_arena.c).  Called with ctx->lock held where the
  * platform contract says so; the ops-table slots take it themselves. */
 int mlo_host_dev_alloc(void *vctx, size_t bytes, void **block);
-void mlo_host_dev_free(void *vctx, void *block, size_t bytes);
+int mlo_host_dev_free(void *vctx, void *block, size_t bytes);
 int mlo_host_get_memory(void *vctx, uint64_t *total, uint64_t *free_bytes);
 /* The live block that starts at handle, or NULL (lock held). */
 struct host_range *mlo_host_find_live(struct host_ctx *ctx, const void *handle);

@@ -33,10 +33,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Bumped whenever either table below changes shape. */
-#define MLO_MODULE_ABI                                                                             \
-  3 /* 2: host_register says whether a range may be registered read-only;                          \
-       3: the topology and gather_pace slots */
+/* Bumped whenever either table below changes shape.  2: host_register says
+ * whether a range may be registered read-only; 3: dev_free returns whether it
+ * freed, dev_free_after, and the topology and gather_pace slots. */
+#define MLO_MODULE_ABI 3
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)
@@ -75,7 +75,7 @@ struct mlo_module_host {
                             size_t errlen);
   /* The platform wrappers a workload back-end orders its compute with. */
   int (*dev_alloc)(mlo_platform *p, size_t bytes, void **block);
-  void (*dev_free)(mlo_platform *p, void *block, size_t bytes);
+  int (*dev_free)(mlo_platform *p, void *block, size_t bytes);
   int (*event_create)(mlo_platform *p, mlo_event **ev);
   void (*event_destroy)(mlo_platform *p, mlo_event *ev);
   int (*event_record_copy)(mlo_platform *p, mlo_event *ev);

@@ -103,8 +103,8 @@ int mlo_spec_parse_indexed(const char *name, const char *args, unsigned long max
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
   return host->dev_alloc(p, bytes, block);
 }
-void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
-  host->dev_free(p, block, bytes);
+int mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
+  return host->dev_free(p, block, bytes);
 }
 int mlo_plat_event_create(mlo_platform *p, mlo_event **ev) {
   return host->event_create(p, ev);

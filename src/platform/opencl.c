@@ -169,24 +169,30 @@ static int ocl_dev_alloc(void *ctx, size_t bytes, void **block) {
 
 /* No wait needed: the runtime deletes the buffer only after every command
  * already queued on either queue that uses it has finished. */
-static void ocl_dev_free(void *ctx, void *block, size_t bytes) {
+static int ocl_dev_free(void *ctx, void *block, size_t bytes) {
   struct ocl_ctx *c = ctx;
   struct seg_block *b = find_seg(c, block);
+  int rc = MLO_OK;
   if (b) {
     pthread_mutex_lock(&c->lock);
     struct seg_block **pp = &c->segs;
     while (*pp != b) pp = &(*pp)->next;
     *pp = b->next;
     pthread_mutex_unlock(&c->lock);
-    for (size_t i = 0; i < b->n; i++) map_err(clReleaseMemObject(b->mems[i]), "clReleaseMemObject");
+    for (size_t i = 0; i < b->n; i++) {
+      int r = map_err(clReleaseMemObject(b->mems[i]), "clReleaseMemObject");
+      if (!rc) rc = r;
+    }
     free(b->mems);
     free(b);
   } else {
-    map_err(clReleaseMemObject((cl_mem)block), "clReleaseMemObject");
+    rc = map_err(clReleaseMemObject((cl_mem)block), "clReleaseMemObject");
   }
+  if (rc) return rc; /* an object the runtime did not know: nothing was released */
   pthread_mutex_lock(&c->lock);
   c->used -= bytes <= c->used ? bytes : c->used;
   pthread_mutex_unlock(&c->lock);
+  return MLO_OK;
 }
 
 static int ocl_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {

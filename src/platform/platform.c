@@ -306,13 +306,31 @@ int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
   return MLO_OK;
 }
 
-void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
-  if (!block) return;
-  count_call(p);
-  p->ops->dev_free(p->ctx, block, bytes);
+/* Used bytes follow what the platform did: a free that failed leaves the
+ * block's bytes held, as the device still holds them. */
+static int account_free(mlo_platform *p, size_t bytes, int rc) {
+  if (rc) return rc;
   pthread_mutex_lock(p->acct_lock);
   p->used_bytes -= bytes;
   pthread_mutex_unlock(p->acct_lock);
+  return MLO_OK;
+}
+
+int mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
+  if (!block) return MLO_OK;
+  count_call(p);
+  return account_free(p, bytes, p->ops->dev_free(p->ctx, block, bytes));
+}
+
+int mlo_plat_dev_free_after(mlo_platform *p, void *block, size_t bytes, mlo_event *used) {
+  if (!used || !mlo_plat_has_dev_free_after(p)) return mlo_plat_dev_free(p, block, bytes);
+  if (!block) return MLO_OK;
+  count_call(p);
+  return account_free(p, bytes, p->ops->dev_free_after(p->ctx, block, bytes, used));
+}
+
+bool mlo_plat_has_dev_free_after(const mlo_platform *p) {
+  return p->ops->dev_free_after && p->caps.events;
 }
 
 int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {

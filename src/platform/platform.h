@@ -44,9 +44,20 @@ struct mlo_platform_ops {
    * (never aborts).  free is ordered after all work already submitted to
    * either queue: it never frees memory that a queued copy or compute still
    * uses, and where the device allows it never blocks the host (CUDA:
-   * cudaFreeAsync on the compute stream). */
+   * cudaFreeAsync on the release stream).  free returns MLO_OK once the
+   * block is released or its release is queued; an error means the device
+   * still holds it (its bytes keep counting as used). */
   int (*dev_alloc)(void *ctx, size_t bytes, void **block);
-  void (*dev_free)(void *ctx, void *block, size_t bytes);
+  int (*dev_free)(void *ctx, void *block, size_t bytes);
+  /* Optional: a free ordered after `used` — an event recorded on the
+   * compute queue after the last compute that reads the block — and after
+   * every copy already submitted to either copy queue, but NOT after
+   * compute submitted since `used` was recorded: a load that reuses the
+   * memory may then run beside that later compute (a prefetch overlapping
+   * the current forward) instead of behind it.  The caller promises that
+   * no compute submitted after `used` touches the block.  NULL: dev_free,
+   * ordered after everything (the wrapper falls back to it). */
+  int (*dev_free_after)(void *ctx, void *block, size_t bytes, mlo_event *used);
 
   /* Host memory.  pinned asks for page-locked memory; *got_pinned says
    * whether it was (best effort: pageable on failure).  Optional: NULL means
@@ -152,7 +163,15 @@ int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes);
 /* Wrappers used by core: apply defaults for NULL slots, count calls, keep
  * used/peak accounting.  Same contracts as the slots above. */
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block);
-void mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes);
+/* The block's bytes stop counting as used only if the platform released
+ * it (MLO_OK); a failed free leaves them counted, as the device does. */
+int mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes);
+/* The dev_free_after slot; dev_free without it, without events, or with
+ * used NULL. */
+int mlo_plat_dev_free_after(mlo_platform *p, void *block, size_t bytes, mlo_event *used);
+/* Whether dev_free_after is more than dev_free here (core records the
+ * event it needs only then). */
+bool mlo_plat_has_dev_free_after(const mlo_platform *p);
 int mlo_plat_host_alloc(mlo_platform *p, size_t bytes, bool pinned, void **ptr, bool *got_pinned);
 /* MLO_EUNSUPPORTED without the slot. */
 int mlo_plat_host_register(mlo_platform *p, void *ptr, size_t bytes, bool read_only);

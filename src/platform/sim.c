@@ -104,12 +104,13 @@ static int sim_dev_alloc(void *ctx, size_t bytes, void **block) {
   return MLO_ENOMEM;
 }
 
-static void sim_dev_free(void *ctx, void *block, size_t bytes) {
+static int sim_dev_free(void *ctx, void *block, size_t bytes) {
   struct sim_ctx *s = ctx;
   free(block);
   pthread_mutex_lock(&s->lock);
   s->used -= bytes;
   pthread_mutex_unlock(&s->lock);
+  return MLO_OK;
 }
 
 static int sim_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool *got_pinned) {

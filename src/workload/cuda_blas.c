@@ -23,10 +23,14 @@
  *
  * cuBLAS is bit-reproducible for one configuration on one GPU model, so an
  * offloaded run's digest equals an all-resident run's on the same device.
- * One context is used by one thread at a time (mlo run's schedule).
+ * One context is used by one thread at a time (mlo run's schedule).  Every
+ * entry point makes the compute stream's context current and puts the
+ * caller's back (platform/cuda_ctx.h): a thread that had none is left with
+ * none, never with a context on device 0.
  */
 #include "base/sysio.h"
 #include "base/log.h"
+#include "platform/cuda_ctx.h"
 #include "platform/platform.h"
 #include "workload/workload.h"
 #include "platform/module.h"
@@ -74,7 +78,7 @@ struct slot {
 
 struct cuda_blas {
   mlo_platform *platform;
-  int device;
+  void *ctx; /* the compute stream's context: current in every call, the caller's put back */
   cudaStream_t stream;
   cublasHandle_t handle;
   void *workspace;
@@ -173,13 +177,25 @@ static int retire_oldest(struct cuda_blas *b) {
   return rc;
 }
 
+/* Enters the workload's context for one entry point (cuda_ctx.h). */
+static int enter(struct cuda_blas *b, mlo_cu_guard *g) {
+  g->switched = false;
+  return cu_status(mlo_cu_ctx_enter(b->ctx, g), "making the stream's context current");
+}
+
+static void leave(const mlo_cu_guard *g) {
+  cu_status(mlo_cu_ctx_leave(g), "restoring the caller's context");
+}
+
 static int cb_flush(void *ctx) {
   struct cuda_blas *b = ctx;
-  int rc = MLO_OK;
-  while (b->count) {
+  mlo_cu_guard g;
+  int rc = enter(b, &g);
+  while (!rc && b->count) {
     int r = retire_oldest(b);
     if (!rc) rc = r;
   }
+  leave(&g);
   return rc;
 }
 
@@ -210,9 +226,8 @@ static int queue_result(struct cuda_blas *b, struct slot *sl, const void *src, s
 static void cb_destroy(void *ctx) {
   struct cuda_blas *b = ctx;
   if (!b) return;
-  int prev = -1;
-  cudaGetDevice(&prev);
-  cudaSetDevice(b->device);
+  mlo_cu_guard g = {0};
+  if (b->ctx) enter(b, &g);
   cudaStreamSynchronize(b->stream); /* nothing reads or writes what goes below */
   b->count = 0;                     /* results never flushed are dropped */
   for (int i = 0; i < X_CACHE; i++) {
@@ -229,7 +244,7 @@ static void cb_destroy(void *ctx) {
   scratch_free(b, b->workspace, WORKSPACE_BYTES);
   mlo_plat_event_destroy(b->platform, b->ready);
   (void)cudaGetLastError();
-  if (prev >= 0) cudaSetDevice(prev);
+  leave(&g);
   free(b);
 }
 
@@ -241,8 +256,9 @@ static int cb_create(mlo_platform *p, void **ctx) {
   if (!b) return MLO_ENOMEM;
   b->stream = stream;
   b->platform = p;
-  int rc = cu_status(cudaStreamGetDevice(stream, &b->device), "cudaStreamGetDevice");
-  if (!rc) rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
+  int rc = cu_status(mlo_cu_ctx_of_stream(stream, &b->ctx), "cuStreamGetCtx");
+  mlo_cu_guard g = {0};
+  if (!rc) rc = enter(b, &g);
   if (!rc) rc = blas_status(cublasCreate(&b->handle), "cublasCreate");
   if (!rc) rc = blas_status(cublasSetStream(b->handle, stream), "cublasSetStream");
   /* Its workspace from the platform, so capacity= counts it. */
@@ -255,12 +271,10 @@ static int cb_create(mlo_platform *p, void **ctx) {
   if (!rc)
     rc = blas_status(cublasSetWorkspace(b->handle, b->workspace, WORKSPACE_BYTES),
                      "cublasSetWorkspace");
-  if (rc) {
-    cb_destroy(b);
-    return rc;
-  }
-  *ctx = b;
-  return MLO_OK;
+  if (rc) cb_destroy(b);
+  leave(&g);
+  if (!rc) *ctx = b;
+  return rc;
 }
 
 static void fill_input(void *host, mlo_dtype dtype, uint64_t seed, int tokens, int64_t in) {
@@ -331,7 +345,8 @@ static int cb_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dtype
   if (type == (cudaDataType_t)-1) return MLO_EUNSUPPORTED;
   if (out <= 0 || in <= 0 || tokens <= 0 || out > INT_MAX || in > INT_MAX) return MLO_EINVAL;
   if ((uint64_t)out > SIZE_MAX / 4 / (uint64_t)tokens) return MLO_EINVAL;
-  int rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
+  mlo_cu_guard g;
+  int rc = enter(b, &g);
   const void *x = NULL;
   if (!rc) rc = get_input(b, dtype, seed, tokens, in, &x);
   size_t y_bytes = (size_t)tokens * (size_t)out * sizeof(float);
@@ -353,6 +368,7 @@ static int cb_gemm_digest(void *ctx, void *block, size_t offset, mlo_dtype dtype
                                   CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
   if (!rc) rc = queue_result(b, sl, sl->y, y_bytes, digest);
+  leave(&g);
   return rc;
 }
 
@@ -360,10 +376,12 @@ static int cb_bytes_digest(void *ctx, void *block, size_t offset, uint64_t nbyte
                            uint64_t *digest) {
   struct cuda_blas *b = ctx;
   if (nbytes > SIZE_MAX) return MLO_EINVAL;
-  int rc = cu_status(cudaSetDevice(b->device), "cudaSetDevice");
+  mlo_cu_guard g;
+  int rc = enter(b, &g);
   struct slot *sl = NULL;
   if (!rc) rc = take_slot(b, &sl);
   if (!rc) rc = queue_result(b, sl, (const char *)block + offset, (size_t)nbytes, digest);
+  leave(&g);
   return rc;
 }
 

@@ -7,6 +7,13 @@
  *       no-device message; needs no GPU, so it runs in CI.
  *   platform_cuda       (label gpu) — everything on a device; exits 77
  *       (skipped) when no CUDA device is visible.
+ *   platform_cuda_fake  (label platform) — `fake`: the device tests on the
+ *       fake runtime (tests/fakecuda), at smaller sizes and without the
+ *       cuBLAS digests (the fake runs no kernels); fails unless the fake is
+ *       the runtime loaded.
+ *   platform_cuda_contexts (label platform) — `contexts`: on the fake with
+ *       two devices, a thread that never chose a device drives cuda:1 and
+ *       no context is ever created on device 0 (issue 25, item 3).
  */
 #include "testutil.h"
 
@@ -14,10 +21,15 @@
 #include "workload/workload.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The largest buffers the device tests move: 1 GiB on a GPU, less on the
+ * fake runtime, whose device memory is this machine's. */
+static size_t big_bytes = (size_t)1 << 30;
 
 /* ---- without a device --------------------------------------------------- */
 
@@ -299,7 +311,7 @@ static void compute_copy(mlo_platform *p, void *dst, const void *src, size_t n) 
 static void test_load_ordering(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("cuda:0");
-  const size_t n = (size_t)1 << 30;
+  const size_t n = big_bytes;
   unsigned char *slab = NULL, *host = malloc(n);
   bool pinned = false;
   assert_non_null(host);
@@ -343,7 +355,7 @@ static void test_load_ordering(void **state) {
 static void test_free_ordering(void **state) {
   (void)state;
   mlo_platform *p = tu_open_spec("cuda:0");
-  const size_t n = (size_t)256 << 20;
+  const size_t n = big_bytes / 4;
   unsigned char *one = NULL, *two = NULL, *host = malloc(n);
   bool p1 = false, p2 = false;
   assert_non_null(host);
@@ -385,7 +397,7 @@ static void test_memory_given_back(void **state) {
   assert_int_equal(cudaSetDevice(0), cudaSuccess);
   assert_int_equal(cudaMemGetInfo(&free0, &total), cudaSuccess);
   mlo_platform *p = tu_open_spec("cuda:0");
-  const size_t n = (size_t)2 << 30;
+  const size_t n = 2 * big_bytes;
   void *block = NULL;
   assert_ok(mlo_plat_dev_alloc(p, n, &block));
   size_t held = 0;
@@ -471,6 +483,100 @@ static void test_workload_gemm(void **state) {
   mlo_platform_close(p);
 }
 
+/* ---- contexts, on the fake runtime (issue 25, item 3) ------------------- */
+
+/* The fake runtime's record of contexts (tests/fakecuda): NULL when the
+ * runtime loaded is not the fake. */
+static void *fake_symbol(const char *name) {
+  return dlsym(RTLD_DEFAULT, name);
+}
+
+struct drive {
+  bool choose_device0; /* the thread selects device 0 itself first */
+  const char *failed;  /* the first step that failed, NULL if none */
+  int current_after;   /* its current context's device afterwards, -1: none */
+};
+
+#define DRIVE_STEP(d, expr)                                                                        \
+  do {                                                                                             \
+    if (!(d)->failed && (expr) != MLO_OK) (d)->failed = #expr;                                     \
+  } while (0)
+
+/* Everything a load, a forward and an eviction ask of cuda:1, and the
+ * workload backend's create (which fails on the fake, having no cuBLAS:
+ * its failure path runs), from a thread of its own. */
+static void *drive_cuda1(void *arg) {
+  struct drive *d = arg;
+  int (*current)(void) = (int (*)(void))fake_symbol("fakecuda_current_context");
+  if (d->choose_device0 && cudaSetDevice(0) != cudaSuccess) d->failed = "cudaSetDevice(0)";
+  mlo_platform *p = NULL;
+  char err[256] = "";
+  DRIVE_STEP(d, mlo_platform_open("cuda:1", &p, err, sizeof err));
+  if (d->failed) return NULL;
+  const size_t n = (size_t)1 << 20;
+  void *slab = NULL, *back = NULL, *block = NULL;
+  bool pinned = false, back_pinned = false;
+  mlo_event *loaded = NULL, *used = NULL;
+  DRIVE_STEP(d, mlo_plat_host_alloc(p, n, true, &slab, &pinned));
+  DRIVE_STEP(d, mlo_plat_host_alloc(p, n, true, &back, &back_pinned));
+  if (!d->failed) tu_fill_pattern(slab, n, 9);
+  DRIVE_STEP(d, mlo_plat_event_create(p, &loaded));
+  DRIVE_STEP(d, mlo_plat_event_create(p, &used));
+  DRIVE_STEP(d, mlo_plat_dev_alloc(p, n, &block));
+  DRIVE_STEP(d, mlo_plat_copy_h2d(p, block, 0, slab, n));
+  DRIVE_STEP(d, mlo_plat_event_record_copy(p, loaded));
+  DRIVE_STEP(d, mlo_plat_compute_wait(p, loaded));
+  DRIVE_STEP(d, mlo_plat_event_record_compute(p, used));
+  DRIVE_STEP(d, mlo_plat_readback_wait(p, used));
+  DRIVE_STEP(d, mlo_plat_copy_d2h(p, back, block, 0, n));
+  DRIVE_STEP(d, mlo_plat_event_record_readback(p, used));
+  DRIVE_STEP(d, mlo_plat_event_sync(p, used));
+  DRIVE_STEP(d, mlo_plat_event_query(p, loaded));
+  mlo_platform_memory mem;
+  DRIVE_STEP(d, mlo_platform_get_memory(p, &mem));
+  if (!d->failed && tu_pattern_mismatch(back, n, 9) != n) d->failed = "the round trip's bytes";
+  mlo_plat_dev_free(p, block, n);
+  DRIVE_STEP(d, mlo_plat_synchronize(p));
+  const struct mlo_workload_ops *ops = NULL;
+  void *wctx = NULL;
+  if (!d->failed && mlo_workload_backend("cuda", &ops, err, sizeof err) == MLO_OK &&
+      ops->create(p, &wctx) == MLO_OK)
+    ops->destroy(wctx);
+  mlo_plat_event_destroy(p, loaded);
+  mlo_plat_event_destroy(p, used);
+  mlo_plat_host_free(p, slab, n, pinned);
+  mlo_plat_host_free(p, back, n, back_pinned);
+  mlo_platform_close(p);
+  d->current_after = current();
+  return NULL;
+}
+
+/* A thread that never chose a device uses cuda:1 only: no context on
+ * device 0, ever, and the thread is left with no current context.  Then a
+ * thread that chose device 0 gets device 0's context back. */
+static void test_no_context_on_device0(void **state) {
+  (void)state;
+  unsigned (*created)(void) = (unsigned (*)(void))fake_symbol("fakecuda_contexts_created");
+  assert_non_null(created);
+  int count = 0;
+  assert_int_equal(cudaGetDeviceCount(&count), cudaSuccess);
+  assert_int_equal(count, 2); /* MLO_FAKECUDA_DEVICES=2 */
+  assert_int_equal(created(), 0);
+  struct drive fresh = {.current_after = -2};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, drive_cuda1, &fresh), 0);
+  pthread_join(t, NULL);
+  if (fresh.failed) fail_msg("driving cuda:1 failed at %s", fresh.failed);
+  assert_int_equal(created(), 1u << 1); /* device 1's context only */
+  assert_int_equal(fresh.current_after, -1);
+
+  struct drive chose = {.choose_device0 = true, .current_after = -2};
+  assert_int_equal(pthread_create(&t, NULL, drive_cuda1, &chose), 0);
+  pthread_join(t, NULL);
+  if (chose.failed) fail_msg("driving cuda:1 after choosing device 0 failed at %s", chose.failed);
+  assert_int_equal(chose.current_after, 0);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "spec")) {
     const struct CMUnitTest spec_tests[] = {
@@ -479,6 +585,16 @@ int main(int argc, char **argv) {
     };
     return cmocka_run_group_tests(spec_tests, NULL, NULL);
   }
+  if (argc > 1 && !strcmp(argv[1], "contexts")) {
+    const struct CMUnitTest context_tests[] = {cmocka_unit_test(test_no_context_on_device0)};
+    return cmocka_run_group_tests(context_tests, NULL, NULL);
+  }
+  bool fake = argc > 1 && !strcmp(argv[1], "fake");
+  if (fake && !fake_symbol("fakecuda_contexts_created")) {
+    fprintf(stderr, "`fake` asked for, but the CUDA runtime loaded is not tests/fakecuda's\n");
+    return 1;
+  }
+  if (fake) big_bytes = (size_t)64 << 20;
   mlo_platform *probe = NULL;
   char err[256] = "";
   int rc = mlo_platform_open("cuda", &probe, err, sizeof err);
@@ -499,5 +615,19 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_free_ordering),
       cmocka_unit_test(test_memory_given_back),
   };
+  if (fake) { /* no kernels on the fake: everything but the cuBLAS digests */
+    const struct CMUnitTest fake_tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_free_then_reuse),
+        cmocka_unit_test(test_oom_maps_and_recovers),
+        cmocka_unit_test(test_capacity_caps),
+        cmocka_unit_test(test_no_pinned),
+        cmocka_unit_test(test_current_device_kept),
+        cmocka_unit_test(test_load_ordering),
+        cmocka_unit_test(test_free_ordering),
+        cmocka_unit_test(test_memory_given_back),
+    };
+    return cmocka_run_group_tests(fake_tests, NULL, NULL);
+  }
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

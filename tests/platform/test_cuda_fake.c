@@ -1,0 +1,213 @@
+/*
+ * test_cuda_fake.c — core and the CUDA platform together on the fake CUDA
+ * runtime (tests/fakecuda), for the defects of issue 25 that only show
+ * with a GPU's asynchrony or a device's refusals: which queued work a free
+ * waits for (item 7, the default run); a slab that falls back to pageable
+ * memory is registered (item 9, `pageable`, with cudaHostAlloc failing);
+ * the used bytes follow a free that fails (item 9, `free-fails`).
+ *
+ * Each check runs the real libmlo-cuda.so through the public API; the fake
+ * runs streams as FIFO threads, so a host function that blocks on the
+ * compute stream stands in for a long kernel, and a free that runs too
+ * early poisons memory a queued use then reads.  The program refuses to
+ * run (exit 1) when the runtime loaded is not the fake.
+ */
+#include "testutil.h"
+
+#include "platform/platform.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a kernel that runs until the test lets it finish ------------------- */
+
+static atomic_int gate_open;
+
+/* On the compute stream's worker: holds the stream, as a long kernel
+ * would, until the gate opens (at most 20 s, so a defect cannot hang). */
+static void CUDART_CB gated_kernel(void *user) {
+  (void)user;
+  for (int i = 0; i < 20000 && !atomic_load(&gate_open); i++) tu_sleep_ms(1);
+}
+
+static void queue_gated_kernel(mlo_platform *plat) {
+  atomic_store(&gate_open, 0);
+  cudaStream_t compute = mlo_platform_compute_queue(plat);
+  assert_int_equal(cudaLaunchHostFunc(compute, gated_kernel, NULL), cudaSuccess);
+}
+
+/* Whether every stream but the compute one has run all it was given
+ * within ms: the fake's view of "nothing else waits for the compute". */
+static bool others_drain(mlo_platform *plat, unsigned ms) {
+  bool (*idle)(cudaStream_t, unsigned) =
+      (bool (*)(cudaStream_t, unsigned))dlsym(RTLD_DEFAULT, "fakecuda_idle_except");
+  assert_non_null(idle);
+  return idle(mlo_platform_compute_queue(plat), ms);
+}
+
+static uint64_t fake_use_after_free(void) {
+  uint64_t (*count)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakecuda_use_after_free");
+  assert_non_null(count);
+  return count();
+}
+
+/* Two DiTs of 1 MiB that cannot both be resident (capacity=1536K, with
+ * the encoder and the VAE): loading the second reuses the first's memory, so the load
+ * waits for the first's free. */
+static tu_pipe *two_dits(mlo_platform **plat) {
+  *plat = tu_open_spec("cuda:0:capacity=1536K");
+  const tu_comp_spec specs[] = {{"text_encoder", MLO_ROLE_ENCODER, 1, 4096, 0},
+                                {"transformer", MLO_ROLE_DIT, 4, 256 * 1024, 0},
+                                {"transformer_2", MLO_ROLE_DIT, 4, 256 * 1024, 0},
+                                {"vae", MLO_ROLE_VAE, 1, 64 * 1024, 0}};
+  tu_pipe *tp = tu_pipe_build(*plat, specs, 4);
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  return tp;
+}
+
+/* Item 7: the first DiT ran and was released; then a long kernel of
+ * someone else's is queued.  Acquiring the second DiT evicts the first and
+ * loads into its memory: that load must complete while the long kernel
+ * still runs (the free waits for the first DiT's own last use, not for
+ * every kernel queued at eviction time). */
+static void test_free_waits_for_own_use_only(void **state) {
+  (void)state;
+  mlo_platform *plat = NULL;
+  tu_pipe *tp = two_dits(&plat);
+  mlo_component *dit1 = tu_comp(tp, "transformer"), *dit2 = tu_comp(tp, "transformer_2");
+  assert_ok(tu_forward(tp, dit1));
+  queue_gated_kernel(plat);
+  assert_ok(mlo_component_acquire(dit2));
+  bool overlapped = others_drain(plat, 10000); /* the free and the load's copies ran */
+  atomic_store(&gate_open, 1);
+  assert_ok(mlo_component_release(dit2));
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_false(mlo_component_is_resident(dit1));
+  if (!overlapped)
+    fail_msg("the second DiT's load waited for a kernel queued after the first DiT's last use");
+  char why[256] = "";
+  if (!tu_device_content_ok(tp, dit2, why, sizeof why)) fail_msg("%s", why);
+  assert_int_equal(fake_use_after_free(), 0);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* The negative control: a use of the first DiT still queued (behind the
+ * long kernel, inside its acquire) when it is evicted.  Its free, and so
+ * the second DiT's load into that memory, waits for that use: the use
+ * reads the first DiT's bytes, never the poison or the second's. */
+static void test_free_never_before_queued_use(void **state) {
+  (void)state;
+  mlo_platform *plat = NULL;
+  tu_pipe *tp = two_dits(&plat);
+  mlo_component *dit1 = tu_comp(tp, "transformer"), *dit2 = tu_comp(tp, "transformer_2");
+  const mlo_tensor *t = mlo_component_find_tensor(dit1, "t1");
+  assert_non_null(t);
+  size_t n = tu_rec(tp, t)->bytes;
+  void *seen = NULL;
+  assert_int_equal(cudaMallocHost(&seen, n), cudaSuccess);
+  memset(seen, 0, n);
+  assert_ok(mlo_component_acquire(dit1));
+  queue_gated_kernel(plat);
+  cudaStream_t compute = mlo_platform_compute_queue(plat);
+  assert_int_equal(
+      cudaMemcpyAsync(seen, mlo_tensor_device_ptr(t), n, cudaMemcpyDeviceToHost, compute),
+      cudaSuccess);
+  assert_ok(mlo_component_release(dit1));
+  assert_ok(mlo_component_acquire(dit2));     /* evicts dit1 while its use is queued */
+  bool loaded_early = others_drain(plat, 50); /* room for an early free to run */
+  atomic_store(&gate_open, 1);
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_ok(mlo_component_release(dit2));
+  assert_false(loaded_early);
+  size_t at = tu_pattern_mismatch(seen, n, tu_rec(tp, t)->seed);
+  if (at != n)
+    fail_msg("the queued use read byte %zu as 0x%02x: the block was freed under it", at,
+             ((unsigned char *)seen)[at]);
+  assert_int_equal(fake_use_after_free(), 0);
+  char why[256] = "";
+  if (!tu_device_content_ok(tp, dit2, why, sizeof why)) fail_msg("%s", why);
+  cudaFreeHost(seen);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* ---- item 9 ------------------------------------------------------------- */
+
+static uint64_t fake_registered_bytes(void) {
+  uint64_t (*count)(void) =
+      (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakecuda_host_registered_bytes");
+  assert_non_null(count);
+  return count();
+}
+
+/* cudaHostAlloc fails (MLO_FAKECUDA_HOSTALLOC_FAIL=1): every slab falls
+ * back to pageable memory, which is then registered in place, counted as
+ * pinned, loads correctly, and is unregistered when the slab goes. */
+static void test_pageable_slab_registered(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  const tu_comp_spec specs[] = {{"text_encoder", MLO_ROLE_ENCODER, 2, 64 * 1024, 1},
+                                {"transformer", MLO_ROLE_DIT, 4, 256 * 1024, 0},
+                                {"vae", MLO_ROLE_VAE, 1, 64 * 1024, 0}};
+  tu_pipe *tp = tu_pipe_build(plat, specs, 3);
+  assert_int_equal(fake_registered_bytes(), 0);
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  mlo_pipeline_stats st = tu_pstats(tp);
+  assert_true(st.host_slab_bytes > 0);
+  assert_int_equal(st.pinned_bytes, st.host_slab_bytes);
+  assert_int_equal(fake_registered_bytes(), st.host_slab_bytes);
+  for (int round = 0; round < 2; round++) {
+    assert_ok(tu_forward(tp, tu_comp(tp, "text_encoder")));
+    assert_ok(tu_forward(tp, tu_comp(tp, "transformer")));
+    assert_ok(tu_forward(tp, tu_comp(tp, "vae")));
+  }
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  assert_int_equal(fake_registered_bytes(), 0);
+  mlo_platform_close(plat);
+}
+
+/* Frees fail (MLO_FAKECUDA_FREE_FAIL=1): the device still holds the block,
+ * so the platform's used bytes still count it. */
+static void test_failed_free_keeps_bytes(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  const size_t n = (size_t)1 << 20;
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(plat, n, &block));
+  mlo_platform_memory before;
+  assert_ok(mlo_platform_get_memory(plat, &before));
+  assert_int_equal(before.used_bytes, n);
+  assert_int_not_equal(mlo_plat_dev_free(plat, block, n), MLO_OK);
+  mlo_platform_memory after;
+  assert_ok(mlo_platform_get_memory(plat, &after));
+  assert_int_equal(after.used_bytes, n);
+  assert_true(after.free_bytes <= before.free_bytes);
+  mlo_platform_close(plat);
+}
+
+int main(int argc, char **argv) {
+  if (!dlsym(RTLD_DEFAULT, "fakecuda_contexts_created")) {
+    fprintf(stderr, "the CUDA runtime loaded is not tests/fakecuda's\n");
+    return 1;
+  }
+  const char *mode = argc > 1 ? argv[1] : "";
+  if (!strcmp(mode, "pageable")) {
+    const struct CMUnitTest pageable[] = {cmocka_unit_test(test_pageable_slab_registered)};
+    return cmocka_run_group_tests(pageable, NULL, NULL);
+  }
+  if (!strcmp(mode, "free-fails")) {
+    const struct CMUnitTest fails[] = {cmocka_unit_test(test_failed_free_keeps_bytes)};
+    return cmocka_run_group_tests(fails, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_free_waits_for_own_use_only),
+      cmocka_unit_test(test_free_never_before_queued_use),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
