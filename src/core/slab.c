@@ -178,21 +178,28 @@ static int check_segments(mlo_component *c) {
 }
 
 #define CHECK_HEADER_CAP ((uint64_t)64 << 20)
+#define CHECK_SAMPLES 16          /* pages of a file's data folded besides its header */
+#define CHECK_PAGE ((size_t)4096) /* each sample's bytes */
 
-/* Folds the bytes [0, end) of a file: its header, up to the first tensor's
- * bytes (at most CHECK_HEADER_CAP of it). */
-static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, size_t whylen) {
+/* Folds what a file must hold alike on every rank: its header, the bytes
+ * [0, end) up to the first tensor's (at most CHECK_HEADER_CAP of them), and
+ * CHECK_SAMPLES pages of its data spread evenly from there to its end (the
+ * first and the last among them).  Same-layout checkpoints with other
+ * weights (a fine-tune, another step of a training run) differ in nearly
+ * every page; a few damaged bytes are caught only where a sample falls. */
+static int fold_file(const char *path, uint64_t end, uint64_t *h, char *why, size_t whylen) {
   int fd = -1;
   mlo_file_id id;
   int rc = mlo_open_regular(path, &fd, &id, why, whylen);
   if (rc) return rc;
   if (end > id.size) end = id.size;
+  uint64_t data = end; /* the data's first byte */
   if (end > CHECK_HEADER_CAP) end = CHECK_HEADER_CAP;
   /* on the heap: a pipeline may be opened on a thread with a small stack,
    * and thread-local storage is carved from every thread's stack */
   const size_t cap = 64 << 10;
-  unsigned char *buf = end ? mlo_malloc(cap) : NULL;
-  if (end && !buf) rc = mlo_errf(why, whylen, MLO_ENOMEM, "out of host memory");
+  unsigned char *buf = mlo_malloc(cap);
+  if (!buf) rc = mlo_errf(why, whylen, MLO_ENOMEM, "out of host memory");
   for (uint64_t at = 0; at < end && !rc; at += cap) {
     size_t n = end - at < cap ? (size_t)(end - at) : cap;
     if (mlo_pread_full(fd, buf, n, at) != 0)
@@ -201,6 +208,17 @@ static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, s
     else
       *h = mlo_fnv1a(*h, buf, n);
   }
+  uint64_t span = id.size > data ? id.size - data : 0;
+  size_t page = span < CHECK_PAGE ? (size_t)span : CHECK_PAGE;
+  for (int i = 0; i < CHECK_SAMPLES && page && !rc; i++) {
+    uint64_t at = data + (span - page) / (CHECK_SAMPLES - 1) * (uint64_t)i;
+    if (i == CHECK_SAMPLES - 1) at = id.size - page;
+    if (mlo_pread_full(fd, buf, page, at) != 0)
+      rc = mlo_errf(why, whylen, MLO_EIO, "%s: cannot read its data at byte %llu: %s", path,
+                    (unsigned long long)at, errno ? strerror(errno) : "the file shrank");
+    else
+      *h = mlo_fnv1a(*h, buf, page);
+  }
   free(buf);
   close(fd);
   return rc;
@@ -208,9 +226,10 @@ static int fold_header(const char *path, uint64_t end, uint64_t *h, char *why, s
 
 /* What every rank sharing this component's slab must hold alike, as one
  * digest: the slab's size and layout, each tensor's name, dtype, shape,
- * bytes and place in its file, each file's size and header.  Ranks that
- * opened different checkpoints (another scale, another preset, a damaged
- * header) then fail together at the agreement, before one slab is shared
+ * bytes and place in its file, each file's size, header and sampled data
+ * pages.  Ranks that opened different checkpoints (another scale, another
+ * preset, a damaged header, other weights in the same layout) then fail
+ * together at the agreement, before one slab is shared
  * between them, instead of computing on each other's bytes or waiting in
  * MPI_Win_free for a window of another size. */
 static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *check, char *why,
@@ -241,7 +260,7 @@ static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *c
       if (o->src_offset < end) end = o->src_offset;
     }
     if (seen) continue;
-    int rc = fold_header(t->src_file, end, &h, why, whylen);
+    int rc = fold_file(t->src_file, end, &h, why, whylen);
     if (rc) return rc;
   }
   *check = h;
@@ -266,8 +285,8 @@ static int agree(mlo_component *c, const slab_build *b) {
   snprintf(said, sizeof said, "%s", pipe->errmsg);
   return mlo_fail(pipe, rc,
                   "%s: the ranks do not hold the same checkpoint for it (its tensors, their "
-                  "layout, or their files' sizes or headers differ, or their host plans put "
-                  "it in another tier): %s",
+                  "layout, or their files' sizes, headers or sampled data differ, or their "
+                  "host plans put it in another tier): %s",
                   c->name, said);
 }
 

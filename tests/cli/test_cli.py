@@ -7,6 +7,7 @@ the tests need nothing but the binary.  The expected loads and evictions are
 computed from the schedule by a small model of the contract (below), not
 copied from a run.
 """
+import glob
 import json
 import os
 import shutil
@@ -1695,6 +1696,43 @@ class RanksTests(Fixture):
             rc, _, err = mlo("run", self.ckpt, *args)
             self.assertEqual(rc, 2, args)
             self.assertIn(needle, err, args)
+
+    def test_ranks_given_other_weights_in_the_same_layout(self):
+        """Rank 1's checkpoint is rank 0's with other weights in one file (a
+        fine-tune: the same names, shapes and offsets), or with its first
+        4 KiB of data flipped: every rank fails before the slab is shared, as
+        the sampled data pages differ (issue 26.3: both exited 0 computing on
+        each other's bytes)."""
+        env = dict(os.environ, **MPI_ENV)
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        files = sorted(glob.glob(os.path.join(self.ckpt, "**", "*.safetensors"), recursive=True),
+                       key=os.path.getsize)
+        for name, span in (("finetune", None), ("flipped", 4096)):
+            other = os.path.join(self.tmp, name)
+            shutil.rmtree(other, ignore_errors=True)
+            shutil.copytree(self.ckpt, other)
+            path = os.path.join(other, os.path.relpath(files[-1], self.ckpt))
+            with open(path, "r+b") as f:
+                start = 8 + int.from_bytes(f.read(8), "little")
+                f.seek(start)
+                data = bytearray(f.read(span or -1))
+                f.seek(start)
+                f.write(bytes(b ^ 0x5A for b in data))
+            p = subprocess.run(["mpirun", "-np", "1", MLO, "run", self.ckpt, "--ranks", "shared",
+                                ":", "-np", "1", MLO, "run", other, "--ranks", "shared"],
+                               capture_output=True, text=True, env=env, timeout=120)
+            self.assertNotEqual(p.returncode, 0, name + p.stdout)
+            self.assertEqual(p.stderr.count("the ranks do not hold the same checkpoint"), 2,
+                             name + p.stderr)
+            self.assertIn("sampled data", p.stderr)
+        # the same bytes under another path still agree
+        p = subprocess.run(["mpirun", "-np", "1", MLO, "run", self.ckpt, "--ranks", "shared",
+                            "--json", ":", "-np", "1", MLO, "run",
+                            shutil.copytree(self.ckpt, os.path.join(self.tmp, "same")),
+                            "--ranks", "shared", "--json"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_json_on_some_ranks_only(self):
         """--json given to rank 0 and not rank 1 (or the other way round):
