@@ -350,9 +350,12 @@ int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *n
   mlo_node_topology t = {0};
   r->chosen = mode < 0;
   r->modelled = false;
-  if (!strncmp(spec, "host", 4) && (!spec[4] || spec[4] == ':')) {
+  bool node_options = strstr(spec, "group=") || strstr(spec, "uplink=") ||
+                      strstr(spec, "fabric=") || strstr(spec, "pcie_p2p=");
+  if (!strncmp(spec, "host", 4) && spec[4] == ':' && node_options) {
     /* the host platform says what it models (a --node profile became its
-     * options, or the user gave them in --platform) */
+     * options, or the user gave them in --platform); opened for that alone
+     * only when it has them (prefault=1 would touch its memory twice) */
     mlo_platform *p = NULL;
     int rc = mlo_platform_open(spec, &p, err, errlen);
     if (rc) return rc;
