@@ -135,14 +135,14 @@ def main():
     if nodes:
         print("\nnamed topologies (mlo run --node; the links at the profile's ratios to %.0f MB/s "
               "per rank):" % (float(a.link) / 1e6))
-        print("%-11s %-8s %21s %21s %7s %14s" % ("node", "auto", "modelled sharded/repl",
+        print("%-11s %-10s %19s %21s %7s %14s" % ("node", "auto", "modelled sharded/repl",
                                                 "measured sharded/repl", "right?",
                                                 "auto vs 1 rank"))
         for node, r in nodes.items():
             m = r["modelled"]["sharded"] / r["modelled"]["shared"]
             x = r["stall"]["sharded"] / r["stall"]["shared"]
-            print("%-11s %-8s %20.2fx %20.2fx %7s %13.2fx" % (
-                node, r["chose"], m, x,
+            print("%-11s %-10s %18.2fx %20.2fx %7s %13.2fx" % (
+                node, "sharded" if r["chose"] == "sharded" else "replicated", m, x,
                 "yes" if (r["chose"] == "sharded") == (x < 1) or abs(x - 1) < 0.05 else "NO",
                 r["stall"][r["chose"]] / base))
     return 0

@@ -334,41 +334,52 @@ MLO_API void *mlo_platform_compute_queue(mlo_platform *platform);
  * reach them in practice (pinned host copies, the fabric's achieved
  * all-gather rate), not the links' nominal figures. */
 typedef struct {
+  size_t size;             /* sizeof(mlo_node_topology): MLO_NODE_TOPOLOGY_INIT */
   double link_bps;         /* each GPU's host-to-device link (> 0) */
   unsigned group;          /* GPUs behind one upstream link (a PCIe switch's uplink
-                              to the CPU); 0 or 1: a host path of its own each */
+                              to the CPU); 0 or 1: a host path of its own each; more
+                              than the GPUs planned for: all of them */
   double uplink_bps;       /* that upstream link's rate; 0: it never binds */
   double fabric_bps;       /* what a GPU receives per second from its peers (NVLink
                               through NVSwitch, PCIe peer-to-peer); 0: no peer
                               path, so gathers cross the host links */
   bool fabric_via_uplinks; /* the fabric is PCIe peer-to-peer: what crosses from
-                              one group to another crosses both uplinks */
+                              one group to another crosses both uplinks (no effect
+                              without uplink_bps) */
 } mlo_node_topology;
+#define MLO_NODE_TOPOLOGY_INIT                                                                     \
+  { sizeof(mlo_node_topology), 0, 0, 0, 0, false }
 
-/* What loading one component on every GPU of a node costs each way, with
- * every GPU loading at once (a node's ranks switch together: a sharded
- * load is collective, and replicas run the same schedule). */
+/* What loading one component on every GPU of a node costs each way, in
+ * seconds, with every GPU loading at once (a node's ranks switch together:
+ * a sharded load is collective, and replicas run the same schedule). */
 typedef struct {
+  size_t size;         /* sizeof(mlo_load_plan): MLO_LOAD_PLAN_INIT */
   double link_bps;     /* a GPU's host rate while all load: link, or its share of
                           the uplink where that is less */
   double replicated_s; /* every GPU copies the whole component from the host */
   double slice_s;      /* sharded: every GPU copies its 1/n from the host ... */
   double gather_s;     /* ... then receives the other n-1 slices from its peers */
   double sharded_s;    /* slice_s + gather_s (the gather follows the slice) */
-  bool sharded;        /* the choice: sharded where it saves at least 5%; a tie
-                          goes to replicated loads, which need no lockstep */
+  bool sharded;        /* the choice: sharded where it takes at most 95% of the
+                          replicated time; a closer call, and one GPU, go to
+                          replicated loads, which need no lockstep */
 } mlo_load_plan;
+#define MLO_LOAD_PLAN_INIT                                                                         \
+  { sizeof(mlo_load_plan), 0, 0, 0, 0, 0, false }
 
 /* Plans a load of `bytes` on `gpus` GPUs (1..4096) of topology t.  MLO_EINVAL
- * (out untouched) for a rate that is negative, not finite, or a zero link. */
+ * (out untouched) for a size field not set by its _INIT, or a rate that is
+ * negative, not finite, or a zero link. */
 MLO_API int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t bytes,
                                 mlo_load_plan *out);
 
 /* The node's copy paths as the platform models them (the host platform
  * opened with group=, uplink= or fabric=: docs/platforms.md), for
- * mlo_node_plan_loads.  MLO_EUNSUPPORTED where it models none: a real
- * device's topology is the machine's, which the caller knows (mlo plan's
- * node profiles describe common ones). */
+ * mlo_node_plan_loads; t->size set by MLO_NODE_TOPOLOGY_INIT.
+ * MLO_EUNSUPPORTED where it models none: a real device's topology is the
+ * machine's, which the caller knows (mlo plan's node profiles describe
+ * common ones). */
 MLO_API int mlo_platform_get_topology(mlo_platform *platform, mlo_node_topology *t);
 
 /* Waits until everything submitted to the platform has finished. */

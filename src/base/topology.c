@@ -30,15 +30,16 @@ static bool rate_ok(double r) {
 
 int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t bytes,
                         mlo_load_plan *out) {
-  if (!t || !out || !gpus || gpus > 4096 || !rate_ok(t->link_bps) || !(t->link_bps > 0) ||
-      !rate_ok(t->uplink_bps) || !rate_ok(t->fabric_bps))
+  if (!t || !out || t->size < sizeof *t || out->size < sizeof *out || !gpus || gpus > 4096 ||
+      !rate_ok(t->link_bps) || !(t->link_bps > 0) || !rate_ok(t->uplink_bps) ||
+      !rate_ok(t->fabric_bps))
     return MLO_EINVAL;
   double n = gpus, s = (double)bytes;
   double group = t->group > 1 ? (t->group < gpus ? t->group : gpus) : 1;
   double link = t->link_bps;
   if (t->uplink_bps > 0 && t->uplink_bps / group < link) link = t->uplink_bps / group;
 
-  mlo_load_plan p = {.link_bps = link, .replicated_s = s / link};
+  mlo_load_plan p = {.size = sizeof p, .link_bps = link, .replicated_s = s / link};
   double slice = s / n, incoming = s - slice;
   p.slice_s = slice / link;
   if (gpus == 1) {
@@ -55,7 +56,7 @@ int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t byte
     p.gather_s = incoming / link;
   }
   p.sharded_s = p.slice_s + p.gather_s;
-  p.sharded = gpus > 1 && p.sharded_s < 0.95 * p.replicated_s;
+  p.sharded = gpus > 1 && p.sharded_s <= 0.95 * p.replicated_s;
   *out = p;
   return MLO_OK;
 }

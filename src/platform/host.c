@@ -341,7 +341,7 @@ static int host_topology(void *vctx, mlo_node_topology *t) {
  * for: hold it to the modelled one (docs/distributed.md, "Topology"). */
 static void host_gather_pace(void *vctx, size_t slice, int ranks, uint64_t t0_ns) {
   struct host_ctx *ctx = vctx;
-  mlo_load_plan plan;
+  mlo_load_plan plan = MLO_LOAD_PLAN_INIT;
   if (!ctx->opt.node || ranks < 1 ||
       mlo_node_plan_loads(&ctx->opt.topo, (unsigned)ranks, (uint64_t)slice * (uint64_t)ranks,
                           &plan))
@@ -419,12 +419,11 @@ static int host_option(const char *key, const char *value, void *user, char *err
   if (!strcmp(key, "uplink") || !strcmp(key, "fabric")) {
     uint64_t v = 0;
     bool fabric = key[0] == 'f';
-    if (mlo_parse_size(value, fabric, &v) || (v && v < HOST_MIN_BW))
+    if (mlo_parse_size(value, fabric, &v) || (v && (v < HOST_MIN_BW || v > HOST_MAX_BW)))
       return bad_value(err, errlen, key, value,
-                       fabric ? "bytes per second of at least 1e6, or 0 for no peer path"
-                              : "bytes per second of at least 1e6, such as 25e9 or 25G");
+                       fabric ? "bytes per second from 1e6 to 1e15, or 0 for no peer path"
+                              : "bytes per second from 1e6 to 1e15, such as 25e9 or 25G");
     *(fabric ? &o->topo.fabric_bps : &o->topo.uplink_bps) = (double)v;
-    o->fabric_given |= fabric;
     o->node = true;
     return MLO_OK;
   }
@@ -463,15 +462,26 @@ static int node_options(struct host_options *o, char *err, size_t errlen) {
              "links: give each rank's link too (bw=)");
     return MLO_EINVAL;
   }
-  if (o->topo.fabric_via_uplinks && !(o->topo.fabric_bps > 0)) {
-    snprintf(err, errlen, "host platform option pcie_p2p=1 needs the fabric's rate (fabric=)");
+  if (o->topo.fabric_via_uplinks &&
+      (!(o->topo.fabric_bps > 0) || !(o->topo.uplink_bps > 0) || o->topo.group < 2)) {
+    snprintf(err, errlen,
+             "host platform option pcie_p2p=1 models a PCIe fabric through the groups' "
+             "uplinks: it needs fabric=, uplink= and group= of 2 or more");
     return MLO_EINVAL;
   }
+  o->topo.size = sizeof o->topo;
   o->topo.link_bps = (double)o->bw;
-  mlo_load_plan plan; /* the group's ranks all loading: each one's share */
+  mlo_load_plan plan = MLO_LOAD_PLAN_INIT; /* the group's ranks all loading: each one's share */
   unsigned group = o->topo.group ? o->topo.group : 1;
   if (mlo_node_plan_loads(&o->topo, group, 0, &plan)) {
     snprintf(err, errlen, "host platform: the node options do not form a topology");
+    return MLO_EINVAL;
+  }
+  if (plan.link_bps < HOST_MIN_BW) { /* a link slower than that looks like a hang */
+    snprintf(err, errlen,
+             "host platform options uplink=%.0f and group=%u leave each rank %.0f bytes per "
+             "second, below 1e6",
+             o->topo.uplink_bps, group, plan.link_bps);
     return MLO_EINVAL;
   }
   o->copy_bps = plan.link_bps;

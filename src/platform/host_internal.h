@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #define HOST_MIN_BW 1000000u /* bytes per second */
+#define HOST_MAX_BW 1e15     /* a modelled link's rate at most (1 PB/s) */
 #define HOST_MLOCK_ONFAULT 1 /* linux/mman.h's MLOCK_ONFAULT */
 #define HOST_TIMES 1024      /* completion times kept for event_time */
 
@@ -47,7 +48,6 @@ struct host_options {
   bool jitter, poison, blocking_d2h, prefault;
   /* the node it stands in for (group=, uplink=, fabric=, pcie_p2p=) */
   bool node;              /* any of them given: the topology is modelled */
-  bool fabric_given;      /* fabric=0 (none) is a value, not an absence */
   mlo_node_topology topo; /* link_bps is bw */
   double copy_bps;        /* what copies are held to: bw, or the uplink's share */
 };

@@ -266,9 +266,9 @@ void mlo_plat_gather_pace(mlo_platform *p, size_t slice, int ranks, uint64_t t0_
 }
 
 int mlo_platform_get_topology(mlo_platform *p, mlo_node_topology *t) {
-  if (!p || !t) return MLO_EINVAL;
+  if (!p || !t || t->size < sizeof *t) return MLO_EINVAL;
   if (!p->ops->topology) return MLO_EUNSUPPORTED;
-  mlo_node_topology got = {0};
+  mlo_node_topology got = MLO_NODE_TOPOLOGY_INIT;
   int rc = p->ops->topology(p->ctx, &got);
   if (!rc) *t = got;
   return rc;

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import xml.etree.ElementTree as ET
 
@@ -1226,12 +1227,26 @@ class PlanTests(Fixture):
             self.assertAlmostEqual(n["effective_link_bytes_per_s"], gib / chosen, delta=1)
             self.assertEqual(res["device"]["link_bytes_per_s"], n["effective_link_bytes_per_s"])
             self.check_device(res)
-        # each GPU's link from --link; the choice follows from the ratios
-        res = plan_json("flux", "--node", "l40s-4", "--link", "5e9")
-        self.assertEqual(res["node"]["gpu_link_bytes_per_s"], 5e9)
+        # each GPU's link from --link, the uplinks and fabric at their ratios
+        # to it (as mlo run reads it): the same choice and ratio at any scale
+        base = plan_json("flux", "--node", "l40s-4")["node"]
+        for link in ("2e8", "5e9", "5e11"):
+            n = plan_json("flux", "--node", "l40s-4", "--link", link)["node"]
+            self.assertEqual(n["gpu_link_bytes_per_s"], float(link))
+            self.assertAlmostEqual(n["fabric_bytes_per_s"] / n["gpu_link_bytes_per_s"], 0.8)
+            self.assertEqual(n["loads"], base["loads"])
+            self.assertAlmostEqual(n["sharded_s_per_gib"] / n["replicated_s_per_gib"],
+                                   base["sharded_s_per_gib"] / base["replicated_s_per_gib"])
+        res = plan_json("flux", "--node", "h100-sxm-8", "--gpus", "1")
+        _, out, _ = mlo("plan", "flux", "--node", "l40s-4", check=0)
+        self.assertIn("advice:", out)
+        self.assertIn("mpirun -np 4 mlo run", out)
+        self.assertIn("--ranks auto --node l40s-4", out)
         _, out, _ = mlo("plan", "wan2.2-t2v", "--node", "h100-sxm-8", check=0)
         self.assertIn("node:     8x H100 SXM", out)
         self.assertIn("sharded loads: a GiB reaches every GPU in", out)
+        _, out, _ = mlo("plan", "wan2.2-t2v", "--node", "rtx4090-2", "--gpus", "4", check=0)
+        self.assertIn("node:     4x RTX 4090 desktop", out)
         _, out, _ = mlo("plan", "--help", check=0)
         for node in ("h100-sxm-8", "l40s-4", "rtx4090-2"):
             self.assertIn(node, out)
@@ -1661,8 +1676,34 @@ class RanksTests(Fixture):
         self.assertIn("given in --platform", o["topology"])
         # a mode given is kept, and the model still reported
         o = ranks("--ranks", "shared", "--node", "h100-sxm-8")
-        self.assertEqual((o["mode"], o["mode_chosen"]), ("shared", False))
+        self.assertEqual((o["mode"], o["mode_chosen"], o["mode_reason"]), ("shared", False, None))
         self.assertIsNotNone(o["modelled_sharded_s_per_gib"])
+        # a DiT that streams in the budget loads replicated, the rest sharded
+        # (before: exit 3, "it cannot stream: sharded loads move whole components")
+        three = os.path.join(self.tmp, "three-blocks")
+        mlo("synth", "wan2.2-t2v", three, "--scale", "0.0005", check=0)
+        info = json.loads(mlo("inspect", three, "--json", check=0)[1])
+        stream = ["--steps", "4", "--policy", "budget", "--budget",
+                  str(info["max_component_bytes"] * 17 // 20)]
+        alone = json.loads(mlo("run", three, "--json", *stream, check=0)[1])
+        self.assertTrue(any(c["stream"] for c in alone["components"]))
+        _, out, _ = mpi_run(2, "run", three, "--json", "--verify", "--link", "2e8", "--ranks",
+                            "auto", "--node", "h100-sxm-8", *stream)
+        for o in (json.loads(line) for line in out.splitlines() if line.strip()):
+            self.assertEqual((o["mode"], o["digest"], o["verified"]),
+                             ("sharded", alone["digest"], True))
+            self.assertGreater(o["gather_bytes"], 0)  # the others loaded sharded
+        # the disk tier shards whatever the topology, and says so
+        _, out, _ = mpi_run(2, *common, "--ranks", "auto", "--node", "rtx4090-2",
+                            "--host-memory", str(self.info["all_resident_bytes"] // 2))
+        o = json.loads(out.splitlines()[0])
+        self.assertEqual(o["mode"], "sharded")
+        self.assertIn("--host-memory", o["mode_reason"])
+        # a group larger than the ranks is refused: its share would be of ranks not there
+        rc, _, err = mpi_run(2, *common, "--ranks", "auto", "--platform",
+                             "host:group=4,uplink=2e8", check=None)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("group=4 ranks behind one uplink, but 2 run", err)
 
     def test_ranks_that_would_load_differently(self):
         """One rank sharded, the other replicated (other --ranks, or --ranks
@@ -1675,7 +1716,10 @@ class RanksTests(Fixture):
             env["ASAN_OPTIONS"] += ":detect_leaks=0"
         for first, second in ((["--ranks", "sharded"], ["--ranks", "shared"]),
                               (["--ranks", "auto", "--node", "h100-sxm-8", "--link", "2e8"],
-                               ["--ranks", "auto", "--node", "rtx4090-2", "--link", "2e8"])):
+                               ["--ranks", "auto", "--node", "rtx4090-2", "--link", "2e8"]),
+                              # both shard, paced to other nodes' models
+                              (["--ranks", "auto", "--node", "h100-sxm-8", "--link", "2e8"],
+                               ["--ranks", "auto", "--node", "l40s-4", "--link", "2e8"])):
             args = ["run", self.ckpt, "--steps", "2", "--rank-timeout", "30"]
             p = subprocess.run(["mpirun", "-np", "1", MLO, *args, *first, ":", "-np", "1", MLO,
                                 *args, *second], capture_output=True, text=True, env=env,
@@ -1684,6 +1728,18 @@ class RanksTests(Fixture):
             self.assertEqual(p.stderr.count("the ranks would load differently"), 2, p.stderr)
             self.assertNotIn("did not arrive", p.stderr)
             self.assertNotIn("output identical", p.stdout)
+        # a rank that fails choosing its loads: the other is told at once,
+        # not after the 30 s timeout
+        args = ["run", self.ckpt, "--steps", "2", "--rank-timeout", "30", "--ranks", "auto"]
+        start = time.monotonic()
+        p = subprocess.run(["mpirun", "-np", "1", MLO, *args, "--platform", "host:bw=2e8,fabric=12",
+                            ":", "-np", "1", MLO, *args, "--platform", "host:bw=2e8,fabric=2e9"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("fabric=12", p.stderr)
+        self.assertEqual(p.stderr.count("node rank 0 failed at 'choosing sharded or replicated"),
+                         2, p.stderr)
+        self.assertLess(time.monotonic() - start, 25)
 
     def test_node_flags(self):
         """--node's misuse is refused before any rank starts."""
@@ -1692,7 +1748,9 @@ class RanksTests(Fixture):
                              (["--ranks", "auto", "--node", "dgx", "--link", "2e8"],
                               "unknown node 'dgx'"),
                              (["--ranks", "auto", "--node", "l40s-4", "--link", "2e8",
-                               "--platform", "host:group=2"], "not both")):
+                               "--platform", "host:group=2"], "not both"),
+                             (["--ranks", "auto", "--node", "l40s-4", "--link", "1e6"],
+                              "below 1e6: give a faster --link")):
             rc, _, err = mlo("run", self.ckpt, *args)
             self.assertEqual(rc, 2, args)
             self.assertIn(needle, err, args)

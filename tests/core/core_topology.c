@@ -22,7 +22,7 @@ static void assert_near(double got, double want, const char *what) {
 }
 
 static mlo_load_plan plan(const mlo_node_topology *t, unsigned gpus) {
-  mlo_load_plan p;
+  mlo_load_plan p = MLO_LOAD_PLAN_INIT;
   assert_status(mlo_node_plan_loads(t, gpus, 1ull << 30, &p), MLO_OK);
   return p;
 }
@@ -31,7 +31,7 @@ static mlo_load_plan plan(const mlo_node_topology *t, unsigned gpus) {
  * receives 7/8 over the fabric. */
 static void test_fabric_of_its_own(void **state) {
   (void)state;
-  mlo_node_topology t = {.link_bps = 50e9, .group = 1, .fabric_bps = 360e9};
+  mlo_node_topology t = {.size = sizeof t, .link_bps = 50e9, .group = 1, .fabric_bps = 360e9};
   mlo_load_plan p = plan(&t, 8);
   assert_near(p.link_bps, 50e9, "link");
   assert_near(p.replicated_s, GIB / 50e9, "replicated");
@@ -49,7 +49,8 @@ static void test_fabric_of_its_own(void **state) {
  * gets half the uplink, and what crosses between the groups crosses it. */
 static void test_shared_uplink_and_pcie_peers(void **state) {
   (void)state;
-  mlo_node_topology t = {.link_bps = 25e9,
+  mlo_node_topology t = {.size = sizeof t,
+                         .link_bps = 25e9,
                          .group = 2,
                          .uplink_bps = 25e9,
                          .fabric_bps = 20e9,
@@ -75,7 +76,7 @@ static void test_shared_uplink_and_pcie_peers(void **state) {
  * sharding moves what replication does, and a tie stays replicated. */
 static void test_no_peer_path(void **state) {
   (void)state;
-  mlo_node_topology t = {.link_bps = 12.5e9, .group = 1};
+  mlo_node_topology t = {.size = sizeof t, .link_bps = 12.5e9, .group = 1};
   mlo_load_plan p = plan(&t, 2);
   assert_near(p.gather_s, GIB / 2 / 12.5e9, "gather over the links");
   assert_near(p.sharded_s, p.replicated_s, "sharded = replicated");
@@ -89,7 +90,7 @@ static void test_no_peer_path(void **state) {
 static void test_five_percent_rule(void **state) {
   (void)state;
   /* n = 2: sharded/replicated = 1/2 + L/(2F) */
-  mlo_node_topology t = {.link_bps = 1e9, .fabric_bps = 1e9 / 0.94}; /* 0.97 */
+  mlo_node_topology t = {.size = sizeof t, .link_bps = 1e9, .fabric_bps = 1e9 / 0.94}; /* 0.97 */
   mlo_load_plan p = plan(&t, 2);
   assert_near(p.sharded_s / p.replicated_s, 0.97, "ratio");
   assert_false(p.sharded);
@@ -99,7 +100,7 @@ static void test_five_percent_rule(void **state) {
 
 static void test_hostile_inputs(void **state) {
   (void)state;
-  const mlo_node_topology good = {.link_bps = 1e9, .fabric_bps = 1e10};
+  const mlo_node_topology good = {.size = sizeof good, .link_bps = 1e9, .fabric_bps = 1e10};
   mlo_load_plan p, before;
   memset(&before, 0x5a, sizeof before);
   struct {
@@ -108,13 +109,14 @@ static void test_hostile_inputs(void **state) {
   } bad[] = {
       {good, 0},
       {good, 4097},
-      {{.link_bps = 0}, 2},
-      {{.link_bps = NAN}, 2},
-      {{.link_bps = INFINITY}, 2},
-      {{.link_bps = -1e9}, 2},
-      {{.link_bps = 1e9, .uplink_bps = -1}, 2},
-      {{.link_bps = 1e9, .uplink_bps = NAN}, 2},
-      {{.link_bps = 1e9, .fabric_bps = INFINITY}, 2},
+      {{.size = sizeof good, .link_bps = 0}, 2},
+      {{.size = sizeof good, .link_bps = NAN}, 2},
+      {{.size = sizeof good, .link_bps = INFINITY}, 2},
+      {{.size = sizeof good, .link_bps = -1e9}, 2},
+      {{.size = sizeof good, .link_bps = 1e9, .uplink_bps = -1}, 2},
+      {{.size = sizeof good, .link_bps = 1e9, .uplink_bps = NAN}, 2},
+      {{.size = sizeof good, .link_bps = 1e9, .fabric_bps = INFINITY}, 2},
+      {{.size = 0, .link_bps = 1e9}, 2}, /* not from MLO_NODE_TOPOLOGY_INIT */
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     p = before;
@@ -122,6 +124,9 @@ static void test_hostile_inputs(void **state) {
       fail_msg("case %zu: not refused", i);
     assert_memory_equal(&p, &before, sizeof p);
   }
+  p = (mlo_load_plan){.size = 8};
+  assert_status(mlo_node_plan_loads(&good, 2, 1, &p), MLO_EINVAL); /* an older, shorter plan */
+  p = (mlo_load_plan)MLO_LOAD_PLAN_INIT;
   assert_status(mlo_node_plan_loads(NULL, 2, 1, &p), MLO_EINVAL);
   assert_status(mlo_node_plan_loads(&good, 2, 1, NULL), MLO_EINVAL);
   assert_status(mlo_node_plan_loads(&good, 4096, UINT64_MAX, &p), MLO_OK);
@@ -134,7 +139,7 @@ static void test_host_node_options(void **state) {
   (void)state;
   char err[512] = "";
   mlo_platform *plat = NULL;
-  mlo_node_topology t;
+  mlo_node_topology t = MLO_NODE_TOPOLOGY_INIT;
   assert_status(mlo_platform_open("host:bw=2e8", &plat, err, sizeof err), MLO_OK);
   assert_status(mlo_platform_get_topology(plat, &t), MLO_EUNSUPPORTED);
   mlo_platform_close(plat);
@@ -171,6 +176,9 @@ static void test_host_node_options(void **state) {
       {"host:bw=2e8,pcie_p2p=1", "fabric="},
       {"host:group=2", "bw="},
       {"host:fabric=1e9", "bw="},
+      {"host:bw=2e8,uplink=1e30", "1e15"},
+      {"host:bw=2e8,fabric=2e8,pcie_p2p=1", "uplink="},
+      {"host:bw=2e8,group=2,uplink=1e6", "below 1e6"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     plat = (mlo_platform *)&plat;
@@ -182,6 +190,10 @@ static void test_host_node_options(void **state) {
     assert_null(plat);
   }
   assert_status(mlo_platform_get_topology(NULL, &t), MLO_EINVAL);
+  t.size = 0; /* not from MLO_NODE_TOPOLOGY_INIT */
+  assert_status(mlo_platform_open("host:bw=2e8,fabric=1e9", &plat, err, sizeof err), MLO_OK);
+  assert_status(mlo_platform_get_topology(plat, &t), MLO_EINVAL);
+  mlo_platform_close(plat);
 }
 
 /* The host platform holds a gather to the modelled fabric and its copies

@@ -128,16 +128,12 @@ static int parse(int argc, char **argv, bench_args *b) {
   return a.failed ? TOOL_EXIT_USAGE : 0;
 }
 
-static bool is_host(const char *spec) {
-  return !strncmp(spec, "host", 4) && (spec[4] == '\0' || spec[4] == ':');
-}
-
 /* A host spec for one measurement with room for `capacity`.  The host
  * platform's defaults are kept: with poisoning on it pools released blocks
  * for reuse, as a device allocator does, so a load measures copying rather
  * than the kernel faulting in fresh pages. */
 static void bench_spec(const char *platform, uint64_t capacity, char *out, size_t outlen) {
-  if (!is_host(platform)) {
+  if (!tool_is_host(platform)) {
     snprintf(out, outlen, "%s", platform);
     return;
   }
@@ -175,7 +171,7 @@ static int open_mode(const bench_args *ba, const char *path, const mlo_open_opti
   /* On host: device memory touched up front as a GPU's is, no poison fill
    * (a simulator's check, not a cost a GPU has: it would compete with the
    * forwards for the CPU), and the link throttled where asked. */
-  if (is_host(ba->platform))
+  if (tool_is_host(ba->platform))
     snprintf(with, sizeof with, "%s,prefault=1,poison=0%s", spec, extra);
   else
     snprintf(with, sizeof with, "%s", spec);
@@ -349,10 +345,10 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
   /* Host links at one and three DiT steps per DiT load; a real device's
    * own link once. */
   static const double per_load[] = {1, 3};
-  size_t nlinks = is_host(ba->platform) ? (ba->quick ? 1 : 2) : 1;
+  size_t nlinks = tool_is_host(ba->platform) ? (ba->quick ? 1 : 2) : 1;
   for (size_t l = 0; l < nlinks && !rc; l++) {
     curve *cv = &res->curves[res->ncurves++];
-    cv->steps_per_load = is_host(ba->platform) ? per_load[l] : 0;
+    cv->steps_per_load = tool_is_host(ba->platform) ? per_load[l] : 0;
     if (cv->steps_per_load) {
       double bw = (double)res->dit_bytes / (per_load[l] * res->dit_step_s);
       cv->bw = bw < 1e6 ? 1000000u : (uint64_t)bw;

@@ -33,7 +33,8 @@ static void help(void) {
          "  --node NODE           a node of several cards (list below): its ranks load\n"
          "                        each switch replicated or sharded, whichever its copy\n"
          "                        paths make faster, and the table's link is that\n"
-         "                        load's rate per GPU (--link sets each GPU's own)\n"
+         "                        load's rate per GPU (--link sets each GPU's own; the\n"
+         "                        node's uplinks and fabric keep their ratios to it)\n"
          "  --gpus N              the node's GPUs (default: the profile's)\n"
          "  --link BYTES_PER_S    pinned host-to-device bandwidth, e.g. 25e9 (overrides)\n"
          "  --steps N             denoising steps (default: the pipeline's diffusers default)\n"
@@ -69,7 +70,8 @@ static void help(void) {
   for (size_t i = 0; i < plan_ndevices; i++) printf("%s %s", i ? "," : "", plan_devices[i].name);
   printf("\nnodes:\n");
   for (size_t i = 0; i < plan_nnodes; i++)
-    printf("  %-11s %s: %s\n", plan_nodes[i].name, plan_nodes[i].title, plan_nodes[i].paths);
+    printf("  %-11s %ux %s: %s\n", plan_nodes[i].name, plan_nodes[i].gpus, plan_nodes[i].title,
+           plan_nodes[i].paths);
   printf("\nexamples:\n"
          "  mlo plan wan2.2-t2v --device rtx4090 --dtype fp8\n"
          "  mlo plan wan2.2-t2v --device h100-sxm --steps 40 --frames 33\n"

@@ -210,15 +210,14 @@ static bool parse_flag(targs *a, run_args *r) {
 /* --node on the host platform: its links at the profile's ratios to --link
  * (each rank's), its groups no larger than the node's ranks. */
 static void node_options(const run_args *ra, char *spec, size_t size) {
-  mlo_node_topology t = plan_node_topology(ra->node, 0);
-  double k = (double)ra->link / t.link_bps;
+  mlo_node_topology t = plan_node_topology(ra->node, (double)ra->link);
   unsigned group = t.group > 1 ? t.group : 1;
   if (group > (unsigned)ra->rk.node_ranks) group = (unsigned)ra->rk.node_ranks;
   size_t len = strlen(spec);
-  len += (size_t)snprintf(spec + len, size - len, ",group=%u,fabric=%.0f,pcie_p2p=%d", group,
-                          t.fabric_bps * k, t.fabric_via_uplinks);
-  if (t.uplink_bps > 0 && len < size)
-    snprintf(spec + len, size - len, ",uplink=%.0f", t.uplink_bps * k);
+  len += (size_t)snprintf(spec + len, size - len, ",group=%u,fabric=%.0f", group, t.fabric_bps);
+  if (t.uplink_bps > 0 && group > 1 && len < size)
+    snprintf(spec + len, size - len, ",uplink=%.0f,pcie_p2p=%d", t.uplink_bps,
+             t.fabric_via_uplinks);
 }
 
 /* 0 to go on, -1 for --help, else an exit code. */
@@ -245,7 +244,7 @@ static int parse(int argc, char **argv, run_args *r) {
                 : r->have_reserve ? "--reserve"
                 : r->no_prefetch  ? "--no-prefetch"
                                   : "--learn-schedule");
-  if (!a.failed && r->have_link && strncmp(r->platform, "host", 4))
+  if (!a.failed && r->have_link && !tool_is_host(r->platform))
     targs_error(&a, "--link throttles the host platform; a real device's link is what it is");
   if (!a.failed && r->have_link && strstr(r->platform, "bw="))
     targs_error(&a, "give --link or bw= in --platform, not both");
@@ -260,12 +259,25 @@ static int parse(int argc, char **argv, run_args *r) {
     targs_error(&a, "--policy budget needs --offload model");
   if (!a.failed && r->have_host && r->offload == 0)
     targs_error(&a, "--host-memory needs --offload model");
-  bool host = !strncmp(r->platform, "host", 4);
+  bool host = tool_is_host(r->platform);
   if (!a.failed && r->node && r->ranks < 0)
     targs_error(&a, "--node describes the ranks' node: give --ranks auto (or shared, sharded)");
   if (!a.failed && r->node && host && !r->have_link)
     targs_error(&a, "--node on the host platform models the node's links at the profile's "
                     "ratios: give --link, each rank's link (e.g. 2e8)");
+  if (!a.failed && r->node && host && r->have_link) {
+    /* the profile's paths at its ratios to --link: each a link the host
+     * platform can model (at least 1e6 bytes per second) */
+    mlo_node_topology t = plan_node_topology(r->node, (double)r->link);
+    double least = t.fabric_bps > 0 && t.fabric_bps < t.link_bps ? t.fabric_bps : t.link_bps;
+    if (t.uplink_bps > 0 && t.uplink_bps / (t.group > 1 ? t.group : 1) < least)
+      least = t.uplink_bps / (t.group > 1 ? t.group : 1);
+    if (least < 1e6)
+      targs_error(&a,
+                  "--link %.0f with --node %s models a path of %.0f bytes per second, below "
+                  "1e6: give a faster --link",
+                  (double)r->link, r->node->name, least);
+  }
   if (!a.failed && r->node && host &&
       (strstr(r->platform, "group=") || strstr(r->platform, "uplink=") ||
        strstr(r->platform, "fabric=") || strstr(r->platform, "pcie_p2p=")))
@@ -537,7 +549,7 @@ int cmd_run(int argc, char **argv) {
     snprintf(spec + len, sizeof spec - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
              (unsigned long long)ra.link);
   }
-  if (ra.node && !strncmp(spec, "host", 4)) node_options(&ra, spec, sizeof spec);
+  if (ra.node && tool_is_host(spec)) node_options(&ra, spec, sizeof spec);
   if (ra.ranks >= 0) {
     char err[512] = "";
     mlo_node_topology nt;
@@ -545,21 +557,22 @@ int cmd_run(int argc, char **argv) {
     int rc =
         ranks_plan_loads(&ra.rk, spec, ra.node ? &nt : NULL, ra.node ? ra.node->name : NULL,
                          ra.ranks == RANKS_AUTO ? -1 : ra.ranks, ra.have_host, err, sizeof err);
-    if (rc) {
+    if (rc) { /* every rank hears it at the agreement below, at once */
       tool_failf("run", "%s", err);
       code = tool_exit_for(rc);
-      goto out_free;
     }
-    /* ranks that would load differently (other --ranks or --node flags)
-     * fail together now, before a slab is shared */
-    code = ranks_agree(&ra.rk, RANKS_STEP_LOADS, 0, ra.rk.sharded ? 2 : 1, err, sizeof err);
-    if (code) {
-      tool_failf("run", "%s%s", err,
-                 strstr(err, "differ") ? ": the ranks would load differently (give every rank the "
-                                         "same --ranks and --node)"
-                                       : "");
-      goto out_free;
-    }
+    /* ranks that would load differently, or model other nodes (other
+     * --ranks, --node or node options), fail together now, before a slab
+     * is shared */
+    char aerr[512] = "";
+    int acode = ranks_agree(&ra.rk, RANKS_STEP_LOADS, code, ra.rk.agreed, aerr, sizeof aerr);
+    if (acode && aerr[0])
+      tool_failf("run", "%s%s", aerr,
+                 strstr(aerr, " differ at ")
+                     ? ": the ranks would load differently or model other nodes (give every "
+                       "rank the same --ranks, --node and --platform)"
+                     : "");
+    if ((code = acode)) goto out_free;
     ra.src.sharded = ra.rk.sharded;
   }
   bool progress = !ra.json && ra.rk.rank == 0;

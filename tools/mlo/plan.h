@@ -26,7 +26,7 @@ const plan_device *plan_device_find(const char *name);
  * source in docs/plan.md).  topo.link_bps 0: the card's link. */
 typedef struct {
   const char *name;  /* "h100-sxm-8", as --node takes it */
-  const char *title; /* "8x H100 SXM (HGX H100)" */
+  const char *title; /* "H100 SXM (HGX H100)" */
   const char *card;  /* a plan_devices name */
   unsigned gpus;
   mlo_node_topology topo;
@@ -36,8 +36,9 @@ extern const plan_node plan_nodes[];
 extern const size_t plan_nnodes;
 /* By name, case-insensitive; NULL if unknown. */
 const plan_node *plan_node_find(const char *name);
-/* The node's topology, each GPU's link `link` where it is > 0 (--link),
- * else the profile's, else its card's. */
+/* The node's topology: each GPU's link the profile's, else its card's; or
+ * `link` where it is > 0 (--link), with the uplinks and the fabric kept at
+ * their ratios to the link (mlo run and mlo plan read --link alike). */
 mlo_node_topology plan_node_topology(const plan_node *node, double link);
 
 /* What one generation does (diffusers' __call__ defaults per family). */

@@ -63,9 +63,10 @@ typedef struct {
                             --node, link is the node's effective rate per GPU */
   const plan_node *node; /* --node, else NULL */
   unsigned gpus;
-  double gpu_link;     /* with node: each GPU's own link */
-  mlo_load_plan loads; /* with node: a GiB's load each way */
-  bool custom;         /* no profile: --device-memory, --link, --tflops */
+  double gpu_link;        /* with node: each GPU's own link */
+  mlo_node_topology topo; /* with node: as planned (--link applied) */
+  mlo_load_plan loads;    /* with node: a GiB's load each way */
+  bool custom;            /* no profile: --device-memory, --link, --tflops */
   size_t ncomp;
   struct comp_plan {
     char name[128];

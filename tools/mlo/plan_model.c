@@ -54,26 +54,26 @@ const plan_device *plan_device_find(const char *name) {
  * likewise (docs/plan.md lists the sources and what each layout assumes). */
 const plan_node plan_nodes[] = {
     {"h100-sxm-8",
-     "8x H100 SXM (HGX H100)",
+     "H100 SXM (HGX H100)",
      "h100-sxm",
      8,
-     {.link_bps = 0, .group = 1, .fabric_bps = 360e9},
+     {.size = sizeof(mlo_node_topology), .group = 1, .fabric_bps = 360e9},
      "a PCIe 5.0 x16 host path per GPU; NVLink 4 through NVSwitch, 450 GB/s each way"},
     {"l40s-4",
-     "4x L40S PCIe server",
+     "L40S PCIe server",
      "l40s",
      4,
-     {.link_bps = 0,
+     {.size = sizeof(mlo_node_topology),
       .group = 2,
       .uplink_bps = GEN4_LINK,
       .fabric_bps = 20e9,
       .fabric_via_uplinks = true},
      "two GPUs per PCIe 4.0 switch, one x16 uplink each to the CPU; peer-to-peer over PCIe"},
     {"rtx4090-2",
-     "2x RTX 4090 desktop",
+     "RTX 4090 desktop",
      "rtx4090",
      2,
-     {.link_bps = GEN4_LINK / 2, .group = 1},
+     {.size = sizeof(mlo_node_topology), .link_bps = GEN4_LINK / 2, .group = 1},
      "the CPU's 16 lanes split x8/x8; no peer-to-peer (GeForce): gathers go through host "
      "memory"},
 };
@@ -87,10 +87,13 @@ const plan_node *plan_node_find(const char *name) {
 
 mlo_node_topology plan_node_topology(const plan_node *node, double link) {
   mlo_node_topology t = node->topo;
-  if (link > 0)
+  if (!(t.link_bps > 0)) t.link_bps = plan_device_find(node->card)->link;
+  if (link > 0) { /* the node's other paths keep their ratios to the link */
+    double k = link / t.link_bps;
     t.link_bps = link;
-  else if (!(t.link_bps > 0))
-    t.link_bps = plan_device_find(node->card)->link;
+    t.uplink_bps *= k;
+    t.fabric_bps *= k;
+  }
   return t;
 }
 

@@ -61,9 +61,14 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
   fl = strlen(flags);
   if (pr->advice != POL_RESIDENT && pa->have_host)
     snprintf(flags + fl, sizeof flags - fl, " --host-memory %s", size_arg(pa->host));
-  fprintf(out, "advice: %s, %s over all-resident: mlo run %s --platform cuda --steps %d%s\n",
-          pol_names[pr->advice], plan_pct(plan_overhead(pr, q)),
-          pa->preset ? "<its diffusers directory>" : pa->src.label, pr->steps, flags);
+  char launch[64] = "", node[96] = "";
+  if (pr->node) { /* every rank of the node runs it, loading as the topology says */
+    snprintf(launch, sizeof launch, "mpirun -np %u ", pr->gpus);
+    snprintf(node, sizeof node, " --ranks auto --node %s", pr->node->name);
+  }
+  fprintf(out, "advice: %s, %s over all-resident: %smlo run %s --platform cuda%s --steps %d%s\n",
+          pol_names[pr->advice], plan_pct(plan_overhead(pr, q)), launch,
+          pa->preset ? "<its diffusers directory>" : pa->src.label, node, pr->steps, flags);
 }
 
 static const char *secs(double s) {
@@ -94,10 +99,10 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
     double fast = l->sharded ? l->sharded_s : l->replicated_s;
     double slow = l->sharded ? l->replicated_s : l->sharded_s;
     fprintf(out,
-            "\nnode:     %s, %u GPUs: %s\n"
+            "\nnode:     %ux %s: %s\n"
             "          %s loads: a GiB reaches every GPU in %.1f ms (%s: %.1f ms); each GPU's "
             "link %.1f GB/s, %.1f GB/s effective",
-            pr->node->title, pr->gpus, pr->node->paths, l->sharded ? "sharded" : "replicated",
+            pr->gpus, pr->node->title, pr->node->paths, l->sharded ? "sharded" : "replicated",
             fast * 1e3, l->sharded ? "replicated" : "sharded", slow * 1e3, pr->gpu_link / 1e9,
             pr->dev.link / 1e9);
   }
@@ -167,7 +172,7 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(d, "fp8_tflops", pr->dev.fp8_tflops);
   cJSON_AddNumberToObject(d, "mfu", pa->mfu);
   if (pr->node) {
-    const mlo_node_topology t = plan_node_topology(pr->node, pr->gpu_link);
+    const mlo_node_topology t = pr->topo;
     cJSON *n = cJSON_AddObjectToObject(o, "node");
     cJSON_AddStringToObject(n, "name", pr->node->name);
     cJSON_AddStringToObject(n, "title", pr->node->title);

@@ -294,9 +294,10 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
     /* every GPU of the node loads at once, the way the topology makes
      * fastest: the simulated link is that load's rate per GPU */
     pr->gpus = pa->gpus ? (unsigned)pa->gpus : pr->node->gpus;
-    mlo_node_topology t = plan_node_topology(pr->node, pa->have_link ? (double)pa->link : 0);
-    pr->gpu_link = t.link_bps;
-    if (mlo_node_plan_loads(&t, pr->gpus, 1ull << 30, &pr->loads)) {
+    pr->topo = plan_node_topology(pr->node, pa->have_link ? (double)pa->link : 0);
+    pr->gpu_link = pr->topo.link_bps;
+    pr->loads = (mlo_load_plan)MLO_LOAD_PLAN_INIT;
+    if (mlo_node_plan_loads(&pr->topo, pr->gpus, 1ull << 30, &pr->loads)) {
       tool_failf("plan", "--node %s: the topology does not plan", pr->node->name);
       return TOOL_EXIT_FAIL;
     }

@@ -8,6 +8,8 @@
  */
 #include "tool.h"
 
+#include "base/hash.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +102,10 @@ static char *json_line(const tool_ranks *r, const rank_figures *mine, uint64_t w
   cJSON_AddNumberToObject(o, "node_ranks", r->node_ranks);
   cJSON_AddStringToObject(o, "mode", r->sharded ? "sharded" : "shared");
   cJSON_AddBoolToObject(o, "mode_chosen", r->chosen); /* --ranks auto */
+  if (r->reason)
+    cJSON_AddStringToObject(o, "mode_reason", r->reason);
+  else
+    cJSON_AddNullToObject(o, "mode_reason");
   cJSON_AddStringToObject(o, "topology", r->topology);
   if (r->modelled) { /* a GiB's load on every rank of the node, each way, as modelled */
     cJSON_AddNumberToObject(o, "modelled_replicated_s_per_gib", r->plan.replicated_s);
@@ -170,9 +176,9 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
     free(all);
     return rc ? rc : lost ? MLO_ENOMEM : MLO_OK;
   }
-  fprintf(out, "\nranks (%d, %d on this node, %s%s):\n", r->ranks, r->node_ranks,
+  fprintf(out, "\nranks (%d, %d on this node, %s%s%s):\n", r->ranks, r->node_ranks,
           r->sharded ? "sharded loads" : "replicated loads from the shared slab",
-          r->chosen ? ", chosen by --ranks auto" : "");
+          r->chosen ? ", chosen by --ranks auto: " : "", r->chosen ? r->reason : "");
   fprintf(out, "  the node's topology: %s\n", r->topology);
   if (r->modelled)
     fprintf(out, "  modelled: a GiB reaches every rank in %.3f s replicated, %.3f s sharded\n",
@@ -295,8 +301,13 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
     cJSON_Delete(o);
   }
   int rc = p ? pclose(p) : -1;
-  if (rc != 0 || ranks != 2 || sharded != 2 || !weights) {
+  if (rc != 0 || ranks != 2 || !weights) {
     fprintf(out, "\nseveral ranks: not shown (mpirun -np 2 did not run here)\n");
+    return;
+  }
+  if (sharded != 2) { /* the model's choice, which this line is about */
+    fprintf(out, "\nseveral ranks: not shown (--ranks auto chose replicated loads for %s)\n",
+            "h100-sxm-8");
     return;
   }
   double w = (double)weights;
@@ -347,12 +358,13 @@ uint64_t ranks_pss_bytes(void) {
 
 int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *node,
                      const char *node_name, int mode, bool disk_tier, char *err, size_t errlen) {
-  mlo_node_topology t = {0};
+  mlo_node_topology t = MLO_NODE_TOPOLOGY_INIT;
   r->chosen = mode < 0;
   r->modelled = false;
+  r->plan = (mlo_load_plan)MLO_LOAD_PLAN_INIT;
   bool node_options = strstr(spec, "group=") || strstr(spec, "uplink=") ||
                       strstr(spec, "fabric=") || strstr(spec, "pcie_p2p=");
-  if (!strncmp(spec, "host", 4) && spec[4] == ':' && node_options) {
+  if (tool_is_host(spec) && node_options) {
     /* the host platform says what it models (a --node profile became its
      * options, or the user gave them in --platform); opened for that alone
      * only when it has them (prefault=1 would touch its memory twice) */
@@ -361,6 +373,13 @@ int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *n
     if (rc) return rc;
     r->modelled = mlo_platform_get_topology(p, &t) == MLO_OK;
     mlo_platform_close(p);
+    if (r->modelled && t.group > (unsigned)r->node_ranks) {
+      /* its copies would be held to a share of ranks that are not there */
+      snprintf(err, errlen,
+               "--platform: group=%u ranks behind one uplink, but %d run%s on this node", t.group,
+               r->node_ranks, r->node_ranks == 1 ? "s" : "");
+      return MLO_EINVAL;
+    }
     if (r->modelled)
       snprintf(r->topology, sizeof r->topology, "%s, as the host platform models it",
                node_name ? node_name : "the node given in --platform");
@@ -376,5 +395,19 @@ int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *n
     snprintf(r->topology, sizeof r->topology,
              "not known: give --node (mlo plan --help lists them) to let it decide");
   r->sharded = mode >= 0 ? mode == 1 : disk_tier || (r->modelled && r->plan.sharded);
+  r->reason = mode >= 0      ? NULL
+              : disk_tier    ? "--host-memory: only sharded loads read the disk once per node"
+              : !r->modelled ? "the node's topology is not known"
+              : r->sharded   ? "the topology makes sharded loads faster"
+                             : "the topology makes sharded loads no faster";
+  /* what the node's ranks must hold alike: how they load, and the model
+   * they are paced to (other --node flags model other nodes) */
+  struct {
+    uint64_t sharded, modelled, group, via;
+    double link, uplink, fabric;
+  } agreed = {r->sharded, r->modelled,  t.group,     t.fabric_via_uplinks,
+              t.link_bps, t.uplink_bps, t.fabric_bps};
+  if (!r->modelled) agreed.group = agreed.via = 0, agreed.link = agreed.uplink = agreed.fabric = 0;
+  r->agreed = mlo_fnv1a(MLO_FNV_BASIS, &agreed, sizeof agreed) | 1; /* never 0: "nothing" */
   return MLO_OK;
 }

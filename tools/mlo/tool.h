@@ -188,12 +188,17 @@ const char *tool_size(uint64_t bytes);
  * (mlo_escape).  Eight rotating buffers, as tool_size: the printing thread's. */
 const char *tool_esc(const char *s);
 
+/* Whether a platform spec names the host platform ("host", "host:..."). */
+bool tool_is_host(const char *spec);
+
 /* ---- ranks.c: mlo run --ranks under mpirun ---- */
 typedef struct {
   mlo_comm *comm;
   bool sharded;
   int rank, ranks, node_rank, node_ranks;
   bool chosen;        /* --ranks auto: sharded is mlo's choice, not the user's */
+  const char *reason; /* why it chose what it did (with chosen) */
+  uint64_t agreed;    /* what every node rank must hold alike: the loads and the model */
   bool modelled;      /* the node's topology is known: plan holds its figures */
   char topology[160]; /* where it came from, in words */
   mlo_load_plan plan; /* with modelled: a GiB's load each way on this node */
