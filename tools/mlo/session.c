@@ -137,7 +137,7 @@ static int materialize(tool_session *s, const session_config *cfg, char *err, si
 }
 
 bool tool_is_host(const char *spec) {
-  return !strncmp(spec, "host", 4) && (spec[4] == '\0' || spec[4] == ':');
+  return spec && !strncmp(spec, "host", 4) && (spec[4] == '\0' || spec[4] == ':');
 }
 
 int session_open(tool_session *s, const session_config *cfg, char *err, size_t errlen) {

@@ -188,7 +188,8 @@ const char *tool_size(uint64_t bytes);
  * (mlo_escape).  Eight rotating buffers, as tool_size: the printing thread's. */
 const char *tool_esc(const char *s);
 
-/* Whether a platform spec names the host platform ("host", "host:..."). */
+/* Whether a platform spec names the host platform ("host", "host:..."; NULL:
+ * no). */
 bool tool_is_host(const char *spec);
 
 /* ---- ranks.c: mlo run --ranks under mpirun ---- */
