@@ -104,10 +104,10 @@ static void gemm_fn(void *user) {
     for (int i = 0; i < g->m; i++) {
       float sum = 0;
       for (int l = 0; l < g->k; l++) {
-        size_t ai = g->ta == CUBLAS_OP_N ? (size_t)i + (size_t)l * g->lda
-                                         : (size_t)l + (size_t)i * g->lda;
-        size_t bi = g->tb == CUBLAS_OP_N ? (size_t)l + (size_t)j * g->ldb
-                                         : (size_t)j + (size_t)l * g->ldb;
+        size_t ai =
+            g->ta == CUBLAS_OP_N ? (size_t)i + (size_t)l * g->lda : (size_t)l + (size_t)i * g->lda;
+        size_t bi =
+            g->tb == CUBLAS_OP_N ? (size_t)l + (size_t)j * g->ldb : (size_t)j + (size_t)l * g->ldb;
         sum += load(g->a, ai, g->at) * load(g->b, bi, g->bt);
       }
       float *out = g->c + (size_t)i + (size_t)j * g->ldc;
@@ -133,8 +133,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     return CUBLAS_STATUS_NOT_SUPPORTED;
   struct gemm *g = malloc(sizeof *g);
   if (!g) return CUBLAS_STATUS_ALLOC_FAILED;
-  *g = (struct gemm){ta, tb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
-                     a, b, c, at, bt};
+  *g = (struct gemm){ta, tb, m, n,  k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
+                     a,  b,  c, at, bt};
   if (cudaLaunchHostFunc(h->stream, gemm_fn, g) != cudaSuccess) {
     free(g);
     return CUBLAS_STATUS_EXECUTION_FAILED;
