@@ -59,9 +59,29 @@ MLO_API void mlo_comm_free(mlo_comm *comm);
  * within the timeout. */
 MLO_API bool mlo_comm_broken(const mlo_comm *comm);
 /* On CUDA: the node's NCCL communicator (an ncclComm_t over the same node
- * ranks, in node-rank order) for the device-side all-gather of sharded
- * loads, which then runs on the copy stream without the host.  Not owned. */
+ * ranks, in node-rank order, on each rank's platform device) for the
+ * device-side all-gather of sharded loads, which then runs on the copy
+ * stream without the host.  Not owned.  It is checked where the platform
+ * is known: a sharded pipeline's materialization and loads refuse it, on
+ * every node rank at once, when its ncclCommCount is not the node's size,
+ * its ncclCommUserRank not the node rank, or its ncclCommCuDevice not the
+ * platform's device, naming what differs.  A gather on it that reports an
+ * error (ncclCommGetAsyncError) or does not complete within the timeout
+ * (mlo_comm_options.timeout_ms) is abandoned: mlo calls ncclCommAbort on
+ * it, which frees it (do not destroy it then), and the load fails.
+ * MLO_ESTATE if mlo made the node's communicator (mlo_comm_create_nccl). */
 MLO_API int mlo_comm_set_nccl(mlo_comm *comm, void *nccl_comm);
+/* Or mlo makes it (collective over the node): node rank 0 asks NCCL for an
+ * id, every rank receives it over the node's MPI ranks and makes its
+ * communicator (ncclCommInitRank, the node's size and rank) on platform's
+ * device, checked as above; a rank that fails fails every rank, with its
+ * message.  MLO_EUNSUPPORTED for a platform without NCCL (every platform
+ * but cuda built with NCCL).  Owned by comm: mlo_comm_destroy_nccl frees it,
+ * after the last pipeline using it and before platform is closed
+ * (mlo_comm_free does not).  Defined in libmlo, which reaches NCCL only
+ * through the CUDA module. */
+MLO_API int mlo_comm_create_nccl(mlo_comm *comm, mlo_platform *platform, char *err, size_t errlen);
+MLO_API void mlo_comm_destroy_nccl(mlo_comm *comm);
 
 #ifdef __cplusplus
 }

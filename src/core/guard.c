@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "dist/dist.h"
+#include "platform/platform.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -83,6 +84,18 @@ int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, ui
                           sizeof err);
   if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
   return MLO_OK;
+}
+
+int mlo_check_device_gather(mlo_pipeline *pipe, char *why, size_t whylen) {
+  mlo_platform *p = pipe->platform;
+  if (!pipe->comm || !pipe->sharded || pipe->shard_resident || p->caps.host_addressable)
+    return MLO_OK;
+  void *coll = mlo_dist_nccl(pipe->comm);
+  if (coll && coll == pipe->coll_checked) return MLO_OK;
+  int rc = mlo_plat_coll_check(p, coll, mlo_dist_node_size(pipe->comm),
+                               mlo_dist_node_rank(pipe->comm), why, whylen);
+  if (!rc) pipe->coll_checked = coll;
+  return rc;
 }
 
 int mlo_holders_add(pthread_t **holders, size_t *cap, int *n) {

@@ -144,6 +144,7 @@ struct mlo_component {
   bool load_waited;       /* the load is known complete for compute */
   uint64_t alloc_bytes;   /* the block as allocated (sharded: whole slices) */
   size_t gather_slice;    /* sharded load: this rank's slice, gathered at the wait; 0: none */
+  bool device_gather;     /* sharded load gathered on the device, not waited for yet */
   uint64_t shard_offset, shard_bytes; /* shard_resident: where this rank's slice is */
   mlo_event *compute_ev;              /* recorded after forwards that write (mutable) */
   mlo_event *writeback_ev;            /* pending async write-back into host memory */
@@ -217,6 +218,7 @@ struct mlo_pipeline {
 
   /* ranks (mlo/mpi.h): NULL without a communicator */
   mlo_comm *comm;
+  void *coll_checked;  /* the NCCL communicator last found to be the node's (coll_check) */
   bool sharded;        /* loads copy 1/n and all-gather */
   bool shard_resident; /* ... and keep their slice alone, gathering nothing */
   mlo_dist_stats dist;
@@ -302,6 +304,11 @@ void mlo_tensor_free(mlo_tensor *t);
 int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, uint64_t check,
                    int status, const char *msg, bool *together);
 enum { COLL_MATERIALIZE = 1, COLL_LOADED, COLL_LOAD, COLL_GATHER, COLL_FREE };
+/* Whether the communicator's device-side gather (NCCL) is the node's, in
+ * node-rank order, on the platform's device, where a sharded pipeline
+ * gathers on the device: MLO_OK, or the reason in why.  Each rank's answer
+ * goes to the next agreement as its own part, so every rank refuses. */
+int mlo_check_device_gather(mlo_pipeline *pipe, char *why, size_t whylen);
 int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t total, bool share,
                    mlo_progress_fn progress, void *user);
 /* The loader's parts the disk tier reads with too (loader.c): files sorted

@@ -153,13 +153,19 @@ int mlo_res_load(mlo_component *c) {
   rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->alloc_bytes, &c->block));
   c->stats.wait_ns += mlo_plat_now(p) - a0;
   if (slice) { /* any rank's failure is every rank's: the load is undone everywhere */
-    char mine[200] = "";
+    char mine[400] = "";
     if (rc)
       snprintf(mine, sizeof mine, "allocating the device block of '%.120s' failed (%s)", c->name,
                mlo_strerror(rc));
+    else if ((rc = mlo_check_device_gather(pipe, mine, sizeof mine))) {
+      /* a communicator set (or aborted) since materialization: refused */
+      c->stats.platform_calls++;
+      mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
+      c->block = NULL;
+    }
     int arc = mlo_collective(pipe, c, COLL_LOADED, 0, rc, rc ? mine : NULL, NULL);
     if (arc) {
-      if (!rc) { /* this rank's block goes with the others' failure */
+      if (!rc && c->block) { /* this rank's block goes with the others' failure */
         c->stats.platform_calls++;
         mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
       }
@@ -198,6 +204,7 @@ int mlo_res_load(mlo_component *c) {
   size_t copies = 0;
   uint64_t moved = c->block_bytes; /* over this rank's link */
   bool gathered_on_device = false;
+  c->device_gather = false;
   /* A write-back into this component's host memory may still be running on
    * a readback queue of its own: the load reads that memory after it. */
   rc = c->writeback_pending && mlo_plat_separate_readback(p)
@@ -226,10 +233,12 @@ int mlo_res_load(mlo_component *c) {
     /* a device that gathers on its copy queue does it now, before the
      * load's event; the host platform gathers at the wait, through MPI */
     if (!rc && device_gathers) {
-      rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
-                                        mlo_dist_nccl(pipe->comm)));
+      rc =
+          PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
+                                       mlo_dist_nccl(pipe->comm), mlo_dist_timeout_ms(pipe->comm)));
       if (!rc) count_gathered(pipe, slice);
       gathered_on_device = true;
+      c->device_gather = true; /* its first wait is the host's, watching the gather */
     }
   } else if (!rc && c->on_disk) {             /* the reader reads, copies and records the event */
     rc = mlo_disk_start(c, 0, UINT64_MAX, 0); /* (streaming: the resident part; slots below) */
@@ -241,6 +250,7 @@ int mlo_res_load(mlo_component *c) {
   }
   if (!rc && !c->on_disk) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
   if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
+    c->device_gather = false;
     c->stats.platform_calls++;
     mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
     c->block = NULL;
@@ -373,6 +383,7 @@ int mlo_res_evict(mlo_component *c) {
   c->use_valid = false;
   c->block = NULL;
   c->gather_slice = 0;
+  c->device_gather = false;
   c->shard_offset = c->shard_bytes = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
@@ -397,6 +408,7 @@ void mlo_res_drop(mlo_component *c) {
   mlo_stream_evicted(c);
   c->block = NULL;
   c->gather_slice = 0;
+  c->device_gather = false;
   c->shard_offset = c->shard_bytes = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
@@ -446,6 +458,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   bool empty = !c->block_bytes;
   mlo_event *ev = c->load_ev;
   size_t slice = c->gather_slice;
+  bool device_gather = c->device_gather;
   pthread_mutex_unlock(&pipe->lock);
   if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) {
     if (disk_ns) {
@@ -456,9 +469,26 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     return MLO_OK;
   }
   uint64_t t0 = disk_ns ? d0 : mlo_plat_now(p); /* the stall from its start */
-  int rc = mlo_res_compute_wait(p, ev, sync);
   char said[sizeof pipe->errmsg] = ""; /* a failed gather's reason (another rank's, maybe) */
-  if (!rc && pending && slice) {       /* the slices are in: gather them (one thread per rank) */
+  int rc = MLO_OK;
+  if (pending && device_gather) {
+    /* A gather on the device completes only when every node rank's does:
+     * the host waits for it here, watching the communicator, so that no
+     * compute queued behind it can wait forever (docs/distributed.md). */
+    char why[400] = "";
+    rc = mlo_plat_coll_wait(p, ev, why, sizeof why);
+    pthread_mutex_lock(&pipe->lock);
+    c->device_gather = false;
+    if (rc) {
+      mlo_res_drop(c); /* its block holds what the gather left: nothing to keep */
+      mlo_res_trace(c, MLO_TRACE_EVICT, 0);
+      snprintf(said, sizeof said, "rank %d: its all-gather failed: %s", pipe->dist.rank,
+               why[0] ? why : mlo_strerror(rc));
+    }
+    pthread_mutex_unlock(&pipe->lock);
+  }
+  if (!rc) rc = mlo_res_compute_wait(p, ev, sync);
+  if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
     rc = mlo_plat_event_sync(p, ev);
     pthread_mutex_lock(&pipe->lock);
     if (!rc && (rc = gather(c, slice))) snprintf(said, sizeof said, "%s", pipe->errmsg);

@@ -282,6 +282,7 @@ static int agree(mlo_component *c, const slab_build *b) {
   uint64_t check = 0;
   char why[400] = "";
   int mine = shared_check(c, b, &check, why, sizeof why); /* a failure is every rank's to hear */
+  if (!mine) mine = mlo_check_device_gather(pipe, why, sizeof why);
   check ^= c->want_disk ? 0x9e3779b97f4a7c15ull : 0;
   int rc = mlo_collective(pipe, c, COLL_MATERIALIZE, check, mine, mine ? why : NULL, NULL);
   if (rc != MLO_ESTATE || !strstr(pipe->errmsg, " differ at ")) return rc;

@@ -7,6 +7,10 @@
  */
 #include "base/log.h"
 #include "dist/dist.h"
+#include "platform/platform.h"
+
+#include <stdio.h>
+#include <string.h>
 
 int mlo_comm_rank(const mlo_comm *c) {
   return c ? c->rank : 0;
@@ -28,6 +32,9 @@ int mlo_dist_node_size(const mlo_comm *c) {
 }
 void *mlo_dist_nccl(const mlo_comm *c) {
   return c ? c->nccl : NULL;
+}
+unsigned mlo_dist_timeout_ms(const mlo_comm *c) {
+  return c && c->timeout_ms ? c->timeout_ms : 60000u;
 }
 
 static int no_comm(char *err, size_t errlen) {
@@ -51,4 +58,72 @@ int mlo_dist_agree(mlo_comm *c, uint64_t id, uint64_t check, int status, const c
     return no_comm(err, errlen);
   }
   return c->ops->agree(c->ctx, id, check, status, msg, name, user, together, err, errlen);
+}
+
+/* ---- the node's NCCL communicator, made by mlo (mlo_comm_create_nccl) ---- */
+
+enum { STEP_NCCL_ID = 1, STEP_NCCL_INIT };
+
+/* Declared in mlo/mpi.h, which needs MPI's headers: libmlo defines them
+ * all the same, since only the CUDA module it loads reaches NCCL. */
+MLO_API int mlo_comm_create_nccl(mlo_comm *c, mlo_platform *p, char *err, size_t errlen);
+MLO_API void mlo_comm_destroy_nccl(mlo_comm *c);
+
+static const char *comm_step_name(uint64_t id, void *user) {
+  (void)user;
+  if (id & MLO_DIST_PROGRAM_STEP) return "the program's own step (past creating the NCCL one)";
+  if (!(id & MLO_DIST_COMM_STEP)) return "a step of its pipeline";
+  return (id & ~MLO_DIST_COMM_STEP) == STEP_NCCL_ID ? "making the NCCL communicator's id"
+                                                    : "creating the NCCL communicator";
+}
+
+/* Collective over the node: node rank 0 makes the id, every rank gets it
+ * and makes its communicator on the platform's device; each step is agreed
+ * first, so a rank that fails (or is missing) fails every rank, with its
+ * message, within the timeout.  NCCL's own ncclCommInitRank then waits for
+ * every rank, which the agreement before it has seen arrive. */
+MLO_API int mlo_comm_create_nccl(mlo_comm *c, mlo_platform *p, char *err, size_t errlen) {
+  if (err && errlen) err[0] = '\0';
+  if (!c || !p)
+    return mlo_errf(err, errlen, MLO_EINVAL, "mlo_comm_create_nccl: no %s",
+                    c ? "platform" : "communicator");
+  char why[400] = "";
+  unsigned char id[MLO_COLL_ID_BYTES];
+  memset(id, 0, sizeof id);
+  int mine = MLO_OK;
+  if (c->nccl)
+    mine = mlo_errf(why, sizeof why, MLO_ESTATE, "the communicator has an NCCL one already");
+  else if (!c->ops->bcast)
+    mine = mlo_errf(why, sizeof why, MLO_EUNSUPPORTED, "the communicator cannot broadcast");
+  else if (!mlo_plat_has_coll(p))
+    mine = mlo_plat_coll_id(p, id, sizeof id, why, sizeof why); /* says it has none */
+  else if (c->node_rank == 0)
+    mine = mlo_plat_coll_id(p, id, sizeof id, why, sizeof why);
+  char aerr[512] = "";
+  int rc = mlo_dist_agree(c, MLO_DIST_COMM_STEP | STEP_NCCL_ID, 0, mine, mine ? why : NULL,
+                          comm_step_name, NULL, NULL, aerr, sizeof aerr);
+  if (rc) return mlo_errf(err, errlen, rc, "creating the node's NCCL communicator: %s", aerr);
+  if ((rc = c->ops->bcast(c->ctx, id, sizeof id, 0, aerr, sizeof aerr)))
+    return mlo_errf(err, errlen, rc, "creating the node's NCCL communicator: %s", aerr);
+  void *coll = NULL;
+  why[0] = '\0';
+  mine = mlo_plat_coll_init(p, id, sizeof id, c->node_size, c->node_rank, &coll, why, sizeof why);
+  if (!mine) /* what the platform made, checked as any caller's would be */
+    mine = mlo_plat_coll_check(p, coll, c->node_size, c->node_rank, why, sizeof why);
+  rc = mlo_dist_agree(c, MLO_DIST_COMM_STEP | STEP_NCCL_INIT, 0, mine, mine ? why : NULL,
+                      comm_step_name, NULL, NULL, aerr, sizeof aerr);
+  if (rc) {
+    mlo_plat_coll_destroy(p, coll);
+    return mlo_errf(err, errlen, rc, "creating the node's NCCL communicator: %s", aerr);
+  }
+  c->nccl = coll;
+  c->nccl_platform = p;
+  return MLO_OK;
+}
+
+MLO_API void mlo_comm_destroy_nccl(mlo_comm *c) {
+  if (!c || !c->nccl_platform) return;
+  mlo_plat_coll_destroy(c->nccl_platform, c->nccl);
+  c->nccl = NULL;
+  c->nccl_platform = NULL;
 }

@@ -36,6 +36,9 @@ struct mlo_comm_ops {
   int (*allgather)(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
   int (*agree)(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
                mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
+  /* len bytes of node rank root's buf to every node rank's; only after an
+   * agreement every rank passed (a broadcast cannot time out). */
+  int (*bcast)(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen);
 };
 
 /* The handle behind the public mlo_comm. */
@@ -44,6 +47,8 @@ struct mlo_comm {
   void *ctx;
   int rank, size, node_rank, node_size; /* in the job, and among this node's ranks */
   void *nccl;                           /* the node's NCCL communicator, or NULL */
+  unsigned timeout_ms;                  /* mlo_comm_options.timeout_ms: agreements, gathers */
+  mlo_platform *nccl_platform;          /* made nccl (mlo_comm_create_nccl): destroys it */
 };
 
 /* Ranks on this node (the ones that share slabs and gather loads). */
@@ -52,6 +57,11 @@ int mlo_dist_node_size(const mlo_comm *c);
 
 /* The node's NCCL communicator (mlo_comm_set_nccl), or NULL. */
 void *mlo_dist_nccl(const mlo_comm *c);
+/* How long a collective waits for a missing rank, gathers included. */
+unsigned mlo_dist_timeout_ms(const mlo_comm *c);
+/* Ids of the communicator's own agreement steps (creating the NCCL
+ * communicator): apart from a pipeline's and a program's. */
+#define MLO_DIST_COMM_STEP ((uint64_t)1 << 61)
 
 /* Node-shared memory of `bytes`, collective over the node: every rank gets
  * a mapping of the same pages at *ptr; *handle frees it (collectively). */

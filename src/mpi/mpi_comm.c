@@ -19,6 +19,7 @@
 #include "dist/dist.h"
 #include "mlo/mpi.h"
 
+#include <limits.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -89,6 +90,7 @@ static void mpi_shared_free(void *ctx, void *handle);
 static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen);
 static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
                      mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
+static int mpi_bcast(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen);
 
 static const struct mlo_comm_ops mpi_ops = {
     .destroy = mpi_destroy,
@@ -96,6 +98,7 @@ static const struct mlo_comm_ops mpi_ops = {
     .shared_free = mpi_shared_free,
     .allgather = mpi_allgather,
     .agree = mpi_agree,
+    .bcast = mpi_bcast,
 };
 
 #define MLO_MPI_STR_(x) #x
@@ -126,6 +129,7 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
   c->pub.ops = &mpi_ops;
   c->pub.ctx = c;
   c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : MLO_COMM_DEFAULT_TIMEOUT_MS;
+  c->pub.timeout_ms = c->timeout_ms;
   int rc = MPI_Comm_dup(comm, &c->world);
   if (rc != MPI_SUCCESS) {
     free(c);
@@ -172,10 +176,22 @@ static void mpi_destroy(void *ctx) {
   free(c);
 }
 
+/* Stored only: it is checked against the node and the platform's device
+ * where both are known, at every sharded pipeline's materialization and
+ * loads (core), and refused there on every rank. */
 int mlo_comm_set_nccl(mlo_comm *c, void *nccl_comm) {
   if (!c) return MLO_EINVAL;
+  if (c->nccl_platform) return MLO_ESTATE; /* mlo made one: mlo_comm_destroy_nccl first */
   c->nccl = nccl_comm;
   return MLO_OK;
+}
+
+static int mpi_bcast(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen) {
+  mpi_ctx *c = ctx;
+  if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  if (len > (size_t)INT_MAX) return errf(err, errlen, MLO_EINVAL, "broadcast of %zu bytes", len);
+  int rc = MPI_Bcast(buf, (int)len, MPI_BYTE, root, c->node);
+  return rc == MPI_SUCCESS ? MLO_OK : mpi_fail(err, errlen, "broadcast", rc);
 }
 
 /* ---- node-shared memory ---------------------------------------------------- */

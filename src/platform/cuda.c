@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Errors after which the context is unusable (CUDA runtime API, "sticky"
  * errors: the process must exit to recover). */
@@ -105,6 +106,118 @@ static void leave(struct cuda_ctx *c, const mlo_cu_guard *g) {
   cuda_status(c, mlo_cu_ctx_leave(g), "restoring the caller's context");
 }
 
+/* ---- host waits that a sharded load's gather may hold up ----------------
+
+ * A gather (NCCL, on COPY) completes only when every node rank's does: a
+ * rank that never gets there, or a fabric error, would hold every host
+ * wait behind it forever.  So while a gather may be pending, our host
+ * waits poll: the thing waited for, the gather's event, and its
+ * communicator's asynchronous error; after the gather's timeout of waiting
+ * (the communicator's, mlo_comm_options.timeout_ms) or on an error the
+ * communicator is aborted (ncclCommAbort ends what it has in flight) and
+ * the wait fails with the reason.  Without a pending gather a wait blocks
+ * in the runtime as before (events are BlockingSync: no core spins). */
+#ifdef MLO_HAVE_NCCL
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static bool was_aborted(struct cuda_ctx *c, void *comm) {
+  for (int i = 0; i < c->naborted; i++)
+    if (c->aborted[i] == comm) return true;
+  return false;
+}
+
+/* Aborts comm (after a gather failed on it) and remembers why. */
+static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
+  ncclResult_t r = ncclCommAbort((ncclComm_t)comm);
+  pthread_mutex_lock(&c->lock);
+  if (c->gather_comm == comm) c->gather_comm = NULL;
+  if (c->naborted < (int)(sizeof c->aborted / sizeof c->aborted[0]))
+    c->aborted[c->naborted++] = comm;
+  snprintf(c->gather_msg, sizeof c->gather_msg, "%s; the NCCL communicator was aborted%s", why,
+           r == ncclSuccess ? "" : " (ncclCommAbort failed too)");
+  pthread_mutex_unlock(&c->lock);
+  mlo_logf(MLO_LOG_ERROR, "cuda: a sharded load's all-gather failed: %s", c->gather_msg);
+}
+
+/* One look at the pending gather: MLO_OK (none, done, or still in time),
+ * or MLO_EPLATFORM once it failed or ran past its timeout since t0_ms (the
+ * communicator is then aborted, err says why). */
+static int watch_gather(struct cuda_ctx *c, uint64_t t0_ms, char *err, size_t errlen) {
+  pthread_mutex_lock(&c->lock);
+  void *comm = c->gather_comm;
+  unsigned timeout_ms = c->gather_timeout_ms;
+  pthread_mutex_unlock(&c->lock);
+  if (!comm) return MLO_OK;
+  cudaError_t e = cudaEventQuery(c->gather_ev);
+  if (e == cudaSuccess) {
+    pthread_mutex_lock(&c->lock);
+    if (c->gather_comm == comm) c->gather_comm = NULL;
+    pthread_mutex_unlock(&c->lock);
+    return MLO_OK;
+  }
+  if (e != cudaErrorNotReady) return cuda_status(c, e, "cudaEventQuery(the gather's event)");
+  char why[256] = "";
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t q = ncclCommGetAsyncError((ncclComm_t)comm, &async);
+  if (q != ncclSuccess)
+    snprintf(why, sizeof why, "ncclCommGetAsyncError failed: %s", ncclGetErrorString(q));
+  else if (async != ncclSuccess && async != ncclInProgress)
+    snprintf(why, sizeof why, "NCCL reported an error during the all-gather: %s",
+             ncclGetErrorString(async));
+  else if (mono_ms() - t0_ms >= timeout_ms)
+    snprintf(why, sizeof why,
+             "the all-gather did not complete within %.1f s (a node rank is missing, stalled "
+             "or at another step)",
+             timeout_ms / 1000.0);
+  if (!why[0]) return MLO_OK;
+  abort_gather(c, comm, why);
+  pthread_mutex_lock(&c->lock);
+  snprintf(err, errlen, "%s", c->gather_msg);
+  pthread_mutex_unlock(&c->lock);
+  return MLO_EPLATFORM;
+}
+
+static bool gather_pending(struct cuda_ctx *c) {
+  pthread_mutex_lock(&c->lock);
+  bool pending = c->gather_comm != NULL;
+  pthread_mutex_unlock(&c->lock);
+  return pending;
+}
+#endif
+
+/* Waits on the host for an event (ev) or a stream's tail (s), in the
+ * caller's context (entered), watching a pending gather as above. */
+static int host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char *what,
+                     char *err, size_t errlen) {
+#ifdef MLO_HAVE_NCCL
+  uint64_t t0 = mono_ms();
+  while (gather_pending(c)) {
+    cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+    if (e == cudaSuccess) return MLO_OK;
+    if (e != cudaErrorNotReady) return cuda_status(c, e, what);
+    char why[400] = "";
+    if (watch_gather(c, t0, why, sizeof why)) {
+      snprintf(err, errlen, "%s: %s", what, why);
+      return MLO_EPLATFORM;
+    }
+    struct timespec nap = {0, 500000}; /* 0.5 ms */
+    nanosleep(&nap, NULL);
+  }
+#else
+  (void)err, (void)errlen;
+#endif
+  return cuda_status(c, ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(s), what);
+}
+
+static int stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what) {
+  char err[512];
+  return host_wait(c, NULL, s, what, err, sizeof err);
+}
+
 /* An event: a cudaEvent_t and its completion stamp (event_time). */
 struct mlo_event {
   cudaEvent_t e;
@@ -139,7 +252,7 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
      * free until the host has seen the free complete: drain the release
      * stream and try once more before calling it out of memory. */
     (void)cudaGetLastError();
-    if (cudaStreamSynchronize(c->release) == cudaSuccess)
+    if (stream_sync(c, c->release, "cudaStreamSynchronize(release)") == MLO_OK)
       e = cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy);
   }
   rc = cuda_status(c, e, "allocating a device block");
@@ -173,9 +286,9 @@ static int release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEven
   int rc = enter(c, &g);
   if (rc) return rc;
   if (!c->pool) { /* no stream-ordered allocator: drain, then free */
-    cudaStreamSynchronize(c->copy);
-    cudaStreamSynchronize(c->readback);
-    cudaStreamSynchronize(c->compute);
+    stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
+    stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
+    stream_sync(c, c->compute, "cudaStreamSynchronize(compute)");
     rc = freed(c, bytes, cuda_status(c, cudaFree(block), "cudaFree"));
     leave(c, &g);
     return rc;
@@ -191,9 +304,9 @@ static int release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEven
   if (e != cudaSuccess) {
     /* Could not order it: leaking is wrong, freeing early is worse. */
     cuda_status(c, e, "ordering a free");
-    cudaStreamSynchronize(c->copy);
-    cudaStreamSynchronize(c->readback);
-    cudaStreamSynchronize(c->compute);
+    stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
+    stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
+    stream_sync(c, c->compute, "cudaStreamSynchronize(compute)");
   }
   rc = freed(c, bytes, cuda_status(c, cudaFreeAsync(block, c->release), "cudaFreeAsync"));
   leave(c, &g);
@@ -312,8 +425,8 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   mlo_cu_guard g;
   bool in = !enter(c, &g);
   if (in) {
-    cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
-    cuda_status(c, cudaStreamSynchronize(c->readback), "cudaStreamSynchronize(readback)");
+    stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
+    stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
   }
   if (!pinned)
     free(ptr);
@@ -355,7 +468,7 @@ static void cu_host_unregister(void *ctx, void *ptr) {
   struct cuda_ctx *c = ctx;
   mlo_cu_guard g;
   if (enter(c, &g)) return;
-  cuda_status(c, cudaStreamSynchronize(c->copy), "cudaStreamSynchronize(copy)");
+  stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
   cuda_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
   leave(c, &g);
 }
@@ -395,19 +508,169 @@ static int cu_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, s
  * copy stream: after this rank's slice copy, before the load's event, so
  * compute waits for it as for any copy (C8) and a free waits for it too
  * (C9).  In place, as NCCL allows: the send buffer is this rank's slice of
- * the receive buffer. */
-static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll) {
+ * the receive buffer.  gather_ev behind it lets our host waits watch it. */
+static int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll,
+                         unsigned timeout_ms) {
   struct cuda_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  bool dead = was_aborted(c, coll);
+  pthread_mutex_unlock(&c->lock);
+  if (dead) {
+    mlo_logf(MLO_LOG_ERROR, "cuda: all-gather on an aborted NCCL communicator refused (%s)",
+             c->gather_msg);
+    return MLO_ESTATE;
+  }
   mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
-  ncclResult_t r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
-                                 (ncclComm_t)coll, c->copy);
+  if (!c->gather_ev)
+    rc = cuda_status(c, cudaEventCreateWithFlags(&c->gather_ev, cudaEventDisableTiming),
+                     "cudaEventCreate(gather)");
+  ncclResult_t r = ncclSuccess;
+  if (!rc) {
+    r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
+                      (ncclComm_t)coll, c->copy);
+    if (r == ncclSuccess) {
+      pthread_mutex_lock(&c->lock);
+      rc = cuda_status(c, cudaEventRecord(c->gather_ev, c->copy), "cudaEventRecord(gather)");
+      if (!rc) {
+        c->gather_comm = coll;
+        c->gather_timeout_ms = timeout_ms ? timeout_ms : 60000u;
+      }
+      pthread_mutex_unlock(&c->lock);
+    }
+  }
   leave(c, &g);
-  if (r == ncclSuccess) return MLO_OK;
+  if (rc || r == ncclSuccess) return rc;
   mlo_logf(MLO_LOG_ERROR, "cuda: ncclAllGather of %zu bytes per rank failed: %s", slice,
            ncclGetErrorString(r));
   return MLO_EPLATFORM;
+}
+
+/* The communicator must be the node's, in node-rank order, on our device:
+ * a larger one would gather past the block, another order would put every
+ * rank's slice at another rank's place, silently. */
+static int cu_coll_check(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen) {
+  struct cuda_ctx *c = ctx;
+  if (!coll) {
+    snprintf(err, errlen, "no NCCL communicator");
+    return MLO_EINVAL;
+  }
+  pthread_mutex_lock(&c->lock);
+  bool dead = was_aborted(c, coll);
+  if (dead)
+    snprintf(err, errlen, "the NCCL communicator was aborted after a failed all-gather (%s)",
+             c->gather_msg);
+  pthread_mutex_unlock(&c->lock);
+  if (dead) return MLO_ESTATE;
+  int count = -1, me = -1, dev = -1;
+  ncclResult_t r = ncclCommCount((ncclComm_t)coll, &count);
+  const char *what = "ncclCommCount";
+  if (r == ncclSuccess) r = ncclCommUserRank((ncclComm_t)coll, &me), what = "ncclCommUserRank";
+  if (r == ncclSuccess) r = ncclCommCuDevice((ncclComm_t)coll, &dev), what = "ncclCommCuDevice";
+  if (r != ncclSuccess) {
+    snprintf(err, errlen, "the NCCL communicator cannot be checked: %s failed: %s", what,
+             ncclGetErrorString(r));
+    return MLO_EINVAL;
+  }
+  char diff[400] = "";
+  size_t len = 0;
+  if (count != ranks)
+    len += (size_t)snprintf(diff + len, sizeof diff - len,
+                            "it has %d ranks, this node %d (a gather would write past the "
+                            "block)",
+                            count, ranks);
+  if (me != rank && len < sizeof diff)
+    len += (size_t)snprintf(diff + len, sizeof diff - len,
+                            "%sit puts this process at rank %d, the node at rank %d (the slices "
+                            "would land at other ranks' places)",
+                            len ? "; " : "", me, rank);
+  if (dev != c->device && len < sizeof diff)
+    len += (size_t)snprintf(diff + len, sizeof diff - len,
+                            "%sit runs on cuda:%d, this platform on cuda:%d", len ? "; " : "", dev,
+                            c->device);
+  if (!len) return MLO_OK;
+  snprintf(err, errlen,
+           "the NCCL communicator is not the node's in node-rank order on this device: %s", diff);
+  return MLO_EINVAL;
+}
+
+static int nccl_fail(char *err, size_t errlen, const char *what, ncclResult_t r) {
+  snprintf(err, errlen, "%s failed: %s", what, ncclGetErrorString(r));
+  return MLO_EPLATFORM;
+}
+
+static int cu_coll_id(void *ctx, void *id, size_t len, char *err, size_t errlen) {
+  (void)ctx;
+  if (len < sizeof(ncclUniqueId)) {
+    snprintf(err, errlen, "an NCCL id needs %zu bytes, not %zu", sizeof(ncclUniqueId), len);
+    return MLO_EINVAL;
+  }
+  ncclUniqueId u;
+  ncclResult_t r = ncclGetUniqueId(&u);
+  if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclGetUniqueId", r);
+  memcpy(id, &u, sizeof u);
+  return MLO_OK;
+}
+
+/* On our device: NCCL binds a communicator to the device current when it
+ * is made. */
+static int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll,
+                        char *err, size_t errlen) {
+  struct cuda_ctx *c = ctx;
+  *coll = NULL;
+  if (len < sizeof(ncclUniqueId)) {
+    snprintf(err, errlen, "an NCCL id needs %zu bytes, not %zu", sizeof(ncclUniqueId), len);
+    return MLO_EINVAL;
+  }
+  ncclUniqueId u;
+  memcpy(&u, id, sizeof u);
+  mlo_cu_guard g;
+  int rc = enter(c, &g);
+  if (rc) {
+    snprintf(err, errlen, "cuda:%d: the device's context is lost", c->device);
+    return rc;
+  }
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRank(&comm, ranks, u, rank);
+  leave(c, &g);
+  if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclCommInitRank", r);
+  *coll = comm;
+  return MLO_OK;
+}
+
+static void cu_coll_destroy(void *ctx, void *coll) {
+  struct cuda_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  bool dead = false;
+  for (int i = 0; i < c->naborted && !dead; i++)
+    if (c->aborted[i] == coll) {
+      dead = true;
+      c->aborted[i] = c->aborted[--c->naborted];
+    }
+  if (c->gather_comm == coll) c->gather_comm = NULL;
+  pthread_mutex_unlock(&c->lock);
+  if (dead) return; /* ncclCommAbort freed it */
+  mlo_cu_guard g;
+  bool in = !enter(c, &g);
+  ncclResult_t r = ncclCommDestroy((ncclComm_t)coll);
+  if (r != ncclSuccess)
+    mlo_logf(MLO_LOG_ERROR, "cuda: ncclCommDestroy failed: %s", ncclGetErrorString(r));
+  if (in) leave(c, &g);
+}
+
+/* A sharded load's first wait: on the host, watching its gather. */
+static int cu_coll_wait(void *ctx, mlo_event *ev, char *err, size_t errlen) {
+  struct cuda_ctx *c = ctx;
+  mlo_cu_guard g;
+  int rc = enter(c, &g);
+  if (rc) {
+    snprintf(err, errlen, "cuda:%d: the device's context is lost", c->device);
+    return rc;
+  }
+  rc = host_wait(c, ev->e, NULL, "waiting for a sharded load", err, errlen);
+  leave(c, &g);
+  return rc;
 }
 #endif
 
@@ -535,7 +798,8 @@ static int cu_event_sync(void *ctx, mlo_event *ev) {
   mlo_cu_guard g;
   int rc = enter(c, &g);
   if (rc) return rc;
-  rc = cuda_status(c, cudaEventSynchronize(ev->e), "cudaEventSynchronize");
+  char err[512];
+  rc = host_wait(c, ev->e, NULL, "cudaEventSynchronize", err, sizeof err);
   leave(c, &g);
   return rc;
 }
@@ -559,8 +823,7 @@ static int cu_synchronize(void *ctx) {
   int rc = enter(c, &g);
   if (rc) return rc;
   cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
-  for (int i = 0; i < 4 && !rc; i++)
-    rc = cuda_status(c, cudaStreamSynchronize(streams[i]), "cudaStreamSynchronize");
+  for (int i = 0; i < 4 && !rc; i++) rc = stream_sync(c, streams[i], "cudaStreamSynchronize");
   leave(c, &g);
   return rc;
 }
@@ -589,12 +852,13 @@ static void cu_destroy(void *ctx) {
     cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
     for (int i = 0; i < 4; i++)
       if (streams[i]) {
-        cudaStreamSynchronize(streams[i]);
+        stream_sync(c, streams[i], "cudaStreamSynchronize");
         if (!(i == 2 && c->compute_external)) cudaStreamDestroy(streams[i]);
       }
     if (c->copy_tail) cudaEventDestroy(c->copy_tail);
     if (c->readback_tail) cudaEventDestroy(c->readback_tail);
     if (c->compute_tail) cudaEventDestroy(c->compute_tail);
+    if (c->gather_ev) cudaEventDestroy(c->gather_ev);
     if (c->pool) cudaMemPoolDestroy(c->pool);
     (void)cudaGetLastError();
     leave(c, &g);
@@ -634,6 +898,11 @@ static const struct mlo_platform_ops cuda_ops = {
     .compute_queue = cu_compute_queue,
 #ifdef MLO_HAVE_NCCL
     .all_gather = cu_all_gather,
+    .coll_check = cu_coll_check,
+    .coll_id = cu_coll_id,
+    .coll_init = cu_coll_init,
+    .coll_destroy = cu_coll_destroy,
+    .coll_wait = cu_coll_wait,
 #endif
 };
 

@@ -53,6 +53,18 @@ struct cuda_ctx {
    * the runtime again.  Guarded by lock. */
   bool sticky;
   char sticky_msg[256];
+  /* Sharded loads' gathers (NCCL, cuda.c): gather_ev is recorded on COPY
+   * after the last one; while gather_comm is set it may not have completed,
+   * and every host wait of ours watches it (its communicator's errors, and
+   * gather_timeout_ms of waiting) instead of blocking blind.  Communicators
+   * this platform aborted are remembered so that they are refused, and
+   * not destroyed a second time.  Guarded by lock. */
+  cudaEvent_t gather_ev;
+  void *gather_comm;
+  unsigned gather_timeout_ms;
+  void *aborted[8];
+  int naborted;
+  char gather_msg[320]; /* why the last communicator was aborted */
 };
 
 /* Opening a device (cuda_open.c). */

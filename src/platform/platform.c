@@ -251,10 +251,49 @@ void *mlo_platform_compute_queue(mlo_platform *p) {
   return p && p->ops->compute_queue ? p->ops->compute_queue(p->ctx) : NULL;
 }
 
-int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll) {
+int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll,
+                        unsigned timeout_ms) {
   if (!p->ops->all_gather) return MLO_EUNSUPPORTED;
   count_call(p);
-  return p->ops->all_gather(p->ctx, block, slice, rank, coll);
+  return p->ops->all_gather(p->ctx, block, slice, rank, coll, timeout_ms);
+}
+
+static int no_coll(const mlo_platform *p, char *err, size_t errlen) {
+  return mlo_errf(err, errlen, MLO_EUNSUPPORTED,
+                  "platform '%s' has no device-side communicator (NCCL: cuda, built with NCCL)",
+                  p->ops->name);
+}
+
+int mlo_plat_coll_check(mlo_platform *p, void *coll, int ranks, int rank, char *err,
+                        size_t errlen) {
+  if (!p->ops->coll_check) return no_coll(p, err, errlen);
+  return p->ops->coll_check(p->ctx, coll, ranks, rank, err, errlen);
+}
+
+int mlo_plat_coll_id(mlo_platform *p, void *id, size_t len, char *err, size_t errlen) {
+  if (!p->ops->coll_id) return no_coll(p, err, errlen);
+  return p->ops->coll_id(p->ctx, id, len, err, errlen);
+}
+
+int mlo_plat_coll_init(mlo_platform *p, const void *id, size_t len, int ranks, int rank,
+                       void **coll, char *err, size_t errlen) {
+  *coll = NULL;
+  if (!p->ops->coll_init) return no_coll(p, err, errlen);
+  return p->ops->coll_init(p->ctx, id, len, ranks, rank, coll, err, errlen);
+}
+
+bool mlo_plat_has_coll(const mlo_platform *p) {
+  return p->ops->coll_init && p->ops->coll_id && p->ops->coll_check;
+}
+
+void mlo_plat_coll_destroy(mlo_platform *p, void *coll) {
+  if (p->ops->coll_destroy && coll) p->ops->coll_destroy(p->ctx, coll);
+}
+
+int mlo_plat_coll_wait(mlo_platform *p, mlo_event *ev, char *err, size_t errlen) {
+  if (!p->ops->coll_wait) return mlo_plat_event_sync(p, ev);
+  count_call(p);
+  return p->ops->coll_wait(p->ctx, ev, err, errlen);
 }
 
 bool mlo_plat_has_all_gather(const mlo_platform *p) {

@@ -116,8 +116,30 @@ struct mlo_platform_ops {
    * the copy queue: rank r's bytes [r*slice, (r+1)*slice) reach every
    * rank's block, after the copies queued before it and before anything
    * recorded after it (CUDA: ncclAllGather on the copy stream with the
-   * caller's NCCL communicator, `coll`).  NULL: not available. */
-  int (*all_gather)(void *ctx, void *block, size_t slice, int rank, void *coll);
+   * caller's NCCL communicator, `coll`).  NULL: not available.  The
+   * platform watches the gather until it completes: a host wait of its own
+   * that the gather holds up (coll_wait, event_sync, synchronize, a host
+   * free) polls coll's errors and gives up after timeout_ms of waiting,
+   * aborting coll, so no wait on a stalled gather lasts forever. */
+  int (*all_gather)(void *ctx, void *block, size_t slice, int rank, void *coll,
+                    unsigned timeout_ms);
+  /* Optional, with all_gather: the device communicators themselves.
+   * coll_check: whether coll spans `ranks` ranks, puts this process at
+   * `rank` and runs on this platform's device (MLO_EINVAL naming what
+   * differs; one the platform aborted is refused too).  coll_id: a new
+   * communicator's id (at most MLO_COLL_ID_BYTES) into id, on the rank that
+   * creates it; coll_init: this rank's communicator from that id, on this
+   * platform's device; coll_destroy: frees one coll_init made (a
+   * communicator the platform aborted is gone already: nothing).
+   * coll_wait: waits on the host for ev, recorded after an all_gather,
+   * watching the gather as above; on an error or the timeout the
+   * communicator is aborted and err says why. */
+  int (*coll_check)(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
+  int (*coll_id)(void *ctx, void *id, size_t len, char *err, size_t errlen);
+  int (*coll_init)(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll,
+                   char *err, size_t errlen);
+  void (*coll_destroy)(void *ctx, void *coll);
+  int (*coll_wait)(void *ctx, mlo_event *ev, char *err, size_t errlen);
   /* Optional: the platform's clock in nanoseconds, for every duration core
    * measures (waits, forwards) and every trace stamp.  NULL: mlo_now_ns.
    * The simulated platform answers its virtual clock, so a projected run's
@@ -209,8 +231,18 @@ int mlo_plat_synchronize(mlo_platform *p);
 /* The resolve slot, or identity.  Not a platform call (never fails). */
 void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local);
 /* The all_gather slot; MLO_EUNSUPPORTED without one. */
-int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll);
+int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll,
+                        unsigned timeout_ms);
 bool mlo_plat_has_all_gather(const mlo_platform *p);
+/* The coll_* slots (MLO_EUNSUPPORTED, with a message, without them). */
+#define MLO_COLL_ID_BYTES 128
+int mlo_plat_coll_check(mlo_platform *p, void *coll, int ranks, int rank, char *err, size_t errlen);
+int mlo_plat_coll_id(mlo_platform *p, void *id, size_t len, char *err, size_t errlen);
+int mlo_plat_coll_init(mlo_platform *p, const void *id, size_t len, int ranks, int rank,
+                       void **coll, char *err, size_t errlen);
+void mlo_plat_coll_destroy(mlo_platform *p, void *coll);
+bool mlo_plat_has_coll(const mlo_platform *p);
+int mlo_plat_coll_wait(mlo_platform *p, mlo_event *ev, char *err, size_t errlen);
 /* The gather_pace slot (nothing without one).  Not a platform call. */
 void mlo_plat_gather_pace(mlo_platform *p, size_t slice, int ranks, uint64_t t0_ns);
 /* The platform's clock (the now_ns slot, or mlo_now_ns).  Not a platform

@@ -45,6 +45,18 @@ int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
   return MLO_OK;
 }
 
+int ranks_device_comm(mlo_comm *comm, mlo_platform *p, bool *made, char *err, size_t errlen) {
+  *made = false;
+  if (!comm || strcmp(mlo_platform_name(p), "cuda")) return MLO_OK; /* the host gathers by MPI */
+  int rc = mlo_comm_create_nccl(comm, p, err, errlen);
+  *made = rc == MLO_OK;
+  return rc;
+}
+
+void ranks_device_comm_free(mlo_comm *comm) {
+  mlo_comm_destroy_nccl(comm);
+}
+
 void ranks_stop(tool_ranks *r, int code) {
   /* A rank that never arrived would keep MPI_Finalize waiting, perhaps
    * forever (stopped, not dead): end the job, so the scheduler sees the
@@ -221,6 +233,14 @@ int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
 }
 void ranks_stop(tool_ranks *r, int code) {
   (void)r, (void)code;
+}
+int ranks_device_comm(mlo_comm *comm, mlo_platform *p, bool *made, char *err, size_t errlen) {
+  (void)comm, (void)p, (void)err, (void)errlen;
+  *made = false;
+  return MLO_OK;
+}
+void ranks_device_comm_free(mlo_comm *comm) {
+  (void)comm;
 }
 int ranks_agree(const tool_ranks *r, int step, int code, uint64_t check, char *err, size_t errlen) {
   (void)r, (void)step, (void)check, (void)err, (void)errlen;

@@ -151,6 +151,15 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
   }
   mlo_platform_memory mem;
   if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) s->capacity = mem.total_bytes;
+  if (cfg->source->sharded) { /* a device that gathers needs the node's NCCL communicator */
+    bool made = false;
+    rc = ranks_device_comm(cfg->source->comm, s->platform, &made, msg, sizeof msg);
+    if (made) s->nccl_comm = cfg->source->comm;
+    if (rc) {
+      snprintf(err, errlen, "%s", msg);
+      goto out_close;
+    }
+  }
   rc = open_pipeline(s, cfg, err, errlen);
   if (rc) goto out_close;
   rc = mlo_workload_open(s->platform, &s->workload, err, errlen);
@@ -177,6 +186,7 @@ out_close:
 void session_close(tool_session *s) {
   mlo_workload_close(s->workload);
   mlo_pipeline_free(s->pipe);
+  if (s->nccl_comm) ranks_device_comm_free(s->nccl_comm); /* before its platform goes */
   mlo_platform_close(s->platform);
   memset(s, 0, sizeof *s);
 }

@@ -232,6 +232,13 @@ typedef struct {
 /* MPI_Init (unless the caller did) and the communicator over every rank;
  * timeout_s bounds how long a collective waits for a missing rank. */
 int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen);
+/* Sharded loads on a platform that gathers on the device (cuda): the
+ * node's NCCL communicator, made by mlo over comm (collective over the
+ * node: node rank 0's id, each rank's communicator on its own device) and
+ * freed by ranks_device_comm_free before the platform closes.  *made says
+ * whether there is one to free.  MLO_OK with nothing made elsewhere. */
+int ranks_device_comm(mlo_comm *comm, mlo_platform *p, bool *made, char *err, size_t errlen);
+void ranks_device_comm_free(mlo_comm *comm);
 /* Frees the communicator and finalizes MPI if ranks_start initialized it;
  * a broken communicator ends the job with MPI_Abort(code) instead. */
 void ranks_stop(tool_ranks *r, int code);
@@ -327,6 +334,7 @@ typedef struct {
   double read_s;         /* --read-check: the plain cold read of the same files */
   uint64_t read_bytes;   /* their size */
   int refused;           /* the exit code before_load returned */
+  mlo_comm *nccl_comm;   /* --ranks sharded on cuda: the communicator we gave an NCCL one */
 } tool_session;
 
 typedef struct {

@@ -1,0 +1,199 @@
+/*
+ * test_ranks_nccl.c — the NCCL communicator of sharded loads on CUDA
+ * (issue 25, items 4 and 5), under mpirun with 2 ranks on the fake CUDA
+ * runtime and the fake NCCL (tests/fakecuda, tests/fakenccl: the ranks'
+ * gathers really move bytes between the processes).  One program, a mode
+ * per ctest registration:
+ *
+ *   refuse  a communicator that is not the node's in node-rank order on
+ *           the platform's device — over more ranks than the node has, in
+ *           another rank order, on another device — is refused on every
+ *           rank at materialization, with what differs named; the node's
+ *           own communicator (made by mlo_comm_create_nccl) gathers every
+ *           rank's slice into place: each tensor on the device equals its
+ *           host bytes;
+ *   fail    with a gather that never completes on rank 1 (the fake's
+ *           MLO_FAKENCCL_ASYNC_ERROR or MLO_FAKENCCL_HANG, set by ctest),
+ *           the load fails on every rank within the communicator's timeout
+ *           (ctest's TIMEOUT fails the test instead of a hang), naming the
+ *           NCCL error or the timeout, and the pipeline and the
+ *           communicator are freed after it.
+ */
+#include "mlo/checkpoint.h"
+#include "mlo/mpi.h"
+#include "ranks_check.h"
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[256];
+
+/* A sharded pipeline of the checkpoint on this rank's cuda:r. */
+static mlo_pipeline *open_sharded(mlo_platform *p, mlo_comm *comm) {
+  char err[512] = "";
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = p;
+  po.comm = comm;
+  po.sharded_loads = true;
+  mlo_pipeline *pipe = NULL;
+  int rc = mlo_pipeline_open_path(&po, dir, NULL, &pipe, err, sizeof err);
+  CHECK(rc == MLO_OK, "open: %s", err);
+  return pipe;
+}
+
+/* The node's communicator made by the caller as given: its size, its rank
+ * and (device >= 0) the device current when it is made. */
+static ncclComm_t make_comm(int size, int my_rank, int device) {
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (rank == 0) CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (device >= 0) CHECK(cudaSetDevice(device) == cudaSuccess, "cudaSetDevice(%d)", device);
+  ncclComm_t nccl = NULL;
+  CHECK(ncclCommInitRank(&nccl, size, id, my_rank) == ncclSuccess, "ncclCommInitRank");
+  return nccl;
+}
+
+/* A communicator given with mlo_comm_set_nccl that is not the node's:
+ * materialization fails on every rank, naming `differs`. */
+static void refused(mlo_platform *p, ncclComm_t nccl, const char *what, const char *differs) {
+  char err[512];
+  mlo_comm *comm = NULL;
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  CHECK(mlo_comm_set_nccl(comm, nccl) == MLO_OK, "set_nccl");
+  mlo_pipeline *pipe = open_sharded(p, comm);
+  int rc = pipe ? mlo_pipeline_materialize(pipe) : MLO_EINVAL;
+  const char *msg = pipe ? mlo_pipeline_errmsg(pipe) : "";
+  CHECK(rc != MLO_OK, "%s: a communicator that is not the node's was accepted", what);
+  CHECK(strstr(msg, differs) != NULL, "%s: the message does not say '%s': %s", what, differs, msg);
+  CHECK(!mlo_comm_broken(comm), "%s: refusing broke the communicator", what);
+  mlo_pipeline_free(pipe);
+  mlo_comm_free(comm);
+  CHECK(ncclCommDestroy(nccl) == ncclSuccess, "ncclCommDestroy");
+}
+
+/* Every tensor of every component, loaded sharded, equals its host bytes. */
+static void gathers_in_place(mlo_platform *p, mlo_pipeline *pipe) {
+  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "%s", mlo_pipeline_errmsg(pipe));
+  size_t checked = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
+    mlo_component *c = mlo_pipeline_component_at(pipe, i);
+    CHECK(mlo_component_load(c) == MLO_OK, "load: %s", mlo_pipeline_errmsg(pipe));
+    CHECK(mlo_component_acquire(c) == MLO_OK, "acquire: %s", mlo_pipeline_errmsg(pipe));
+    mlo_platform_synchronize(p);
+    for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
+      const mlo_tensor *t = mlo_component_tensor_at(c, k);
+      size_t nb = (size_t)mlo_tensor_nbytes(t);
+      char *back = malloc(nb ? nb : 1);
+      CHECK(cudaMemcpy(back, mlo_tensor_device_ptr(t), nb, cudaMemcpyDeviceToHost) == cudaSuccess,
+            "copy back");
+      CHECK(!memcmp(back, mlo_tensor_host_data(t), nb), "%s differs on the device",
+            mlo_tensor_name(t));
+      free(back);
+      checked++;
+    }
+    mlo_component_release(c);
+    mlo_component_evict(c);
+  }
+  mlo_dist_stats ds = MLO_DIST_STATS_INIT;
+  mlo_pipeline_get_dist_stats(pipe, &ds);
+  CHECK(ds.gather_bytes > 0 && checked > 0, "nothing was gathered");
+}
+
+static void mode_refuse(mlo_platform *p, int device) {
+  /* every rank hears the first refusing rank's reason: node rank 0's */
+  refused(p, make_comm(nranks + 1, rank, -1), "world-sized",
+          "it has 3 ranks, this node 2 (a gather would write past the block)");
+  refused(p, make_comm(nranks, nranks - 1 - rank, -1), "mis-ordered",
+          "it puts this process at rank 1, the node at rank 0");
+  refused(p, make_comm(nranks, rank, (device + 1) % 2), "on another device",
+          "it runs on cuda:1, this platform on cuda:0");
+  /* the node's own, made by mlo: accepted, and the slices land in place */
+  char err[512] = "";
+  mlo_comm *comm = NULL;
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  CHECK(mlo_comm_create_nccl(comm, p, err, sizeof err) == MLO_OK, "create_nccl: %s", err);
+  CHECK(mlo_comm_set_nccl(comm, NULL) == MLO_ESTATE, "set_nccl over mlo's own communicator");
+  mlo_pipeline *pipe = open_sharded(p, comm);
+  if (pipe) gathers_in_place(p, pipe);
+  mlo_pipeline_free(pipe);
+  mlo_comm_destroy_nccl(comm);
+  mlo_comm_free(comm);
+}
+
+static void mode_fail(mlo_platform *p) {
+  const char *why = getenv("MLO_FAKENCCL_ASYNC_ERROR") ? "NCCL reported an error" : NULL;
+  char err[512] = "";
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = 2000;
+  mlo_comm *comm = NULL;
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  CHECK(mlo_comm_create_nccl(comm, p, err, sizeof err) == MLO_OK, "create_nccl: %s", err);
+  mlo_pipeline *pipe = open_sharded(p, comm);
+  CHECK(pipe && mlo_pipeline_materialize(pipe) == MLO_OK, "%s",
+        pipe ? mlo_pipeline_errmsg(pipe) : "no pipeline");
+  mlo_component *c = pipe ? mlo_pipeline_component_at(pipe, 0) : NULL;
+  int rc = c ? mlo_component_acquire(c) : MLO_EINVAL;
+  const char *msg = pipe ? mlo_pipeline_errmsg(pipe) : "";
+  CHECK(rc != MLO_OK, "a gather that never completes was waited for successfully");
+  CHECK(strstr(msg, "its all-gather failed") && strstr(msg, "the NCCL communicator was aborted"),
+        "the failure does not say the gather failed and was aborted: %s", msg);
+  /* the rank whose NCCL reported the error says so; the other waited out
+   * its timeout */
+  if (why && rank == 1)
+    CHECK(strstr(msg, why) != NULL, "rank 1 does not say '%s': %s", why, msg);
+  else
+    CHECK(strstr(msg, "did not complete within 2.0 s") != NULL, "no timeout named: %s", msg);
+  /* the component is not kept with what the gather left in it */
+  CHECK(c && !mlo_component_is_resident(c), "the failed load's component is still resident");
+  /* the aborted communicator is refused from now on, and freed once */
+  CHECK(c && mlo_component_acquire(c) != MLO_OK, "a second acquire on an aborted communicator");
+  mlo_pipeline_free(pipe);
+  mlo_comm_destroy_nccl(comm);
+  mlo_comm_free(comm);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  const char *mode = argc > 1 ? argv[1] : "";
+  if (nranks != 2 || (strcmp(mode, "refuse") && strcmp(mode, "fail"))) {
+    if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 %s refuse|fail\n", argv[0]);
+    MPI_Finalize();
+    return 2;
+  }
+  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
+  (void)digest_of; /* the workload needs cuBLAS, which the fake runtime has not */
+  char err[512] = "";
+  if (rank == 0) {
+    snprintf(dir, sizeof dir, "/tmp/mlo_ranks_nccl_XXXXXX");
+    if (!mkdtemp(dir) ||
+        mlo_synth_write("wan2.2-t2v", strcat(dir, "/wan"), 0.0005, NULL, NULL, err, sizeof err))
+      MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  int device = rank; /* the fake has two devices: one per rank, as the tool gives them */
+  char spec[32];
+  snprintf(spec, sizeof spec, "cuda:%d", device);
+  mlo_platform *p = NULL;
+  CHECK(mlo_platform_open(spec, &p, err, sizeof err) == MLO_OK, "%s", err);
+  if (p && !strcmp(mode, "refuse")) mode_refuse(p, device);
+  if (p && !strcmp(mode, "fail")) mode_fail(p);
+  mlo_platform_close(p);
+  int all = 0;
+  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) {
+    char cmd[300];
+    *strrchr(dir, '/') = '\0';
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    printf("%s on 2 ranks, fake CUDA and NCCL: %s\n", mode, all ? "FAILED" : "ok");
+  }
+  MPI_Finalize();
+  return all ? 1 : 0;
+}
