@@ -1,7 +1,8 @@
 /*
- * cuda_internal.h — what the two files of the CUDA platform share (cuda.c:
+ * cuda_internal.h — what the files of the CUDA platform share (cuda.c:
  * memory, copies, events, the ops table; cuda_open.c: the spec, the device,
- * its memory pool and streams).
+ * its memory pool and streams; cuda_nccl.c: the node's collectives and the
+ * host waits that watch them; cuda_ctx.c: the caller's context kept).
  */
 #ifndef MLO_PLATFORM_CUDA_INTERNAL_H
 #define MLO_PLATFORM_CUDA_INTERNAL_H
@@ -53,7 +54,7 @@ struct cuda_ctx {
    * the runtime again.  Guarded by lock. */
   bool sticky;
   char sticky_msg[256];
-  /* Sharded loads' gathers (NCCL, cuda.c): gather_ev is recorded on COPY
+  /* Sharded loads' gathers (NCCL, cuda_nccl.c): gather_ev is recorded on COPY
    * after the last one; while gather_comm is set it may not have completed,
    * and every host wait of ours watches it (its communicator's errors, and
    * gather_timeout_ms of waiting) instead of blocking blind.  Communicators
@@ -66,6 +67,35 @@ struct cuda_ctx {
   int naborted;
   char gather_msg[320]; /* why the last communicator was aborted */
 };
+
+/* An event: a cudaEvent_t and its completion stamp (event_time). */
+struct mlo_event {
+  cudaEvent_t e;
+  mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
+  pthread_mutex_t lock;
+};
+
+/* The runtime's status as ours (a sticky error remembered, others cleared),
+ * and our device's context made current and the caller's put back (cuda.c). */
+int cu_status(struct cuda_ctx *c, cudaError_t e, const char *what);
+int cu_enter(struct cuda_ctx *c, mlo_cu_guard *g);
+void cu_leave(struct cuda_ctx *c, const mlo_cu_guard *g);
+
+/* Host waits, for an event (ev) or a stream's tail (s), in our entered
+ * context, that watch a pending gather (cuda_nccl.c). */
+int cu_host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char *what, char *err,
+                 size_t errlen);
+int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what);
+#ifdef MLO_HAVE_NCCL
+/* The collective slots of the ops table (platform.h), over NCCL (cuda_nccl.c). */
+int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms);
+int cu_coll_check(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
+int cu_coll_id(void *ctx, void *id, size_t len, char *err, size_t errlen);
+int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll, char *err,
+                 size_t errlen);
+void cu_coll_destroy(void *ctx, void *coll);
+int cu_coll_wait(void *ctx, mlo_event *ev, char *err, size_t errlen);
+#endif
 
 /* Opening a device (cuda_open.c). */
 int cu_parse_spec(const char *args, struct cuda_options *o, char *err, size_t errlen);

@@ -1,0 +1,302 @@
+/*
+ * cuda_nccl.c — the CUDA platform's part in a node's collectives: a
+ * sharded load's all-gather over NCCL, the checks that a communicator is
+ * the node's, the communicator mlo makes for the tool (its id, init and
+ * destroy), and the host waits that watch a pending gather, so that a rank
+ * that never arrives or a fabric error ends in an error within the
+ * communicator's timeout instead of a wait that lasts forever
+ * (docs/distributed.md).  Without NCCL only the waits are here, and they
+ * block in the runtime.
+ */
+#include "base/log.h"
+#include "platform/cuda_internal.h"
+
+#ifdef MLO_HAVE_NCCL
+#include <nccl.h>
+#endif
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- host waits that a sharded load's gather may hold up ----------------
+
+ * A gather (NCCL, on COPY) completes only when every node rank's does: a
+ * rank that never gets there, or a fabric error, would hold every host
+ * wait behind it forever.  So while a gather may be pending, our host
+ * waits poll: the thing waited for, the gather's event, and its
+ * communicator's asynchronous error; after the gather's timeout of waiting
+ * (the communicator's, mlo_comm_options.timeout_ms) or on an error the
+ * communicator is aborted (ncclCommAbort ends what it has in flight) and
+ * the wait fails with the reason.  Without a pending gather a wait blocks
+ * in the runtime as before (events are BlockingSync: no core spins). */
+#ifdef MLO_HAVE_NCCL
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static bool was_aborted(struct cuda_ctx *c, void *comm) {
+  for (int i = 0; i < c->naborted; i++)
+    if (c->aborted[i] == comm) return true;
+  return false;
+}
+
+/* Aborts comm (after a gather failed on it) and remembers why. */
+static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
+  ncclResult_t r = ncclCommAbort((ncclComm_t)comm);
+  pthread_mutex_lock(&c->lock);
+  if (c->gather_comm == comm) c->gather_comm = NULL;
+  if (c->naborted < (int)(sizeof c->aborted / sizeof c->aborted[0]))
+    c->aborted[c->naborted++] = comm;
+  snprintf(c->gather_msg, sizeof c->gather_msg, "%s; the NCCL communicator was aborted%s", why,
+           r == ncclSuccess ? "" : " (ncclCommAbort failed too)");
+  pthread_mutex_unlock(&c->lock);
+  mlo_logf(MLO_LOG_ERROR, "cuda: a sharded load's all-gather failed: %s", c->gather_msg);
+}
+
+/* One look at the pending gather: MLO_OK (none, done, or still in time),
+ * or MLO_EPLATFORM once it failed or ran past its timeout since t0_ms (the
+ * communicator is then aborted, err says why). */
+static int watch_gather(struct cuda_ctx *c, uint64_t t0_ms, char *err, size_t errlen) {
+  pthread_mutex_lock(&c->lock);
+  void *comm = c->gather_comm;
+  unsigned timeout_ms = c->gather_timeout_ms;
+  pthread_mutex_unlock(&c->lock);
+  if (!comm) return MLO_OK;
+  cudaError_t e = cudaEventQuery(c->gather_ev);
+  if (e == cudaSuccess) {
+    pthread_mutex_lock(&c->lock);
+    if (c->gather_comm == comm) c->gather_comm = NULL;
+    pthread_mutex_unlock(&c->lock);
+    return MLO_OK;
+  }
+  if (e != cudaErrorNotReady) return cu_status(c, e, "cudaEventQuery(the gather's event)");
+  char why[256] = "";
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t q = ncclCommGetAsyncError((ncclComm_t)comm, &async);
+  if (q != ncclSuccess)
+    snprintf(why, sizeof why, "ncclCommGetAsyncError failed: %s", ncclGetErrorString(q));
+  else if (async != ncclSuccess && async != ncclInProgress)
+    snprintf(why, sizeof why, "NCCL reported an error during the all-gather: %s",
+             ncclGetErrorString(async));
+  else if (mono_ms() - t0_ms >= timeout_ms)
+    snprintf(why, sizeof why,
+             "the all-gather did not complete within %.1f s (a node rank is missing, stalled "
+             "or at another step)",
+             timeout_ms / 1000.0);
+  if (!why[0]) return MLO_OK;
+  abort_gather(c, comm, why);
+  pthread_mutex_lock(&c->lock);
+  snprintf(err, errlen, "%s", c->gather_msg);
+  pthread_mutex_unlock(&c->lock);
+  return MLO_EPLATFORM;
+}
+
+static bool gather_pending(struct cuda_ctx *c) {
+  pthread_mutex_lock(&c->lock);
+  bool pending = c->gather_comm != NULL;
+  pthread_mutex_unlock(&c->lock);
+  return pending;
+}
+#endif
+
+/* Waits on the host for an event (ev) or a stream's tail (s), in the
+ * caller's context (entered), watching a pending gather as above. */
+int cu_host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char *what, char *err,
+                 size_t errlen) {
+#ifdef MLO_HAVE_NCCL
+  uint64_t t0 = mono_ms();
+  while (gather_pending(c)) {
+    cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+    if (e == cudaSuccess) return MLO_OK;
+    if (e != cudaErrorNotReady) return cu_status(c, e, what);
+    char why[400] = "";
+    if (watch_gather(c, t0, why, sizeof why)) {
+      snprintf(err, errlen, "%s: %s", what, why);
+      return MLO_EPLATFORM;
+    }
+    struct timespec nap = {0, 500000}; /* 0.5 ms */
+    nanosleep(&nap, NULL);
+  }
+#else
+  (void)err, (void)errlen;
+#endif
+  return cu_status(c, ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(s), what);
+}
+
+int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what) {
+  char err[512];
+  return cu_host_wait(c, NULL, s, what, err, sizeof err);
+}
+
+#ifdef MLO_HAVE_NCCL
+/* A sharded load's gather, device to device over the node's fabric, on the
+ * copy stream: after this rank's slice copy, before the load's event, so
+ * compute waits for it as for any copy (C8) and a free waits for it too
+ * (C9).  In place, as NCCL allows: the send buffer is this rank's slice of
+ * the receive buffer.  gather_ev behind it lets our host waits watch it. */
+int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms) {
+  struct cuda_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  bool dead = was_aborted(c, coll);
+  pthread_mutex_unlock(&c->lock);
+  if (dead) {
+    mlo_logf(MLO_LOG_ERROR, "cuda: all-gather on an aborted NCCL communicator refused (%s)",
+             c->gather_msg);
+    return MLO_ESTATE;
+  }
+  mlo_cu_guard g;
+  int rc = cu_enter(c, &g);
+  if (rc) return rc;
+  if (!c->gather_ev)
+    rc = cu_status(c, cudaEventCreateWithFlags(&c->gather_ev, cudaEventDisableTiming),
+                   "cudaEventCreate(gather)");
+  ncclResult_t r = ncclSuccess;
+  if (!rc) {
+    r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
+                      (ncclComm_t)coll, c->copy);
+    if (r == ncclSuccess) {
+      pthread_mutex_lock(&c->lock);
+      rc = cu_status(c, cudaEventRecord(c->gather_ev, c->copy), "cudaEventRecord(gather)");
+      if (!rc) {
+        c->gather_comm = coll;
+        c->gather_timeout_ms = timeout_ms ? timeout_ms : 60000u;
+      }
+      pthread_mutex_unlock(&c->lock);
+    }
+  }
+  cu_leave(c, &g);
+  if (rc || r == ncclSuccess) return rc;
+  mlo_logf(MLO_LOG_ERROR, "cuda: ncclAllGather of %zu bytes per rank failed: %s", slice,
+           ncclGetErrorString(r));
+  return MLO_EPLATFORM;
+}
+
+/* The communicator must be the node's, in node-rank order, on our device:
+ * a larger one would gather past the block, another order would put every
+ * rank's slice at another rank's place, silently. */
+int cu_coll_check(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen) {
+  struct cuda_ctx *c = ctx;
+  if (!coll) {
+    snprintf(err, errlen, "no NCCL communicator");
+    return MLO_EINVAL;
+  }
+  pthread_mutex_lock(&c->lock);
+  bool dead = was_aborted(c, coll);
+  if (dead)
+    snprintf(err, errlen, "the NCCL communicator was aborted after a failed all-gather (%s)",
+             c->gather_msg);
+  pthread_mutex_unlock(&c->lock);
+  if (dead) return MLO_ESTATE;
+  int count = -1, me = -1, dev = -1;
+  ncclResult_t r = ncclCommCount((ncclComm_t)coll, &count);
+  const char *what = "ncclCommCount";
+  if (r == ncclSuccess) r = ncclCommUserRank((ncclComm_t)coll, &me), what = "ncclCommUserRank";
+  if (r == ncclSuccess) r = ncclCommCuDevice((ncclComm_t)coll, &dev), what = "ncclCommCuDevice";
+  if (r != ncclSuccess) {
+    snprintf(err, errlen, "the NCCL communicator cannot be checked: %s failed: %s", what,
+             ncclGetErrorString(r));
+    return MLO_EINVAL;
+  }
+  char diff[400] = "";
+  size_t len = 0;
+  if (count != ranks)
+    len += (size_t)snprintf(diff + len, sizeof diff - len,
+                            "it has %d ranks, this node %d (a gather would write past the "
+                            "block)",
+                            count, ranks);
+  if (me != rank && len < sizeof diff)
+    len += (size_t)snprintf(diff + len, sizeof diff - len,
+                            "%sit puts this process at rank %d, the node at rank %d (the slices "
+                            "would land at other ranks' places)",
+                            len ? "; " : "", me, rank);
+  if (dev != c->device && len < sizeof diff)
+    len += (size_t)snprintf(diff + len, sizeof diff - len,
+                            "%sit runs on cuda:%d, this platform on cuda:%d", len ? "; " : "", dev,
+                            c->device);
+  if (!len) return MLO_OK;
+  snprintf(err, errlen,
+           "the NCCL communicator is not the node's in node-rank order on this device: %s", diff);
+  return MLO_EINVAL;
+}
+
+static int nccl_fail(char *err, size_t errlen, const char *what, ncclResult_t r) {
+  snprintf(err, errlen, "%s failed: %s", what, ncclGetErrorString(r));
+  return MLO_EPLATFORM;
+}
+
+int cu_coll_id(void *ctx, void *id, size_t len, char *err, size_t errlen) {
+  (void)ctx;
+  if (len < sizeof(ncclUniqueId)) {
+    snprintf(err, errlen, "an NCCL id needs %zu bytes, not %zu", sizeof(ncclUniqueId), len);
+    return MLO_EINVAL;
+  }
+  ncclUniqueId u;
+  ncclResult_t r = ncclGetUniqueId(&u);
+  if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclGetUniqueId", r);
+  memcpy(id, &u, sizeof u);
+  return MLO_OK;
+}
+
+/* On our device: NCCL binds a communicator to the device current when it
+ * is made. */
+int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll, char *err,
+                 size_t errlen) {
+  struct cuda_ctx *c = ctx;
+  *coll = NULL;
+  if (len < sizeof(ncclUniqueId)) {
+    snprintf(err, errlen, "an NCCL id needs %zu bytes, not %zu", sizeof(ncclUniqueId), len);
+    return MLO_EINVAL;
+  }
+  ncclUniqueId u;
+  memcpy(&u, id, sizeof u);
+  mlo_cu_guard g;
+  int rc = cu_enter(c, &g);
+  if (rc) {
+    snprintf(err, errlen, "cuda:%d: the device's context is lost", c->device);
+    return rc;
+  }
+  ncclComm_t comm = NULL;
+  ncclResult_t r = ncclCommInitRank(&comm, ranks, u, rank);
+  cu_leave(c, &g);
+  if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclCommInitRank", r);
+  *coll = comm;
+  return MLO_OK;
+}
+
+void cu_coll_destroy(void *ctx, void *coll) {
+  struct cuda_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  bool dead = false;
+  for (int i = 0; i < c->naborted && !dead; i++)
+    if (c->aborted[i] == coll) {
+      dead = true;
+      c->aborted[i] = c->aborted[--c->naborted];
+    }
+  if (c->gather_comm == coll) c->gather_comm = NULL;
+  pthread_mutex_unlock(&c->lock);
+  if (dead) return; /* ncclCommAbort freed it */
+  mlo_cu_guard g;
+  bool in = !cu_enter(c, &g);
+  ncclResult_t r = ncclCommDestroy((ncclComm_t)coll);
+  if (r != ncclSuccess)
+    mlo_logf(MLO_LOG_ERROR, "cuda: ncclCommDestroy failed: %s", ncclGetErrorString(r));
+  if (in) cu_leave(c, &g);
+}
+
+/* A sharded load's first wait: on the host, watching its gather. */
+int cu_coll_wait(void *ctx, mlo_event *ev, char *err, size_t errlen) {
+  struct cuda_ctx *c = ctx;
+  mlo_cu_guard g;
+  int rc = cu_enter(c, &g);
+  if (rc) {
+    snprintf(err, errlen, "cuda:%d: the device's context is lost", c->device);
+    return rc;
+  }
+  rc = cu_host_wait(c, ev->e, NULL, "waiting for a sharded load", err, errlen);
+  cu_leave(c, &g);
+  return rc;
+}
+#endif
