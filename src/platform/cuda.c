@@ -2,20 +2,23 @@
  * cuda.c — the CUDA platform: "cuda[:N][:key=value,...]", plain C against
  * the CUDA runtime API.
  *
- * Three non-blocking streams: COPY (loads and write-backs), COMPUTE (the
- * queue users submit their forwards to, exposed by compute_queue) and
- * RELEASE (where device blocks are returned to the pool).  Ordering is done
- * with events, never with a host synchronize (docs/platforms.md has the
- * argument in full):
+ * Four non-blocking streams: COPY (loads), READBACK (write-backs, which
+ * wait for compute and so must not hold up loads), COMPUTE (the queue
+ * users submit their forwards to, exposed by compute_queue; the caller's
+ * with stream=) and RELEASE (where device blocks are returned to the
+ * pool).  Ordering is done with events, never with a host synchronize
+ * (docs/platforms.md has the argument in full):
  *  - a block is allocated from our memory pool ON THE COPY STREAM, so the
  *    copies into it are ordered after the allocation for free, and compute
  *    reaches it only through compute_wait on an event recorded after those
  *    copies;
  *  - a block is freed on the RELEASE stream after that stream waits for the
- *    current tails of both COPY and COMPUTE, so the free is ordered after
- *    every copy and kernel already submitted, and neither working stream
- *    stalls on the other; a later allocation that reuses the memory gets
- *    the dependency from the pool (cudaMemPoolReuseAllowInternalDependencies).
+ *    current tails of COPY and READBACK and for the compute that used it
+ *    (the event core recorded at its last release, dev_free_after; the
+ *    COMPUTE tail where there is none), so the free is ordered after every
+ *    copy and kernel that may touch it, and neither working stream stalls
+ *    on the other; a later allocation that reuses the memory gets the
+ *    dependency from the pool (cudaMemPoolReuseAllowInternalDependencies).
  * Host slabs are pinned with cudaHostAlloc (portable), falling back to
  * pageable memory with one warning; MLO_NO_PINNED=1 or pinned=0 turn it off.
  */
