@@ -10,7 +10,7 @@
 #include "mlo/checkpoint.h"
 #include "mlo/mpi.h"
 #include "workload/workload.h"
-#include "ranks_check.h"
+#include "ranks_device.h"
 
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -64,24 +64,7 @@ int main(int argc, char **argv) {
   po.sharded_loads = true;
   CHECK(mlo_pipeline_open_path(&po, dir, NULL, &pipe, err, sizeof err) == MLO_OK, "%s", err);
   CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "%s", mlo_pipeline_errmsg(pipe));
-  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    CHECK(mlo_component_load(c) == MLO_OK, "load: %s", mlo_pipeline_errmsg(pipe));
-    CHECK(mlo_component_acquire(c) == MLO_OK, "acquire: %s", mlo_pipeline_errmsg(pipe));
-    mlo_platform_synchronize(p);
-    for (size_t k = 0; k < mlo_component_tensor_count(c); k++) {
-      const mlo_tensor *t = mlo_component_tensor_at(c, k);
-      size_t nb = (size_t)mlo_tensor_nbytes(t);
-      char *back = malloc(nb ? nb : 1);
-      CHECK(cudaMemcpy(back, mlo_tensor_device_ptr(t), nb, cudaMemcpyDeviceToHost) == cudaSuccess,
-            "copy back");
-      CHECK(!memcmp(back, mlo_tensor_host_data(t), nb), "%s differs on the device",
-            mlo_tensor_name(t));
-      free(back);
-    }
-    mlo_component_release(c);
-    mlo_component_evict(c);
-  }
+  check_gathered_in_place(p, pipe);
   mlo_dist_stats ds = MLO_DIST_STATS_INIT;
   mlo_pipeline_get_dist_stats(pipe, &ds);
   CHECK(ds.gather_bytes > 0, "no gather");
