@@ -348,7 +348,10 @@ static void cu_host_unregister(void *ctx, void *ptr) {
   struct cuda_ctx *c = ctx;
   mlo_cu_guard g;
   if (cu_enter(c, &g)) return;
+  /* copies from it (loads) and into it (write-backs into a slab pinned
+   * in place) may still be queued */
   cu_stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
+  cu_stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
   cu_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
   cu_leave(c, &g);
 }
@@ -487,7 +490,15 @@ static int stream_wait(struct cuda_ctx *c, cudaStream_t stream, mlo_event *ev) {
 
 static int cu_compute_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return stream_wait(c, c->compute, ev);
+  /* compute must not queue behind a gather that nobody watches: a load's
+   * copies (a replicated one's, a streamed block's) may follow one on COPY */
+  mlo_cu_guard g;
+  int rc = cu_enter(c, &g);
+  if (!rc) {
+    rc = cu_gather_settle(c);
+    cu_leave(c, &g);
+  }
+  return rc ? rc : stream_wait(c, c->compute, ev);
 }
 
 static int cu_copy_wait(void *ctx, mlo_event *ev) {
@@ -570,6 +581,7 @@ static void cu_destroy(void *ctx) {
     (void)cudaGetLastError();
     cu_leave(c, &g);
   }
+  pthread_mutex_destroy(&c->nccl_lock);
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
@@ -622,6 +634,7 @@ static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char
   struct cuda_ctx *c = mlo_calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->nccl_lock, NULL);
   c->device = (int)opt.index;
   c->chunk = (size_t)opt.chunk;
   c->capacity = opt.capacity;

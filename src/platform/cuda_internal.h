@@ -62,6 +62,10 @@ struct cuda_ctx {
    * not destroyed a second time.  Guarded by lock. */
   cudaEvent_t gather_ev;
   void *gather_comm;
+  uint64_t gather_seq; /* counts gathers recorded: a watch clears only its own */
+  /* NCCL communicators are not thread-safe: an enqueue and an abort on the
+   * same one never overlap (taken before lock, never inside it). */
+  pthread_mutex_t nccl_lock;
   unsigned gather_timeout_ms;
   void *aborted[8];
   int naborted;
@@ -86,6 +90,10 @@ void cu_leave(struct cuda_ctx *c, const mlo_cu_guard *g);
 int cu_host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char *what, char *err,
                  size_t errlen);
 int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what);
+/* Where a gather may be pending: waits for it on the host, watched, so
+ * that no compute is queued behind a gather nobody watches (a replicated
+ * load's copies queue behind it on COPY too).  MLO_OK at once otherwise. */
+int cu_gather_settle(struct cuda_ctx *c);
 #ifdef MLO_HAVE_NCCL
 /* The collective slots of the ops table (platform.h), over NCCL (cuda_nccl.c). */
 int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms);

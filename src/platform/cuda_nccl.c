@@ -45,7 +45,9 @@ static bool was_aborted(struct cuda_ctx *c, void *comm) {
 
 /* Aborts comm (after a gather failed on it) and remembers why. */
 static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
+  pthread_mutex_lock(&c->nccl_lock); /* not while another thread enqueues on it */
   ncclResult_t r = ncclCommAbort((ncclComm_t)comm);
+  pthread_mutex_unlock(&c->nccl_lock);
   pthread_mutex_lock(&c->lock);
   if (c->gather_comm == comm) c->gather_comm = NULL;
   if (c->naborted < (int)(sizeof c->aborted / sizeof c->aborted[0]))
@@ -62,13 +64,14 @@ static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
 static int watch_gather(struct cuda_ctx *c, uint64_t t0_ms, char *err, size_t errlen) {
   pthread_mutex_lock(&c->lock);
   void *comm = c->gather_comm;
+  uint64_t seq = c->gather_seq;
   unsigned timeout_ms = c->gather_timeout_ms;
   pthread_mutex_unlock(&c->lock);
   if (!comm) return MLO_OK;
   cudaError_t e = cudaEventQuery(c->gather_ev);
-  if (e == cudaSuccess) {
+  if (e == cudaSuccess) { /* that gather is done; one recorded since is still watched */
     pthread_mutex_lock(&c->lock);
-    if (c->gather_comm == comm) c->gather_comm = NULL;
+    if (c->gather_comm == comm && c->gather_seq == seq) c->gather_comm = NULL;
     pthread_mutex_unlock(&c->lock);
     return MLO_OK;
   }
@@ -131,6 +134,19 @@ int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what) {
   return cu_host_wait(c, NULL, s, what, err, sizeof err);
 }
 
+int cu_gather_settle(struct cuda_ctx *c) {
+#ifdef MLO_HAVE_NCCL
+  if (!gather_pending(c)) return MLO_OK;
+  char err[512] = "";
+  int rc = cu_host_wait(c, c->gather_ev, NULL, "waiting for a pending all-gather", err, sizeof err);
+  if (rc && err[0]) mlo_logf(MLO_LOG_ERROR, "cuda: %s", err);
+  return rc;
+#else
+  (void)c;
+  return MLO_OK;
+#endif
+}
+
 #ifdef MLO_HAVE_NCCL
 /* A sharded load's gather, device to device over the node's fabric, on the
  * copy stream: after this rank's slice copy, before the load's event, so
@@ -139,17 +155,21 @@ int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what) {
  * the receive buffer.  gather_ev behind it lets our host waits watch it. */
 int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms) {
   struct cuda_ctx *c = ctx;
-  pthread_mutex_lock(&c->lock);
-  bool dead = was_aborted(c, coll);
-  pthread_mutex_unlock(&c->lock);
-  if (dead) {
-    mlo_logf(MLO_LOG_ERROR, "cuda: all-gather on an aborted NCCL communicator refused (%s)",
-             c->gather_msg);
-    return MLO_ESTATE;
-  }
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
   if (rc) return rc;
+  pthread_mutex_lock(&c->nccl_lock); /* an abort waits for the enqueue, or goes first */
+  pthread_mutex_lock(&c->lock);
+  bool dead = was_aborted(c, coll);
+  char why[sizeof c->gather_msg];
+  snprintf(why, sizeof why, "%s", c->gather_msg);
+  pthread_mutex_unlock(&c->lock);
+  if (dead) {
+    pthread_mutex_unlock(&c->nccl_lock);
+    cu_leave(c, &g);
+    mlo_logf(MLO_LOG_ERROR, "cuda: all-gather on an aborted NCCL communicator refused (%s)", why);
+    return MLO_ESTATE;
+  }
   if (!c->gather_ev)
     rc = cu_status(c, cudaEventCreateWithFlags(&c->gather_ev, cudaEventDisableTiming),
                    "cudaEventCreate(gather)");
@@ -158,15 +178,21 @@ int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, un
     r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
                       (ncclComm_t)coll, c->copy);
     if (r == ncclSuccess) {
+      /* recorded and published together, so a watch sees this gather's
+       * event with its communicator (cu_status after the lock: a sticky
+       * error takes the lock itself) */
       pthread_mutex_lock(&c->lock);
-      rc = cu_status(c, cudaEventRecord(c->gather_ev, c->copy), "cudaEventRecord(gather)");
-      if (!rc) {
+      cudaError_t e = cudaEventRecord(c->gather_ev, c->copy);
+      if (e == cudaSuccess) {
         c->gather_comm = coll;
+        c->gather_seq++;
         c->gather_timeout_ms = timeout_ms ? timeout_ms : 60000u;
       }
       pthread_mutex_unlock(&c->lock);
+      rc = cu_status(c, e, "cudaEventRecord(gather)");
     }
   }
+  pthread_mutex_unlock(&c->nccl_lock);
   cu_leave(c, &g);
   if (rc || r == ncclSuccess) return rc;
   mlo_logf(MLO_LOG_ERROR, "cuda: ncclAllGather of %zu bytes per rank failed: %s", slice,
