@@ -2098,6 +2098,28 @@ class RanksCudaFakeTests(Fixture):
             self.assertGreater(line["gather_bytes"], 0)
             self.assertEqual(line["digest"], self.single)
 
+    def test_each_rank_its_own_device(self):
+        """--platform cuda with options and no index gives node rank r cuda:r
+        (before, every rank opened cuda:0, which NCCL refuses: "duplicate GPU");
+        an index given is kept; a launcher that leaves each rank one GPU
+        (CUDA_VISIBLE_DEVICES of one entry) gets cuda:0 on every rank."""
+        for spec, visible, want in (("cuda:pinned=0", None, ["cuda:0:pinned=0", "cuda:1:pinned=0"]),
+                                    ("cuda:1", None, ["cuda:1", "cuda:1"]),
+                                    ("cuda", "0", ["cuda:0", "cuda:0"])):
+            env = dict(os.environ, **MPI_ENV)
+            if "ASAN_OPTIONS" in env:  # as mpi_run: Open MPI's exit-time leaks
+                env["ASAN_OPTIONS"] += ":detect_leaks=0"
+            if visible is not None:
+                env["CUDA_VISIBLE_DEVICES"] = visible
+            p = subprocess.run(["mpirun", "-np", "2", "-x", "CUDA_VISIBLE_DEVICES" if visible
+                                else "MLO_LOG", MLO, "run", self.ckpt, "--platform", spec,
+                                "--ranks", "shared", "--json", "--steps", "2"],
+                               capture_output=True, text=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+            self.assertEqual([l["platform"] for l in sorted(lines, key=lambda l: l["rank"])],
+                             want, spec)
+
     def test_shared_makes_no_communicator(self):
         """Replicated loads gather nothing: no NCCL communicator is needed."""
         for line in self.lines("--ranks", "shared"):

@@ -224,6 +224,20 @@ static void node_options(const run_args *ra, char *spec, size_t size) {
              t.fabric_via_uplinks);
 }
 
+/* --ranks on CUDA without a device index ("cuda", "cuda:pinned=0"): the
+ * node rank's GPU, one per rank; or the only one a launcher that gives
+ * each rank its own GPU (CUDA_VISIBLE_DEVICES of one entry) leaves it.
+ * -1: an index was given (the user's choice), or another platform. */
+static int cuda_rank_index(const char *spec, int node_rank) {
+  if (strncmp(spec, "cuda", 4) || (spec[4] && spec[4] != ':')) return -1;
+  const char *first = spec[4] ? spec + 5 : "";
+  size_t len = strcspn(first, ":,");
+  if (len && !memchr(first, '=', len)) return -1; /* "cuda:1...": an index */
+  const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+  bool one = visible && *visible && !strchr(visible, ',');
+  return one ? 0 : node_rank;
+}
+
 /* 0 to go on, -1 for --help, else an exit code. */
 static int parse(int argc, char **argv, run_args *r) {
   targs a;
@@ -519,7 +533,7 @@ int cmd_run(int argc, char **argv) {
     goto out_free;
   }
   if (code) goto out_free;
-  char cuda_spec[32];
+  char cuda_spec[300];
   if (ra.ranks >= 0) {
     char err[512] = "";
     int rc = ranks_start(&ra.rk, ra.rank_timeout, err, sizeof err);
@@ -529,8 +543,10 @@ int cmd_run(int argc, char **argv) {
       goto out_free;
     }
     ra.src.comm = ra.rk.comm;
-    if (!strcmp(ra.platform, "cuda")) { /* one GPU per rank of the node */
-      snprintf(cuda_spec, sizeof cuda_spec, "cuda:%d", ra.rk.node_rank);
+    int index = cuda_rank_index(ra.platform, ra.rk.node_rank);
+    if (index >= 0) {
+      const char *opts = ra.platform[4] == ':' ? ra.platform + 5 : "";
+      snprintf(cuda_spec, sizeof cuda_spec, "cuda:%d%s%s", index, *opts ? ":" : "", opts);
       ra.platform = cuda_spec;
     }
   }
@@ -554,6 +570,7 @@ int cmd_run(int argc, char **argv) {
              (unsigned long long)ra.link);
   }
   if (ra.node && tool_is_host(spec)) node_options(&ra, spec, sizeof spec);
+  ra.rk.platform = spec;
   if (ra.ranks >= 0) {
     char err[512] = "";
     mlo_node_topology nt;

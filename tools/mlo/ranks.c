@@ -113,6 +113,7 @@ static char *json_line(const tool_ranks *r, const rank_figures *mine, uint64_t w
   cJSON_AddNumberToObject(o, "node_rank", r->node_rank);
   cJSON_AddNumberToObject(o, "node_ranks", r->node_ranks);
   cJSON_AddStringToObject(o, "mode", r->sharded ? "sharded" : "shared");
+  cJSON_AddStringToObject(o, "platform", r->platform ? r->platform : "");
   cJSON_AddBoolToObject(o, "mode_chosen", r->chosen); /* --ranks auto */
   if (r->reason)
     cJSON_AddStringToObject(o, "mode_reason", r->reason);

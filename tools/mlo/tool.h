@@ -197,12 +197,13 @@ typedef struct {
   mlo_comm *comm;
   bool sharded;
   int rank, ranks, node_rank, node_ranks;
-  bool chosen;        /* --ranks auto: sharded is mlo's choice, not the user's */
-  const char *reason; /* why it chose what it did (with chosen) */
-  uint64_t agreed;    /* what every node rank must hold alike: the loads and the model */
-  bool modelled;      /* the node's topology is known: plan holds its figures */
-  char topology[160]; /* where it came from, in words */
-  mlo_load_plan plan; /* with modelled: a GiB's load each way on this node */
+  bool chosen;          /* --ranks auto: sharded is mlo's choice, not the user's */
+  const char *reason;   /* why it chose what it did (with chosen) */
+  uint64_t agreed;      /* what every node rank must hold alike: the loads and the model */
+  const char *platform; /* the spec this rank opened (cuda: its own device) */
+  bool modelled;        /* the node's topology is known: plan holds its figures */
+  char topology[160];   /* where it came from, in words */
+  mlo_load_plan plan;   /* with modelled: a GiB's load each way on this node */
 } tool_ranks;
 /* The node's loads: the topology the platform `spec` models (the host
  * platform with group=, uplink=, fabric=: a --node profile becomes those)
