@@ -833,7 +833,9 @@ MLO_API bool mlo_offload_is_enabled(mlo_pipeline *pipe);
  * there while offload is enabled) and after every copy, so it never frees
  * or copies back memory that compute may still use (C9); compute queued
  * later, for other components, does not hold the free back (by hand,
- * with offload off, an eviction waits for all compute).  Without
+ * with offload off, an eviction waits for all compute), so work queued on
+ * its device memory outside a hold (a write into its weights) must be
+ * complete before the next call that may evict it.  Without
  * offload, loads comp if needed and evicts nothing.
  * fn's non-zero return is passed through as MLO_ECALLBACK. */
 typedef int (*mlo_forward_fn)(mlo_component *comp, void *user);

@@ -369,6 +369,11 @@ class Offload:
                 self._entry_view(e, "host").copy_(cur)
                 if m.bound == "device":
                     self._entry_view(e, "device").copy_(cur)
+        if m.bound == "device" and self.cuda_stream is not None:
+            # written outside m's hold: libmlo orders m's eviction after the
+            # compute of its last hold only (issue 25.7), so the copies must
+            # have landed before the acquire that may evict it
+            torch.cuda.current_stream(self.cuda_stream[0]).synchronize()
         self._bind(m, m.bound, fresh=False)
         self._take_reference(m)
         m.written_back += len(replaced)
