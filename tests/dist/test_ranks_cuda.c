@@ -33,13 +33,7 @@ int main(int argc, char **argv) {
   }
   mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
   char dir[256] = "", err[512] = "";
-  if (rank == 0) {
-    snprintf(dir, sizeof dir, "/tmp/mlo_ranks_cuda_XXXXXX");
-    if (!mkdtemp(dir) ||
-        mlo_synth_write("wan2.2-t2v", strcat(dir, "/wan"), 0.0005, NULL, NULL, err, sizeof err))
-      MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  ranks_pipeline_dir(dir, sizeof dir, "ranks_cuda");
   cudaSetDevice(rank);
   ncclUniqueId id;
   if (rank == 0) ncclGetUniqueId(&id);
@@ -77,15 +71,7 @@ int main(int argc, char **argv) {
   mlo_platform_close(q);
   mlo_comm_free(comm);
   ncclCommDestroy(nccl);
-  int all = 0;
-  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) {
-    char cmd[300];
-    *strrchr(dir, '/') = '\0';
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
-    printf("%d ranks on GPUs: %s\n", nranks, all ? "FAILED" : "ok");
-  }
-  MPI_Finalize();
-  return all ? 1 : 0;
+  char what[64];
+  snprintf(what, sizeof what, "%d ranks on GPUs", nranks);
+  return ranks_finish(dir, what);
 }

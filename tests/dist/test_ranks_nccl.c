@@ -151,13 +151,7 @@ int main(int argc, char **argv) {
   mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
   (void)digest_of; /* the workload needs cuBLAS, which the fake runtime has not */
   char err[512] = "";
-  if (rank == 0) {
-    snprintf(dir, sizeof dir, "/tmp/mlo_ranks_nccl_XXXXXX");
-    if (!mkdtemp(dir) ||
-        mlo_synth_write("wan2.2-t2v", strcat(dir, "/wan"), 0.0005, NULL, NULL, err, sizeof err))
-      MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+  ranks_pipeline_dir(dir, sizeof dir, "ranks_nccl");
   int device = rank; /* the fake has two devices: one per rank, as the tool gives them */
   char spec[32];
   snprintf(spec, sizeof spec, "cuda:%d", device);
@@ -166,15 +160,7 @@ int main(int argc, char **argv) {
   if (p && !strcmp(mode, "refuse")) mode_refuse(p, device);
   if (p && !strcmp(mode, "fail")) mode_fail(p);
   mlo_platform_close(p);
-  int all = 0;
-  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) {
-    char cmd[300];
-    *strrchr(dir, '/') = '\0';
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
-    printf("%s on 2 ranks, fake CUDA and NCCL: %s\n", mode, all ? "FAILED" : "ok");
-  }
-  MPI_Finalize();
-  return all ? 1 : 0;
+  char what[64];
+  snprintf(what, sizeof what, "%s on 2 ranks, fake CUDA and NCCL", mode);
+  return ranks_finish(dir, what);
 }
