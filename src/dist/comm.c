@@ -107,7 +107,11 @@ MLO_API int mlo_comm_create_nccl(mlo_comm *c, mlo_platform *p, char *err, size_t
     return mlo_errf(err, errlen, rc, "creating the node's NCCL communicator: %s", aerr);
   void *coll = NULL;
   why[0] = '\0';
-  mine = mlo_plat_coll_init(p, id, sizeof id, c->node_size, c->node_rank, &coll, why, sizeof why);
+  /* half the agreement's timeout: a rank whose init gives up reaches the
+   * agreement below with its reason while the others still wait there */
+  unsigned half = mlo_dist_timeout_ms(c) / 2;
+  mine = mlo_plat_coll_init(p, id, sizeof id, c->node_size, c->node_rank, half ? half : 1, &coll,
+                            why, sizeof why);
   if (!mine) /* what the platform made, checked as any caller's would be */
     mine = mlo_plat_coll_check(p, coll, c->node_size, c->node_rank, why, sizeof why);
   rc = mlo_dist_agree(c, MLO_DIST_COMM_STEP | STEP_NCCL_INIT, 0, mine, mine ? why : NULL,

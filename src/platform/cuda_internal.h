@@ -99,8 +99,8 @@ int cu_gather_settle(struct cuda_ctx *c);
 int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms);
 int cu_coll_check(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
 int cu_coll_id(void *ctx, void *id, size_t len, char *err, size_t errlen);
-int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll, char *err,
-                 size_t errlen);
+int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, unsigned timeout_ms,
+                 void **coll, char *err, size_t errlen);
 void cu_coll_destroy(void *ctx, void *coll);
 int cu_coll_wait(void *ctx, mlo_event *ev, char *err, size_t errlen);
 #endif

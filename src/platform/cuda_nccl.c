@@ -268,8 +268,8 @@ int cu_coll_id(void *ctx, void *id, size_t len, char *err, size_t errlen) {
 
 /* On our device: NCCL binds a communicator to the device current when it
  * is made. */
-int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll, char *err,
-                 size_t errlen) {
+int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, unsigned timeout_ms,
+                 void **coll, char *err, size_t errlen) {
   struct cuda_ctx *c = ctx;
   *coll = NULL;
   if (len < sizeof(ncclUniqueId)) {
@@ -284,10 +284,34 @@ int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, voi
     snprintf(err, errlen, "cuda:%d: the device's context is lost", c->device);
     return rc;
   }
+  /* Non-blocking: a blocking init waits in NCCL's bootstrap for every rank,
+   * forever if one failed before it got there.  Polled, and aborted after
+   * the communicator's timeout, as a gather is. */
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   ncclComm_t comm = NULL;
-  ncclResult_t r = ncclCommInitRank(&comm, ranks, u, rank);
+  ncclResult_t r = ncclCommInitRankConfig(&comm, ranks, u, rank, &config);
+  uint64_t t0 = mono_ms();
+  unsigned limit = timeout_ms ? timeout_ms : 60000u;
+  while (r == ncclInProgress && comm) {
+    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) r = q;
+    if (r != ncclInProgress) break;
+    if (mono_ms() - t0 >= limit) {
+      ncclCommAbort(comm);
+      cu_leave(c, &g);
+      snprintf(err, errlen,
+               "ncclCommInitRankConfig did not complete within %.1f s (a node rank never "
+               "joined); the communicator was aborted",
+               limit / 1000.0);
+      return MLO_EPLATFORM;
+    }
+    struct timespec nap = {0, 1000000}; /* 1 ms */
+    nanosleep(&nap, NULL);
+  }
+  if (r != ncclSuccess && comm) ncclCommAbort(comm);
   cu_leave(c, &g);
-  if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclCommInitRank", r);
+  if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclCommInitRankConfig", r);
   *coll = comm;
   return MLO_OK;
 }

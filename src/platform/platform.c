@@ -276,10 +276,10 @@ int mlo_plat_coll_id(mlo_platform *p, void *id, size_t len, char *err, size_t er
 }
 
 int mlo_plat_coll_init(mlo_platform *p, const void *id, size_t len, int ranks, int rank,
-                       void **coll, char *err, size_t errlen) {
+                       unsigned timeout_ms, void **coll, char *err, size_t errlen) {
   *coll = NULL;
   if (!p->ops->coll_init) return no_coll(p, err, errlen);
-  return p->ops->coll_init(p->ctx, id, len, ranks, rank, coll, err, errlen);
+  return p->ops->coll_init(p->ctx, id, len, ranks, rank, timeout_ms, coll, err, errlen);
 }
 
 bool mlo_plat_has_coll(const mlo_platform *p) {

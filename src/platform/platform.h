@@ -129,15 +129,16 @@ struct mlo_platform_ops {
    * differs; one the platform aborted is refused too).  coll_id: a new
    * communicator's id (at most MLO_COLL_ID_BYTES) into id, on the rank that
    * creates it; coll_init: this rank's communicator from that id, on this
-   * platform's device; coll_destroy: frees one coll_init made (a
+   * platform's device, made without blocking and given up (aborted) after
+   * timeout_ms if the other ranks never complete it; coll_destroy: frees one coll_init made (a
    * communicator the platform aborted is gone already: nothing).
    * coll_wait: waits on the host for ev, recorded after an all_gather,
    * watching the gather as above; on an error or the timeout the
    * communicator is aborted and err says why. */
   int (*coll_check)(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
   int (*coll_id)(void *ctx, void *id, size_t len, char *err, size_t errlen);
-  int (*coll_init)(void *ctx, const void *id, size_t len, int ranks, int rank, void **coll,
-                   char *err, size_t errlen);
+  int (*coll_init)(void *ctx, const void *id, size_t len, int ranks, int rank, unsigned timeout_ms,
+                   void **coll, char *err, size_t errlen);
   void (*coll_destroy)(void *ctx, void *coll);
   int (*coll_wait)(void *ctx, mlo_event *ev, char *err, size_t errlen);
   /* Optional: the platform's clock in nanoseconds, for every duration core
@@ -239,7 +240,7 @@ bool mlo_plat_has_all_gather(const mlo_platform *p);
 int mlo_plat_coll_check(mlo_platform *p, void *coll, int ranks, int rank, char *err, size_t errlen);
 int mlo_plat_coll_id(mlo_platform *p, void *id, size_t len, char *err, size_t errlen);
 int mlo_plat_coll_init(mlo_platform *p, const void *id, size_t len, int ranks, int rank,
-                       void **coll, char *err, size_t errlen);
+                       unsigned timeout_ms, void **coll, char *err, size_t errlen);
 void mlo_plat_coll_destroy(mlo_platform *p, void *coll);
 bool mlo_plat_has_coll(const mlo_platform *p);
 int mlo_plat_coll_wait(mlo_platform *p, mlo_event *ev, char *err, size_t errlen);

@@ -138,13 +138,32 @@ static void mode_fail(mlo_platform *p) {
   mlo_comm_free(comm);
 }
 
+/* Rank 1 never completes its (non-blocking) NCCL init: it gives up after
+ * half the communicator's timeout and aborts, and every rank fails creating
+ * the node's communicator with its reason (a blocking init waited in NCCL's
+ * bootstrap for ever: issue 25, item 5's review). */
+static void mode_init_hang(mlo_platform *p) {
+  char err[512] = "";
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = 2000;
+  mlo_comm *comm = NULL;
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  int rc = mlo_comm_create_nccl(comm, p, err, sizeof err);
+  CHECK(rc != MLO_OK, "a communicator rank 1 never completed was made");
+  CHECK(strstr(err, "did not complete within 1.0 s") && strstr(err, "aborted") &&
+            strstr(err, "node rank 1 failed"),
+        "the failure does not name the init's timeout: %s", err);
+  mlo_comm_destroy_nccl(comm); /* nothing was made: nothing to destroy */
+  mlo_comm_free(comm);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   const char *mode = argc > 1 ? argv[1] : "";
-  if (nranks != 2 || (strcmp(mode, "refuse") && strcmp(mode, "fail"))) {
-    if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 %s refuse|fail\n", argv[0]);
+  if (nranks != 2 || (strcmp(mode, "refuse") && strcmp(mode, "fail") && strcmp(mode, "inithang"))) {
+    if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 %s refuse|fail|inithang\n", argv[0]);
     MPI_Finalize();
     return 2;
   }
@@ -159,6 +178,7 @@ int main(int argc, char **argv) {
   CHECK(mlo_platform_open(spec, &p, err, sizeof err) == MLO_OK, "%s", err);
   if (p && !strcmp(mode, "refuse")) mode_refuse(p, device);
   if (p && !strcmp(mode, "fail")) mode_fail(p);
+  if (p && !strcmp(mode, "inithang")) mode_init_hang(p);
   mlo_platform_close(p);
   char what[64];
   snprintf(what, sizeof what, "%s on 2 ranks, fake CUDA and NCCL", mode);

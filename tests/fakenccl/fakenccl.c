@@ -33,10 +33,12 @@
  *    (a fabric failure NCCL noticed); MLO_FAKENCCL_HANG=R makes rank R's
  *    gathers never complete with no error at all (a peer stalled, a
  *    deadlock).  R is the communicator's rank.
+ *  - ncclCommInitRankConfig with blocking=0: ncclInProgress, then ready at
+ *    once, or never for rank R of MLO_FAKENCCL_INIT_HANG=R.
  * What it does not: initialization does not wait for the other ranks (no
  * bootstrap; a communicator larger than the ranks that exist is made at
  * once, and hangs only when it gathers); other collectives, groups,
- * nonblocking communicators, several nodes, and the cost of anything.
+ * several nodes, and the cost of anything.
  * Gathers of more than the region (2 GiB less a page, all ranks together)
  * are refused with ncclInvalidArgument.  An aborted communicator's handle
  * stays allocated (a gather still queued behind it must find it aborted).
@@ -169,6 +171,19 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId uid, int
   c->hang = env_rank("MLO_FAKENCCL_HANG") == rank;
   *out = c;
   return ncclSuccess;
+}
+
+/* Non-blocking when config says so: the communicator comes back at once,
+ * ncclInProgress, and ncclCommGetAsyncError answers ncclInProgress until
+ * it is ready (at once here), or forever for rank R of
+ * MLO_FAKENCCL_INIT_HANG=R (a peer that never joins the bootstrap). */
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId uid, int rank,
+                                    ncclConfig_t *config) {
+  ncclResult_t r = ncclCommInitRank(out, nranks, uid, rank);
+  if (r != ncclSuccess || !config || config->blocking) return r;
+  bool hang = env_rank("MLO_FAKENCCL_INIT_HANG") == rank;
+  atomic_store(&(*out)->async, hang ? ncclInProgress : ncclSuccess);
+  return ncclInProgress;
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t c, int *count) {
