@@ -39,8 +39,10 @@ import subprocess
 import sys
 import tempfile
 
+# MPIEXEC_TIMEOUT: a hung job is ended by mpirun, which removes its ranks'
+# shared-memory segments (an interrupted mpirun would leave them in /dev/shm)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", MLO_LOG="error")
+           OMPI_MCA_rmaps_base_oversubscribe="1", MLO_LOG="error", MPIEXEC_TIMEOUT="900")
 
 
 def mpirun(n, args, outdir):

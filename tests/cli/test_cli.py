@@ -1497,8 +1497,12 @@ class PlanTests(Fixture):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+# MPIEXEC_TIMEOUT: mpirun ends a hung job itself, inside every subprocess
+# timeout below (100 < 120), taking its ranks down with their shared-memory
+# segments; a subprocess timeout kills mpirun alone, and its orphaned ranks
+# would leave /dev/shm/vader_segment.* behind.
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "MPIEXEC_TIMEOUT": "100"}
 
 
 def mpi_run(n, *args, check=0):

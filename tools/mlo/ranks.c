@@ -293,7 +293,8 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
   char cmd[10000];
   snprintf(cmd, sizeof cmd,
            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-           "OMPI_MCA_rmaps_base_oversubscribe=1 MLO_LOG=error mpirun -np 2 '%s' run '%s' "
+           "OMPI_MCA_rmaps_base_oversubscribe=1 MLO_LOG=error MPIEXEC_TIMEOUT=300 "
+           "mpirun -np 2 '%s' run '%s' "
            "--ranks auto --node h100-sxm-8 --json --steps %d --prompts 3 --device-memory %llu "
            "--platform host:prefault=1,poison=0 --link %.0f 2>/dev/null",
            self, dir, steps, (unsigned long long)capacity, bw);
