@@ -78,10 +78,10 @@ static const char *comm_step_name(uint64_t id, void *user) {
 }
 
 /* Collective over the node: node rank 0 makes the id, every rank gets it
- * and makes its communicator on the platform's device; each step is agreed
- * first, so a rank that fails (or is missing) fails every rank, with its
- * message, within the timeout.  NCCL's own ncclCommInitRank then waits for
- * every rank, which the agreement before it has seen arrive. */
+ * and makes its communicator on the platform's device; each step is agreed,
+ * so a rank that fails (or is missing) fails every rank, with its message,
+ * within the timeout.  The platform's init does not block: it gives up
+ * after half the timeout, so its failure reaches the agreement after it. */
 MLO_API int mlo_comm_create_nccl(mlo_comm *c, mlo_platform *p, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (!c || !p)

@@ -46,9 +46,8 @@ typedef struct {
 } verdict;
 
 typedef struct mpi_ctx {
-  mlo_comm pub; /* first: the handle the caller holds is this struct */
-  MPI_Comm world, node;
-  unsigned timeout_ms;
+  mlo_comm pub;         /* first: the handle the caller holds is this struct */
+  MPI_Comm world, node; /* the timeout is pub.timeout_ms, which core reads too */
   uint64_t seq;
   bool broken;
   char broken_why[800];
@@ -128,8 +127,7 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
   if (!c) return MLO_ENOMEM;
   c->pub.ops = &mpi_ops;
   c->pub.ctx = c;
-  c->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : MLO_COMM_DEFAULT_TIMEOUT_MS;
-  c->pub.timeout_ms = c->timeout_ms;
+  c->pub.timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : MLO_COMM_DEFAULT_TIMEOUT_MS;
   int rc = MPI_Comm_dup(comm, &c->world);
   if (rc != MPI_SUCCESS) {
     free(c);
@@ -287,7 +285,7 @@ static const char *name_of(mlo_dist_namer name, void *user, uint64_t id, char *b
 /* The coordinator: collects every vote (or the timeout) and decides. */
 static void coordinate(mpi_ctx *c, verdict *v) {
   int n = c->pub.node_size;
-  uint64_t deadline = now_ms() + c->timeout_ms;
+  uint64_t deadline = now_ms() + c->pub.timeout_ms;
   c->votes[0] = c->my_vote;
   for (int i = 1; i < n; i++)
     if (c->reqs[i] == MPI_REQUEST_NULL)
@@ -372,14 +370,14 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
     MPI_Request_free(&s);
     MPI_Irecv(v, (int)sizeof(verdict), MPI_BYTE, 0, TAG_VERDICT, c->node, &r);
     /* the coordinator decides at its timeout; its verdict gets a second */
-    if (!wait_until(&r, now_ms() + c->timeout_ms + 1000)) {
+    if (!wait_until(&r, now_ms() + c->pub.timeout_ms + 1000)) {
       MPI_Cancel(&r);
       MPI_Request_free(&r);
       c->broken = true;
       snprintf(c->broken_why, sizeof c->broken_why,
                "rank %d: node rank 0 (the coordinator) did not answer within %.1f s at '%s'; "
                "the communicator is unusable",
-               c->pub.rank, c->timeout_ms / 1000.0, what);
+               c->pub.rank, c->pub.timeout_ms / 1000.0, what);
       return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
     }
   }
@@ -403,7 +401,7 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
     c->broken = true;
     snprintf(c->broken_why, sizeof c->broken_why,
              "node rank(s) %s did not arrive within %.1f s at '%s'; the communicator is unusable",
-             v->msg, c->timeout_ms / 1000.0, what);
+             v->msg, c->pub.timeout_ms / 1000.0, what);
     return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
   default:
     return errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,

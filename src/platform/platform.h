@@ -130,8 +130,9 @@ struct mlo_platform_ops {
    * communicator's id (at most MLO_COLL_ID_BYTES) into id, on the rank that
    * creates it; coll_init: this rank's communicator from that id, on this
    * platform's device, made without blocking and given up (aborted) after
-   * timeout_ms if the other ranks never complete it; coll_destroy: frees one coll_init made (a
-   * communicator the platform aborted is gone already: nothing).
+   * timeout_ms if the other ranks never complete it; coll_destroy: frees
+   * one coll_init made (a communicator the platform aborted is gone
+   * already: nothing).
    * coll_wait: waits on the host for ev, recorded after an all_gather,
    * watching the gather as above; on an error or the timeout the
    * communicator is aborted and err says why. */
