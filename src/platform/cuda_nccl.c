@@ -139,6 +139,9 @@ int cu_gather_settle(struct cuda_ctx *c) {
   if (!gather_pending(c)) return MLO_OK;
   char err[512] = "";
   int rc = cu_host_wait(c, c->gather_ev, NULL, "waiting for a pending all-gather", err, sizeof err);
+  /* done: one more look clears the mark (its event has completed), so
+   * later waits block in the runtime again instead of polling */
+  if (!rc) rc = watch_gather(c, mono_ms(), err, sizeof err);
   if (rc && err[0]) mlo_logf(MLO_LOG_ERROR, "cuda: %s", err);
   return rc;
 #else
