@@ -874,9 +874,11 @@ MLO_API int mlo_component_release(mlo_component *comp);
  * are a component's: begin orders compute after the block's copy (C8); a
  * slot is reused only after the compute submitted before its end (C9).
  * A streamed block's tensors have a device copy (mlo_tensor_device) only
- * between its begin and end; resident pieces always do.  For a component
- * that does not stream, begin and end check their arguments and do
- * nothing else, so a forward may call them always.  Blocks run out of
+ * between its begin and end; resident pieces always have an address, and
+ * a kept block's bytes are ordered after its begin (its load is
+ * progressive: see mlo_component_set_progressive).  For a component that
+ * neither streams nor loads progressively, begin and end check their
+ * arguments and do nothing else, so a forward may call them always.  Blocks run out of
  * order are loaded on demand (a stall, never an error).  Several threads
  * holding the component may run blocks at once: a block begun twice is
  * shared (each begin needs its end); a thread that begins a block while
@@ -900,6 +902,8 @@ typedef struct {
   uint64_t slot_bytes;     /* each */
   uint64_t device_bytes;   /* what it holds on the device while resident */
   uint64_t streamed_bytes; /* bytes copied per forward for its streamed blocks */
+  int progressive;         /* its loads go block by block: its forward must begin and
+                              end every block (it streams, or mlo_component_set_progressive) */
 } mlo_stream_info;
 /* The least budget under which the budget policy runs comp: the least
  * footprint it streams in, or its whole bytes where it cannot stream (too
@@ -914,6 +918,24 @@ MLO_API uint64_t mlo_component_stream_least(mlo_component *comp);
 MLO_API uint64_t mlo_component_streamed_bytes(mlo_component *comp, uint64_t room);
 /* How comp moves under the policy in force (whole, or streamed). */
 MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out);
+/* Progressive loads (docs/streaming.md).  A load normally ends in one
+ * event and the acquire waits for all of it, though the forward's first
+ * block needs a fraction.  A component declared progressive (on != 0)
+ * loads instead block by block in the order the forward runs them: first
+ * its head (prologue, epilogue, caller-owned tensors, blocks holding
+ * mutable tensors), which the acquire waits for, then each block behind
+ * an event of its own, which mlo_block_begin waits for.  At a switch the
+ * forward then starts once the head is in, and each block computes as soon
+ * as it lands, while the ones after it are still copying.
+ *
+ * The declaration is a promise: the forward calls mlo_block_begin before
+ * each block's compute (and mlo_block_end after), as a streamed forward
+ * does — a block's device bytes are ordered only after its begin, though
+ * its address (mlo_tensor_device) is valid for the whole hold.  A
+ * streamed component always loads so.  Takes effect at its next load (a
+ * resident one keeps how it was loaded).  Loads from disk, sharded loads,
+ * copy_back and per_tensor_copies move whole, as before. */
+MLO_API int mlo_component_set_progressive(mlo_component *comp, int on);
 
 /* ------------------------------------------------------------------------
  * The declared schedule: what the pipeline will call, so the BUDGET policy

@@ -75,7 +75,8 @@ class PlatformCaps(ctypes.Structure):
 class StreamInfo(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_size_t) for n in (
         "blocks", "resident_blocks", "streamed_blocks", "slots")] + [
-        (n, ctypes.c_uint64) for n in ("slot_bytes", "device_bytes", "streamed_bytes")]
+        (n, ctypes.c_uint64) for n in ("slot_bytes", "device_bytes", "streamed_bytes")] + [
+        ("progressive", ctypes.c_int)]
 
 
 RECLAIM_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -171,6 +172,7 @@ def _declare(lib):
         "mlo_tensor_block": (I, [P]),
         "mlo_component_block_count": (Z, [P]),
         "mlo_component_stream_info": (I, [P, ctypes.POINTER(StreamInfo)]),
+        "mlo_component_set_progressive": (I, [P, I]),
         "mlo_block_begin": (I, [P, Z]),
         "mlo_block_end": (I, [P, Z]),
         "mlo_offload_enable": (I, [P, ctypes.POINTER(OffloadSettings)]),

@@ -119,6 +119,11 @@ struct mlo_component {
   struct mlo_span pro, epi;
   /* streamed residency (stream.c): NULL while it moves whole */
   struct mlo_stream *stream;
+  /* progressive loads (progressive.c): the caller's forward begins and ends
+   * every block (mlo_component_set_progressive), so a load goes block by
+   * block; prog: the per-block events (NULL until its first such load) */
+  bool progressive;
+  struct mlo_prog *prog;
   /* the disk tier (disk.c): a slab left in its checkpoint files */
   bool want_disk;     /* the host plan at enable chose the disk for it */
   bool want_partial;  /* ... and it streams: its streamed blocks stay in host memory */
@@ -436,9 +441,11 @@ uint64_t mlo_stream_streamed_bytes(mlo_component *c, uint64_t room, size_t nslot
  * them. */
 bool mlo_stream_block_streams(const mlo_component *c, size_t b);
 uint64_t mlo_stream_resident_bytes(const mlo_component *c);
-/* A load's copies of the resident part (into c->block); the slots' fills
- * after the load's event (start); the slots emptied at eviction. */
-int mlo_stream_copy_resident(mlo_component *c, size_t *copies, uint64_t *moved);
+/* Where piece b (MLO_BLOCK_PROLOGUE, _EPILOGUE or a block) of a streamed
+ * plan is kept in the footprint; false for a block that streams.  A load
+ * copies the kept pieces (progressive.c), then fills the slots (start);
+ * the slots are emptied at eviction. */
+bool mlo_stream_piece_offset(const mlo_component *c, long b, uint64_t *off);
 void mlo_stream_start(mlo_component *c);
 void mlo_stream_evicted(mlo_component *c);
 /* Its first holder arrived (the first blocks into the slots) / its last
@@ -454,6 +461,26 @@ int mlo_stream_audit(mlo_component *c);
 /* Where a tensor of a streamed, resident component is in its device
  * block; MLO_ESTATE (with the message) for a streamed block not begun. */
 int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64_t *off);
+
+/* progressive.c — a load block by block, each behind its own event; lock
+ * held unless said otherwise. */
+/* Whether c's next load goes block by block (it streams, or its forward
+ * was declared to begin every block, and nothing else reads it whole). */
+bool mlo_prog_applies(const mlo_component *c);
+/* Whether c's current residency was loaded block by block. */
+bool mlo_prog_active(const mlo_component *c);
+/* A load's copies, c->block allocated: the head (prologue, epilogue,
+ * caller-owned tensors, blocks holding mutable tensors) and its event, then
+ * (after the caller's own steps) each other kept block and its event. */
+int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved);
+int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved);
+/* The head's event: what an acquire waits for (prog active). */
+mlo_event *mlo_prog_head_event(const mlo_component *c);
+/* Orders compute after block b's copy, once per residency (C8); drops the
+ * lock while it waits (the caller holds c).  MLO_OK where nothing is due. */
+int mlo_prog_begin(mlo_component *c, size_t b);
+void mlo_prog_evicted(mlo_component *c);
+void mlo_prog_free(mlo_component *c);
 
 /* sched.c — the declared schedule and its cursor; lock held. */
 /* Calls until c's next use from the cursor (0: the call expected next);

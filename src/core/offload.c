@@ -94,7 +94,7 @@ bool mlo_component_load_done(mlo_component *c) {
   if (!c) return false;
   MLO_LOCK_OR(&c->pipe->lock, false);
   bool done = mlo_res_is_resident(c) && !c->disk_busy && !c->disk_rc &&
-              (c->load_waited || !c->load_ev ||
+              ((c->load_waited && !mlo_prog_active(c)) || !c->load_ev ||
                mlo_plat_event_query(c->pipe->platform, c->load_ev) == MLO_OK);
   pthread_mutex_unlock(&c->pipe->lock);
   return done;

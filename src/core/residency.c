@@ -243,8 +243,17 @@ int mlo_res_load(mlo_component *c) {
   } else if (!rc && c->on_disk) {             /* the reader reads, copies and records the event */
     rc = mlo_disk_start(c, 0, UINT64_MAX, 0); /* (streaming: the resident part; slots below) */
     if (c->stream) moved = mlo_stream_resident_bytes(c);
-  } else if (!rc && c->stream) { /* the resident part now, the slots after the event */
-    rc = mlo_stream_copy_resident(c, &copies, &moved);
+  } else if (!rc && mlo_prog_applies(c)) {
+    /* block by block: the head and its event (what the acquire waits for),
+     * then each kept block behind an event of its own (its begin waits for
+     * it), in the order the forward runs them; a streamed plan's slots are
+     * filled after the load's event (mlo_stream_start) */
+    size_t more = 0;
+    uint64_t also = 0;
+    rc = mlo_prog_copy_head(c, &copies, &moved);
+    if (!rc) rc = mlo_prog_copy_blocks(c, &more, &also);
+    copies += more;
+    moved += also;
   } else if (!rc) {
     rc = enqueue_load_copies(c, &copies);
   }
@@ -391,6 +400,7 @@ int mlo_res_evict(mlo_component *c) {
   c->stats.d2h_bytes += back;
   pipe->device_bytes -= mlo_res_bytes(c);
   mlo_stream_evicted(c);
+  mlo_prog_evicted(c);
   if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
   log_transfer(c, "evict", back, 0);
@@ -406,6 +416,7 @@ void mlo_res_drop(mlo_component *c) {
     c->pipe->device_bytes -= mlo_res_bytes(c);
   }
   mlo_stream_evicted(c);
+  mlo_prog_evicted(c);
   c->block = NULL;
   c->gather_slice = 0;
   c->device_gather = false;
@@ -456,7 +467,8 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   }
   bool pending = !c->load_waited;
   bool empty = !c->block_bytes;
-  mlo_event *ev = c->load_ev;
+  /* loaded block by block: the head now, each block at its begin */
+  mlo_event *ev = mlo_prog_active(c) ? mlo_prog_head_event(c) : c->load_ev;
   size_t slice = c->gather_slice;
   bool device_gather = c->device_gather;
   pthread_mutex_unlock(&pipe->lock);
@@ -523,4 +535,5 @@ void mlo_res_release_events(mlo_component *c) {
   mlo_plat_event_destroy(p, c->use_ev);
   c->load_ev = c->compute_ev = c->writeback_ev = c->use_ev = NULL;
   c->use_valid = false;
+  mlo_prog_free(c);
 }

@@ -8,9 +8,9 @@
  *
  *   [prologue][resident blocks...][epilogue][external tensors][slot 0]...[slot n-1]
  *
- * and a load copies the resident part (residency.c calls
- * mlo_stream_copy_resident) and then fills the slots with the first
- * streamed blocks.  The caller's forward says where it is with
+ * and a load copies the resident part block by block (progressive.c, at
+ * the offsets mlo_stream_piece_offset gives) and then fills the slots with
+ * the first streamed blocks.  The caller's forward says where it is with
  * mlo_block_begin/mlo_block_end; the rules are the component's (C8, C9):
  *
  *  - begin waits, on the compute queue, for the event recorded after the
@@ -347,55 +347,17 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
 
 /* ---- loads ------------------------------------------------------------- */
 
-int mlo_stream_copy_resident(mlo_component *c, size_t *copies, uint64_t *moved) {
-  struct mlo_stream *st = c->stream;
-  mlo_platform *p = c->pipe->platform;
-  *copies = 0;
-  *moved = 0;
-  /* runs of bytes contiguous in both the slab and the footprint go as one
-   * copy: the prologue and the blocks kept after it, usually */
-  uint64_t run_src = 0, run_dst = 0, run_len = 0;
-  int rc = MLO_OK;
-#define FLUSH_RUN()                                                                                \
-  do {                                                                                             \
-    if (run_len && !rc) {                                                                          \
-      rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)run_dst, (char *)c->slab + run_src,     \
-                                      (size_t)run_len));                                           \
-      ++*copies;                                                                                   \
-      *moved += run_len;                                                                           \
-    }                                                                                              \
-    run_len = 0;                                                                                   \
-  } while (0)
-#define ADD(src, dst, len)                                                                         \
-  do {                                                                                             \
-    if (len) {                                                                                     \
-      if (run_len && run_src + run_len == (src) && run_dst + run_len == (dst))                     \
-        run_len += (len);                                                                          \
-      else {                                                                                       \
-        FLUSH_RUN();                                                                               \
-        run_src = (src);                                                                           \
-        run_dst = (dst);                                                                           \
-        run_len = (len);                                                                           \
-      }                                                                                            \
-    }                                                                                              \
-  } while (0)
-  ADD(c->pro.off, st->pro_dev, c->pro.bytes);
-  for (size_t b = 0; b < c->nblocks; b++)
-    if (st->dev_off[b] != STREAMED) ADD(c->spans[b].off, st->dev_off[b], c->spans[b].bytes);
-  ADD(c->epi.off, st->epi_dev, c->epi.bytes);
-  FLUSH_RUN();
-#undef ADD
-#undef FLUSH_RUN
-  for (size_t i = 0; i < c->ntensors && !rc; i++) { /* caller-owned: one copy each */
-    mlo_tensor *t = c->tensors[i];
-    if (t->target || !t->nbytes || !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
-    rc = PCALL(c,
-               mlo_plat_copy_h2d(p, c->block, (size_t)(st->ext_dev + t->dev_offset - st->ext_start),
-                                 t->host, t->nbytes));
-    ++*copies;
-    *moved += t->nbytes;
-  }
-  return rc;
+bool mlo_stream_piece_offset(const mlo_component *c, long b, uint64_t *off) {
+  const struct mlo_stream *st = c->stream;
+  if (b == MLO_BLOCK_PROLOGUE)
+    *off = st->pro_dev;
+  else if (b == MLO_BLOCK_EPILOGUE)
+    *off = st->epi_dev;
+  else if (st->dev_off[b] != STREAMED)
+    *off = st->dev_off[b];
+  else
+    return false;
+  return true;
 }
 
 /* Copies block b into slot s on the copy queue, after the compute that
@@ -615,6 +577,8 @@ int mlo_block_begin(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "begin");
+  if (!rc && !block_streams(c, block) && mlo_res_is_resident(c))
+    rc = mlo_prog_begin(c, block); /* a kept block: its own copy, where the load was progressive */
   if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
     pthread_mutex_unlock(&pipe->lock);
     return rc;
@@ -708,7 +672,8 @@ int mlo_component_stream_info(mlo_component *c, mlo_stream_info *out) {
                            st ? st->nslots : 0,
                            st ? st->slot_bytes : 0,
                            mlo_res_bytes(c),
-                           st ? st->streamed_bytes : 0};
+                           st ? st->streamed_bytes : 0,
+                           c->progressive || st};
   pthread_mutex_unlock(&c->pipe->lock);
   return MLO_OK;
 }

@@ -210,7 +210,7 @@ static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t 
   mlo_stream_info si;
   int rc = mlo_component_stream_info(comp, &si);
   if (rc) return rc;
-  bool streamed = si.streamed_blocks > 0;
+  bool streamed = si.streamed_blocks > 0 || si.progressive; /* its blocks say where they are */
   if (w->ops->model_forward) return model_pieces(w, comp, streamed, h);
   mlo_role role = mlo_component_role(comp);
   int tokens = role_index_ok(role) ? w->tokens[role] : w->tokens[MLO_ROLE_OTHER];

@@ -414,7 +414,8 @@ static void test_block_rules(void **state) {
   assert_ok(mlo_block_begin(r.dit, 4));
   assert_true(block_ok(&r, 4));
   assert_ok(mlo_block_end(r.dit, 4));
-  /* resident blocks need no begin, and begin/end on them are accepted */
+  /* a kept block's begin orders compute after its own copy (the load is
+   * progressive), then nothing more to do */
   assert_ok(mlo_block_begin(r.dit, 1));
   assert_true(block_ok(&r, 1));
   assert_ok(mlo_block_end(r.dit, 1));
@@ -432,8 +433,9 @@ static void test_block_rules(void **state) {
   rig_free(&r);
 }
 
-/* The reference workload's digest: all-resident, strict, and streamed
- * through a budget well below the DiT, under jitter. */
+/* The reference workload's digest: all-resident, strict (whole loads and
+ * progressive ones), and streamed through a budget well below the DiT,
+ * under jitter. */
 static uint64_t workload_digest(const char *mode) {
   mlo_platform *plat = tu_platform_open("capacity=16M,jitter=1");
   mlo_pipeline_options o = MLO_PIPELINE_OPTIONS_INIT;
@@ -469,6 +471,10 @@ static uint64_t workload_digest(const char *mode) {
     assert_ok(mlo_pipeline_load_all(pipe));
   } else if (!strcmp(mode, "strict")) {
     assert_ok(mlo_offload_enable(pipe, NULL));
+  } else if (!strcmp(mode, "progressive")) { /* strict, each load block by block */
+    for (size_t i = 0; i < 3; i++)
+      assert_ok(mlo_component_set_progressive(mlo_pipeline_component_at(pipe, i), 1));
+    assert_ok(mlo_offload_enable(pipe, NULL));
   } else {
     mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
     s.policy = MLO_POLICY_BUDGET;
@@ -500,6 +506,7 @@ static void test_workload_digest(void **state) {
   (void)state;
   uint64_t resident = workload_digest("resident");
   assert_int_equal(workload_digest("strict"), resident);
+  assert_int_equal(workload_digest("progressive"), resident);
   assert_int_equal(workload_digest("stream"), resident);
 }
 

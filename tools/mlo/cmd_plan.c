@@ -43,6 +43,8 @@ static void help(void) {
          "                        over 1e9 s on the simulated clock is refused\n"
          "  --policy P            only strict, or only budget (default: every policy)\n"
          "  --no-prefetch         with --policy budget: on-demand loads only\n"
+         "  --whole-loads         each component loads in one piece, its forward waiting\n"
+         "                        for all of it (default: block by block, as mlo run)\n"
          "  --offload none        only the all-resident row\n"
          "  --budget SIZE, --reserve SIZE   the budget policy's budget, or what it leaves\n"
          "                        free (activations, workspaces)\n"
@@ -153,6 +155,8 @@ static bool parse_flag(targs *a, plan_args *pa) {
     targs_choice(a, "--offload", v, offload_words, &pa->offload);
   } else if (targs_flag(a, "--no-prefetch")) {
     pa->no_prefetch = true;
+  } else if (targs_flag(a, "--whole-loads")) {
+    pa->whole_loads = true;
   } else if (targs_value(a, "--budget", &v)) {
     pa->have_budget = targs_size(a, "--budget", v, &pa->budget);
   } else if (targs_value(a, "--reserve", &v)) {

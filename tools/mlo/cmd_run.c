@@ -17,6 +17,7 @@ typedef struct {
   tool_split_args split;
   const char *platform, *trace, *timeline;
   bool have_capacity, have_link, verify, json, literal, no_prefetch, read_check, learn;
+  bool whole_loads;
   uint64_t capacity, link;
   int policy; /* an mlo_policy */
   bool have_budget, have_reserve, have_host;
@@ -68,6 +69,9 @@ static void help(void) {
          "  --reserve SIZE        budget policy: leave SIZE free for your own\n"
          "                        allocations (activations, workspaces)\n"
          "  --no-prefetch         budget policy: load on demand only\n"
+         "  --whole-loads         load each component in one piece, the forward waiting\n"
+         "                        for all of it (default: block by block, each block's\n"
+         "                        compute waiting only for its own copy: docs/streaming.md)\n"
          "  --learn-schedule      budget policy: declare no schedule; libmlo learns it\n"
          "                        from the first prompt's calls (as mlo.torch does) and\n"
          "                        prefetches from the second (--prompts 2 or more)\n"
@@ -177,6 +181,8 @@ static bool parse_flag(targs *a, run_args *r) {
     targs_int(a, "--prompts", v, 1, 1000, &r->prompts);
   } else if (targs_flag(a, "--no-prefetch")) {
     r->no_prefetch = true;
+  } else if (targs_flag(a, "--whole-loads")) {
+    r->whole_loads = true;
   } else if (targs_flag(a, "--learn-schedule")) {
     r->learn = true;
   } else if (targs_value(a, "--sync", &v)) {
@@ -365,6 +371,7 @@ static void fill_options(const run_args *ra, run_options *o, tool_trace *trace, 
   o->settings.reserve_bytes = ra->have_reserve ? ra->reserve : 0;
   o->settings.prefetch = !ra->no_prefetch;
   o->learn_schedule = ra->learn;
+  o->whole_loads = ra->whole_loads || ra->literal;
   o->settings.host_budget_bytes = ra->have_host ? ra->host : 0;
   o->prompts = (int)ra->prompts;
   o->steps = (int)ra->steps;

@@ -29,6 +29,7 @@ typedef struct {
   long steps, prompts;
   int policy, offload; /* -1: not given; policy an mlo_policy */
   bool no_prefetch;
+  bool whole_loads; /* --whole-loads: no progressive loads */
   bool have_budget, have_reserve;
   uint64_t budget, reserve;
   bool have_host, have_disk;

@@ -123,6 +123,7 @@ static void fill_options(const plan_args *pa, int pol, const plan_result *pr, ru
   o->prompts = (int)pa->prompts;
   o->steps = pr->steps;
   o->first_steps = pr->split.first_steps;
+  o->whole_loads = pa->whole_loads;
 }
 
 bool plan_wanted(const plan_args *pa, int pol) {

@@ -361,6 +361,10 @@ int session_run(tool_session *s, const run_options *o, run_result *r, char *err,
     return rc;
   }
   rc = make_cold(s);
+  /* the reference forward begins and ends every block: its loads may go
+   * block by block (each takes effect at the component's next load) */
+  for (size_t i = 0; !rc && i < mlo_pipeline_component_count(s->pipe); i++)
+    rc = mlo_component_set_progressive(mlo_pipeline_component_at(s->pipe, i), !o->whole_loads);
   if (!rc)
     rc = o->learn_schedule ? mlo_pipeline_learn_schedule(s->pipe, true)
                            : declare_schedule(s, calls, r->calls);

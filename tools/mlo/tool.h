@@ -367,6 +367,7 @@ typedef struct {
   bool offload;                  /* model-level offload; false = all resident */
   mlo_offload_settings settings; /* policy, budget and prefetch included */
   bool learn_schedule;           /* learn it from the calls; false: declare it */
+  bool whole_loads;              /* no progressive loads (mlo_component_set_progressive) */
   int prompts;                   /* generations in one process (0 counts as 1) */
   int steps;
   int first_steps; /* of two DiTs, steps on the first (tool_split) */

@@ -1,0 +1,219 @@
+/*
+ * progressive.c — a load issued block by block, in the order the forward
+ * runs them, each block behind an event of its own (docs/streaming.md,
+ * "Progressive loads").
+ *
+ * A whole load ends in one event, and the acquire waits for it: at a
+ * switch the component's first forward waits for every byte of it, though
+ * its first block needs a fraction.  A component whose forward says where
+ * it is (mlo_block_begin/end around every block: a streamed one, or one
+ * declared with mlo_component_set_progressive) loads instead as
+ *
+ *   head: prologue, epilogue, caller-owned tensors, blocks holding mutable
+ *         tensors                                      -> head event
+ *   block 0 -> its event, block 1 -> its event, ...    (copy queue, FIFO)
+ *   (a streamed plan's slots are filled after, stream.c)
+ *
+ * The acquire waits for the head only (residency.c); each begin waits for
+ * its block's event (C8), once per residency.  The blocks land behind each
+ * other at the link's speed while the ones before them compute, so at a
+ * switch the stall is the head and the first block, not the component.
+ *
+ * Why the head holds what it does: the prologue runs before any begin and
+ * the epilogue after the last end, without calls of their own; caller-owned
+ * tensors may be read anywhere; mutable tensors are written back at
+ * eviction by a copy that follows the load's first event on a readback
+ * queue (residency.c), so their bytes must be in by then.
+ *
+ * Not progressive (a whole load, as before): components with no blocks,
+ * loads from disk (the reader issues them, disk.c), sharded loads (a slice
+ * and a gather), copy_back and per_tensor_copies (the specification-literal
+ * baselines).
+ *
+ * Every function runs with the pipeline lock held, except where a begin
+ * waits (mlo_prog_begin drops it: the caller holds the component, so it
+ * stays resident).
+ */
+#include "base/sysio.h"
+#include "core/internal.h"
+
+#include <stdlib.h>
+
+struct mlo_prog {
+  size_t n;           /* blocks the arrays were made for */
+  mlo_event **ev;     /* per block: recorded after its copy (created at first use) */
+  bool *pending;      /* per block: copied in this residency, compute not yet ordered */
+  bool *in_head;      /* per block: holds a mutable tensor, so it goes with the head */
+  mlo_event *head_ev; /* recorded after the head's copies */
+  bool active;        /* this residency was loaded block by block */
+};
+
+#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
+
+bool mlo_prog_applies(const mlo_component *c) {
+  const mlo_pipeline *pipe = c->pipe;
+  if (!c->nblocks || !(c->progressive || c->stream) || c->on_disk) return false;
+  if (pipe->settings.copy_back || pipe->settings.per_tensor_copies) return false;
+  return !pipe->sharded || c->stream; /* a streamed one loads replicated */
+}
+
+bool mlo_prog_active(const mlo_component *c) {
+  return c->prog && c->prog->active;
+}
+
+void mlo_prog_free(mlo_component *c) {
+  struct mlo_prog *g = c->prog;
+  if (!g) return;
+  for (size_t b = 0; b < g->n; b++) mlo_plat_event_destroy(c->pipe->platform, g->ev[b]);
+  mlo_plat_event_destroy(c->pipe->platform, g->head_ev);
+  free(g->ev);
+  free(g->pending);
+  free(g->in_head);
+  free(g);
+  c->prog = NULL;
+}
+
+void mlo_prog_evicted(mlo_component *c) {
+  struct mlo_prog *g = c->prog;
+  if (!g) return;
+  g->active = false;
+  for (size_t b = 0; b < g->n; b++) g->pending[b] = false;
+}
+
+/* The per-block state for c's blocks now (their count is fixed once c is
+ * materialized; a new count after a rematerialization makes it anew). */
+static int prepare(mlo_component *c) {
+  struct mlo_prog *g = c->prog;
+  if (g && g->n == c->nblocks) return MLO_OK;
+  mlo_prog_free(c);
+  if (!(g = mlo_calloc(1, sizeof *g))) return MLO_ENOMEM;
+  c->prog = g;
+  g->n = c->nblocks;
+  g->ev = mlo_calloc(g->n, sizeof *g->ev);
+  g->pending = mlo_calloc(g->n, sizeof *g->pending);
+  g->in_head = mlo_calloc(g->n, sizeof *g->in_head);
+  if (!g->ev || !g->pending || !g->in_head) {
+    mlo_prog_free(c);
+    return MLO_ENOMEM;
+  }
+  return MLO_OK;
+}
+
+static const struct mlo_span *span_of(const mlo_component *c, long b) {
+  return b == MLO_BLOCK_PROLOGUE ? &c->pro : b == MLO_BLOCK_EPILOGUE ? &c->epi : &c->spans[b];
+}
+
+/* What a load copies of piece b (MLO_BLOCK_PROLOGUE, _EPILOGUE or a block):
+ * slab bytes [*src, *src + *len) to *dev in c's device block.  A whole
+ * component's device block is its slab: a piece runs to the next one, so
+ * the pieces together copy the slab exactly as one copy would, padding
+ * included.  A streamed plan places each kept piece (stream.c); false for
+ * a block that streams (its slots are stream.c's). */
+static bool extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len, uint64_t *dev) {
+  const struct mlo_span *sp = span_of(c, b);
+  *src = sp->off;
+  *len = sp->bytes;
+  if (c->stream) return mlo_stream_piece_offset(c, b, dev);
+  *dev = sp->off;
+  if (!sp->bytes) return true;
+  uint64_t end = c->slab_bytes; /* the next non-empty piece's start */
+  for (long n = b == MLO_BLOCK_PROLOGUE ? 0 : b + 1; b != MLO_BLOCK_EPILOGUE; n++) {
+    const struct mlo_span *q = span_of(c, (size_t)n < c->nblocks ? n : MLO_BLOCK_EPILOGUE);
+    if (q->bytes) {
+      end = q->off;
+      break;
+    }
+    if ((size_t)n >= c->nblocks) break;
+  }
+  if (end > *src + *len) *len = end - *src;
+  return true;
+}
+
+static int copy_piece(mlo_component *c, long b, size_t *copies, uint64_t *moved) {
+  uint64_t src, len, dev;
+  if (!extent(c, b, &src, &len, &dev) || !len) return MLO_OK;
+  int rc = PCALL(c, mlo_plat_copy_h2d(c->pipe->platform, c->block, (size_t)dev,
+                                      (char *)c->slab + src, (size_t)len));
+  if (rc) return rc;
+  ++*copies;
+  *moved += len;
+  return MLO_OK;
+}
+
+int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
+  mlo_platform *p = c->pipe->platform;
+  *copies = 0;
+  *moved = 0;
+  int rc = prepare(c);
+  if (rc) return rc;
+  struct mlo_prog *g = c->prog;
+  g->active = false; /* until the head's event is recorded */
+  for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = false;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (!t->target && t->block >= 0 && (t->flags & MLO_TENSOR_MUTABLE))
+      g->in_head[t->block] = true;
+  }
+  if ((rc = copy_piece(c, MLO_BLOCK_PROLOGUE, copies, moved))) return rc;
+  if ((rc = copy_piece(c, MLO_BLOCK_EPILOGUE, copies, moved))) return rc;
+  for (size_t b = 0; b < g->n; b++)
+    if (g->in_head[b] && (rc = copy_piece(c, (long)b, copies, moved))) return rc;
+  for (size_t i = 0; i < c->ntensors; i++) { /* caller-owned: one copy each */
+    mlo_tensor *t = c->tensors[i];
+    if (t->target || !t->nbytes || !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
+    uint64_t at = t->dev_offset;
+    if (c->stream && (rc = mlo_stream_tensor_offset(c, t, &at))) return rc;
+    if ((rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, t->host, t->nbytes)))) return rc;
+    ++*copies;
+    *moved += t->nbytes;
+  }
+  if (!g->head_ev && (rc = PCALL(c, mlo_plat_event_create(p, &g->head_ev)))) return rc;
+  return PCALL(c, mlo_plat_event_record_copy(p, g->head_ev));
+}
+
+int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved) {
+  struct mlo_prog *g = c->prog;
+  mlo_platform *p = c->pipe->platform;
+  int rc = MLO_OK;
+  for (size_t b = 0; b < g->n && !rc; b++) {
+    uint64_t src, len, dev;
+    if (g->in_head[b] || !extent(c, (long)b, &src, &len, &dev) || !len) continue;
+    if (!g->ev[b] && (rc = PCALL(c, mlo_plat_event_create(p, &g->ev[b])))) break;
+    if ((rc = copy_piece(c, (long)b, copies, moved))) break;
+    if (!(rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) g->pending[b] = true;
+  }
+  g->active = !rc;
+  return rc;
+}
+
+mlo_event *mlo_prog_head_event(const mlo_component *c) {
+  return c->prog->head_ev;
+}
+
+int mlo_prog_begin(mlo_component *c, size_t b) {
+  struct mlo_prog *g = c->prog;
+  mlo_pipeline *pipe = c->pipe;
+  if (!g || !g->active || b >= g->n || !g->pending[b]) return MLO_OK;
+  mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
+  if (sync == MLO_SYNC_UNSAFE_NONE) return MLO_OK;
+  mlo_event *ev = g->ev[b];
+  mlo_platform *p = pipe->platform;
+  pthread_mutex_unlock(&pipe->lock); /* this thread holds c: it stays resident */
+  uint64_t t0 = mlo_plat_now(p);
+  int rc = mlo_res_compute_wait(p, ev, sync);
+  uint64_t t1 = mlo_plat_now(p);
+  pthread_mutex_lock(&pipe->lock);
+  mlo_res_count_wait(c, t0, t1, true);
+  c->stats.block_wait_ns += t1 - t0;
+  if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's load failed", c->name, b);
+  if (c->prog == g && g->active) g->pending[b] = false;
+  return MLO_OK;
+}
+
+int mlo_component_set_progressive(mlo_component *c, int on) {
+  if (!c) return MLO_EINVAL;
+  MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
+  c->progressive = on != 0; /* from its next load: this residency keeps its own */
+  pthread_mutex_unlock(&c->pipe->lock);
+  return MLO_OK;
+}

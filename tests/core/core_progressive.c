@@ -1,0 +1,308 @@
+/*
+ * core_progressive.c — progressive loads (src/core/progressive.c,
+ * docs/streaming.md): a component whose forward begins and ends its blocks
+ * loads block by block, each block behind its own event.
+ *
+ *  - on the simulated device, whose clock is virtual, the waits are the
+ *    figures computed by hand from the pieces' bytes and the link: the
+ *    acquire waits for the head (prologue and epilogue) alone, a block's
+ *    begin for what of its copy has not landed, and a forward whose blocks
+ *    compute at least as long as the next one copies waits for nothing
+ *    after the first block; the same component loaded whole waits for all
+ *    of it, and the bytes moved are the same;
+ *  - on the host platform with a jittered, throttled copy queue: every
+ *    block's bytes are right after its begin, the head (mutable and
+ *    caller-owned tensors included) right after the acquire, the copies are
+ *    the ones counted by hand, an eviction before any forward leaves the
+ *    audit clean, and a mutable tensor written on the device reaches the
+ *    host at eviction;
+ *  - every platform call of a progressive prompt failed in turn: a status,
+ *    a clean audit, and the next prompt right.
+ */
+#include "testutil.h"
+#include "mlo/checkpoint.h"
+#include "platform/fault.h"
+#include "platform/platform.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB (1024u)
+#define LINK 1000000000ull /* the simulated link, bytes per second */
+
+static uint64_t copy_ns(uint64_t bytes) {
+  return bytes * 1000000000ull / LINK;
+}
+
+/* Within 1 us of the hand-computed figure (the clock rounds per copy). */
+static void assert_near(uint64_t got, uint64_t want) {
+  uint64_t d = got > want ? got - want : want - got;
+  if (d > 1000)
+    fail_msg("%llu ns, computed by hand %llu ns", (unsigned long long)got,
+             (unsigned long long)want);
+}
+
+static void test_waits_by_hand(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("sim:capacity=1G,link=1e9");
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = p;
+  mlo_pipeline *pipe = NULL;
+  char err[512] = "";
+  assert_ok(mlo_synth_open(&po, "wan2.2-t2v", 0.002, &pipe, NULL, err, sizeof err));
+  assert_ok(mlo_pipeline_materialize(pipe));
+  mlo_component *dit = mlo_pipeline_find(pipe, "transformer");
+  mlo_component *whole = mlo_pipeline_find(pipe, "transformer_2"); /* the same shape */
+  assert_ok(mlo_component_set_progressive(dit, 1));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(dit, &si));
+  assert_int_equal(si.progressive, 1);
+  assert_ok(mlo_component_stream_info(whole, &si));
+  assert_int_equal(si.progressive, 0);
+  size_t n = 0;
+  mlo_block_info info[16];
+  assert_ok(mlo_component_blocks(dit, info, 16, &n));
+  size_t nb = mlo_component_block_count(dit);
+  assert_int_equal(n, nb + 2);
+  assert_true(nb >= 3);
+  /* the pieces tile the slab: each piece's copy runs to the next one's
+   * start (alignment included), the last to the end of the block */
+  uint64_t total = mlo_component_bytes(dit), ext[16];
+  for (size_t i = 0; i < n; i++)
+    ext[i] = (i + 1 < n ? info[i + 1].offset : total) - info[i].offset;
+  uint64_t head = ext[0] + ext[n - 1];
+  assert_ok(mlo_offload_enable(pipe, NULL));
+  assert_ok(mlo_platform_synchronize(p)); /* the encoder and VAE strict loaded at enable */
+
+  /* whole: the acquire waits for every byte */
+  assert_ok(mlo_component_acquire(whole));
+  mlo_component_stats ws;
+  assert_ok(mlo_component_get_stats(whole, &ws));
+  assert_near(ws.wait_ns, copy_ns(total));
+  assert_int_equal(ws.h2d_bytes, total);
+  assert_int_equal(ws.copy_calls, 1);
+  for (size_t b = 0; b < nb; b++) assert_ok(mlo_block_begin(whole, b)); /* nothing to wait */
+  for (size_t b = 0; b < nb; b++) assert_ok(mlo_block_end(whole, b));
+  assert_ok(mlo_component_get_stats(whole, &ws));
+  assert_int_equal(ws.block_wait_ns, 0);
+  assert_ok(mlo_component_release(whole));
+
+  /* progressive: the acquire waits for the head alone; block 0's begin
+   * for its own copy (nothing computed yet); then each block computes for
+   * twice its copy, so every later block has landed by its begin */
+  assert_ok(mlo_platform_synchronize(p));
+  assert_ok(mlo_component_acquire(dit)); /* strict: evicts transformer_2 (C4) */
+  mlo_component_stats s0, s1;
+  assert_ok(mlo_component_get_stats(dit, &s0));
+  assert_near(s0.wait_ns, copy_ns(head));
+  assert_int_equal(s0.h2d_bytes, total); /* the same bytes, in 2 + nb copies */
+  assert_int_equal(s0.copy_calls, 2 + nb);
+  assert_false(mlo_component_load_done(dit)); /* the blocks are still on their way */
+  for (size_t b = 0; b < nb; b++) {
+    assert_ok(mlo_block_begin(dit, b));
+    assert_ok(mlo_component_get_stats(dit, &s1));
+    assert_near(s1.block_wait_ns, copy_ns(ext[1]));
+    assert_ok(mlo_sim_compute(p, 2 * copy_ns(ext[1 + b])));
+    assert_ok(mlo_block_end(dit, b));
+  }
+  assert_true(mlo_component_load_done(dit));
+  assert_ok(mlo_component_get_stats(dit, &s1));
+  assert_near(s1.wait_ns, copy_ns(head) + copy_ns(ext[1]));
+  assert_ok(mlo_component_release(dit));
+
+  /* its next forward, resident, waits for nothing; loaded again, with no
+   * compute between the blocks, it waits for every byte in all, as whole */
+  assert_ok(mlo_component_acquire(dit));
+  for (size_t b = 0; b < nb; b++) assert_ok(mlo_block_begin(dit, b));
+  for (size_t b = 0; b < nb; b++) assert_ok(mlo_block_end(dit, b));
+  assert_ok(mlo_component_release(dit));
+  assert_ok(mlo_component_get_stats(dit, &s0));
+  assert_int_equal(s0.wait_ns, s1.wait_ns);
+  assert_ok(mlo_offload_disable(pipe)); /* by hand: evicted, then enabled again */
+  assert_ok(mlo_component_evict(dit));
+  assert_ok(mlo_offload_enable(pipe, NULL));
+  assert_ok(mlo_platform_synchronize(p));
+  assert_ok(mlo_component_acquire(dit));
+  for (size_t b = 0; b < nb; b++) {
+    assert_ok(mlo_block_begin(dit, b));
+    assert_ok(mlo_block_end(dit, b));
+  }
+  assert_ok(mlo_component_release(dit));
+  assert_ok(mlo_component_get_stats(dit, &s1));
+  assert_near(s1.wait_ns - s0.wait_ns, copy_ns(total));
+  /* declared off: its next load is whole again */
+  assert_ok(mlo_component_set_progressive(dit, 0));
+  assert_ok(mlo_offload_disable(pipe));
+  assert_ok(mlo_component_evict(dit));
+  assert_ok(mlo_offload_enable(pipe, NULL));
+  assert_ok(mlo_component_acquire(dit));
+  assert_ok(mlo_component_get_stats(dit, &s0));
+  assert_int_equal(s0.copy_calls - s1.copy_calls, 1);
+  assert_ok(mlo_component_release(dit));
+  assert_ok(mlo_pipeline_audit(pipe));
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
+/* A DiT of a 4 KiB prologue, 6 blocks of 16 KiB (block 3 holds a mutable
+ * buffer), a 4 KiB epilogue and a caller-owned 4 KiB tensor; an encoder
+ * beside it. */
+#define NBLK 6
+typedef struct {
+  mlo_platform *plat;
+  tu_pipe *tp;
+  mlo_component *dit, *enc;
+  mlo_tensor *blk[NBLK], *mut, *own;
+  void *own_data;
+} rig;
+
+static void rig_build_on(rig *r, mlo_platform *plat) {
+  memset(r, 0, sizeof *r);
+  r->plat = plat;
+  r->tp = tu_pipe_new(plat, true);
+  assert_ok(mlo_component_add(r->tp->pipe, "transformer", MLO_ROLE_DIT, &r->dit));
+  tu_add_tensor(r->tp, r->dit, "patch_embedding.weight", 4 * KB, 0);
+  char name[64];
+  for (int b = 0; b < NBLK; b++) {
+    snprintf(name, sizeof name, "blocks.%d.weight", b);
+    r->blk[b] = tu_add_tensor(r->tp, r->dit, name, (b == 3 ? 12 : 16) * KB, 0);
+  }
+  r->mut = tu_add_tensor(r->tp, r->dit, "blocks.3.cache", 4 * KB,
+                         MLO_TENSOR_BUFFER | MLO_TENSOR_MUTABLE);
+  tu_add_tensor(r->tp, r->dit, "proj_out.weight", 4 * KB, 0);
+  r->own_data = malloc(4 * KB);
+  tu_fill_pattern(r->own_data, 4 * KB, tu_seed("transformer", "blocks.1.lora"));
+  mlo_tensor_desc d = MLO_TENSOR_DESC_INIT;
+  d.name = "blocks.1.lora";
+  d.dtype = MLO_DTYPE_U8;
+  d.ndim = 1;
+  d.shape[0] = 4 * KB;
+  d.data = r->own_data;
+  d.flags = MLO_TENSOR_EXTERNAL;
+  assert_ok(mlo_tensor_add(r->dit, &d, &r->own));
+  assert_ok(mlo_component_add(r->tp->pipe, "text_encoder", MLO_ROLE_ENCODER, &r->enc));
+  tu_add_tensor(r->tp, r->enc, "w", 8 * KB, 0);
+  assert_ok(mlo_component_set_progressive(r->dit, 1));
+}
+
+static void rig_free(rig *r) {
+  tu_pipe_free(r->tp);
+  mlo_platform_close(r->plat);
+  free(r->own_data);
+}
+
+static bool bytes_ok(rig *r, const mlo_tensor *t, uint32_t seed) {
+  size_t n = (size_t)mlo_tensor_nbytes(t);
+  unsigned char *buf = malloc(n);
+  int rc = tu_read_device(r->tp, t, buf, n);
+  bool ok = rc == MLO_OK && tu_pattern_mismatch(buf, n, seed) == n;
+  free(buf);
+  if (!ok) tu_note_failure(r->tp, "%s: %s", mlo_tensor_name(t), rc ? mlo_err_name(rc) : "bytes");
+  return ok;
+}
+
+static uint32_t seed_of(const mlo_tensor *t) {
+  return tu_seed("transformer", mlo_tensor_name(t));
+}
+
+/* A forward as compute runs it: the head is there at the acquire, each
+ * block once begun. */
+static int forward(mlo_component *c, void *user) {
+  rig *r = user;
+  bool ok = bytes_ok(r, r->mut, tu_rec(r->tp, r->mut)->seed) && bytes_ok(r, r->own, seed_of(r->own));
+  for (int b = 0; b < NBLK && ok; b++) {
+    if (mlo_block_begin(c, (size_t)b)) return 1;
+    ok = bytes_ok(r, r->blk[b], seed_of(r->blk[b]));
+    if (mlo_block_end(c, (size_t)b)) return 1;
+  }
+  return ok ? 0 : 1;
+}
+
+static void test_bytes_under_jitter(void **state) {
+  (void)state;
+  rig r;
+  rig_build_on(&r, tu_platform_open("capacity=1M,jitter=1,bw=5e7"));
+  mlo_pipeline_set_audit(r.tp->pipe, true);
+  assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
+  for (int i = 0; i < 6; i++) {
+    mlo_component_stats a, b;
+    assert_ok(mlo_component_get_stats(r.dit, &a));
+    assert_ok(mlo_component_forward(r.dit, forward, &r));
+    assert_ok(mlo_component_get_stats(r.dit, &b));
+    /* the head: prologue, epilogue, block 3 (its mutable buffer) and the
+     * caller's tensor; then blocks 0, 1, 2, 4, 5 */
+    assert_int_equal(b.copy_calls - a.copy_calls, 4 + 5);
+    assert_ok(tu_forward(r.tp, r.enc)); /* C4: the DiT goes */
+    assert_false(mlo_component_is_resident(r.dit));
+    if (i == 2) { /* a mutable buffer written on the device reaches the host */
+      assert_ok(mlo_component_acquire(r.dit));
+      tu_mutate(r.tp, r.mut, 77);
+      assert_ok(mlo_component_release(r.dit));
+      assert_ok(tu_forward(r.tp, r.enc)); /* written back at this eviction */
+    }
+    if (i == 4) { /* loaded by hand and evicted before any forward, its copies in flight */
+      assert_ok(mlo_offload_disable(r.tp->pipe));
+      assert_ok(mlo_component_load(r.dit));
+      assert_ok(mlo_component_evict(r.dit));
+      assert_ok(mlo_pipeline_audit(r.tp->pipe));
+      assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
+    }
+  }
+  char why[256];
+  assert_true(tu_host_content_ok(r.tp, r.dit, why, sizeof why));
+  tu_assert_forwards_clean(r.tp);
+  assert_int_equal(tu_device_used(r.plat), tu_pstats(r.tp).device_bytes);
+  rig_free(&r);
+}
+
+static int prompt(rig *r) {
+  int rc = tu_forward(r->tp, r->enc);
+  for (int s = 0; s < 3 && !rc; s++) rc = mlo_component_forward(r->dit, forward, r);
+  return rc;
+}
+
+static void test_fault_sweep(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  unsigned fired = 0;
+  for (uint64_t nth = 1;; nth++) {
+    mlo_platform *plat = NULL;
+    char err[256] = "";
+    assert_ok(mlo_platform_open("fault:kind=any,nth=0,inner=host:capacity=1M,jitter=1", &plat, err,
+                                sizeof err));
+    rig r;
+    rig_build_on(&r, plat);
+    assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+    mlo_fault_arm(plat, MLO_FAULT_ANY, nth);
+    int rc = mlo_offload_enable(r.tp->pipe, NULL);
+    if (!rc) rc = prompt(&r);
+    bool hit = mlo_fault_fired(plat);
+    mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
+    if (!hit) { /* past the last call */
+      assert_ok(rc);
+      rig_free(&r);
+      break;
+    }
+    fired++;
+    if (rc && rc != MLO_ECALLBACK) assert_true(mlo_pipeline_errmsg(r.tp->pipe)[0] != '\0');
+    assert_ok(mlo_pipeline_audit(r.tp->pipe));
+    assert_int_equal(tu_device_used(plat), tu_pstats(r.tp).device_bytes);
+    tu_reset_observations(r.tp);
+    if (!mlo_offload_is_enabled(r.tp->pipe)) assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
+    assert_ok(prompt(&r));
+    assert_ok(prompt(&r));
+    tu_assert_forwards_clean(r.tp);
+    rig_free(&r);
+  }
+  assert_true(fired > 20);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_waits_by_hand),
+      cmocka_unit_test(test_bytes_under_jitter),
+      cmocka_unit_test(test_fault_sweep),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
