@@ -25,7 +25,10 @@ against at slow links.
 
 usage: bench/stream.py [--mlo build/tools/mlo/mlo] [--scale 0.002]
                        [--fraction 0.6] [--link-ratio 1] [--steps 8]
-                       [--prompts 4] [--reps 3] [--json]
+                       [--prompts 4] [--reps 3] [--whole-loads-too] [--json]
+(--fraction 1 is the strict-memory case: a budget of exactly the largest
+DiT, which then moves whole; --whole-loads-too pairs each repetition with
+a run whose loads are whole, as before progressive loads.)
 Writes only under a temporary folder of its own.
 """
 import argparse
@@ -60,6 +63,8 @@ def main():
     ap.add_argument("--steps", default="8")
     ap.add_argument("--prompts", default="4")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--whole-loads-too", dest="whole_too", action="store_true",
+                    help="each repetition also runs with --whole-loads, paired")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="mlo-stream-") as tmp:
@@ -77,9 +82,11 @@ def main():
         block_s = pd["forward_s"] / pd["forwards"] / blocks["count"]
         link = blocks["largest_bytes"] / (block_s / a.link_ratio)
         reps = []
-        for _ in range(a.reps):
+        for i in range(a.reps * (2 if a.whole_too else 1)):
+            whole = a.whole_too and i % 2 == 1  # paired: progressive, then whole, per rep
             res = json.loads(run(a.mlo, "run", ckpt, "--policy", "budget", "--budget",
-                                 str(budget), "--link", f"{link:.6g}", *common))
+                                 str(budget), "--link", f"{link:.6g}", *common,
+                                 *(("--whole-loads",) if whole else ())))
             comps = [c for c in res["components"] if c["stream"]]
             streamed = {c["name"]: c["stream"]["streamed_bytes_per_forward"] for c in comps}
             per_prompt_blocks = sum(streamed[c["name"]] * c["forwards"] for c in comps) / int(a.prompts)
@@ -88,7 +95,9 @@ def main():
             compute = res["reference_steady_wall_s"]
             moved = statistics.median(g["h2d_bytes"] for g in gens)
             reps.append({
+                "loads": "whole" if whole else "progressive",
                 "ratio": res["steady_ratio"],
+                "exposed": 1 + steady(res, "stall_s") / compute,
                 "stall_s": steady(res, "stall_s"),
                 "block_stall_s": block_stall,
                 "streamed_block_bytes_per_prompt": per_prompt_blocks,
@@ -100,12 +109,20 @@ def main():
                 "bound_s": max(compute, moved / link),
                 "wall_s": steady(res),
             })
+        prog = [r for r in reps if r["loads"] == "progressive"]
         out = {"scale": a.scale, "dit": dit["name"], "dit_bytes": dit["device_bytes"],
                "blocks": blocks["count"], "budget_bytes": budget, "link_bytes_per_s": link,
                "block_compute_s": block_s, "reps": reps,
-               "median_wall_ratio": statistics.median(r["ratio"] for r in reps),
-               "median_bound_ratio": statistics.median(r["wall_s"] / r["bound_s"] for r in reps),
-               "median_stall_s": statistics.median(r["stall_s"] for r in reps)}
+               "median_wall_ratio": statistics.median(r["ratio"] for r in prog),
+               "median_exposed": statistics.median(r["exposed"] for r in prog),
+               "median_bound_ratio": statistics.median(r["wall_s"] / r["bound_s"] for r in prog),
+               "median_stall_s": statistics.median(r["stall_s"] for r in prog)}
+        whole = [r for r in reps if r["loads"] == "whole"]
+        if whole:
+            out["whole_median_exposed"] = statistics.median(r["exposed"] for r in whole)
+            out["whole_median_stall_s"] = statistics.median(r["stall_s"] for r in whole)
+            out["median_stall_ratio"] = statistics.median(
+                p["stall_s"] / w["stall_s"] for p, w in zip(prog, whole) if w["stall_s"] > 0)
         if a.json:
             print(json.dumps(out, indent=1))
             return
@@ -113,13 +130,19 @@ def main():
               f"budget {budget / 2**20:.1f} MiB ({a.fraction:.0%}); link {link / 1e6:.0f} MB/s "
               f"(a block's copy = {1 / a.link_ratio:.2g} x its compute, {block_s * 1e3:.1f} ms)")
         for i, r in enumerate(reps):
-            print(f"  rep {i + 1}: steady prompt {r['wall_s']:.3f} s = {r['ratio']:.3f}x all "
+            print(f"  rep {i + 1} ({r['loads']} loads): exposed {r['exposed']:.3f}; steady prompt "
+                  f"{r['wall_s']:.3f} s = {r['ratio']:.3f}x all "
                   f"resident, {r['wall_s'] / r['bound_s']:.3f}x max(compute, bytes/link); "
                   f"waited {r['stall_s']:.3f} s ({r['block_stall_s']:.3f} s for "
                   f"blocks); copied {r['h2d_bytes_per_prompt'] / 2**20:.1f} MiB/prompt; peak "
                   f"{r['peak_device_bytes'] / 2**20:.1f} MiB <= budget: "
                   f"{r['peak_device_bytes'] <= budget}; identical: {r['verified']}")
-        print(f"medians: wall {out['median_wall_ratio']:.3f}x all resident, warm (noisy on a "
+        if whole:
+            print(f"whole loads: exposed {out['whole_median_exposed']:.3f}, waited "
+                  f"{out['whole_median_stall_s']:.3f} s per prompt; progressive waits "
+                  f"{out['median_stall_ratio']:.2f}x that (median of paired reps)")
+        print(f"medians (progressive): exposed {out['median_exposed']:.3f}; "
+              f"wall {out['median_wall_ratio']:.3f}x all resident, warm (noisy on a "
               f"shared machine); {out['median_bound_ratio']:.3f}x max(compute, bytes/link); "
               f"waited {out['median_stall_s']:.3f} s per prompt")
 

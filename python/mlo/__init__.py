@@ -300,6 +300,13 @@ class Component:
             _check(lib().mlo_component_stream_info(self._c, ctypes.byref(s)), "stream_info", pipe)
         return {f: getattr(s, f) for f, _ in s._fields_ if f != "size"}
 
+    def set_progressive(self, on):
+        """Its forward begins and ends every block, so its loads may go
+        block by block (mlo_component_set_progressive): from its next load."""
+        with self._use("set_progressive") as pipe:
+            _check(lib().mlo_component_set_progressive(self._c, 1 if on else 0),
+                   "set_progressive '%s'" % self.name, pipe)
+
     def block_begin(self, block):
         """Before block `block`'s compute (mlo_block_begin): its tensors have
         a device copy until block_end."""

@@ -153,6 +153,9 @@ class _Managed:
         self.hooks = []
         self.patched = {}
         self.streams = False  # its blocks pass through device slots (block streaming)
+        self.progressive = False  # it loads block by block, its blocks' hooks saying where
+        self.may_progress = False  # each block has a module to hook: progressive once seen
+        self.seen = set()  # blocks begun since its acquire (progressive is earned by these)
         self.blocks = {}  # block index -> (its module, its entries)
         self.pieces = []  # its entries by contiguous piece: what a fingerprint sums
 
@@ -170,9 +173,11 @@ class Offload:
     pipeline's modules.  Kept on the pipeline as ``pipe._mlo_offload``; its
     memory holds the modules' weights as long as the pipeline lives."""
 
-    def __init__(self, device, policy, budget, reserve, prefetch, check_writes=True):
+    def __init__(self, device, policy, budget, reserve, prefetch, check_writes=True,
+                 progressive=True):
         self.settings = (device, policy, budget, reserve, prefetch)
         self.check_writes = check_writes
+        self.progressive = progressive
         spec = _platform_spec(device)
         self.platform = Platform(spec)
         # the stream compute is ordered on (C8): torch's current one at enable
@@ -326,9 +331,10 @@ class Offload:
             self._check_replaced(m)
             if m is skip or m.bound != "device" or m.reference is None:
                 continue
-            if not m.acquired_since_load:
-                # loaded ahead (a prefetch, enable) and not run yet: read once
-                # its copy has landed, never waited for
+            if not m.acquired_since_load or m.streams or m.progressive:
+                # loaded ahead (a prefetch, enable) and not run yet, or loaded
+                # block by block (an acquire waits for its head alone): read
+                # once its copy has landed, never waited for
                 if not m.comp.load_done:
                     continue
                 m.acquired_since_load = True
@@ -360,7 +366,8 @@ class Offload:
             replaced.append((e, cur))
         if not replaced:
             return
-        if m.bound == "device" and not (m.acquired_since_load or m.comp.load_done):
+        landed = m.acquired_since_load and not (m.streams or m.progressive)
+        if m.bound == "device" and not (landed or m.comp.load_done):
             # loaded ahead and still loading: its copy would land over the
             # new values (rare: wait for it, then write them on the device)
             self.platform.synchronize()
@@ -428,6 +435,10 @@ class Offload:
         m.acquired_since_load = True  # the compute stream waits for its load (C8)
 
     def release(self, m):
+        if m.may_progress and not m.progressive and m.blocks and len(m.seen) == len(m.blocks):
+            m.progressive = True  # every block's hooks ran: its next load goes block by block
+            m.comp.set_progressive(True)
+        m.seen.clear()
         # the budget policy prefetches at a release, which may evict
         # anything, m included: writes first, and bindings after
         budget = self.settings[1] == "budget"
@@ -466,7 +477,7 @@ class Offload:
         post = m.module.register_forward_hook(lambda mod, args, out: self.release(m),
                                               always_call=True)
         m.hooks += [pre, post]
-        for b, (module, entries) in m.blocks.items():  # a streamed component's blocks
+        for b, (module, entries) in m.blocks.items():  # streamed or progressive: its blocks
             m.hooks.append(module.register_forward_pre_hook(
                 lambda mod, args, b=b, entries=entries: self._block_begin(m, b, entries)))
             m.hooks.append(module.register_forward_hook(
@@ -511,6 +522,13 @@ class Offload:
         disable); each component's blocks planned, its slab's fingerprint
         taken, every module bound where libmlo has its bytes."""
         device, policy, budget, reserve, prefetch = self.settings
+        for m in self.managed:  # before enable's loads: they go block by block already
+            # A forward must be seen to begin every block before loads go block
+            # by block (release): hooks on a module torch never calls would
+            # let compute read blocks still copying.
+            m.may_progress = self.progressive and self._hookable_blocks(m) is not None
+            m.progressive = m.progressive and m.may_progress
+            m.comp.set_progressive(m.progressive)
         self.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
         self.enabled = True
         if policy == "budget":  # nothing declares the calls: learn them (docs/planner.md)
@@ -533,36 +551,68 @@ class Offload:
         m.blocks = {}
         m.pieces = [m.entries]
         if m.streams:
-            by_block = {}
-            for e in m.entries:
-                by_block.setdefault(Component.tensor_block(e.handle), []).append(e)
+            by_block = self._by_block(m)
             m.pieces = [g for _, g in sorted(by_block.items())]
             for b, entries in sorted(by_block.items()):
                 if b >= 0:
-                    m.blocks[b] = (self._block_module(m, b, entries), entries)
+                    module = self._block_module(m, entries)
+                    if module is None:
+                        raise MloError(-8, "'%s' streams, but the tensors of its block %d (%s, "
+                                       "...) share no module to hook; give it a budget that "
+                                       "holds it whole" % (m.name, b, entries[0].qname))
+                    m.blocks[b] = (module, entries)
+        elif m.may_progress:
+            m.blocks = self._hookable_blocks(m)
         self._take_reference(m)
 
-    def _block_module(self, m, b, entries):
-        """The module block b's tensors' names share: its hooks' place."""
+    @staticmethod
+    def _by_block(m):
+        by_block = {}
+        for e in m.entries:
+            by_block.setdefault(Component.tensor_block(e.handle), []).append(e)
+        return by_block
+
+    def _hookable_blocks(self, m):
+        """Block index -> (its module, its entries) when every block of m has
+        a module of its own to hook (progressive loads: docs/streaming.md);
+        None where m has no blocks or one of them has no such module."""
+        blocks = {}
+        for b, entries in sorted(self._by_block(m).items()):
+            if b >= 0:
+                module = self._block_module(m, entries)
+                if module is None or any(module is mod for mod, _ in blocks.values()):
+                    return None
+                blocks[b] = (module, entries)
+        return blocks or None
+
+    @staticmethod
+    def _block_module(m, entries):
+        """The module a block's tensors' names share up to the block's number
+        (`encoder.block.3` for encoder.block.3.layer.0.SelfAttention.q.weight,
+        as libmlo names blocks: not the ModuleList `layer` below it, which is
+        never called): its hooks' place (None where they share none)."""
         common = os.path.commonprefix([e.qname.split(".")[:-1] for e in entries])
+        while common and not common[-1].isdigit():
+            common = common[:-1]
         module = m.module
         for part in common:
             module = getattr(module, part, None)
-        if not common or not isinstance(module, torch.nn.Module):
-            raise MloError(-8, "'%s' streams, but the tensors of its block %d (%s, ...) share "
-                           "no module to hook; give it a budget that holds it whole"
-                           % (m.name, b, entries[0].qname))
+        if not common or not isinstance(module, torch.nn.Module) or module is m.module:
+            return None
         return module
 
     def _block_begin(self, m, b, entries):
-        m.comp.block_begin(b)
-        for e in entries:  # the block's slot, until its end
-            self._bind_entry(e, "device")
+        m.comp.block_begin(b)  # compute after the block's copy (C8)
+        m.seen.add(b)
+        if m.streams:
+            for e in entries:  # the block's slot, until its end
+                self._bind_entry(e, "device")
 
     def _block_end(self, m, b, entries):
         m.comp.block_end(b)
-        for e in entries:  # a streamed block's slot is reused after this: its slab again
-            self._bind_entry(e, "device")
+        if m.streams:
+            for e in entries:  # a streamed block's slot is reused after this: its slab again
+                self._bind_entry(e, "device")
 
     def __enter__(self):
         return self
@@ -777,7 +827,7 @@ def _guarded_to(obj, managed):
 
 
 def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0,
-                         prefetch=True, check_writes=True):
+                         prefetch=True, check_writes=True, progressive=True):
     """Model-level offload of a diffusers (or any) pipeline through libmlo.
 
     device: where compute runs: None (the GPU torch sees; the host stand-in
@@ -790,6 +840,11 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     check_writes: writes into the weights while offloaded (a LoRA fuse,
     load_state_dict, p.data.mul_()) reach mlo's memory before any eviction
     (a fingerprint of each resident block at each switch; False skips it).
+    progressive: a component whose blocks each have a module of their own
+    (`blocks.3`) loads block by block once a forward has been seen to run
+    every block's hooks, each block's compute then ordered after its own
+    copy, so a switch waits for the first block, not the whole component
+    (docs/streaming.md); False loads each whole.
     Idempotent with the same arguments (C11); different ones raise MloError
     (EOWNED, C16).  On failure the modules are left as they were (C15).
     Returns the backend (pipe._mlo_offload)."""
@@ -803,7 +858,7 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
         if not current.enabled:
             _reenable(pipe, current)
         return current
-    backend = Offload(device, policy, budget, reserve, prefetch, check_writes)
+    backend = Offload(device, policy, budget, reserve, prefetch, check_writes, progressive)
     try:
         if isinstance(pipe, OffloadDelegate):
             pipe.mlo_enable_offload(backend)
