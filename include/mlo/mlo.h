@@ -903,7 +903,8 @@ typedef struct {
   uint64_t device_bytes;   /* what it holds on the device while resident */
   uint64_t streamed_bytes; /* bytes copied per forward for its streamed blocks */
   int progressive;         /* its loads go block by block: its forward must begin and
-                              end every block (it streams, or mlo_component_set_progressive) */
+                              end every block (it streams, or mlo_component_set_progressive,
+                              and it has blocks and is loaded neither from disk nor sharded) */
 } mlo_stream_info;
 /* The least budget under which the budget policy runs comp: the least
  * footprint it streams in, or its whole bytes where it cannot stream (too

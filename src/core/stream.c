@@ -673,7 +673,7 @@ int mlo_component_stream_info(mlo_component *c, mlo_stream_info *out) {
                            st ? st->slot_bytes : 0,
                            mlo_res_bytes(c),
                            st ? st->streamed_bytes : 0,
-                           c->progressive || st};
+                           c->materialized ? mlo_prog_applies(c) : c->progressive};
   pthread_mutex_unlock(&c->pipe->lock);
   return MLO_OK;
 }

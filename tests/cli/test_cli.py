@@ -297,6 +297,29 @@ class RunTests(Fixture):
         self.assertEqual(res["experts"]["source"], "scheduler config")
         self.check_schedule(res, 8, first_expert_steps(8), True)
 
+    def test_whole_and_progressive_loads(self):
+        """By default each component with blocks loads block by block (one
+        copy per piece, the same bytes); --whole-loads loads each in one
+        copy; the output is the same either way."""
+        cap = self.capacity_for_offload()
+        runs = {}
+        for flag in ((), ("--whole-loads",)):
+            res = self.run_json("--device-memory", cap, "--verify", "--steps", "4", *flag)
+            self.assertIs(res["verified"], True)
+            runs[bool(flag)] = res
+        prog, whole = runs[False], runs[True]
+        self.assertEqual(prog["digest"], whole["digest"])
+        self.assertEqual(prog["h2d_bytes"], whole["h2d_bytes"])
+        blocks = {c["name"]: c["blocks"]["count"] for c in self.info["components"]
+                  if c["blocks"] and c["blocks"]["count"]}
+        self.assertTrue(blocks)
+        for p, w in zip(prog["components"], whole["components"]):
+            self.assertEqual(p["progressive"], p["name"] in blocks, p["name"])
+            self.assertIs(w["progressive"], False)
+            if p["name"] in blocks:  # head (prologue, epilogue) and each block: a copy each
+                self.assertEqual(p["copy_calls"], p["loads"] * (2 + blocks[p["name"]]), p["name"])
+                self.assertEqual(w["copy_calls"], w["loads"], w["name"])
+
     def test_boundaries_change_the_schedule(self):
         cap = self.capacity_for_offload()
         # --boundary is diffusers' boundary_ratio, over the scheduler's timesteps

@@ -207,6 +207,7 @@ static void add_stats(cJSON *o, const mlo_component_stats *s) {
   cJSON_AddNumberToObject(o, "forwards", (double)s->forwards);
   cJSON_AddNumberToObject(o, "h2d_bytes", (double)s->h2d_bytes);
   cJSON_AddNumberToObject(o, "d2h_bytes", (double)s->d2h_bytes);
+  cJSON_AddNumberToObject(o, "copy_calls", (double)s->copy_calls);
   cJSON_AddNumberToObject(o, "stall_s", (double)s->wait_ns / 1e9);
   cJSON_AddNumberToObject(o, "forward_s", (double)s->forward_ns / 1e9);
   cJSON_AddNumberToObject(o, "block_loads", (double)s->block_loads);
@@ -314,6 +315,8 @@ static cJSON *build_json(const tool_report *rep) {
     cJSON_AddNumberToObject(o, "tensor_bytes", (double)c->tensor_bytes);
     cJSON_AddNumberToObject(o, "device_bytes", (double)c->bytes);
     add_stats(o, &c->stats);
+    /* its loads go block by block (mlo_component_set_progressive) */
+    cJSON_AddBoolToObject(o, "progressive", c->stream.progressive != 0);
     if (c->stream.slots) {
       cJSON *st = cJSON_AddObjectToObject(o, "stream");
       cJSON_AddNumberToObject(st, "blocks", (double)c->stream.blocks);
