@@ -75,7 +75,12 @@ def main():
                   key=lambda c: c["device_bytes"])
         blocks = dit["blocks"]
         budget = int(dit["device_bytes"] * a.fraction)
-        common = ("--json", "--steps", a.steps, "--prompts", a.prompts, "--verify")
+        # a host device that behaves like a GPU: memory backed up front (as
+        # large as the all-resident reference needs), no poison fill
+        # competing with compute for the CPU (as mlo bench and mlo demo)
+        plat = "host:prefault=1,poison=0,capacity=%d" % (info["all_resident_bytes"] * 5 // 4)
+        common = ("--platform", plat, "--json", "--steps", a.steps, "--prompts", a.prompts,
+                  "--verify")
         # the compute of one block, from an all-resident run without a link
         probe = json.loads(run(a.mlo, "run", ckpt, "--offload", "none", *common[:-1]))
         pd = next(c for c in probe["components"] if c["name"] == dit["name"])

@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from . import Component, MloError, Pipeline, Platform, lib, role_from_class, role_guess
+from . import Component, MloError, Pipeline, Platform, _ESTATE, lib, role_from_class, role_guess
 
 __all__ = ["enable_model_offload", "disable_model_offload", "close_model_offload",
            "SupportsComponentDiscovery", "OffloadDelegate", "Offload"]
@@ -336,7 +336,11 @@ class Offload:
                 # block by block (an acquire waits for its head alone): read
                 # once its copy has landed, never waited for
                 if not m.comp.load_done:
-                    continue
+                    if not m.acquired_since_load:
+                        continue  # a prefetch in flight: never read, nor waited for
+                    # it ran, but blocks its forward did not begin may still be
+                    # copying (on a GPU the host runs ahead): wait, then read
+                    self.platform.synchronize()
                 m.acquired_since_load = True
             now = self._sums(m, "device")
             if any(d is not None and d != r for d, r in zip(now, m.reference)):
@@ -602,14 +606,26 @@ class Offload:
         return module
 
     def _block_begin(self, m, b, entries):
-        m.comp.block_begin(b)  # compute after the block's copy (C8)
+        try:
+            m.comp.block_begin(b)  # compute after the block's copy (C8)
+        except MloError as e:
+            if m.streams or e.code != _ESTATE:
+                raise
+            # a block module called outside its component's forward (a direct
+            # call, a recompute): as before progressive loads, nothing to order
+            return
         m.seen.add(b)
         if m.streams:
             for e in entries:  # the block's slot, until its end
                 self._bind_entry(e, "device")
 
     def _block_end(self, m, b, entries):
-        m.comp.block_end(b)
+        try:
+            m.comp.block_end(b)
+        except MloError as e:
+            if m.streams or e.code != _ESTATE:
+                raise
+            return
         if m.streams:
             for e in entries:  # a streamed block's slot is reused after this: its slab again
                 self._bind_entry(e, "device")
@@ -853,7 +869,8 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     if current is not None and current.closed:
         current = None
     if current is not None:
-        if current.settings != args:
+        if current.settings != args or (current.check_writes, current.progressive) != (
+                check_writes, progressive):
             raise MloError(-13, "offload is already enabled with other settings")
         if not current.enabled:
             _reenable(pipe, current)

@@ -645,6 +645,22 @@ class ProgressiveTests(unittest.TestCase):
         mlo.torch.disable_model_offload(pipe)
         return st, seen
 
+    def test_block_called_outside_its_forward(self):
+        # a block module run on its own, outside its component's forward (a
+        # direct call): as without progressive loads, it runs, unordered
+        pipe = tiny.wan(num_layers=2)
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        tiny.run_wan(pipe)
+        m = next(m for m in b.managed if m.name == "text_encoder")
+        self.assertTrue(m.may_progress)
+        block = m.blocks[0][0]
+        hidden = torch.zeros(1, 3, pipe.text_encoder.config.d_model)
+        with torch.no_grad():
+            block(hidden)
+        self.assertRaises(mlo.MloError, mlo.torch.enable_model_offload, pipe, device=DEVICE,
+                          progressive=False)  # other settings: refused, not reused (C16)
+        mlo.torch.disable_model_offload(pipe)
+
     def test_blocks_wait_for_their_own_copies(self):
         prog, seen = self.run_with(True)
         whole, _ = self.run_with(False)

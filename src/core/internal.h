@@ -146,7 +146,8 @@ struct mlo_component {
   void *block;
   mlo_event *load_ev;     /* recorded on the copy queue after the load */
   uint64_t load_begin_ns; /* when the current load was issued (trace, log) */
-  bool load_waited;       /* the load is known complete for compute */
+  bool load_waited;       /* the load is known complete for compute (its head, block by block) */
+  bool load_ended;        /* its LOAD_END traced and its line logged (mlo_res_load_ended) */
   uint64_t alloc_bytes;   /* the block as allocated (sharded: whole slices) */
   size_t gather_slice;    /* sharded load: this rank's slice, gathered at the wait; 0: none */
   bool device_gather;     /* sharded load gathered on the device, not waited for yet */
@@ -341,6 +342,9 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync);
 int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync);
 void mlo_res_count_wait(mlo_component *c, uint64_t t0, uint64_t t1, bool traced);
 void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
+/* The load's end, once per residency: traced (LOAD_END) and logged at its
+ * completion stamp, no later than latest; lock held. */
+void mlo_res_load_ended(mlo_component *c, uint64_t latest);
 /* Waits for a pending write-back into host memory; lock held. */
 int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);

@@ -196,6 +196,10 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   if (!g || !g->active || b >= g->n || !g->pending[b]) return MLO_OK;
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   if (sync == MLO_SYNC_UNSAFE_NONE) return MLO_OK;
+  if (sync == MLO_SYNC_DEVICE) { /* the acquire synchronized the device: every copy is in */
+    g->pending[b] = false;
+    return MLO_OK;
+  }
   mlo_event *ev = g->ev[b];
   mlo_platform *p = pipe->platform;
   pthread_mutex_unlock(&pipe->lock); /* this thread holds c: it stays resident */
@@ -206,7 +210,11 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   mlo_res_count_wait(c, t0, t1, true);
   c->stats.block_wait_ns += t1 - t0;
   if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's load failed", c->name, b);
-  if (c->prog == g && g->active) g->pending[b] = false;
+  if (c->prog != g || !g->active) return MLO_OK;
+  g->pending[b] = false;
+  bool left = false; /* the last block waited for: the load is complete (its event follows) */
+  for (size_t k = 0; k < g->n && !left; k++) left = g->pending[k];
+  if (!left) mlo_res_load_ended(c, t1);
   return MLO_OK;
 }
 

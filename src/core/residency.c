@@ -73,6 +73,20 @@ static void log_load_done(const mlo_component *c, uint64_t done_ns) {
            mlo_platform_name(c->pipe->platform));
 }
 
+/* The load's end, traced and logged once per residency, when it is known
+ * complete: at the acquire's wait for a whole load, at the last block's
+ * begin (or the eviction) for one that went block by block. */
+void mlo_res_load_ended(mlo_component *c, uint64_t latest) {
+  if (c->load_ended) return;
+  c->load_ended = true;
+  uint64_t done = load_done_ns(c, latest);
+  log_load_done(c, done);
+  if (c->pipe->trace) {
+    mlo_trace_event e = {MLO_TRACE_LOAD_END, c, done, c->block_bytes, c->pipe->device_bytes};
+    c->pipe->trace(&e, c->pipe->trace_user);
+  }
+}
+
 /* Enqueues the host-to-device copies of a load; returns copies issued. */
 static int enqueue_load_copies(mlo_component *c, size_t *copies) {
   mlo_pipeline *pipe = c->pipe;
@@ -260,6 +274,7 @@ int mlo_res_load(mlo_component *c) {
   if (!rc && !c->on_disk) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
   if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
     c->device_gather = false;
+    mlo_prog_evicted(c); /* no residency: its block events are not this load's */
     c->stats.platform_calls++;
     mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
     c->block = NULL;
@@ -277,6 +292,7 @@ int mlo_res_load(mlo_component *c) {
   }
   c->state = MLO_RES_LOADING;
   c->load_waited = false;
+  c->load_ended = false;
   c->use_valid = false; /* a new residency: no use of it yet */
   c->gather_slice = gathered_on_device ? 0 : slice;
   c->stats.loads++;
@@ -335,11 +351,12 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   int rc = used ? MLO_OK : ensure_event(c, &c->compute_ev);
   if (!rc && !used) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
   if (!rc) rc = PCALL(c, mlo_plat_readback_wait(p, used ? used : c->compute_ev));
-  /* A component evicted before any forward waited for its load: on a
-   * readback queue of its own the copies back must wait for that load too
-   * (on one queue they follow it anyway). */
-  if (!rc && !c->load_waited && mlo_plat_separate_readback(p))
-    rc = PCALL(c, mlo_plat_readback_wait(p, c->load_ev));
+  /* A component evicted before any forward waited for its load (or loaded
+   * block by block: the forward waited for the blocks it began, maybe not
+   * all): on a readback queue of its own the copies back must wait for that
+   * load too (on one queue they follow it anyway). */
+  if (!rc && (!c->load_waited || mlo_prog_active(c)) && mlo_plat_separate_readback(p))
+    rc = PCALL(c, mlo_plat_readback_wait(p, c->load_ev)); /* progressive: blocks maybe not begun */
   for (size_t i = 0; i < c->ntensors && !rc; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!needs_writeback(c, t)) continue;
@@ -377,12 +394,9 @@ int mlo_res_evict(mlo_component *c) {
     c->state = MLO_RES_HOST;
     return MLO_OK;
   }
-  if (!c->load_waited) { /* loaded, never used: end the load where it ended */
+  if (!c->load_ended) { /* loaded, never used (or not every block): end it where it ended */
     uint64_t t = 0;
-    if (mlo_plat_event_time(pipe->platform, c->load_ev, &t) == MLO_OK) {
-      trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, t);
-      log_load_done(c, t);
-    }
+    if (mlo_plat_event_time(pipe->platform, c->load_ev, &t) == MLO_OK) mlo_res_load_ended(c, t);
   }
   uint64_t back = 0;
   int rc = write_back(c, &back);
@@ -512,12 +526,13 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_res_count_wait(c, t0, t1, !rc && pending);
   if (!rc && pending) {
     c->load_waited = true;
-    uint64_t done = slice ? t1 : load_done_ns(c, t1); /* one question to the platform */
-    log_load_done(c, done);
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
-    if (pipe->trace) {
-      mlo_trace_event e3 = {MLO_TRACE_LOAD_END, c, done, c->block_bytes, pipe->device_bytes};
-      pipe->trace(&e3, pipe->trace_user);
+    if (slice) { /* gathered by the host just now: it ended here */
+      c->load_ended = true;
+      log_load_done(c, t1);
+      trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, t1);
+    } else if (!mlo_prog_active(c)) { /* block by block: at its last block's begin */
+      mlo_res_load_ended(c, t1);
     }
   }
   pthread_mutex_unlock(&pipe->lock);

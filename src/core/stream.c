@@ -673,7 +673,9 @@ int mlo_component_stream_info(mlo_component *c, mlo_stream_info *out) {
                            st ? st->slot_bytes : 0,
                            mlo_res_bytes(c),
                            st ? st->streamed_bytes : 0,
-                           c->materialized ? mlo_prog_applies(c) : c->progressive};
+                           /* this residency's loads, or the next one's */
+                           mlo_prog_active(c) || (c->materialized ? mlo_prog_applies(c)
+                                                                  : c->progressive)};
   pthread_mutex_unlock(&c->pipe->lock);
   return MLO_OK;
 }

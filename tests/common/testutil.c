@@ -7,6 +7,7 @@
  */
 #include "testutil.h"
 
+#include "platform/fault.h"
 #include "platform/platform.h"
 
 #include <ctype.h>
@@ -738,4 +739,40 @@ void tu_write_text(const char *path, const char *text) {
   assert_non_null(f);
   assert_true(fputs(text, f) >= 0);
   assert_int_equal(fclose(f), 0);
+}
+
+unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *self) {
+  char spec[512];
+  snprintf(spec, sizeof spec, "fault:kind=any,nth=0,inner=%s", inner_spec);
+  unsigned fired = 0;
+  for (uint64_t nth = 1;; nth++) {
+    mlo_platform *plat = NULL;
+    char err[256] = "";
+    assert_ok(mlo_platform_open(spec, &plat, err, sizeof err));
+    tu_pipe *tp = fc->build(self, plat);
+    mlo_fault_arm(plat, MLO_FAULT_ANY, nth);
+    int rc = fc->run(self);
+    bool hit = mlo_fault_fired(plat);
+    mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
+    if (!hit) { /* past the last call: the sweep is done */
+      assert_ok(rc);
+      fc->destroy(self);
+      mlo_platform_close(plat);
+      return fired;
+    }
+    fired++;
+    if (rc && rc != MLO_ECALLBACK) assert_true(mlo_pipeline_errmsg(tp->pipe)[0] != '\0');
+    /* nothing half-done: the platform's bytes are the pipeline's */
+    tu_assert_audit(tp);
+    assert_int_equal(tu_device_used(plat), tu_pstats(tp).device_bytes);
+    /* and the next prompts are right (a failure inside a forward may have
+     * been absorbed: a prefetch or a fill ahead only costs its overlap) */
+    tu_reset_observations(tp);
+    assert_ok(fc->run(self));
+    assert_ok(fc->run(self));
+    tu_assert_forwards_clean(tp);
+    tu_assert_audit(tp);
+    fc->destroy(self);
+    mlo_platform_close(plat);
+  }
 }

@@ -203,6 +203,25 @@ uint64_t tu_device_used(mlo_platform *plat);
 void tu_assert_audit(tu_pipe *tp);
 
 /* ------------------------------------------------------------------------
+ * Fault sweeps: every platform call of a scenario failed in turn
+ * ---------------------------------------------------------------------- */
+typedef struct {
+  /* Builds the scenario on plat (materialized, offload not enabled yet);
+   * returns its pipeline. */
+  tu_pipe *(*build)(void *self, mlo_platform *plat);
+  /* Enables offload if it is not, then runs one prompt: the first status. */
+  int (*run)(void *self);
+  void (*destroy)(void *self);
+} tu_fault_case;
+/* For nth = 1, 2, ... until a run makes fewer calls: a fresh fault platform
+ * over inner_spec, the scenario built, its nth platform call from the
+ * first run on failed.  Each failure must come back as a status with a
+ * message (or MLO_ECALLBACK), leave the audit clean and the platform's
+ * device bytes the pipeline's; then two more runs must succeed with every
+ * forward's checks clean.  Returns how many calls it failed. */
+unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *self);
+
+/* ------------------------------------------------------------------------
  * A reference model of the contract (C2-C5, C12), to compare residency and
  * counters with after a schedule of hooked forwards.  Components with no
  * bytes are left out (C13 has its own tests).

@@ -24,6 +24,7 @@
 #include "platform/fault.h"
 #include "platform/platform.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,23 @@ static void assert_near(uint64_t got, uint64_t want) {
   if (d > 1000)
     fail_msg("%llu ns, computed by hand %llu ns", (unsigned long long)got,
              (unsigned long long)want);
+}
+
+/* The LOAD_END stamps traced for one component (the last one kept). */
+typedef struct {
+  const mlo_component *c;
+  uint64_t begin_ns, end_ns;
+  int ends;
+} load_seen;
+
+static void on_trace(const mlo_trace_event *ev, void *user) {
+  load_seen *ls = user;
+  if (ev->comp != ls->c) return;
+  if (ev->kind == MLO_TRACE_LOAD_BEGIN) ls->begin_ns = ev->t_ns;
+  if (ev->kind == MLO_TRACE_LOAD_END) {
+    ls->end_ns = ev->t_ns;
+    ls->ends++;
+  }
 }
 
 static void test_waits_by_hand(void **state) {
@@ -92,6 +110,8 @@ static void test_waits_by_hand(void **state) {
    * for its own copy (nothing computed yet); then each block computes for
    * twice its copy, so every later block has landed by its begin */
   assert_ok(mlo_platform_synchronize(p));
+  load_seen ls = {.c = dit};
+  mlo_pipeline_set_trace(pipe, on_trace, &ls);
   assert_ok(mlo_component_acquire(dit)); /* strict: evicts transformer_2 (C4) */
   mlo_component_stats s0, s1;
   assert_ok(mlo_component_get_stats(dit, &s0));
@@ -110,6 +130,11 @@ static void test_waits_by_hand(void **state) {
   assert_ok(mlo_component_get_stats(dit, &s1));
   assert_near(s1.wait_ns, copy_ns(head) + copy_ns(ext[1]));
   assert_ok(mlo_component_release(dit));
+  /* the load ended when its last block landed, not when the acquire's wait
+   * for the head did (traced once, at the last block's begin) */
+  assert_int_equal(ls.ends, 1);
+  assert_near(ls.end_ns - ls.begin_ns, copy_ns(total));
+  mlo_pipeline_set_trace(pipe, NULL, NULL);
 
   /* its next forward, resident, waits for nothing; loaded again, with no
    * compute between the blocks, it waits for every byte in all, as whole */
@@ -262,40 +287,135 @@ static int prompt(rig *r) {
   return rc;
 }
 
+static tu_pipe *sweep_build(void *self, mlo_platform *plat) {
+  rig *r = self;
+  rig_build_on(r, plat);
+  assert_ok(mlo_pipeline_materialize(r->tp->pipe));
+  return r->tp;
+}
+
+static int sweep_run(void *self) {
+  rig *r = self;
+  int rc = mlo_offload_is_enabled(r->tp->pipe) ? MLO_OK : mlo_offload_enable(r->tp->pipe, NULL);
+  return rc ? rc : prompt(r);
+}
+
+static void sweep_destroy(void *self) {
+  rig *r = self;
+  tu_pipe_free(r->tp); /* the sweep closes the platform */
+  free(r->own_data);
+}
+
 static void test_fault_sweep(void **state) {
   (void)state;
   if (!tu_platform_is_host()) skip();
-  unsigned fired = 0;
-  for (uint64_t nth = 1;; nth++) {
-    mlo_platform *plat = NULL;
-    char err[256] = "";
-    assert_ok(mlo_platform_open("fault:kind=any,nth=0,inner=host:capacity=1M,jitter=1", &plat, err,
-                                sizeof err));
-    rig r;
-    rig_build_on(&r, plat);
-    assert_ok(mlo_pipeline_materialize(r.tp->pipe));
-    mlo_fault_arm(plat, MLO_FAULT_ANY, nth);
-    int rc = mlo_offload_enable(r.tp->pipe, NULL);
-    if (!rc) rc = prompt(&r);
-    bool hit = mlo_fault_fired(plat);
-    mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
-    if (!hit) { /* past the last call */
-      assert_ok(rc);
-      rig_free(&r);
-      break;
-    }
-    fired++;
-    if (rc && rc != MLO_ECALLBACK) assert_true(mlo_pipeline_errmsg(r.tp->pipe)[0] != '\0');
-    assert_ok(mlo_pipeline_audit(r.tp->pipe));
-    assert_int_equal(tu_device_used(plat), tu_pstats(r.tp).device_bytes);
-    tu_reset_observations(r.tp);
-    if (!mlo_offload_is_enabled(r.tp->pipe)) assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
-    assert_ok(prompt(&r));
-    assert_ok(prompt(&r));
-    tu_assert_forwards_clean(r.tp);
-    rig_free(&r);
+  rig r;
+  tu_fault_case fc = {sweep_build, sweep_run, sweep_destroy};
+  assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &r) > 20);
+}
+
+/* A load whose own last event fails is rolled back with its per-block
+ * state: the next load, whole since the declaration was withdrawn, is
+ * waited for whole (a stale head event would let the acquire return while
+ * it copies). */
+static void test_failed_load_leaves_no_block_state(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  mlo_platform *plat = NULL;
+  char err[256] = "";
+  assert_ok(mlo_platform_open("fault:kind=any,nth=0,inner=host:capacity=4M,bw=2e7", &plat, err,
+                              sizeof err));
+  rig r;
+  rig_build_on(&r, plat);
+  assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+  /* a load that creates the events, then one counted: the last event call
+   * of a load is its own event's record */
+  for (int i = 0; i < 2; i++) {
+    uint64_t c0[MLO_FAULT_KINDS], c1[MLO_FAULT_KINDS];
+    mlo_fault_counts(plat, c0);
+    assert_ok(mlo_component_load(r.dit));
+    mlo_fault_counts(plat, c1);
+    assert_ok(mlo_component_evict(r.dit));
+    assert_ok(mlo_platform_synchronize(plat));
+    if (i) mlo_fault_arm(plat, MLO_FAULT_EVENT, c1[MLO_FAULT_EVENT] - c0[MLO_FAULT_EVENT]);
   }
-  assert_true(fired > 20);
+  assert_status(mlo_component_load(r.dit), MLO_EPLATFORM);
+  assert_true(mlo_fault_fired(plat));
+  assert_false(mlo_component_is_resident(r.dit));
+  assert_ok(mlo_component_set_progressive(r.dit, 0));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.progressive, 0);
+  mlo_component_stats a = tu_cstats(r.dit);
+  assert_ok(mlo_component_acquire(r.dit));
+  assert_true(mlo_component_load_done(r.dit)); /* waited for whole */
+  assert_int_equal(tu_cstats(r.dit).copy_calls - a.copy_calls, 2); /* its slab, its lora */
+  char why[256];
+  assert_true(tu_device_content_ok(r.tp, r.dit, why, sizeof why));
+  assert_ok(mlo_component_release(r.dit));
+  assert_int_equal(tu_device_used(plat), tu_pstats(r.tp).device_bytes);
+  rig_free(&r);
+}
+
+/* A residency loaded block by block stays so when the declaration goes (or
+ * settings that load whole come in): stream_info says the forward must
+ * still begin its blocks until it is evicted. */
+static void test_residency_keeps_its_way(void **state) {
+  (void)state;
+  rig r;
+  rig_build_on(&r, tu_platform_open("capacity=1M,bw=2e7"));
+  assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+  assert_ok(mlo_component_load(r.dit));
+  assert_ok(mlo_component_set_progressive(r.dit, 0));
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.copy_back = true;
+  assert_ok(mlo_offload_enable(r.tp->pipe, &s)); /* moves nothing (C14) */
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.progressive, 1);
+  assert_ok(mlo_component_forward(r.dit, forward, &r));
+  assert_ok(tu_forward(r.tp, r.enc)); /* evicted, written back whole (copy_back) */
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.progressive, 0);
+  char why[256];
+  assert_true(tu_host_content_ok(r.tp, r.dit, why, sizeof why));
+  tu_assert_forwards_clean(r.tp);
+  rig_free(&r);
+}
+
+/* Two threads run the DiT's forward at once, one of them switching to the
+ * encoder between its forwards (each switch reloads the DiT block by block
+ * while the other thread may be waiting to begin its blocks): every block's
+ * bytes are right after its begin. */
+static void *dit_forwards(void *arg) {
+  rig *r = arg;
+  for (int i = 0; i < 20; i++)
+    if (mlo_component_forward(r->dit, forward, r)) tu_note_failure(r->tp, "dit forward %d", i);
+  return NULL;
+}
+
+static void *dit_and_enc_forwards(void *arg) {
+  rig *r = arg;
+  for (int i = 0; i < 20; i++) {
+    if (mlo_component_forward(r->dit, forward, r)) tu_note_failure(r->tp, "dit forward %d", i);
+    if (tu_forward(r->tp, r->enc)) tu_note_failure(r->tp, "encoder forward %d", i);
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  rig r;
+  rig_build_on(&r, tu_platform_open("capacity=1M,jitter=1,bw=5e7"));
+  assert_ok(mlo_offload_enable(r.tp->pipe, NULL));
+  pthread_t t[2];
+  assert_int_equal(pthread_create(&t[0], NULL, dit_forwards, &r), 0);
+  assert_int_equal(pthread_create(&t[1], NULL, dit_and_enc_forwards, &r), 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  tu_assert_forwards_clean(r.tp);
+  assert_true(tu_cstats(r.dit).loads >= 20); /* after each of the encoder's forwards */
+  assert_ok(mlo_pipeline_audit(r.tp->pipe));
+  rig_free(&r);
 }
 
 int main(void) {
@@ -303,6 +423,9 @@ int main(void) {
       cmocka_unit_test(test_waits_by_hand),
       cmocka_unit_test(test_bytes_under_jitter),
       cmocka_unit_test(test_fault_sweep),
+      cmocka_unit_test(test_failed_load_leaves_no_block_state),
+      cmocka_unit_test(test_residency_keeps_its_way),
+      cmocka_unit_test(test_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

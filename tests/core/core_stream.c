@@ -628,48 +628,31 @@ static int prompt(rig *r) {
   return rc;
 }
 
+static tu_pipe *sweep_build(void *self, mlo_platform *plat) {
+  rig *r = self;
+  rig_build_on(r, plat);
+  mlo_schedule_entry sched[] = {{r->enc, 1}, {r->dit, 4}, {r->vae, 1}};
+  assert_ok(mlo_pipeline_set_schedule(r->tp->pipe, sched, 3));
+  assert_ok(mlo_pipeline_materialize(r->tp->pipe));
+  return r->tp;
+}
+
+static int sweep_run(void *self) {
+  rig *r = self;
+  int rc = mlo_offload_is_enabled(r->tp->pipe) ? MLO_OK : enable_budget(r, 72 * KB);
+  return rc ? rc : prompt(r);
+}
+
+static void sweep_destroy(void *self) {
+  tu_pipe_free(((rig *)self)->tp); /* the sweep closes the platform */
+}
+
 static void test_fault_sweep(void **state) {
   (void)state;
   if (!tu_platform_is_host()) skip();
-  unsigned fired = 0;
-  for (uint64_t nth = 1;; nth++) {
-    mlo_platform *plat = NULL;
-    char err[256] = "";
-    assert_ok(mlo_platform_open("fault:kind=any,nth=0,inner=host:capacity=1M,jitter=1", &plat, err,
-                                sizeof err));
-    rig r;
-    rig_build_on(&r, plat);
-    mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
-    assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
-    assert_ok(mlo_pipeline_materialize(r.tp->pipe));
-    mlo_fault_arm(plat, MLO_FAULT_ANY, nth); /* from enable on */
-    int rc = enable_budget(&r, 72 * KB);
-    if (!rc) rc = prompt(&r);
-    bool hit = mlo_fault_fired(plat);
-    mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
-    if (!hit) { /* past the last call: the sweep is done */
-      assert_ok(rc);
-      rig_free(&r);
-      break;
-    }
-    fired++;
-    if (rc && rc != MLO_ECALLBACK) assert_true(mlo_pipeline_errmsg(r.tp->pipe)[0] != '\0');
-    /* nothing half-done: the platform's bytes are the pipeline's */
-    assert_ok(mlo_pipeline_audit(r.tp->pipe));
-    mlo_pipeline_stats ps;
-    assert_ok(mlo_pipeline_get_stats(r.tp->pipe, &ps));
-    assert_int_equal(tu_device_used(plat), ps.device_bytes);
-    /* and the next prompt is right (a failure inside a forward may have
-     * been absorbed: a prefetch or a fill ahead only costs its overlap) */
-    tu_reset_observations(r.tp);
-    if (!mlo_offload_is_enabled(r.tp->pipe)) assert_ok(enable_budget(&r, 72 * KB));
-    assert_ok(prompt(&r));
-    assert_ok(prompt(&r));
-    tu_assert_forwards_clean(r.tp);
-    assert_ok(mlo_pipeline_audit(r.tp->pipe));
-    rig_free(&r);
-  }
-  assert_true(fired > 20); /* the sweep reached the streamed calls */
+  rig r;
+  tu_fault_case fc = {sweep_build, sweep_run, sweep_destroy};
+  assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &r) > 20); /* streamed calls */
 }
 
 int main(void) {
