@@ -142,6 +142,10 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
             pol_names[pr->advice]);
   else
     fprintf(out, "is not run)\n");
+  fprintf(out, "(loads %s)\n",
+          pa->whole_loads ? "whole: each forward waits for all of its component (--whole-loads)"
+                          : "block by block: a forward waits for the prologue and each block's "
+                            "own copy, not the whole component");
   if (pa->have_host) {
     fprintf(out, "host memory %s for %s of weights, disk %.2f GB/s (--disk-bw):\n",
             tool_size(pa->host), tool_size(pr->all_bytes),
