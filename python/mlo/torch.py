@@ -611,8 +611,12 @@ class Offload:
         except MloError as e:
             if m.streams or e.code != _ESTATE:
                 raise
-            # a block module called outside its component's forward (a direct
-            # call, a recompute): as before progressive loads, nothing to order
+            # a block module called outside its component's forward on this
+            # thread (a direct call, a recompute): it reads whatever its
+            # tensors are bound to, as before progressive loads; where that
+            # is a load still landing block by block, wait for all of it
+            if m.comp.resident and not m.comp.load_done:
+                self.platform.synchronize()
             return
         m.seen.add(b)
         if m.streams:

@@ -661,6 +661,48 @@ class ProgressiveTests(unittest.TestCase):
                           progressive=False)  # other settings: refused, not reused (C16)
         mlo.torch.disable_model_offload(pipe)
 
+    def test_block_called_while_another_thread_runs_the_forward(self):
+        # Thread A's forward pauses inside block 0 of a progressive residency
+        # whose later blocks are still copying over a slow link; this thread
+        # calls block 5 directly: it runs (not its forward: no error) and
+        # reads landed bytes (mlo.torch waits for the load).
+        import threading
+        pipe = tiny.wan(num_layers=6, ffn_dim=20000)
+        b = mlo.torch.enable_model_offload(pipe, device="host:capacity=256M,bw=5M,jitter=1")
+        tiny.run_wan(pipe, steps=2)  # earns progressive
+        m = next(m for m in b.managed if m.name == "transformer")
+        self.assertTrue(m.progressive)
+        inside, done, seen = threading.Event(), threading.Event(), {}
+
+        def pause(mod, args):
+            if threading.current_thread() is not threading.main_thread() and not inside.is_set():
+                inside.set()
+                done.wait(60)
+
+        class Stop(Exception):
+            pass
+
+        def check(mod, args):
+            if threading.current_thread() is threading.main_thread():
+                seen["landed"] = all(
+                    torch.equal(b._entry_view(e, "device"), b._entry_view(e, "host"))
+                    for e in m.blocks[5][1] if e.nbytes)
+                raise Stop
+        hooks = [pipe.transformer.blocks[0].register_forward_pre_hook(pause),
+                 pipe.transformer.blocks[5].register_forward_pre_hook(check)]
+        a = threading.Thread(target=lambda: tiny.run_wan(pipe, steps=2))
+        a.start()
+        try:
+            self.assertTrue(inside.wait(120))
+            self.assertRaises(Stop, pipe.transformer.blocks[5], torch.zeros(1))
+        finally:
+            done.set()
+            a.join()
+            for h in hooks:
+                h.remove()
+        self.assertTrue(seen["landed"])
+        mlo.torch.close_model_offload(pipe)
+
     def test_blocks_wait_for_their_own_copies(self):
         prog, seen = self.run_with(True)
         whole, _ = self.run_with(False)

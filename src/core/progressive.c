@@ -175,14 +175,16 @@ int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved) {
   struct mlo_prog *g = c->prog;
   mlo_platform *p = c->pipe->platform;
   int rc = MLO_OK;
+  bool queued = false;
   for (size_t b = 0; b < g->n && !rc; b++) {
     uint64_t src, len, dev;
     if (g->in_head[b] || !extent(c, (long)b, &src, &len, &dev) || !len) continue;
     if (!g->ev[b] && (rc = PCALL(c, mlo_plat_event_create(p, &g->ev[b])))) break;
     if ((rc = copy_piece(c, (long)b, copies, moved))) break;
-    if (!(rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) g->pending[b] = true;
+    if (!(rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) g->pending[b] = queued = true;
   }
-  g->active = !rc;
+  /* nothing after the head (every block in it, or empty): a whole load */
+  g->active = !rc && queued;
   return rc;
 }
 

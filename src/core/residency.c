@@ -394,10 +394,9 @@ int mlo_res_evict(mlo_component *c) {
     c->state = MLO_RES_HOST;
     return MLO_OK;
   }
-  if (!c->load_ended) { /* loaded, never used (or not every block): end it where it ended */
-    uint64_t t = 0;
-    if (mlo_plat_event_time(pipe->platform, c->load_ev, &t) == MLO_OK) mlo_res_load_ended(c, t);
-  }
+  /* loaded, never used (or not every block begun): end it where it ended,
+   * or now where the platform cannot tell yet (never left unpaired) */
+  if (!c->load_ended) mlo_res_load_ended(c, mlo_plat_now(pipe->platform));
   uint64_t back = 0;
   int rc = write_back(c, &back);
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
@@ -527,11 +526,13 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   if (!rc && pending) {
     c->load_waited = true;
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
-    if (slice) { /* gathered by the host just now: it ended here */
+    if (slice && !c->load_ended) { /* gathered by the host just now: it ended here */
       c->load_ended = true;
       log_load_done(c, t1);
       trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, t1);
-    } else if (!mlo_prog_active(c)) { /* block by block: at its last block's begin */
+    } else if (!mlo_prog_active(c) || sync == MLO_SYNC_DEVICE) {
+      /* whole, or the device synchronized: every copy is in.  Else (block
+       * by block) at its last block's begin, or its eviction. */
       mlo_res_load_ended(c, t1);
     }
   }

@@ -418,6 +418,73 @@ static void test_threads(void **state) {
   rig_free(&r);
 }
 
+/* Every load's end is traced once, paired with its begin, whatever the
+ * forward began: under MLO_SYNC_DEVICE at the acquire (it synchronized);
+ * with every block in the head (each holds a mutable buffer) at the
+ * acquire; evicted while later blocks still copy, at the eviction. */
+typedef struct {
+  const mlo_component *c;
+  int begins, ends, unpaired;
+} ends_seen;
+
+static void count_ends(const mlo_trace_event *ev, void *user) {
+  ends_seen *e = user;
+  if (ev->comp != e->c) return;
+  if (ev->kind == MLO_TRACE_LOAD_BEGIN) e->unpaired += e->begins++ != e->ends;
+  if (ev->kind == MLO_TRACE_LOAD_END) e->unpaired += ++e->ends != e->begins;
+}
+
+static mlo_component *small_dit(tu_pipe *tp, bool all_mutable) {
+  mlo_component *c = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "transformer", MLO_ROLE_DIT, &c));
+  tu_add_tensor(tp, c, "patch_embedding.weight", 4 * KB, 0);
+  char name[64];
+  for (int b = 0; b < 4; b++) {
+    snprintf(name, sizeof name, "blocks.%d.weight", b);
+    tu_add_tensor(tp, c, name, 64 * KB, 0);
+    snprintf(name, sizeof name, "blocks.%d.cache", b);
+    if (all_mutable) tu_add_tensor(tp, c, name, 4 * KB, MLO_TENSOR_BUFFER | MLO_TENSOR_MUTABLE);
+  }
+  assert_ok(mlo_component_set_progressive(c, 1));
+  return c;
+}
+
+static void test_load_end_traced_once(void **state) {
+  (void)state;
+  for (int k = 0; k < 3; k++) { /* sync device; all in the head; evicted in flight */
+    mlo_platform *plat = tu_platform_open(k == 2 ? "capacity=4M,bw=2e6" : "capacity=4M");
+    tu_pipe *tp = tu_pipe_new(plat, true);
+    mlo_component *dit = small_dit(tp, k == 1), *enc = NULL;
+    assert_ok(mlo_component_add(tp->pipe, "text_encoder", MLO_ROLE_ENCODER, &enc));
+    tu_add_tensor(tp, enc, "w", 8 * KB, 0);
+    ends_seen e = {.c = dit};
+    mlo_pipeline_set_trace(tp->pipe, count_ends, &e);
+    mlo_offload_settings st = MLO_OFFLOAD_SETTINGS_INIT;
+    if (k == 0) st.sync = MLO_SYNC_DEVICE;
+    assert_ok(mlo_offload_enable(tp->pipe, &st));
+    assert_ok(mlo_component_acquire(dit));
+    for (size_t b = 0; b < (k == 2 ? 1 : 4); b++) { /* k == 2: block 0 alone */
+      assert_ok(mlo_block_begin(dit, b));
+      assert_ok(mlo_block_end(dit, b));
+    }
+    assert_ok(mlo_component_release(dit));
+    if (k < 2) assert_int_equal(e.ends, 1); /* resident, its load known complete */
+    assert_ok(tu_forward(tp, enc));         /* evicts it (C4) */
+    assert_ok(mlo_component_acquire(dit));  /* and a second residency */
+    for (size_t b = 0; b < 4; b++) {
+      assert_ok(mlo_block_begin(dit, b));
+      assert_ok(mlo_block_end(dit, b));
+    }
+    assert_ok(mlo_component_release(dit));
+    assert_int_equal(e.begins, 2);
+    assert_int_equal(e.ends, 2);
+    assert_int_equal(e.unpaired, 0);
+    mlo_pipeline_set_trace(tp->pipe, NULL, NULL);
+    tu_pipe_free(tp);
+    mlo_platform_close(plat);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_waits_by_hand),
@@ -426,6 +493,7 @@ int main(void) {
       cmocka_unit_test(test_failed_load_leaves_no_block_state),
       cmocka_unit_test(test_residency_keeps_its_way),
       cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_load_end_traced_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
