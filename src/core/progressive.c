@@ -151,8 +151,7 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
   for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = false;
   for (size_t i = 0; i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
-    if (!t->target && t->block >= 0 && (t->flags & MLO_TENSOR_MUTABLE))
-      g->in_head[t->block] = true;
+    if (!t->target && t->block >= 0 && (t->flags & MLO_TENSOR_MUTABLE)) g->in_head[t->block] = true;
   }
   if ((rc = copy_piece(c, MLO_BLOCK_PROLOGUE, copies, moved))) return rc;
   if ((rc = copy_piece(c, MLO_BLOCK_EPILOGUE, copies, moved))) return rc;

@@ -665,17 +665,19 @@ int mlo_component_stream_info(mlo_component *c, mlo_stream_info *out) {
   if (!c || !out) return MLO_EINVAL;
   MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
   const struct mlo_stream *st = c->stream;
-  *out = (mlo_stream_info){sizeof *out,
-                           c->materialized ? c->nblocks : 0,
-                           st ? st->nresident : (c->materialized ? c->nblocks : 0),
-                           st ? st->nstreamed : 0,
-                           st ? st->nslots : 0,
-                           st ? st->slot_bytes : 0,
-                           mlo_res_bytes(c),
-                           st ? st->streamed_bytes : 0,
-                           /* this residency's loads, or the next one's */
-                           mlo_prog_active(c) || (c->materialized ? mlo_prog_applies(c)
-                                                                  : c->progressive)};
+  size_t blocks = c->materialized ? c->nblocks : 0;
+  *out = (mlo_stream_info){
+      .size = sizeof *out,
+      .blocks = blocks,
+      .resident_blocks = st ? st->nresident : blocks,
+      .streamed_blocks = st ? st->nstreamed : 0,
+      .slots = st ? st->nslots : 0,
+      .slot_bytes = st ? st->slot_bytes : 0,
+      .device_bytes = mlo_res_bytes(c),
+      .streamed_bytes = st ? st->streamed_bytes : 0,
+      /* this residency's loads, or the next one's */
+      .progressive = mlo_prog_active(c) || (c->materialized ? mlo_prog_applies(c) : c->progressive),
+  };
   pthread_mutex_unlock(&c->pipe->lock);
   return MLO_OK;
 }

@@ -87,8 +87,7 @@ static void test_waits_by_hand(void **state) {
   /* the pieces tile the slab: each piece's copy runs to the next one's
    * start (alignment included), the last to the end of the block */
   uint64_t total = mlo_component_bytes(dit), ext[16];
-  for (size_t i = 0; i < n; i++)
-    ext[i] = (i + 1 < n ? info[i + 1].offset : total) - info[i].offset;
+  for (size_t i = 0; i < n; i++) ext[i] = (i + 1 < n ? info[i + 1].offset : total) - info[i].offset;
   uint64_t head = ext[0] + ext[n - 1];
   assert_ok(mlo_offload_enable(pipe, NULL));
   assert_ok(mlo_platform_synchronize(p)); /* the encoder and VAE strict loaded at enable */
@@ -235,7 +234,8 @@ static uint32_t seed_of(const mlo_tensor *t) {
  * block once begun. */
 static int forward(mlo_component *c, void *user) {
   rig *r = user;
-  bool ok = bytes_ok(r, r->mut, tu_rec(r->tp, r->mut)->seed) && bytes_ok(r, r->own, seed_of(r->own));
+  bool ok =
+      bytes_ok(r, r->mut, tu_rec(r->tp, r->mut)->seed) && bytes_ok(r, r->own, seed_of(r->own));
   for (int b = 0; b < NBLK && ok; b++) {
     if (mlo_block_begin(c, (size_t)b)) return 1;
     ok = bytes_ok(r, r->blk[b], seed_of(r->blk[b]));
@@ -348,7 +348,7 @@ static void test_failed_load_leaves_no_block_state(void **state) {
   assert_int_equal(si.progressive, 0);
   mlo_component_stats a = tu_cstats(r.dit);
   assert_ok(mlo_component_acquire(r.dit));
-  assert_true(mlo_component_load_done(r.dit)); /* waited for whole */
+  assert_true(mlo_component_load_done(r.dit));                     /* waited for whole */
   assert_int_equal(tu_cstats(r.dit).copy_calls - a.copy_calls, 2); /* its slab, its lora */
   char why[256];
   assert_true(tu_device_content_ok(r.tp, r.dit, why, sizeof why));

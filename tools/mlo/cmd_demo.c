@@ -338,8 +338,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     rep.identical = rep.ref.digest == rep.run.digest && strict.digest == rep.run.digest &&
                     (!stream || (streamed.digest == rep.run.digest && streamed.digests_agree)) &&
                     disk.digest == rep.run.digest && disk.digests_agree && rep.run.digests_agree &&
-                    strict.digests_agree && whole.digest == rep.run.digest &&
-                    whole.digests_agree;
+                    strict.digests_agree && whole.digest == rep.run.digest && whole.digests_agree;
     report_print_text(&rep, stdout);
     printf("\nper prompt, steady state (prompts 2-3 of 3), against all resident warm:\n");
     printf("  %-22s %9s %8s %9s %11s %11s %10s\n", "", "time", "wall", "exposed", "stall", "moved",
