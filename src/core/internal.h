@@ -345,6 +345,11 @@ void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
 /* The load's end, once per residency: traced (LOAD_END) and logged at its
  * completion stamp, no later than latest; lock held. */
 void mlo_res_load_ended(mlo_component *c, uint64_t latest);
+/* Copies c's caller-owned tensors (every tensor with `every`: per-tensor
+ * copies) from their own host memory into its block, one copy each, at
+ * their place (a streamed plan's, where it has one); adds to *copies and
+ * *moved.  Lock held. */
+int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved);
 /* Waits for a pending write-back into host memory; lock held. */
 int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);

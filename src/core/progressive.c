@@ -116,15 +116,15 @@ static bool extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len,
   if (c->stream) return mlo_stream_piece_offset(c, b, dev);
   *dev = sp->off;
   if (!sp->bytes) return true;
-  uint64_t end = c->slab_bytes; /* the next non-empty piece's start */
-  for (long n = b == MLO_BLOCK_PROLOGUE ? 0 : b + 1; b != MLO_BLOCK_EPILOGUE; n++) {
-    const struct mlo_span *q = span_of(c, (size_t)n < c->nblocks ? n : MLO_BLOCK_EPILOGUE);
-    if (q->bytes) {
-      end = q->off;
-      break;
+  uint64_t end = c->slab_bytes; /* the next non-empty piece's start: blocks, then the epilogue */
+  if (b != MLO_BLOCK_EPILOGUE)
+    for (size_t n = b == MLO_BLOCK_PROLOGUE ? 0 : (size_t)b + 1; n <= c->nblocks; n++) {
+      const struct mlo_span *q = n < c->nblocks ? &c->spans[n] : &c->epi;
+      if (q->bytes) {
+        end = q->off;
+        break;
+      }
     }
-    if ((size_t)n >= c->nblocks) break;
-  }
   if (end > *src + *len) *len = end - *src;
   return true;
 }
@@ -157,15 +157,7 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
   if ((rc = copy_piece(c, MLO_BLOCK_EPILOGUE, copies, moved))) return rc;
   for (size_t b = 0; b < g->n; b++)
     if (g->in_head[b] && (rc = copy_piece(c, (long)b, copies, moved))) return rc;
-  for (size_t i = 0; i < c->ntensors; i++) { /* caller-owned: one copy each */
-    mlo_tensor *t = c->tensors[i];
-    if (t->target || !t->nbytes || !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
-    uint64_t at = t->dev_offset;
-    if (c->stream && (rc = mlo_stream_tensor_offset(c, t, &at))) return rc;
-    if ((rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, t->host, t->nbytes)))) return rc;
-    ++*copies;
-    *moved += t->nbytes;
-  }
+  if ((rc = mlo_res_copy_tensors(c, false, copies, moved))) return rc; /* caller-owned */
   if (!g->head_ev && (rc = PCALL(c, mlo_plat_event_create(p, &g->head_ev)))) return rc;
   return PCALL(c, mlo_plat_event_record_copy(p, g->head_ev));
 }

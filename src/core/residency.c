@@ -87,26 +87,34 @@ void mlo_res_load_ended(mlo_component *c, uint64_t latest) {
   }
 }
 
-/* Enqueues the host-to-device copies of a load; returns copies issued. */
-static int enqueue_load_copies(mlo_component *c, size_t *copies) {
-  mlo_pipeline *pipe = c->pipe;
-  mlo_platform *p = pipe->platform;
-  bool per_tensor = pipe->settings.per_tensor_copies;
-  *copies = 0;
-  if (c->slab_bytes && !per_tensor) {
-    int rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, 0, c->slab, c->slab_bytes));
-    if (rc) return rc;
-    ++*copies;
-  }
+int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved) {
+  mlo_platform *p = c->pipe->platform;
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
     if (t->target || !t->nbytes) continue;
-    if (!per_tensor && !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
-    int rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, t->dev_offset, t->host, t->nbytes));
+    if (!every && !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
+    uint64_t at = t->dev_offset; /* a streamed plan places them in its footprint */
+    int rc = c->stream ? mlo_stream_tensor_offset(c, t, &at) : MLO_OK;
+    if (!rc) rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, t->host, t->nbytes));
+    if (rc) return rc;
+    ++*copies;
+    *moved += t->nbytes;
+  }
+  return MLO_OK;
+}
+
+/* Enqueues the host-to-device copies of a whole load; returns copies issued. */
+static int enqueue_load_copies(mlo_component *c, size_t *copies) {
+  mlo_pipeline *pipe = c->pipe;
+  bool per_tensor = pipe->settings.per_tensor_copies;
+  uint64_t moved = 0;
+  *copies = 0;
+  if (c->slab_bytes && !per_tensor) {
+    int rc = PCALL(c, mlo_plat_copy_h2d(pipe->platform, c->block, 0, c->slab, c->slab_bytes));
     if (rc) return rc;
     ++*copies;
   }
-  return MLO_OK;
+  return mlo_res_copy_tensors(c, per_tensor, copies, &moved);
 }
 
 /* Whether c loads sharded: a sharded pipeline's component whose block is
