@@ -88,6 +88,9 @@ int mlo_slab_layout(mlo_component *c, bool assign, bool want_spans, mlo_layout *
     if (!s->bytes) s->off = at;
     at = s->off + s->bytes;
   }
+  /* Both end in whole alignment units: a component's block can then take
+   * another's slab laid as a ring, each tensor aligned (join.c). */
+  end = align_up(end, align);
   out->slab_bytes = end;
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
@@ -99,7 +102,7 @@ int mlo_slab_layout(mlo_component *c, bool assign, bool want_spans, mlo_layout *
     }
     if (t->nbytes) end = off + t->nbytes;
   }
-  out->block_bytes = end;
+  out->block_bytes = align_up(end, align);
   out->nblocks = nb;
   out->spans = spans;
   out->order = order;
