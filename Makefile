@@ -83,7 +83,7 @@ SAN_ENV = OPENBLAS_NUM_THREADS=1 \
 # instrumented and would only add noise.  Only these targets are built.
 TSAN_TESTS = core_concurrent core_random_switches C8_no_compute_race C9_no_free_race \
   C17_acquire_release platform_host fault_sweep race_sweep load_test core_hardening core_stream \
-  core_progressive \
+  core_progressive core_join \
   core_disk
 empty :=
 space := $(empty) $(empty)

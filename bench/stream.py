@@ -25,10 +25,13 @@ against at slow links.
 
 usage: bench/stream.py [--mlo build/tools/mlo/mlo] [--scale 0.002]
                        [--fraction 0.6] [--link-ratio 1] [--steps 8]
-                       [--prompts 4] [--reps 3] [--whole-loads-too] [--json]
+                       [--prompts 4] [--reps 3] [--whole-loads-too]
+                       [--unjoined-too] [--json]
 (--fraction 1 is the strict-memory case: a budget of exactly the largest
-DiT, which then moves whole; --whole-loads-too pairs each repetition with
-a run whose loads are whole, as before progressive loads.)
+DiT, which then moves whole and its switches join; --whole-loads-too pairs
+each repetition with a run whose loads are whole, as before progressive
+loads; --unjoined-too with a run whose switches are not joined,
+MLO_NO_JOIN=1, as before the joined switch.)
 Writes only under a temporary folder of its own.
 """
 import argparse
@@ -42,8 +45,8 @@ import tempfile
 ENV = dict(os.environ, MLO_LOG="error")
 
 
-def run(mlo, *args):
-    p = subprocess.run([mlo, *args], capture_output=True, text=True, env=ENV)
+def run(mlo, *args, env=None):
+    p = subprocess.run([mlo, *args], capture_output=True, text=True, env=env or ENV)
     if p.returncode != 0:
         sys.exit(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
     return p.stdout
@@ -65,6 +68,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--whole-loads-too", dest="whole_too", action="store_true",
                     help="each repetition also runs with --whole-loads, paired")
+    ap.add_argument("--unjoined-too", dest="unjoined_too", action="store_true",
+                    help="each repetition also runs with MLO_NO_JOIN=1, paired")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="mlo-stream-") as tmp:
@@ -87,11 +92,15 @@ def main():
         block_s = pd["forward_s"] / pd["forwards"] / blocks["count"]
         link = blocks["largest_bytes"] / (block_s / a.link_ratio)
         reps = []
-        for i in range(a.reps * (2 if a.whole_too else 1)):
-            whole = a.whole_too and i % 2 == 1  # paired: progressive, then whole, per rep
+        variants = (["progressive"] + (["unjoined"] if a.unjoined_too else [])
+                    + (["whole"] if a.whole_too else []))
+        for i in range(a.reps * len(variants)):
+            kind = variants[i % len(variants)]  # paired: each variant once per rep, in turn
+            whole = kind == "whole"
             res = json.loads(run(a.mlo, "run", ckpt, "--policy", "budget", "--budget",
                                  str(budget), "--link", f"{link:.6g}", *common,
-                                 *(("--whole-loads",) if whole else ())))
+                                 *(("--whole-loads",) if whole else ()),
+                                 env=dict(ENV, MLO_NO_JOIN="1") if kind == "unjoined" else None))
             comps = [c for c in res["components"] if c["stream"]]
             streamed = {c["name"]: c["stream"]["streamed_bytes_per_forward"] for c in comps}
             per_prompt_blocks = sum(streamed[c["name"]] * c["forwards"] for c in comps) / int(a.prompts)
@@ -100,7 +109,8 @@ def main():
             compute = res["reference_steady_wall_s"]
             moved = statistics.median(g["h2d_bytes"] for g in gens)
             reps.append({
-                "loads": "whole" if whole else "progressive",
+                "loads": kind,
+                "joined_loads": sum(c["joined_loads"] for c in res["components"]),
                 "ratio": res["steady_ratio"],
                 "exposed": 1 + steady(res, "stall_s") / compute,
                 "stall_s": steady(res, "stall_s"),
@@ -122,12 +132,15 @@ def main():
                "median_exposed": statistics.median(r["exposed"] for r in prog),
                "median_bound_ratio": statistics.median(r["wall_s"] / r["bound_s"] for r in prog),
                "median_stall_s": statistics.median(r["stall_s"] for r in prog)}
-        whole = [r for r in reps if r["loads"] == "whole"]
-        if whole:
-            out["whole_median_exposed"] = statistics.median(r["exposed"] for r in whole)
-            out["whole_median_stall_s"] = statistics.median(r["stall_s"] for r in whole)
-            out["median_stall_ratio"] = statistics.median(
-                p["stall_s"] / w["stall_s"] for p, w in zip(prog, whole) if w["stall_s"] > 0)
+        others = {}
+        for kind in variants[1:]:
+            rs = [r for r in reps if r["loads"] == kind]
+            others[kind] = {
+                "median_exposed": statistics.median(r["exposed"] for r in rs),
+                "median_stall_s": statistics.median(r["stall_s"] for r in rs),
+                "median_stall_ratio": statistics.median(
+                    p["stall_s"] / w["stall_s"] for p, w in zip(prog, rs) if w["stall_s"] > 0)}
+            out[kind] = others[kind]
         if a.json:
             print(json.dumps(out, indent=1))
             return
@@ -141,11 +154,12 @@ def main():
                   f"waited {r['stall_s']:.3f} s ({r['block_stall_s']:.3f} s for "
                   f"blocks); copied {r['h2d_bytes_per_prompt'] / 2**20:.1f} MiB/prompt; peak "
                   f"{r['peak_device_bytes'] / 2**20:.1f} MiB <= budget: "
-                  f"{r['peak_device_bytes'] <= budget}; identical: {r['verified']}")
-        if whole:
-            print(f"whole loads: exposed {out['whole_median_exposed']:.3f}, waited "
-                  f"{out['whole_median_stall_s']:.3f} s per prompt; progressive waits "
-                  f"{out['median_stall_ratio']:.2f}x that (median of paired reps)")
+                  f"{r['peak_device_bytes'] <= budget}; identical: {r['verified']}; "
+                  f"{r['joined_loads']} loads joined")
+        for kind, o in others.items():
+            print(f"{kind} loads: exposed {o['median_exposed']:.3f}, waited "
+                  f"{o['median_stall_s']:.3f} s per prompt; progressive waits "
+                  f"{o['median_stall_ratio']:.2f}x that (median of paired reps)")
         print(f"medians (progressive): exposed {out['median_exposed']:.3f}; "
               f"wall {out['median_wall_ratio']:.3f}x all resident, warm (noisy on a "
               f"shared machine); {out['median_bound_ratio']:.3f}x max(compute, bytes/link); "

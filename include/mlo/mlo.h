@@ -566,7 +566,9 @@ MLO_API mlo_tensor *mlo_component_tensor_at(const mlo_component *comp, size_t in
 MLO_API mlo_tensor *mlo_component_find_tensor(const mlo_component *comp, const char *name);
 /* Bytes this component moves on a load and holds on the device: its own
  * storage, each shared tensor once, references to other components
- * excluded, alignment padding between tensors included. */
+ * excluded, alignment padding between tensors included, and the whole
+ * rounded up to the alignment (so one component's block can take another's
+ * tensors, each aligned: the joined switch). */
 MLO_API uint64_t mlo_component_bytes(const mlo_component *comp);
 /* The sum of its own tensors' bytes (each shared tensor once, references
  * excluded), without padding: the weights' size as a checkpoint states it. */
@@ -932,10 +934,28 @@ MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out)
  * The declaration is a promise: the forward calls mlo_block_begin before
  * each block's compute (and mlo_block_end after), as a streamed forward
  * does — a block's device bytes are ordered only after its begin, though
- * its address (mlo_tensor_device) is valid for the whole hold.  A
- * streamed component always loads so.  Takes effect at its next load (a
- * resident one keeps how it was loaded).  Loads from disk, sharded loads,
- * copy_back and per_tensor_copies move whole, as before. */
+ * its address (mlo_tensor_device) is valid for the whole hold — and reads
+ * a block's tensors only between its begin and end.  A streamed component
+ * always loads so.  Takes effect at its next load (a resident one keeps
+ * how it was loaded).  Loads from disk, sharded loads, copy_back and
+ * per_tensor_copies move whole, as before.
+ *
+ * The joined switch.  Under the BUDGET policy with prefetch and a schedule
+ * (declared or learned), where the component the schedule calls next does
+ * not fit beside the one running, and the running one is progressive: in
+ * what the schedule says is its last call before the next one, the next
+ * one's copies go, block by block, into the memory of the blocks this
+ * forward has ended (each copy after the compute that read what it
+ * overwrites: C9), and at its last release the next one is resident in its
+ * block, its first blocks already landed (mlo_component_stats.joined_loads).
+ * In that call a block ended is not begun again (MLO_ESTATE: its memory may
+ * hold the next component's bytes), nor are its tensors' addresses given;
+ * another acquire of the running component waits for its release and loads
+ * it again (MLO_EDEADLK on the thread that holds it, MLO_EBUSY for a try),
+ * as does an acquire of the next one.  A schedule not kept costs a reload,
+ * never a wrong byte.  It joins where the next component has no caller-owned
+ * or mutable tensors, does not stream, and its slab fits the running one's
+ * block (docs/streaming.md, "The joined switch"). */
 MLO_API int mlo_component_set_progressive(mlo_component *comp, int on);
 
 /* ------------------------------------------------------------------------
@@ -1028,6 +1048,9 @@ typedef struct {
   uint64_t disk_read_bytes; /* bytes those loads have read from files (a load
                                still reading, a prefetch, adds them as it ends) */
   uint64_t disk_wait_ns;    /* of wait_ns, waiting for their reads */
+  uint64_t joined_loads;    /* of loads, those of a joined switch: copied during the
+                               previous component's last forward, into the memory
+                               its ended blocks freed (BUDGET with prefetch) */
 } mlo_component_stats;
 MLO_API int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
 /* Sums over every component, plus pipeline-level figures. */

@@ -52,7 +52,7 @@ class ComponentStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "loads", "evictions", "forwards", "h2d_bytes", "d2h_bytes", "copy_calls",
         "platform_calls", "wait_ns", "forward_ns", "prefetches", "block_loads", "block_wait_ns",
-        "disk_loads", "disk_read_bytes", "disk_wait_ns")]
+        "disk_loads", "disk_read_bytes", "disk_wait_ns", "joined_loads")]
 
 
 class PipelineStats(ctypes.Structure):

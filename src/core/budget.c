@@ -19,6 +19,7 @@
 
 struct budget_state {
   uint64_t budget; /* device bytes the pipeline may keep */
+  bool join;       /* switches may be joined (MLO_NO_JOIN=1 turns it off, to measure) */
 };
 
 static struct budget_state *B(const mlo_pipeline *pipe) {
@@ -187,6 +188,7 @@ static void prefetch(mlo_pipeline *pipe) {
     d += run;
     mlo_component *t = r->comp;
     if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
+    if (t->join) return;                  /* loading into the memory of a switch (join.c) */
     if (!t->materialized || ensure_plan(pipe, t) || mlo_res_bytes(t) > B(pipe)->budget) return;
     /* Only what is needed after t's run and at least one call more: a
      * component displaced now and called right after t would have to come
@@ -251,6 +253,17 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
       pthread_cond_wait(&pipe->idle, &pipe->lock);
       continue;
     }
+    if (c->join) { /* a joined switch: its source is spent, its target loading into it */
+      mlo_component *a = mlo_join_source(c), *b = mlo_join_target(c);
+      if (try_only || mlo_held_by_this_thread(a))
+        return mlo_fail(pipe, try_only ? MLO_EBUSY : MLO_EDEADLK,
+                        "'%s' must wait for the switch from '%s' (held%s) to end: '%s''s "
+                        "memory goes to '%s' as its blocks end, and is '%s''s at its release",
+                        c->name, a->name, try_only ? "" : " by this thread", a->name, b->name,
+                        b->name);
+      pthread_cond_wait(&pipe->idle, &pipe->lock);
+      continue;
+    }
     if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
     if (!c->materialized) return MLO_NOT_MATERIALIZED;
     int rc = ensure_plan(pipe, c);
@@ -295,6 +308,7 @@ static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
     free(st);
     return rc;
   }
+  st->join = !mlo_env_flag("MLO_NO_JOIN");
   pipe->policy_state = st;
   rc = fit(pipe);
   if (!rc) rc = plan_streams(pipe);
@@ -315,11 +329,45 @@ static void budget_disable(mlo_pipeline *pipe) {
 }
 
 /* After an acquire (c is held now: never a victim, and the schedule has
- * moved past it) and after a last release (c may be displaceable now):
- * load what the schedule calls next. */
-static void budget_prefetch_after(mlo_pipeline *pipe, mlo_component *c) {
+ * moved past it): load what the schedule calls next. */
+static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
   (void)c;
   prefetch(pipe);
+}
+
+/* After a last release (c may be displaceable now): a switch joined from c
+ * hands c's block over (join.c), then what the schedule calls next loads. */
+static void budget_released(mlo_pipeline *pipe, mlo_component *c) {
+  mlo_join_released(c);
+  prefetch(pipe);
+}
+
+/* ---- the joined switch ------------------------------------------------- */
+
+/* In c's call the schedule says is its last before the next component's,
+ * where that one does not fit beside it, the next one's copies go into the
+ * memory c's ended blocks free (join.c) — unless the room that leaves it
+ * (c's whole block) is room the component after it would have been
+ * prefetched into, had it loaded at its acquire into a block of its own
+ * size. */
+static void maybe_join(mlo_pipeline *pipe, mlo_component *a) {
+  if (!pipe->settings.prefetch || !pipe->nsched || !B(pipe)->join) return;
+  mlo_component *b = pipe->sched[pipe->cur_run].comp; /* the call expected next */
+  if (b == a || b->join || mlo_res_is_resident(b) || !b->materialized) return;
+  if (ensure_plan(pipe, b) || b->stream) return; /* a streamed one fills its own slots */
+  uint64_t budget = B(pipe)->budget, need = mlo_res_bytes(b);
+  if (pipe->device_bytes + need <= budget) return; /* it fits beside: prefetch's */
+  mlo_component *after = pipe->sched[(pipe->cur_run + 1) % pipe->nsched].comp;
+  if (after != a && after != b && !mlo_res_is_resident(after)) {
+    uint64_t plain = pipe->device_bytes - mlo_res_bytes(a) + need, more = mlo_res_bytes(after);
+    if (plain + more <= budget && pipe->device_bytes + more > budget) return;
+  }
+  mlo_join_start(a, b);
+}
+
+static void budget_block_ended(mlo_pipeline *pipe, mlo_component *c, size_t block) {
+  if (!c->join) maybe_join(pipe, c);
+  mlo_join_block_ended(c, block);
 }
 
 static int budget_audit(mlo_pipeline *pipe) {
@@ -341,8 +389,9 @@ const struct mlo_policy_ops mlo_policy_budget_ops = {
     .disable = budget_disable,
     .excludes = NULL, /* the budget decides, not roles */
     .admit = budget_admit,
-    .acquired = budget_prefetch_after,
-    .released = budget_prefetch_after,
+    .acquired = budget_acquired,
+    .released = budget_released,
+    .block_ended = budget_block_ended,
     .audit = budget_audit,
     .budget = budget_bytes,
     .streams = true,

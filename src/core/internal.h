@@ -74,6 +74,9 @@ struct mlo_tensor {
   bool block_declared;
   int declared_block;
   int block; /* as laid out: MLO_BLOCK_PROLOGUE, _EPILOGUE or 0..nblocks-1 */
+  /* where it is in its component's device block while that residency was
+   * placed by a joined switch (join.c; comp->placed), instead of dev_offset */
+  uint64_t place;
 };
 
 /* Which strategy owns the pipeline's hooks (C16). */
@@ -124,6 +127,12 @@ struct mlo_component {
    * block; prog: the per-block events (NULL until its first such load) */
   bool progressive;
   struct mlo_prog *prog;
+  /* the joined switch (join.c): the join this component's memory is being
+   * handed from (its source) or its copies are going to (its target);
+   * placed: resident in a block a join handed it, each tensor at t->place */
+  struct mlo_join *join;
+  bool placed;
+  uint64_t placed_bytes; /* ... what it counts on the device then: the source's figure */
   /* the disk tier (disk.c): a slab left in its checkpoint files */
   bool want_disk;     /* the host plan at enable chose the disk for it */
   bool want_partial;  /* ... and it streams: its streamed blocks stay in host memory */
@@ -350,6 +359,12 @@ void mlo_res_load_ended(mlo_component *c, uint64_t latest);
  * their place (a streamed plan's, where it has one); adds to *copies and
  * *moved.  Lock held. */
 int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved);
+/* The joined switch's residency steps (join.c): b's load began (its
+ * copies go into a's block, nothing allocated: traced as such); a hands
+ * its block to b at a's last release, b's copies (`copies`, `moved`
+ * bytes) issued and its load event recorded after them. */
+void mlo_res_join_began(mlo_component *b);
+int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved);
 /* Waits for a pending write-back into host memory; lock held. */
 int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);
@@ -490,6 +505,36 @@ mlo_event *mlo_prog_head_event(const mlo_component *c);
 int mlo_prog_begin(mlo_component *c, size_t b);
 void mlo_prog_evicted(mlo_component *c);
 void mlo_prog_free(mlo_component *c);
+/* What a load copies of piece b (MLO_BLOCK_PROLOGUE, _EPILOGUE or a
+ * block): slab bytes [*src, *src + *len) to *dev in c's device block, the
+ * piece running to the next one's start; false for a block that streams. */
+bool mlo_prog_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len, uint64_t *dev);
+/* A joined load's events (join.c): the per-block state made ready with
+ * nothing pending; then, as its copies are issued, the head's event
+ * (piece MLO_BLOCK_PROLOGUE) or block b's recorded after them; at the
+ * hand-over the residency goes block by block where a block is pending. */
+int mlo_prog_join_prepare(mlo_component *c);
+int mlo_prog_join_mark(mlo_component *c, long piece);
+void mlo_prog_join_activate(mlo_component *c);
+
+/* join.c — the joined switch; lock held. */
+/* Starts handing a's memory to b, whose copies go where a's ended blocks
+ * were, as a's forward ends them (a: resident, held once, in its last call
+ * before b).  False, with nothing changed, where the two cannot join. */
+bool mlo_join_start(mlo_component *a, mlo_component *b);
+/* a's block ended in the forward being joined: the copies it frees issue. */
+void mlo_join_block_ended(mlo_component *a, size_t block);
+/* a's last release: the rest of b's copies after a's compute, then b is
+ * resident in a's block (a failed join: a is evicted, b loads on demand). */
+void mlo_join_released(mlo_component *a);
+/* Whether a's block may have been overwritten by the join a is the source
+ * of (its begin, or a tensor of it, is then refused). */
+bool mlo_join_gone(const mlo_component *a, long block);
+/* The source (whose memory goes) and the target of c's join. */
+mlo_component *mlo_join_source(const mlo_component *c);
+mlo_component *mlo_join_target(const mlo_component *c);
+/* Ends a join with nothing handed over (teardown): b loads on demand. */
+void mlo_join_drop(mlo_component *a);
 
 /* sched.c — the declared schedule and its cursor; lock held. */
 /* Calls until c's next use from the cursor (0: the call expected next);

@@ -267,6 +267,7 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
     out->total.disk_loads += s->disk_loads;
     out->total.disk_read_bytes += s->disk_read_bytes;
     out->total.disk_wait_ns += s->disk_wait_ns;
+    out->total.joined_loads += s->joined_loads;
   }
   out->host_budget_bytes = pipe->enabled ? pipe->settings.host_budget_bytes : 0;
   out->disk_bytes = pipe->disk_bytes;

@@ -103,13 +103,11 @@ static const struct mlo_span *span_of(const mlo_component *c, long b) {
   return b == MLO_BLOCK_PROLOGUE ? &c->pro : b == MLO_BLOCK_EPILOGUE ? &c->epi : &c->spans[b];
 }
 
-/* What a load copies of piece b (MLO_BLOCK_PROLOGUE, _EPILOGUE or a block):
- * slab bytes [*src, *src + *len) to *dev in c's device block.  A whole
- * component's device block is its slab: a piece runs to the next one, so
- * the pieces together copy the slab exactly as one copy would, padding
- * included.  A streamed plan places each kept piece (stream.c); false for
- * a block that streams (its slots are stream.c's). */
-static bool extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len, uint64_t *dev) {
+/* A whole component's device block is its slab: a piece runs to the next
+ * one, so the pieces together copy the slab exactly as one copy would,
+ * padding included.  A streamed plan places each kept piece (stream.c);
+ * false for a block that streams (its slots are stream.c's). */
+bool mlo_prog_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len, uint64_t *dev) {
   const struct mlo_span *sp = span_of(c, b);
   *src = sp->off;
   *len = sp->bytes;
@@ -131,7 +129,7 @@ static bool extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len,
 
 static int copy_piece(mlo_component *c, long b, size_t *copies, uint64_t *moved) {
   uint64_t src, len, dev;
-  if (!extent(c, b, &src, &len, &dev) || !len) return MLO_OK;
+  if (!mlo_prog_extent(c, b, &src, &len, &dev) || !len) return MLO_OK;
   int rc = PCALL(c, mlo_plat_copy_h2d(c->pipe->platform, c->block, (size_t)dev,
                                       (char *)c->slab + src, (size_t)len));
   if (rc) return rc;
@@ -169,7 +167,7 @@ int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved) {
   bool queued = false;
   for (size_t b = 0; b < g->n && !rc; b++) {
     uint64_t src, len, dev;
-    if (g->in_head[b] || !extent(c, (long)b, &src, &len, &dev) || !len) continue;
+    if (g->in_head[b] || !mlo_prog_extent(c, (long)b, &src, &len, &dev) || !len) continue;
     if (!g->ev[b] && (rc = PCALL(c, mlo_plat_event_create(p, &g->ev[b])))) break;
     if ((rc = copy_piece(c, (long)b, copies, moved))) break;
     if (!(rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) g->pending[b] = queued = true;
@@ -177,6 +175,32 @@ int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved) {
   /* nothing after the head (every block in it, or empty): a whole load */
   g->active = !rc && queued;
   return rc;
+}
+
+int mlo_prog_join_prepare(mlo_component *c) {
+  int rc = prepare(c);
+  if (rc) return rc;
+  struct mlo_prog *g = c->prog;
+  g->active = false;
+  for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = false;
+  return MLO_OK;
+}
+
+int mlo_prog_join_mark(mlo_component *c, long piece) {
+  struct mlo_prog *g = c->prog;
+  mlo_platform *p = c->pipe->platform;
+  mlo_event **ev = piece == MLO_BLOCK_PROLOGUE ? &g->head_ev : &g->ev[piece];
+  int rc = *ev ? MLO_OK : PCALL(c, mlo_plat_event_create(p, ev));
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, *ev));
+  if (!rc && piece >= 0) g->pending[piece] = true;
+  return rc;
+}
+
+void mlo_prog_join_activate(mlo_component *c) {
+  struct mlo_prog *g = c->prog;
+  bool any = false;
+  for (size_t b = 0; b < g->n && !any; b++) any = g->pending[b];
+  g->active = any;
 }
 
 mlo_event *mlo_prog_head_event(const mlo_component *c) {

@@ -150,6 +150,8 @@ int mlo_res_load(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   if (c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE) return MLO_OK;
   if (!c->materialized) return mlo_fail(pipe, MLO_ESTATE, "%s: not materialized", c->name);
+  if (c->join) /* its copies are going into another component's memory (join.c) */
+    return mlo_fail(pipe, MLO_EBUSY, "%s: already loading into the memory of a switch", c->name);
   if (!c->block_bytes) { /* C13: nothing to move, no platform call */
     c->state = MLO_RES_DEVICE;
     c->load_waited = true;
@@ -368,7 +370,8 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   for (size_t i = 0; i < c->ntensors && !rc; i++) {
     mlo_tensor *t = c->tensors[i];
     if (!needs_writeback(c, t)) continue;
-    uint64_t at = t->dev_offset; /* a streamed component's mutable tensors stay resident */
+    uint64_t at = c->placed ? t->place : t->dev_offset; /* a joined switch placed it */
+    /* a streamed component's mutable tensors stay resident */
     if (c->stream && (rc = mlo_stream_tensor_offset(c, t, &at))) break;
     rc = PCALL(c, mlo_plat_copy_d2h(p, t->host, c->block, (size_t)at, t->nbytes));
     copies++;
@@ -420,6 +423,7 @@ int mlo_res_evict(mlo_component *c) {
   c->stats.evictions++;
   c->stats.d2h_bytes += back;
   pipe->device_bytes -= mlo_res_bytes(c);
+  c->placed = false;
   mlo_stream_evicted(c);
   mlo_prog_evicted(c);
   if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
@@ -436,6 +440,7 @@ void mlo_res_drop(mlo_component *c) {
     mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
     c->pipe->device_bytes -= mlo_res_bytes(c);
   }
+  c->placed = false;
   mlo_stream_evicted(c);
   mlo_prog_evicted(c);
   c->block = NULL;
@@ -444,6 +449,58 @@ void mlo_res_drop(mlo_component *c) {
   c->shard_offset = c->shard_bytes = 0;
   c->state = MLO_RES_HOST;
   c->load_waited = false;
+}
+
+void mlo_res_join_began(mlo_component *b) {
+  b->load_begin_ns = mlo_plat_now(b->pipe->platform);
+  if (!b->pipe->trace) return;
+  /* into memory already counted (the other component's): the figure stays */
+  mlo_trace_event e = {MLO_TRACE_LOAD_BEGIN, b, b->load_begin_ns, b->block_bytes,
+                       b->pipe->device_bytes};
+  b->pipe->trace(&e, b->pipe->trace_user);
+}
+
+int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved) {
+  mlo_pipeline *pipe = a->pipe;
+  int rc = ensure_event(b, &b->load_ev);
+  if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(pipe->platform, b->load_ev));
+  if (rc) return mlo_fail(pipe, rc, "%s: recording its load's end failed", b->name);
+  /* a leaves: its block is b's now, nothing freed, nothing to write back
+   * (a join's source has no mutable tensor) */
+  if (!a->load_ended) mlo_res_load_ended(a, mlo_plat_now(pipe->platform));
+  void *block = a->block;
+  uint64_t alloc = a->alloc_bytes, counted = mlo_res_bytes(a);
+  pipe->device_bytes -= counted;
+  a->block = NULL;
+  a->placed = false;
+  a->use_valid = false;
+  a->state = MLO_RES_HOST;
+  a->load_waited = false;
+  a->stats.evictions++;
+  mlo_stream_evicted(a);
+  mlo_prog_evicted(a);
+  /* b arrives, loading: the whole block is its (what the budget counts) */
+  b->block = block;
+  b->alloc_bytes = alloc;
+  b->placed = true;
+  b->placed_bytes = counted;
+  b->state = MLO_RES_LOADING;
+  b->load_waited = false;
+  b->load_ended = false;
+  b->use_valid = false;
+  b->gather_slice = 0;
+  b->device_gather = false;
+  b->stats.loads++;
+  b->stats.joined_loads++;
+  b->stats.h2d_bytes += moved;
+  b->stats.copy_calls += copies;
+  pipe->device_bytes += mlo_res_bytes(b);
+  if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
+  mlo_res_trace(a, MLO_TRACE_EVICT, 0);
+  log_transfer(a, "evict (its block handed to the next)", 0, 0);
+  log_transfer(b, "load (joined)", b->block_bytes, copies);
+  mlo_disk_change_tier(a); /* a host plan made while it was resident */
+  return MLO_OK;
 }
 
 int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync) {

@@ -35,6 +35,7 @@
  */
 #include "base/sysio.h"
 #include "core/internal.h"
+#include "core/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +100,7 @@ bool mlo_stream_streams(const mlo_component *c, const mlo_tensor *t) {
 }
 
 uint64_t mlo_res_bytes(const mlo_component *c) {
+  if (c->placed) return c->placed_bytes; /* the block a joined switch handed it, whole */
   return c->stream ? c->stream->footprint : c->block_bytes;
 }
 
@@ -577,6 +579,12 @@ int mlo_block_begin(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "begin");
+  if (!rc && mlo_join_gone(c, (long)block))
+    rc = mlo_fail(pipe, MLO_ESTATE,
+                  "begin block %zu of '%s': its memory went to '%s', which the schedule calls "
+                  "next (a block is not begun again after its end in the component's last call "
+                  "before the next one)",
+                  block, c->name, mlo_join_target(c)->name);
   if (!rc && !block_streams(c, block) && mlo_res_is_resident(c))
     rc = mlo_prog_begin(c, block); /* a kept block: its own copy, where the load was progressive */
   if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
@@ -640,6 +648,9 @@ int mlo_block_end(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "end");
+  if (!rc && !block_streams(c, block) && mlo_res_is_resident(c) && pipe->policy &&
+      pipe->policy->block_ended)
+    pipe->policy->block_ended(pipe, c, block); /* its memory may go to the next component */
   if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
     pthread_mutex_unlock(&pipe->lock);
     return rc;

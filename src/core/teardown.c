@@ -18,6 +18,8 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
   mlo_offload_disable(pipe);
   mlo_disk_stop(pipe); /* a load from disk in flight ends, undone */
   MLO_LOCK_OR_VOID(&pipe->lock);
+  for (size_t i = 0; i < pipe->ncomps; i++) /* a switch held open by an acquire not released */
+    mlo_join_drop(pipe->comps[i]);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     if (mlo_res_is_resident(c) && mlo_res_evict(c)) mlo_res_drop(c); /* write-back failed */

@@ -306,6 +306,11 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
   bool sliced = owner->shard_bytes || owner->shard_offset;
   if (!mlo_res_is_resident(owner) || (!owner->block && own->nbytes)) {
     rc = MLO_ESTATE;
+  } else if (own->block >= 0 && mlo_join_gone(owner, own->block)) {
+    rc = mlo_fail(owner->pipe, MLO_ESTATE,
+                  "tensor '%s' of '%s': its block's memory went to '%s', which the schedule "
+                  "calls next",
+                  own->name, owner->name, mlo_join_target(owner)->name);
   } else if (sliced && (own->dev_offset < owner->shard_offset ||
                         own->dev_offset + own->nbytes > owner->shard_offset + owner->shard_bytes)) {
     rc = mlo_fail(owner->pipe, MLO_ESTATE,
@@ -316,7 +321,7 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
   } else {
     void *handle = NULL;
     size_t local = 0;
-    uint64_t at = own->dev_offset - owner->shard_offset;
+    uint64_t at = owner->placed ? own->place : own->dev_offset - owner->shard_offset;
     if (owner->stream) rc = mlo_stream_tensor_offset(owner, own, &at);
     if (!rc) mlo_plat_resolve(owner->pipe->platform, owner->block, (size_t)at, &handle, &local);
     if (block) *block = handle;
@@ -332,11 +337,11 @@ int mlo_component_shard(mlo_component *c, void **block, uint64_t *offset, uint64
   int rc = MLO_OK;
   if (!mlo_res_is_resident(c)) {
     rc = MLO_ESTATE;
-  } else if (c->stream) {
+  } else if (c->stream || c->placed) {
     rc = mlo_fail(c->pipe, MLO_EUNSUPPORTED,
-                  "'%s' streams its blocks: its device block is not its layout (use "
-                  "mlo_tensor_device between mlo_block_begin and mlo_block_end)",
-                  c->name);
+                  "'%s' %s: its device block is not its layout (use mlo_tensor_device%s)", c->name,
+                  c->stream ? "streams its blocks" : "was loaded by a joined switch",
+                  c->stream ? " between mlo_block_begin and mlo_block_end" : "");
   } else {
     bool sliced = c->shard_bytes || c->shard_offset;
     if (block) *block = c->block;

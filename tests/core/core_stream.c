@@ -475,6 +475,16 @@ static uint64_t workload_digest(const char *mode) {
     for (size_t i = 0; i < 3; i++)
       assert_ok(mlo_component_set_progressive(mlo_pipeline_component_at(pipe, i), 1));
     assert_ok(mlo_offload_enable(pipe, NULL));
+  } else if (!strcmp(mode, "joined")) { /* one component's room: every switch joined */
+    for (size_t i = 0; i < 3; i++)
+      assert_ok(mlo_component_set_progressive(mlo_pipeline_component_at(pipe, i), 1));
+    assert_ok(mlo_pipeline_learn_schedule(pipe, true));
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = mlo_component_bytes(mlo_pipeline_find(pipe, "transformer"));
+    s.prefetch = true;
+    assert_ok(mlo_offload_enable(pipe, &s));
+    mlo_pipeline_set_audit(pipe, true);
   } else {
     mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
     s.policy = MLO_POLICY_BUDGET;
@@ -492,9 +502,15 @@ static uint64_t workload_digest(const char *mode) {
   size_t n = 0;
   assert_ok(mlo_workload_schedule(pipe, 4, 4, &calls, &n));
   uint64_t digest = 0;
-  for (int prompt = 0; prompt < 2; prompt++)
+  for (int prompt = 0; prompt < 3; prompt++)
     assert_ok(mlo_workload_run(w, calls, n, &digest, NULL, NULL, NULL));
   if (strcmp(mode, "resident")) assert_ok(mlo_pipeline_audit(pipe));
+  if (!strcmp(mode, "joined")) { /* learned from the first prompt, joined from the second */
+    mlo_pipeline_stats ps;
+    assert_ok(mlo_pipeline_get_stats(pipe, &ps));
+    assert_true(ps.total.joined_loads >= 3);
+    assert_true(ps.peak_device_bytes <= ps.budget_bytes);
+  }
   free(calls);
   mlo_workload_close(w);
   mlo_pipeline_free(pipe);
@@ -508,6 +524,7 @@ static void test_workload_digest(void **state) {
   assert_int_equal(workload_digest("strict"), resident);
   assert_int_equal(workload_digest("progressive"), resident);
   assert_int_equal(workload_digest("stream"), resident);
+  assert_int_equal(workload_digest("joined"), resident);
 }
 
 /* Zero-byte tensors of a streamed component's pieces: laid out at 0 as in

@@ -131,6 +131,14 @@ void report_print_text(const tool_report *rep, FILE *out) {
             tool_size(c->stream.device_bytes), tool_size(c->stream.streamed_bytes),
             c->stats.block_loads, (double)c->stats.block_wait_ns / 1e9);
   }
+  for (size_t i = 0; i < rep->ncomp; i++) {
+    const comp_report *c = &rep->comps[i];
+    if (!c->stats.joined_loads) continue;
+    fprintf(out,
+            "  %s: %" PRIu64 " of %" PRIu64 " loads joined to the switch (copied during the "
+            "previous component's last forward, into the memory its ended blocks freed)\n",
+            tool_esc(c->name), c->stats.joined_loads, c->stats.loads);
+  }
   const mlo_pipeline_stats *st = &rep->run.stats;
   fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
           tool_size(rep->load_bytes), rep->load_s,
@@ -215,6 +223,7 @@ static void add_stats(cJSON *o, const mlo_component_stats *s) {
   cJSON_AddNumberToObject(o, "disk_loads", (double)s->disk_loads);
   cJSON_AddNumberToObject(o, "disk_read_bytes", (double)s->disk_read_bytes);
   cJSON_AddNumberToObject(o, "disk_stall_s", (double)s->disk_wait_ns / 1e9);
+  cJSON_AddNumberToObject(o, "joined_loads", (double)s->joined_loads);
 }
 
 static cJSON *build_json(const tool_report *rep) {

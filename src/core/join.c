@@ -1,0 +1,339 @@
+/*
+ * join.c — the joined switch (docs/streaming.md, "The joined switch"): the
+ * next component's copies issued during the current component's last
+ * forward, into the memory that forward's ended blocks no longer need, so
+ * that under a budget of one component the switch does not wait for a
+ * whole load.
+ *
+ * The budget policy decides when (budget.c: with prefetch and a schedule,
+ * in the call the schedule says is A's last before B, where B does not fit
+ * beside A).  This file does it:
+ *
+ *  - Placement.  B takes A's device block whole.  Its slab is laid into it
+ *    as a ring that starts where A's first block is: B's prologue and
+ *    first blocks go over A's first blocks, its last ones wrap round over
+ *    A's prologue.  The wrap falls between two of B's tensors and the ring
+ *    starts as early as that allows, so no tensor is split and B fits
+ *    wherever its slab fits A's block.  Each of B's tensors is then at
+ *    t->place (comp->placed) for this residency.
+ *  - Order.  B's pieces are copied in the order its forward runs them
+ *    (prologue, blocks, epilogue with the last block), each copy after the
+ *    compute that read what it overwrites (C9): at the end of A's block k
+ *    a compute event is recorded and the copy queue waits for it before the
+ *    copies that became free to go.  What A may read until its release
+ *    (prologue, epilogue, caller-owned tensors) is overwritten only after
+ *    its last release, which issues the rest.
+ *  - Events.  B's prologue is its head (what its acquire waits for); each
+ *    block has its own event, which its begin waits for (progressive.c);
+ *    the epilogue lands with the last block.  A B that does not load
+ *    progressively waits for all of it, at its acquire.
+ *  - Hand-over, at A's last release (residency.c): A leaves the device
+ *    with nothing freed; B is resident in A's block, loading.
+ *
+ * While the join runs, A is spent: a block whose bytes may have been
+ * overwritten cannot be begun again, nor its tensors' addresses asked for
+ * (MLO_ESTATE); another acquire of A waits for the hand-over and loads it
+ * again (budget.c); B loads no other way until then.  A failed copy ends
+ * the join early: nothing more is copied, B loads on demand as ever, and A
+ * is evicted at its release (its block freed after the copies queued).
+ *
+ * Every function runs with the pipeline lock held.
+ */
+#include "base/sysio.h"
+#include "core/internal.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+#define DEP_NONE (-1L)    /* overwrites nothing A reads */
+#define DEP_END LONG_MAX  /* overwrites what A reads until its release */
+#define MARK_NONE (-100L) /* no event after this copy */
+
+/* One copy of B's slab bytes [src, src + len) to dst in the block. */
+struct join_run {
+  uint64_t src, dst, len;
+  long dep;  /* the last of A's blocks whose bytes it overwrites (DEP_*) */
+  long mark; /* after it: B's head event (MLO_BLOCK_PROLOGUE), block mark's, or none */
+};
+
+struct mlo_join {
+  mlo_component *from, *to;
+  struct join_run *runs;
+  size_t nruns, next; /* runs issued: [0, next) */
+  bool *ended;        /* per block of A: ended in this forward */
+  size_t done;        /* A's blocks [0, done) have all ended */
+  long gone;          /* A's blocks [0, gone) may be overwritten */
+  bool prog;          /* B loads block by block: per-piece events */
+  bool failed;        /* a copy failed: nothing more goes, A is evicted at its release */
+  mlo_event *point;   /* A's compute so far, recorded again at each step */
+  size_t copies;
+  uint64_t moved;
+};
+
+#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
+
+/* Where a tensor of a resident c is in its block. */
+static uint64_t at_of(const mlo_component *c, const mlo_tensor *t) {
+  return c->placed ? t->place : t->dev_offset;
+}
+
+static bool owns_bytes(const mlo_tensor *t) {
+  return !t->target && t->nbytes;
+}
+
+/* A's bytes, as ranges with the block whose end frees them. */
+struct range {
+  uint64_t lo, hi;
+  long dep;
+};
+
+static int by_lo(const void *x, const void *y) {
+  const struct range *a = x, *b = y;
+  return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+static struct range *ranges_of(const mlo_component *a, size_t *n) {
+  struct range *r = mlo_calloc(a->ntensors ? a->ntensors : 1, sizeof *r);
+  if (!r) return NULL;
+  *n = 0;
+  for (size_t i = 0; i < a->ntensors; i++) {
+    const mlo_tensor *t = a->tensors[i];
+    if (!owns_bytes(t)) continue;
+    uint64_t lo = at_of(a, t);
+    bool block = t->block >= 0 && !(t->flags & MLO_TENSOR_EXTERNAL);
+    r[(*n)++] = (struct range){lo, lo + t->nbytes, block ? t->block : DEP_END};
+  }
+  qsort(r, *n, sizeof *r, by_lo);
+  return r;
+}
+
+/* The last block of A whose bytes [lo, hi) overlaps (ranges sorted, apart). */
+static long dep_of(const struct range *r, size_t n, uint64_t lo, uint64_t hi) {
+  size_t a = 0, b = n; /* the first range ending after lo */
+  while (a < b) {
+    size_t m = a + (b - a) / 2;
+    if (r[m].hi <= lo)
+      a = m + 1;
+    else
+      b = m;
+  }
+  long dep = DEP_NONE;
+  for (size_t i = a; i < n && r[i].lo < hi; i++)
+    if (r[i].dep > dep) dep = r[i].dep;
+  return dep;
+}
+
+/* Where the ring starts: A's first block's first bytes (0 without blocks). */
+static uint64_t ring_start(const mlo_component *a) {
+  const mlo_tensor *first = NULL;
+  for (size_t i = 0; i < a->ntensors; i++) {
+    const mlo_tensor *t = a->tensors[i];
+    if (!owns_bytes(t) || t->block < 0 || (t->flags & MLO_TENSOR_EXTERNAL)) continue;
+    if (!first || t->block < first->block ||
+        (t->block == first->block && t->dev_offset < first->dev_offset))
+      first = t;
+  }
+  return first ? at_of(a, first) : 0;
+}
+
+/* B's ring in A's block of `room` bytes from `s0`: its slab bytes [0, cut)
+ * at base, [cut, end) at 0.  cut is a tensor's start (or the slab's end),
+ * the latest that leaves [s0, room) for what comes before it. */
+static void ring(const mlo_component *b, uint64_t s0, uint64_t room, uint64_t *base,
+                 uint64_t *cut) {
+  uint64_t len = b->slab_bytes;
+  if (s0 <= room && len <= room - s0) { /* no wrap */
+    *base = s0;
+    *cut = len;
+    return;
+  }
+  uint64_t lim = s0 <= room ? room - s0 : 0, best = 0;
+  for (size_t i = 0; i < b->ntensors; i++) {
+    const mlo_tensor *t = b->tensors[i];
+    if (owns_bytes(t) && t->dev_offset <= lim && t->dev_offset > best) best = t->dev_offset;
+  }
+  *cut = best;
+  *base = room - best;
+}
+
+static uint64_t mapped(uint64_t src, uint64_t base, uint64_t cut) {
+  return src < cut ? base + src : src - cut;
+}
+
+/* The copies of B's piece (split at the wrap), with the mark after the last. */
+static void add_piece(struct mlo_join *j, const mlo_component *b, long piece, uint64_t base,
+                      uint64_t cut, const struct range *r, size_t nr, long mark) {
+  uint64_t src, len, dev;
+  if (!mlo_prog_extent(b, piece, &src, &len, &dev)) return;
+  uint64_t end = src + len;
+  while (src < end) {
+    uint64_t stop = src < cut && cut < end ? cut : end;
+    uint64_t dst = mapped(src, base, cut);
+    j->runs[j->nruns++] =
+        (struct join_run){src, dst, stop - src, dep_of(r, nr, dst, dst + (stop - src)), MARK_NONE};
+    src = stop;
+  }
+  if (mark != MARK_NONE) {
+    if (!len) /* an empty piece: its event still goes, after what came before */
+      j->runs[j->nruns++] = (struct join_run){0, 0, 0, DEP_NONE, MARK_NONE};
+    j->runs[j->nruns - 1].mark = mark;
+  }
+}
+
+/* The runs in the order B's forward needs them, placed; false: out of
+ * memory. */
+static bool plan_runs(struct mlo_join *j, uint64_t base, uint64_t cut) {
+  mlo_component *a = j->from, *b = j->to;
+  size_t nr = 0;
+  struct range *r = ranges_of(a, &nr);
+  /* each piece twice at most (the wrap), plus an empty head's mark */
+  j->runs = mlo_calloc(2 * (b->nblocks + 2) + 1, sizeof *j->runs);
+  if (!r || !j->runs) {
+    free(r);
+    return false;
+  }
+  long last = -1; /* the last block with bytes: the epilogue lands with it */
+  for (size_t k = 0; k < b->nblocks; k++)
+    if (b->spans[k].bytes) last = (long)k;
+  bool marks = j->prog && last >= 0;
+  add_piece(j, b, MLO_BLOCK_PROLOGUE, base, cut, r, nr, marks ? MLO_BLOCK_PROLOGUE : MARK_NONE);
+  for (size_t k = 0; k < b->nblocks; k++)
+    add_piece(j, b, (long)k, base, cut, r, nr,
+              marks && (long)k != last && b->spans[k].bytes ? (long)k : MARK_NONE);
+  add_piece(j, b, MLO_BLOCK_EPILOGUE, base, cut, r, nr, marks ? last : MARK_NONE);
+  free(r);
+  for (size_t i = 0; i < b->ntensors; i++) { /* where each tensor is, from the hand-over */
+    mlo_tensor *t = b->tensors[i];
+    if (owns_bytes(t)) t->place = mapped(t->dev_offset, base, cut);
+  }
+  return true;
+}
+
+static void join_free(struct mlo_join *j) {
+  if (!j) return;
+  mlo_plat_event_destroy(j->from->pipe->platform, j->point);
+  free(j->runs);
+  free(j->ended);
+  free(j);
+}
+
+bool mlo_join_start(mlo_component *a, mlo_component *b) {
+  mlo_pipeline *pipe = a->pipe;
+  const mlo_offload_settings *s = &pipe->settings;
+  if (a->join || b->join || a == b || pipe->sharded || s->copy_back || s->per_tensor_copies ||
+      pipe->platform->caps.max_block_bytes)
+    return false;
+  /* a: resident in one block of its own layout, held by its forward alone,
+   * nothing to write back at its end */
+  if (!mlo_res_is_resident(a) || !a->block || a->stream || a->users != 1 || a->disk_busy ||
+      a->has_mutable || !a->nblocks)
+    return false;
+  /* b: a slab of its own, moved whole into a's block */
+  if (mlo_res_is_resident(b) || !b->materialized || !b->slab || b->on_disk || b->partial ||
+      b->stream || b->has_mutable || b->block_bytes != b->slab_bytes || !b->slab_bytes)
+    return false;
+  uint64_t room = a->alloc_bytes / pipe->alignment * pipe->alignment; /* it is whole units */
+  if (b->slab_bytes > room) return false;
+  struct mlo_join *j = mlo_calloc(1, sizeof *j);
+  if (!j) return false;
+  j->from = a;
+  j->to = b;
+  j->prog = mlo_prog_applies(b) && b->nblocks;
+  uint64_t base, cut;
+  ring(b, ring_start(a), room, &base, &cut);
+  if (!(j->ended = mlo_calloc(a->nblocks, sizeof *j->ended)) || !plan_runs(j, base, cut) ||
+      (j->prog && mlo_prog_join_prepare(b)) ||
+      PCALL(b, mlo_plat_event_create(pipe->platform, &j->point))) {
+    join_free(j);
+    return false;
+  }
+  a->join = b->join = j;
+  mlo_res_join_began(b);
+  return true;
+}
+
+mlo_component *mlo_join_source(const mlo_component *c) {
+  return c->join->from;
+}
+
+mlo_component *mlo_join_target(const mlo_component *c) {
+  return c->join->to;
+}
+
+bool mlo_join_gone(const mlo_component *a, long block) {
+  return a->join && a->join->from == a && block < a->join->gone;
+}
+
+/* Nothing more goes: b loads on demand; a keeps its spent state until its
+ * release evicts it. */
+static void fail(struct mlo_join *j, int rc) {
+  mlo_component *b = j->to;
+  mlo_logf(MLO_LOG_DEBUG, "joined switch %s -> %s ended early (%s): %s loads on demand",
+           j->from->name, b->name, mlo_strerror(rc), b->name);
+  j->failed = true;
+  if (j->prog) mlo_prog_evicted(b);
+  if (b->join == j) b->join = NULL;
+}
+
+static bool ready(const struct mlo_join *j, const struct join_run *r) {
+  return r->dep == DEP_NONE || (r->dep != DEP_END && r->dep < (long)j->done);
+}
+
+/* Issues the runs that may go (all: A's compute is all queued), after a
+ * compute event the copy queue waits for. */
+static int issue(struct mlo_join *j, bool all) {
+  mlo_component *a = j->from, *b = j->to;
+  mlo_platform *p = a->pipe->platform;
+  size_t k = j->next;
+  while (k < j->nruns && (all || ready(j, &j->runs[k]))) k++;
+  if (k == j->next) return MLO_OK;
+  int rc = PCALL(b, mlo_plat_event_record_compute(p, j->point));
+  if (!rc) rc = PCALL(b, mlo_plat_copy_wait(p, j->point));
+  for (; j->next < k && !rc; j->next++) {
+    const struct join_run *r = &j->runs[j->next];
+    if (r->dep >= 0 && r->dep != DEP_END && r->dep >= j->gone) j->gone = r->dep + 1;
+    if (r->len) {
+      rc = PCALL(b, mlo_plat_copy_h2d(p, a->block, (size_t)r->dst, (char *)b->slab + r->src,
+                                      (size_t)r->len));
+      if (rc) break;
+      j->copies++;
+      j->moved += r->len;
+    }
+    if (r->mark != MARK_NONE) rc = mlo_prog_join_mark(b, r->mark);
+  }
+  return rc;
+}
+
+void mlo_join_block_ended(mlo_component *a, size_t block) {
+  struct mlo_join *j = a->join;
+  if (!j || j->from != a || j->failed || block >= a->nblocks) return;
+  j->ended[block] = true;
+  while (j->done < a->nblocks && j->ended[j->done]) j->done++;
+  int rc = issue(j, false);
+  if (rc) fail(j, rc);
+}
+
+void mlo_join_released(mlo_component *a) {
+  struct mlo_join *j = a->join;
+  if (!j || j->from != a) return;
+  mlo_component *b = j->to;
+  if (!j->failed) {
+    int rc = issue(j, true);
+    if (!rc && j->prog) mlo_prog_join_activate(b);
+    if (!rc) rc = mlo_res_hand_over(a, b, j->copies, j->moved); /* nothing changed if it fails */
+    if (rc) fail(j, rc);
+  }
+  if (b->join == j) b->join = NULL;
+  a->join = NULL;
+  /* spent: what a would read may be b's bytes now (freed after the copies) */
+  if (j->failed && mlo_res_is_resident(a) && mlo_res_evict(a)) mlo_res_drop(a);
+  join_free(j);
+}
+
+void mlo_join_drop(mlo_component *a) {
+  struct mlo_join *j = a->join;
+  if (!j || j->from != a) return;
+  if (!j->failed) fail(j, MLO_ESTATE);
+  a->join = NULL;
+  join_free(j);
+}

@@ -1,0 +1,309 @@
+/*
+ * core_join.c — the joined switch (src/core/join.c, docs/streaming.md):
+ * under the budget policy with prefetch and a schedule, the next
+ * component's copies go, during the current one's last forward, into the
+ * memory its ended blocks free.
+ *
+ * Two DiTs of the same shape, each an 8 KiB prologue, four 16 KiB blocks
+ * and an 8 KiB epilogue (80 KiB), under a budget of 80 KiB: one at a time.
+ * By hand, B's slab laid into A's block as a ring from A's first block
+ * (KiB):
+ *
+ *   A:  [0,8) P   [8,24) b0   [24,40) b1   [40,56) b2   [56,72) b3   [72,80) E
+ *   B:  P [8,16) over A's b0      -> copied at A's end of block 0
+ *       b0 [16,32) over b0, b1    -> at the end of block 1
+ *       b1 [32,48) over b1, b2    -> block 2;   b2 [48,64) over b2, b3 -> block 3
+ *       b3 [64,80) over b3 and A's E, and E [0,8) over A's P -> at A's release
+ *
+ *  - on the simulated device, whose clock is virtual, B's acquire waits for
+ *    nothing and its forward for the last 40 KiB only (its last two blocks
+ *    and epilogue, copied from A's last end on), against all 80 KiB
+ *    unjoined; the
+ *    tensors are where the ring puts them; a block of A whose memory may be
+ *    B's cannot be begun again nor its tensors addressed; bytes and
+ *    accounting are a load's;
+ *  - on the host platform with a jittered, throttled copy queue: every
+ *    block's bytes right after its begin, prompt after prompt, joining
+ *    both ways; a schedule not kept (A called again) reloads A right; the
+ *    acquires that cannot be served while the join runs are refused;
+ *  - every platform call of a joined prompt failed in turn: a status, a
+ *    clean audit, and the next prompts right.
+ */
+#include "testutil.h"
+#include "platform/fault.h"
+#include "platform/platform.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB (1024u)
+#define NBLK 4
+#define TOTAL (80 * KB)
+#define LINK 1000000000ull /* the simulated link, bytes per second */
+
+static uint64_t copy_ns(uint64_t bytes) {
+  return bytes * 1000000000ull / LINK;
+}
+
+static void assert_near(uint64_t got, uint64_t want) {
+  uint64_t d = got > want ? got - want : want - got;
+  if (d > 1000)
+    fail_msg("%llu ns, computed by hand %llu ns", (unsigned long long)got,
+             (unsigned long long)want);
+}
+
+typedef struct {
+  mlo_platform *plat;
+  tu_pipe *tp;
+  mlo_component *c[2]; /* A (transformer), B (transformer_2) */
+  mlo_tensor *pro[2], *blk[2][NBLK], *epi[2];
+  uint64_t compute_ns; /* per block, on the simulated device */
+  bool sim;
+  int poke; /* in A's forward after block 1: what else to try (below) */
+} rig;
+
+static void add_dit(rig *r, int i, const char *name) {
+  assert_ok(mlo_component_add(r->tp->pipe, name, MLO_ROLE_DIT, &r->c[i]));
+  r->pro[i] = tu_add_tensor(r->tp, r->c[i], "patch_embedding.weight", 8 * KB, 0);
+  char t[64];
+  for (int b = 0; b < NBLK; b++) {
+    snprintf(t, sizeof t, "blocks.%d.weight", b);
+    r->blk[i][b] = tu_add_tensor(r->tp, r->c[i], t, 16 * KB, 0);
+  }
+  r->epi[i] = tu_add_tensor(r->tp, r->c[i], "proj_out.weight", 8 * KB, 0);
+  assert_ok(mlo_component_set_progressive(r->c[i], 1));
+}
+
+static void rig_build_on(rig *r, mlo_platform *plat, bool sim) {
+  memset(r, 0, sizeof *r);
+  r->plat = plat;
+  r->sim = sim;
+  r->tp = tu_pipe_new(plat, !sim);
+  add_dit(r, 0, "transformer");
+  add_dit(r, 1, "transformer_2");
+  mlo_schedule_entry s[] = {{r->c[0], 1}, {r->c[1], 1}};
+  assert_ok(mlo_pipeline_set_schedule(r->tp->pipe, s, 2));
+}
+
+static int enable(rig *r, bool prefetch) {
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = TOTAL;
+  s.prefetch = prefetch;
+  return mlo_offload_enable(r->tp->pipe, &s);
+}
+
+static void rig_free(rig *r) {
+  tu_pipe_free(r->tp);
+  mlo_platform_close(r->plat);
+}
+
+static uint64_t dev_off(const mlo_tensor *t) {
+  size_t off = 0;
+  assert_ok(mlo_tensor_device(t, NULL, &off));
+  return off;
+}
+
+static bool bytes_ok(rig *r, const mlo_tensor *t) {
+  if (r->sim) return true; /* the simulated device stores no bytes */
+  size_t n = (size_t)mlo_tensor_nbytes(t);
+  unsigned char *buf = malloc(n);
+  int rc = tu_read_device(r->tp, t, buf, n);
+  bool ok = rc == MLO_OK && tu_pattern_mismatch(buf, n, tu_rec(r->tp, t)->seed) == n;
+  free(buf);
+  if (!ok) tu_note_failure(r->tp, "%s: %s", mlo_tensor_name(t), rc ? mlo_err_name(rc) : "bytes");
+  return ok;
+}
+
+static void *try_acquire_a(void *arg) {
+  rig *r = arg;
+  intptr_t rc = mlo_component_try_acquire(r->c[0]);
+  if (!rc) mlo_component_release(r->c[0]);
+  return (void *)rc;
+}
+
+/* What may not be done once B's copies go into A's ended blocks (after
+ * A's block 1 ended, B's prologue and block 0 are queued over A's blocks
+ * 0 and 1). */
+static void poke(rig *r) {
+  mlo_component *a = r->c[0], *b = r->c[1];
+  assert_status(mlo_block_begin(a, 0), MLO_ESTATE); /* its memory may be B's */
+  assert_status(mlo_block_begin(a, 1), MLO_ESTATE);
+  assert_non_null(strstr(mlo_pipeline_errmsg(r->tp->pipe), "transformer_2"));
+  size_t off;
+  assert_status(mlo_tensor_device(r->blk[0][0], NULL, &off), MLO_ESTATE);
+  assert_ok(mlo_tensor_device(r->blk[0][2], NULL, &off)); /* not ended yet */
+  assert_ok(mlo_tensor_device(r->pro[0], NULL, &off));    /* A reads it until its release */
+  assert_ok(mlo_tensor_device(r->epi[0], NULL, &off));
+  /* A spent, B not in: this thread cannot wait for either */
+  assert_status(mlo_component_acquire(a), MLO_EDEADLK);
+  assert_status(mlo_component_acquire(b), MLO_EDEADLK);
+  assert_status(mlo_component_try_acquire(b), MLO_EBUSY);
+  pthread_t th;
+  void *got = NULL;
+  assert_int_equal(pthread_create(&th, NULL, try_acquire_a, r), 0);
+  assert_int_equal(pthread_join(th, &got), 0);
+  assert_int_equal((intptr_t)got, MLO_EBUSY);
+  assert_false(mlo_component_is_resident(b));
+  assert_ok(mlo_pipeline_audit(r->tp->pipe));
+}
+
+/* A forward as compute runs it: each block's bytes once begun. */
+static int forward(mlo_component *c, void *user) {
+  rig *r = user;
+  int i = c == r->c[1];
+  bool ok = bytes_ok(r, r->pro[i]);
+  for (int b = 0; b < NBLK && ok; b++) {
+    if (mlo_block_begin(c, (size_t)b)) return 1;
+    ok = bytes_ok(r, r->blk[i][b]);
+    if (r->sim && r->compute_ns && mlo_sim_compute(r->plat, r->compute_ns)) return 1;
+    if (mlo_block_end(c, (size_t)b)) return 1;
+    if (!i && b == 1 && r->poke) poke(r);
+  }
+  return ok && bytes_ok(r, r->epi[i]) ? 0 : 1;
+}
+
+static void test_by_hand(void **state) {
+  (void)state;
+  for (int joined = 1; joined >= 0; joined--) {
+    rig r;
+    rig_build_on(&r, tu_open_spec("sim:capacity=1M,link=1e9"), true);
+    mlo_component *a = r.c[0], *b = r.c[1];
+    assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+    assert_int_equal(mlo_component_bytes(a), TOTAL);
+    assert_ok(enable(&r, joined)); /* with prefetch: A, called first, loads at enable */
+    assert_ok(mlo_platform_synchronize(r.plat));
+    r.compute_ns = 100000; /* 100 us a block: each copy (16 us) lands within one */
+    r.poke = joined;
+    assert_ok(mlo_component_forward(a, forward, &r));
+    mlo_component_stats sb = tu_cstats(b), sa = tu_cstats(a);
+    mlo_pipeline_stats ps = tu_pstats(r.tp);
+    assert_true(ps.peak_device_bytes <= TOTAL);
+    if (joined) { /* A's block is B's: resident, loading, nothing allocated */
+      assert_false(mlo_component_is_resident(a));
+      assert_true(mlo_component_is_resident(b));
+      assert_int_equal(sb.joined_loads, 1);
+      assert_int_equal(sb.loads, 1);
+      assert_int_equal(sb.h2d_bytes, TOTAL); /* a load's bytes, in 6 copies (b3 and E apart) */
+      assert_int_equal(sb.copy_calls, 6);
+      assert_int_equal(sa.evictions, 1);
+      assert_int_equal(ps.device_bytes, TOTAL);
+      assert_int_equal(tu_device_used(r.plat), TOTAL); /* one block all along */
+    }
+    if (joined) { /* placed as the ring says */
+      assert_int_equal(dev_off(r.pro[1]), 8 * KB);
+      for (int k = 0; k < NBLK; k++) assert_int_equal(dev_off(r.blk[1][k]), (16 + 16 * k) * KB);
+      assert_int_equal(dev_off(r.epi[1]), 0);
+      uint64_t at;
+      void *blk = NULL;
+      assert_status(mlo_component_shard(b, &blk, &at, NULL), MLO_EUNSUPPORTED);
+    }
+    assert_ok(mlo_pipeline_audit(r.tp->pipe));
+    r.compute_ns = 0; /* B computes nothing: its waits are its copies' */
+    assert_ok(mlo_component_forward(b, forward, &r));
+    sb = tu_cstats(b);
+    if (joined) {
+      /* P, b0 and b1 landed during A's forward; b2 was copied from A's
+       * last end, just before its release, b3 and E after it: begin(2)
+       * waits for b2, begin(3) for b3 and E */
+      assert_near(sb.wait_ns, copy_ns(40 * KB));
+      assert_int_equal(sb.block_wait_ns, sb.wait_ns); /* the acquire waited for nothing */
+      /* and B's own last call joined back into A (the schedule's next) */
+      assert_true(mlo_component_is_resident(a));
+      assert_int_equal(tu_cstats(a).joined_loads, 1);
+    } else {
+      /* unjoined: loaded at its acquire, the head (P and E) first */
+      assert_int_equal(sb.joined_loads, 0);
+      assert_near(sb.wait_ns, copy_ns(TOTAL));
+      assert_near(sb.wait_ns - sb.block_wait_ns, copy_ns(16 * KB));
+      assert_int_equal(dev_off(r.epi[1]), 72 * KB);
+    }
+    assert_ok(mlo_pipeline_audit(r.tp->pipe));
+    rig_free(&r);
+  }
+}
+
+static void test_bytes_under_jitter(void **state) {
+  (void)state;
+  rig r;
+  rig_build_on(&r, tu_platform_open("capacity=1M,jitter=1,bw=5e7"), false);
+  mlo_component *a = r.c[0], *b = r.c[1];
+  mlo_pipeline_set_audit(r.tp->pipe, true);
+  assert_ok(enable(&r, true));
+  for (int i = 0; i < 6; i++) {
+    r.poke = i == 1;
+    assert_ok(mlo_component_forward(a, forward, &r));
+    if (i == 3) /* off the schedule: A again, its memory already B's */
+      assert_ok(mlo_component_forward(a, forward, &r));
+    assert_ok(mlo_component_forward(b, forward, &r));
+  }
+  /* every switch joined: A -> B in each A's last call (twice in prompt 3,
+   * the first one's spent when A came again), B -> A at each B (the last
+   * one's A resident now); A loaded at enable, and again for its call off
+   * the schedule */
+  assert_int_equal(tu_cstats(b).joined_loads, 7);
+  assert_int_equal(tu_cstats(b).loads, 7);
+  assert_int_equal(tu_cstats(b).evictions, 7); /* 6 handed to A, 1 for A's call off the schedule */
+  assert_int_equal(tu_cstats(a).joined_loads, 6);
+  assert_int_equal(tu_cstats(a).loads, 8);
+  tu_assert_forwards_clean(r.tp);
+  assert_int_equal(tu_device_used(r.plat), tu_pstats(r.tp).device_bytes);
+  assert_true(tu_pstats(r.tp).peak_device_bytes <= TOTAL);
+  /* a resident B, placed, evicted by hand and loaded again: its own layout */
+  assert_ok(mlo_offload_disable(r.tp->pipe));
+  assert_ok(mlo_pipeline_audit(r.tp->pipe));
+  assert_ok(mlo_component_evict(b));
+  assert_ok(mlo_component_load(b));
+  assert_int_equal(dev_off(r.epi[1]), 72 * KB);
+  assert_ok(mlo_platform_synchronize(r.plat)); /* loaded block by block: no begin here */
+  char why[256] = "";
+  if (!tu_device_content_ok(r.tp, b, why, sizeof why)) fail_msg("%s", why);
+  /* A, placed by the last join (a ring over a ring), holds its own bytes */
+  assert_true(mlo_component_is_resident(a));
+  if (!tu_device_content_ok(r.tp, a, why, sizeof why)) fail_msg("%s", why);
+  rig_free(&r);
+}
+
+static int prompt(rig *r) {
+  int rc = mlo_component_forward(r->c[0], forward, r);
+  if (!rc) rc = mlo_component_forward(r->c[1], forward, r);
+  return rc;
+}
+
+static tu_pipe *sweep_build(void *self, mlo_platform *plat) {
+  rig *r = self;
+  rig_build_on(r, plat, false);
+  assert_ok(mlo_pipeline_materialize(r->tp->pipe));
+  return r->tp;
+}
+
+static int sweep_run(void *self) {
+  rig *r = self;
+  int rc = mlo_offload_is_enabled(r->tp->pipe) ? MLO_OK : enable(r, true);
+  return rc ? rc : prompt(r);
+}
+
+static void sweep_destroy(void *self) {
+  rig *r = self;
+  tu_pipe_free(r->tp); /* the sweep closes the platform */
+}
+
+static void test_fault_sweep(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  rig r;
+  tu_fault_case fc = {sweep_build, sweep_run, sweep_destroy};
+  assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &r) > 20);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_by_hand),
+      cmocka_unit_test(test_bytes_under_jitter),
+      cmocka_unit_test(test_fault_sweep),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
