@@ -18,6 +18,7 @@
 #include "plan.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -52,13 +53,15 @@ static void help(void) {
          "all resident and warm (the baseline), strict model-level offload (the\n"
          "specification) and the budget policy with prefetch, both on a device that\n"
          "holds the strict need and the next component but not the whole pipeline,\n"
+         "the budget policy with prefetch within the strict need (the next expert's\n"
+         "copies joined to the switch, into the blocks the current one has run),\n"
          "the budget policy on a device of 60%% of one DiT, its blocks streaming, and\n"
          "the budget policy with half the weights' host memory, the rest read from the\n"
          "checkpoint at each load, over a link throttled so that one DiT load takes one\n"
-         "DiT step.  Checks that the five give identical output, audits every forward,\n"
-         "and reports each\n"
-         "one's time per prompt against the baseline, stall, bytes moved and peak\n"
-         "device memory, with a timeline picture (SVG) of the budget run.\n\n"
+         "DiT step.  Checks that all of them give identical output, audits every\n"
+         "forward, and reports each one's time per prompt against the baseline, stall,\n"
+         "bytes moved and peak device memory, with a timeline picture (SVG) of the\n"
+         "budget run.\n\n"
          "flags:\n"
          "  --cache DIR           cache folder (default $MLO_CACHE, else ./mlo-cache)\n"
          "  --scale S             pipeline scale, 0 < S <= 0.1 (default %g)\n"
@@ -264,8 +267,11 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   o.whole_loads = true; /* as before progressive loads: each forward waits for all of it */
   if (!code) code = run_one(&s, &o, d, NULL, &whole, NULL);
   o.whole_loads = false;
+  run_result joined = {0};
   if (!code) {
-    printf("3/5 budget policy with prefetch, same device and link ...\n");
+    printf("3/5 budget policy with prefetch, same device and link, then within strict's %s "
+           "(its switches joined) ...\n",
+           tool_size(z.need));
     fflush(stdout);
     tool_trace trace;
     bool traced = tool_trace_init(&trace) == MLO_OK;
@@ -275,6 +281,12 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     run_result r;
     if (!code) code = run_one(&s, &o, d, svg, &r, &rep);
     if (traced) tool_trace_destroy(&trace);
+    o.trace = NULL;
+    /* the strict need as the budget: the next expert does not fit beside
+     * the one running, so its copies go into that one's ended blocks */
+    o.settings.budget_bytes = z.need;
+    if (!code) code = run_one(&s, &o, d, NULL, &joined, NULL);
+    o.settings.budget_bytes = 0;
   }
   session_close(&s);
   /* A device smaller than one DiT: the budget policy streams the DiTs'
@@ -338,7 +350,8 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     rep.identical = rep.ref.digest == rep.run.digest && strict.digest == rep.run.digest &&
                     (!stream || (streamed.digest == rep.run.digest && streamed.digests_agree)) &&
                     disk.digest == rep.run.digest && disk.digests_agree && rep.run.digests_agree &&
-                    strict.digests_agree && whole.digest == rep.run.digest && whole.digests_agree;
+                    strict.digests_agree && whole.digest == rep.run.digest && whole.digests_agree &&
+                    joined.digest == rep.run.digest && joined.digests_agree;
     report_print_text(&rep, stdout);
     printf("\nper prompt, steady state (prompts 2-3 of 3), against all resident warm:\n");
     printf("  %-22s %9s %8s %9s %11s %11s %10s\n", "", "time", "wall", "exposed", "stall", "moved",
@@ -347,6 +360,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     print_row("strict, whole loads", &whole, &rep.ref);
     print_row("strict offload", &strict, &rep.ref);
     print_row("budget + prefetch", &rep.run, &rep.ref);
+    print_row("strict memory, joined", &joined, &rep.ref);
     if (stream) print_row(label, &streamed, &rep.ref);
     print_row("host memory 1/2", &disk, &rep.ref);
     printf("  (wall: time / the baseline's, which machine noise moves; exposed: 1 + stall /\n"
@@ -368,7 +382,12 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     printf("  whole loads wait for every byte at each switch; block by block, each block's\n"
            "  compute waits for its own copy alone: %.3f s against %.3f s per prompt\n",
            run_steady(&strict, GEN_STALL), run_steady(&whole, GEN_STALL));
-    printf("  the digests of all %s runs are %s\n", stream ? "six" : "five",
+    printf("  in strict's memory the budget policy with prefetch joins the switches that\n"
+           "  fit (%" PRIu64 " loads in %d prompts): the next expert's copies go into the\n"
+           "  blocks the current one has run, and it waits %.3f s against strict's %.3f s\n",
+           joined.stats.total.joined_loads, o.prompts, run_steady(&joined, GEN_STALL),
+           run_steady(&strict, GEN_STALL));
+    printf("  the digests of all %s runs are %s\n", stream ? "seven" : "six",
            rep.identical ? "identical" : "DIFFERENT");
     if (!rep.identical) code = TOOL_EXIT_VERIFY;
   }
@@ -398,6 +417,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   }
   run_result_free(&strict);
   run_result_free(&whole);
+  run_result_free(&joined);
   run_result_free(&streamed);
   run_result_free(&disk);
   report_free(&rep);
