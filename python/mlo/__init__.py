@@ -277,6 +277,15 @@ class Component:
         return lib().mlo_tensor_device_ptr(tensor)
 
     @staticmethod
+    def device_status(tensor):
+        """mlo_tensor_device's status for a tensor: 0 where it has a device
+        address now, MLO_ESTATE (negative) where it has none (not resident, a
+        streamed block outside its begin and end, a block whose memory a
+        joined switch gave to the next component)."""
+        off = ctypes.c_size_t()
+        return lib().mlo_tensor_device(tensor, None, ctypes.byref(off))
+
+    @staticmethod
     def nbytes(tensor):
         return lib().mlo_tensor_nbytes(tensor)
 

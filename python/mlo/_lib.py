@@ -168,6 +168,7 @@ def _declare(lib):
         "mlo_tensor_add": (I, [P, ctypes.POINTER(TensorDesc), ctypes.POINTER(P)]),
         "mlo_tensor_host_data": (P, [P]),
         "mlo_tensor_device_ptr": (P, [P]),
+        "mlo_tensor_device": (I, [P, ctypes.POINTER(P), ctypes.POINTER(ctypes.c_size_t)]),
         "mlo_tensor_nbytes": (U64, [P]),
         "mlo_tensor_block": (I, [P]),
         "mlo_component_block_count": (Z, [P]),

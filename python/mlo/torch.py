@@ -617,6 +617,15 @@ class Offload:
             # is a load still landing block by block, wait for all of it
             if m.comp.resident and not m.comp.load_done:
                 self.platform.synchronize()
+            # where another thread's forward is the component's last call
+            # and has handed this block's memory to the next component (a
+            # joined switch), what it is bound to is not its bytes: refused
+            gone = next((e for e in entries if e.nbytes and m.comp.resident and
+                         Component.device_status(e.handle) == _ESTATE), None)
+            if gone is not None:
+                raise MloError(_ESTATE, "%s: block %d was called outside its forward while that "
+                               "forward gave its memory to the next component (a joined switch); "
+                               "call it after the forward ends" % (m.name, b))
             return
         m.seen.add(b)
         if m.streams:

@@ -715,6 +715,89 @@ class ProgressiveTests(unittest.TestCase):
         self.assertGreater(prog["copy_calls"], whole["copy_calls"])  # a copy per block
 
 
+class JoinedTests(unittest.TestCase):
+    """The budget policy with prefetch, on a budget holding one expert: the
+    expert switch is joined (docs/streaming.md, "The joined switch"): in
+    the first expert's last call, the second's copies go into the blocks it
+    has run, over a slow, jittered link."""
+
+    def setUp(self):
+        warnings.simplefilter("ignore")
+
+    def build(self):
+        return tiny.wan(num_layers=6, ffn_dim=2048)
+
+    def test_expert_switch_joined_identical(self):
+        ref = np.asarray(tiny.run_wan(self.build()))
+        pipe = self.build()
+        budget = one_expert_budget(self.build)
+        b = mlo.torch.enable_model_offload(pipe, device="host:capacity=64M,bw=30M,jitter=1",
+                                           policy="budget", budget=budget)
+        seen = {}
+
+        def inside(m, i):  # inside block i: its device bytes are its slab's
+            def check(mod, args):
+                _, entries = m.blocks[i]
+                same = all(torch.equal(b._entry_view(e, "device"), b._entry_view(e, "host"))
+                           for e in entries if e.nbytes)
+                seen.setdefault((m.name, i), []).append(same)
+            return check
+
+        for m in b.managed:
+            if m.role == "dit":
+                for i, (module, _) in m.blocks.items():
+                    module.register_forward_pre_hook(inside(m, i))
+        for _ in range(3):  # learned from the first, progressive from its forwards
+            self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+            b.pipeline.audit()
+        joined = {m.name: m.comp.stats()["joined_loads"] for m in b.managed}
+        self.assertGreaterEqual(joined["transformer_2"], 1, joined)
+        self.assertTrue(all(all(v) for v in seen.values()),
+                        "a block computed before its bytes landed: %s" % seen)
+        self.assertLessEqual(b.pipeline.stats()["peak_device_bytes"], budget)
+        mlo.torch.close_model_offload(pipe)
+
+    def test_block_called_while_its_memory_goes(self):
+        # Thread A's generation pauses in the first expert's last call, its
+        # first blocks ended and their memory going to the second expert;
+        # this thread calls block 0 directly: refused, not computed from the
+        # second expert's bytes.
+        import threading
+        ref = np.asarray(tiny.run_wan(self.build()))
+        pipe = self.build()
+        b = mlo.torch.enable_model_offload(pipe, device="host:capacity=64M,bw=30M",
+                                           policy="budget", budget=one_expert_budget(self.build))
+        for _ in range(2):  # the schedule learned, progressive earned
+            tiny.run_wan(pipe)
+        calls = dict((c.name, n) for c, n in b.pipeline.schedule())["transformer"]
+        inside, done, count, out = threading.Event(), threading.Event(), [0], {}
+
+        def pause(mod, args):
+            if threading.current_thread() is threading.main_thread():
+                return
+            count[0] += 1
+            if count[0] == calls:  # the expert's last call, blocks 0-4 ended
+                inside.set()
+                done.wait(60)
+
+        hook = pipe.transformer.blocks[5].register_forward_pre_hook(pause)
+        a = threading.Thread(target=lambda: out.setdefault("frames", tiny.run_wan(pipe)))
+        a.start()
+        try:
+            self.assertTrue(inside.wait(120))
+            with self.assertRaises(mlo.MloError) as cm:
+                pipe.transformer.blocks[0](torch.zeros(1))
+            self.assertIn("joined switch", str(cm.exception))
+        finally:
+            done.set()
+            a.join()
+            hook.remove()
+        self.assertTrue(np.array_equal(ref, np.asarray(out["frames"])))
+        second = next(m for m in b.managed if m.name == "transformer_2")
+        self.assertGreaterEqual(second.comp.stats()["joined_loads"], 1)
+        mlo.torch.close_model_offload(pipe)
+
+
 class StreamTests(unittest.TestCase):
     """A DiT larger than its budget streams its blocks through device slots
     (docs/streaming.md), each block module hooked to say where the forward
