@@ -599,6 +599,20 @@ class LifetimeTests(unittest.TestCase):
         self.assertTrue(torch.equal(dit.proj_out.weight.detach(), w))
 
 
+def watch_landed(b, m, seen):
+    """A hook inside each block of m (after mlo's: begun) that records in
+    seen[(name, block)] whether the block's device bytes are its slab's."""
+    def inside(i):
+        def check(mod, args):
+            _, entries = m.blocks[i]
+            same = all(torch.equal(b._entry_view(e, "device"), b._entry_view(e, "host"))
+                       for e in entries if e.nbytes)
+            seen.setdefault((m.name, i), []).append(same)
+        return check
+    for i, (module, _) in m.blocks.items():
+        module.register_forward_pre_hook(inside(i))
+
+
 class ProgressiveTests(unittest.TestCase):
     """A component whose blocks each have a module of their own loads block
     by block (docs/streaming.md, "Progressive loads"): its blocks' hooks
@@ -616,15 +630,6 @@ class ProgressiveTests(unittest.TestCase):
         b = mlo.torch.enable_model_offload(pipe, device="host:capacity=64M,bw=30M,jitter=1",
                                            progressive=progressive)
         seen = {}
-
-        def inside(m, i):  # inside block i: its device bytes are its slab's
-            def check(mod, args):
-                _, entries = m.blocks[i]
-                same = all(torch.equal(b._entry_view(e, "device"), b._entry_view(e, "host"))
-                           for e in entries if e.nbytes)
-                seen.setdefault((m.name, i), []).append(same)
-            return check
-
         for m in b.managed:
             if m.role in ("dit", "encoder"):  # (the VAE's blocks share no module each)
                 self.assertEqual(m.may_progress, progressive, m.name)
@@ -632,8 +637,7 @@ class ProgressiveTests(unittest.TestCase):
                 self.assertFalse(m.streams)
                 if progressive:
                     self.assertEqual(len(m.blocks), m.comp.block_count, m.name)
-                    for i, (module, _) in m.blocks.items():  # after mlo's hook: begun
-                        module.register_forward_pre_hook(inside(m, i))
+                    watch_landed(b, m, seen)
         for _ in range(3):
             self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
             b.pipeline.audit()
@@ -734,19 +738,9 @@ class JoinedTests(unittest.TestCase):
         b = mlo.torch.enable_model_offload(pipe, device="host:capacity=64M,bw=30M,jitter=1",
                                            policy="budget", budget=budget)
         seen = {}
-
-        def inside(m, i):  # inside block i: its device bytes are its slab's
-            def check(mod, args):
-                _, entries = m.blocks[i]
-                same = all(torch.equal(b._entry_view(e, "device"), b._entry_view(e, "host"))
-                           for e in entries if e.nbytes)
-                seen.setdefault((m.name, i), []).append(same)
-            return check
-
         for m in b.managed:
             if m.role == "dit":
-                for i, (module, _) in m.blocks.items():
-                    module.register_forward_pre_hook(inside(m, i))
+                watch_landed(b, m, seen)
         for _ in range(3):  # learned from the first, progressive from its forwards
             self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
             b.pipeline.audit()

@@ -483,6 +483,17 @@ mlo_pipeline_stats tu_pstats(tu_pipe *tp) {
   return s;
 }
 
+uint64_t tu_copy_ns(uint64_t bytes, uint64_t link) {
+  return bytes * 1000000000ull / link;
+}
+
+void tu_assert_near_ns(uint64_t got, uint64_t want) {
+  uint64_t d = got > want ? got - want : want - got;
+  if (d > 1000)
+    fail_msg("%llu ns, computed by hand %llu ns", (unsigned long long)got,
+             (unsigned long long)want);
+}
+
 uint64_t tu_device_used(mlo_platform *plat) {
   mlo_platform_memory mem;
   memset(&mem, 0, sizeof mem);

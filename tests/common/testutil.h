@@ -199,6 +199,11 @@ void tu_reset_observations(tu_pipe *tp);
 mlo_component_stats tu_cstats(mlo_component *comp);
 mlo_pipeline_stats tu_pstats(tu_pipe *tp);
 uint64_t tu_device_used(mlo_platform *plat);
+/* Nanoseconds a copy of bytes takes over a simulated link of link B/s. */
+uint64_t tu_copy_ns(uint64_t bytes, uint64_t link);
+/* Fails unless got is within 1 us of want: a wait on the simulated clock
+ * against the figure computed by hand (the clock rounds per copy). */
+void tu_assert_near_ns(uint64_t got, uint64_t want);
 /* Asserts the audit passes, printing the pipeline's message if not. */
 void tu_assert_audit(tu_pipe *tp);
 

@@ -43,17 +43,7 @@
 #define NBLK 4
 #define TOTAL (80 * KB)
 #define LINK 1000000000ull /* the simulated link, bytes per second */
-
-static uint64_t copy_ns(uint64_t bytes) {
-  return bytes * 1000000000ull / LINK;
-}
-
-static void assert_near(uint64_t got, uint64_t want) {
-  uint64_t d = got > want ? got - want : want - got;
-  if (d > 1000)
-    fail_msg("%llu ns, computed by hand %llu ns", (unsigned long long)got,
-             (unsigned long long)want);
-}
+#define COPY_NS(bytes) tu_copy_ns(bytes, LINK)
 
 typedef struct {
   mlo_platform *plat;
@@ -209,7 +199,7 @@ static void test_by_hand(void **state) {
       /* P, b0 and b1 landed during A's forward; b2 was copied from A's
        * last end, just before its release, b3 and E after it: begin(2)
        * waits for b2, begin(3) for b3 and E */
-      assert_near(sb.wait_ns, copy_ns(40 * KB));
+      tu_assert_near_ns(sb.wait_ns, COPY_NS(40 * KB));
       assert_int_equal(sb.block_wait_ns, sb.wait_ns); /* the acquire waited for nothing */
       /* and B's own last call joined back into A (the schedule's next) */
       assert_true(mlo_component_is_resident(a));
@@ -217,8 +207,8 @@ static void test_by_hand(void **state) {
     } else {
       /* unjoined: loaded at its acquire, the head (P and E) first */
       assert_int_equal(sb.joined_loads, 0);
-      assert_near(sb.wait_ns, copy_ns(TOTAL));
-      assert_near(sb.wait_ns - sb.block_wait_ns, copy_ns(16 * KB));
+      tu_assert_near_ns(sb.wait_ns, COPY_NS(TOTAL));
+      tu_assert_near_ns(sb.wait_ns - sb.block_wait_ns, COPY_NS(16 * KB));
       assert_int_equal(dev_off(r.epi[1]), 72 * KB);
     }
     assert_ok(mlo_pipeline_audit(r.tp->pipe));

@@ -31,18 +31,7 @@
 
 #define KB (1024u)
 #define LINK 1000000000ull /* the simulated link, bytes per second */
-
-static uint64_t copy_ns(uint64_t bytes) {
-  return bytes * 1000000000ull / LINK;
-}
-
-/* Within 1 us of the hand-computed figure (the clock rounds per copy). */
-static void assert_near(uint64_t got, uint64_t want) {
-  uint64_t d = got > want ? got - want : want - got;
-  if (d > 1000)
-    fail_msg("%llu ns, computed by hand %llu ns", (unsigned long long)got,
-             (unsigned long long)want);
-}
+#define COPY_NS(bytes) tu_copy_ns(bytes, LINK)
 
 /* The LOAD_END stamps traced for one component (the last one kept). */
 typedef struct {
@@ -96,7 +85,7 @@ static void test_waits_by_hand(void **state) {
   assert_ok(mlo_component_acquire(whole));
   mlo_component_stats ws;
   assert_ok(mlo_component_get_stats(whole, &ws));
-  assert_near(ws.wait_ns, copy_ns(total));
+  tu_assert_near_ns(ws.wait_ns, COPY_NS(total));
   assert_int_equal(ws.h2d_bytes, total);
   assert_int_equal(ws.copy_calls, 1);
   for (size_t b = 0; b < nb; b++) assert_ok(mlo_block_begin(whole, b)); /* nothing to wait */
@@ -114,25 +103,25 @@ static void test_waits_by_hand(void **state) {
   assert_ok(mlo_component_acquire(dit)); /* strict: evicts transformer_2 (C4) */
   mlo_component_stats s0, s1;
   assert_ok(mlo_component_get_stats(dit, &s0));
-  assert_near(s0.wait_ns, copy_ns(head));
+  tu_assert_near_ns(s0.wait_ns, COPY_NS(head));
   assert_int_equal(s0.h2d_bytes, total); /* the same bytes, in 2 + nb copies */
   assert_int_equal(s0.copy_calls, 2 + nb);
   assert_false(mlo_component_load_done(dit)); /* the blocks are still on their way */
   for (size_t b = 0; b < nb; b++) {
     assert_ok(mlo_block_begin(dit, b));
     assert_ok(mlo_component_get_stats(dit, &s1));
-    assert_near(s1.block_wait_ns, copy_ns(ext[1]));
-    assert_ok(mlo_sim_compute(p, 2 * copy_ns(ext[1 + b])));
+    tu_assert_near_ns(s1.block_wait_ns, COPY_NS(ext[1]));
+    assert_ok(mlo_sim_compute(p, 2 * COPY_NS(ext[1 + b])));
     assert_ok(mlo_block_end(dit, b));
   }
   assert_true(mlo_component_load_done(dit));
   assert_ok(mlo_component_get_stats(dit, &s1));
-  assert_near(s1.wait_ns, copy_ns(head) + copy_ns(ext[1]));
+  tu_assert_near_ns(s1.wait_ns, COPY_NS(head) + COPY_NS(ext[1]));
   assert_ok(mlo_component_release(dit));
   /* the load ended when its last block landed, not when the acquire's wait
    * for the head did (traced once, at the last block's begin) */
   assert_int_equal(ls.ends, 1);
-  assert_near(ls.end_ns - ls.begin_ns, copy_ns(total));
+  tu_assert_near_ns(ls.end_ns - ls.begin_ns, COPY_NS(total));
   mlo_pipeline_set_trace(pipe, NULL, NULL);
 
   /* its next forward, resident, waits for nothing; loaded again, with no
@@ -154,7 +143,7 @@ static void test_waits_by_hand(void **state) {
   }
   assert_ok(mlo_component_release(dit));
   assert_ok(mlo_component_get_stats(dit, &s1));
-  assert_near(s1.wait_ns - s0.wait_ns, copy_ns(total));
+  tu_assert_near_ns(s1.wait_ns - s0.wait_ns, COPY_NS(total));
   /* declared off: its next load is whole again */
   assert_ok(mlo_component_set_progressive(dit, 0));
   assert_ok(mlo_offload_disable(pipe));
