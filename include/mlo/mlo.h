@@ -950,9 +950,10 @@ MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out)
  * block, its first blocks already landed (mlo_component_stats.joined_loads).
  * In that call a block ended is not begun again (MLO_ESTATE: its memory may
  * hold the next component's bytes), nor are its tensors' addresses given;
- * another acquire of the running component waits for its release and loads
- * it again (MLO_EDEADLK on the thread that holds it, MLO_EBUSY for a try),
- * as does an acquire of the next one.  A schedule not kept costs a reload,
+ * another thread's acquire of the running component waits for its release
+ * and loads it again, as does one of the next component (MLO_EDEADLK on a
+ * thread that holds any component: it could wait for itself; MLO_EBUSY for
+ * a try).  A schedule not kept costs a reload,
  * never a wrong byte.  It joins where the next component has no caller-owned
  * or mutable tensors, does not stream, and its slab fits the running one's
  * block (docs/streaming.md, "The joined switch"). */

@@ -255,7 +255,10 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     }
     if (c->join) { /* a joined switch: its source is spent, its target loading into it */
       mlo_component *a = mlo_join_source(c), *b = mlo_join_target(c);
-      if (try_only || mlo_held_by_this_thread(a))
+      bool holds = false; /* as make_room: a thread holding anything does not wait */
+      for (size_t i = 0; i < pipe->ncomps && !holds; i++)
+        holds = pipe->comps[i]->users && mlo_held_by_this_thread(pipe->comps[i]);
+      if (try_only || holds)
         return mlo_fail(pipe, try_only ? MLO_EBUSY : MLO_EDEADLK,
                         "'%s' must wait for the switch from '%s' (held%s) to end: '%s''s "
                         "memory goes to '%s' as its blocks end, and is '%s''s at its release",

@@ -9,31 +9,34 @@
  * in the call the schedule says is A's last before B, where B does not fit
  * beside A).  This file does it:
  *
- *  - Placement.  B takes A's device block whole.  Its slab is laid into it
- *    as a ring that starts where A's first block is: B's prologue and
- *    first blocks go over A's first blocks, its last ones wrap round over
- *    A's prologue.  The wrap falls between two of B's tensors and the ring
- *    starts as early as that allows, so no tensor is split and B fits
- *    wherever its slab fits A's block.  Each of B's tensors is then at
- *    t->place (comp->placed) for this residency.
- *  - Order.  B's pieces are copied in the order its forward runs them
- *    (prologue, blocks, epilogue with the last block), each copy after the
+ *  - Placement.  B takes A's device block whole.  Its slab, in the order
+ *    its load needs it (its head: prologue and epilogue; then the blocks),
+ *    is laid into it as a ring that starts where A's first block is: B's
+ *    head and first blocks go over A's first blocks, its last ones wrap
+ *    round over A's prologue.  The wrap falls between two of B's tensors
+ *    and the ring starts as early as that allows, so no tensor is split
+ *    and B fits wherever its slab fits A's block.  Each of B's tensors is
+ *    then at t->place (comp->placed) for this residency.
+ *  - Order.  B's pieces are copied in that order, each copy after the
  *    compute that read what it overwrites (C9): at the end of A's block k
- *    a compute event is recorded and the copy queue waits for it before the
- *    copies that became free to go.  What A may read until its release
+ *    a compute event is recorded and the copy queue waits for it before
+ *    the copies that became free to go.  What A may read until its release
  *    (prologue, epilogue, caller-owned tensors) is overwritten only after
  *    its last release, which issues the rest.
- *  - Events.  B's prologue is its head (what its acquire waits for); each
- *    block has its own event, which its begin waits for (progressive.c);
- *    the epilogue lands with the last block.  A B that does not load
+ *  - Events.  B's head (prologue and epilogue) has one event, what its
+ *    acquire waits for; each block has its own, which its begin waits for
+ *    (progressive.c), as a progressive load's.  A B that does not load
  *    progressively waits for all of it, at its acquire.
  *  - Hand-over, at A's last release (residency.c): A leaves the device
  *    with nothing freed; B is resident in A's block, loading.
  *
- * While the join runs, A is spent: a block whose bytes may have been
- * overwritten cannot be begun again, nor its tensors' addresses asked for
- * (MLO_ESTATE); another acquire of A waits for the hand-over and loads it
- * again (budget.c); B loads no other way until then.  A failed copy ends
+ * While the join runs, A is spent: a block ended in this call (its bytes
+ * may be overwritten from the next end on) cannot be begun again, nor its
+ * tensors' addresses asked for (MLO_ESTATE); another thread's acquire of A
+ * waits for the hand-over and loads it again, one that holds anything is
+ * refused (budget.c); B loads no other way until then.  Only a source
+ * declared progressive joins: its forward promised to read a block only
+ * between its begin and end.  A failed copy ends
  * the join early: nothing more is copied, B loads on demand as ever, and A
  * is evicted at its release (its block freed after the copies queued).
  *
@@ -136,42 +139,71 @@ static uint64_t ring_start(const mlo_component *a) {
   return first ? at_of(a, first) : 0;
 }
 
-/* B's ring in A's block of `room` bytes from `s0`: its slab bytes [0, cut)
- * at base, [cut, end) at 0.  cut is a tensor's start (or the slab's end),
- * the latest that leaves [s0, room) for what comes before it. */
-static void ring(const mlo_component *b, uint64_t s0, uint64_t room, uint64_t *base,
-                 uint64_t *cut) {
+/* B's ring order is its head first, as a progressive load copies it:
+ * prologue, epilogue, then the blocks.  virt() is a slab offset's place in
+ * that order (each region keeps its alignment: the epilogue's virtual size
+ * runs to the slab's aligned end). */
+struct vmap {
+  uint64_t bstart, eoff, ev;
+};
+
+static struct vmap vmap_of(const mlo_component *b) {
+  uint64_t src, len, dev;
+  mlo_prog_extent(b, MLO_BLOCK_PROLOGUE, &src, &len, &dev);
+  struct vmap m;
+  m.bstart = len ? src + len : 0;
+  m.eoff = b->epi.bytes ? b->epi.off : b->slab_bytes;
+  m.ev = b->slab_bytes - m.eoff;
+  return m;
+}
+
+static uint64_t virt(const struct vmap *m, uint64_t off) {
+  if (off < m->bstart) return off;
+  if (off >= m->eoff) return m->bstart + (off - m->eoff);
+  return off + m->ev;
+}
+
+/* B's ring in A's block of `room` bytes from `s0`: its (virtual) bytes
+ * [0, cut) at base, [cut, end) at tail.  cut is a tensor's start (or the
+ * slab's end), the latest that leaves [s0, room) for what comes before it;
+ * [0, cut) then ends at room and [cut, end) right before base, so B is one
+ * range, [room - end, room), aligned (a fingerprint of it sums its bytes
+ * and nothing of A's: mlo.torch's write check). */
+struct ring {
+  uint64_t base, cut, tail;
+};
+
+static struct ring ring_of(const mlo_component *b, const struct vmap *vm, uint64_t s0,
+                           uint64_t room) {
   uint64_t len = b->slab_bytes;
-  if (s0 <= room && len <= room - s0) { /* no wrap */
-    *base = s0;
-    *cut = len;
-    return;
-  }
+  if (s0 <= room && len <= room - s0) /* no wrap */
+    return (struct ring){s0, len, 0};
   uint64_t lim = s0 <= room ? room - s0 : 0, best = 0;
   for (size_t i = 0; i < b->ntensors; i++) {
     const mlo_tensor *t = b->tensors[i];
-    if (owns_bytes(t) && t->dev_offset <= lim && t->dev_offset > best) best = t->dev_offset;
+    uint64_t v = virt(vm, t->dev_offset);
+    if (owns_bytes(t) && v <= lim && v > best) best = v;
   }
-  *cut = best;
-  *base = room - best;
+  return (struct ring){room - best, best, room - len}; /* len <= room (checked) */
 }
 
-static uint64_t mapped(uint64_t src, uint64_t base, uint64_t cut) {
-  return src < cut ? base + src : src - cut;
+static uint64_t mapped(uint64_t v, const struct ring *rg) {
+  return v < rg->cut ? rg->base + v : rg->tail + (v - rg->cut);
 }
 
 /* The copies of B's piece (split at the wrap), with the mark after the last. */
-static void add_piece(struct mlo_join *j, const mlo_component *b, long piece, uint64_t base,
-                      uint64_t cut, const struct range *r, size_t nr, long mark) {
+static void add_piece(struct mlo_join *j, const mlo_component *b, const struct vmap *vm, long piece,
+                      const struct ring *rg, const struct range *r, size_t nr, long mark) {
   uint64_t src, len, dev;
   if (!mlo_prog_extent(b, piece, &src, &len, &dev)) return;
-  uint64_t end = src + len;
-  while (src < end) {
-    uint64_t stop = src < cut && cut < end ? cut : end;
-    uint64_t dst = mapped(src, base, cut);
+  uint64_t v = virt(vm, src), vend = v + len;
+  while (v < vend) {
+    uint64_t stop = v < rg->cut && rg->cut < vend ? rg->cut : vend;
+    uint64_t dst = mapped(v, rg);
     j->runs[j->nruns++] =
-        (struct join_run){src, dst, stop - src, dep_of(r, nr, dst, dst + (stop - src)), MARK_NONE};
-    src = stop;
+        (struct join_run){src, dst, stop - v, dep_of(r, nr, dst, dst + (stop - v)), MARK_NONE};
+    src += stop - v;
+    v = stop;
   }
   if (mark != MARK_NONE) {
     if (!len) /* an empty piece: its event still goes, after what came before */
@@ -182,29 +214,28 @@ static void add_piece(struct mlo_join *j, const mlo_component *b, long piece, ui
 
 /* The runs in the order B's forward needs them, placed; false: out of
  * memory. */
-static bool plan_runs(struct mlo_join *j, uint64_t base, uint64_t cut) {
+static bool plan_runs(struct mlo_join *j, const struct vmap *vm, const struct ring *rg) {
   mlo_component *a = j->from, *b = j->to;
   size_t nr = 0;
   struct range *r = ranges_of(a, &nr);
   /* each piece twice at most (the wrap), plus an empty head's mark */
-  j->runs = mlo_calloc(2 * (b->nblocks + 2) + 1, sizeof *j->runs);
+  j->runs = mlo_calloc(2 * (b->nblocks + 2) + 2, sizeof *j->runs);
   if (!r || !j->runs) {
     free(r);
     return false;
   }
-  long last = -1; /* the last block with bytes: the epilogue lands with it */
+  bool any = false;
+  for (size_t k = 0; k < b->nblocks; k++) any = any || b->spans[k].bytes;
+  bool marks = j->prog && any;
+  /* the head (prologue and epilogue), then each block behind its event */
+  add_piece(j, b, vm, MLO_BLOCK_PROLOGUE, rg, r, nr, MARK_NONE);
+  add_piece(j, b, vm, MLO_BLOCK_EPILOGUE, rg, r, nr, marks ? MLO_BLOCK_PROLOGUE : MARK_NONE);
   for (size_t k = 0; k < b->nblocks; k++)
-    if (b->spans[k].bytes) last = (long)k;
-  bool marks = j->prog && last >= 0;
-  add_piece(j, b, MLO_BLOCK_PROLOGUE, base, cut, r, nr, marks ? MLO_BLOCK_PROLOGUE : MARK_NONE);
-  for (size_t k = 0; k < b->nblocks; k++)
-    add_piece(j, b, (long)k, base, cut, r, nr,
-              marks && (long)k != last && b->spans[k].bytes ? (long)k : MARK_NONE);
-  add_piece(j, b, MLO_BLOCK_EPILOGUE, base, cut, r, nr, marks ? last : MARK_NONE);
+    add_piece(j, b, vm, (long)k, rg, r, nr, marks && b->spans[k].bytes ? (long)k : MARK_NONE);
   free(r);
   for (size_t i = 0; i < b->ntensors; i++) { /* where each tensor is, from the hand-over */
     mlo_tensor *t = b->tensors[i];
-    if (owns_bytes(t)) t->place = mapped(t->dev_offset, base, cut);
+    if (owns_bytes(t)) t->place = mapped(virt(vm, t->dev_offset), rg);
   }
   return true;
 }
@@ -226,7 +257,7 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   /* a: resident in one block of its own layout, held by its forward alone,
    * nothing to write back at its end */
   if (!mlo_res_is_resident(a) || !a->block || a->stream || a->users != 1 || a->disk_busy ||
-      a->has_mutable || !a->nblocks)
+      a->has_mutable || !a->nblocks || !a->progressive)
     return false;
   /* b: a slab of its own, moved whole into a's block */
   if (mlo_res_is_resident(b) || !b->materialized || !b->slab || b->on_disk || b->partial ||
@@ -239,9 +270,9 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   j->from = a;
   j->to = b;
   j->prog = mlo_prog_applies(b) && b->nblocks;
-  uint64_t base, cut;
-  ring(b, ring_start(a), room, &base, &cut);
-  if (!(j->ended = mlo_calloc(a->nblocks, sizeof *j->ended)) || !plan_runs(j, base, cut) ||
+  struct vmap vm = vmap_of(b);
+  struct ring rg = ring_of(b, &vm, ring_start(a), room);
+  if (!(j->ended = mlo_calloc(a->nblocks, sizeof *j->ended)) || !plan_runs(j, &vm, &rg) ||
       (j->prog && mlo_prog_join_prepare(b)) ||
       PCALL(b, mlo_plat_event_create(pipe->platform, &j->point))) {
     join_free(j);
@@ -261,7 +292,9 @@ mlo_component *mlo_join_target(const mlo_component *c) {
 }
 
 bool mlo_join_gone(const mlo_component *a, long block) {
-  return a->join && a->join->from == a && block < a->join->gone;
+  const struct mlo_join *j = a->join;
+  return j && j->from == a &&
+         (block < j->gone || (block >= 0 && (size_t)block < a->nblocks && j->ended[block]));
 }
 
 /* Nothing more goes: b loads on demand; a keeps its spent state until its

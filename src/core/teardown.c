@@ -44,6 +44,10 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
              pipe->errmsg);
     drained = false;
   }
+  /* offload still on (its disable failed: an acquire not released): the
+   * policy's state goes while the components it looks at are still here */
+  if (pipe->policy && pipe->policy->disable) pipe->policy->disable(pipe);
+  pipe->policy = NULL;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     mlo_res_release_events(c);
@@ -68,7 +72,6 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     free(pipe->groups[i]);
   }
   free(pipe->groups);
-  if (pipe->policy && pipe->policy->disable) pipe->policy->disable(pipe); /* disable failed */
   mlo_sched_free(pipe);
   free(pipe->comps);
   pthread_mutex_unlock(&pipe->lock);
