@@ -110,7 +110,7 @@ def main():
             moved = statistics.median(g["h2d_bytes"] for g in gens)
             reps.append({
                 "loads": kind,
-                "joined_loads": sum(c["joined_loads"] for c in res["components"]),
+                "joined_loads": sum(c.get("joined_loads", 0) for c in res["components"]),
                 "ratio": res["steady_ratio"],
                 "exposed": 1 + steady(res, "stall_s") / compute,
                 "stall_s": steady(res, "stall_s"),
