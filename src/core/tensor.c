@@ -337,6 +337,11 @@ int mlo_component_shard(mlo_component *c, void **block, uint64_t *offset, uint64
   int rc = MLO_OK;
   if (!mlo_res_is_resident(c)) {
     rc = MLO_ESTATE;
+  } else if (c->join && mlo_join_source(c) == c) {
+    rc = mlo_fail(c->pipe, MLO_ESTATE,
+                  "'%s': its block is going to '%s', which the schedule calls next (a joined "
+                  "switch): ask for one tensor's address (mlo_tensor_device)",
+                  c->name, mlo_join_target(c)->name);
   } else if (c->stream || c->placed) {
     rc = mlo_fail(c->pipe, MLO_EUNSUPPORTED,
                   "'%s' %s: its device block is not its layout (use mlo_tensor_device%s)", c->name,

@@ -130,6 +130,9 @@ static void poke(rig *r) {
   assert_ok(mlo_tensor_device(r->blk[0][2], NULL, &off)); /* not ended yet */
   assert_ok(mlo_tensor_device(r->pro[0], NULL, &off));    /* A reads it until its release */
   assert_ok(mlo_tensor_device(r->epi[0], NULL, &off));
+  void *whole = NULL;
+  uint64_t at = 0, n = 0; /* the whole block: part of it may be B's already */
+  assert_status(mlo_component_shard(a, &whole, &at, &n), MLO_ESTATE);
   /* A spent, B not in: this thread cannot wait for either */
   assert_status(mlo_component_acquire(a), MLO_EDEADLK);
   assert_status(mlo_component_acquire(b), MLO_EDEADLK);
