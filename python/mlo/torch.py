@@ -620,9 +620,8 @@ class Offload:
             # where another thread's forward is the component's last call
             # and has handed this block's memory to the next component (a
             # joined switch), what it is bound to is not its bytes: refused
-            gone = next((e for e in entries if e.nbytes and m.comp.resident and
-                         Component.device_status(e.handle) == _ESTATE), None)
-            if gone is not None:
+            if m.comp.resident and any(e.nbytes and Component.device_status(e.handle) == _ESTATE
+                                       for e in entries):
                 raise MloError(_ESTATE, "%s: block %d was called outside its forward while that "
                                "forward gave its memory to the next component (a joined switch); "
                                "call it after the forward ends" % (m.name, b))

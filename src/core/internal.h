@@ -301,6 +301,10 @@ static inline bool mlo_res_is_resident(const mlo_component *c) {
   return c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE;
 }
 
+/* A platform call made for component c, counted against it (counters are
+ * exact). */
+#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
+
 /* Records a failure message on the pipeline and returns status. */
 int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3, 4);
 /* Frees a tensor's declaration (tensor.c; NULL is a no-op). */

@@ -65,15 +65,12 @@ struct mlo_join {
   size_t nruns, next; /* runs issued: [0, next) */
   bool *ended;        /* per block of A: ended in this forward */
   size_t done;        /* A's blocks [0, done) have all ended */
-  long gone;          /* A's blocks [0, gone) may be overwritten */
   bool prog;          /* B loads block by block: per-piece events */
   bool failed;        /* a copy failed: nothing more goes, A is evicted at its release */
   mlo_event *point;   /* A's compute so far, recorded again at each step */
   size_t copies;
   uint64_t moved;
 };
-
-#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
 
 /* Where a tensor of a resident c is in its block. */
 static uint64_t at_of(const mlo_component *c, const mlo_tensor *t) {
@@ -102,9 +99,8 @@ static struct range *ranges_of(const mlo_component *a, size_t *n) {
   for (size_t i = 0; i < a->ntensors; i++) {
     const mlo_tensor *t = a->tensors[i];
     if (!owns_bytes(t)) continue;
-    uint64_t lo = at_of(a, t);
-    bool block = t->block >= 0 && !(t->flags & MLO_TENSOR_EXTERNAL);
-    r[(*n)++] = (struct range){lo, lo + t->nbytes, block ? t->block : DEP_END};
+    uint64_t lo = at_of(a, t); /* (caller-owned tensors are laid out as the prologue's) */
+    r[(*n)++] = (struct range){lo, lo + t->nbytes, t->block >= 0 ? t->block : DEP_END};
   }
   qsort(r, *n, sizeof *r, by_lo);
   return r;
@@ -131,7 +127,7 @@ static uint64_t ring_start(const mlo_component *a) {
   const mlo_tensor *first = NULL;
   for (size_t i = 0; i < a->ntensors; i++) {
     const mlo_tensor *t = a->tensors[i];
-    if (!owns_bytes(t) || t->block < 0 || (t->flags & MLO_TENSOR_EXTERNAL)) continue;
+    if (!owns_bytes(t) || t->block < 0) continue;
     if (!first || t->block < first->block ||
         (t->block == first->block && t->dev_offset < first->dev_offset))
       first = t;
@@ -263,7 +259,7 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   if (mlo_res_is_resident(b) || !b->materialized || !b->slab || b->on_disk || b->partial ||
       b->stream || b->has_mutable || b->block_bytes != b->slab_bytes || !b->slab_bytes)
     return false;
-  uint64_t room = a->alloc_bytes / pipe->alignment * pipe->alignment; /* it is whole units */
+  uint64_t room = a->alloc_bytes; /* whole alignment units, as every block (slab.c) */
   if (b->slab_bytes > room) return false;
   struct mlo_join *j = mlo_calloc(1, sizeof *j);
   if (!j) return false;
@@ -291,10 +287,11 @@ mlo_component *mlo_join_target(const mlo_component *c) {
   return c->join->to;
 }
 
+/* A copy goes over a block only once it and every block before it ended
+ * (ready()), so what may be overwritten is what has ended. */
 bool mlo_join_gone(const mlo_component *a, long block) {
   const struct mlo_join *j = a->join;
-  return j && j->from == a &&
-         (block < j->gone || (block >= 0 && (size_t)block < a->nblocks && j->ended[block]));
+  return j && j->from == a && block >= 0 && (size_t)block < a->nblocks && j->ended[block];
 }
 
 /* Nothing more goes: b loads on demand; a keeps its spent state until its
@@ -324,7 +321,6 @@ static int issue(struct mlo_join *j, bool all) {
   if (!rc) rc = PCALL(b, mlo_plat_copy_wait(p, j->point));
   for (; j->next < k && !rc; j->next++) {
     const struct join_run *r = &j->runs[j->next];
-    if (r->dep >= 0 && r->dep != DEP_END && r->dep >= j->gone) j->gone = r->dep + 1;
     if (r->len) {
       rc = PCALL(b, mlo_plat_copy_h2d(p, a->block, (size_t)r->dst, (char *)b->slab + r->src,
                                       (size_t)r->len));

@@ -48,8 +48,6 @@ struct mlo_prog {
   bool active;        /* this residency was loaded block by block */
 };
 
-#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
-
 bool mlo_prog_applies(const mlo_component *c) {
   const mlo_pipeline *pipe = c->pipe;
   if (!c->nblocks || !(c->progressive || c->stream) || c->on_disk) return false;

@@ -21,9 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Counts a platform call against the component (counters are exact). */
-#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
-
 static void trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint64_t t_ns) {
   mlo_pipeline *pipe = c->pipe;
   if (!pipe->trace) return;
@@ -81,10 +78,7 @@ void mlo_res_load_ended(mlo_component *c, uint64_t latest) {
   c->load_ended = true;
   uint64_t done = load_done_ns(c, latest);
   log_load_done(c, done);
-  if (c->pipe->trace) {
-    mlo_trace_event e = {MLO_TRACE_LOAD_END, c, done, c->block_bytes, c->pipe->device_bytes};
-    c->pipe->trace(&e, c->pipe->trace_user);
-  }
+  trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, done);
 }
 
 int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved) {
@@ -394,6 +388,21 @@ int mlo_res_finish_writeback(mlo_component *c) {
   return rc;
 }
 
+/* c's residency is over (evicted, dropped, or its block handed on; its
+ * bytes already uncounted): no block, nothing of that residency left. */
+static void left_device(mlo_component *c) {
+  c->block = NULL;
+  c->placed = false;
+  c->use_valid = false;
+  c->gather_slice = 0;
+  c->device_gather = false;
+  c->shard_offset = c->shard_bytes = 0;
+  c->state = MLO_RES_HOST;
+  c->load_waited = false;
+  mlo_stream_evicted(c);
+  mlo_prog_evicted(c);
+}
+
 int mlo_res_evict(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
   /* a load from disk still being issued: its block is the reader's until
@@ -413,19 +422,10 @@ int mlo_res_evict(mlo_component *c) {
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
   c->stats.platform_calls++;
   mlo_plat_dev_free_after(pipe->platform, c->block, (size_t)c->alloc_bytes, last_use(c));
-  c->use_valid = false;
-  c->block = NULL;
-  c->gather_slice = 0;
-  c->device_gather = false;
-  c->shard_offset = c->shard_bytes = 0;
-  c->state = MLO_RES_HOST;
-  c->load_waited = false;
   c->stats.evictions++;
   c->stats.d2h_bytes += back;
   pipe->device_bytes -= mlo_res_bytes(c);
-  c->placed = false;
-  mlo_stream_evicted(c);
-  mlo_prog_evicted(c);
+  left_device(c);
   if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
   log_transfer(c, "evict", back, 0);
@@ -440,15 +440,7 @@ void mlo_res_drop(mlo_component *c) {
     mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
     c->pipe->device_bytes -= mlo_res_bytes(c);
   }
-  c->placed = false;
-  mlo_stream_evicted(c);
-  mlo_prog_evicted(c);
-  c->block = NULL;
-  c->gather_slice = 0;
-  c->device_gather = false;
-  c->shard_offset = c->shard_bytes = 0;
-  c->state = MLO_RES_HOST;
-  c->load_waited = false;
+  left_device(c);
 }
 
 void mlo_res_join_began(mlo_component *b) {
@@ -471,14 +463,8 @@ int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_
   void *block = a->block;
   uint64_t alloc = a->alloc_bytes, counted = mlo_res_bytes(a);
   pipe->device_bytes -= counted;
-  a->block = NULL;
-  a->placed = false;
-  a->use_valid = false;
-  a->state = MLO_RES_HOST;
-  a->load_waited = false;
   a->stats.evictions++;
-  mlo_stream_evicted(a);
-  mlo_prog_evicted(a);
+  left_device(a);
   /* b arrives, loading: the whole block is its (what the budget counts) */
   b->block = block;
   b->alloc_bytes = alloc;

@@ -70,8 +70,6 @@ struct mlo_stream {
   size_t next; /* the place in order of the next block to issue */
 };
 
-#define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
-
 static uint64_t align_up(uint64_t v, uint64_t a) {
   return (v + a - 1) / a * a;
 }

@@ -80,12 +80,17 @@ static void rig_build_on(rig *r, mlo_platform *plat, bool sim) {
   assert_ok(mlo_pipeline_set_schedule(r->tp->pipe, s, 2));
 }
 
-static int enable(rig *r, bool prefetch) {
+/* The budget policy on tp's pipeline, keeping to `budget` bytes. */
+static int budget_on(tu_pipe *tp, uint64_t budget, bool prefetch) {
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = TOTAL;
+  s.budget_bytes = budget;
   s.prefetch = prefetch;
-  return mlo_offload_enable(r->tp->pipe, &s);
+  return mlo_offload_enable(tp->pipe, &s);
+}
+
+static int enable(rig *r, bool prefetch) {
+  return budget_on(r->tp, TOTAL, prefetch);
 }
 
 static void rig_free(rig *r) {
@@ -365,11 +370,7 @@ static void test_ended_block_not_begun_again(void **state) {
   assert_ok(mlo_component_set_progressive(b, 1));
   mlo_schedule_entry e[] = {{a, 1}, {b, 1}};
   assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = TOTAL;
-  s.prefetch = true;
-  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_ok(budget_on(tp, TOTAL, true));
   assert_ok(mlo_component_acquire(a));
   assert_ok(mlo_block_begin(a, 0));
   assert_ok(mlo_block_end(a, 0)); /* the join starts; nothing goes yet */
@@ -419,11 +420,7 @@ static void test_smaller_next_is_one_range(void **state) {
                          tu_add_tensor(tp, v, "conv_out.weight", 8 * KB, 0)};
     mlo_schedule_entry e[] = {{a, 1}, {v, 1}};
     assert_ok(mlo_pipeline_set_schedule(tp->pipe, e, 2));
-    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-    s.policy = MLO_POLICY_BUDGET;
-    s.budget_bytes = TOTAL;
-    s.prefetch = true;
-    assert_ok(mlo_offload_enable(tp->pipe, &s));
+    assert_ok(budget_on(tp, TOTAL, true));
     assert_ok(mlo_component_acquire(a));
     for (size_t k = 0; k < NBLK; k++) {
       assert_ok(mlo_block_begin(a, k));
@@ -534,11 +531,8 @@ static void test_holder_does_not_wait_for_a_join(void **state) {
   mlo_platform *plat = tu_platform_open("capacity=1M");
   tu_pipe *tp = tu_pipe_new(plat, true);
   mlo_component *a = dit(tp, "a"), *b = dit(tp, "b"), *c = dit(tp, "c"), *d = dit(tp, "d");
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = 2 * TOTAL; /* two at a time */
-  assert_ok(mlo_offload_enable(tp->pipe, &s));
-  for (int i = 0; i < 2; i++) { /* a and c resident; no schedule yet */
+  assert_ok(budget_on(tp, 2 * TOTAL, true)); /* two at a time */
+  for (int i = 0; i < 2; i++) {              /* a and c resident; no schedule yet */
     assert_ok(mlo_component_acquire(i ? c : a));
     assert_ok(mlo_component_release(i ? c : a));
   }
