@@ -86,6 +86,22 @@ static bool disk_busy_idle(const mlo_pipeline *pipe) {
   return false;
 }
 
+/* A component this thread holds (the last one found; NULL: none), and in
+ * *mine the device bytes of those resident: room that never comes back
+ * while this thread waits. */
+static const mlo_component *held_here(const mlo_pipeline *pipe, uint64_t *mine) {
+  const mlo_component *held = NULL;
+  *mine = 0;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    const mlo_component *o = pipe->comps[i];
+    if (o->users && mlo_held_by_this_thread(o)) {
+      *mine += mlo_res_is_resident(o) ? mlo_res_bytes(o) : 0;
+      held = o;
+    }
+  }
+  return held;
+}
+
 static int make_room(mlo_pipeline *pipe, mlo_component *c) {
   uint64_t need = mlo_res_bytes(c);
   char a[32], b[32];
@@ -109,14 +125,7 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
      * anything does not wait (no cycle can form); one that holds nothing
      * does, and every holder it waits for can finish. */
     uint64_t mine = 0;
-    const mlo_component *held = NULL;
-    for (size_t i = 0; i < pipe->ncomps; i++) {
-      mlo_component *o = pipe->comps[i];
-      if (o->users && mlo_held_by_this_thread(o)) {
-        mine += mlo_res_is_resident(o) ? mlo_res_bytes(o) : 0;
-        held = o;
-      }
-    }
+    const mlo_component *held = held_here(pipe, &mine);
     if (held && mine + need > B(pipe)->budget)
       return mlo_fail(pipe, MLO_EDEADLK,
                       "'%s' (%s) needs room in the budget of %s that this thread holds ('%s')",
@@ -255,10 +264,8 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     }
     if (c->join) { /* a joined switch: its source is spent, its target loading into it */
       mlo_component *a = mlo_join_source(c), *b = mlo_join_target(c);
-      bool holds = false; /* as make_room: a thread holding anything does not wait */
-      for (size_t i = 0; i < pipe->ncomps && !holds; i++)
-        holds = pipe->comps[i]->users && mlo_held_by_this_thread(pipe->comps[i]);
-      if (try_only || holds)
+      uint64_t mine; /* as make_room: a thread holding anything does not wait */
+      if (try_only || held_here(pipe, &mine))
         return mlo_fail(pipe, try_only ? MLO_EBUSY : MLO_EDEADLK,
                         "'%s' must wait for the switch from '%s' (held%s) to end: '%s''s "
                         "memory goes to '%s' as its blocks end, and is '%s''s at its release",
