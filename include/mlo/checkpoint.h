@@ -214,6 +214,12 @@ MLO_API int mlo_denoise_first_expert_steps(const mlo_denoise_schedule *s, int st
  * layer), so below that the small components (the VAE) stay larger than
  * their share and the total exceeds the target.
  *
+ * A preset named "NAME:full-depth" (every function below takes it) keeps
+ * the real model's layer counts and scales widths alone, by g = f^(1/2)
+ * (vocabularies by g): each block is then the same fraction of its
+ * component as in the real model, which block streaming's figures depend
+ * on (Wan2.2's DiT has 40 blocks at any scale, not 5 at 0.002).
+ *
  * Weights are bf16 (norm weights and Wan's fp32-kept modules are f32, the
  * Wan VAE is f32, as in the real checkpoints), drawn from a counter-based
  * hash seeded by the tensor name: finite, |x| <= 0.03, identical on every

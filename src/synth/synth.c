@@ -111,8 +111,14 @@ static int round_to(double x, int multiple, int minimum) {
   return v < minimum ? minimum : (int)v;
 }
 
-static void scale_params(const mlo_syn_arch *a, double f, int *out) {
-  double g = cbrt(f), sg = sqrt(g);
+/* Scaled, a component keeps its shape: depth, width and vocabulary each
+ * follow g = f^(1/3).  At full depth (a preset named "NAME:full-depth")
+ * the layer count stays the real model's and the width alone follows
+ * g = f^(1/2): what a component's blocks are, as a fraction of it, is then
+ * the real model's too, which is what block streaming's figures depend on
+ * (a DiT of 5 blocks streams nothing like one of 40). */
+static void scale_params(const mlo_syn_arch *a, double f, bool full_depth, int *out) {
+  double g = full_depth ? sqrt(f) : cbrt(f), sg = sqrt(g);
   for (size_t i = 0; i < a->nparams; i++) {
     double b = a->params[i].base;
     switch (a->params[i].kind) {
@@ -129,18 +135,18 @@ static void scale_params(const mlo_syn_arch *a, double f, int *out) {
       out[i] = round_to(b * sg, 8, 8);
       break;
     case SYN_DEPTH:
-      out[i] = round_to(b * g, 1, 1);
+      out[i] = full_depth ? b : round_to(b * g, 1, 1);
       break;
-    case SYN_VOCAB:
-      out[i] = round_to(b * g * g, 64, 64);
+    case SYN_VOCAB: /* embedding bytes (vocabulary x width) follow f */
+      out[i] = round_to(b * (full_depth ? g : g * g), 64, 64);
       break;
     }
   }
 }
 
-static uint64_t arch_bytes(const mlo_syn_component *c, double f) {
+static uint64_t arch_bytes(const mlo_syn_component *c, double f, bool full_depth) {
   int p[SYN_MAX_PARAMS];
-  scale_params(c->arch, f, p);
+  scale_params(c->arch, f, full_depth, p);
   mlo_syn_emitter e = {c->dtype, false, NULL, 0, 0, 0, MLO_OK};
   c->arch->emit(&e, p);
   return e.bytes;
@@ -148,24 +154,32 @@ static uint64_t arch_bytes(const mlo_syn_component *c, double f) {
 
 /* The factor f whose byte count is closest to scale x the full size.
  * Bytes are monotone in f, so bisection on log f finds the crossing. */
-static double find_factor(const mlo_syn_component *c, double scale) {
+static double find_factor(const mlo_syn_component *c, double scale, bool full_depth) {
   if (scale == 1.0) return 1.0;
-  double target = scale * (double)arch_bytes(c, 1.0);
+  double target = scale * (double)arch_bytes(c, 1.0, full_depth);
   double lo = log(1e-12), hi = log(8.0);
   for (int i = 0; i < 64; i++) {
     double mid = 0.5 * (lo + hi);
-    if ((double)arch_bytes(c, exp(mid)) >= target)
+    if ((double)arch_bytes(c, exp(mid), full_depth) >= target)
       hi = mid;
     else
       lo = mid;
   }
-  double blo = (double)arch_bytes(c, exp(lo)), bhi = (double)arch_bytes(c, exp(hi));
+  double blo = (double)arch_bytes(c, exp(lo), full_depth);
+  double bhi = (double)arch_bytes(c, exp(hi), full_depth);
   return fabs(blo - target) < fabs(bhi - target) ? exp(lo) : exp(hi);
 }
 
-static const mlo_syn_preset *find_preset(const char *name) {
-  for (size_t i = 0; name && i < mlo_syn_preset_count; i++)
-    if (!strcmp(mlo_syn_presets[i].name, name)) return &mlo_syn_presets[i];
+#define FULL_DEPTH ":full-depth"
+
+/* NAME or NAME:full-depth (scale_params). */
+static const mlo_syn_preset *find_preset(const char *name, bool *full_depth) {
+  for (size_t i = 0; name && i < mlo_syn_preset_count; i++) {
+    size_t n = strlen(mlo_syn_presets[i].name);
+    if (strncmp(mlo_syn_presets[i].name, name, n)) continue;
+    *full_depth = !strcmp(name + n, FULL_DEPTH);
+    if (!name[n] || *full_depth) return &mlo_syn_presets[i];
+  }
   return NULL;
 }
 
@@ -174,12 +188,13 @@ static bool scale_ok(double scale) {
 }
 
 int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes) {
-  const mlo_syn_preset *p = find_preset(preset);
+  bool deep;
+  const mlo_syn_preset *p = find_preset(preset, &deep);
   if (!p) return MLO_ENOTFOUND;
   if (!scale_ok(scale) || !bytes) return MLO_EINVAL;
   uint64_t total = 0;
   for (size_t i = 0; i < p->ncomponents; i++)
-    total += arch_bytes(&p->components[i], find_factor(&p->components[i], scale));
+    total += arch_bytes(&p->components[i], find_factor(&p->components[i], scale, deep), deep);
   *bytes = total;
   return MLO_OK;
 }
@@ -209,6 +224,8 @@ typedef struct {
 
 typedef struct {
   const mlo_syn_preset *preset;
+  const char *name; /* as asked for: NAME or NAME:full-depth */
+  bool full_depth;
   double scale;
   comp_plan *comps;
   uint64_t bytes;
@@ -243,15 +260,16 @@ static void plan_free(mlo_syn_plan *pl) {
   memset(pl, 0, sizeof *pl);
 }
 
-static int plan_build(const mlo_syn_preset *p, double scale, mlo_syn_plan *pl) {
+static int plan_build(const char *name, double scale, mlo_syn_plan *pl) {
   memset(pl, 0, sizeof *pl);
-  pl->preset = p, pl->scale = scale;
+  const mlo_syn_preset *p = find_preset(name, &pl->full_depth);
+  pl->preset = p, pl->name = name, pl->scale = scale;
   if (!(pl->comps = mlo_calloc(p->ncomponents, sizeof *pl->comps))) return MLO_ENOMEM;
   for (size_t i = 0; i < p->ncomponents; i++) {
     comp_plan *cp = &pl->comps[i];
     cp->spec = &p->components[i];
-    cp->factor = find_factor(cp->spec, scale);
-    scale_params(cp->spec->arch, cp->factor, cp->params);
+    cp->factor = find_factor(cp->spec, scale, pl->full_depth);
+    scale_params(cp->spec->arch, cp->factor, pl->full_depth, cp->params);
     cp->tensors = (mlo_syn_emitter){cp->spec->dtype, true, NULL, 0, 0, 0, MLO_OK};
     cp->spec->arch->emit(&cp->tensors, cp->params);
     if (cp->tensors.status != MLO_OK) {
@@ -417,7 +435,7 @@ static cJSON *config_json(const mlo_syn_plan *pl, const comp_plan *cp) {
   if (!diffusers)
     cJSON_AddStringToObject(cfg, "torch_dtype", c->dtype == MLO_DTYPE_F32 ? "float32" : "bfloat16");
   cJSON *prov = cJSON_AddObjectToObject(cfg, "_mlo_synth");
-  cJSON_AddStringToObject(prov, "preset", pl->preset->name);
+  cJSON_AddStringToObject(prov, "preset", pl->name);
   cJSON_AddNumberToObject(prov, "scale", pl->scale);
   cJSON_AddNumberToObject(prov, "factor", cp->factor);
   return cfg;
@@ -498,7 +516,8 @@ static int write_component(const char *dir, const mlo_syn_plan *pl, const comp_p
 int mlo_synth_write(const char *preset, const char *dir, double scale,
                     mlo_synth_progress_fn progress, void *user, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
-  const mlo_syn_preset *p = find_preset(preset);
+  bool deep;
+  const mlo_syn_preset *p = find_preset(preset, &deep);
   if (!p)
     return mlo_errf(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
                     preset ? preset : "(null)");
@@ -506,15 +525,15 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
     return mlo_errf(err, errlen, MLO_EINVAL, "synth: need a folder and a scale in (0, 4], got %g",
                     scale);
   mlo_syn_plan pl;
-  int rc = plan_build(p, scale, &pl);
+  int rc = plan_build(preset, scale, &pl);
   if (rc != MLO_OK)
     return mlo_errf(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
   bool cached = false;
-  rc = mlo_syn_stamp_prepare(dir, p->name, scale, &cached, err, errlen);
+  rc = mlo_syn_stamp_prepare(dir, preset, scale, &cached, err, errlen);
   if (rc != MLO_OK || cached) goto out_free_plan;
   /* The stamp goes first, incomplete, so an interrupted run is recognised
    * and cleaned by the next one; it is marked complete last. */
-  if ((rc = mlo_syn_stamp_write(dir, p->name, scale, pl.bytes, false, plan_files(&pl), err,
+  if ((rc = mlo_syn_stamp_write(dir, preset, scale, pl.bytes, false, plan_files(&pl), err,
                                 errlen)) != MLO_OK)
     goto out_free_plan;
   cJSON *index = model_index_json(p);
@@ -530,7 +549,7 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
   for (size_t i = 0; rc == MLO_OK && i < p->ncomponents; i++)
     rc = write_component(dir, &pl, &pl.comps[i], &pr, err, errlen);
   if (rc == MLO_OK)
-    rc = mlo_syn_stamp_write(dir, p->name, scale, pl.bytes, true, plan_files(&pl), err, errlen);
+    rc = mlo_syn_stamp_write(dir, preset, scale, pl.bytes, true, plan_files(&pl), err, errlen);
 out_free_plan:
   plan_free(&pl);
   return rc;
@@ -563,7 +582,8 @@ int mlo_synth_open(const mlo_pipeline_options *opts, const char *preset, double 
                    mlo_pipeline **out, mlo_denoise_schedule *sched, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (out) *out = NULL;
-  const mlo_syn_preset *p = find_preset(preset);
+  bool deep;
+  const mlo_syn_preset *p = find_preset(preset, &deep);
   if (!p)
     return mlo_errf(err, errlen, MLO_ENOTFOUND, "unknown synth preset '%s'",
                     preset ? preset : "(null)");
@@ -578,7 +598,7 @@ int mlo_synth_open(const mlo_pipeline_options *opts, const char *preset, double 
                                       errlen);
   if (rc) return rc;
   mlo_syn_plan pl;
-  if ((rc = plan_build(p, scale, &pl)) != MLO_OK)
+  if ((rc = plan_build(preset, scale, &pl)) != MLO_OK)
     return mlo_errf(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
   mlo_pipeline *pipe = NULL;
   rc = mlo_pipeline_create(opts, &pipe);

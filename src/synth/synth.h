@@ -15,7 +15,8 @@
 #include <stdint.h>
 
 /* How a hyper-parameter follows the scale knob g = f^(1/3) (f is the
- * component's byte factor, found by bisection in synth.c). */
+ * component's byte factor, found by bisection in synth.c); at full depth
+ * g = f^(1/2), depths stay and vocabularies follow g (synth.c). */
 typedef enum {
   SYN_FIXED,    /* interface sizes: channels, patch, time-embedding width */
   SYN_WIDTH,    /* x g, multiple of 4, at least 8 */

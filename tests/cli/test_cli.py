@@ -598,6 +598,36 @@ class StreamTests(Fixture):
                  and (t.text or "").startswith("block copy issued")]
         self.assertEqual(len(marks), res["block_loads"])
 
+    def test_full_depth(self):
+        # --full-depth keeps Wan2.2's 40 blocks a DiT at a small scale; a
+        # budget of 60% of a DiT streams it, spread over the forward, with
+        # the all-resident run's output
+        deep = os.path.join(self.tmp, "deep")
+        rc, out, err = mlo("synth", "wan2.2-t2v", deep, "--scale", "0.0005", "--full-depth")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("wan2.2-t2v:full-depth", out)
+        rc, out, err = mlo("inspect", deep, "--json")
+        self.assertEqual(rc, 0, err)
+        comps = {c["name"]: c for c in json.loads(out)["components"]}
+        self.assertEqual(comps["transformer"]["blocks"]["count"], 40)
+        self.assertEqual(comps["text_encoder"]["blocks"]["count"], 24)
+        budget = comps["transformer"]["device_bytes"] * 6 // 10
+        rc, out, err = mlo("run", deep, "--policy", "budget", "--budget", str(budget), "--verify",
+                           "--prompts", "2", "--json", "--platform", "host:jitter=1,seed=5")
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertIs(res["verified"], True)
+        self.assertLessEqual(res["peak_device_bytes"], budget)
+        st = next(c for c in res["components"] if c["name"] == "transformer")["stream"]
+        self.assertGreater(st["streamed_blocks"], 10)
+        self.assertGreater(st["resident_blocks"], 10)
+        # the same folder, the plain preset: rewritten, shallow again
+        rc, out, err = mlo("synth", "wan2.2-t2v", deep, "--scale", "0.0005")
+        self.assertEqual(rc, 0, err)
+        rc, out, err = mlo("inspect", deep, "--json")
+        comps = {c["name"]: c for c in json.loads(out)["components"]}
+        self.assertLess(comps["transformer"]["blocks"]["count"], 10)
+
     def test_too_small_to_stream(self):
         dit = max(self.info["components"], key=lambda c: c["device_bytes"])
         rc, _, err = mlo("run", self.ckpt, "--policy", "budget", "--budget",
@@ -1113,7 +1143,7 @@ class InspectTests(Fixture):
             self.assertIn("usage: mlo " + cmd, out)
             self.assertIn("example", out)
         rc, out, _ = mlo("synth", "--help")
-        for preset in ("wan2.2-t2v", "flux", "qwen-image", "sd3"):
+        for preset in ("wan2.2-t2v", "flux", "qwen-image", "sd3", "--full-depth"):
             self.assertIn(preset, out)
 
 

@@ -430,6 +430,56 @@ static void test_declared_equals_written(void **state) {
   assert_null(out);
 }
 
+/* NAME:full-depth: the real model at scale 1, within 25% of the target at
+ * every scale, and the real layer count at any scale (Wan2.2's DiTs have
+ * 40 blocks, its UMT5 encoder 24), written and declared alike; the stamp
+ * tells it from the plain preset, and no other suffix is a preset. */
+static void test_full_depth(void **state) {
+  (void)state;
+  for (const mlo_synth_preset_info *p = mlo_synth_presets(); p->name; p++) {
+    char deep[64];
+    snprintf(deep, sizeof deep, "%s:full-depth", p->name);
+    uint64_t full, plain;
+    assert_ok(mlo_synth_bytes(deep, 1.0, &full));
+    assert_ok(mlo_synth_bytes(p->name, 1.0, &plain));
+    assert_int_equal(full, plain);
+    const double scales[] = {1e-3, 1e-2, 0.1};
+    for (size_t k = 0; k < 3; k++) {
+      uint64_t b;
+      assert_ok(mlo_synth_bytes(deep, scales[k], &b));
+      double ratio = (double)b / (scales[k] * (double)full);
+      if (ratio < 0.75 || ratio > 1.25)
+        fail_msg("%s at %g: %.3f x the target", deep, scales[k], ratio);
+    }
+  }
+  char dir[512];
+  sub(dir, sizeof dir, "deep", NULL);
+  assert_ok(mlo_synth_write("wan2.2-t2v:full-depth", dir, TINY, NULL, NULL, err, sizeof err));
+  assert_true(mlo_synth_is_complete("wan2.2-t2v:full-depth", dir, TINY));
+  assert_false(mlo_synth_is_complete("wan2.2-t2v", dir, TINY));
+  mlo_pipeline *written = open_dir(dir), *declared = NULL;
+  mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
+  po.platform = plat;
+  assert_ok(mlo_synth_open(&po, "wan2.2-t2v:full-depth", TINY, &declared, NULL, err, sizeof err));
+  const char *names[] = {"transformer", "transformer_2", "text_encoder"};
+  const size_t want[] = {40, 40, 24};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(mlo_component_block_count(mlo_pipeline_find(written, names[i])), want[i]);
+    assert_int_equal(mlo_component_block_count(mlo_pipeline_find(declared, names[i])), want[i]);
+  }
+  mlo_pipeline_free(written);
+  mlo_pipeline_free(declared);
+  /* the plain preset at this scale is shallow: a DiT of two blocks */
+  assert_ok(mlo_synth_open(&po, "wan2.2-t2v", TINY, &declared, NULL, err, sizeof err));
+  assert_true(mlo_component_block_count(mlo_pipeline_find(declared, "transformer")) < 5);
+  mlo_pipeline_free(declared);
+  uint64_t b;
+  const char *bad[] = {"wan2.2-t2v:", "wan2.2-t2v:full-dept", "wan2.2-t2v:full-depth:full-depth",
+                       "wan2.2-t2v-full-depth", ":full-depth"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    if (mlo_synth_bytes(bad[i], 0.01, &b) != MLO_ENOTFOUND) fail_msg("'%s' taken", bad[i]);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -441,6 +491,7 @@ int main(void) {
       T(test_cache_and_rewrite),
       T(test_links_never_followed),
       T(test_declared_equals_written),
+      T(test_full_depth),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,7 @@
 #define DEFAULT_SCALE 0.005
 
 static void help(void) {
-  printf("usage: mlo synth PRESET DIR [--scale S]\n\n"
+  printf("usage: mlo synth PRESET DIR [--scale S] [--full-depth]\n\n"
          "Writes a diffusers-layout pipeline shaped like PRESET (same components,\n"
          "tensor names and layer structure, deterministic bf16/f32 weights) into DIR.\n"
          "Each component is scaled to about S x its real size.  A DIR already holding\n"
@@ -23,17 +23,22 @@ static void help(void) {
     printf("  %-16s %s (%s at the default scale)\n", p->name, p->description, tool_size(bytes));
   }
   printf("\nflags:\n"
-         "  --scale S   fraction of the real model's size, 0 < S <= 4 (default %g)\n\n"
+         "  --scale S     fraction of the real model's size, 0 < S <= 4 (default %g)\n"
+         "  --full-depth  keep the real model's layer count, scaling widths alone, so\n"
+         "                that each block is the same fraction of its component as in\n"
+         "                the real model (what block streaming depends on: Wan2.2's DiT\n"
+         "                has 40 blocks at any scale, not 5 at 0.002); written as the\n"
+         "                preset PRESET:full-depth\n\n"
          "examples:\n"
          "  mlo synth wan2.2-t2v /tmp/wan --scale 0.002\n"
-         "  mlo synth flux /tmp/flux && mlo inspect /tmp/flux\n",
+         "  mlo synth flux /tmp/flux && mlo inspect /tmp/flux\n"
+         "  mlo synth wan2.2-t2v /tmp/wan40 --scale 0.002 --full-depth\n",
          DEFAULT_SCALE);
 }
 
 static bool known_preset(const char *name) {
-  for (const mlo_synth_preset_info *p = mlo_synth_presets(); p && p->name; p++)
-    if (!strcmp(p->name, name)) return true;
-  return false;
+  uint64_t bytes;
+  return mlo_synth_bytes(name, DEFAULT_SCALE, &bytes) != MLO_ENOTFOUND;
 }
 
 static void list_presets(FILE *out) {
@@ -49,12 +54,15 @@ int cmd_synth(int argc, char **argv) {
   const char *pos[2] = {NULL, NULL}, *val;
   int npos = 0;
   double scale = DEFAULT_SCALE;
+  bool full_depth = false;
   while (targs_next(&a)) {
     if (targs_is_help(&a)) {
       help();
       return TOOL_EXIT_OK;
     } else if (targs_value(&a, "--scale", &val)) {
       targs_double(&a, "--scale", val, 1e-9, 4.0, &scale);
+    } else if (targs_flag(&a, "--full-depth")) {
+      full_depth = true;
     } else if (targs_cur(&a)[0] == '-' && targs_cur(&a)[1]) {
       targs_unknown(&a);
     } else if (npos < 2) {
@@ -74,6 +82,12 @@ int cmd_synth(int argc, char **argv) {
     list_presets(stderr);
     return TOOL_EXIT_USAGE;
   }
+  char name[128];
+  if (full_depth && !strstr(pos[0], ":full-depth"))
+    snprintf(name, sizeof name, "%s:full-depth", pos[0]);
+  else
+    snprintf(name, sizeof name, "%s", pos[0]);
+  pos[0] = name;
   uint64_t bytes = 0;
   mlo_synth_bytes(pos[0], scale, &bytes);
   tool_progress bar;
