@@ -339,10 +339,19 @@ static void budget_disable(mlo_pipeline *pipe) {
 }
 
 /* After an acquire (c is held now: never a victim, and the schedule has
- * moved past it): load what the schedule calls next. */
+ * moved past it): load what the schedule calls next.  c's forward runs now,
+ * so what was loaded ahead of it and sits idle may issue the rest of its
+ * copies at once: a streamed plan's kept blocks go between its slots'
+ * refills only while its own forward runs (progressive.c), since then a
+ * streamed block early in the forward would wait for all of them; under
+ * another's forward they wait for nothing.  (One that fails is issued again
+ * at its begin.) */
 static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
-  (void)c;
   prefetch(pipe);
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *t = pipe->comps[i];
+    if (t != c && !t->users && mlo_res_is_resident(t)) mlo_prog_issue_upto(t, t->nblocks);
+  }
 }
 
 /* After a last release (c may be displaceable now): a switch joined from c

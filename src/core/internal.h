@@ -475,6 +475,10 @@ uint64_t mlo_stream_resident_bytes(const mlo_component *c);
  * the slots are emptied at eviction. */
 bool mlo_stream_piece_offset(const mlo_component *c, long b, uint64_t *off);
 void mlo_stream_start(mlo_component *c);
+/* The first block a load block by block issues after the head at the
+ * load: c's first streamed block (mlo_stream_start issues the rest), or
+ * all of them. */
+size_t mlo_stream_load_limit(const mlo_component *c);
 void mlo_stream_evicted(mlo_component *c);
 /* Its first holder arrived (the first blocks into the slots) / its last
  * left (a block begun and never ended ends here). */
@@ -499,9 +503,15 @@ bool mlo_prog_applies(const mlo_component *c);
 bool mlo_prog_active(const mlo_component *c);
 /* A load's copies, c->block allocated: the head (prologue, epilogue,
  * caller-owned tensors, blocks holding mutable tensors) and its event, then
- * (after the caller's own steps) each other kept block and its event. */
+ * (after the caller's own steps) each other kept block before block limit
+ * and its event; the rest wait for mlo_prog_issue_upto or their begin. */
 int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved);
-int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved);
+int mlo_prog_copy_blocks(mlo_component *c, size_t limit, size_t *copies, uint64_t *moved);
+/* Issues the copies of this residency's kept blocks before block limit not
+ * issued yet, counted in c's stats, the load's event recorded after them. */
+int mlo_prog_issue_upto(mlo_component *c, size_t limit);
+/* Whether some kept block of this residency has its copy still to issue. */
+bool mlo_prog_deferred(const mlo_component *c);
 /* The head's event: what an acquire waits for (prog active). */
 mlo_event *mlo_prog_head_event(const mlo_component *c);
 /* Orders compute after block b's copy, once per residency (C8); drops the

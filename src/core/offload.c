@@ -93,7 +93,7 @@ bool mlo_component_is_resident(mlo_component *c) {
 bool mlo_component_load_done(mlo_component *c) {
   if (!c) return false;
   MLO_LOCK_OR(&c->pipe->lock, false);
-  bool done = mlo_res_is_resident(c) && !c->disk_busy && !c->disk_rc &&
+  bool done = mlo_res_is_resident(c) && !c->disk_busy && !c->disk_rc && !mlo_prog_deferred(c) &&
               ((c->load_waited && !mlo_prog_active(c)) || !c->load_ev ||
                mlo_plat_event_query(c->pipe->platform, c->load_ev) == MLO_OK);
   pthread_mutex_unlock(&c->pipe->lock);
@@ -286,8 +286,9 @@ int mlo_component_load(mlo_component *c) {
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   if (pipe->enabled)
     rc = mlo_fail(pipe, MLO_ESTATE, "load '%s': offload is enabled", c->name);
-  else
-    rc = mlo_res_load(c);
+  else if (!(rc = mlo_res_load(c)))
+    mlo_prog_issue_upto(c, c->nblocks); /* no forward to interleave with: all of it (a failed
+                                           block's copy is issued again at its begin) */
   /* a load from disk: its copies are issued (or it failed) before return,
    * as a load from a slab's are */
   if (!rc && c->disk_busy) rc = mlo_disk_wait(c);

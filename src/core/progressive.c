@@ -12,7 +12,15 @@
  *   head: prologue, epilogue, caller-owned tensors, blocks holding mutable
  *         tensors                                      -> head event
  *   block 0 -> its event, block 1 -> its event, ...    (copy queue, FIFO)
- *   (a streamed plan's slots are filled after, stream.c)
+ *
+ * A streamed plan interleaves its kept blocks' copies with its slots' in
+ * the order the forward runs them: the load issues the kept blocks before
+ * the first streamed one, and the rest go out as the slots are refilled,
+ * each run of kept blocks just before the streamed block that follows it
+ * (mlo_prog_issue_upto, from stream.c).  Issued all at once, they would
+ * sit in the FIFO ahead of every slot's refill, and a streamed block early
+ * in the forward would wait for the whole resident part.  A begin of a
+ * kept block not issued yet issues it then.
  *
  * The acquire waits for the head only (residency.c); each begin waits for
  * its block's event (C8), once per residency.  The blocks land behind each
@@ -46,6 +54,7 @@ struct mlo_prog {
   bool *in_head;      /* per block: holds a mutable tensor, so it goes with the head */
   mlo_event *head_ev; /* recorded after the head's copies */
   bool active;        /* this residency was loaded block by block */
+  size_t next;        /* the blocks before it have had their copies issued */
 };
 
 bool mlo_prog_applies(const mlo_component *c) {
@@ -158,21 +167,64 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
   return PCALL(c, mlo_plat_event_record_copy(p, g->head_ev));
 }
 
-int mlo_prog_copy_blocks(mlo_component *c, size_t *copies, uint64_t *moved) {
+/* Whether block b is copied on its own, behind its event: kept, not in
+ * the head, not empty. */
+static bool own_copy(const mlo_component *c, size_t b) {
+  uint64_t src, len, dev;
+  return !c->prog->in_head[b] && mlo_prog_extent(c, (long)b, &src, &len, &dev) && len;
+}
+
+/* Issues the copies of the blocks from g->next up to limit, each followed
+ * by its event; g->next then names the first block still to issue (past
+ * any with no copy of their own), or the one whose copy failed. */
+static int issue_range(mlo_component *c, size_t limit, size_t *copies, uint64_t *moved) {
   struct mlo_prog *g = c->prog;
   mlo_platform *p = c->pipe->platform;
   int rc = MLO_OK;
-  bool queued = false;
-  for (size_t b = 0; b < g->n && !rc; b++) {
-    uint64_t src, len, dev;
-    if (g->in_head[b] || !mlo_prog_extent(c, (long)b, &src, &len, &dev) || !len) continue;
-    if (!g->ev[b] && (rc = PCALL(c, mlo_plat_event_create(p, &g->ev[b])))) break;
-    if ((rc = copy_piece(c, (long)b, copies, moved))) break;
-    if (!(rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) g->pending[b] = queued = true;
+  for (; g->next < limit && g->next < g->n; g->next++) {
+    size_t b = g->next;
+    if (!own_copy(c, b)) continue;
+    if (!g->ev[b] && (rc = PCALL(c, mlo_plat_event_create(p, &g->ev[b])))) return rc;
+    if ((rc = copy_piece(c, (long)b, copies, moved))) return rc;
+    if ((rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) return rc;
+    g->pending[b] = true;
   }
+  while (g->next < g->n && !own_copy(c, g->next)) g->next++;
+  return MLO_OK;
+}
+
+int mlo_prog_copy_blocks(mlo_component *c, size_t limit, size_t *copies, uint64_t *moved) {
+  struct mlo_prog *g = c->prog;
+  mlo_sync_mode sync = c->pipe->enabled ? c->pipe->settings.sync : MLO_SYNC_EVENT;
+  g->next = 0;
+  /* only an event-ordered begin can wait for a copy issued after the acquire */
+  int rc = issue_range(c, sync == MLO_SYNC_EVENT ? limit : g->n, copies, moved);
+  bool any = false;
+  for (size_t b = 0; b < g->n && !any; b++) any = g->pending[b];
   /* nothing after the head (every block in it, or empty): a whole load */
-  g->active = !rc && queued;
+  g->active = !rc && (any || g->next < g->n);
   return rc;
+}
+
+int mlo_prog_issue_upto(mlo_component *c, size_t limit) {
+  struct mlo_prog *g = c->prog;
+  if (!g || !g->active || g->next >= limit || g->next >= g->n) return MLO_OK;
+  size_t copies = 0;
+  uint64_t moved = 0;
+  int rc = issue_range(c, limit, &copies, &moved);
+  c->stats.h2d_bytes += moved;
+  c->stats.copy_calls += copies;
+  /* the load's event follows all of its copies issued so far (its end in
+   * traces, mlo_component_load_done) */
+  if (copies) {
+    int erc = PCALL(c, mlo_plat_event_record_copy(c->pipe->platform, c->load_ev));
+    if (!rc) rc = erc;
+  }
+  return rc;
+}
+
+bool mlo_prog_deferred(const mlo_component *c) {
+  return c->prog && c->prog->active && c->prog->next < c->prog->n;
 }
 
 int mlo_prog_join_prepare(mlo_component *c) {
@@ -180,6 +232,7 @@ int mlo_prog_join_prepare(mlo_component *c) {
   if (rc) return rc;
   struct mlo_prog *g = c->prog;
   g->active = false;
+  g->next = g->n; /* the join issues every copy itself */
   for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = false;
   return MLO_OK;
 }
@@ -208,7 +261,11 @@ mlo_event *mlo_prog_head_event(const mlo_component *c) {
 int mlo_prog_begin(mlo_component *c, size_t b) {
   struct mlo_prog *g = c->prog;
   mlo_pipeline *pipe = c->pipe;
-  if (!g || !g->active || b >= g->n || !g->pending[b]) return MLO_OK;
+  if (!g || !g->active || b >= g->n) return MLO_OK;
+  int rc = b >= g->next ? mlo_prog_issue_upto(c, b + 1) : MLO_OK; /* not issued yet: now */
+  if (rc)
+    return mlo_fail(pipe, rc, "%s: loading block %zu failed (%s)", c->name, b, mlo_strerror(rc));
+  if (!g->pending[b]) return MLO_OK;
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   if (sync == MLO_SYNC_UNSAFE_NONE) return MLO_OK;
   if (sync == MLO_SYNC_DEVICE) { /* the acquire synchronized the device: every copy is in */
@@ -219,7 +276,7 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   mlo_platform *p = pipe->platform;
   pthread_mutex_unlock(&pipe->lock); /* this thread holds c: it stays resident */
   uint64_t t0 = mlo_plat_now(p);
-  int rc = mlo_res_compute_wait(p, ev, sync);
+  rc = mlo_res_compute_wait(p, ev, sync);
   uint64_t t1 = mlo_plat_now(p);
   pthread_mutex_lock(&pipe->lock);
   mlo_res_count_wait(c, t0, t1, true);
@@ -227,7 +284,8 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's load failed", c->name, b);
   if (c->prog != g || !g->active) return MLO_OK;
   g->pending[b] = false;
-  bool left = false; /* the last block waited for: the load is complete (its event follows) */
+  /* the last block waited for: the load is complete (its event follows) */
+  bool left = g->next < g->n;
   for (size_t k = 0; k < g->n && !left; k++) left = g->pending[k];
   if (!left) mlo_res_load_ended(c, t1);
   return MLO_OK;

@@ -264,12 +264,13 @@ int mlo_res_load(mlo_component *c) {
   } else if (!rc && mlo_prog_applies(c)) {
     /* block by block: the head and its event (what the acquire waits for),
      * then each kept block behind an event of its own (its begin waits for
-     * it), in the order the forward runs them; a streamed plan's slots are
-     * filled after the load's event (mlo_stream_start) */
+     * it), in the order the forward runs them; a streamed plan's kept
+     * blocks up to its first streamed one, the rest between its slots'
+     * copies (mlo_stream_start) */
     size_t more = 0;
     uint64_t also = 0;
     rc = mlo_prog_copy_head(c, &copies, &moved);
-    if (!rc) rc = mlo_prog_copy_blocks(c, &more, &also);
+    if (!rc) rc = mlo_prog_copy_blocks(c, mlo_stream_load_limit(c), &more, &also);
     copies += more;
     moved += also;
   } else if (!rc) {

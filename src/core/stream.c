@@ -196,6 +196,27 @@ static size_t choose(const shape *sh, size_t nslots, uint64_t room, uint64_t *le
   return best;
 }
 
+/* Which of the blocks as large as a slot stream.  choose() fixes how many
+ * (the first best of by[] stay), and any that many serve alike: the same
+ * bytes move per forward, into the same footprint.  What differs is when
+ * the link can move them.  Streamed blocks bunched together (the last ones
+ * of a DiT, say) leave the link idle while the kept blocks before them
+ * compute, since only the slots can be filled ahead, and then make the
+ * compute wait for one copy after another; spread evenly over the forward,
+ * each streamed block's copy has the kept blocks' compute before it to
+ * land in, so the copies run end to end while compute runs.  by[] lists
+ * blocks of one size in the order the forward runs them. */
+static void spread(shape *sh, size_t best) {
+  size_t g0 = best, g1 = best;
+  uint64_t size = sh->by[best].bytes;
+  while (g0 > 0 && sh->by[g0 - 1].bytes == size) g0--;
+  while (g1 < sh->nfree && sh->by[g1].bytes == size) g1++;
+  size_t n = g1 - g0, s = g1 - best; /* s of these n stream: n >= s >= 1 */
+  for (size_t i = g0; i < g1; i++) sh->keep[sh->by[i].b] = true;
+  for (size_t k = 0; k < s; k++) /* the k-th at the middle of the k-th of s equal parts */
+    sh->keep[sh->by[g0 + (2 * k + 1) * n / (2 * s)].b] = false;
+}
+
 /* The footprint's offsets once the blocks in keep[] stay: returns where
  * the slots start. */
 static uint64_t place_resident(const mlo_component *c, struct mlo_stream *st, const bool *keep) {
@@ -313,6 +334,7 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
                     mlo_format_size(least, z, sizeof z), nslots);
   }
   for (size_t r = 0; r < best; r++) sh.keep[sh.by[r].b] = true;
+  spread(&sh, best);
   st->ext_start = align_up(c->slab_bytes, pipe->alignment);
   if (st->ext_start > c->block_bytes) st->ext_start = c->block_bytes;
   uint64_t slots_at = place_resident(c, st, sh.keep);
@@ -398,6 +420,10 @@ static void refill(mlo_component *c, struct stream_slot *s, size_t after_pos) {
   struct mlo_stream *st = c->stream;
   mlo_pipeline *pipe = c->pipe;
   size_t q = st->order[st->next];
+  /* the kept blocks the forward runs before q (the rest of this forward's
+   * where q is the next one's) go first; a failure is their begin's */
+  if (mlo_prog_issue_upto(c, st->next <= after_pos ? c->nblocks : q))
+    mlo_logf(MLO_LOG_DEBUG, "%s: kept blocks before %zu not issued: %s", c->name, q, pipe->errmsg);
   if (slot_of(st, q)) return;
   if (st->next <= after_pos && pipe->nsched && mlo_sched_next_use(pipe, c) != 0) return;
   if (issue(c, s, q) != MLO_OK) {
@@ -419,13 +445,23 @@ static void reset_slots(struct mlo_stream *st) {
   st->next = 0;
 }
 
+size_t mlo_stream_load_limit(const mlo_component *c) {
+  return c->stream && c->stream->nstreamed ? c->stream->order[0] : c->nblocks;
+}
+
+/* The slots' first fills, each after the kept blocks the forward runs
+ * before it; then the kept blocks up to the first streamed block no slot
+ * holds (a load block by block; a whole load has issued them all). */
 void mlo_stream_start(mlo_component *c) {
   struct mlo_stream *st = c->stream;
+  size_t i = 0;
   reset_slots(st);
-  for (size_t i = 0; i < st->nslots && i < st->nstreamed; i++) {
+  for (; i < st->nslots && i < st->nstreamed; i++) {
+    mlo_prog_issue_upto(c, st->order[i]); /* a failure is the block's begin's */
     if (issue(c, &st->slots[i], st->order[i]) != MLO_OK) break; /* on demand, then */
     st->next = (i + 1) % st->nstreamed;
   }
+  mlo_prog_issue_upto(c, i < st->nstreamed ? st->order[i] : c->nblocks);
 }
 
 void mlo_stream_acquired(mlo_component *c) {

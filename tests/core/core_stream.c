@@ -199,10 +199,10 @@ typedef struct {
   mlo_tensor *blk[NBLK][2];
 } rig;
 
-static void rig_build_on(rig *r, mlo_platform *plat) {
+static void rig_build_on(rig *r, mlo_platform *plat, bool pin) {
   memset(r, 0, sizeof *r);
   r->plat = plat;
-  r->tp = tu_pipe_new(r->plat, true);
+  r->tp = tu_pipe_new(r->plat, pin);
   assert_ok(mlo_component_add(r->tp->pipe, "transformer", MLO_ROLE_DIT, &r->dit));
   tu_add_tensor(r->tp, r->dit, "patch_embedding.weight", 4 * KB, 0);
   char name[64];
@@ -220,7 +220,7 @@ static void rig_build_on(rig *r, mlo_platform *plat) {
 }
 
 static void rig_build(rig *r, const char *host_opts) {
-  rig_build_on(r, tu_platform_open(host_opts));
+  rig_build_on(r, tu_platform_open(host_opts), true);
 }
 
 static void rig_free(rig *r) {
@@ -271,7 +271,8 @@ static int streamed_forward(mlo_component *c, void *user) {
 
 /* The plan, by hand: fixed 8 KiB; each kept block saves 16 KiB and the
  * slots are 2 x 16 KiB.  A 72 KiB budget keeps 8 + 32 + 32: two blocks
- * resident, six through the slots. */
+ * resident, six through the slots, spread over the forward: the k-th of 6
+ * at (2k + 1) 8 / 12, blocks 0, 2, 3, 4, 6 and 7, so 1 and 5 stay. */
 static void test_plan_by_hand(void **state) {
   (void)state;
   rig r;
@@ -291,6 +292,14 @@ static void test_plan_by_hand(void **state) {
   assert_int_equal(si.slot_bytes, 16 * KB);
   assert_int_equal(si.device_bytes, 72 * KB);
   assert_int_equal(si.streamed_bytes, 6 * 16 * KB);
+  assert_ok(mlo_component_acquire(r.dit));
+  for (int b = 0; b < NBLK; b++) { /* a kept block has a device copy outside its begin */
+    size_t off;
+    int rc = mlo_tensor_device(r.blk[b][1], NULL, &off);
+    if (rc != (b == 1 || b == 5 ? MLO_OK : MLO_ESTATE))
+      fail_msg("block %d: %s", b, mlo_err_name(rc));
+  }
+  mlo_component_release(r.dit);
   assert_ok(mlo_component_stream_info(r.enc, &si)); /* fits: moves whole */
   assert_int_equal(si.slots, 0);
   assert_int_equal(si.device_bytes, 8 * KB);
@@ -327,6 +336,120 @@ static void test_plan_by_hand(void **state) {
   assert_int_equal(si.device_bytes, 136 * KB);
   tu_assert_forwards_clean(r.tp);
   rig_free(&r);
+}
+
+/* A forward on the simulated device (a virtual clock, sim.c): each block
+ * computes compute_ns between its begin and end. */
+typedef struct {
+  rig *r;
+  uint64_t compute_ns;
+} timed;
+
+static int timed_forward(mlo_component *c, void *user) {
+  timed *t = user;
+  for (size_t b = 0; b < NBLK; b++) {
+    int rc = mlo_block_begin(c, b);
+    if (!rc) rc = mlo_sim_compute(t->r->plat, t->compute_ns);
+    if (!rc) rc = mlo_block_end(c, b);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Which blocks of one size stream, and when their copies go, by hand.
+ * A 104 KiB budget keeps four of the eight 16 KiB blocks (8 + 64 + 32);
+ * spread over the forward, blocks 1, 3, 5 and 7 stream (the k-th of s in
+ * the middle of the k-th of s equal parts of n: (2k + 1) n / 2s).  On a
+ * 1 GB/s simulated link a block's copy takes L = 16.384 us; u = L / 2.
+ *
+ * First forward, a block's compute = L, loaded at its acquire: the head
+ * (8 KiB) [0,1]u, block 0 [1,3], slot <- 1 [3,5], block 2 [5,7], slot <-
+ * 3 [7,9], block 4 [9,11]: kept blocks go between the slots' copies in the
+ * forward's order.  The acquire waits 1u, block 0 2u; from then each copy
+ * lands as the block before it ends (block 5's copy, issued at 1's end
+ * at 7u, queues behind 4's and lands at 13u, when 4 ends; 6 goes before 7
+ * at 3's end).  Waited: 3u.  Issued the old way, every kept block before
+ * any slot, block 1 would wait until 11u: 9u in all.
+ *
+ * Then forwards whose block computes L / 2 (the link half as fast as
+ * compute; the copies per forward, 4L, equal its compute, 8 x L/2): each
+ * streamed copy lands as the kept block before it ends, so no block waits
+ * at all, and a forward is max(compute, bytes / link) to the nanosecond.
+ * With blocks 4-7 streaming (the first four kept), the kept blocks'
+ * compute would leave the link idle and blocks 6 and 7 would wait 1u
+ * each, every forward. */
+static void test_spread_by_hand(void **state) {
+  (void)state;
+  rig r;
+  rig_build_on(&r, tu_open_spec("sim:capacity=1M,link=1e9"), false);
+  assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+  assert_ok(enable_budget(&r, 104 * KB));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(r.dit, &si));
+  assert_int_equal(si.resident_blocks, 4);
+  assert_int_equal(si.streamed_blocks, 4);
+  const uint64_t L = tu_copy_ns(16 * KB, 1000000000ull), u = L / 2;
+  timed t = {&r, L};
+  assert_ok(mlo_component_forward(r.dit, timed_forward, &t));
+  mlo_component_stats s0 = tu_cstats(r.dit);
+  tu_assert_near_ns(s0.wait_ns, 3 * u);
+  tu_assert_near_ns(s0.block_wait_ns, 2 * u);
+  assert_int_equal(s0.h2d_bytes, 8 * KB + 8 * 16 * KB + 2 * 16 * KB); /* and the next two */
+  t.compute_ns = u;
+  for (int f = 0; f < 3; f++) {
+    mlo_component_stats a = tu_cstats(r.dit);
+    assert_ok(mlo_component_forward(r.dit, timed_forward, &t));
+    mlo_component_stats b = tu_cstats(r.dit);
+    tu_assert_near_ns(b.wait_ns - a.wait_ns, 0);
+    assert_int_equal(b.h2d_bytes - a.h2d_bytes, 4 * 16 * KB);
+  }
+  /* kept blocks have a device copy outside their begin; streamed ones not */
+  assert_ok(mlo_component_acquire(r.dit));
+  for (int b = 0; b < NBLK; b++) {
+    size_t off;
+    int rc = mlo_tensor_device(r.blk[b][0], NULL, &off);
+    if (rc != (b % 2 ? MLO_ESTATE : MLO_OK)) fail_msg("block %d: %s", b, mlo_err_name(rc));
+  }
+  mlo_component_release(r.dit);
+  tu_assert_audit(r.tp);
+  rig_free(&r);
+}
+
+/* A streamed plan's kept blocks wait for the refills of its own forward
+ * only when that forward is next; ahead of another's forward they go at its
+ * acquire.  Kept blocks 1 and 5 (test_plan_by_hand).  A load issues the
+ * head (8 KiB), slot <- 0, block 1, slot <- 2: 56 KiB, block 5 left for
+ * the refill before block 6.
+ *  - 72 KiB budget: the DiT cannot sit beside the encoder; the encoder's
+ *    release prefetches it, and with nothing else to run it stays at
+ *    56 KiB until its own forward.
+ *  - 80 KiB: enable prefetches the encoder and the DiT (8 + 72); the
+ *    encoder's acquire issues block 5 under its forward: 72 KiB. */
+static void test_kept_blocks_and_prefetch(void **state) {
+  (void)state;
+  for (int wide = 0; wide < 2; wide++) {
+    rig r;
+    rig_build(&r, "capacity=1M,jitter=1");
+    mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
+    assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = wide ? 80 * KB : 72 * KB;
+    s.prefetch = true;
+    assert_ok(mlo_offload_enable(r.tp->pipe, &s));
+    assert_int_equal(tu_cstats(r.dit).h2d_bytes, wide ? 56 * KB : 0);
+    assert_ok(mlo_component_acquire(r.enc));
+    assert_int_equal(tu_cstats(r.dit).h2d_bytes, wide ? 72 * KB : 0);
+    assert_ok(mlo_component_release(r.enc));
+    assert_true(mlo_component_is_resident(r.dit));
+    assert_int_equal(tu_cstats(r.dit).h2d_bytes, wide ? 72 * KB : 56 * KB);
+    assert_ok(mlo_component_forward(r.dit, streamed_forward, &r)); /* bytes right */
+    /* the forward moved block 5, the other four streamed and the next two */
+    assert_int_equal(tu_cstats(r.dit).h2d_bytes, 72 * KB + 6 * 16 * KB);
+    tu_assert_forwards_clean(r.tp);
+    tu_assert_audit(r.tp);
+    rig_free(&r);
+  }
 }
 
 /* Many forwards through a throttled, jittered link: every block's bytes are
@@ -391,14 +514,14 @@ static void test_block_rules(void **state) {
   assert_ok(mlo_component_acquire(r.dit));
   mlo_stream_info si;
   assert_ok(mlo_component_stream_info(r.dit, &si));
-  /* the largest blocks stay; with equal sizes, the first ones: 0 and 1 */
+  /* the largest blocks stay; with equal sizes, spread: 1 and 5 */
   void *blk = NULL;
   size_t off = 0;
-  assert_ok(mlo_tensor_device(r.blk[0][0], &blk, &off));
-  assert_status(mlo_tensor_device(r.blk[5][0], &blk, &off), MLO_ESTATE);
+  assert_ok(mlo_tensor_device(r.blk[1][0], &blk, &off));
+  assert_status(mlo_tensor_device(r.blk[7][0], &blk, &off), MLO_ESTATE);
   assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "mlo_block_begin"));
   assert_status(mlo_block_begin(r.dit, NBLK), MLO_EINVAL);
-  assert_status(mlo_block_end(r.dit, 5), MLO_ESTATE); /* never begun */
+  assert_status(mlo_block_end(r.dit, 7), MLO_ESTATE); /* a streamed block never begun */
   /* out of order: on demand, right bytes */
   assert_ok(mlo_block_begin(r.dit, 6));
   assert_true(block_ok(&r, 6));
@@ -647,7 +770,7 @@ static int prompt(rig *r) {
 
 static tu_pipe *sweep_build(void *self, mlo_platform *plat) {
   rig *r = self;
-  rig_build_on(r, plat);
+  rig_build_on(r, plat, true);
   mlo_schedule_entry sched[] = {{r->enc, 1}, {r->dit, 4}, {r->vae, 1}};
   assert_ok(mlo_pipeline_set_schedule(r->tp->pipe, sched, 3));
   assert_ok(mlo_pipeline_materialize(r->tp->pipe));
@@ -679,6 +802,8 @@ int main(void) {
       cmocka_unit_test(test_declared_blocks),
       cmocka_unit_test(test_plan_by_hand),
       cmocka_unit_test(test_streamed_forwards),
+      cmocka_unit_test(test_spread_by_hand),
+      cmocka_unit_test(test_kept_blocks_and_prefetch),
       cmocka_unit_test(test_block_rules),
       cmocka_unit_test(test_workload_digest),
       cmocka_unit_test(test_zero_byte_tensors),
