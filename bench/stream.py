@@ -2,7 +2,10 @@
 """stream.py — a DiT larger than the budget, streamed block by block,
 against the same pipeline all resident and warm (issue 23's targets).
 
-On a generated Wan2.2-shaped pipeline, `mlo run` on the host platform:
+On a generated Wan2.2-shaped pipeline (at full depth: 40 blocks a DiT, as
+the real one, each a real block's share of it; --depth scaled is the
+preset's plain scaling, 5 blocks at 0.002, whose large prologue and few
+blocks stream unlike the real model), `mlo run` on the host platform:
   all resident  --offload none, warm (the --verify reference: weights kept
                 across prompts, as a server runs);
   streamed      --policy budget --budget F x the largest DiT, so each DiT
@@ -23,7 +26,7 @@ bytes against the budget, whether the digests are equal, and the physical
 bound max(compute, bytes / link) per prompt the streamed run is judged
 against at slow links.
 
-usage: bench/stream.py [--mlo build/tools/mlo/mlo] [--scale 0.002]
+usage: bench/stream.py [--mlo build/tools/mlo/mlo] [--scale 0.002] [--depth full]
                        [--fraction 0.6] [--link-ratio 1] [--steps 8]
                        [--prompts 4] [--reps 3] [--whole-loads-too]
                        [--unjoined-too] [--json]
@@ -60,6 +63,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mlo", default="build/tools/mlo/mlo")
     ap.add_argument("--scale", default="0.002")
+    ap.add_argument("--depth", choices=("full", "scaled"), default="full",
+                    help="the real layer count (synth --full-depth), or scaled with the widths")
     ap.add_argument("--fraction", type=float, default=0.6)
     ap.add_argument("--link-ratio", type=float, default=1.0,
                     help="one block's compute time over its copy time")
@@ -74,7 +79,8 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="mlo-stream-") as tmp:
         ckpt = os.path.join(tmp, "wan")
-        run(a.mlo, "synth", "wan2.2-t2v", ckpt, "--scale", a.scale)
+        run(a.mlo, "synth", "wan2.2-t2v", ckpt, "--scale", a.scale,
+            *(("--full-depth",) if a.depth == "full" else ()))
         info = json.loads(run(a.mlo, "inspect", ckpt, "--json"))
         dit = max((c for c in info["components"] if c["role"] == "dit"),
                   key=lambda c: c["device_bytes"])
@@ -125,7 +131,7 @@ def main():
                 "wall_s": steady(res),
             })
         prog = [r for r in reps if r["loads"] == "progressive"]
-        out = {"scale": a.scale, "dit": dit["name"], "dit_bytes": dit["device_bytes"],
+        out = {"scale": a.scale, "depth": a.depth, "dit": dit["name"], "dit_bytes": dit["device_bytes"],
                "blocks": blocks["count"], "budget_bytes": budget, "link_bytes_per_s": link,
                "block_compute_s": block_s, "reps": reps,
                "median_wall_ratio": statistics.median(r["ratio"] for r in prog),
