@@ -591,10 +591,7 @@ static void finish(job *j, int rc) {
      * would load it again, out of step with them); any other is undone now,
      * the trace closing the load it began */
     c->disk_tell = c->gather_slice != 0;
-    if (!c->disk_tell) {
-      mlo_res_drop(c);
-      mlo_res_trace(c, MLO_TRACE_EVICT, 0);
-    }
+    if (!c->disk_tell) mlo_res_drop(c); /* (which traces the eviction) */
   }
   pthread_cond_broadcast(&pipe->idle);
 }

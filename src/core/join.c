@@ -302,7 +302,10 @@ static void fail(struct mlo_join *j, int rc) {
            j->from->name, b->name, mlo_strerror(rc), b->name);
   j->failed = true;
   if (j->prog) mlo_prog_evicted(b);
-  if (b->join == j) b->join = NULL;
+  if (b->join == j) {
+    b->join = NULL;
+    mlo_res_trace(b, MLO_TRACE_EVICT, 0); /* the load its start traced ends, nothing placed */
+  }
 }
 
 static bool ready(const struct mlo_join *j, const struct join_run *r) {

@@ -283,6 +283,7 @@ int mlo_res_load(mlo_component *c) {
     c->stats.platform_calls++;
     mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
     c->block = NULL;
+    mlo_res_trace(c, MLO_TRACE_EVICT, 0); /* its LOAD_BEGIN is closed */
     return mlo_fail(pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
   }
   if (c->pageable_bytes && !c->warned_pageable && p->caps.host_register) {
@@ -442,6 +443,7 @@ void mlo_res_drop(mlo_component *c) {
     c->pipe->device_bytes -= mlo_res_bytes(c);
   }
   left_device(c);
+  mlo_res_trace(c, MLO_TRACE_EVICT, 0); /* what its load began ends here */
 }
 
 void mlo_res_join_began(mlo_component *b) {
@@ -521,7 +523,6 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
       c->disk_tell = false;
       mlo_collective(pipe, c, COLL_GATHER, 0, rc, said, NULL);
       mlo_res_drop(c); /* the failed sharded load, kept loading for this (disk.c) */
-      mlo_res_trace(c, MLO_TRACE_EVICT, 0);
       mlo_fail(pipe, rc, "%s", said);
     }
     if (rc) {
@@ -558,7 +559,6 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     c->device_gather = false;
     if (rc) {
       mlo_res_drop(c); /* its block holds what the gather left: nothing to keep */
-      mlo_res_trace(c, MLO_TRACE_EVICT, 0);
       snprintf(said, sizeof said, "rank %d: its all-gather failed: %s", pipe->dist.rank,
                why[0] ? why : mlo_strerror(rc));
     }

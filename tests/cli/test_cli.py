@@ -957,6 +957,34 @@ class OutputFileTests(Fixture):
         self.assertLess(vae["dur"], 0.5 * wall_us, f"vae load drawn as {vae['dur']} us of {wall_us}")
         self.assertNotIn("unfinished", vae["args"])
 
+    def test_abandoned_load_in_trace(self):
+        # A copy that fails inside a prefetch is absorbed (the forward loads on
+        # demand); the load it began ends at its rollback in the trace, marked
+        # abandoned, and does not take the next load's end as its own.
+        budget = str(self.info["budget_policy"]["prefetch_bytes"])
+        seen = 0
+        for nth in range(1, 9):
+            trace = os.path.join(self.tmp, f"ab{nth}.json")
+            # (no --verify: its all-resident run would take the fault)
+            rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget", budget,
+                               "--prompts", "2", "--json", "--trace", trace,
+                               "--platform", f"fault:kind=copy,nth={nth},inner=host")
+            if rc != 0:
+                continue
+            res = json.loads(out)
+            self.assertEqual(len({g["digest"] for g in res["generations"]}), 1)
+            with open(trace) as f:
+                loads = [e for e in json.load(f)["traceEvents"]
+                         if e.get("tid") == 1 and e["ph"] == "X"]
+            gone = [e for e in loads if e["args"].get("abandoned")]
+            self.assertLessEqual(len(gone), 1, gone)
+            for e in gone:  # the next load of it is a span of its own, after
+                later = [x for x in loads if x["args"]["role"] == e["args"]["role"]
+                         and x["ts"] > e["ts"]]
+                self.assertTrue(later, e)
+            seen += len(gone)
+        self.assertGreater(seen, 0)
+
     def test_unwritable_trace(self):
         rc, _, err = mlo("run", self.ckpt, "--trace", os.path.join(self.tmp, "no/such/dir/t.json"))
         self.assertEqual(rc, 2, err)

@@ -752,6 +752,40 @@ void tu_write_text(const char *path, const char *text) {
   assert_int_equal(fclose(f), 0);
 }
 
+/* A sweep's trace: each LOAD_BEGIN of a component closed by an EVICT
+ * before its next (a rolled-back load, a join that ended early, a drop
+ * included), so that what is open is what is resident. */
+typedef struct {
+  const mlo_component *c[32];
+  bool open[32];
+  size_t n;
+  char bad[256];
+} load_pairs;
+
+static void pair_loads(const mlo_trace_event *ev, void *user) {
+  load_pairs *lp = user;
+  if (ev->kind != MLO_TRACE_LOAD_BEGIN && ev->kind != MLO_TRACE_EVICT) return;
+  size_t i = 0;
+  while (i < lp->n && lp->c[i] != ev->comp) i++;
+  if (i == lp->n && lp->n < 32) lp->c[lp->n++] = ev->comp;
+  if (i == 32) return;
+  bool begin = ev->kind == MLO_TRACE_LOAD_BEGIN;
+  if (lp->open[i] == begin && !lp->bad[0])
+    snprintf(lp->bad, sizeof lp->bad, "%s: %s traced twice without %s",
+             mlo_component_name(ev->comp), begin ? "a load's begin" : "an eviction",
+             begin ? "an eviction between" : "a load between");
+  lp->open[i] = begin;
+}
+
+static void assert_pairs(tu_pipe *tp, const load_pairs *lp) {
+  if (lp->bad[0]) fail_msg("trace: %s", lp->bad);
+  for (size_t i = 0; i < lp->n; i++)
+    if (lp->open[i] != mlo_component_is_resident((mlo_component *)lp->c[i]))
+      fail_msg("trace: %s is %sresident with its last load %s", mlo_component_name(lp->c[i]),
+               lp->open[i] ? "not " : "", lp->open[i] ? "open" : "closed");
+  (void)tp;
+}
+
 unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *self) {
   char spec[512];
   snprintf(spec, sizeof spec, "fault:kind=any,nth=0,inner=%s", inner_spec);
@@ -761,10 +795,13 @@ unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *s
     char err[256] = "";
     assert_ok(mlo_platform_open(spec, &plat, err, sizeof err));
     tu_pipe *tp = fc->build(self, plat);
+    load_pairs lp = {0};
+    mlo_pipeline_set_trace(tp->pipe, pair_loads, &lp);
     mlo_fault_arm(plat, MLO_FAULT_ANY, nth);
     int rc = fc->run(self);
     bool hit = mlo_fault_fired(plat);
     mlo_fault_arm(plat, MLO_FAULT_ANY, 0);
+    assert_pairs(tp, &lp);
     if (!hit) { /* past the last call: the sweep is done */
       assert_ok(rc);
       fc->destroy(self);
@@ -783,6 +820,7 @@ unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *s
     assert_ok(fc->run(self));
     tu_assert_forwards_clean(tp);
     tu_assert_audit(tp);
+    assert_pairs(tp, &lp);
     fc->destroy(self);
     mlo_platform_close(plat);
   }

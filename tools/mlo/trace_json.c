@@ -93,9 +93,18 @@ static void add_track_name(cJSON *list, int tid, const char *name) {
 }
 
 /* The matching END for the BEGIN at index i (same component), or count. */
+/* The event that ends the span beginning at i: its end_kind; for a load,
+ * also an eviction (or a next load) of the component before that, which
+ * ends a load rolled back or dropped before it completed. */
 static size_t find_end(const tool_trace *t, size_t i, mlo_trace_kind end_kind) {
-  for (size_t j = i + 1; j < t->count; j++)
-    if (t->events[j].kind == end_kind && t->events[j].comp == t->events[i].comp) return j;
+  for (size_t j = i + 1; j < t->count; j++) {
+    const mlo_trace_event *e = &t->events[j];
+    if (e->comp != t->events[i].comp) continue;
+    if (e->kind == end_kind) return j;
+    if (end_kind == MLO_TRACE_LOAD_END &&
+        (e->kind == MLO_TRACE_EVICT || e->kind == MLO_TRACE_LOAD_BEGIN))
+      return j;
+  }
   return t->count;
 }
 
@@ -121,7 +130,10 @@ static void add_span(cJSON *list, const tool_trace *t, size_t i, mlo_trace_kind 
   cJSON_AddStringToObject(args, "role", mlo_role_name(mlo_component_role(b->comp)));
   if (tid == TRACK_LOADS) cJSON_AddNumberToObject(args, "bytes", (double)b->bytes);
   if (prefetch) cJSON_AddBoolToObject(args, "prefetch", true);
-  if (j == t->count) cJSON_AddBoolToObject(args, "unfinished", true);
+  if (j == t->count)
+    cJSON_AddBoolToObject(args, "unfinished", true);
+  else if (t->events[j].kind != end_kind)
+    cJSON_AddBoolToObject(args, "abandoned", true);
 }
 
 static void add_memory_sample(cJSON *list, const mlo_trace_event *ev, uint64_t t0) {
