@@ -698,9 +698,10 @@ MLO_API int mlo_pipeline_load_all(mlo_pipeline *pipe);
 MLO_API int mlo_pipeline_audit(mlo_pipeline *pipe);
 /* Waits until every load this pipeline issued is complete on the device,
  * loads from disk included (the disk tier's reader issues their copies
- * after mlo_platform_synchronize may have returned), then synchronizes
- * the platform.  For counters that must be final (a report); a server
- * need not call it. */
+ * after mlo_platform_synchronize may have returned) and a streamed load's
+ * kept blocks (issued between its slots' copies while its forward runs:
+ * docs/streaming.md), then synchronizes the platform.  For counters that must be final (a report);
+ * a server need not call it. */
 MLO_API int mlo_pipeline_synchronize(mlo_pipeline *pipe);
 /* Audit automatically at every acquire (used by `mlo run --verify`). */
 MLO_API void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);

@@ -496,6 +496,12 @@ class Pipeline:
         with self._use("audit") as p:
             _check(lib().mlo_pipeline_audit(p), "audit", p)
 
+    def synchronize(self):
+        """Waits until every load this pipeline issued is on the device (a
+        streamed load's kept blocks issued first: mlo_pipeline_synchronize)."""
+        with self._use("synchronize") as p:
+            _check(lib().mlo_pipeline_synchronize(p), "synchronize", p)
+
     def stats(self):
         s = _lib.PipelineStats()
         with self._use("stats") as p:

@@ -147,6 +147,7 @@ def _declare(lib):
         "mlo_pipeline_errmsg": (C, [P]),
         "mlo_pipeline_materialize": (I, [P]),
         "mlo_pipeline_audit": (I, [P]),
+        "mlo_pipeline_synchronize": (I, [P]),
         "mlo_pipeline_get_stats": (I, [P, ctypes.POINTER(PipelineStats)]),
         "mlo_pipeline_reset_stats": (None, [P]),
         "mlo_pipeline_set_schedule": (I, [P, ctypes.POINTER(ScheduleEntry), Z]),

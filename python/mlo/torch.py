@@ -339,8 +339,11 @@ class Offload:
                     if not m.acquired_since_load:
                         continue  # a prefetch in flight: never read, nor waited for
                     # it ran, but blocks its forward did not begin may still be
-                    # copying (on a GPU the host runs ahead): wait, then read
-                    self.platform.synchronize()
+                    # copying (on a GPU the host runs ahead), or not issued yet
+                    # (a streamed load's kept blocks, issued as its forward
+                    # reaches them): the pipeline's synchronize issues and
+                    # waits for them all, then read
+                    self.pipeline.synchronize()
                 m.acquired_since_load = True
             now = self._sums(m, "device")
             if any(d is not None and d != r for d, r in zip(now, m.reference)):
@@ -374,7 +377,7 @@ class Offload:
         if m.bound == "device" and not (landed or m.comp.load_done):
             # loaded ahead and still loading: its copy would land over the
             # new values (rare: wait for it, then write them on the device)
-            self.platform.synchronize()
+            self.pipeline.synchronize()
         with torch.no_grad():
             for e, cur in replaced:
                 self._entry_view(e, "host").copy_(cur)
@@ -616,7 +619,7 @@ class Offload:
             # tensors are bound to, as before progressive loads; where that
             # is a load still landing block by block, wait for all of it
             if m.comp.resident and not m.comp.load_done:
-                self.platform.synchronize()
+                self.pipeline.synchronize()
             # where another thread's forward is the component's last call
             # and has handed this block's memory to the next component (a
             # joined switch), what it is bound to is not its bytes: refused
@@ -666,7 +669,7 @@ class Offload:
             else:
                 self.settle_and_check()
         else:
-            self.platform.synchronize()  # no copy in flight under what is read below
+            self.pipeline.synchronize()  # no copy in flight under what is read below
         for m in self.managed:
             self.unhook(m)
             for e in m.entries:
@@ -695,7 +698,7 @@ class Offload:
         """Waits for every copy in flight (a sync point: disable, close), so
         every loaded component's device bytes can be read, then checks them
         all for writes (unless check_writes is off)."""
-        self.platform.synchronize()
+        self.pipeline.synchronize()
         for m in self.managed:
             if m.bound == "device":
                 m.acquired_since_load = True

@@ -348,10 +348,7 @@ static void budget_disable(mlo_pipeline *pipe) {
  * at its begin.) */
 static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
   prefetch(pipe);
-  for (size_t i = 0; i < pipe->ncomps; i++) {
-    mlo_component *t = pipe->comps[i];
-    if (t != c && !t->users && mlo_res_is_resident(t)) mlo_prog_issue_upto(t, t->nblocks);
-  }
+  mlo_prog_settle(pipe, c);
 }
 
 /* After a last release (c may be displaceable now): a switch joined from c

@@ -215,12 +215,23 @@ int mlo_prog_issue_upto(mlo_component *c, size_t limit) {
   c->stats.h2d_bytes += moved;
   c->stats.copy_calls += copies;
   /* the load's event follows all of its copies issued so far (its end in
-   * traces, mlo_component_load_done) */
-  if (copies) {
-    int erc = PCALL(c, mlo_plat_event_record_copy(c->pipe->platform, c->load_ev));
-    if (!rc) rc = erc;
+   * traces, mlo_component_load_done); where it cannot be recorded, the
+   * copies are waited for instead, so that its earlier record still means
+   * the load has landed */
+  if (copies && PCALL(c, mlo_plat_event_record_copy(c->pipe->platform, c->load_ev))) {
+    c->stats.platform_calls++;
+    mlo_plat_synchronize(c->pipe->platform);
   }
   return rc;
+}
+
+void mlo_prog_settle(mlo_pipeline *pipe, const mlo_component *except) {
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    if (c == except || c->users || !mlo_prog_deferred(c)) continue;
+    if (mlo_prog_issue_upto(c, c->nblocks))
+      mlo_logf(MLO_LOG_DEBUG, "%s: kept blocks not issued: %s", c->name, pipe->errmsg);
+  }
 }
 
 bool mlo_prog_deferred(const mlo_component *c) {
@@ -262,13 +273,14 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   struct mlo_prog *g = c->prog;
   mlo_pipeline *pipe = c->pipe;
   if (!g || !g->active || b >= g->n) return MLO_OK;
-  int rc = b >= g->next ? mlo_prog_issue_upto(c, b + 1) : MLO_OK; /* not issued yet: now */
+  bool now = b >= g->next; /* not issued yet (a deferred kept block): now */
+  int rc = now ? mlo_prog_issue_upto(c, b + 1) : MLO_OK;
   if (rc)
     return mlo_fail(pipe, rc, "%s: loading block %zu failed (%s)", c->name, b, mlo_strerror(rc));
   if (!g->pending[b]) return MLO_OK;
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   if (sync == MLO_SYNC_UNSAFE_NONE) return MLO_OK;
-  if (sync == MLO_SYNC_DEVICE) { /* the acquire synchronized the device: every copy is in */
+  if (sync == MLO_SYNC_DEVICE && !now) { /* the acquire synchronized the device after it */
     g->pending[b] = false;
     return MLO_OK;
   }

@@ -531,6 +531,10 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
       return rc;
     }
   }
+  /* the synchronize below stands for every block's wait (progressive.c):
+   * kept blocks whose copies a streamed load deferred go before it */
+  if (sync == MLO_SYNC_DEVICE && mlo_prog_issue_upto(c, c->nblocks))
+    mlo_logf(MLO_LOG_DEBUG, "%s: kept blocks not issued: %s", c->name, pipe->errmsg);
   bool pending = !c->load_waited;
   bool empty = !c->block_bytes;
   /* loaded block by block: the head now, each block at its begin */

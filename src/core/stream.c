@@ -217,6 +217,12 @@ static void spread(shape *sh, size_t best) {
     sh->keep[sh->by[g0 + (2 * k + 1) * n / (2 * s)].b] = false;
 }
 
+/* keep[] once the plan keeps the first best of by[], spread. */
+static void keep_best(shape *sh, size_t best) {
+  for (size_t r = 0; r < best; r++) sh->keep[sh->by[r].b] = true;
+  spread(sh, best);
+}
+
 /* The footprint's offsets once the blocks in keep[] stay: returns where
  * the slots start. */
 static uint64_t place_resident(const mlo_component *c, struct mlo_stream *st, const bool *keep) {
@@ -239,9 +245,10 @@ uint64_t mlo_stream_streamed_bytes(mlo_component *c, uint64_t room, size_t nslot
   if (shape_of(c, &sh) != MLO_OK) return UINT64_MAX;
   uint64_t least, bytes = UINT64_MAX;
   size_t best = choose(&sh, nslots, room, &least);
-  if (best != SIZE_MAX) {
+  if (best != SIZE_MAX) { /* the blocks the plan streams: keep_best's choice */
+    keep_best(&sh, best);
     bytes = 0;
-    for (size_t r = best; r < sh.nfree; r++) bytes += sh.lay.spans[sh.by[r].b].bytes;
+    for (size_t b = 0; b < sh.lay.nblocks; b++) bytes += sh.keep[b] ? 0 : sh.lay.spans[b].bytes;
   }
   shape_free(&sh);
   return bytes;
@@ -333,8 +340,7 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
                     mlo_format_size(c->block_bytes, x, sizeof x),
                     mlo_format_size(least, z, sizeof z), nslots);
   }
-  for (size_t r = 0; r < best; r++) sh.keep[sh.by[r].b] = true;
-  spread(&sh, best);
+  keep_best(&sh, best);
   st->ext_start = align_up(c->slab_bytes, pipe->alignment);
   if (st->ext_start > c->block_bytes) st->ext_start = c->block_bytes;
   uint64_t slots_at = place_resident(c, st, sh.keep);

@@ -452,6 +452,102 @@ static void test_kept_blocks_and_prefetch(void **state) {
   }
 }
 
+/* Block b's device bytes read straight (the host device is host memory),
+ * as compute would: no copy, no synchronize in between. */
+static bool block_landed(rig *r, int b) {
+  for (int k = 0; k < 2; k++) {
+    const mlo_tensor *t = r->blk[b][k];
+    const void *p = mlo_tensor_device_ptr(t);
+    if (!p || memcmp(p, mlo_tensor_host_data(t), (size_t)mlo_tensor_nbytes(t))) return false;
+  }
+  return true;
+}
+
+/* Kept blocks whose copies a streamed load deferred are issued wherever
+ * their bytes are promised (a review found each of these broken):
+ *  - under MLO_SYNC_DEVICE, whose begin waits for nothing (the acquire
+ *    synchronized): a DiT loaded under EVENT keeps block 5 deferred across
+ *    disable and an enable with DEVICE (C14), and its begin reads it;
+ *  - mlo_pipeline_synchronize ("every load this pipeline issued"), and
+ *    disable: a DiT prefetched at the encoder's release, never run. */
+static void test_deferred_blocks_land(void **state) {
+  (void)state;
+  for (int trial = 0; trial < 3; trial++) {
+    rig r;
+    rig_build(&r, "capacity=1M,bw=5e7"); /* a copy of a block: 0.3 ms */
+    assert_ok(enable_budget(&r, 72 * KB));
+    assert_ok(mlo_component_acquire(r.dit));
+    assert_ok(mlo_component_release(r.dit));
+    assert_int_equal(tu_cstats(r.dit).h2d_bytes, 56 * KB); /* block 5 deferred */
+    assert_ok(mlo_offload_disable(r.tp->pipe));            /* ... and now issued: C14 keeps it */
+    assert_int_equal(tu_cstats(r.dit).h2d_bytes, 72 * KB);
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = 72 * KB;
+    s.sync = MLO_SYNC_DEVICE;
+    assert_ok(mlo_offload_enable(r.tp->pipe, &s));
+    assert_ok(mlo_component_acquire(r.dit));
+    assert_ok(mlo_block_begin(r.dit, 5)); /* out of order: allowed */
+    assert_true(block_landed(&r, 5));
+    assert_ok(mlo_block_end(r.dit, 5));
+    assert_ok(mlo_component_release(r.dit));
+    rig_free(&r);
+  }
+  for (int how = 0; how < 2; how++) {
+    rig r;
+    rig_build(&r, "capacity=1M,bw=5e7");
+    mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
+    assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.policy = MLO_POLICY_BUDGET;
+    s.budget_bytes = 72 * KB;
+    s.prefetch = true;
+    assert_ok(mlo_offload_enable(r.tp->pipe, &s));
+    assert_ok(tu_forward(r.tp, r.enc)); /* its release prefetches the DiT */
+    assert_true(mlo_component_is_resident(r.dit));
+    assert_false(mlo_component_load_done(r.dit)); /* block 5 not even issued */
+    if (how) assert_ok(mlo_offload_disable(r.tp->pipe));
+    assert_ok(mlo_pipeline_synchronize(r.tp->pipe));
+    assert_true(mlo_component_load_done(r.dit));
+    for (int b = 1; b < NBLK; b += 4) assert_true(block_landed(&r, b)); /* kept: 1 and 5 */
+    rig_free(&r);
+  }
+}
+
+/* Which blocks stream, predicted (mlo_component_streamed_bytes: the disk
+ * tier and mlo inspect) and planned, where blocks of one aligned size
+ * differ in bytes: block b's ffn tensor 8 b bytes short. */
+static void test_streamed_bytes_predicted(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("capacity=1M");
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *dit = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "transformer", MLO_ROLE_DIT, &dit));
+  tu_add_tensor(tp, dit, "patch_embedding.weight", 4 * KB, 0);
+  uint64_t kept = 0;
+  for (int b = 0; b < NBLK; b++) {
+    char name[64];
+    snprintf(name, sizeof name, "blocks.%d.attn.weight", b);
+    tu_add_tensor(tp, dit, name, 6 * KB, 0);
+    snprintf(name, sizeof name, "blocks.%d.ffn.weight", b);
+    tu_add_tensor(tp, dit, name, 10 * KB - 8 * (size_t)b, 0);
+    if (b == 1 || b == 5) kept += 16 * KB - 8 * (uint64_t)b; /* spread: 1 and 5 stay */
+  }
+  tu_add_tensor(tp, dit, "proj_out.weight", 4 * KB, 0);
+  assert_ok(mlo_pipeline_materialize(tp->pipe));
+  uint64_t predicted = mlo_component_streamed_bytes(dit, 72 * KB);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 72 * KB;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(dit, &si));
+  assert_int_equal(si.streamed_bytes, 8 * 16 * KB - 8 * 28 - kept);
+  assert_int_equal(predicted, si.streamed_bytes);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 /* Many forwards through a throttled, jittered link: every block's bytes are
  * right between its begin and end, the device stays within the budget at
  * every audit, and the steady state moves the streamed blocks' bytes and
@@ -804,6 +900,8 @@ int main(void) {
       cmocka_unit_test(test_streamed_forwards),
       cmocka_unit_test(test_spread_by_hand),
       cmocka_unit_test(test_kept_blocks_and_prefetch),
+      cmocka_unit_test(test_deferred_blocks_land),
+      cmocka_unit_test(test_streamed_bytes_predicted),
       cmocka_unit_test(test_block_rules),
       cmocka_unit_test(test_workload_digest),
       cmocka_unit_test(test_zero_byte_tensors),
