@@ -1005,7 +1005,7 @@ class OutputFileTests(Fixture):
             self.assertIn(flag, doc["message"])
         rc, _, err = mlo("demo", "--timeline", bad, env={"MLO_CACHE": os.path.join(self.tmp, "c")})
         self.assertEqual(rc, 2, err)
-        self.assertFalse(os.path.exists(os.path.join(self.tmp, "c", "wan2.2-t2v-0.005")))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "c", "wan2.2-t2v-full-depth-0.005")))
 
     def test_special_files_never_replaced(self):
         # Made here, inside our own temporary folder: a FIFO, a socket and

@@ -23,7 +23,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define DEMO_PRESET "wan2.2-t2v"
+/* At full depth: 40 blocks a DiT, as the real model, so that what streams and
+ * what a switch waits for are the real model's shares (mlo synth --help) */
+#define DEMO_PRESET "wan2.2-t2v:full-depth"
+#define DEMO_FOLDER "wan2.2-t2v-full-depth"
+#define DEMO_MODEL "wan2.2-t2v" /* the real model mlo plan projects (full depth, at scale 1) */
 #define DEMO_SCALE 0.005 /* about 330 MB of weights */
 #define DEMO_STEPS 8
 
@@ -405,7 +409,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
                  {"rtx4090", "fp8", 0},
                  {"rtx4090", NULL, 32ull << 30}}; /* a desktop: 32 GiB for 64 GiB of weights */
     for (size_t i = 0; i < sizeof cards / sizeof *cards && !code; i++)
-      code = plan_brief(DEMO_PRESET, cards[i].card, cards[i].dtype, cards[i].host, stdout);
+      code = plan_brief(DEMO_MODEL, cards[i].card, cards[i].dtype, cards[i].host, stdout);
     if (!code)
       printf("  (the demo's link makes a DiT load cost a whole DiT step; on these cards a step\n"
              "  computes for many times its expert's load, so the switches nearly vanish; with\n"
@@ -436,7 +440,7 @@ int cmd_demo(int argc, char **argv) {
     d.cache = getenv("MLO_CACHE") && *getenv("MLO_CACHE") ? getenv("MLO_CACHE") : "mlo-cache";
   if ((code = make_dir(d.cache))) return code;
   char dir[4096], svg[4096];
-  snprintf(dir, sizeof dir, "%s/%s-%g", d.cache, DEMO_PRESET, d.scale);
+  snprintf(dir, sizeof dir, "%s/%s-%g", d.cache, DEMO_FOLDER, d.scale);
   if (d.timeline)
     snprintf(svg, sizeof svg, "%s", d.timeline);
   else
