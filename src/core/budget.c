@@ -370,7 +370,7 @@ static void maybe_join(mlo_pipeline *pipe, mlo_component *a) {
   if (!pipe->settings.prefetch || !pipe->nsched || !B(pipe)->join) return;
   mlo_component *b = pipe->sched[pipe->cur_run].comp; /* the call expected next */
   if (b == a || b->join || mlo_res_is_resident(b) || !b->materialized) return;
-  if (ensure_plan(pipe, b) || b->stream) return; /* a streamed one fills its own slots */
+  if (ensure_plan(pipe, b)) return; /* (a streamed b joins a streamed a of its layout: join.c) */
   uint64_t budget = B(pipe)->budget, need = mlo_res_bytes(b);
   if (pipe->device_bytes + need <= budget) return; /* it fits beside: prefetch's */
   mlo_component *after = pipe->sched[(pipe->cur_run + 1) % pipe->nsched].comp;

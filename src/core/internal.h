@@ -368,7 +368,8 @@ int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t 
  * its block to b at a's last release, b's copies (`copies`, `moved`
  * bytes) issued and its load event recorded after them. */
 void mlo_res_join_began(mlo_component *b);
-int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved);
+int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved,
+                      bool placed);
 /* Waits for a pending write-back into host memory; lock held. */
 int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);
@@ -475,6 +476,19 @@ uint64_t mlo_stream_resident_bytes(const mlo_component *c);
  * the slots are emptied at eviction. */
 bool mlo_stream_piece_offset(const mlo_component *c, long b, uint64_t *off);
 void mlo_stream_start(mlo_component *c);
+/* For a joined switch between two streamed components (join.c): whether
+ * a's plan and b's put every piece at the same offset; a's regions, each
+ * with the block whose end frees it (-2: its release; a slot's: the last
+ * streamed block), allocated (NULL: out of memory). */
+struct mlo_stream_region {
+  uint64_t lo, hi;
+  long dep;
+};
+bool mlo_stream_same_layout(const mlo_component *a, const mlo_component *b);
+struct mlo_stream_region *mlo_stream_regions(const mlo_component *a, size_t *count);
+/* How many copies into a's slots have not completed yet. */
+size_t mlo_stream_copies_pending(const mlo_component *a);
+
 /* The first block a load block by block issues after the head at the
  * load: c's first streamed block (mlo_stream_start issues the rest), or
  * all of them. */
@@ -534,6 +548,9 @@ bool mlo_prog_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *le
 int mlo_prog_join_prepare(mlo_component *c);
 int mlo_prog_join_mark(mlo_component *c, long piece);
 void mlo_prog_join_activate(mlo_component *c);
+/* A mirror join's hand-over: block from on (kept, not copied by the join)
+ * is issued by c's own load, as a deferred kept block. */
+void mlo_prog_join_defer(mlo_component *c, size_t from);
 
 /* join.c — the joined switch; lock held. */
 /* Starts handing a's memory to b, whose copies go where a's ended blocks

@@ -61,6 +61,8 @@ struct join_run {
 
 struct mlo_join {
   mlo_component *from, *to;
+  bool mirror;  /* both stream, one layout: each of B's pieces over A's same */
+  size_t nkept; /* a mirror join's runs: B's kept blocks [0, nkept), then its head */
   struct join_run *runs;
   size_t nruns, next; /* runs issued: [0, next) */
   bool *ended;        /* per block of A: ended in this forward */
@@ -68,6 +70,8 @@ struct mlo_join {
   bool prog;          /* B loads block by block: per-piece events */
   bool failed;        /* a copy failed: nothing more goes, A is evicted at its release */
   mlo_event *point;   /* A's compute so far, recorded again at each step */
+  mlo_event *tail;    /* after the last runs issued (a mirror join's pacing) */
+  bool tail_set;
   size_t copies;
   uint64_t moved;
 };
@@ -236,9 +240,52 @@ static bool plan_runs(struct mlo_join *j, const struct vmap *vm, const struct ri
   return true;
 }
 
+/* Two streamed components with one layout (mlo_stream_same_layout): each
+ * of B's pieces goes where A has the same piece.  A's kept blocks end in
+ * the order its forward runs them, so B's kept blocks flow in behind them,
+ * as the link has room (issue()); its head (prologue, epilogue), which A
+ * reads until its release, goes then.  The rest is B's own load, handed
+ * over as it stands: its slots' first fills and the kept blocks not copied
+ * yet go as a load at its acquire issues them, between each other in its
+ * forward's order (mlo_stream_start, progressive.c).  No ring, no tensor
+ * placed: B's own plan's offsets are A's. */
+static bool plan_mirror(struct mlo_join *j) {
+  mlo_component *a = j->from, *b = j->to;
+  size_t nr = 0;
+  struct mlo_stream_region *reg = mlo_stream_regions(a, &nr);
+  struct range *r = mlo_calloc(nr + 1, sizeof *r);
+  j->runs = mlo_calloc(b->nblocks + 4, sizeof *j->runs); /* kept blocks, the head, its mark */
+  if (!reg || !r || !j->runs) {
+    free(reg);
+    free(r);
+    return false;
+  }
+  for (size_t i = 0; i < nr; i++)
+    r[i] = (struct range){reg[i].lo, reg[i].hi, reg[i].dep == -2 ? DEP_END : reg[i].dep};
+  free(reg);
+  size_t n = 0;
+  for (size_t i = 0; i < nr; i++)
+    if (r[i].hi > r[i].lo) r[n++] = r[i];
+  nr = n;
+  qsort(r, nr, sizeof *r, by_lo);
+  uint64_t src, len, dev;
+  for (size_t k = 0; k < b->nblocks; k++) /* kept blocks, each behind its event */
+    if (mlo_prog_extent(b, (long)k, &src, &len, &dev) && len)
+      j->runs[j->nruns++] =
+          (struct join_run){src, dev, len, dep_of(r, nr, dev, dev + len), (long)k};
+  j->nkept = j->nruns;
+  for (long piece = MLO_BLOCK_PROLOGUE; piece >= MLO_BLOCK_EPILOGUE; piece--) /* the head */
+    if (mlo_prog_extent(b, piece, &src, &len, &dev) && len)
+      j->runs[j->nruns++] = (struct join_run){src, dev, len, DEP_END, MARK_NONE};
+  j->runs[j->nruns++] = (struct join_run){0, 0, 0, DEP_END, MLO_BLOCK_PROLOGUE}; /* head event */
+  free(r);
+  return true;
+}
+
 static void join_free(struct mlo_join *j) {
   if (!j) return;
   mlo_plat_event_destroy(j->from->pipe->platform, j->point);
+  mlo_plat_event_destroy(j->from->pipe->platform, j->tail);
   free(j->runs);
   free(j->ended);
   free(j);
@@ -250,25 +297,34 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   if (a->join || b->join || a == b || pipe->sharded || s->copy_back || s->per_tensor_copies ||
       pipe->platform->caps.max_block_bytes)
     return false;
-  /* a: resident in one block of its own layout, held by its forward alone,
-   * nothing to write back at its end */
-  if (!mlo_res_is_resident(a) || !a->block || a->stream || a->users != 1 || a->disk_busy ||
-      a->has_mutable || !a->nblocks || !a->progressive)
+  /* a: resident in one block of its own layout (or its streamed plan's),
+   * held by its forward alone, nothing to write back at its end */
+  if (!mlo_res_is_resident(a) || !a->block || a->users != 1 || a->disk_busy || a->has_mutable ||
+      !a->nblocks || !(a->progressive || a->stream))
     return false;
-  /* b: a slab of its own, moved whole into a's block */
+  /* b: a slab of its own, moved whole into a's block; or, both streaming,
+   * its plan's resident part and first slot fills, piece over piece */
   if (mlo_res_is_resident(b) || !b->materialized || !b->slab || b->on_disk || b->partial ||
-      b->stream || b->has_mutable || b->block_bytes != b->slab_bytes || !b->slab_bytes)
+      b->has_mutable || b->block_bytes != b->slab_bytes || !b->slab_bytes)
     return false;
+  bool mirror = a->stream || b->stream;
+  if (mirror && !mlo_stream_same_layout(a, b)) return false;
   uint64_t room = a->alloc_bytes; /* whole alignment units, as every block (slab.c) */
-  if (b->slab_bytes > room) return false;
+  if (!mirror && b->slab_bytes > room) return false;
   struct mlo_join *j = mlo_calloc(1, sizeof *j);
   if (!j) return false;
   j->from = a;
   j->to = b;
+  j->mirror = mirror;
   j->prog = mlo_prog_applies(b) && b->nblocks;
-  struct vmap vm = vmap_of(b);
-  struct ring rg = ring_of(b, &vm, ring_start(a), room);
-  if (!(j->ended = mlo_calloc(a->nblocks, sizeof *j->ended)) || !plan_runs(j, &vm, &rg) ||
+  struct vmap vm = {0};
+  struct ring rg = {0};
+  if (!mirror) {
+    vm = vmap_of(b);
+    rg = ring_of(b, &vm, ring_start(a), room);
+  }
+  if (!(j->ended = mlo_calloc(a->nblocks, sizeof *j->ended)) ||
+      !(mirror ? plan_mirror(j) : plan_runs(j, &vm, &rg)) ||
       (j->prog && mlo_prog_join_prepare(b)) ||
       PCALL(b, mlo_plat_event_create(pipe->platform, &j->point))) {
     join_free(j);
@@ -312,13 +368,33 @@ static bool ready(const struct mlo_join *j, const struct join_run *r) {
   return r->dep == DEP_NONE || (r->dep != DEP_END && r->dep < (long)j->done);
 }
 
+/* A mirror join's copies share the copy queue, FIFO, with A's own slots'
+ * refills, which A's forward waits for: one of B's pieces goes at a block
+ * end only once B's last one has landed and at most one refill of A's is
+ * still in flight, so a refill waits behind one of B's blocks at most, and
+ * only while the link keeps up.  On a link busy with A's streaming few go,
+ * and the rest are B's own load's to issue at A's release.  (Waiting for
+ * an idle queue instead let 4 of the 40-block Wan2.2 DiT's 21 kept blocks
+ * through at a link as fast as compute; this, 18, A's stall unchanged.) */
+static bool link_has_room(struct mlo_join *j) {
+  mlo_platform *p = j->from->pipe->platform;
+  return mlo_stream_copies_pending(j->from) <= 1 &&
+         (!j->tail_set || mlo_plat_event_query(p, j->tail) == MLO_OK);
+}
+
 /* Issues the runs that may go (all: A's compute is all queued), after a
  * compute event the copy queue waits for. */
 static int issue(struct mlo_join *j, bool all) {
   mlo_component *a = j->from, *b = j->to;
   mlo_platform *p = a->pipe->platform;
   size_t k = j->next;
-  while (k < j->nruns && (all || ready(j, &j->runs[k]))) k++;
+  if (j->mirror && !all) { /* one piece, where the link has room */
+    if (!link_has_room(j)) return MLO_OK;
+    while (k < j->nruns && ready(j, &j->runs[k]))
+      if (j->runs[k++].mark != MARK_NONE) break;
+  } else {
+    while (k < j->nruns && (all || ready(j, &j->runs[k]))) k++;
+  }
   if (k == j->next) return MLO_OK;
   int rc = PCALL(b, mlo_plat_event_record_compute(p, j->point));
   if (!rc) rc = PCALL(b, mlo_plat_copy_wait(p, j->point));
@@ -333,6 +409,21 @@ static int issue(struct mlo_join *j, bool all) {
     }
     if (r->mark != MARK_NONE) rc = mlo_prog_join_mark(b, r->mark);
   }
+  if (!rc && j->mirror && !all) {
+    if (!j->tail) rc = PCALL(b, mlo_plat_event_create(p, &j->tail));
+    if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(p, j->tail));
+    j->tail_set = !rc;
+  }
+  return rc;
+}
+
+/* A mirror join at A's release: B's kept blocks not copied yet stay B's
+ * load's to issue (from the first of them), its head goes now. */
+static int release_mirror(struct mlo_join *j) {
+  size_t from = j->next < j->nkept ? (size_t)j->runs[j->next].mark : j->to->nblocks;
+  if (j->next < j->nkept) j->next = j->nkept;
+  int rc = issue(j, true);
+  if (!rc) mlo_prog_join_defer(j->to, from);
   return rc;
 }
 
@@ -350,9 +441,11 @@ void mlo_join_released(mlo_component *a) {
   if (!j || j->from != a) return;
   mlo_component *b = j->to;
   if (!j->failed) {
-    int rc = issue(j, true);
+    int rc = j->mirror ? release_mirror(j) : issue(j, true);
     if (!rc && j->prog) mlo_prog_join_activate(b);
-    if (!rc) rc = mlo_res_hand_over(a, b, j->copies, j->moved); /* nothing changed if it fails */
+    if (!rc) /* nothing changed if it fails */
+      rc = mlo_res_hand_over(a, b, j->copies, j->moved, !j->mirror);
+    if (!rc && j->mirror) mlo_stream_start(b); /* its first fills, kept blocks between */
     if (rc) fail(j, rc);
   }
   if (b->join == j) b->join = NULL;

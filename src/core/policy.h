@@ -48,8 +48,9 @@ struct mlo_policy_ops {
   void (*acquired)(mlo_pipeline *pipe, mlo_component *c);
   /* c's last holder released it. */
   void (*released)(mlo_pipeline *pipe, mlo_component *c);
-  /* The forward holding c (resident, not streaming that block) ended
-   * block `block`: the compute before it is queued. */
+  /* The forward holding c (resident) ended block `block` (a streamed one
+   * once its last begin ended, after its slot's refill): the compute
+   * before it is queued. */
   void (*block_ended)(mlo_pipeline *pipe, mlo_component *c, size_t block);
   /* The policy's own invariant, checked by every audit. */
   int (*audit)(mlo_pipeline *pipe);

@@ -258,9 +258,15 @@ int mlo_prog_join_mark(mlo_component *c, long piece) {
   return rc;
 }
 
+void mlo_prog_join_defer(mlo_component *c, size_t from) {
+  struct mlo_prog *g = c->prog;
+  g->next = from;
+  while (g->next < g->n && !own_copy(c, g->next)) g->next++;
+}
+
 void mlo_prog_join_activate(mlo_component *c) {
   struct mlo_prog *g = c->prog;
-  bool any = false;
+  bool any = g->next < g->n; /* kept blocks its own load issues (a mirror join) */
   for (size_t b = 0; b < g->n && !any; b++) any = g->pending[b];
   g->active = any;
 }

@@ -455,7 +455,8 @@ void mlo_res_join_began(mlo_component *b) {
   b->pipe->trace(&e, b->pipe->trace_user);
 }
 
-int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved) {
+int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved,
+                      bool placed) {
   mlo_pipeline *pipe = a->pipe;
   int rc = ensure_event(b, &b->load_ev);
   if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(pipe->platform, b->load_ev));
@@ -471,7 +472,7 @@ int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_
   /* b arrives, loading: the whole block is its (what the budget counts) */
   b->block = block;
   b->alloc_bytes = alloc;
-  b->placed = true;
+  b->placed = placed; /* else its own plan's layout, a's (two streamed: join.c) */
   b->placed_bytes = counted;
   b->state = MLO_RES_LOADING;
   b->load_waited = false;

@@ -373,6 +373,54 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
   return MLO_OK;
 }
 
+/* ---- the joined switch's view (join.c) ---------------------------------- */
+
+bool mlo_stream_same_layout(const mlo_component *a, const mlo_component *b) {
+  const struct mlo_stream *x = a->stream, *y = b->stream;
+  if (!x || !y || x->footprint != y->footprint || a->nblocks != b->nblocks ||
+      x->nslots != y->nslots || x->slot_bytes != y->slot_bytes || x->pro_dev != y->pro_dev ||
+      x->epi_dev != y->epi_dev || x->ext_dev != y->ext_dev || x->nstreamed != y->nstreamed)
+    return false;
+  for (size_t i = 0; i < x->nslots; i++)
+    if (x->slots[i].dev_off != y->slots[i].dev_off) return false;
+  for (size_t k = 0; k < a->nblocks; k++)
+    if (x->dev_off[k] != y->dev_off[k]) return false;
+  return true; /* every piece at one offset, each region as large (place_resident) */
+}
+
+struct mlo_stream_region *mlo_stream_regions(const mlo_component *a, size_t *count) {
+  const struct mlo_stream *st = a->stream;
+  struct mlo_stream_region *out = mlo_calloc(3 + a->nblocks + st->nslots, sizeof *out);
+  if (!out) return NULL;
+  size_t n = 0;
+  long last = st->nstreamed ? (long)st->order[st->nstreamed - 1] : -1;
+  /* the head: read until the release */
+  out[n++] = (struct mlo_stream_region){st->pro_dev, st->pro_dev + a->pro.bytes, -2};
+  out[n++] = (struct mlo_stream_region){st->epi_dev, st->epi_dev + a->epi.bytes, -2};
+  out[n++] =
+      (struct mlo_stream_region){st->ext_dev, st->ext_dev + (a->block_bytes - st->ext_start), -2};
+  for (size_t k = 0; k < a->nblocks; k++) /* a kept block: free once it ended */
+    if (st->dev_off[k] != STREAMED)
+      out[n++] =
+          (struct mlo_stream_region){st->dev_off[k], st->dev_off[k] + a->spans[k].bytes, (long)k};
+  for (size_t i = 0; i < st->nslots; i++) /* a slot: once the last streamed block ended */
+    out[n++] = (struct mlo_stream_region){st->slots[i].dev_off,
+                                          st->slots[i].dev_off + st->slot_bytes, last};
+  *count = n;
+  return out;
+}
+
+size_t mlo_stream_copies_pending(const mlo_component *a) {
+  const struct mlo_stream *st = a->stream;
+  size_t n = 0;
+  for (size_t i = 0; i < st->nslots; i++) {
+    const struct stream_slot *s = &st->slots[i];
+    if (s->blk >= 0 && s->load_ev && mlo_plat_event_query(a->pipe->platform, s->load_ev) != MLO_OK)
+      n++;
+  }
+  return n;
+}
+
 /* ---- loads ------------------------------------------------------------- */
 
 bool mlo_stream_piece_offset(const mlo_component *c, long b, uint64_t *off) {
@@ -707,6 +755,8 @@ int mlo_block_end(mlo_component *c, size_t block) {
     mlo_holders_drop(s->holders, &s->users);
     refill(c, s, st->pos[block]);
     pthread_cond_broadcast(&pipe->idle); /* a thread may wait for a slot */
+    if (pipe->policy && pipe->policy->block_ended)
+      pipe->policy->block_ended(pipe, c, block); /* the next component may join (join.c) */
   }
   pthread_mutex_unlock(&pipe->lock);
   return rc;

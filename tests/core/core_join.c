@@ -54,7 +54,8 @@ typedef struct {
   mlo_tensor *pro[2], *blk[2][NBLK], *epi[2];
   uint64_t compute_ns; /* per block, on the simulated device */
   bool sim;
-  int poke; /* in A's forward after block 1: what else to try (below) */
+  int poke;    /* in A's forward after block 1: what else to try (below) */
+  bool settle; /* each block read after every copy issued so far has landed */
 } rig;
 
 static void add_dit(rig *r, int i, const char *name) {
@@ -158,6 +159,7 @@ static int forward(mlo_component *c, void *user) {
   bool ok = bytes_ok(r, r->pro[i]);
   for (int b = 0; b < NBLK && ok; b++) {
     if (mlo_block_begin(c, (size_t)b)) return 1;
+    if (r->settle && mlo_platform_synchronize(r->plat)) return 1; /* a copy too early shows */
     ok = bytes_ok(r, r->blk[i][b]);
     if (r->sim && r->compute_ns && mlo_sim_compute(r->plat, r->compute_ns)) return 1;
     if (mlo_block_end(c, (size_t)b)) return 1;
@@ -298,6 +300,99 @@ static void test_fault_sweep(void **state) {
   if (!tu_platform_is_host()) skip();
   rig r;
   tu_fault_case fc = {sweep_build, sweep_run, sweep_destroy};
+  assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &r) > 20);
+}
+
+/* ---- two streamed DiTs ---------------------------------------------------
+ * At 64 KiB each DiT streams: its head (16 KiB), block 1 kept, two slots of
+ * 16 KiB; blocks 0, 2 and 3 pass through the slots (spread: stream.c).
+ * Both plans put every piece at the same offset, so B's pieces go over
+ * A's same pieces: its kept block 1 behind A's block 1's end, its head and
+ * its slots' first fills (blocks 0 and 2) at A's release. */
+#define STREAMED (64 * KB)
+
+/* By hand on the simulated clock, B computing nothing so that its waits
+ * are its copies' (C = 16.384 us a 16 KiB copy).  Joined: the head lands
+ * C after A's release, slot 0 (block 0) 2C, slot 1 (block 2) 3C; block 3
+ * goes into slot 0 at block 0's end, behind slot 1: 4C.  B waits 4C.  Not
+ * joined, its load at its acquire adds kept block 1 before slot 1: 5C. */
+static void test_streamed_by_hand(void **state) {
+  (void)state;
+  for (int joined = 1; joined >= 0; joined--) {
+    rig r;
+    rig_build_on(&r, tu_open_spec("sim:capacity=1M,link=1e9"), true);
+    mlo_component *a = r.c[0], *b = r.c[1];
+    assert_ok(mlo_pipeline_materialize(r.tp->pipe));
+    assert_ok(budget_on(r.tp, STREAMED, joined));
+    mlo_stream_info si;
+    assert_ok(mlo_component_stream_info(a, &si));
+    assert_int_equal(si.resident_blocks, 1);
+    assert_int_equal(si.streamed_blocks, 3);
+    assert_int_equal(si.device_bytes, STREAMED);
+    r.compute_ns = 100000;
+    assert_ok(mlo_component_forward(a, forward, &r));
+    mlo_component_stats s0 = tu_cstats(b);
+    if (joined) { /* A's block is B's: nothing allocated, nothing freed */
+      assert_false(mlo_component_is_resident(a));
+      assert_true(mlo_component_is_resident(b));
+      assert_int_equal(s0.joined_loads, 1);
+      assert_int_equal(s0.h2d_bytes, STREAMED); /* head, block 1, blocks 0 and 2 */
+      assert_int_equal(s0.block_loads, 2);      /* the slots' fills */
+      assert_int_equal(tu_device_used(r.plat), STREAMED);
+      assert_int_equal(tu_pstats(r.tp).device_bytes, STREAMED);
+    }
+    r.compute_ns = 0;
+    assert_ok(mlo_component_forward(b, forward, &r));
+    mlo_component_stats s1 = tu_cstats(b);
+    tu_assert_near_ns(s1.wait_ns - s0.wait_ns, COPY_NS((joined ? 64 : 80) * KB));
+    if (joined) assert_int_equal(tu_cstats(a).joined_loads, 1); /* and back into A */
+    assert_true(tu_pstats(r.tp).peak_device_bytes <= STREAMED);
+    assert_ok(mlo_pipeline_audit(r.tp->pipe));
+    rig_free(&r);
+  }
+}
+
+/* Many prompts of two streamed DiTs through a jittered link: every block's
+ * bytes right between its begin and end (the forward reads them, once with
+ * the link left to jitter, once after every copy issued so far landed: a
+ * copy of B's issued before A's compute ended what it overwrites shows as
+ * A's wrong bytes), every switch joined, one device block all along. */
+static void test_streamed_bytes_under_jitter(void **state) {
+  (void)state;
+  for (int settle = 0; settle < 2; settle++) {
+    rig r;
+    rig_build_on(&r, tu_platform_open("capacity=1M,jitter=1,bw=5e7"), false);
+    r.settle = settle;
+    mlo_component *a = r.c[0], *b = r.c[1];
+    r.tp->audit_in_forward = true;
+    mlo_pipeline_set_audit(r.tp->pipe, true);
+    assert_ok(budget_on(r.tp, STREAMED, true));
+    for (int i = 0; i < 6; i++) {
+      assert_ok(mlo_component_forward(a, forward, &r));
+      assert_ok(mlo_component_forward(b, forward, &r));
+    }
+    assert_int_equal(tu_cstats(b).joined_loads, 6);
+    /* A loaded at enable, then joined from each B (the last one's too) */
+    assert_int_equal(tu_cstats(a).joined_loads, 6);
+    assert_int_equal(tu_cstats(a).loads, 7);
+    tu_assert_forwards_clean(r.tp);
+    assert_int_equal(tu_device_used(r.plat), STREAMED);
+    assert_true(tu_pstats(r.tp).peak_device_bytes <= STREAMED);
+    rig_free(&r);
+  }
+}
+
+static int sweep_run_streamed(void *self) {
+  rig *r = self;
+  int rc = mlo_offload_is_enabled(r->tp->pipe) ? MLO_OK : budget_on(r->tp, STREAMED, true);
+  return rc ? rc : prompt(r);
+}
+
+static void test_streamed_fault_sweep(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  rig r;
+  tu_fault_case fc = {sweep_build, sweep_run_streamed, sweep_destroy};
   assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &r) > 20);
 }
 
@@ -581,6 +676,9 @@ int main(void) {
       cmocka_unit_test(test_source_declared_progressive),
       cmocka_unit_test(test_free_while_joining),
       cmocka_unit_test(test_holder_does_not_wait_for_a_join),
+      cmocka_unit_test(test_streamed_by_hand),
+      cmocka_unit_test(test_streamed_bytes_under_jitter),
+      cmocka_unit_test(test_streamed_fault_sweep),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
