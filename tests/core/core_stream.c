@@ -235,6 +235,18 @@ static int enable_budget(rig *r, uint64_t budget) {
   return mlo_offload_enable(r->tp->pipe, &s);
 }
 
+/* The budget policy with prefetch, on the schedule of a prompt: the
+ * encoder, four DiT steps, the VAE. */
+static int enable_prefetching(rig *r, uint64_t budget) {
+  mlo_schedule_entry sched[] = {{r->enc, 1}, {r->dit, 4}, {r->vae, 1}};
+  int rc = mlo_pipeline_set_schedule(r->tp->pipe, sched, 3);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = budget;
+  s.prefetch = true;
+  return rc ? rc : mlo_offload_enable(r->tp->pipe, &s);
+}
+
 /* Reads block b's tensors through their device copies and compares them
  * with the checkpoint's bytes; false (with a note) if any differs. */
 static bool block_ok(rig *r, int b) {
@@ -430,13 +442,7 @@ static void test_kept_blocks_and_prefetch(void **state) {
   for (int wide = 0; wide < 2; wide++) {
     rig r;
     rig_build(&r, "capacity=1M,jitter=1");
-    mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
-    assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
-    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-    s.policy = MLO_POLICY_BUDGET;
-    s.budget_bytes = wide ? 80 * KB : 72 * KB;
-    s.prefetch = true;
-    assert_ok(mlo_offload_enable(r.tp->pipe, &s));
+    assert_ok(enable_prefetching(&r, wide ? 80 * KB : 72 * KB));
     assert_int_equal(tu_cstats(r.dit).h2d_bytes, wide ? 56 * KB : 0);
     assert_ok(mlo_component_acquire(r.enc));
     assert_int_equal(tu_cstats(r.dit).h2d_bytes, wide ? 72 * KB : 0);
@@ -496,13 +502,7 @@ static void test_deferred_blocks_land(void **state) {
   for (int how = 0; how < 2; how++) {
     rig r;
     rig_build(&r, "capacity=1M,bw=5e7");
-    mlo_schedule_entry sched[] = {{r.enc, 1}, {r.dit, 4}, {r.vae, 1}};
-    assert_ok(mlo_pipeline_set_schedule(r.tp->pipe, sched, 3));
-    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-    s.policy = MLO_POLICY_BUDGET;
-    s.budget_bytes = 72 * KB;
-    s.prefetch = true;
-    assert_ok(mlo_offload_enable(r.tp->pipe, &s));
+    assert_ok(enable_prefetching(&r, 72 * KB));
     assert_ok(tu_forward(r.tp, r.enc)); /* its release prefetches the DiT */
     assert_true(mlo_component_is_resident(r.dit));
     assert_false(mlo_component_load_done(r.dit)); /* block 5 not even issued */
