@@ -956,11 +956,12 @@ MLO_API int mlo_component_stream_info(mlo_component *comp, mlo_stream_info *out)
  * thread that holds any component: it could wait for itself; MLO_EBUSY for
  * a try).  A schedule not kept costs a reload,
  * never a wrong byte.  It joins where the running component is resident in
- * a block of its own, held once, with no mutable tensor and not streaming;
- * where the next one has no caller-owned or mutable tensors, does not
- * stream, and its slab fits the running one's block (docs/streaming.md,
- * "The joined switch").  mlo_component_shard of the running component is
- * MLO_ESTATE for that call, as a placed one's is MLO_EUNSUPPORTED. */
+ * a block of its own, held once, with no mutable tensor; where the next one
+ * has no caller-owned or mutable tensors, and its slab fits the running
+ * one's block, or both stream with one plan (every piece at one offset:
+ * two experts of one architecture under one budget), when a streamed
+ * block ended may be begun again (docs/streaming.md, "The joined switch").  mlo_component_shard of
+ * the running component is MLO_ESTATE for that call, as a placed one's is MLO_EUNSUPPORTED. */
 MLO_API int mlo_component_set_progressive(mlo_component *comp, int on);
 
 /* ------------------------------------------------------------------------

@@ -298,12 +298,14 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
       pipe->platform->caps.max_block_bytes)
     return false;
   /* a: resident in one block of its own layout (or its streamed plan's),
-   * held by its forward alone, nothing to write back at its end */
+   * held by its forward alone, nothing to write back at its end, declared
+   * progressive (its forward reads a block only between its begin and
+   * end: a streamed one's kept blocks otherwise have an address all along) */
   if (!mlo_res_is_resident(a) || !a->block || a->users != 1 || a->disk_busy || a->has_mutable ||
-      !a->nblocks || !(a->progressive || a->stream))
+      !a->nblocks || !a->progressive)
     return false;
   /* b: a slab of its own, moved whole into a's block; or, both streaming,
-   * its plan's resident part and first slot fills, piece over piece */
+   * its plan's kept blocks and head, piece over piece */
   if (mlo_res_is_resident(b) || !b->materialized || !b->slab || b->on_disk || b->partial ||
       b->has_mutable || b->block_bytes != b->slab_bytes || !b->slab_bytes)
     return false;
@@ -347,7 +349,10 @@ mlo_component *mlo_join_target(const mlo_component *c) {
  * (ready()), so what may be overwritten is what has ended. */
 bool mlo_join_gone(const mlo_component *a, long block) {
   const struct mlo_join *j = a->join;
-  return j && j->from == a && block >= 0 && (size_t)block < a->nblocks && j->ended[block];
+  /* a streamed block's slots take nothing of B's before A's release: it may
+   * run again, loaded on demand as ever */
+  return j && j->from == a && block >= 0 && (size_t)block < a->nblocks && j->ended[block] &&
+         !mlo_stream_block_streams(a, (size_t)block);
 }
 
 /* Nothing more goes: b loads on demand; a keeps its spent state until its

@@ -54,8 +54,9 @@ typedef struct {
   mlo_tensor *pro[2], *blk[2][NBLK], *epi[2];
   uint64_t compute_ns; /* per block, on the simulated device */
   bool sim;
-  int poke;    /* in A's forward after block 1: what else to try (below) */
-  bool settle; /* each block read after every copy issued so far has landed */
+  int poke;        /* in A's forward after block 1: what else to try (below) */
+  bool settle;     /* each block read after every copy issued so far has landed */
+  bool undeclared; /* A not declared progressive (forward_again) */
 } rig;
 
 static void add_dit(rig *r, int i, const char *name) {
@@ -382,6 +383,44 @@ static void test_streamed_bytes_under_jitter(void **state) {
   }
 }
 
+/* A's forward after its four blocks: a streamed block begun again (its
+ * slot took nothing of B's: loaded on demand, right bytes), a kept one
+ * refused (its memory may hold B's); then kept block 1's bytes at the
+ * address its begin gave, read after its end (what a component not
+ * declared progressive may do: it is not joined). */
+static int forward_again(mlo_component *c, void *user) {
+  rig *r = user;
+  int rc = forward(c, user);
+  if (rc || c != r->c[0]) return rc;
+  if (!r->undeclared) {
+    if (mlo_block_begin(c, 0) || !bytes_ok(r, r->blk[0][0]) || mlo_block_end(c, 0)) return 1;
+    return mlo_block_begin(c, 1) == MLO_ESTATE ? 0 : 1;
+  }
+  return bytes_ok(r, r->blk[0][1]) ? 0 : 1;
+}
+
+/* Two review findings: a streamed block of A's last call may run again
+ * (MLO_ESTATE before), and a streamed A not declared progressive is not
+ * joined (its kept blocks were overwritten after their ends). */
+static void test_streamed_source_rules(void **state) {
+  (void)state;
+  for (int progressive = 1; progressive >= 0; progressive--) {
+    rig r;
+    rig_build_on(&r, tu_platform_open("capacity=1M,jitter=1,bw=5e7"), false);
+    r.settle = true;
+    r.undeclared = !progressive;
+    assert_ok(mlo_component_set_progressive(r.c[0], progressive));
+    assert_ok(budget_on(r.tp, STREAMED, true));
+    for (int i = 0; i < 2; i++) {
+      assert_ok(mlo_component_forward(r.c[0], forward_again, &r));
+      assert_ok(mlo_component_forward(r.c[1], forward, &r));
+    }
+    assert_int_equal(tu_cstats(r.c[1]).joined_loads, progressive ? 2 : 0);
+    tu_assert_forwards_clean(r.tp);
+    rig_free(&r);
+  }
+}
+
 static int sweep_run_streamed(void *self) {
   rig *r = self;
   int rc = mlo_offload_is_enabled(r->tp->pipe) ? MLO_OK : budget_on(r->tp, STREAMED, true);
@@ -679,6 +718,7 @@ int main(void) {
       cmocka_unit_test(test_streamed_by_hand),
       cmocka_unit_test(test_streamed_bytes_under_jitter),
       cmocka_unit_test(test_streamed_fault_sweep),
+      cmocka_unit_test(test_streamed_source_rules),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
