@@ -383,6 +383,7 @@ static bool ready(const struct mlo_join *j, const struct join_run *r) {
  * through at a link as fast as compute; this, 18, A's stall unchanged.) */
 static bool link_has_room(struct mlo_join *j) {
   mlo_platform *p = j->from->pipe->platform;
+  if (!p->caps.events) return false; /* a query would synchronize: all at the release */
   return mlo_stream_copies_pending(j->from) <= 1 &&
          (!j->tail_set || mlo_plat_event_query(p, j->tail) == MLO_OK);
 }
