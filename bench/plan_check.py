@@ -14,7 +14,7 @@ relative error).  A fourth case per size runs the budget policy on a device
 of 60% of the largest component, so the DiTs stream their blocks
 (docs/streaming.md).
 
-usage: bench/plan_check.py [--mlo build/tools/mlo/mlo] [--scales 0.002,0.005]
+usage: bench/plan_check.py [--mlo build/tools/mlo/mlo] [--scales 0.002,0.005] [--full-depth]
        [--link 4e8] [--steps 8] [--prompts 3] [--json]
 Writes only under a temporary folder it creates (the generated pipelines).
 """
@@ -68,13 +68,16 @@ def main():
     ap.add_argument("--link", default="4e8")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--full-depth", action="store_true",
+                    help="the pipelines at the real layer count (mlo synth --full-depth)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="mlo-plan-check-") as tmp:
         for scale in [float(s) for s in a.scales.split(",")]:
             path = os.path.join(tmp, "wan-%g" % scale)
-            subprocess.run([a.mlo, "synth", "wan2.2-t2v", path, "--scale", str(scale)],
+            subprocess.run([a.mlo, "synth", "wan2.2-t2v", path, "--scale", str(scale),
+                            *(["--full-depth"] if a.full_depth else [])],
                            check=True, capture_output=True)
             info = run_json([a.mlo, "inspect", path, "--json"])
             need = info["model_offload_bytes"]

@@ -29,6 +29,10 @@
  *    progressively waits for all of it, at its acquire.
  *  - Hand-over, at A's last release (residency.c): A leaves the device
  *    with nothing freed; B is resident in A's block, loading.
+ *  - Two streamed components with one plan (a mirror join, plan_mirror):
+ *    no ring; B's kept blocks go over A's same blocks, paced behind A's
+ *    own slot refills, its head at the release, and B's own load issues
+ *    the rest after the hand-over.
  *
  * While the join runs, A is spent: a block ended in this call (its bytes
  * may be overwritten from the next end on) cannot be begun again, nor its
