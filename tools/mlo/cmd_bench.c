@@ -328,13 +328,15 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
       snprintf(err, errlen, "cannot create a temporary folder in %s", base);
       return MLO_EIO;
     }
-    rc = mlo_synth_write("wan2.2-t2v", tmp, ba->quick ? 0.0005 : 0.002, NULL, NULL, err, errlen);
+    /* at full depth: 40 blocks a DiT, as the real model (mlo synth --help) */
+    rc = mlo_synth_write("wan2.2-t2v:full-depth", tmp, ba->quick ? 0.0005 : 0.002, NULL, NULL, err,
+                         errlen);
     path = tmp;
     oo.overrides = tool_wan_roles; /* generated here: its roles are known */
     oo.override_count = tool_wan_nroles;
   }
   snprintf(res->e2e_what, sizeof res->e2e_what, "%s, %d steps, %d prompts",
-           ba->path ? ba->path : "generated wan2.2-t2v", res->steps, res->prompts);
+           ba->path ? ba->path : "generated wan2.2-t2v, full depth", res->steps, res->prompts);
   if (!rc) rc = size_modes(path, &oo, res, err, errlen);
   if (!rc) { /* the compute rate, unthrottled */
     tool_session s;
