@@ -60,6 +60,7 @@ struct host_op {
   void *dst;
   const void *src;
   size_t bytes;
+  uint64_t queued_ns; /* when it was queued: the link cannot start it sooner */
   struct host_op *next;
 };
 

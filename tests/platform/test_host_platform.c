@@ -6,6 +6,7 @@
  */
 #include "testutil.h"
 
+#include "base/sysio.h" /* sleeping to a point on the clock */
 #include "platform/platform.h"
 #include "platform/host_internal.h" /* the arena: how much of it was touched */
 
@@ -190,6 +191,39 @@ static void test_bw_throttles_copies(void **state) {
   p = tu_open_spec("host:bw=25e9"); /* decimal and exponent forms are accepted */
   assert_non_null(strstr(mlo_platform_description(p), "25.00 GB/s"));
   mlo_platform_close(p);
+}
+
+/* The link's clock (host.c, throttled_copy) lets a copy queued behind
+ * another start where that one ended on the link, but never before the
+ * copy was queued: time the link spent idle is not banked.  16 copies of
+ * 1 MiB back to back at 100 MiB/s take at least 160 ms; after 300 ms idle,
+ * a 16 MiB copy still takes at least its 160 ms from when it was queued
+ * (a clock that banked the idle time would finish it at once). */
+static void test_link_clock_banks_no_idle_time(void **state) {
+  (void)state;
+  mlo_platform *p = tu_open_spec("host:capacity=64M,bw=100M");
+  const size_t bytes = 16 * MIB;
+  const double bw = 100.0 * MIB;
+  unsigned char *src = pattern(bytes, 6);
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, bytes, &block));
+  uint64_t t0 = mlo_now_ns();
+  for (size_t i = 0; i < 16; i++)
+    assert_ok(mlo_plat_copy_h2d(p, block, i * MIB, src + i * MIB, MIB));
+  assert_ok(mlo_plat_synchronize(p));
+  assert_true((double)(mlo_now_ns() - t0) / 1e9 >= 0.95 * (double)bytes / bw);
+  assert_memory_equal(block, src, bytes);
+
+  mlo_sleep_until_ns(mlo_now_ns() + 300 * 1000000ull); /* the link idles */
+  memset(src, 0x3c, bytes);
+  t0 = mlo_now_ns();
+  assert_ok(mlo_plat_copy_h2d(p, block, 0, src, bytes));
+  assert_ok(mlo_plat_synchronize(p));
+  assert_true((double)(mlo_now_ns() - t0) / 1e9 >= 0.95 * (double)bytes / bw);
+  assert_memory_equal(block, src, bytes);
+  mlo_plat_dev_free(p, block, bytes);
+  mlo_platform_close(p);
+  free(src);
 }
 
 /* event_time: when the copy engine finished, not when someone asked.  A
@@ -482,6 +516,7 @@ int main(void) {
       cmocka_unit_test(test_h2d_then_event_sync),
       cmocka_unit_test(test_jitter_makes_missing_wait_visible),
       cmocka_unit_test(test_bw_throttles_copies),
+      cmocka_unit_test(test_link_clock_banks_no_idle_time),
       cmocka_unit_test(test_event_time_is_the_copys_end),
       cmocka_unit_test(test_poison_fills_released_memory),
       cmocka_unit_test(test_reuse_is_stream_ordered),

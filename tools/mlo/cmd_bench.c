@@ -65,6 +65,7 @@ typedef struct {
   bench_load loads[MAX_SIZES];
   double hot_ns, hot_calls;
   bench_switch sw;
+  bench_link link; /* the host link model; copies 0 when not measured */
   int reps, steps, prompts;
   int first_steps;           /* of the two DiTs, from the pipeline's scheduler */
   double dit_step_s;         /* one DiT forward, measured resident */
@@ -385,6 +386,10 @@ static void print_text(const bench_args *ba, const bench_results *r) {
          "%.2fx\n",
          tool_size(r->sw.bytes), r->sw.switch_s * 1e3, tool_ratio(r->sw.switch_s, r->sw.ideal_s),
          r->sw.ideal_s * 1e3, r->sw.literal_s * 1e3, tool_ratio(r->sw.literal_s, r->sw.ideal_s));
+  if (r->link.copies)
+    printf(
+        "host link model: %d copies of %s queued back to back at %.2f GB/s move %.4fx the rate\n",
+        r->link.copies, tool_size(r->link.bytes), r->link.rate / 1e9, r->link.delivered);
   printf("\nend to end (%s; medians of %d paired runs)\n", r->e2e_what, r->reps);
   printf("  exposed = 1 + stall per prompt / warm all-resident time per prompt: the transfer\n"
          "  time offload puts on the critical path, which machine noise barely moves; wall =\n"
@@ -439,6 +444,13 @@ static void print_json(const bench_args *ba, const bench_results *r) {
   cJSON_AddNumberToObject(sw, "ratio", tool_ratio(r->sw.switch_s, r->sw.ideal_s));
   cJSON_AddNumberToObject(sw, "literal_s", r->sw.literal_s);
   cJSON_AddNumberToObject(sw, "literal_ratio", tool_ratio(r->sw.literal_s, r->sw.ideal_s));
+  if (r->link.copies) {
+    cJSON *lk = cJSON_AddObjectToObject(root, "link_model");
+    cJSON_AddNumberToObject(lk, "copies", r->link.copies);
+    cJSON_AddNumberToObject(lk, "bytes", (double)r->link.bytes);
+    cJSON_AddNumberToObject(lk, "rate", r->link.rate);
+    cJSON_AddNumberToObject(lk, "delivered_ratio", r->link.delivered);
+  }
   cJSON *e = cJSON_AddObjectToObject(root, "end_to_end");
   cJSON_AddStringToObject(e, "pipeline", r->e2e_what);
   cJSON_AddNumberToObject(e, "runs", r->reps);
@@ -499,6 +511,8 @@ int cmd_bench(int argc, char **argv) {
   uint64_t sw = ba.quick ? 8 * MIB : 64 * MIB;
   bench_spec(ba.platform, 2 * sw + 64 * MIB, spec, sizeof spec);
   if (!rc) rc = bench_switch_cost(spec, sw, ba.quick ? 5 : 11, &res.sw, err, sizeof err);
+  if (!rc && tool_is_host(ba.platform))
+    rc = bench_link_model(ba.quick ? 1 : 5, &res.link, err, sizeof err);
   if (!rc) rc = run_e2e(&ba, &res, err, sizeof err);
   if (rc) {
     tool_err("bench: %s", err[0] ? err : mlo_strerror(rc));

@@ -491,6 +491,12 @@ typedef struct {
   double ideal_s;   /* bytes / raw copy bandwidth */
   double literal_s; /* the same in the specification-literal mode */
 } bench_switch;
+typedef struct {
+  int copies; /* back to back, each of bytes */
+  uint64_t bytes;
+  double rate;      /* the link set, bytes per second */
+  double delivered; /* median over reps: bytes moved / elapsed, over rate */
+} bench_link;
 /* Median of n doubles (sorts v). */
 double bench_median(double *v, size_t n);
 /* Loads of one `bytes` component vs a raw copy of the same size. */
@@ -503,6 +509,10 @@ int bench_hot_forward(const char *spec, int batches, double *ns, double *platfor
 /* DiT <-> encoder switches of `bytes` components (64 tensors each). */
 int bench_switch_cost(const char *spec, uint64_t bytes, int reps, bench_switch *out, char *err,
                       size_t errlen);
+
+/* The host link model's fidelity: copies queued back to back (a streamed
+ * forward's) against the rate set (bw=), on a host platform of its own. */
+int bench_link_model(int reps, bench_link *out, char *err, size_t errlen);
 
 /* The platform spec with the host capacity replaced (or added). */
 void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t outlen);
