@@ -1323,6 +1323,19 @@ class PlanTests(Fixture):
                     else:
                         self.assertEqual(ps[name]["stall_s"], 0, name)
 
+    def test_full_depth_name(self):
+        """mlo synth's NAME:full-depth is the same model at its real size: the
+        plan is the plain preset's, byte for byte; other suffixes are not
+        presets (and name no file here)."""
+        plain = plan_json("wan2.2-t2v", "--device", "rtx4090")
+        deep = plan_json("wan2.2-t2v:full-depth", "--device", "rtx4090")
+        self.assertEqual([c["device_bytes"] for c in deep["components"]],
+                         [c["device_bytes"] for c in plain["components"]])
+        self.assertEqual(deep["policies"], plain["policies"])
+        self.assertEqual(deep["advice"], plain["advice"])
+        _, _, err = mlo("plan", "wan2.2-t2v:half-depth", "--device", "rtx4090", check=2)
+        self.assertIn("wan2.2-t2v:half-depth", err)
+
     def test_full_size_wan(self):
         res = plan_json("wan2.2-t2v", "--device", "h100-sxm")
         comps = {c["name"]: c for c in res["components"]}
@@ -2009,6 +2022,11 @@ class DemoBenchTests(unittest.TestCase):
                          "a resident hooked forward makes no platform call")
         for key in ("switch_s", "ideal_s", "literal_s", "ratio", "literal_ratio"):
             self.assertGreater(res["switch"][key], 0, key)
+        # the host link model: never above its rate (no banked idle time)
+        lk = res["link_model"]
+        self.assertEqual((lk["copies"], lk["bytes"], lk["rate"]), (48, 1 << 20, 5e8))
+        self.assertGreater(lk["delivered_ratio"], 0)
+        self.assertLessEqual(lk["delivered_ratio"], 1.0)
         e2e = res["end_to_end"]
         self.assertGreater(e2e["dit_step_s"], 0)
         self.assertLess(e2e["strict_need_bytes"], e2e["all_resident_bytes"])

@@ -22,7 +22,8 @@ static void help(void) {
          "Projects what model-level offload costs on a card, without a GPU and without\n"
          "the weights: PIPELINE is a diffusers directory, a component folder, a\n"
          ".safetensors or .gguf file (only headers are read), or a preset at its real\n"
-         "size, declared without writing files (wan2.2-t2v, flux, qwen-image, sd3).  Each\n"
+         "size, declared without writing files (wan2.2-t2v, flux, qwen-image, sd3; with\n"
+         "mlo synth's :full-depth suffix it is the same model).  Each\n"
          "policy runs mlo's own residency code on a simulated device whose copies take\n"
          "bytes / link and whose forwards take the compute model's time, for --prompts\n"
          "generations; per-prompt figures are the steady state (prompts 2..N).\n\n"
@@ -85,10 +86,15 @@ static void help(void) {
          "input, 4 other failure.\n");
 }
 
-static bool is_preset(const char *name) {
-  for (const mlo_synth_preset_info *p = mlo_synth_presets(); p->name; p++)
-    if (!strcmp(p->name, name)) return true;
-  return false;
+/* The preset a name is (NULL: none): its own name, or NAME:full-depth
+ * (mlo synth's), which at its real size is the same model. */
+static const char *preset_named(const char *name) {
+  for (const mlo_synth_preset_info *p = mlo_synth_presets(); p->name; p++) {
+    size_t n = strlen(p->name);
+    if (!strncmp(p->name, name, n) && (!name[n] || !strcmp(name + n, ":full-depth")))
+      return p->name;
+  }
+  return NULL;
 }
 
 /* --step-time K=S[,K=S...] ("s" or "ms" after the number): parsed here,
@@ -214,10 +220,10 @@ static int parse(int argc, char **argv, plan_args *pa) {
   }
   /* A preset's name that is not also a path here is the preset. */
   struct stat st;
-  if (pa->src.path && is_preset(pa->src.path) && stat(pa->src.path, &st) != 0) {
-    pa->preset = pa->src.path;
+  if (pa->src.path && preset_named(pa->src.path) && stat(pa->src.path, &st) != 0) {
+    pa->preset = preset_named(pa->src.path);
+    pa->src.label = pa->src.path; /* as given */
     pa->src.path = NULL;
-    pa->src.label = pa->preset;
   }
   if (!a.failed && !pa->src.path && !pa->preset && !pa->src.nfiles)
     targs_error(&a, "no pipeline: give a directory, a file, component files or a preset "
