@@ -366,6 +366,8 @@ static void fail(struct mlo_join *j, int rc) {
   mlo_logf(MLO_LOG_DEBUG, "joined switch %s -> %s ended early (%s): %s loads on demand",
            j->from->name, b->name, mlo_strerror(rc), b->name);
   j->failed = true;
+  b->stats.h2d_bytes += j->moved; /* the copies made crossed the link all the same */
+  b->stats.copy_calls += j->copies;
   if (j->prog) mlo_prog_evicted(b);
   if (b->join == j) {
     b->join = NULL;

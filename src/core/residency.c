@@ -97,18 +97,20 @@ int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t 
   return MLO_OK;
 }
 
-/* Enqueues the host-to-device copies of a whole load; returns copies issued. */
-static int enqueue_load_copies(mlo_component *c, size_t *copies) {
+/* Enqueues the host-to-device copies of a whole load: the copies issued
+ * and their bytes (those issued before a failure too). */
+static int enqueue_load_copies(mlo_component *c, size_t *copies, uint64_t *queued) {
   mlo_pipeline *pipe = c->pipe;
   bool per_tensor = pipe->settings.per_tensor_copies;
-  uint64_t moved = 0;
   *copies = 0;
+  *queued = 0;
   if (c->slab_bytes && !per_tensor) {
     int rc = PCALL(c, mlo_plat_copy_h2d(pipe->platform, c->block, 0, c->slab, c->slab_bytes));
     if (rc) return rc;
     ++*copies;
+    *queued += c->slab_bytes;
   }
-  return mlo_res_copy_tensors(c, per_tensor, copies, &moved);
+  return mlo_res_copy_tensors(c, per_tensor, copies, queued);
 }
 
 /* Whether c loads sharded: a sharded pipeline's component whose block is
@@ -221,6 +223,7 @@ int mlo_res_load(mlo_component *c) {
   trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
   uint64_t moved = c->block_bytes; /* over this rank's link */
+  uint64_t queued = 0;             /* what the copies issued hold, should they fail part-way */
   bool gathered_on_device = false;
   c->device_gather = false;
   /* A write-back into this component's host memory may still be running on
@@ -243,6 +246,7 @@ int mlo_res_load(mlo_component *c) {
           PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
     copies = len && !c->on_disk ? 1 : 0;
     moved = len;
+    queued = copies && !rc ? len : 0;
     if (pipe->shard_resident) {
       c->shard_offset = from;
       c->shard_bytes = len;
@@ -273,11 +277,16 @@ int mlo_res_load(mlo_component *c) {
     if (!rc) rc = mlo_prog_copy_blocks(c, mlo_stream_load_limit(c), &more, &also);
     copies += more;
     moved += also;
+    queued = moved;
   } else if (!rc) {
-    rc = enqueue_load_copies(c, &copies);
+    rc = enqueue_load_copies(c, &copies, &queued);
   }
   if (!rc && !c->on_disk) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
-  if (rc) { /* roll back: the block goes, stream-ordered after queued copies */
+  if (rc) {            /* roll back: the block goes, stream-ordered after queued copies */
+    if (!c->on_disk) { /* (the disk tier counts its own) */
+      c->stats.h2d_bytes += queued; /* they cross the link all the same */
+      c->stats.copy_calls += queued ? copies : 0;
+    }
     c->device_gather = false;
     mlo_prog_evicted(c); /* no residency: its block events are not this load's */
     c->stats.platform_calls++;

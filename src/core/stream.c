@@ -446,16 +446,19 @@ static int issue(mlo_component *c, struct stream_slot *s, size_t b) {
   if (!rc && s->has_free_ev) rc = PCALL(c, mlo_plat_copy_wait(p, s->free_ev));
   if (!rc) s->has_free_ev = false;
   uint64_t len = c->spans[b].bytes;
-  if (!rc && len)
+  if (!rc && len) {
     rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)s->dev_off,
                                     (char *)c->slab + c->spans[b].off, (size_t)len));
+    if (!rc) { /* counted once queued: it crosses the link even if its event fails */
+      c->stats.h2d_bytes += len;
+      c->stats.copy_calls++;
+    }
+  }
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, s->load_ev));
   if (rc) return rc;
   s->blk = (long)b;
   s->waited = false;
   c->stats.block_loads++;
-  c->stats.h2d_bytes += len;
-  c->stats.copy_calls += len ? 1 : 0;
   mlo_res_trace(c, MLO_TRACE_BLOCK_LOAD, len);
   return MLO_OK;
 }

@@ -30,6 +30,7 @@ struct fault_ctx {
   uint64_t nth;         /* 0: never fail */
   uint64_t counts[MLO_FAULT_KINDS];
   uint64_t any_count;
+  uint64_t h2d_bytes; /* queued by copy_h2d calls that succeeded, since open */
   bool fired, paused;
 };
 
@@ -129,7 +130,13 @@ static void fault_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
 
 static int fault_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
   struct fault_ctx *f = ctx;
-  return FAULT_OR(f, MLO_FAULT_COPY, mlo_plat_copy_h2d(f->inner, block, offset, src, bytes));
+  int rc = FAULT_OR(f, MLO_FAULT_COPY, mlo_plat_copy_h2d(f->inner, block, offset, src, bytes));
+  if (!rc) {
+    pthread_mutex_lock(&f->lock);
+    f->h2d_bytes += bytes;
+    pthread_mutex_unlock(&f->lock);
+  }
+  return rc;
 }
 
 static int fault_copy_d2h(void *ctx, void *dst, const void *block, size_t offset, size_t bytes) {
@@ -388,6 +395,15 @@ void mlo_fault_counts(mlo_platform *p, uint64_t counts[MLO_FAULT_KINDS]) {
   pthread_mutex_lock(&f->lock);
   memcpy(counts, f->counts, sizeof f->counts);
   pthread_mutex_unlock(&f->lock);
+}
+
+uint64_t mlo_fault_h2d_bytes(mlo_platform *p) {
+  if (!mlo_fault_is(p)) return 0;
+  struct fault_ctx *f = p->ctx;
+  pthread_mutex_lock(&f->lock);
+  uint64_t n = f->h2d_bytes;
+  pthread_mutex_unlock(&f->lock);
+  return n;
 }
 
 bool mlo_fault_fired(mlo_platform *p) {

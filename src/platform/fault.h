@@ -55,6 +55,10 @@ void mlo_fault_counts(mlo_platform *p, uint64_t counts[MLO_FAULT_KINDS]);
 /* While paused, calls are neither counted nor failed: a test's own reads of
  * device memory (its content checks) stay out of the sweep. */
 void mlo_fault_pause(mlo_platform *p, bool paused);
+/* Bytes the host-to-device copies that succeeded have queued since open,
+ * counted below core (a paused test's own copies too): what core's
+ * h2d_bytes must add up to. */
+uint64_t mlo_fault_h2d_bytes(mlo_platform *p);
 /* True once the armed fault has fired (it fires at most once per arm). */
 bool mlo_fault_fired(mlo_platform *p);
 

@@ -786,6 +786,16 @@ static void assert_pairs(tu_pipe *tp, const load_pairs *lp) {
   (void)tp;
 }
 
+uint64_t tu_h2d_counted(tu_pipe *tp) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < mlo_pipeline_component_count(tp->pipe); i++) {
+    mlo_component_stats st;
+    assert_ok(mlo_component_get_stats(mlo_pipeline_component_at(tp->pipe, i), &st));
+    n += st.h2d_bytes;
+  }
+  return n;
+}
+
 unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *self) {
   char spec[512];
   snprintf(spec, sizeof spec, "fault:kind=any,nth=0,inner=%s", inner_spec);
@@ -810,9 +820,11 @@ unsigned tu_fault_sweep(const char *inner_spec, const tu_fault_case *fc, void *s
     }
     fired++;
     if (rc && rc != MLO_ECALLBACK) assert_true(mlo_pipeline_errmsg(tp->pipe)[0] != '\0');
-    /* nothing half-done: the platform's bytes are the pipeline's */
+    /* nothing half-done: the platform's bytes are the pipeline's, and
+     * every byte copied, a failed load's too, is in some h2d_bytes */
     tu_assert_audit(tp);
     assert_int_equal(tu_device_used(plat), tu_pstats(tp).device_bytes);
+    assert_int_equal(mlo_fault_h2d_bytes(plat), tu_h2d_counted(tp));
     /* and the next prompts are right (a failure inside a forward may have
      * been absorbed: a prefetch or a fill ahead only costs its overlap) */
     tu_reset_observations(tp);

@@ -140,6 +140,8 @@ tu_pipe *tu_pipe_build(mlo_platform *plat, const tu_comp_spec *specs, size_t n);
  * (DIT), vae (VAE), a few KiB each. */
 extern const tu_comp_spec tu_wan_specs[4];
 tu_pipe *tu_pipe_build_wan(mlo_platform *plat);
+/* The h2d_bytes of all its components. */
+uint64_t tu_h2d_counted(tu_pipe *tp);
 /* Frees the pipeline and the pattern buffers (not the platform). */
 void tu_pipe_free(tu_pipe *tp);
 
