@@ -346,7 +346,13 @@ static void budget_disable(mlo_pipeline *pipe) {
  * streamed block early in the forward would wait for all of them; under
  * another's forward they wait for nothing.  (One that fails is issued again
  * at its begin.) */
+static void maybe_join(mlo_pipeline *pipe, mlo_component *a);
+
 static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
+  if (!c->nblocks && !c->join) { /* no block ends to join at: its call is one */
+    maybe_join(pipe, c);
+    mlo_join_kick(c);
+  }
   prefetch(pipe);
   mlo_prog_settle(pipe, c);
 }
@@ -365,7 +371,9 @@ static void budget_released(mlo_pipeline *pipe, mlo_component *c) {
  * memory c's ended blocks free (join.c) — unless the room that leaves it
  * (c's whole block) is room the component after it would have been
  * prefetched into, had it loaded at its acquire into a block of its own
- * size. */
+ * size, and that one could not join in turn into the room the next one
+ * leaves in c's block (docs/streaming.md, "The prompt's cycle").  A c
+ * without blocks is asked at its acquire, its call being one. */
 static void maybe_join(mlo_pipeline *pipe, mlo_component *a) {
   if (!pipe->settings.prefetch || !pipe->nsched || !B(pipe)->join) return;
   mlo_component *b = pipe->sched[pipe->cur_run].comp; /* the call expected next */
@@ -376,7 +384,11 @@ static void maybe_join(mlo_pipeline *pipe, mlo_component *a) {
   mlo_component *after = pipe->sched[(pipe->cur_run + 1) % pipe->nsched].comp;
   if (after != a && after != b && !mlo_res_is_resident(after)) {
     uint64_t plain = pipe->device_bytes - mlo_res_bytes(a) + need, more = mlo_res_bytes(after);
-    if (plain + more <= budget && pipe->device_bytes + more > budget) return;
+    /* unless b leaves room beside it in a's block for that one to join in
+     * during b's call (b without blocks: its join starts at its acquire) */
+    bool chains = !b->nblocks && !b->stream && !after->stream && mlo_join_can_take(after) &&
+                  need + more <= a->alloc_bytes;
+    if (plain + more <= budget && pipe->device_bytes + more > budget && !chains) return;
   }
   mlo_join_start(a, b);
 }

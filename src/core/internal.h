@@ -485,6 +485,8 @@ struct mlo_stream_region {
   long dep;
 };
 bool mlo_stream_same_layout(const mlo_component *a, const mlo_component *b);
+/* The device bytes c's plan lays it out in (0: no plan). */
+uint64_t mlo_stream_footprint(const mlo_component *c);
 struct mlo_stream_region *mlo_stream_regions(const mlo_component *a, size_t *count);
 /* How many copies into a's slots have not completed yet. */
 size_t mlo_stream_copies_pending(const mlo_component *a);
@@ -557,6 +559,11 @@ void mlo_prog_join_defer(mlo_component *c, size_t from);
  * were, as a's forward ends them (a: resident, held once, in its last call
  * before b).  False, with nothing changed, where the two cannot join. */
 bool mlo_join_start(mlo_component *a, mlo_component *b);
+/* Whether b could be a join's target (a slab of its own, nothing mutable). */
+bool mlo_join_can_take(const mlo_component *b);
+/* Issues b's copies that overwrite nothing of a's now (a has no blocks to
+ * end: its join starts at its acquire). */
+void mlo_join_kick(mlo_component *a);
 /* a's block ended in the forward being joined: the copies it frees issue. */
 void mlo_join_block_ended(mlo_component *a, size_t block);
 /* a's last release: the rest of b's copies after a's compute, then b is

@@ -32,16 +32,27 @@
  *  - Two streamed components with one plan (a mirror join, plan_mirror):
  *    no ring; B's kept blocks go over A's same blocks, paced behind A's
  *    own slot refills, its head at the release, and B's own load issues
- *    the rest after the hand-over.
+ *    the rest after the hand-over.  A streamed B into a plain A's block it
+ *    fits is a mirror too, over A's bytes wherever they are: its head
+ *    first where nothing A reads until its release is under it.
+ *  - A streamed A (into a plain B): its bytes are its plan's (a_ranges),
+ *    its head and slots read until its release; B's copies are paced as a
+ *    mirror's.  An A without blocks: everything of it is read until its
+ *    release; its join starts at its acquire (budget.c), B's ring right
+ *    after A's bytes, and it joins only where some of B goes now.
+ *    Together these pass one block round a prompt: the last DiT's to the
+ *    VAE, the next encoder into the room the VAE leaves, the first DiT
+ *    into that (docs/streaming.md, "The prompt's cycle").
  *
  * While the join runs, A is spent: a block ended in this call (its bytes
  * may be overwritten from the next end on) cannot be begun again, nor its
  * tensors' addresses asked for (MLO_ESTATE); another thread's acquire of A
  * waits for the hand-over and loads it again, one that holds anything is
  * refused (budget.c); B loads no other way until then.  Only a source
- * declared progressive joins: its forward promised to read a block only
- * between its begin and end.  A failed copy ends
- * the join early: nothing more is copied, B loads on demand as ever, and A
+ * with blocks declared progressive joins (its forward promised to read a
+ * block only between its begin and end), or one without blocks (nothing
+ * of it is overwritten before its release).  A failed copy ends the join
+ * early: nothing more is copied, B loads on demand as ever, and A
  * is evicted at its release (its block freed after the copies queued).
  *
  * Every function runs with the pipeline lock held.
@@ -65,8 +76,10 @@ struct join_run {
 
 struct mlo_join {
   mlo_component *from, *to;
-  bool mirror;  /* both stream, one layout: each of B's pieces over A's same */
-  size_t nkept; /* a mirror join's runs: B's kept blocks [0, nkept), then its head */
+  bool mirror;          /* both stream, one layout: each of B's pieces over A's same */
+  bool paced;           /* A streams: B's copies go where the link has room (issue()) */
+  size_t kfirst, klast; /* a mirror join's runs: B's kept blocks [kfirst, klast); its head
+                           and the head's event before them (head first) or after */
   struct join_run *runs;
   size_t nruns, next; /* runs issued: [0, next) */
   bool *ended;        /* per block of A: ended in this forward */
@@ -130,17 +143,45 @@ static long dep_of(const struct range *r, size_t n, uint64_t lo, uint64_t hi) {
   return dep;
 }
 
-/* Where the ring starts: A's first block's first bytes (0 without blocks). */
-static uint64_t ring_start(const mlo_component *a) {
-  const mlo_tensor *first = NULL;
-  for (size_t i = 0; i < a->ntensors; i++) {
-    const mlo_tensor *t = a->tensors[i];
-    if (!owns_bytes(t) || t->block < 0) continue;
-    if (!first || t->block < first->block ||
-        (t->block == first->block && t->dev_offset < first->dev_offset))
-      first = t;
+/* A's bytes as ranges (sorted, apart, none empty) with the block whose end
+ * frees them: a plain A's tensors where they are (ranges_of); a streamed
+ * one's plan (mlo_stream_regions): its head until the release, each kept
+ * block from its end, and its slots until the release too, since a
+ * streamed block run again loads on demand into one. */
+static struct range *a_ranges(const mlo_component *a, size_t *n) {
+  if (!a->stream) return ranges_of(a, n);
+  size_t nr = 0;
+  struct mlo_stream_region *reg = mlo_stream_regions(a, &nr);
+  struct range *r = reg ? mlo_calloc(nr + 1, sizeof *r) : NULL;
+  if (!r) {
+    free(reg);
+    return NULL;
   }
-  return first ? at_of(a, first) : 0;
+  *n = 0;
+  for (size_t i = 0; i < nr; i++) {
+    long dep = reg[i].dep;
+    if (dep < 0 || mlo_stream_block_streams(a, (size_t)dep)) dep = DEP_END;
+    if (reg[i].hi > reg[i].lo) r[(*n)++] = (struct range){reg[i].lo, reg[i].hi, dep};
+  }
+  free(reg);
+  qsort(r, *n, sizeof *r, by_lo);
+  return r;
+}
+
+/* Where the ring starts: at the bytes A's forward frees first (its first
+ * block's); where none are freed before its release (A has no blocks),
+ * right after A's bytes, so that B goes into the room beside them first. */
+static uint64_t ring_start(const mlo_component *a, const struct range *r, size_t n) {
+  const struct range *first = NULL;
+  uint64_t end = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].dep >= 0 && r[i].dep != DEP_END && (!first || r[i].dep < first->dep)) first = &r[i];
+    if (r[i].hi > end) end = r[i].hi;
+  }
+  if (first) return first->lo; /* (sorted: the lowest of that block's) */
+  uint64_t align = a->pipe->alignment ? a->pipe->alignment : 1;
+  end = (end + align - 1) / align * align;
+  return end < a->alloc_bytes ? end : 0;
 }
 
 /* B's ring order is its head first, as a progressive load copies it:
@@ -218,16 +259,12 @@ static void add_piece(struct mlo_join *j, const mlo_component *b, const struct v
 
 /* The runs in the order B's forward needs them, placed; false: out of
  * memory. */
-static bool plan_runs(struct mlo_join *j, const struct vmap *vm, const struct ring *rg) {
-  mlo_component *a = j->from, *b = j->to;
-  size_t nr = 0;
-  struct range *r = ranges_of(a, &nr);
+static bool plan_runs(struct mlo_join *j, const struct vmap *vm, const struct ring *rg,
+                      struct range *r, size_t nr) {
+  mlo_component *b = j->to;
   /* each piece twice at most (the wrap), plus an empty head's mark */
   j->runs = mlo_calloc(2 * (b->nblocks + 2) + 2, sizeof *j->runs);
-  if (!r || !j->runs) {
-    free(r);
-    return false;
-  }
+  if (!j->runs) return false;
   bool any = false;
   for (size_t k = 0; k < b->nblocks; k++) any = any || b->spans[k].bytes;
   bool marks = j->prog && any;
@@ -236,7 +273,6 @@ static bool plan_runs(struct mlo_join *j, const struct vmap *vm, const struct ri
   add_piece(j, b, vm, MLO_BLOCK_EPILOGUE, rg, r, nr, marks ? MLO_BLOCK_PROLOGUE : MARK_NONE);
   for (size_t k = 0; k < b->nblocks; k++)
     add_piece(j, b, vm, (long)k, rg, r, nr, marks && b->spans[k].bytes ? (long)k : MARK_NONE);
-  free(r);
   for (size_t i = 0; i < b->ntensors; i++) { /* where each tensor is, from the hand-over */
     mlo_tensor *t = b->tensors[i];
     if (owns_bytes(t)) t->place = mapped(virt(vm, t->dev_offset), rg);
@@ -253,36 +289,34 @@ static bool plan_runs(struct mlo_join *j, const struct vmap *vm, const struct ri
  * yet go as a load at its acquire issues them, between each other in its
  * forward's order (mlo_stream_start, progressive.c).  No ring, no tensor
  * placed: B's own plan's offsets are A's. */
-static bool plan_mirror(struct mlo_join *j) {
-  mlo_component *a = j->from, *b = j->to;
-  size_t nr = 0;
-  struct mlo_stream_region *reg = mlo_stream_regions(a, &nr);
-  struct range *r = mlo_calloc(nr + 1, sizeof *r);
+static bool plan_mirror(struct mlo_join *j, const struct range *r, size_t nr) {
+  mlo_component *b = j->to;
   j->runs = mlo_calloc(b->nblocks + 4, sizeof *j->runs); /* kept blocks, the head, its mark */
-  if (!reg || !r || !j->runs) {
-    free(reg);
-    free(r);
-    return false;
-  }
-  for (size_t i = 0; i < nr; i++)
-    r[i] = (struct range){reg[i].lo, reg[i].hi, reg[i].dep == -2 ? DEP_END : reg[i].dep};
-  free(reg);
-  size_t n = 0;
-  for (size_t i = 0; i < nr; i++)
-    if (r[i].hi > r[i].lo) r[n++] = r[i];
-  nr = n;
-  qsort(r, nr, sizeof *r, by_lo);
+  if (!j->runs) return false;
   uint64_t src, len, dev;
+  struct join_run head[3];
+  size_t nhead = 0;
+  long hdep = DEP_NONE; /* the last of A's blocks the head overwrites */
+  for (long piece = MLO_BLOCK_PROLOGUE; piece >= MLO_BLOCK_EPILOGUE; piece--)
+    if (mlo_prog_extent(b, piece, &src, &len, &dev) && len) {
+      long d = dep_of(r, nr, dev, dev + len);
+      head[nhead++] = (struct join_run){src, dev, len, d, MARK_NONE};
+      if (d > hdep) hdep = d;
+    }
+  head[nhead++] = (struct join_run){0, 0, 0, hdep, MLO_BLOCK_PROLOGUE}; /* its event */
+  /* the head first where A's forward frees its room (B into a block A
+   * does not stream through: its acquire then waits for nothing) */
+  bool first = hdep != DEP_END;
+  if (first)
+    for (size_t i = 0; i < nhead; i++) j->runs[j->nruns++] = head[i];
+  j->kfirst = j->nruns;
   for (size_t k = 0; k < b->nblocks; k++) /* kept blocks, each behind its event */
     if (mlo_prog_extent(b, (long)k, &src, &len, &dev) && len)
       j->runs[j->nruns++] =
           (struct join_run){src, dev, len, dep_of(r, nr, dev, dev + len), (long)k};
-  j->nkept = j->nruns;
-  for (long piece = MLO_BLOCK_PROLOGUE; piece >= MLO_BLOCK_EPILOGUE; piece--) /* the head */
-    if (mlo_prog_extent(b, piece, &src, &len, &dev) && len)
-      j->runs[j->nruns++] = (struct join_run){src, dev, len, DEP_END, MARK_NONE};
-  j->runs[j->nruns++] = (struct join_run){0, 0, 0, DEP_END, MLO_BLOCK_PROLOGUE}; /* head event */
-  free(r);
+  j->klast = j->nruns;
+  if (!first)
+    for (size_t i = 0; i < nhead; i++) j->runs[j->nruns++] = head[i];
   return true;
 }
 
@@ -295,6 +329,13 @@ static void join_free(struct mlo_join *j) {
   free(j);
 }
 
+/* b: a slab of its own, moved whole into a block; or, both streaming, its
+ * plan's kept blocks and head, piece over piece. */
+bool mlo_join_can_take(const mlo_component *b) {
+  return !mlo_res_is_resident(b) && b->materialized && b->slab && !b->on_disk && !b->partial &&
+         !b->has_mutable && b->block_bytes == b->slab_bytes && b->slab_bytes;
+}
+
 bool mlo_join_start(mlo_component *a, mlo_component *b) {
   mlo_pipeline *pipe = a->pipe;
   const mlo_offload_settings *s = &pipe->settings;
@@ -302,37 +343,48 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
       pipe->platform->caps.max_block_bytes)
     return false;
   /* a: resident in one block of its own layout (or its streamed plan's),
-   * held by its forward alone, nothing to write back at its end, declared
-   * progressive (its forward reads a block only between its begin and
-   * end: a streamed one's kept blocks otherwise have an address all along) */
+   * held by its forward alone, nothing to write back at its end; with
+   * blocks, declared progressive (its forward reads a block only between
+   * its begin and end: a streamed one's kept blocks otherwise have an
+   * address all along).  Without blocks, all it has is read until its
+   * release: B goes beside it first, over it only then. */
   if (!mlo_res_is_resident(a) || !a->block || a->users != 1 || a->disk_busy || a->has_mutable ||
-      !a->nblocks || !a->progressive)
+      (a->nblocks && !a->progressive))
     return false;
-  /* b: a slab of its own, moved whole into a's block; or, both streaming,
-   * its plan's kept blocks and head, piece over piece */
-  if (mlo_res_is_resident(b) || !b->materialized || !b->slab || b->on_disk || b->partial ||
-      b->has_mutable || b->block_bytes != b->slab_bytes || !b->slab_bytes)
-    return false;
-  bool mirror = a->stream || b->stream;
-  if (mirror && !mlo_stream_same_layout(a, b)) return false;
+  if (!mlo_join_can_take(b)) return false;
+  /* b streaming: its plan's pieces at their offsets, over a's of the same
+   * layout (two experts) or into a block it fits (a mirror either way) */
   uint64_t room = a->alloc_bytes; /* whole alignment units, as every block (slab.c) */
+  bool mirror = b->stream != NULL;
+  if (mirror && (a->stream ? !mlo_stream_same_layout(a, b) : mlo_stream_footprint(b) > room))
+    return false;
   if (!mirror && b->slab_bytes > room) return false;
   struct mlo_join *j = mlo_calloc(1, sizeof *j);
   if (!j) return false;
   j->from = a;
   j->to = b;
   j->mirror = mirror;
+  j->paced = a->stream != NULL; /* its copies share the link with a's refills */
   j->prog = mlo_prog_applies(b) && b->nblocks;
+  size_t nr = 0;
+  struct range *r = a_ranges(a, &nr);
   struct vmap vm = {0};
   struct ring rg = {0};
-  if (!mirror) {
+  if (r && !mirror) {
     vm = vmap_of(b);
-    rg = ring_of(b, &vm, ring_start(a), room);
+    rg = ring_of(b, &vm, ring_start(a, r, nr), room);
   }
-  if (!(j->ended = mlo_calloc(a->nblocks, sizeof *j->ended)) ||
-      !(mirror ? plan_mirror(j) : plan_runs(j, &vm, &rg)) ||
-      (j->prog && mlo_prog_join_prepare(b)) ||
-      PCALL(b, mlo_plat_event_create(pipe->platform, &j->point))) {
+  bool ok = r && (j->ended = mlo_calloc(a->nblocks ? a->nblocks : 1, sizeof *j->ended)) &&
+            (mirror ? plan_mirror(j, r, nr) : plan_runs(j, &vm, &rg, r, nr)) &&
+            !(j->prog && mlo_prog_join_prepare(b)) &&
+            !PCALL(b, mlo_plat_event_create(pipe->platform, &j->point));
+  free(r);
+  /* without blocks, a frees nothing before its release: joined only where
+   * its block has room beside it that b goes into now */
+  bool early = false;
+  for (size_t i = 0; ok && i < j->nruns && !early; i++)
+    early = j->runs[i].len && j->runs[i].dep == DEP_NONE;
+  if (!ok || (!a->nblocks && !early)) {
     join_free(j);
     return false;
   }
@@ -400,7 +452,7 @@ static int issue(struct mlo_join *j, bool all) {
   mlo_component *a = j->from, *b = j->to;
   mlo_platform *p = a->pipe->platform;
   size_t k = j->next;
-  if (j->mirror && !all) { /* one piece, where the link has room */
+  if (j->paced && !all) { /* one piece, where the link has room */
     if (!link_has_room(j)) return MLO_OK;
     while (k < j->nruns && ready(j, &j->runs[k]))
       if (j->runs[k++].mark != MARK_NONE) break;
@@ -421,7 +473,7 @@ static int issue(struct mlo_join *j, bool all) {
     }
     if (r->mark != MARK_NONE) rc = mlo_prog_join_mark(b, r->mark);
   }
-  if (!rc && j->mirror && !all) {
+  if (!rc && j->paced && !all) {
     if (!j->tail) rc = PCALL(b, mlo_plat_event_create(p, &j->tail));
     if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(p, j->tail));
     j->tail_set = !rc;
@@ -430,12 +482,31 @@ static int issue(struct mlo_join *j, bool all) {
 }
 
 /* A mirror join at A's release: B's kept blocks not copied yet stay B's
- * load's to issue (from the first of them), its head goes now. */
+ * load's to issue (from the first of them), its head goes now.  Always
+ * after A's compute: B's own load copies into A's memory next. */
 static int release_mirror(struct mlo_join *j) {
-  size_t from = j->next < j->nkept ? (size_t)j->runs[j->next].mark : j->to->nblocks;
-  if (j->next < j->nkept) j->next = j->nkept;
-  int rc = issue(j, true);
-  if (!rc) mlo_prog_join_defer(j->to, from);
+  mlo_component *b = j->to;
+  size_t k = j->next > j->kfirst ? j->next : j->kfirst;
+  size_t from = k < j->klast ? (size_t)j->runs[k].mark : b->nblocks;
+  size_t n = j->nruns;
+  int rc = MLO_OK;
+  if (j->next < j->kfirst) { /* the head first: what of it is left */
+    j->nruns = j->kfirst;
+    rc = issue(j, true);
+    j->nruns = n;
+  }
+  if (!rc) {
+    /* the kept blocks left are B's load's */
+    j->next = j->next > j->klast ? j->next : j->klast;
+    size_t before = j->next;
+    rc = issue(j, true);
+    if (!rc && j->next == before) { /* nothing went: the compute fence alone */
+      mlo_platform *p = b->pipe->platform;
+      rc = PCALL(b, mlo_plat_event_record_compute(p, j->point));
+      if (!rc) rc = PCALL(b, mlo_plat_copy_wait(p, j->point));
+    }
+  }
+  if (!rc) mlo_prog_join_defer(b, from);
   return rc;
 }
 
@@ -444,6 +515,13 @@ void mlo_join_block_ended(mlo_component *a, size_t block) {
   if (!j || j->from != a || j->failed || block >= a->nblocks) return;
   j->ended[block] = true;
   while (j->done < a->nblocks && j->ended[j->done]) j->done++;
+  int rc = issue(j, false);
+  if (rc) fail(j, rc);
+}
+
+void mlo_join_kick(mlo_component *a) {
+  struct mlo_join *j = a->join;
+  if (!j || j->from != a || j->failed) return;
   int rc = issue(j, false);
   if (rc) fail(j, rc);
 }

@@ -97,6 +97,10 @@ bool mlo_stream_streams(const mlo_component *c, const mlo_tensor *t) {
   return t->block >= 0 && block_streams(c, (size_t)t->block);
 }
 
+uint64_t mlo_stream_footprint(const mlo_component *c) {
+  return c->stream ? c->stream->footprint : 0;
+}
+
 uint64_t mlo_res_bytes(const mlo_component *c) {
   if (c->placed) return c->placed_bytes; /* the block a joined switch handed it, whole */
   return c->stream ? c->stream->footprint : c->block_bytes;

@@ -435,6 +435,200 @@ static void test_streamed_fault_sweep(void **state) {
   assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &r) > 20);
 }
 
+/* ---- the whole prompt's cycle ---------------------------------------------
+ * An encoder (8 KiB prologue, two 8 KiB blocks: 24 KiB), the two DiTs and a
+ * VAE of one 8 KiB tensor and no blocks, called in that order.  Under a
+ * budget of a streamed DiT (64 KiB), each switch joins into the one device
+ * block, passed round the prompt (KiB):
+ *
+ *   B (streamed):  [0,8) P  [8,24) kept b1  [24,32) E  [32,64) two slots
+ *   VAE:           a ring from B's first kept block: [8,16), after B's b1 ends
+ *   encoder:       right after the VAE's bytes, [16,40): room the VAE does not
+ *                  use, copied at the VAE's acquire (it has no block to end)
+ *   A (streamed):  its own plan's offsets in that block: P [0,8) and E over
+ *                  encoder block 0 [24,32) go after that block ends, its kept
+ *                  b1 [8,24) over the encoder's prologue at its release
+ *
+ * Without the chain, the VAE (which would hold all 64 KiB) is not joined,
+ * so that the encoder can load beside it.  Under a budget of a whole DiT
+ * (80 KiB, nothing streams) the same cycle joins as rings.  Checked: every
+ * switch after the first prompt joined, every block's bytes right at its
+ * begin (once after every copy issued so far landed, so that a copy issued
+ * before the compute it overwrites ended shows), one device block all
+ * along, the bytes moved those of the same prompts unjoined; the VAE's
+ * acquire on the simulated clock waits for nothing; a fault sweep. */
+typedef struct {
+  mlo_platform *plat;
+  tu_pipe *tp;
+  mlo_component *c[4]; /* encoder, A, B, VAE */
+  mlo_tensor *t[4][8];
+  int nt[4], nblk[4], npro[4]; /* tensors; of them, blocks and those before them */
+  bool sim, settle;
+  uint64_t compute_ns;
+  uint64_t vae_bytes; /* 8 KiB unless set before cycle_build_on's call */
+} cycle;
+
+static void cycle_add(cycle *y, int i, const char *name, mlo_role role, const char *pat, int nblk,
+                      uint64_t pro, uint64_t blk, uint64_t epi) {
+  assert_ok(mlo_component_add(y->tp->pipe, name, role, &y->c[i]));
+  char t[64];
+  if (pro) y->t[i][y->nt[i]++] = tu_add_tensor(y->tp, y->c[i], "embed.weight", pro, 0);
+  y->npro[i] = y->nt[i];
+  for (int b = 0; b < nblk; b++) {
+    snprintf(t, sizeof t, pat, b);
+    y->t[i][y->nt[i]++] = tu_add_tensor(y->tp, y->c[i], t, blk, 0);
+  }
+  if (epi) y->t[i][y->nt[i]++] = tu_add_tensor(y->tp, y->c[i], "proj_out.weight", epi, 0);
+  y->nblk[i] = nblk;
+  if (nblk) assert_ok(mlo_component_set_progressive(y->c[i], 1));
+}
+
+static void cycle_build_on(cycle *y, mlo_platform *plat, bool sim) {
+  uint64_t vae = y->vae_bytes ? y->vae_bytes : 8 * KB;
+  memset(y, 0, sizeof *y);
+  y->plat = plat;
+  y->sim = sim;
+  y->tp = tu_pipe_new(plat, !sim);
+  cycle_add(y, 0, "text_encoder", MLO_ROLE_ENCODER, "encoder.block.%d.weight", 2, 8 * KB, 8 * KB,
+            0);
+  cycle_add(y, 1, "transformer", MLO_ROLE_DIT, "blocks.%d.weight", NBLK, 8 * KB, 16 * KB, 8 * KB);
+  cycle_add(y, 2, "transformer_2", MLO_ROLE_DIT, "blocks.%d.weight", NBLK, 8 * KB, 16 * KB, 8 * KB);
+  cycle_add(y, 3, "vae", MLO_ROLE_VAE, "", 0, vae, 0, 0);
+  mlo_schedule_entry s[] = {{y->c[0], 1}, {y->c[1], 1}, {y->c[2], 1}, {y->c[3], 1}};
+  assert_ok(mlo_pipeline_set_schedule(y->tp->pipe, s, 4));
+}
+
+static bool cycle_bytes_ok(cycle *y, const mlo_tensor *t) {
+  if (y->sim) return true;
+  if (y->settle && mlo_platform_synchronize(y->plat)) return false;
+  size_t n = (size_t)mlo_tensor_nbytes(t);
+  unsigned char *buf = malloc(n);
+  int rc = tu_read_device(y->tp, t, buf, n);
+  bool ok = rc == MLO_OK && tu_pattern_mismatch(buf, n, tu_rec(y->tp, t)->seed) == n;
+  free(buf);
+  if (!ok) tu_note_failure(y->tp, "%s: %s", mlo_tensor_name(t), rc ? mlo_err_name(rc) : "bytes");
+  return ok;
+}
+
+/* The prologue, each block between its begin and end, the epilogue. */
+static int cycle_forward(mlo_component *c, void *user) {
+  cycle *y = user;
+  int i = 0;
+  while (y->c[i] != c) i++;
+  int first = y->npro[i];
+  bool ok = true;
+  for (int k = 0; k < first && ok; k++) ok = cycle_bytes_ok(y, y->t[i][k]);
+  for (int b = 0; b < y->nblk[i] && ok; b++) {
+    if (mlo_block_begin(c, (size_t)b)) return 1;
+    ok = cycle_bytes_ok(y, y->t[i][first + b]);
+    if (y->sim && y->compute_ns && mlo_sim_compute(y->plat, y->compute_ns)) return 1;
+    if (mlo_block_end(c, (size_t)b)) return 1;
+  }
+  for (int k = first + y->nblk[i]; k < y->nt[i] && ok; k++) ok = cycle_bytes_ok(y, y->t[i][k]);
+  return ok ? 0 : 1;
+}
+
+static int cycle_prompt(cycle *y) {
+  int rc = MLO_OK;
+  for (int i = 0; i < 4 && !rc; i++) rc = mlo_component_forward(y->c[i], cycle_forward, y);
+  return rc;
+}
+
+static void test_cycle_joined(void **state) {
+  (void)state;
+  /* a streamed DiT's budget; a whole DiT's; a streamed DiT's with a VAE of
+   * 40 KiB, [8,48), so that the encoder's ring wraps: its block 1 goes
+   * over the VAE's last 8 KiB, at the VAE's release */
+  const struct {
+    uint64_t budget, vae;
+  } cases[] = {{STREAMED, 8 * KB}, {TOTAL, 8 * KB}, {STREAMED, 40 * KB}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    uint64_t budget = cases[c].budget, moved[2] = {0, 0};
+    for (int joined = 1; joined >= 0; joined--) {
+      if (!joined) setenv("MLO_NO_JOIN", "1", 1);
+      cycle y = {.vae_bytes = cases[c].vae};
+      cycle_build_on(&y, tu_platform_open("capacity=1M,jitter=1,bw=5e7"), false);
+      y.tp->audit_in_forward = true;
+      mlo_pipeline_set_audit(y.tp->pipe, true);
+      assert_ok(budget_on(y.tp, budget, true));
+      unsetenv("MLO_NO_JOIN");
+      for (int p = 0; p < 4; p++) {
+        y.settle = p % 2;
+        assert_ok(cycle_prompt(&y));
+      }
+      for (int i = 0; i < 4; i++) {
+        mlo_component_stats st = tu_cstats(y.c[i]);
+        moved[joined] += st.h2d_bytes;
+        /* every switch joined but the first encoder's to A: that encoder
+         * loaded at enable into a block of its own size; the last VAE
+         * joined a fifth prompt's encoder */
+        assert_int_equal(st.joined_loads, joined ? (i == 1 ? 3 : 4) : 0);
+      }
+      tu_assert_forwards_clean(y.tp);
+      assert_true(tu_pstats(y.tp).peak_device_bytes <= budget);
+      if (joined) /* one block, passed round */
+        assert_int_equal(tu_device_used(y.plat), budget);
+      tu_pipe_free(y.tp);
+      mlo_platform_close(y.plat);
+    }
+    assert_int_equal(moved[1], moved[0]); /* the same bytes, earlier */
+  }
+}
+
+/* On the simulated clock: B's block 1 computes for 100 us, the VAE's 8 KiB
+ * copy (8 us) lands under it, and the VAE's acquire waits for nothing
+ * (unjoined, it loads at its acquire: 8 KiB over the link). */
+static void test_cycle_vae_waits_for_nothing(void **state) {
+  (void)state;
+  for (int joined = 1; joined >= 0; joined--) {
+    if (!joined) setenv("MLO_NO_JOIN", "1", 1);
+    cycle y = {0};
+    cycle_build_on(&y, tu_open_spec("sim:capacity=1M,link=1e9"), true);
+    assert_ok(mlo_pipeline_materialize(y.tp->pipe));
+    assert_ok(budget_on(y.tp, STREAMED, true));
+    unsetenv("MLO_NO_JOIN");
+    y.compute_ns = 100000;
+    for (int p = 0; p < 2; p++) assert_ok(cycle_prompt(&y));
+    mlo_component_stats v = tu_cstats(y.c[3]);
+    assert_int_equal(v.joined_loads, joined ? 2 : 0);
+    if (joined)
+      assert_int_equal(v.wait_ns, 0);
+    else
+      tu_assert_near_ns(v.wait_ns, 2 * COPY_NS(8 * KB));
+    assert_ok(mlo_pipeline_audit(y.tp->pipe));
+    tu_pipe_free(y.tp);
+    mlo_platform_close(y.plat);
+  }
+}
+
+static tu_pipe *cycle_sweep_build(void *self, mlo_platform *plat) {
+  cycle *y = self;
+  y->vae_bytes = 0; /* (the last run's is freed) */
+  cycle_build_on(y, plat, false);
+  assert_ok(mlo_pipeline_materialize(y->tp->pipe));
+  return y->tp;
+}
+
+static int cycle_sweep_run(void *self) {
+  cycle *y = self;
+  int rc = mlo_offload_is_enabled(y->tp->pipe) ? MLO_OK : budget_on(y->tp, STREAMED, true);
+  for (int p = 0; p < 2 && !rc; p++) rc = cycle_prompt(y);
+  return rc;
+}
+
+static void cycle_sweep_destroy(void *self) {
+  cycle *y = self;
+  tu_pipe_free(y->tp);
+}
+
+static void test_cycle_fault_sweep(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  cycle y = {0};
+  tu_fault_case fc = {cycle_sweep_build, cycle_sweep_run, cycle_sweep_destroy};
+  assert_true(tu_fault_sweep("host:capacity=1M,jitter=1", &fc, &y) > 40);
+}
+
 /* B's forward reads its epilogue before any block, or skips its last
  * block (block caching, skip-layer guidance): its head, which its acquire
  * waits for, holds the epilogue, so both read landed bytes. */
@@ -719,6 +913,9 @@ int main(void) {
       cmocka_unit_test(test_streamed_bytes_under_jitter),
       cmocka_unit_test(test_streamed_fault_sweep),
       cmocka_unit_test(test_streamed_source_rules),
+      cmocka_unit_test(test_cycle_joined),
+      cmocka_unit_test(test_cycle_vae_waits_for_nothing),
+      cmocka_unit_test(test_cycle_fault_sweep),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
