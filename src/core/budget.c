@@ -264,6 +264,10 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     }
     if (c->join) { /* a joined switch: its source is spent, its target loading into it */
       mlo_component *a = mlo_join_source(c), *b = mlo_join_target(c);
+      /* except a source without blocks: nothing of it is overwritten before
+       * its last release, so it is shared as any resident component (a
+       * nested acquire, mlo.torch's among them; another thread's) */
+      if (a == c && !c->nblocks && mlo_res_is_resident(c)) return MLO_OK;
       uint64_t mine; /* as make_room: a thread holding anything does not wait */
       if (try_only || held_here(pipe, &mine))
         return mlo_fail(pipe, try_only ? MLO_EBUSY : MLO_EDEADLK,

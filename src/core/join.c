@@ -355,8 +355,12 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   /* b streaming: its plan's pieces at their offsets, over a's of the same
    * layout (two experts) or into a block it fits (a mirror either way) */
   uint64_t room = a->alloc_bytes; /* whole alignment units, as every block (slab.c) */
+  /* (into a plain block: exactly the one the budget counts for a, since b
+   * is counted as its footprint from the hand-over) */
   bool mirror = b->stream != NULL;
-  if (mirror && (a->stream ? !mlo_stream_same_layout(a, b) : mlo_stream_footprint(b) > room))
+  if (mirror &&
+      (a->stream ? !mlo_stream_same_layout(a, b)
+                 : mlo_stream_footprint(b) != mlo_res_bytes(a) || mlo_stream_footprint(b) > room))
     return false;
   if (!mirror && b->slab_bytes > room) return false;
   struct mlo_join *j = mlo_calloc(1, sizeof *j);

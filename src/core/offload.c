@@ -189,6 +189,7 @@ static int acquire_locked(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
   if (pol && pol->acquired) pol->acquired(pipe, c);
   if (pipe->audit_each && (rc = audit_locked(pipe))) {
     drop_holder(c);
+    if (!c->users) mlo_join_drop(c); /* a join its acquire started (budget.c) ends */
     pthread_cond_broadcast(&pipe->idle);
   }
   return rc;
