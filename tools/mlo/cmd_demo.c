@@ -57,8 +57,8 @@ static void help(void) {
          "all resident and warm (the baseline), strict model-level offload (the\n"
          "specification) and the budget policy with prefetch, both on a device that\n"
          "holds the strict need and the next component but not the whole pipeline,\n"
-         "the budget policy with prefetch within the strict need (the next expert's\n"
-         "copies joined to the switch, into the blocks the current one has run),\n"
+         "the budget policy with prefetch within the strict need (each switch joined:\n"
+         "the next component's copies go into the blocks the current one has run),\n"
          "the budget policy on a device of 60%% of one DiT, its blocks streaming, and\n"
          "the budget policy with half the weights' host memory, the rest read from the\n"
          "checkpoint at each load, over a link throttled so that one DiT load takes one\n"
@@ -386,8 +386,8 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     printf("  whole loads wait for every byte at each switch; block by block, each block's\n"
            "  compute waits for its own copy alone: %.3f s against %.3f s per prompt\n",
            run_steady(&strict, GEN_STALL), run_steady(&whole, GEN_STALL));
-    printf("  in strict's memory the budget policy with prefetch joins the switches that\n"
-           "  fit (%" PRIu64 " loads in %d prompts): the next expert's copies go into the\n"
+    printf("  in strict's memory the budget policy with prefetch joins the switches\n"
+           "  (%" PRIu64 " loads in %d prompts): the next component's copies go into the\n"
            "  blocks the current one has run, and it waits %.3f s against strict's %.3f s\n",
            joined.stats.total.joined_loads, o.prompts, run_steady(&joined, GEN_STALL),
            run_steady(&strict, GEN_STALL));
