@@ -106,15 +106,19 @@ static uint64_t dev_off(const mlo_tensor *t) {
   return off;
 }
 
-static bool bytes_ok(rig *r, const mlo_tensor *t) {
-  if (r->sim) return true; /* the simulated device stores no bytes */
+/* t's bytes on the device are its pattern (a failure noted for the test). */
+static bool device_bytes_ok(tu_pipe *tp, const mlo_tensor *t) {
   size_t n = (size_t)mlo_tensor_nbytes(t);
   unsigned char *buf = malloc(n);
-  int rc = tu_read_device(r->tp, t, buf, n);
-  bool ok = rc == MLO_OK && tu_pattern_mismatch(buf, n, tu_rec(r->tp, t)->seed) == n;
+  int rc = tu_read_device(tp, t, buf, n);
+  bool ok = rc == MLO_OK && tu_pattern_mismatch(buf, n, tu_rec(tp, t)->seed) == n;
   free(buf);
-  if (!ok) tu_note_failure(r->tp, "%s: %s", mlo_tensor_name(t), rc ? mlo_err_name(rc) : "bytes");
+  if (!ok) tu_note_failure(tp, "%s: %s", mlo_tensor_name(t), rc ? mlo_err_name(rc) : "bytes");
   return ok;
+}
+
+static bool bytes_ok(rig *r, const mlo_tensor *t) {
+  return r->sim || device_bytes_ok(r->tp, t); /* the simulated device stores no bytes */
 }
 
 static void *try_acquire_a(void *arg) {
@@ -501,13 +505,7 @@ static void cycle_build_on(cycle *y, mlo_platform *plat, bool sim) {
 static bool cycle_bytes_ok(cycle *y, const mlo_tensor *t) {
   if (y->sim) return true;
   if (y->settle && mlo_platform_synchronize(y->plat)) return false;
-  size_t n = (size_t)mlo_tensor_nbytes(t);
-  unsigned char *buf = malloc(n);
-  int rc = tu_read_device(y->tp, t, buf, n);
-  bool ok = rc == MLO_OK && tu_pattern_mismatch(buf, n, tu_rec(y->tp, t)->seed) == n;
-  free(buf);
-  if (!ok) tu_note_failure(y->tp, "%s: %s", mlo_tensor_name(t), rc ? mlo_err_name(rc) : "bytes");
-  return ok;
+  return device_bytes_ok(y->tp, t);
 }
 
 /* The prologue, each block between its begin and end, the epilogue. */
