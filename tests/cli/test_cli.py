@@ -1997,7 +1997,7 @@ class DemoBenchTests(unittest.TestCase):
             self.assertRegex(out, r"strict, whole loads .*\n  strict offload ")
             # within strict's memory, the expert switch joined each prompt
             self.assertRegex(out, r"strict memory, joined .* (\d+(\.\d+)? MiB) *\n")
-            self.assertRegex(out, r"fit \(([1-9]\d*) loads in 3 prompts\)")
+            self.assertRegex(out, r"joins the switches\s+\(([1-9]\d*) loads in 3 prompts\)")
             self.assertRegex(out, r"host memory 1/2: .* read from disk per prompt")
             self.assertIn("rtx4090, bf16, RAM 32.0 GiB", out)
             svg = os.path.join(tmp, "demo-timeline.svg")
