@@ -841,6 +841,30 @@ class StreamTests(unittest.TestCase):
         self.assertTrue(all(all(v) for v in seen.values()),
                         "a block computed from memory other than its device copy: %s" % seen)
 
+    def test_the_vae_joins_a_tight_budget(self):
+        # A budget that leaves less beside the streamed expert's footprint
+        # than the VAE: the last expert's switch to the VAE joins, its
+        # copies going into the expert's ended kept blocks
+        # (docs/streaming.md, "The prompt's cycle"); frames bit-identical.
+        build = lambda: tiny.wan(num_layers=8, ffn_dim=4096)  # noqa: E731
+        ref = np.asarray(tiny.run_wan(build()))
+        probe = build()  # the streamed expert's footprint at 60% of it
+        sizes = component_bytes(probe)
+        b = mlo.torch.enable_model_offload(probe, device=DEVICE, policy="budget",
+                                           budget=sizes["transformer"] * 6 // 10)
+        dit = next(m for m in b.managed if m.name == "transformer_2")
+        footprint = dit.comp.stream_info()["device_bytes"]
+        mlo.torch.close_model_offload(probe)
+        pipe = build()
+        budget = footprint + sizes["vae"] // 3  # the VAE does not fit beside it
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget", budget=budget)
+        for _ in range(3):
+            self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+            b.pipeline.audit()
+        vae = next(m for m in b.managed if m.name == "vae")
+        self.assertEqual(vae.comp.stats()["joined_loads"], 2)  # from the second generation
+        self.assertLessEqual(b.pipeline.stats()["peak_device_bytes"], budget)
+
     def test_one_dit_written_between_generations(self):
         # One DiT (Wan2.1's shape): it stays resident between generations,
         # its slots filled ahead with blocks copied before the write.
