@@ -16,7 +16,10 @@
 #                          pinned copy_
 #   6 bench                mlo bench --platform cuda:0 --json
 #   7 run                  mlo run --verify on a multi-GiB Wan2.2-shaped
-#                          pipeline under --device-memory (strict, then budget)
+#                          pipeline under --device-memory (strict, then budget,
+#                          then a budget of 60% of a DiT: its blocks stream
+#                          and every switch of the prompt joins, with compute
+#                          asynchronous to the copies as nowhere else)
 #   8 run-pressure         the same run while another process holds all of
 #                          the device but what the run needs: same digest
 #   9 memcheck             platform_cuda under compute-sanitizer memcheck with
@@ -245,16 +248,20 @@ step bench 90 "${mlo_env[@]}" "$bin/mlo" bench --platform "$plat" --json $bench_
 cp "$out/logs/bench.log" "$out/bench.json" 2>/dev/null
 
 ckpt="$out/wan" # in the work folder: removed with it
-step synth 60 "${mlo_env[@]}" "$bin/mlo" synth wan2.2-t2v "$ckpt" --scale "$scale"
+# at full depth (40 blocks a DiT, as the real model): what streams and joins
+# below is what a real Wan2.2 does, and the rehearsal's tiny scale still streams
+step synth 60 "${mlo_env[@]}" "$bin/mlo" synth wan2.2-t2v "$ckpt" --scale "$scale" --full-depth
 if [ "$dry" = 1 ]; then
   need=1
+  stream=1
 else
   # one inspect: the strict run's device (9/8 of its need) and the budget
   # run's (room to prefetch the next component), 64 MiB over each
-  read -r need ahead < <(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json \
+  read -r need ahead stream < <(timeout 30 "${mlo_env[@]}" "$bin/mlo" inspect "$ckpt" --json \
     2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin)
-print(d["model_offload_bytes"] * 9 // 8 + (64 << 20), d["budget_policy"]["prefetch_bytes"] + (64 << 20))' \
-    2>/dev/null || echo 0 0)
+dit = max(c["device_bytes"] for c in d["components"] if c["role"] == "dit")
+print(d["model_offload_bytes"] * 9 // 8 + (64 << 20), d["budget_policy"]["prefetch_bytes"] + (64 << 20), dit * 6 // 10)' \
+    2>/dev/null || echo 0 0 0)
   need=${need:-0}
 fi
 if [ "$need" -gt 0 ] && [ "${ahead:-1}" -gt 0 ]; then
@@ -264,6 +271,10 @@ if [ "$need" -gt 0 ] && [ "${ahead:-1}" -gt 0 ]; then
   step run-budget 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform "$plat" \
     --device-memory "${ahead:-1}" --policy budget --steps 8 --prompts 3 --verify --json
   cp "$out/logs/run-budget.log" "$out/run-budget.json" 2>/dev/null
+  step run-stream 90 "${mlo_env[@]}" "$bin/mlo" run "$ckpt" --platform "$plat" \
+    --device-memory "${ahead:-1}" --policy budget --budget "${stream:-1}" --steps 8 --prompts 3 \
+    --verify --json
+  cp "$out/logs/run-stream.log" "$out/run-stream.json" 2>/dev/null
 
   # Another process takes every byte but the run's need and a margin for
   # mlo's own CUDA context and cuBLAS workspace (1 GiB); the run starts only

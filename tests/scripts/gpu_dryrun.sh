@@ -34,7 +34,7 @@ n=$(find "$tmp/out" -type f | wc -l)
 big=$(find "$tmp/out" -type f -size +16M)
 [ -z "$big" ] || fail "over 16 MiB in \$OUT: $big"
 ! grep -q "^FAIL" "$summary" || fail "a step failed in a dry run"
-for s in platform_cuda contract example torch bench synth run run-budget run-pressure; do
+for s in platform_cuda contract example torch bench synth run run-budget run-stream run-pressure; do
   grep -q "^SKIPPED (dry run) $s:" "$summary" || fail "step $s not reported"
 done
 grep -q "^overall: PASS" "$summary" || fail "no overall PASS"
@@ -47,7 +47,7 @@ size_kib=$(du -sk "$tmp/pack" | cut -f1)
 MLO_GPU_DRYRUN=2 MLO_GPU_PACK="$tmp/pack" OUT="$tmp/rehearsal" bash "$repo/scripts/gpu-check.sh" ||
   { summary="$tmp/rehearsal/summary.txt"; fail "the rehearsal did not pass"; }
 summary="$tmp/rehearsal/summary.txt"
-for s in contract example bench synth run run-budget run-pressure; do
+for s in contract example bench synth run run-budget run-stream run-pressure; do
   grep -q "^ok $s:" "$summary" || fail "rehearsal: step $s did not pass"
 done
 grep -q "^SKIPPED .* platform_cuda:" "$summary" || fail "rehearsal: platform_cuda not skipped"
