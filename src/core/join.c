@@ -379,16 +379,16 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
     rg = ring_of(b, &vm, ring_start(a, r, nr), room);
   }
   bool ok = r && (j->ended = mlo_calloc(a->nblocks ? a->nblocks : 1, sizeof *j->ended)) &&
-            (mirror ? plan_mirror(j, r, nr) : plan_runs(j, &vm, &rg, r, nr)) &&
-            !(j->prog && mlo_prog_join_prepare(b)) &&
-            !PCALL(b, mlo_plat_event_create(pipe->platform, &j->point));
+            (mirror ? plan_mirror(j, r, nr) : plan_runs(j, &vm, &rg, r, nr));
   free(r);
   /* without blocks, a frees nothing before its release: joined only where
    * its block has room beside it that b goes into now */
-  bool early = false;
+  bool early = a->nblocks;
   for (size_t i = 0; ok && i < j->nruns && !early; i++)
     early = j->runs[i].len && j->runs[i].dep == DEP_NONE;
-  if (!ok || (!a->nblocks && !early)) {
+  ok = ok && early && !(j->prog && mlo_prog_join_prepare(b)) &&
+       !PCALL(b, mlo_plat_event_create(pipe->platform, &j->point));
+  if (!ok) {
     join_free(j);
     return false;
   }
@@ -450,22 +450,18 @@ static bool link_has_room(struct mlo_join *j) {
          (!j->tail_set || mlo_plat_event_query(p, j->tail) == MLO_OK);
 }
 
-/* Issues the runs that may go (all: A's compute is all queued), after a
- * compute event the copy queue waits for. */
-static int issue(struct mlo_join *j, bool all) {
+/* Orders what the copy queue takes next after A's compute so far (C9). */
+static int fence(struct mlo_join *j) {
+  mlo_platform *p = j->from->pipe->platform;
+  int rc = PCALL(j->to, mlo_plat_event_record_compute(p, j->point));
+  return rc ? rc : PCALL(j->to, mlo_plat_copy_wait(p, j->point));
+}
+
+/* Copies runs [next, k) behind a fence, each mark's event after its run. */
+static int copy_runs(struct mlo_join *j, size_t k) {
   mlo_component *a = j->from, *b = j->to;
   mlo_platform *p = a->pipe->platform;
-  size_t k = j->next;
-  if (j->paced && !all) { /* one piece, where the link has room */
-    if (!link_has_room(j)) return MLO_OK;
-    while (k < j->nruns && ready(j, &j->runs[k]))
-      if (j->runs[k++].mark != MARK_NONE) break;
-  } else {
-    while (k < j->nruns && (all || ready(j, &j->runs[k]))) k++;
-  }
-  if (k == j->next) return MLO_OK;
-  int rc = PCALL(b, mlo_plat_event_record_compute(p, j->point));
-  if (!rc) rc = PCALL(b, mlo_plat_copy_wait(p, j->point));
+  int rc = fence(j);
   for (; j->next < k && !rc; j->next++) {
     const struct join_run *r = &j->runs[j->next];
     if (r->len) {
@@ -477,40 +473,48 @@ static int issue(struct mlo_join *j, bool all) {
     }
     if (r->mark != MARK_NONE) rc = mlo_prog_join_mark(b, r->mark);
   }
-  if (!rc && j->paced && !all) {
-    if (!j->tail) rc = PCALL(b, mlo_plat_event_create(p, &j->tail));
-    if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(p, j->tail));
+  return rc;
+}
+
+/* Issues the runs that may go now, in order. */
+static int issue(struct mlo_join *j) {
+  size_t k = j->next;
+  if (j->paced) { /* one piece, where the link has room */
+    if (!link_has_room(j)) return MLO_OK;
+    while (k < j->nruns && ready(j, &j->runs[k]))
+      if (j->runs[k++].mark != MARK_NONE) break;
+  } else {
+    while (k < j->nruns && ready(j, &j->runs[k])) k++;
+  }
+  if (k == j->next) return MLO_OK;
+  int rc = copy_runs(j, k);
+  if (!rc && j->paced) {
+    mlo_platform *p = j->from->pipe->platform;
+    if (!j->tail) rc = PCALL(j->to, mlo_plat_event_create(p, &j->tail));
+    if (!rc) rc = PCALL(j->to, mlo_plat_event_record_copy(p, j->tail));
     j->tail_set = !rc;
   }
   return rc;
+}
+
+/* Issues every run up to end whatever A has ended: its compute is all
+ * queued (its release). */
+static int issue_all(struct mlo_join *j, size_t end) {
+  return end > j->next ? copy_runs(j, end) : MLO_OK;
 }
 
 /* A mirror join at A's release: B's kept blocks not copied yet stay B's
  * load's to issue (from the first of them), its head goes now.  Always
  * after A's compute: B's own load copies into A's memory next. */
 static int release_mirror(struct mlo_join *j) {
-  mlo_component *b = j->to;
   size_t k = j->next > j->kfirst ? j->next : j->kfirst;
-  size_t from = k < j->klast ? (size_t)j->runs[k].mark : b->nblocks;
-  size_t n = j->nruns;
-  int rc = MLO_OK;
-  if (j->next < j->kfirst) { /* the head first: what of it is left */
-    j->nruns = j->kfirst;
-    rc = issue(j, true);
-    j->nruns = n;
-  }
+  size_t from = k < j->klast ? (size_t)j->runs[k].mark : j->to->nblocks;
+  int rc = issue_all(j, j->kfirst); /* the head first: what of it is left */
   if (!rc) {
-    /* the kept blocks left are B's load's */
-    j->next = j->next > j->klast ? j->next : j->klast;
-    size_t before = j->next;
-    rc = issue(j, true);
-    if (!rc && j->next == before) { /* nothing went: the compute fence alone */
-      mlo_platform *p = b->pipe->platform;
-      rc = PCALL(b, mlo_plat_event_record_compute(p, j->point));
-      if (!rc) rc = PCALL(b, mlo_plat_copy_wait(p, j->point));
-    }
+    if (j->next < j->klast) j->next = j->klast; /* the kept blocks left are B's load's */
+    rc = j->next < j->nruns ? issue_all(j, j->nruns) : fence(j);
   }
-  if (!rc) mlo_prog_join_defer(b, from);
+  if (!rc) mlo_prog_join_defer(j->to, from);
   return rc;
 }
 
@@ -519,14 +523,14 @@ void mlo_join_block_ended(mlo_component *a, size_t block) {
   if (!j || j->from != a || j->failed || block >= a->nblocks) return;
   j->ended[block] = true;
   while (j->done < a->nblocks && j->ended[j->done]) j->done++;
-  int rc = issue(j, false);
+  int rc = issue(j);
   if (rc) fail(j, rc);
 }
 
 void mlo_join_kick(mlo_component *a) {
   struct mlo_join *j = a->join;
   if (!j || j->from != a || j->failed) return;
-  int rc = issue(j, false);
+  int rc = issue(j);
   if (rc) fail(j, rc);
 }
 
@@ -535,7 +539,7 @@ void mlo_join_released(mlo_component *a) {
   if (!j || j->from != a) return;
   mlo_component *b = j->to;
   if (!j->failed) {
-    int rc = j->mirror ? release_mirror(j) : issue(j, true);
+    int rc = j->mirror ? release_mirror(j) : issue_all(j, j->nruns);
     if (!rc && j->prog) mlo_prog_join_activate(b);
     if (!rc) /* nothing changed if it fails */
       rc = mlo_res_hand_over(a, b, j->copies, j->moved, !j->mirror);

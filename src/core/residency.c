@@ -244,9 +244,9 @@ int mlo_res_load(mlo_component *c) {
     else if (len)
       rc =
           PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
-    copies = len && !c->on_disk ? 1 : 0;
+    copies = len && !c->on_disk && !rc ? 1 : 0;
     moved = len;
-    queued = copies && !rc ? len : 0;
+    queued = copies ? len : 0;
     if (pipe->shard_resident) {
       c->shard_offset = from;
       c->shard_bytes = len;
@@ -285,7 +285,7 @@ int mlo_res_load(mlo_component *c) {
   if (rc) {            /* roll back: the block goes, stream-ordered after queued copies */
     if (!c->on_disk) { /* (the disk tier counts its own) */
       c->stats.h2d_bytes += queued; /* they cross the link all the same */
-      c->stats.copy_calls += queued ? copies : 0;
+      c->stats.copy_calls += copies;
     }
     c->device_gather = false;
     mlo_prog_evicted(c); /* no residency: its block events are not this load's */
