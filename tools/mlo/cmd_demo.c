@@ -28,7 +28,7 @@
 #define DEMO_PRESET "wan2.2-t2v:full-depth"
 #define DEMO_FOLDER "wan2.2-t2v-full-depth"
 #define DEMO_MODEL "wan2.2-t2v" /* the real model mlo plan projects (full depth, at scale 1) */
-#define DEMO_SCALE 0.005 /* about 330 MB of weights */
+#define DEMO_SCALE 0.005        /* about 330 MB of weights */
 #define DEMO_STEPS 8
 
 /* The preset's roles, declared: the demo knows what it generated, so no
