@@ -237,6 +237,11 @@ typedef struct {
 /* The presets, terminated by an entry whose name is NULL.  Static storage. */
 MLO_API const mlo_synth_preset_info *mlo_synth_presets(void);
 
+/* The preset a name stands for: the preset's own name for NAME and for
+ * NAME:full-depth (which at scale 1 is the same model); NULL for any other
+ * name.  Static storage. */
+MLO_API const char *mlo_synth_preset_of(const char *name);
+
 /* Progress: bytes of tensor data written so far over the total, and the
  * file being written (relative to dir). */
 typedef void (*mlo_synth_progress_fn)(const char *file, uint64_t done, uint64_t total, void *user);

@@ -183,6 +183,12 @@ static const mlo_syn_preset *find_preset(const char *name, bool *full_depth) {
   return NULL;
 }
 
+const char *mlo_synth_preset_of(const char *name) {
+  bool deep;
+  const mlo_syn_preset *p = find_preset(name, &deep);
+  return p ? p->name : NULL;
+}
+
 static bool scale_ok(double scale) {
   return scale > 0 && scale <= 4.0 && isfinite(scale);
 }

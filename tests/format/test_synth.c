@@ -443,6 +443,8 @@ static void test_full_depth(void **state) {
     assert_ok(mlo_synth_bytes(deep, 1.0, &full));
     assert_ok(mlo_synth_bytes(p->name, 1.0, &plain));
     assert_int_equal(full, plain);
+    assert_string_equal(mlo_synth_preset_of(deep), p->name); /* what mlo plan plans */
+    assert_string_equal(mlo_synth_preset_of(p->name), p->name);
     const double scales[] = {1e-3, 1e-2, 0.1};
     for (size_t k = 0; k < 3; k++) {
       uint64_t b;
@@ -477,7 +479,9 @@ static void test_full_depth(void **state) {
   const char *bad[] = {"wan2.2-t2v:", "wan2.2-t2v:full-dept", "wan2.2-t2v:full-depth:full-depth",
                        "wan2.2-t2v-full-depth", ":full-depth"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-    if (mlo_synth_bytes(bad[i], 0.01, &b) != MLO_ENOTFOUND) fail_msg("'%s' taken", bad[i]);
+    if (mlo_synth_bytes(bad[i], 0.01, &b) != MLO_ENOTFOUND || mlo_synth_preset_of(bad[i]))
+      fail_msg("'%s' taken", bad[i]);
+  assert_null(mlo_synth_preset_of(NULL));
 }
 
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)

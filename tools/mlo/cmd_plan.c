@@ -86,17 +86,6 @@ static void help(void) {
          "input, 4 other failure.\n");
 }
 
-/* The preset a name is (NULL: none): its own name, or NAME:full-depth
- * (mlo synth's), which at its real size is the same model. */
-static const char *preset_named(const char *name) {
-  for (const mlo_synth_preset_info *p = mlo_synth_presets(); p->name; p++) {
-    size_t n = strlen(p->name);
-    if (!strncmp(p->name, name, n) && (!name[n] || !strcmp(name + n, ":full-depth")))
-      return p->name;
-  }
-  return NULL;
-}
-
 /* --step-time K=S[,K=S...] ("s" or "ms" after the number): parsed here,
  * matched to components once the pipeline is open. */
 static void parse_step_times(targs *a, const char *text, plan_args *pa) {
@@ -220,8 +209,9 @@ static int parse(int argc, char **argv, plan_args *pa) {
   }
   /* A preset's name that is not also a path here is the preset. */
   struct stat st;
-  if (pa->src.path && preset_named(pa->src.path) && stat(pa->src.path, &st) != 0) {
-    pa->preset = preset_named(pa->src.path);
+  const char *preset = pa->src.path ? mlo_synth_preset_of(pa->src.path) : NULL;
+  if (preset && stat(pa->src.path, &st) != 0) {
+    pa->preset = preset;          /* NAME:full-depth is NAME at its real size */
     pa->src.label = pa->src.path; /* as given */
     pa->src.path = NULL;
   }
