@@ -881,10 +881,14 @@ MLO_API int mlo_component_release(mlo_component *comp);
  * a kept block's bytes are ordered after its begin (its load is
  * progressive: see mlo_component_set_progressive).  For a component that
  * neither streams nor loads progressively, begin and end check their
- * arguments and do nothing else, so a forward may call them always.  Blocks run out of
+ * arguments and their pairing and do nothing else, so a forward may call
+ * them always.  Blocks run out of
  * order are loaded on demand (a stall, never an error).  Several threads
  * holding the component may run blocks at once: a block begun twice is
- * shared (each begin needs its end); a thread that begins a block while
+ * shared (each begin needs its end, on the thread that began it: an end
+ * with no open begin of that block on its own thread is MLO_ESTATE and
+ * changes nothing, so a block is never refilled or handed to the next
+ * component while a begin of it is open); a thread that begins a block while
  * every slot holds a block begun elsewhere waits for an end, unless it
  * holds one of them itself (MLO_EBUSY: waiting could deadlock).  A
  * block begun and never ended is ended when the thread that began it

@@ -3,9 +3,9 @@
  * below the others so that none of them imports the rest: recording a
  * failure in the pipeline's message, refusing a call from inside the
  * pipeline's own callback, taking both of its locks, the lists of threads
- * holding a component or a streamed block, and the agreement step before a
- * collective operation (dist.h).  They once lived in pipeline.c,
- * which made the six files of core import each other in a circle.
+ * holding a component or a streamed block (and the kept blocks begun), and the agreement step
+ * before a collective operation (dist.h).  They once lived in pipeline.c, which made the six files
+ * of core import each other in a circle.
  */
 #include "base/sysio.h"
 #include "core/internal.h"
@@ -126,4 +126,43 @@ bool mlo_holders_has(const pthread_t *holders, int n) {
   for (int i = 0; i < n; i++)
     if (pthread_equal(holders[i], self)) return true;
   return false;
+}
+
+int mlo_begun_add(mlo_component *c, size_t block) {
+  if (c->nbegun == c->begun_cap) {
+    size_t cap = c->begun_cap ? c->begun_cap * 2 : 8;
+    struct mlo_begun *grown = mlo_realloc(c->begun, cap * sizeof *grown);
+    if (!grown) return MLO_ENOMEM;
+    c->begun = grown;
+    c->begun_cap = cap;
+  }
+  c->begun[c->nbegun++] = (struct mlo_begun){.block = block, .thread = pthread_self()};
+  return MLO_OK;
+}
+
+bool mlo_begun_end(mlo_component *c, size_t block) {
+  pthread_t self = pthread_self();
+  for (size_t i = c->nbegun; i-- > 0;)
+    if (c->begun[i].block == block && pthread_equal(c->begun[i].thread, self)) {
+      c->begun[i] = c->begun[--c->nbegun];
+      return true;
+    }
+  return false;
+}
+
+bool mlo_begun_open(const mlo_component *c, size_t block) {
+  for (size_t i = 0; i < c->nbegun; i++)
+    if (c->begun[i].block == block) return true;
+  return false;
+}
+
+size_t mlo_begun_drop_thread(mlo_component *c, bool all) {
+  pthread_t self = pthread_self();
+  size_t dropped = 0;
+  for (size_t i = c->nbegun; i-- > 0;)
+    if (all || pthread_equal(c->begun[i].thread, self)) {
+      c->begun[i] = c->begun[--c->nbegun];
+      dropped++;
+    }
+  return dropped;
 }

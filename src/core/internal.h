@@ -175,6 +175,11 @@ struct mlo_component {
   int users;          /* forwards/acquires in progress */
   pthread_t *holders; /* the thread of each of them (users entries), for EDEADLK */
   size_t hcap;
+  /* kept (not streamed) blocks begun and not ended: one entry a begin, with
+   * its thread (guard.c), so an end must match a begin on its own thread and
+   * a block is ended (a join may take its memory) only at its last end */
+  struct mlo_begun *begun;
+  size_t nbegun, begun_cap;
   mlo_group *group;  /* delegate exclusion group, if any */
   uint64_t last_use; /* pipe->tick at its last acquire (BUDGET's LRU) */
 
@@ -288,6 +293,20 @@ void mlo_unlock_both(mlo_pipeline *pipe);
 int mlo_holders_add(pthread_t **holders, size_t *cap, int *n);
 void mlo_holders_drop(pthread_t *holders, int *n);
 bool mlo_holders_has(const pthread_t *holders, int n);
+
+/* The kept blocks begun on c (c->begun); lock held.  add: one begin of
+ * block by this thread (MLO_ENOMEM with nothing changed); end: drops one
+ * of this thread's begins of block, false if it has none; open: whether
+ * any thread still has block begun; drop_thread: drops this thread's
+ * begins (every thread's with all), returning how many were dropped. */
+struct mlo_begun {
+  size_t block;
+  pthread_t thread;
+};
+int mlo_begun_add(mlo_component *c, size_t block);
+bool mlo_begun_end(mlo_component *c, size_t block);
+bool mlo_begun_open(const mlo_component *c, size_t block);
+size_t mlo_begun_drop_thread(mlo_component *c, bool all);
 
 /* Whether the calling thread is one of c's holders (its acquires or
  * forwards in progress); lock held.  Both the exclusion rule and the budget

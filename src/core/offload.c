@@ -14,6 +14,8 @@
 #include "core/internal.h"
 #include "core/policy.h"
 
+#include "base/log.h"
+
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,10 +244,14 @@ static int release(mlo_component *c, uint64_t forward_ns) {
     mlo_res_trace(c, MLO_TRACE_FORWARD_END, 0);
   }
   drop_holder(c);
-  /* a streamed block this thread began and never ended ends with its hold
-   * (every thread's with the last one) */
-  if (c->stream && (c->users == 0 || !mlo_held_by_this_thread(c)))
-    mlo_stream_released(c, c->users == 0);
+  /* a block this thread began and never ended ends with its hold (every
+   * thread's with the last one): a streamed one's slot, a kept one's count */
+  if (c->users == 0 || !mlo_held_by_this_thread(c)) {
+    if (c->stream) mlo_stream_released(c, c->users == 0);
+    if (mlo_begun_drop_thread(c, c->users == 0))
+      mlo_logf(MLO_LOG_WARN, "%s: a kept block was begun and never ended; ended at the release",
+               c->name);
+  }
   if (c->users == 0) {
     rc = mlo_res_note_last_use(c);
     pthread_cond_broadcast(&pipe->idle);

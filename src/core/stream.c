@@ -669,6 +669,33 @@ static int check_block(mlo_component *c, size_t block, const char *what) {
   return MLO_OK;
 }
 
+/* A kept block's begin: counted with its thread (an end must match it),
+ * and ordered after its own copy where the load was progressive. */
+static int begin_kept(mlo_component *c, size_t block) {
+  if (mlo_begun_add(c, block))
+    return mlo_fail(c->pipe, MLO_ENOMEM, "out of host memory beginning block %zu of '%s'", block,
+                    c->name);
+  int rc = mlo_res_is_resident(c) ? mlo_prog_begin(c, block) : MLO_OK;
+  if (rc) mlo_begun_end(c, block); /* not begun after all */
+  return rc;
+}
+
+/* A kept block's end: it must match a begin on this thread; at the last
+ * end of its begins on every thread its memory may go to the next
+ * component (join.c), never while a begin is still open. */
+static int end_kept(mlo_component *c, size_t block) {
+  mlo_pipeline *pipe = c->pipe;
+  if (!mlo_begun_end(c, block))
+    return mlo_fail(pipe, MLO_ESTATE,
+                    "block %zu of '%s' ended without a begin on this thread (every end needs "
+                    "its own begin, on the thread that ends it)",
+                    block, c->name);
+  if (!mlo_begun_open(c, block) && mlo_res_is_resident(c) && pipe->policy &&
+      pipe->policy->block_ended)
+    pipe->policy->block_ended(pipe, c, block); /* its memory may go to the next component */
+  return MLO_OK;
+}
+
 int mlo_block_begin(mlo_component *c, size_t block) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
@@ -680,8 +707,7 @@ int mlo_block_begin(mlo_component *c, size_t block) {
                   "next (a block is not begun again after its end in the component's last call "
                   "before the next one)",
                   block, c->name, mlo_join_target(c)->name);
-  if (!rc && !block_streams(c, block) && mlo_res_is_resident(c))
-    rc = mlo_prog_begin(c, block); /* a kept block: its own copy, where the load was progressive */
+  if (!rc && !block_streams(c, block)) rc = begin_kept(c, block);
   if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
     pthread_mutex_unlock(&pipe->lock);
     return rc;
@@ -743,9 +769,7 @@ int mlo_block_end(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "end");
-  if (!rc && !block_streams(c, block) && mlo_res_is_resident(c) && pipe->policy &&
-      pipe->policy->block_ended)
-    pipe->policy->block_ended(pipe, c, block); /* its memory may go to the next component */
+  if (!rc && !block_streams(c, block)) rc = end_kept(c, block);
   if (rc || !block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
     pthread_mutex_unlock(&pipe->lock);
     return rc;
@@ -754,6 +778,11 @@ int mlo_block_end(mlo_component *c, size_t block) {
   struct stream_slot *s = slot_of(st, block);
   if (!s || !s->users) {
     rc = mlo_fail(pipe, MLO_ESTATE, "block %zu of '%s' ended without a begin", block, c->name);
+  } else if (!mlo_holders_has(s->holders, s->users)) { /* its slot is another thread's */
+    rc = mlo_fail(pipe, MLO_ESTATE,
+                  "block %zu of '%s' ended on a thread that did not begin it (the thread that "
+                  "began it still reads its slot)",
+                  block, c->name);
   } else if (s->users > 1) {
     mlo_holders_drop(s->holders, &s->users); /* others still run it */
   } else if ((rc = record_free(c, s))) {     /* it stays begun: the release ends it */

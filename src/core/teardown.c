@@ -63,6 +63,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     free(c->tensors);
     mlo_nameset_free(&c->names);
     free(c->holders);
+    free(c->begun);
     free(c->name);
     free(c);
   }

@@ -784,6 +784,43 @@ static void test_ended_block_not_begun_again(void **state) {
   mlo_platform_close(plat);
 }
 
+/* F1, F13 (issue 44): a kept block's memory goes to the joined next
+ * component only at the last end of its begins.  In A's joined call each
+ * block is begun twice on this thread (nested begins are shared); after its
+ * first end every copy queued so far is let land (synchronize) and the
+ * block's bytes are still A's, its address still given, since the second
+ * begin is open; an end with no begin on this thread is refused and gives
+ * nothing away.  At the second end the block is B's (begun again: refused),
+ * and B, joined, holds its own bytes. */
+static void test_nested_and_unbegun_ends(void **state) {
+  (void)state;
+  rig r;
+  rig_build_on(&r, tu_platform_open("capacity=1M,jitter=1,bw=5e7"), false);
+  mlo_component *a = r.c[0], *b = r.c[1];
+  assert_ok(enable(&r, true));
+  assert_ok(mlo_component_acquire(a));
+  for (size_t k = 0; k < NBLK; k++) {
+    assert_status(mlo_block_end(a, k), MLO_ESTATE); /* never begun (F13) */
+    assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "without a begin"));
+    assert_ok(mlo_block_begin(a, k));
+    assert_ok(mlo_block_begin(a, k));
+    assert_ok(mlo_block_end(a, k));
+    assert_ok(mlo_platform_synchronize(r.plat));     /* what the join let go has landed */
+    assert_true(device_bytes_ok(r.tp, r.blk[0][k])); /* still A's (F1) */
+    assert_ok(mlo_block_end(a, k));
+    assert_status(mlo_block_end(a, k), MLO_ESTATE);   /* one end too many */
+    assert_status(mlo_block_begin(a, k), MLO_ESTATE); /* its memory may be B's now */
+  }
+  assert_ok(mlo_component_release(a));
+  assert_int_equal(tu_cstats(b).joined_loads, 1);
+  assert_ok(mlo_platform_synchronize(r.plat));
+  char why[256] = "";
+  if (!tu_device_content_ok(r.tp, b, why, sizeof why)) fail_msg("%s", why);
+  tu_assert_audit(r.tp);
+  tu_assert_forwards_clean(r.tp);
+  rig_free(&r);
+}
+
 /* A next component smaller than the block it joins into is one range,
  * holding its slab's bytes and nothing else, so a fingerprint of its span
  * (mlo.torch's write check) sums its own bytes: from A's first block where
@@ -973,6 +1010,7 @@ int main(void) {
       cmocka_unit_test(test_fault_sweep),
       cmocka_unit_test(test_epilogue_read_anywhere),
       cmocka_unit_test(test_ended_block_not_begun_again),
+      cmocka_unit_test(test_nested_and_unbegun_ends),
       cmocka_unit_test(test_smaller_next_is_one_range),
       cmocka_unit_test(test_source_declared_progressive),
       cmocka_unit_test(test_free_while_joining),

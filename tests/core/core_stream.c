@@ -614,6 +614,7 @@ static void test_block_rules(void **state) {
   void *blk = NULL;
   size_t off = 0;
   assert_ok(mlo_tensor_device(r.blk[1][0], &blk, &off));
+  assert_status(mlo_block_end(r.dit, 1), MLO_ESTATE); /* a kept block never begun */
   assert_status(mlo_tensor_device(r.blk[7][0], &blk, &off), MLO_ESTATE);
   assert_true(tu_contains_ci(mlo_pipeline_errmsg(r.tp->pipe), "mlo_block_begin"));
   assert_status(mlo_block_begin(r.dit, NBLK), MLO_EINVAL);
@@ -815,6 +816,56 @@ static void test_release_ends_this_threads_blocks(void **state) {
   rig_free(&r);
 }
 
+/* Another thread's end of a block the main thread began, streamed (block
+ * 0) or kept (under 72 KiB, block 1): refused, and the slot the main
+ * thread reads is not refilled under it. */
+typedef struct {
+  rig *r;
+  size_t block;
+  int rc;
+  char msg[512];
+} ender;
+
+static void *end_foreign(void *arg) {
+  ender *e = arg;
+  if ((e->rc = mlo_component_acquire(e->r->dit)) != MLO_OK) return NULL;
+  e->rc = mlo_block_end(e->r->dit, e->block);
+  snprintf(e->msg, sizeof e->msg, "%s", mlo_pipeline_errmsg(e->r->tp->pipe));
+  mlo_component_release(e->r->dit);
+  return NULL;
+}
+
+static void test_end_on_another_thread(void **state) {
+  (void)state;
+  static const struct {
+    uint64_t budget;
+    size_t block;
+    const char *words;
+  } cases[] = {{40 * KB, 0, "did not begin it"}, {72 * KB, 1, "on this thread"}};
+  for (int i = 0; i < 2; i++) {
+    rig r;
+    rig_build(&r, "capacity=1M,jitter=1");
+    assert_ok(enable_budget(&r, cases[i].budget));
+    size_t b = cases[i].block;
+    assert_ok(mlo_component_acquire(r.dit));
+    assert_ok(mlo_block_begin(r.dit, b));
+    ender e = {.r = &r, .block = b};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, end_foreign, &e), 0);
+    pthread_join(th, NULL);
+    assert_status(e.rc, MLO_ESTATE);
+    assert_true(tu_contains_ci(e.msg, cases[i].words));
+    assert_ok(mlo_platform_synchronize(r.plat)); /* a refill would have landed */
+    assert_true(block_ok(&r, (int)b));
+    assert_ok(mlo_block_end(r.dit, b)); /* still this thread's to end */
+    assert_ok(mlo_component_release(r.dit));
+    assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+    tu_assert_forwards_clean(r.tp);
+    tu_assert_audit(r.tp);
+    rig_free(&r);
+  }
+}
+
 /* A plan is the budget's it was made for: a DiT left streamed by a 72 KiB
  * budget and evicted under a 140 KiB one loads whole again; under strict
  * with copy_back its eviction writes back what is on the device, not the
@@ -906,6 +957,7 @@ int main(void) {
       cmocka_unit_test(test_workload_digest),
       cmocka_unit_test(test_zero_byte_tensors),
       cmocka_unit_test(test_release_ends_this_threads_blocks),
+      cmocka_unit_test(test_end_on_another_thread),
       cmocka_unit_test(test_plans_follow_the_budget),
       cmocka_unit_test(test_fault_sweep),
   };
