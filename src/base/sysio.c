@@ -214,6 +214,20 @@ int mlo_file_id_recheck(const char *path, const mlo_file_id *id, char *err, size
   return MLO_EIO;
 }
 
+int mlo_fd_id_recheck(int fd, const char *path, const mlo_file_id *id, char *err, size_t errlen) {
+  if (id->ino == 0) return MLO_OK; /* parsed from memory: no identity */
+  struct stat st;
+  mlo_file_id now = {0};
+  if (fstat(fd, &st) == 0) mlo_file_id_from_stat(&st, &now);
+  if (mlo_file_id_equal(&now, id)) return MLO_OK;
+  if (err && errlen)
+    snprintf(err, errlen,
+             "'%s' changed while it was read (another size, modification or change time): its "
+             "bytes cannot be trusted; open the checkpoint again",
+             path);
+  return MLO_EIO;
+}
+
 const char *mlo_file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a folder";
   if (S_ISFIFO(mode)) return "a FIFO";

@@ -61,6 +61,13 @@ bool mlo_file_id_equal(const mlo_file_id *a, const mlo_file_id *b);
 /* MLO_OK if path is still the file id describes (an id of zeros: nothing
  * to check), else MLO_EIO and "PATH: changed while it was being opened". */
 int mlo_file_id_recheck(const char *path, const mlo_file_id *id, char *err, size_t errlen);
+/* MLO_OK if the open descriptor fd is still the file id describes, else
+ * MLO_EIO and "PATH: changed while it was read ...".  Called after a read:
+ * a write into the file moves its modification and change times before its
+ * bytes land, so a read followed by this check saw only bytes the id
+ * describes, or the check fails (a write through a shared mapping counts
+ * from when the kernel stamps it). */
+int mlo_fd_id_recheck(int fd, const char *path, const mlo_file_id *id, char *err, size_t errlen);
 
 /* "a FIFO", "a character device", "a folder", ... for messages. */
 const char *mlo_file_kind(mode_t mode);

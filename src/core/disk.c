@@ -126,11 +126,34 @@ static void log_plan(const mlo_pipeline *pipe, uint64_t budget, uint64_t kept) {
            at ? line : "nothing");
 }
 
+/* MLO_DISK_BW (bytes per second): the reader paces its reads to that rate,
+ * a slower disk's stand-in for benchmarks and the projection's validation,
+ * as the host platform's bw= is a slower link's; 0 or unset: as fast as the
+ * disk reads. */
+static int paced_rate(double *rate, char *why, size_t whylen) {
+  const char *env = getenv("MLO_DISK_BW");
+  uint64_t v = 0;
+  *rate = 0;
+  if (!env || !*env) return MLO_OK;
+  if (mlo_parse_size(env, true, &v) != MLO_OK) {
+    snprintf(why, whylen,
+             "MLO_DISK_BW='%.40s' is not a rate: bytes per second (1e8, 500M, 2G), or 0 for the "
+             "disk's own",
+             env);
+    return MLO_EINVAL;
+  }
+  *rate = (double)v;
+  return MLO_OK;
+}
+
 int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room) {
   uint64_t budget = s->host_budget_bytes;
   for (size_t i = 0; i < pipe->ncomps; i++)
     pipe->comps[i]->want_disk = pipe->comps[i]->want_partial = false;
   if (!budget) return MLO_OK;
+  double pace;
+  char bad[160]; /* a pacing that cannot be read: refused before anything changes */
+  if (paced_rate(&pace, bad, sizeof bad)) return mlo_fail(pipe, MLO_EINVAL, "%s", bad);
   if (s->copy_back)
     return mlo_fail(pipe, MLO_EINVAL,
                     "host_budget_bytes with copy_back: every tensor is written back to host "
@@ -433,14 +456,15 @@ static int alloc_ring(mlo_pipeline *pipe, struct mlo_disk *d, uint64_t chunk, bo
   return MLO_OK;
 }
 
-/* MLO_DISK_BW (bytes per second): the reader paces its reads to that rate,
- * a slower disk's stand-in for benchmarks and the projection's validation,
- * as the host platform's bw= is a slower link's; 0 or unset: as fast as the
- * disk reads. */
-static double paced_rate(void) {
-  const char *env = getenv("MLO_DISK_BW");
-  uint64_t v = 0;
-  return env && *env && mlo_parse_size(env, false, &v) == MLO_OK ? (double)v : 0;
+/* Waits until deadline (monotonic ns), or less once stopping is set: a
+ * paced read must not hold up the pipeline's free (docs/disk.md). */
+static void pace_until(uint64_t deadline, const bool *stopping) {
+  for (;;) {
+    uint64_t now = mlo_now_ns();
+    if (now >= deadline || __atomic_load_n(stopping, __ATOMIC_ACQUIRE)) return;
+    uint64_t step = deadline - now < 10000000u ? deadline - now : 10000000u; /* 10 ms */
+    mlo_sleep_until_ns(now + step);
+  }
 }
 
 /* The piece of a chunk that holds its byte boff (a gap's: the next one). */
@@ -470,6 +494,13 @@ static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const piece 
       return MLO_EFORMAT;
     }
     got += (uint64_t)r;
+  }
+  /* the bytes read are the file's as declared only if it is unchanged now */
+  const mlo_tensor *t = pcs[0].t;
+  char why[384];
+  if (mlo_fd_id_recheck(fd, t->src_file, &t->src_id, why, sizeof why)) {
+    snprintf(j->err, j->errlen, "%s: tensor '%s': %s", j->c->name, t->name, why);
+    return MLO_EIO;
   }
   j->read += len;
   return MLO_OK;
@@ -508,7 +539,8 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
   }
   int rc = mlo_open_checked(c, files, n, fds, false, j->err, j->errlen);
   bool drop = !mlo_env_flag("MLO_KEEP_PAGE_CACHE");
-  double pace = paced_rate();
+  double pace = 0;
+  if (!rc) rc = paced_rate(&pace, j->err, j->errlen);
   uint64_t t0 = mlo_now_ns(), paced = 0;
   size_t i = 0, k = 0;
   uint64_t toff = n ? from[0] : 0;
@@ -546,7 +578,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
     if (!rc && drop) mlo_drop_pages(fd, start, fill);
     if (!rc && pace > 0) { /* a slower disk's stand-in: this chunk ends no sooner than it would */
       paced += fill;
-      mlo_sleep_until_ns(t0 + (uint64_t)((double)paced * 1e9 / pace));
+      pace_until(t0 + (uint64_t)((double)paced * 1e9 / pace), stopping);
     }
     for (size_t q = 0; q < np && !rc; q++) {
       uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */

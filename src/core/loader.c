@@ -73,6 +73,8 @@ void mlo_drop_pages(int fd, uint64_t off, uint64_t len) {
   if (hi > lo) posix_fadvise(fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
 }
 
+#define CHANGED (-1) /* read_job's err_no: the file changed while it was read */
+
 static int read_job(load_ctx *lc, const load_job *j, int *err_no) {
   char *dst = (char *)lc->c->slab + j->t->dev_offset + j->off;
   uint64_t got = 0, at = j->t->src_offset + j->off;
@@ -86,6 +88,11 @@ static int read_job(load_ctx *lc, const load_job *j, int *err_no) {
     if (n == 0) return MLO_EFORMAT; /* the file shrank */
     got += (uint64_t)n;
     atomic_fetch_add(&lc->done, (uint64_t)n);
+  }
+  /* what was read is the file's as declared only if it is unchanged now */
+  if (mlo_fd_id_recheck(j->fd, j->t->src_file, &j->t->src_id, NULL, 0)) {
+    *err_no = CHANGED;
+    return MLO_EIO;
   }
   /* small chunks are dropped with their whole file at the end: the call
    * costs more than the pages it would free early (a share drops its own
@@ -257,7 +264,12 @@ int mlo_load_files(mlo_component *c, mlo_tensor **files, size_t nfiles, uint64_t
   for (size_t i = 0; i < started; i++) pthread_join(threads[i], NULL);
   if (!rc && lc.rc) {
     const mlo_tensor *t = lc.bad->t;
-    if (lc.rc == MLO_EIO)
+    char why[600];
+    if (lc.rc == MLO_EIO && lc.bad_errno == CHANGED) {
+      snprintf(why, sizeof why, "'%s' changed while it was read", t->src_file);
+      mlo_fd_id_recheck(lc.bad->fd, t->src_file, &t->src_id, why, sizeof why);
+      rc = mlo_fail(c->pipe, MLO_EIO, "%s: tensor '%s': %s", c->name, t->name, why);
+    } else if (lc.rc == MLO_EIO)
       rc = mlo_fail(c->pipe, MLO_EIO, "%s: reading tensor '%s' from '%s': %s", c->name, t->name,
                     t->src_file, strerror(lc.bad_errno));
     else

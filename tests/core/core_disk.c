@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char dir[256];
@@ -237,6 +238,99 @@ static void test_file_changed_refused_at_read(void **state) {
   assert_ok(tu_forward(tp, tu_comp(tp, "dit_a")));
   tu_assert_forwards_clean(tp);
   tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* F3 (issue 44): a file written into while a paced load reads it.  The
+ * identity checked at open is checked again after every read, so the load
+ * fails naming the file rather than copying bytes the file no longer holds
+ * (its forward's byte check would see them). */
+typedef struct {
+  tu_pipe *tp;
+  mlo_component *c;
+  int rc;
+  char msg[512];
+} loader;
+
+static void *forward_checked(void *arg) {
+  loader *l = arg;
+  l->rc = mlo_component_forward(l->c, tu_forward_check, l->tp);
+  snprintf(l->msg, sizeof l->msg, "%s", mlo_pipeline_errmsg(l->tp->pipe));
+  return NULL;
+}
+
+static void test_file_changed_during_a_paced_load(void **state) {
+  (void)state;
+  setenv("MLO_DISK_BW", "20000000", 1); /* dit_a's 20 MiB: about a second */
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(plat);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.prefetch = false;
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  loader l = {.tp = tp, .c = tu_comp(tp, "dit_a")};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, forward_checked, &l), 0);
+  usleep(150000); /* the load's first chunk read, its tail not yet */
+  char path[512];
+  file_of("dit_a", path, sizeof path);
+  int fd = open(path, O_WRONLY);
+  assert_true(fd >= 0);
+  struct stat st;
+  assert_int_equal(fstat(fd, &st), 0);
+  static const char flip[8] = "FLIPPED";
+  /* in the big tensor, near the end of the file */
+  assert_int_equal(pwrite(fd, flip, sizeof flip, st.st_size - 5000), (ssize_t)sizeof flip);
+  close(fd);
+  pthread_join(th, NULL);
+  unsetenv("MLO_DISK_BW");
+  if (l.rc != MLO_EIO) fail_msg("%s: %s", mlo_err_name(l.rc), l.msg);
+  assert_non_null(strstr(l.msg, "dit_a.bin"));
+  assert_non_null(strstr(l.msg, "changed while it was read"));
+  assert_false(mlo_component_is_resident(l.c));
+  assert_ok(tu_forward(tp, tu_comp(tp, "dit_b"))); /* the others still run */
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* F7, F11 (issue 44): a freed pipeline stops a paced read at once, however
+ * slow the pacing (the encoder's 3 MiB at 1000 B/s would take most of an
+ * hour), and a pacing that is not a rate is refused at enable, named. */
+static void test_pacing_stops_and_is_checked(void **state) {
+  (void)state;
+  static const char *const bad[] = {"abc", "-1", "nan", "1e400", "5 apples"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    setenv("MLO_DISK_BW", bad[i], 1);
+    mlo_platform *plat = tu_platform_open(NULL);
+    tu_pipe *tp = build(plat);
+    mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+    s.host_budget_bytes = 1;
+    assert_status(mlo_offload_enable(tp->pipe, &s), MLO_EINVAL);
+    assert_non_null(strstr(mlo_pipeline_errmsg(tp->pipe), "MLO_DISK_BW"));
+    assert_false(mlo_offload_is_enabled(tp->pipe));
+    tu_pipe_free(tp);
+    mlo_platform_close(plat);
+  }
+  setenv("MLO_DISK_BW", "1000", 1);
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(plat);
+  declare_schedule(tp);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s)); /* the encoder's read: issued, paced */
+  usleep(50000);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  tu_pipe_free(tp);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  unsetenv("MLO_DISK_BW");
+  double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  if (took > 5.0) fail_msg("free took %.1f s with a paced read in flight", took);
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_int_equal(tu_device_used(plat), 0);
   mlo_platform_close(plat);
 }
 
@@ -584,6 +678,8 @@ int main(void) {
       cmocka_unit_test(test_runs_twice_the_host_budget),
       cmocka_unit_test(test_budget_below_what_must_stay_refused),
       cmocka_unit_test(test_file_changed_refused_at_read),
+      cmocka_unit_test(test_file_changed_during_a_paced_load),
+      cmocka_unit_test(test_pacing_stops_and_is_checked),
       cmocka_unit_test(test_read_faults_swept),
       cmocka_unit_test(test_free_with_loads_in_flight),
       cmocka_unit_test(test_tier_change_waits_for_queued_copies),
