@@ -55,7 +55,8 @@ void mlo_unlock_both(mlo_pipeline *pipe) {
  * index times 8 plus the step. */
 static const char *collective_name(uint64_t id, void *user) {
   mlo_pipeline *pipe = user;
-  static const char *const steps[] = {"?", "materialize", "loaded", "load", "gather", "free"};
+  static const char *const steps[] = {"?",    "materialize",   "loaded",           "load", "gather",
+                                      "free", "compare files", "hash the files of"};
   static _Thread_local char buf[192];
   if (id & MLO_DIST_PROGRAM_STEP) { /* another rank is at the program's own step */
     snprintf(buf, sizeof buf, "the program's own step %llu (past its pipeline)",
@@ -63,7 +64,7 @@ static const char *collective_name(uint64_t id, void *user) {
     return buf;
   }
   uint64_t index = id >> 3;
-  const char *step = steps[(id & 7) < 6 ? id & 7 : 0];
+  const char *step = steps[id & 7];
   if (index == 0xffffff)
     snprintf(buf, sizeof buf, "%s the pipeline", step);
   else if (index < pipe->ncomps)

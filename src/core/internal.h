@@ -341,7 +341,15 @@ void mlo_tensor_free(mlo_tensor *t);
  * rank is at this step and may undo it collectively (dist.h). */
 int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, uint64_t check,
                    int status, const char *msg, bool *together);
-enum { COLL_MATERIALIZE = 1, COLL_LOADED, COLL_LOAD, COLL_GATHER, COLL_FREE };
+enum {
+  COLL_MATERIALIZE = 1,
+  COLL_LOADED,
+  COLL_LOAD,
+  COLL_GATHER,
+  COLL_FREE,
+  COLL_SAME_FILES,
+  COLL_CONTENT
+};
 /* Whether the communicator's device-side gather (NCCL) is the node's, in
  * node-rank order, on the platform's device, where a sharded pipeline
  * gathers on the device: MLO_OK, or the reason in why.  Each rank's answer

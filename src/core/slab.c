@@ -231,6 +231,68 @@ static int fold_file(const char *path, uint64_t end, uint64_t *h, char *why, siz
   return rc;
 }
 
+/* Folds every byte of the file at path, which must still be the file id
+ * describes (checked on the descriptor after the reads, as the disk tier
+ * does). */
+static int fold_content(const char *path, const mlo_file_id *id, uint64_t *h, char *why,
+                        size_t whylen) {
+  int fd = -1;
+  mlo_file_id now;
+  int rc = mlo_open_regular(path, &fd, &now, why, whylen);
+  if (rc) return rc;
+  const size_t cap = 1 << 20;
+  unsigned char *buf = mlo_file_id_equal(&now, id) ? mlo_malloc(cap) : NULL;
+  if (!mlo_file_id_equal(&now, id))
+    rc = mlo_errf(why, whylen, MLO_EIO, "'%s' changed since its tensors were declared", path);
+  else if (!buf)
+    rc = mlo_errf(why, whylen, MLO_ENOMEM, "out of host memory");
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  for (uint64_t at = 0; at < now.size && !rc; at += cap) {
+    size_t n = now.size - at < cap ? (size_t)(now.size - at) : cap;
+    if (mlo_pread_full(fd, buf, n, at) != 0)
+      rc = mlo_errf(why, whylen, MLO_EIO, "%s: cannot read it at byte %llu: %s", path,
+                    (unsigned long long)at, errno ? strerror(errno) : "the file shrank");
+    else
+      *h = mlo_fnv1a(*h, buf, n);
+  }
+  if (!rc) rc = mlo_fd_id_recheck(fd, path, id, why, whylen);
+  free(buf);
+  close(fd);
+  return rc;
+}
+
+/* What of each of c's files (once each, in the order its tensors name
+ * them) a digest folds: its header and sampled pages; its identity as
+ * declared (device, inode, size, modification and change time: ranks
+ * naming the same file agree); or all of its bytes. */
+enum fold_mode { FOLD_SAMPLED, FOLD_IDENTITY, FOLD_CONTENT };
+
+static int fold_files(const mlo_component *c, enum fold_mode mode, uint64_t *h, char *why,
+                      size_t whylen) {
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (!t->src_file) continue;
+    bool seen = false;
+    uint64_t end = t->src_offset;
+    for (size_t j = 0; j < c->ntensors && !seen; j++) {
+      const mlo_tensor *o = c->tensors[j];
+      if (!o->src_file || strcmp(o->src_file, t->src_file)) continue;
+      if (j < i) seen = true;
+      if (o->src_offset < end) end = o->src_offset;
+    }
+    if (seen) continue;
+    int rc = MLO_OK;
+    if (mode == FOLD_SAMPLED)
+      rc = fold_file(t->src_file, end, h, why, whylen);
+    else if (mode == FOLD_IDENTITY)
+      *h = mlo_fnv1a(*h, &t->src_id, sizeof t->src_id);
+    else
+      rc = fold_content(t->src_file, &t->src_id, h, why, whylen);
+    if (rc) return rc;
+  }
+  return MLO_OK;
+}
+
 /* What every rank sharing this component's slab must hold alike, as one
  * digest: the slab's size and layout, each tensor's name, dtype, shape,
  * bytes and place in its file, each file's size, header and sampled data
@@ -255,21 +317,8 @@ static int shared_check(const mlo_component *c, const slab_build *b, uint64_t *c
     h = mlo_fnv1a(h, fields, sizeof fields);
     h = mlo_fnv1a(h, t->shape, sizeof t->shape[0] * (size_t)t->ndim);
   }
-  for (size_t i = 0; i < c->ntensors; i++) { /* each file once, its header */
-    const mlo_tensor *t = c->tensors[i];
-    if (!t->src_file) continue;
-    bool seen = false;
-    uint64_t end = t->src_offset;
-    for (size_t j = 0; j < c->ntensors && !seen; j++) {
-      const mlo_tensor *o = c->tensors[j];
-      if (!o->src_file || strcmp(o->src_file, t->src_file)) continue;
-      if (j < i) seen = true;
-      if (o->src_offset < end) end = o->src_offset;
-    }
-    if (seen) continue;
-    int rc = fold_file(t->src_file, end, &h, why, whylen);
-    if (rc) return rc;
-  }
+  int rc = fold_files(c, FOLD_SAMPLED, &h, why, whylen);
+  if (rc) return rc;
   *check = h;
   return MLO_OK;
 }
@@ -298,12 +347,40 @@ static int agree(mlo_component *c, const slab_build *b) {
                   c->name, said);
 }
 
+/* Ranks whose samples agree share a slab only over the same bytes: where
+ * they name the same files (one identity) that is so; where they name
+ * different copies (another path, another disk), each hashes its own copy
+ * in full and they share only if the hashes agree.  Sampled pages cannot
+ * see a few bytes changed between samples (issue 44, F10). */
+static int agree_content(mlo_component *c) {
+  mlo_pipeline *pipe = c->pipe;
+  uint64_t ident = MLO_FNV_BASIS;
+  char why[400] = "";
+  fold_files(c, FOLD_IDENTITY, &ident, why, sizeof why); /* reads nothing: cannot fail */
+  int rc = mlo_collective(pipe, c, COLL_SAME_FILES, ident, MLO_OK, NULL, NULL);
+  if (rc != MLO_ESTATE || !strstr(pipe->errmsg, " differ at ")) return rc;
+  mlo_logf(MLO_LOG_INFO,
+           "%s: the ranks name different copies of its files; each hashes its own in full "
+           "before they share one slab",
+           c->name);
+  uint64_t content = MLO_FNV_BASIS;
+  int mine = fold_files(c, FOLD_CONTENT, &content, why, sizeof why);
+  rc = mlo_collective(pipe, c, COLL_CONTENT, content, mine, mine ? why : NULL, NULL);
+  if (rc != MLO_ESTATE || !strstr(pipe->errmsg, " differ at ")) return rc;
+  char said[sizeof pipe->errmsg];
+  snprintf(said, sizeof said, "%s", pipe->errmsg);
+  return mlo_fail(pipe, rc,
+                  "%s: the ranks do not hold the same checkpoint for it (their copies of its "
+                  "files differ in content, each hashed in full): %s",
+                  c->name, said);
+}
+
 static int alloc_slab(mlo_component *c, slab_build *b) {
   mlo_pipeline *pipe = c->pipe;
   if (!b->slab_bytes) return MLO_OK;
   int rc;
   if (pipe->comm) {
-    if ((rc = agree(c, b))) return rc;
+    if ((rc = agree(c, b)) || (rc = agree_content(c))) return rc;
     char err[256];
     rc = mlo_dist_shared_alloc(pipe->comm, (size_t)b->slab_bytes, &b->slab, &b->shared, err,
                                sizeof err);
@@ -510,7 +587,8 @@ int mlo_slab_materialize(mlo_component *c) {
                         (unsigned long long)b.slab_bytes);
       }
     }
-    if (c->pipe->comm && b.slab_bytes) rc = agree(c, &b); /* ranks: the same files, sliced */
+    if (c->pipe->comm && b.slab_bytes && !(rc = agree(c, &b))) /* ranks: the same files, sliced */
+      rc = agree_content(c);
     if (rc || (rc = mlo_disk_prepare(c, &b.lay))) {
       if (b.slab) mlo_plat_host_free(c->pipe->platform, b.slab, b.slab_bytes, false);
       free(b.filled);

@@ -1770,6 +1770,11 @@ class RanksTests(Fixture):
         files = [os.path.join(d, f) for d, _, fs in os.walk(self.ckpt) for f in fs
                  if f.endswith(".safetensors")]
         weights = sum(os.path.getsize(f) for f in files)
+        # One run first, so the program's own pages (mlo, libmlo, its modules,
+        # Open MPI's plugins) are in the page cache: read cold, under ASan or
+        # after a build, they were counted as the ranks' reads (issue 44: a
+        # 1.057x failure with the weights read exactly once)
+        mpi_run(4, "run", self.ckpt, "--ranks", "shared", "--json", "--steps", "1")
         for n in (1, 2, 4):
             for f in files:  # our own files, made cold
                 fd = os.open(f, os.O_RDONLY)
@@ -1948,6 +1953,31 @@ class RanksTests(Fixture):
             self.assertEqual(p.stderr.count("the ranks do not hold the same checkpoint"), 2,
                              name + p.stderr)
             self.assertIn("sampled data", p.stderr)
+        # F10 (issue 44): 8 bytes, or 4 KiB, changed in the middle of the
+        # largest file, between the sampled pages: the copies are other
+        # files, so each rank hashes its own in full, and both refuse (in
+        # shared and sharded mode) instead of computing on rank 0's bytes
+        for span in (8, 4096):
+            other = os.path.join(self.tmp, "middle%d" % span)
+            shutil.rmtree(other, ignore_errors=True)
+            shutil.copytree(self.ckpt, other)
+            path = os.path.join(other, os.path.relpath(files[-1], self.ckpt))
+            with open(path, "r+b") as f:
+                start = 8 + int.from_bytes(f.read(8), "little")
+                size = os.path.getsize(path)
+                f.seek(start + (size - start) // 2 - span // 2)
+                data = f.read(span)
+                f.seek(start + (size - start) // 2 - span // 2)
+                f.write(bytes(b ^ 0x5A for b in data))
+            for mode in ("shared", "sharded"):
+                p = subprocess.run(["mpirun", "-np", "1", MLO, "run", self.ckpt, "--ranks", mode,
+                                    ":", "-np", "1", MLO, "run", other, "--ranks", mode],
+                                   capture_output=True, text=True, env=env, timeout=120)
+                what = "%d bytes, %s: " % (span, mode)
+                self.assertNotEqual(p.returncode, 0, what + p.stdout)
+                self.assertEqual(p.stderr.count("the ranks do not hold the same checkpoint"), 2,
+                                 what + p.stderr)
+                self.assertIn("differ in content", p.stderr, what)
         # the same bytes under another path still agree
         p = subprocess.run(["mpirun", "-np", "1", MLO, "run", self.ckpt, "--ranks", "shared",
                             "--json", ":", "-np", "1", MLO, "run",
