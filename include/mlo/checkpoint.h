@@ -258,7 +258,8 @@ MLO_API int mlo_synth_bytes(const char *preset, double scale, uint64_t *bytes);
  * another or an interrupted run, the files listed in it are removed first.
  * A dir that is not empty and has no stamp is refused (MLO_EEXIST): the
  * generator never writes over files it did not make.  progress may be NULL.
- * On failure err names the file. */
+ * On failure err names the file, and what this call wrote is removed again
+ * (dir too, where this call created it). */
 MLO_API int mlo_synth_write(const char *preset, const char *dir, double scale,
                             mlo_synth_progress_fn progress, void *user, char *err, size_t errlen);
 

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -535,6 +536,8 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
   if (rc != MLO_OK)
     return mlo_errf(err, errlen, rc, "synth %s: cannot plan: %s", preset, mlo_strerror(rc));
   bool cached = false;
+  struct stat st;
+  bool created = stat(dir, &st) != 0; /* a failed run removes it again */
   rc = mlo_syn_stamp_prepare(dir, preset, scale, &cached, err, errlen);
   if (rc != MLO_OK || cached) goto out_free_plan;
   /* The stamp goes first, incomplete, so an interrupted run is recognised
@@ -556,6 +559,7 @@ int mlo_synth_write(const char *preset, const char *dir, double scale,
     rc = write_component(dir, &pl, &pl.comps[i], &pr, err, errlen);
   if (rc == MLO_OK)
     rc = mlo_syn_stamp_write(dir, preset, scale, pl.bytes, true, plan_files(&pl), err, errlen);
+  if (rc != MLO_OK) mlo_syn_stamp_undo(dir, created); /* a failed run leaves nothing behind */
 out_free_plan:
   plan_free(&pl);
   return rc;

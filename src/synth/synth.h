@@ -108,6 +108,9 @@ int mlo_syn_write_json(const char *dir, const char *rel, cJSON *json, bool prett
  * listed files are removed.  MLO_EEXIST for a foreign non-empty folder. */
 int mlo_syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached,
                           char *err, size_t errlen);
+/* Undoes a failed run: the files its stamp lists, their emptied folders,
+ * the stamp, and dir itself where the run created it (and it is empty). */
+void mlo_syn_stamp_undo(const char *dir, bool created);
 /* Writes the stamp; takes ownership of files (a JSON array of paths). */
 int mlo_syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
                         bool complete, cJSON *files, char *err, size_t errlen);

@@ -231,14 +231,20 @@ static void remove_listed(const char *dir, const cJSON *stamp) {
   }
 }
 
-static bool dir_is_empty(const char *dir) {
+/* Whether dir holds nothing (but, where `but` is not NULL, that name). */
+static bool dir_is_empty_but(const char *dir, const char *but) {
   bool empty = true;
   DIR *d = opendir(dir);
   struct dirent *e;
   while (d && (e = readdir(d)) != NULL)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && (!but || strcmp(e->d_name, but)))
+      empty = false;
   if (d) closedir(d);
   return empty;
+}
+
+static bool dir_is_empty(const char *dir) {
+  return dir_is_empty_but(dir, NULL);
 }
 
 int mlo_syn_stamp_write(const char *dir, const char *preset, double scale, uint64_t bytes,
@@ -255,6 +261,21 @@ int mlo_syn_stamp_write(const char *dir, const char *preset, double scale, uint6
   int rc = mlo_syn_write_json(dir, STAMP_NAME, stamp, true, err, errlen);
   cJSON_Delete(stamp);
   return rc;
+}
+
+void mlo_syn_stamp_undo(const char *dir, bool created) {
+  cJSON *stamp = read_stamp(dir);
+  if (stamp) {
+    remove_listed(dir, stamp);
+    cJSON_Delete(stamp);
+    /* the stamp goes only with the rest: where something it lists could not
+     * be removed (a link planted there), it stays, incomplete, so that the
+     * next run knows the folder as its own and cleans it */
+    char *path = dir_is_empty_but(dir, STAMP_NAME) ? mlo_path_join(dir, STAMP_NAME) : NULL;
+    if (path) unlink(path);
+    free(path);
+  }
+  if (created) rmdir(dir); /* only if nothing else is left in it */
 }
 
 int mlo_syn_stamp_prepare(const char *dir, const char *preset, double scale, bool *cached,

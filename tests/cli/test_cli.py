@@ -10,6 +10,8 @@ copied from a run.
 import glob
 import json
 import os
+import resource
+import signal
 import shutil
 import subprocess
 import sys
@@ -871,6 +873,42 @@ class BadInputTests(Fixture):
 
 
 class OutputFileTests(Fixture):
+    def test_synth_on_a_full_disk(self):
+        """mlo synth where its weights cannot fit (issue 44, F12: exit 2, as
+        for bad input, and a partial folder left): on a 2 MiB tmpfs (a mount
+        namespace of the test's own, over a folder it made) it is refused
+        before anything is written, exit 4, with the sizes; when a write
+        fails half-way (a file size limit, EFBIG) what it wrote is removed,
+        the folder too where it made it."""
+        d = tempfile.mkdtemp(dir=self.tmp)
+        script = ('mount -t tmpfs -o size=2m mlo-test "$1" || exit 99; '
+                  '"$2" synth wan2.2-t2v "$1/out" --scale ' + SCALE + '; echo "rc=$?"; ls -A "$1"')
+        p = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", d, MLO],
+                           capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 99, "this test needs a tmpfs in a mount namespace of "
+                                              "its own (unshare -m, as root): " + p.stderr)
+        self.assertIn("rc=4", p.stdout, p.stderr)
+        self.assertIn("filesystem has", p.stderr)
+        self.assertIn("nothing written", p.stderr)
+        self.assertEqual(p.stdout.split("rc=4")[1].split(), [])  # the tmpfs is left empty
+
+        def limited():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+        for made in (False, True):
+            out = os.path.join(tempfile.mkdtemp(dir=self.tmp), "out")
+            if made:
+                os.mkdir(out)
+            p = subprocess.run([MLO, "synth", "wan2.2-t2v", out, "--scale", SCALE],
+                               capture_output=True, text=True, timeout=120, preexec_fn=limited)
+            self.assertNotEqual(p.returncode, 0, p.stdout)
+            self.assertIn("cannot write", p.stderr)
+            if made:  # the user's folder stays, empty
+                self.assertEqual(os.listdir(out), [])
+            else:
+                self.assertFalse(os.path.exists(out), os.listdir(out) if os.path.isdir(out) else "")
+
     def test_unreplaceable_output_refused_before_any_work(self):
         """An output that is immutable or append-only (chattr +i, +a) cannot be
         replaced even by root: refused at once, naming the flag, not after a

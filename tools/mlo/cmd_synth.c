@@ -5,7 +5,9 @@
  */
 #include "tool.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #define DEFAULT_SCALE 0.005
 
@@ -34,6 +36,40 @@ static void help(void) {
          "  mlo synth flux /tmp/flux && mlo inspect /tmp/flux\n"
          "  mlo synth wan2.2-t2v /tmp/wan40 --scale 0.002 --full-depth\n",
          DEFAULT_SCALE);
+}
+
+/* The bytes free to an unprivileged writer on the filesystem that holds
+ * dir, or would hold it (its nearest existing parent); false if unknown. */
+static bool free_bytes(const char *dir, uint64_t *out) {
+  size_t n = strlen(dir);
+  char *path = malloc(n + 2);
+  if (!path) return false;
+  memcpy(path, dir, n + 1);
+  for (;;) {
+    struct statvfs vfs;
+    if (statvfs(*path ? path : ".", &vfs) == 0) {
+      *out = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+      free(path);
+      return true;
+    }
+    char *slash = strrchr(path, '/');
+    if (!*path || (slash == path && !path[1])) break; /* "." or "/" failed: unknown */
+    if (!slash)
+      path[0] = '\0'; /* a bare name: the current folder */
+    else if (slash == path)
+      path[1] = '\0'; /* "/x": the root */
+    else
+      *slash = '\0';
+  }
+  free(path);
+  return false;
+}
+
+/* Whether bytes of weights (and their headers, a few KiB a file) would not
+ * fit where dir is: a full disk is no bad input (exit 4, not 2). */
+static bool short_of_space(const char *dir, uint64_t bytes, uint64_t *avail) {
+  uint64_t need = bytes + bytes / 64 + (1u << 20);
+  return free_bytes(dir, avail) && *avail < need;
 }
 
 static bool known_preset(const char *name) {
@@ -88,16 +124,24 @@ int cmd_synth(int argc, char **argv) {
   else
     snprintf(name, sizeof name, "%s", pos[0]);
   pos[0] = name;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, avail = 0;
   mlo_synth_bytes(pos[0], scale, &bytes);
+  if (!mlo_synth_is_complete(pos[0], pos[1], scale) && short_of_space(pos[1], bytes, &avail)) {
+    tool_err("synth %s into %s: needs about %s of disk, its filesystem has %s free; nothing "
+             "written (a smaller --scale, or another folder)",
+             pos[0], pos[1], tool_size(bytes), tool_size(avail));
+    return TOOL_EXIT_FAIL;
+  }
   tool_progress bar;
   progress_init(&bar, "writing", bytes);
   char err[512] = "";
   int rc = mlo_synth_write(pos[0], pos[1], scale, progress_synth_cb, &bar, err, sizeof err);
   progress_finish(&bar);
-  if (rc) {
+  if (rc) { /* the library removed what it wrote */
     tool_err("synth %s into %s: %s", pos[0], pos[1], err[0] ? err : mlo_strerror(rc));
-    return tool_exit_for(rc);
+    /* the disk filled while writing (another writer): still no bad input */
+    return rc == MLO_EIO && short_of_space(pos[1], bytes, &avail) ? TOOL_EXIT_FAIL
+                                                                  : tool_exit_for(rc);
   }
   printf("wrote %s at scale %g to %s (%s of weights)\n", pos[0], scale, pos[1], tool_size(bytes));
   return TOOL_EXIT_OK;
