@@ -1830,6 +1830,20 @@ class RanksTests(Fixture):
                 self.assertLess(measured, 1.05 * weights, [o["measured_read_bytes"] for o in objs])
                 self.assertGreater(measured, 0.95 * weights)
 
+    def test_a_rank_that_never_starts_mpi(self):
+        """Rank 0 given `mlo inspect` exits 0 without MPI_Init (mpirun does
+        not see it as a failure): rank 1 ends itself once --rank-timeout
+        passes in MPI_Init, saying why, and the job fails (issue 44, F8: it
+        waited in MPI_Init for ever; here until MPIEXEC_TIMEOUT)."""
+        env = dict(os.environ, **MPI_ENV)
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        p = subprocess.run(["mpirun", "-np", "1", MLO, "inspect", self.ckpt, ":", "-np", "1", MLO,
+                            "run", self.ckpt, "--ranks", "shared", "--rank-timeout", "3"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        self.assertNotEqual(p.returncode, 0, p.stdout)
+        self.assertIn("MPI_Init did not return within 3.0 s", p.stderr)
+
     def test_ranks_given_different_presets(self):
         """Rank 0 on a Wan2.2-shaped pipeline, rank 1 on a Flux-shaped one, in
         shared mode: every rank fails at the first component they would share,

@@ -10,9 +10,12 @@
 
 #include "base/hash.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef MLO_HAVE_MPI
@@ -24,11 +27,62 @@
 
 static bool we_started_mpi;
 
+/* MPI_Init waits for every rank of the job, and one that exited before
+ * calling it (another command, --help, a bad flag) is never waited out:
+ * the others stayed in MPI_Init for ever, where --rank-timeout cannot
+ * reach (issue 44, F8).  A watch started before it ends this rank once the
+ * rank timeout passes with MPI_Init still waiting. */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool returned;
+  double timeout_s;
+} init_watch = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0};
+
+static void *watch_init(void *arg) {
+  (void)arg;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  double whole = (double)(long)init_watch.timeout_s;
+  until.tv_sec += (time_t)whole;
+  until.tv_nsec += (long)((init_watch.timeout_s - whole) * 1e9);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&init_watch.lock);
+  while (!init_watch.returned)
+    if (pthread_cond_timedwait(&init_watch.cond, &init_watch.lock, &until) == ETIMEDOUT) break;
+  bool late = !init_watch.returned;
+  pthread_mutex_unlock(&init_watch.lock);
+  if (late) {
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    fprintf(stderr,
+            "mlo run: rank %s: MPI_Init did not return within %.1f s (--rank-timeout): a rank of "
+            "this job may have exited before starting MPI (another command, --help, a bad "
+            "flag); ending this rank\n",
+            rank ? rank : "?", init_watch.timeout_s);
+    fflush(NULL);
+    _exit(TOOL_EXIT_FAIL);
+  }
+  return NULL;
+}
+
+static int init_watched(double timeout_s) {
+  init_watch.timeout_s = timeout_s;
+  pthread_t th;
+  bool watching = pthread_create(&th, NULL, watch_init, NULL) == 0;
+  int rc = MPI_Init(NULL, NULL);
+  pthread_mutex_lock(&init_watch.lock);
+  init_watch.returned = true;
+  pthread_cond_signal(&init_watch.cond);
+  pthread_mutex_unlock(&init_watch.lock);
+  if (watching) pthread_join(th, NULL);
+  return rc;
+}
+
 int ranks_start(tool_ranks *r, double timeout_s, char *err, size_t errlen) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
-    if (MPI_Init(NULL, NULL) != MPI_SUCCESS) {
+    if (init_watched(timeout_s) != MPI_SUCCESS) {
       snprintf(err, errlen, "--ranks: MPI_Init failed (run under mpirun)");
       return MLO_EPLATFORM;
     }
