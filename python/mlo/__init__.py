@@ -20,7 +20,7 @@ import weakref
 
 from . import _lib
 
-__all__ = ["MloError", "Platform", "Pipeline", "Component", "version", "role_from_class",
+__all__ = ["MloError", "Platform", "Pipeline", "Component", "Tensor", "version", "role_from_class",
            "role_guess", "DIT", "ENCODER", "VAE", "OTHER"]
 
 DIT, ENCODER, VAE, OTHER = _lib.ROLE_DIT, _lib.ROLE_ENCODER, _lib.ROLE_VAE, _lib.ROLE_OTHER
@@ -150,7 +150,9 @@ class Platform:
 
     @property
     def handle(self):
-        return self._p
+        """The C mlo_platform; MloError (MLO_ESTATE) once closed.  A raw
+        handle kept past close() is the caller's not to use."""
+        return self._handle("handle")
 
     @property
     def name(self):
@@ -208,14 +210,27 @@ class Platform:
 
     def close(self):
         """Frees the pipelines still open on it (they must go first), then
-        the platform.  Later calls on either raise MloError (MLO_ESTATE)."""
-        for pipe in list(self._pipelines):
-            pipe.free()
+        the platform.  Later calls on either, or on their components and
+        tensors, raise MloError (MLO_ESTATE: "platform closed", "pipeline
+        freed (its platform closed)").  Refused (MLO_EBUSY, nothing
+        closed) while another thread is inside a call on one of them."""
+        pipes = list(self._pipelines)
+        with contextlib.ExitStack() as held:  # all or none: no pipeline freed under a call
+            for pipe in pipes:
+                held.enter_context(pipe._lock)
+            busy = sum(pipe._inflight for pipe in pipes if pipe._p)
+            if busy:
+                raise MloError(_EBUSY, "close: %d call(s) on its pipelines are in progress on "
+                               "other threads; nothing closed" % busy)
+            for pipe in pipes:
+                pipe._free_locked(" (its platform closed)")
+        for pipe in pipes:
+            self._pipelines.discard(pipe)
         _close_platform(self._h)
 
     def _handle(self, what):
         if not self._p:
-            raise MloError(_ESTATE, "%s: the platform is closed" % what)
+            raise MloError(_ESTATE, "%s: platform closed" % what)
         return self._p
 
     def __enter__(self):
@@ -226,6 +241,93 @@ class Platform:
         return False
 
 
+# Every Tensor given out, by its C address: a raw handle passed where a
+# Tensor is taken (code written when add_tensor returned a c_void_p) is
+# found here, or refused, never given to C unchecked.
+_TENSORS = weakref.WeakValueDictionary()
+
+
+def _tensor(value, what):
+    """The Tensor a value names: a Tensor, or the raw handle (c_void_p or
+    int address) of a tensor of a pipeline not yet collected."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, ctypes.c_void_p):
+        address = value.value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        address = value
+    else:
+        raise ValueError("%s: %r is not a tensor handle (Component.add_tensor gives them)" %
+                         (what, value))
+    t = _TENSORS.get(address) if address else None
+    if t is None:
+        raise ValueError("%s: no live tensor at %#x (its pipeline was collected, or "
+                         "Component.add_tensor never gave it)" % (what, address or 0))
+    return t
+
+
+class Tensor:
+    """A tensor of a Component, as Component.add_tensor gives it.  It keeps
+    its component (so its pipeline and platform) alive; once the pipeline is
+    freed (Pipeline.free(), Platform.close()) every call raises MloError
+    (MLO_ESTATE, "pipeline freed") instead of reaching freed C memory.
+    Given to a ctypes function it passes its C mlo_tensor, checked the
+    same way."""
+    __slots__ = ("component", "name", "_t", "__weakref__")
+
+    def __init__(self, component, handle, name):
+        self.component, self._t, self.name = component, handle, name
+
+    def _call(self, what, fn, *args):
+        pipe = self.component.pipeline
+        pipe._enter("%s: tensor '%s' of '%s'" % (what, self.name, self.component.name))
+        try:
+            return fn(self._t, *args)
+        finally:
+            pipe._leave()
+
+    @property
+    def handle(self):
+        """The C mlo_tensor (a c_void_p); MloError once the pipeline is
+        freed.  A raw handle kept past that is the caller's not to use."""
+        return self._call("handle", lambda t: ctypes.c_void_p(t.value))
+
+    @property
+    def _as_parameter_(self):  # ctypes: a Tensor passed to a C function
+        return self._call("ctypes argument", lambda t: t)
+
+    def host_data(self):
+        """Its bytes in the slab (mlo_tensor_host_data): an address, or None
+        before materialize."""
+        return self._call("host_data", lib().mlo_tensor_host_data)
+
+    def device_ptr(self):
+        """Its device address (mlo_tensor_device_ptr), or None where it has
+        none now."""
+        return self._call("device_ptr", lib().mlo_tensor_device_ptr)
+
+    def device_status(self):
+        """mlo_tensor_device's status: 0 where it has a device address now,
+        MLO_ESTATE (negative) where it has none (not resident, a streamed
+        block outside its begin and end, a block whose memory a joined
+        switch gave to the next component)."""
+        off = ctypes.c_size_t()
+        return self._call("device_status", lib().mlo_tensor_device, None, ctypes.byref(off))
+
+    @property
+    def nbytes(self):
+        return self._call("nbytes", lib().mlo_tensor_nbytes)
+
+    @property
+    def block(self):
+        """The block it is laid out in: its index, or -1 (prologue) / -2
+        (epilogue) (mlo_tensor_block)."""
+        return self._call("block", lib().mlo_tensor_block)
+
+    def __repr__(self):
+        return "<mlo.Tensor '%s' of '%s'>" % (self.name, self.component.name)
+
+
 class Component:
     """A component of a Pipeline (owned by it).  Once the pipeline is freed,
     every call raises MloError (MLO_ESTATE) instead of reaching freed C
@@ -233,10 +335,14 @@ class Component:
 
     def __init__(self, pipeline, handle, name, role):
         self.pipeline, self._c, self.name, self.role = pipeline, handle, name, role
+        self.tensors = []  # what add_tensor gave, in order (alive while the pipeline is)
 
     @property
     def handle(self):
-        return self._c
+        """The C mlo_component; MloError (MLO_ESTATE) once the pipeline is
+        freed.  A raw handle kept past that is the caller's not to use."""
+        with self._use("handle"):
+            return self._c
 
     @contextlib.contextmanager
     def _use(self, what):
@@ -246,7 +352,7 @@ class Component:
     def add_tensor(self, name, dtype, shape, data_ptr=None, buffer=False):
         """Declares a tensor whose bytes are at data_ptr (copied into the
         component's slab at materialization), or zero-filled without one.
-        Returns its handle, for host_data() / device_ptr()."""
+        Returns its Tensor (host_data(), device_ptr(), ...)."""
         what = "%s: tensor %r" % (self.name, name)
         d = _lib.TensorDesc()
         d.size = ctypes.sizeof(d)
@@ -266,34 +372,36 @@ class Component:
         t = ctypes.c_void_p()
         with self._use("add_tensor") as pipe:
             _check(lib().mlo_tensor_add(self._c, ctypes.byref(d), ctypes.byref(t)), what, pipe)
-        return t
+            tensor = Tensor(self, t, name)
+            self.tensors.append(tensor)
+            _TENSORS[t.value] = tensor
+        return tensor
 
+    # The Tensor's own methods, taking a Tensor or (as when add_tensor gave
+    # a c_void_p) its raw handle or address: checked, never passed unchecked.
     @staticmethod
     def host_data(tensor):
-        return lib().mlo_tensor_host_data(tensor)
+        return _tensor(tensor, "host_data").host_data()
 
     @staticmethod
     def device_ptr(tensor):
-        return lib().mlo_tensor_device_ptr(tensor)
+        return _tensor(tensor, "device_ptr").device_ptr()
 
     @staticmethod
     def device_status(tensor):
-        """mlo_tensor_device's status for a tensor: 0 where it has a device
-        address now, MLO_ESTATE (negative) where it has none (not resident, a
-        streamed block outside its begin and end, a block whose memory a
-        joined switch gave to the next component)."""
-        off = ctypes.c_size_t()
-        return lib().mlo_tensor_device(tensor, None, ctypes.byref(off))
+        """Tensor.device_status: 0, or MLO_ESTATE where it has no device
+        address now."""
+        return _tensor(tensor, "device_status").device_status()
 
     @staticmethod
     def nbytes(tensor):
-        return lib().mlo_tensor_nbytes(tensor)
+        return _tensor(tensor, "nbytes").nbytes
 
     @staticmethod
     def tensor_block(tensor):
-        """The block a tensor is laid out in: its index, or -1 (prologue) /
-        -2 (epilogue) (mlo_tensor_block)."""
-        return lib().mlo_tensor_block(tensor)
+        """Tensor.block: its block's index, or -1 (prologue) / -2
+        (epilogue)."""
+        return _tensor(tensor, "tensor_block").block
 
     @property
     def block_count(self):
@@ -391,6 +499,7 @@ class Pipeline:
         self._h = _Handle()
         self._lock = threading.Lock()
         self._inflight = 0
+        self._freed_why = ""  # " (its platform closed)"
         _check(lib().mlo_pipeline_create(ctypes.byref(o), ctypes.byref(self._h.value)), "pipeline")
         self.platform = platform
         self.components = []
@@ -404,19 +513,30 @@ class Pipeline:
 
     @property
     def handle(self):
-        return self._p
+        """The C mlo_pipeline; MloError (MLO_ESTATE) once freed.  A raw
+        handle kept past free() is the caller's not to use."""
+        with self._use("handle") as p:
+            return p
+
+    def _enter(self, what):
+        """A call on it begins: free() refuses until _leave()."""
+        with self._lock:
+            if not self._p:
+                raise MloError(_ESTATE, "%s: pipeline freed%s" % (what, self._freed_why))
+            self._inflight += 1
+            return self._p
+
+    def _leave(self):
+        with self._lock:
+            self._inflight -= 1
 
     @contextlib.contextmanager
     def _use(self, what):
-        with self._lock:
-            if not self._p:
-                raise MloError(_ESTATE, "%s: the pipeline is freed" % what)
-            self._inflight += 1
+        p = self._enter(what)
         try:
-            yield self._p
+            yield p
         finally:
-            with self._lock:
-                self._inflight -= 1
+            self._leave()
 
     def add_component(self, name, role):
         if isinstance(role, str):
@@ -470,7 +590,7 @@ class Pipeline:
         for i, (c, n) in enumerate(runs):
             if not isinstance(c, Component) or c.pipeline is not self:
                 raise ValueError("schedule entry %d: not a component of this pipeline" % i)
-            arr[i].comp, arr[i].repeat = c.handle, _c_uint(n, "schedule entry %d: repeat" % i, 32)
+            arr[i].comp, arr[i].repeat = c._c, _c_uint(n, "schedule entry %d: repeat" % i, 32)
         with self._use("set_schedule") as p:
             _check(lib().mlo_pipeline_set_schedule(p, arr, len(runs)), "schedule", p)
 
@@ -482,7 +602,7 @@ class Pipeline:
 
     def schedule(self):
         """The schedule in force, declared or learned: [(Component, repeat)]."""
-        by_handle = {c.handle.value: c for c in self.components}
+        by_handle = {c._c.value: c for c in self.components}
         with self._use("schedule") as p:
             n = ctypes.c_size_t()
             _check(lib().mlo_pipeline_get_schedule(p, None, 0, ctypes.byref(n)), "schedule", p)
@@ -518,13 +638,16 @@ class Pipeline:
         """Frees the C pipeline (outstanding acquires go with it, as
         mlo_pipeline_free says).  Idempotent."""
         with self._lock:
-            if not self._p:
-                return
-            if self._inflight:
+            if self._p and self._inflight:
                 raise MloError(_EBUSY, "free: %d call(s) on this pipeline are in progress on "
                                "other threads" % self._inflight)
-            _free_pipeline(self._h)  # later calls raise from here on
+            self._free_locked("")
         self.platform._pipelines.discard(self)
+
+    def _free_locked(self, why):
+        if self._p:
+            self._freed_why = why
+            _free_pipeline(self._h)  # later calls raise from here on
 
     def __enter__(self):
         return self

@@ -20,6 +20,7 @@ import abc
 import ctypes
 import gc
 import os
+import threading
 import warnings
 import weakref
 
@@ -204,6 +205,8 @@ class Offload:
         self.closed = False
         self.pipe_ref = None
         self._originals = []
+        # the blocks each thread began and has not ended: {(name, block): n}
+        self._begun = threading.local()
 
     # -- declaring --------------------------------------------------------
     def add_module(self, name, module, role):
@@ -608,6 +611,17 @@ class Offload:
             return None
         return module
 
+    def _begun_here(self):
+        """This thread's blocks begun and not yet ended: a block's end hook
+        runs even when its begin raised (torch calls always_call hooks
+        after any exception in the call, a pre-hook's included), and libmlo
+        refuses the end of a block this thread did not begin (MLO_ESTATE):
+        torch would only silence that with a warning."""
+        begun = getattr(self._begun, "blocks", None)
+        if begun is None:
+            begun = self._begun.blocks = {}
+        return begun
+
     def _block_begin(self, m, b, entries):
         try:
             m.comp.block_begin(b)  # compute after the block's copy (C8)
@@ -629,12 +643,22 @@ class Offload:
                                "forward gave its memory to the next component (a joined switch); "
                                "call it after the forward ends" % (m.name, b))
             return
+        begun = self._begun_here()  # first: a binding below that raises still ends it
+        begun[m.name, b] = begun.get((m.name, b), 0) + 1
         m.seen.add(b)
         if m.streams:
             for e in entries:  # the block's slot, until its end
                 self._bind_entry(e, "device")
 
     def _block_end(self, m, b, entries):
+        begun = self._begun_here()
+        n = begun.get((m.name, b), 0)
+        if not n:  # its begin raised, or was refused outside the forward: no end
+            return
+        if n == 1:
+            del begun[m.name, b]
+        else:
+            begun[m.name, b] = n - 1
         try:
             m.comp.block_end(b)
         except MloError as e:

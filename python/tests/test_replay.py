@@ -202,6 +202,12 @@ class MisuseTests(unittest.TestCase):
         with self.assertRaises(mlo.MloError) as e:
             self.pipe.free()
         self.assertEqual(e.exception.name, "MLO_EBUSY")
+        idle = mlo.Pipeline(self.plat)  # the close refuses all or nothing: it stays too
+        with self.assertRaises(mlo.MloError) as e:
+            self.plat.close()
+        self.assertEqual(e.exception.name, "MLO_EBUSY")
+        self.assertFalse(idle.enabled)
+        self.assertTrue(self.plat.name)
         self.dit.release()
         t.join(10)
         self.assertEqual(done, [1])
@@ -239,6 +245,196 @@ class MisuseTests(unittest.TestCase):
                              cwd=os.path.join(HERE, ".."))
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.strip(), mlo.version())
+
+
+# Run in a child process: a handle that reaches freed C memory may segfault,
+# which must fail one test, not kill the runner.  It prints one JSON line per
+# call, before and after, so a crash names the call that crashed.
+_LIFETIME_CHILD = r"""
+import ctypes, gc, json, sys
+sys.path.insert(0, sys.argv[2])
+import mlo
+
+scenario = sys.argv[1]
+plat = mlo.Platform("host:capacity=8M")
+pipe = mlo.Pipeline(plat)
+enc = pipe.add_component("text_encoder", "encoder")
+buf = (ctypes.c_float * 64)(*range(64))
+t = enc.add_tensor("w", "F32", [64], ctypes.addressof(buf))
+pipe.add_component("transformer", "dit").add_tensor("w", "F32", [64])
+pipe.enable()  # the encoder resident (C2): t has a device address
+
+
+def address(t):  # the raw value a caller may have kept
+    return t.handle.value if hasattr(t, "handle") else t.value
+
+
+def call(what, fn):
+    print(json.dumps({"calling": what}), flush=True)
+    try:
+        v = fn()
+        if isinstance(v, ctypes.c_void_p):
+            v = v.value
+        out = {"what": what, "value": v if isinstance(v, (int, str, type(None))) else repr(v)}
+    except mlo.MloError as e:
+        out = {"what": what, "raised": "MloError", "name": e.name, "message": str(e)}
+    except Exception as e:
+        out = {"what": what, "raised": type(e).__name__, "message": str(e)}
+    print(json.dumps(out), flush=True)
+
+
+C = mlo.Component
+tensor_calls = [
+    ("Component.host_data", lambda t: C.host_data(t)),
+    ("Component.device_ptr", lambda t: C.device_ptr(t)),
+    ("Component.device_status", lambda t: C.device_status(t)),
+    ("Component.nbytes", lambda t: C.nbytes(t)),
+    ("Component.tensor_block", lambda t: C.tensor_block(t)),
+    ("comp.device_ptr", lambda t: enc.device_ptr(t)),
+]
+handle_calls = [
+    ("Tensor.host_data", lambda t: t.host_data()),
+    ("Tensor.device_ptr", lambda t: t.device_ptr()),
+    ("Tensor.device_status", lambda t: t.device_status()),
+    ("Tensor.nbytes", lambda t: t.nbytes),
+    ("Tensor.block", lambda t: t.block),
+    ("Tensor.handle", lambda t: t.handle),
+    ("ctypes argument", lambda t: mlo.lib().mlo_tensor_nbytes(t)),  # its _as_parameter_
+]
+component_calls = [
+    ("add_tensor", lambda c: c.add_tensor("x", "F32", [1])),
+    ("block_count", lambda c: c.block_count), ("stream_info", lambda c: c.stream_info()),
+    ("set_progressive", lambda c: c.set_progressive(True)),
+    ("block_begin", lambda c: c.block_begin(0)), ("block_end", lambda c: c.block_end(0)),
+    ("bytes", lambda c: c.bytes), ("resident", lambda c: c.resident),
+    ("load_done", lambda c: c.load_done), ("evict", lambda c: c.evict()),
+    ("acquire", lambda c: c.acquire()), ("release", lambda c: c.release()),
+    ("stats", lambda c: c.stats()), ("handle", lambda c: c.handle),
+]
+pipeline_calls = [
+    ("add_component", lambda p: p.add_component("vae", "vae")),
+    ("materialize", lambda p: p.materialize()), ("enable", lambda p: p.enable()),
+    ("disable", lambda p: p.disable()), ("enabled", lambda p: p.enabled),
+    ("set_schedule", lambda p: p.set_schedule([(enc, 1)])),
+    ("learn_schedule", lambda p: p.learn_schedule()), ("schedule", lambda p: p.schedule()),
+    ("audit", lambda p: p.audit()), ("synchronize", lambda p: p.synchronize()),
+    ("stats", lambda p: p.stats()), ("reset_stats", lambda p: p.reset_stats()),
+    ("handle", lambda p: p.handle),
+]
+platform_calls = [
+    ("name", lambda p: p.name), ("description", lambda p: p.description),
+    ("caps", lambda p: p.caps()), ("memory", lambda p: p.memory()),
+    ("synchronize", lambda p: p.synchronize()),
+    ("set_framework_cache", lambda p: p.set_framework_cache(cached_bytes=lambda: 0)),
+    ("handle", lambda p: p.handle), ("Pipeline", lambda p: mlo.Pipeline(p)),
+]
+
+
+def run_all(t, raw):
+    for what, fn in tensor_calls:
+        call(what, lambda: fn(t))
+        call(what + "(raw)", lambda: fn(raw))
+        call(what + "(address)", lambda: fn(raw.value))
+    for what, fn in handle_calls:
+        call(what, lambda: fn(t))
+    for what, fn in component_calls:
+        call("Component." + what, lambda: fn(enc))
+    for what, fn in pipeline_calls:
+        call("Pipeline." + what, lambda: fn(pipe))
+
+
+if scenario == "free":
+    raw = ctypes.c_void_p(address(t))
+    pipe.free()
+    run_all(t, raw)
+elif scenario == "close":
+    raw = ctypes.c_void_p(address(t))
+    plat.close()  # frees the pipeline on it first
+    run_all(t, raw)
+    for what, fn in platform_calls:
+        call("Platform." + what, lambda: fn(plat))
+    call("Pipeline.free", pipe.free)  # freed already: a no-op
+    call("Platform.close", plat.close)  # idempotent
+elif scenario == "collected":
+    # a handle object keeps its owner alive: nothing it reaches is freed
+    before = [(what, fn(t)) for what, fn in tensor_calls[:5]]
+    data = ctypes.string_at(C.device_ptr(t), 256)
+    del pipe, plat, enc
+    gc.collect()
+    for what, fn in tensor_calls[:5]:
+        call(what, lambda: fn(t))
+    call("device bytes", lambda: ctypes.string_at(C.device_ptr(t), 256) == data)
+    print(json.dumps({"before": before}), flush=True)
+    # a raw value outlives what it pointed at: refused, never dereferenced
+    raw = ctypes.c_void_p(address(t))
+    del t
+    gc.collect()
+    for what, fn in tensor_calls[:5]:
+        call(what + "(raw)", lambda: fn(raw))
+        call(what + "(address)", lambda: fn(raw.value))
+"""
+
+
+class HandleLifetimeTests(unittest.TestCase):
+    """Every handle the binding gives out (tensors, components, pipelines,
+    platforms) raises MloError (MLO_ESTATE, naming "pipeline freed" or
+    "platform closed") once its owner is freed or closed, and a raw tensor
+    value whose pipeline was collected raises ValueError, instead of
+    reaching freed C memory.  Tensor handles were raw c_void_p values and
+    the Component.host_data/device_ptr/... staticmethods read freed memory
+    after Pipeline.free(), Platform.close() or collection (issue 44)."""
+
+    def child(self, scenario):
+        import subprocess
+        try:
+            out = subprocess.run([sys.executable, "-c", _LIFETIME_CHILD, scenario,
+                                  os.path.join(HERE, "..")], capture_output=True, timeout=30)
+            rc, stdout, stderr = out.returncode, out.stdout, out.stderr
+        except subprocess.TimeoutExpired as e:  # a call spinning on freed memory
+            rc, stdout, stderr = "hung", e.stdout or b"", e.stderr or b""
+        lines = [json.loads(line) for line in stdout.decode().splitlines()]
+        calls = [line for line in lines if "what" in line]
+        if rc != 0:
+            last = lines[-1].get("calling") if lines else None
+            self.fail("%s: the child died (status %s) in %s\n%s" %
+                      (scenario, rc, last, stderr.decode(errors="replace")[-2000:]))
+        self.assertTrue(calls, out.stderr)
+        return calls, lines
+
+    def assertRefused(self, calls, *words, kind="MloError"):
+        for c in calls:
+            with self.subTest(c["what"]):
+                # a Tensor given to a C function: ctypes wraps what it raised
+                self.assertEqual(c.get("raised"), "ArgumentError" if c["what"] == "ctypes argument"
+                                 else kind, c)
+                if kind == "MloError":
+                    self.assertIn("MLO_ESTATE", c["message"], c)
+                for w in words:
+                    self.assertIn(w, c["message"], c)
+
+    def test_after_pipeline_free(self):
+        calls, _ = self.child("free")
+        self.assertEqual(len(calls), 6 * 3 + 7 + 14 + 13)
+        self.assertRefused(calls, "pipeline freed")
+
+    def test_after_platform_close(self):
+        calls, _ = self.child("close")
+        handles = calls[:-10]
+        self.assertEqual(len(handles), 6 * 3 + 7 + 14 + 13)
+        self.assertRefused(handles, "pipeline freed", "platform closed")
+        self.assertRefused(calls[-10:-2], "platform closed")
+        self.assertEqual(calls[-2:], [{"what": "Pipeline.free", "value": None},
+                                      {"what": "Platform.close", "value": None}])
+
+    def test_after_collection(self):
+        calls, lines = self.child("collected")
+        kept, raw = calls[:6], calls[6:]
+        before = dict(next(line["before"] for line in lines if "before" in line))
+        for c in kept[:5]:  # the Tensor kept its pipeline: the same live values
+            self.assertEqual(c.get("value"), before[c["what"]], c)
+        self.assertEqual(kept[5], {"what": "device bytes", "value": True})
+        self.assertEqual(len(raw), 10)
+        self.assertRefused(raw, "no live tensor", kind="ValueError")
 
 
 class ReplayTests(unittest.TestCase):
