@@ -57,6 +57,7 @@ typedef struct {
   int poke;        /* in A's forward after block 1: what else to try (below) */
   bool settle;     /* each block read after every copy issued so far has landed */
   bool undeclared; /* A not declared progressive (forward_again) */
+  bool nested;     /* each block begun twice, its bytes read between its ends */
 } rig;
 
 static void add_dit(rig *r, int i, const char *name) {
@@ -157,16 +158,25 @@ static void poke(rig *r) {
   assert_ok(mlo_pipeline_audit(r->tp->pipe));
 }
 
-/* A forward as compute runs it: each block's bytes once begun. */
+/* A forward as compute runs it: each block's bytes once begun.  Where
+ * r->nested, each block is begun twice (nested begins are shared) and its
+ * bytes are read again between its two ends: the first end must not let
+ * the join copy over it (issue 44, F1). */
 static int forward(mlo_component *c, void *user) {
   rig *r = user;
   int i = c == r->c[1];
   bool ok = bytes_ok(r, r->pro[i]);
   for (int b = 0; b < NBLK && ok; b++) {
     if (mlo_block_begin(c, (size_t)b)) return 1;
+    if (r->nested && mlo_block_begin(c, (size_t)b)) return 1;     /* the release ends the first */
     if (r->settle && mlo_platform_synchronize(r->plat)) return 1; /* a copy too early shows */
     ok = bytes_ok(r, r->blk[i][b]);
     if (r->sim && r->compute_ns && mlo_sim_compute(r->plat, r->compute_ns)) return 1;
+    if (r->nested) {
+      if (mlo_block_end(c, (size_t)b)) return 1;
+      if (mlo_platform_synchronize(r->plat)) return 1; /* what the join let go has landed */
+      ok = ok && bytes_ok(r, r->blk[i][b]);
+    }
     if (mlo_block_end(c, (size_t)b)) return 1;
     if (!i && b == 1 && r->poke) poke(r);
   }
@@ -244,6 +254,7 @@ static void test_bytes_under_jitter(void **state) {
   assert_ok(enable(&r, true));
   for (int i = 0; i < 6; i++) {
     r.poke = i == 1;
+    r.nested = i % 2 == 0;
     assert_ok(mlo_component_forward(a, forward, &r));
     if (i == 3) /* off the schedule: A again, its memory already B's */
       assert_ok(mlo_component_forward(a, forward, &r));
@@ -285,6 +296,7 @@ static int prompt(rig *r) {
 static tu_pipe *sweep_build(void *self, mlo_platform *plat) {
   rig *r = self;
   rig_build_on(r, plat, false);
+  r->nested = true; /* the byte oracle between every block's two ends too */
   assert_ok(mlo_pipeline_materialize(r->tp->pipe));
   return r->tp;
 }
