@@ -16,6 +16,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) {
   if (pipe) {
@@ -83,7 +84,11 @@ int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, ui
   pipe->dist.collectives++;
   int rc = mlo_dist_agree(pipe->comm, id, check, status, msg, collective_name, pipe, together, err,
                           sizeof err);
-  if (rc) return mlo_fail(pipe, rc, "rank %d: %s", pipe->dist.rank, err);
+  if (rc) { /* named once: the communicator's own message may name the rank already */
+    char mine[32];
+    snprintf(mine, sizeof mine, "rank %d: ", pipe->dist.rank);
+    return mlo_fail(pipe, rc, "%s%s", strncmp(err, mine, strlen(mine)) ? mine : "", err);
+  }
   return MLO_OK;
 }
 

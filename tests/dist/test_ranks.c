@@ -386,6 +386,38 @@ static void test_missing_rank(void) {
   mlo_comm_free(comm);
 }
 
+/* The coordinator (node rank 0) late past the timeout and its second of
+ * grace: the others fail naming it, their own rank once (issue 44, F17:
+ * "rank 1: rank 1: node rank 0 (the coordinator) did not answer"). */
+static void test_missing_coordinator(void) {
+  if (nranks < 2) return;
+  mlo_comm *comm = NULL;
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = 500;
+  char err[256];
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err) == MLO_OK, "%s", err);
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
+  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "materialize");
+  if (rank == 0) usleep(2500 * 1000);
+  int rc = mlo_component_load(mlo_pipeline_component_at(pipe, 1));
+  if (rank != 0) {
+    const char *msg = mlo_pipeline_errmsg(pipe);
+    char mine[32];
+    snprintf(mine, sizeof mine, "rank %d: ", rank);
+    const char *first = strstr(msg, mine);
+    CHECK(rc == MLO_ESTATE && strstr(msg, "coordinator"), "rank %d: %s: '%s'", rank,
+          mlo_err_name(rc), msg);
+    CHECK(first && !strstr(first + 1, mine), "rank %d named more than once: '%s'", rank, msg);
+  }
+  mlo_set_log(NULL, NULL, MLO_LOG_OFF); /* freeing says the slabs are left mapped */
+  mlo_pipeline_free(pipe);
+  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
+  mlo_platform_close(p);
+  MPI_Barrier(MPI_COMM_WORLD);
+  mlo_comm_free(comm);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -442,6 +474,7 @@ int main(int argc, char **argv) {
   test_peer_failed_elsewhere(comm);
   mlo_comm_free(comm);
   test_missing_rank();
+  test_missing_coordinator();
   int all = 0;
   MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) {
