@@ -10,6 +10,7 @@ copied from a run.
 import glob
 import json
 import os
+import re
 import resource
 import signal
 import shutil
@@ -1756,6 +1757,12 @@ class RanksTests(Fixture):
         node = sum(o["disk_tier_read_bytes"] for o in objs)
         self.assertGreaterEqual(node, alone["disk_read_bytes"])
         self.assertLess(node / alone["disk_read_bytes"] - 1, 0.001)
+        # the table says so too, not "read from disk 0 B" (issue 44, F18)
+        _, out, _ = mpi_run(2, "run", self.ckpt, "--ranks", "sharded", *args[:-1])
+        tier = re.search(r"(\S+ \S+) by loads through the disk tier", out)
+        self.assertIsNotNone(tier, out)
+        self.assertNotIn(tier.group(1), ("0 B",), out)
+        self.assertNotIn("read from disk 0 B", out)
         rc, _, err = mpi_run(2, "run", self.ckpt, "--ranks", "shared", "--host-memory", host,
                              check=None)
         self.assertNotEqual(rc, 0)
@@ -1829,6 +1836,22 @@ class RanksTests(Fixture):
                 # headers are read by every rank to check they agree: a little over 1.0
                 self.assertLess(measured, 1.05 * weights, [o["measured_read_bytes"] for o in objs])
                 self.assertGreater(measured, 0.95 * weights)
+
+    def test_ranks_given_other_settings(self):
+        """Ranks given another --budget or --policy fail together before
+        loading, naming the flags (issue 44, F15: a bare "collective sequence
+        mismatch" from the middle of the run)."""
+        env = dict(os.environ, **MPI_ENV)
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        base = ["run", self.ckpt, "--ranks", "sharded", "--rank-timeout", "10"]
+        for other in (["--policy", "budget", "--budget", "10M"], ["--steps", "3"]):
+            p = subprocess.run(["mpirun", "-np", "1", MLO, *base, *other, ":", "-np", "1", MLO,
+                                *base], capture_output=True, text=True, env=env, timeout=120)
+            self.assertNotEqual(p.returncode, 0, p.stdout)
+            self.assertEqual(p.stderr.count("the ranks were given other offload settings"), 2,
+                             p.stderr)
+            self.assertNotIn("sequence mismatch", p.stderr)
 
     def test_a_rank_that_never_starts_mpi(self):
         """Rank 0 given `mlo inspect` exits 0 without MPI_Init (mpirun does
@@ -1971,7 +1994,10 @@ class RanksTests(Fixture):
                              (["--ranks", "auto", "--node", "l40s-4", "--link", "2e8",
                                "--platform", "host:group=2"], "not both"),
                              (["--ranks", "auto", "--node", "l40s-4", "--link", "1e6"],
-                              "below 1e6: give a faster --link")):
+                              "below 1e6: give a faster --link"),
+                             # issue 44, F15: named as --link, not a fabric= never given
+                             (["--ranks", "auto", "--node", "h100-sxm-8", "--link", "1e15"],
+                              "above the host platform's 1e15: give --link at most")):
             rc, _, err = mlo("run", self.ckpt, *args)
             self.assertEqual(rc, 2, args)
             self.assertIn(needle, err, args)

@@ -9,6 +9,8 @@
 #include "plan.h"
 #include "tool.h"
 
+#include "base/hash.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,6 +221,27 @@ static bool parse_flag(targs *a, run_args *r) {
   return true;
 }
 
+/* What every rank must be given alike for the ranks to call their
+ * components in the same order and load them the same way; never 0. */
+static uint64_t run_settings_check(const run_args *ra) {
+  const struct {
+    uint64_t capacity, link, budget, reserve, host;
+    long prompts, steps;
+    int policy, offload, sync, flags;
+  } s = {ra->have_capacity ? ra->capacity : 0,
+         ra->have_link ? ra->link : 0,
+         ra->have_budget ? ra->budget : 0,
+         ra->have_reserve ? ra->reserve : 0,
+         ra->have_host ? ra->host : 0,
+         ra->prompts,
+         ra->steps,
+         ra->policy,
+         ra->offload,
+         ra->sync,
+         ra->no_prefetch | ra->whole_loads << 1 | ra->learn << 2 | ra->literal << 3};
+  return mlo_fnv1a(MLO_FNV_BASIS, &s, sizeof s) | 1;
+}
+
 /* --node on the host platform: its links at the profile's ratios to --link
  * (each rank's), its groups no larger than the node's ranks. */
 static void node_options(const run_args *ra, char *spec, size_t size) {
@@ -298,11 +321,18 @@ static int parse(int argc, char **argv, run_args *r) {
     double least = t.fabric_bps > 0 && t.fabric_bps < t.link_bps ? t.fabric_bps : t.link_bps;
     if (t.uplink_bps > 0 && t.uplink_bps / (t.group > 1 ? t.group : 1) < least)
       least = t.uplink_bps / (t.group > 1 ? t.group : 1);
+    double most = t.fabric_bps > t.link_bps ? t.fabric_bps : t.link_bps;
+    if (t.uplink_bps > most) most = t.uplink_bps;
     if (least < 1e6)
       targs_error(&a,
                   "--link %.0f with --node %s models a path of %.0f bytes per second, below "
                   "1e6: give a faster --link",
                   (double)r->link, r->node->name, least);
+    else if (most > 1e15) /* the host platform's ceiling; named here, not as fabric= */
+      targs_error(&a,
+                  "--link %g with --node %s models a path of %g bytes per second, above the "
+                  "host platform's 1e15: give --link at most %.3g",
+                  (double)r->link, r->node->name, most, (double)r->link * 1e15 / most);
   }
   if (!a.failed && r->node && host &&
       (strstr(r->platform, "group=") || strstr(r->platform, "uplink=") ||
@@ -602,6 +632,21 @@ int cmd_run(int argc, char **argv) {
                      ? ": the ranks would load differently or model other nodes (give every "
                        "rank the same --ranks, --node and --platform)"
                      : "");
+    /* ranks given other offload settings would call the components in
+     * another order: said here with the flags named, not later as a
+     * "collective sequence mismatch" (issue 44, F15) */
+    if (!acode) {
+      acode = ranks_agree(&ra.rk, RANKS_STEP_SETTINGS, code, run_settings_check(&ra), aerr,
+                          sizeof aerr);
+      if (acode && aerr[0])
+        tool_failf("run", "%s%s", aerr,
+                   strstr(aerr, " differ at ")
+                       ? ": the ranks were given other offload settings (give every rank the "
+                         "same --offload, --policy, --budget, --reserve, --device-memory, "
+                         "--host-memory, --link, --steps, --prompts, --sync and prefetch and "
+                         "load flags)"
+                       : "");
+    }
     if ((code = acode)) goto out_free;
     ra.src.sharded = ra.rk.sharded;
   }

@@ -136,6 +136,8 @@ static const char *step_name(uint64_t id, void *user) {
     return "measuring the ranks";
   case RANKS_STEP_LOADS:
     return "choosing sharded or replicated loads";
+  case RANKS_STEP_SETTINGS:
+    return "comparing the offload settings";
   default:
     return "reporting the ranks";
   }
@@ -252,25 +254,32 @@ int ranks_report(const tool_ranks *r, const rank_figures *mine, uint64_t weights
             r->plan.replicated_s, r->plan.sharded_s);
   fprintf(out, "  %4s %10s %10s %10s %10s %10s %8s %9s  %-16s %s\n", "rank", "slabs PSS", "all PSS",
           "read", "moved in", "gathered", "gather", "stall", "digest", "verified");
-  uint64_t pss = 0, slab = 0, read = 0, io = 0;
+  uint64_t pss = 0, slab = 0, read = 0, tier = 0, io = 0;
   for (int i = 0; i < r->ranks; i++) {
     const rank_figures *f = &all[i];
     pss += f->pss;
     slab += f->slab_pss;
     read += f->read;
+    tier += f->tier_read;
     io += f->io_read;
     fprintf(out, "  %4d %10s %10s %10s %10s %10s %7.3fs %8.3fs  %016llx %s\n", i,
-            tool_size(f->slab_pss), tool_size(f->pss), tool_size(f->read), tool_size(f->h2d),
-            tool_size(f->gather), f->gather_s, f->stall_s, (unsigned long long)f->digest,
+            tool_size(f->slab_pss), tool_size(f->pss), tool_size(f->read + f->tier_read),
+            tool_size(f->h2d), tool_size(f->gather), f->gather_s, f->stall_s,
+            (unsigned long long)f->digest,
             f->verified < 0 ? "-"
             : f->verified   ? "yes"
                             : "NO");
   }
   double w = weights ? (double)weights : 1;
+  fprintf(out, "  node: host slabs %s (%.2fx the weights), read from disk %s (%.2fx)",
+          tool_size(slab), (double)slab / w, tool_size(read + tier), (double)(read + tier) / w);
+  if (tier) /* the disk tier reads at every load: say which reads were which (issue 44, F18) */
+    fprintf(out, ":\n  %s into the slabs, %s by loads through the disk tier (--host-memory)",
+            tool_size(read), tool_size(tier));
   fprintf(out,
-          "  node: host slabs %s (%.2fx the weights), read from disk %s (%.2fx); processes in\n"
+          "; processes in\n"
           "  all %s (on the host platform that includes the device memory it stands in for)\n",
-          tool_size(slab), (double)slab / w, tool_size(read), (double)read / w, tool_size(pss));
+          tool_size(pss));
   /* what the kernel read from storage for the ranks (/proc/self/io): read-ahead included,
    * pages another process had cached excluded */
   fprintf(out, "  the kernel read %s from storage for them (%.2fx the weights; /proc/PID/io)\n",

@@ -251,6 +251,7 @@ enum {
   RANKS_STEP_MEASURE = 1, /* a page's PSS counts every rank that touched it */
   RANKS_STEP_REPORT = 2,  /* the report's collectives need every rank */
   RANKS_STEP_LOADS = 3,   /* check: the loads chosen, the same on every rank */
+  RANKS_STEP_SETTINGS = 4 /* check: the offload settings, the same on every rank */
 };
 int ranks_agree(const tool_ranks *r, int step, int code, uint64_t check, char *err, size_t errlen);
 /* The demo's line on several ranks: this binary under `mpirun -np 2 ...
