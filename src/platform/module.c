@@ -11,7 +11,9 @@
  * by absolute path are searched (an empty or relative element of a search
  * path would be the current folder, wherever the program was started), and
  * only a regular file that no one but root and this process's user can
- * have written, in a folder no one else can write to, is opened.
+ * have written, in a folder no one else can write to, is opened.  A module
+ * refused is remembered as a loaded one is, so a second probe answers the
+ * refusal without running the module's code again.
  */
 #define _GNU_SOURCE /* dladdr */
 #include "platform/module.h"
@@ -68,11 +70,14 @@ static const struct mlo_module_host host_table = {
     .compute_queue = mlo_platform_compute_queue,
 };
 
-/* Loaded modules, by file name; a short list (a process loads a few). */
+/* Modules loaded or refused, by file name; a short list (a process loads a
+ * few).  A refused one keeps its error: a second load answers that, rather
+ * than opening the file again and running its constructors again. */
 struct loaded {
   char file[64];
-  const struct mlo_module *module;
-  char *path;
+  const struct mlo_module *module; /* NULL: refused */
+  char *path;                      /* where it was loaded from */
+  char *refusal;                   /* the error, when refused */
   struct loaded *next;
 };
 static pthread_mutex_t modules_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -238,8 +243,84 @@ static int check_candidate(struct search *s, const char *dir) {
   return TRY_OK;
 }
 
-/* Opens the candidate, once check_candidate allowed it, and checks its
- * init. */
+/* Whether p points into the object loaded at base (the module's own image):
+ * what a module answers must be its own, and a pointer to anything else
+ * (garbage, most likely) is never followed. */
+static bool inside(const void *p, const void *base) {
+  Dl_info info;
+  return p && dladdr(p, &info) && info.dli_fbase == base;
+}
+static bool fn_inside(void (*fn)(void), const void *base) {
+  void *p;
+  memcpy(&p, &fn, sizeof p);
+  return inside(p, base);
+}
+
+static const char *kind_name(mlo_module_kind kind) {
+  return kind == MLO_MODULE_PLATFORM ? "platform" : kind == MLO_MODULE_WORKLOAD ? "workload" : NULL;
+}
+
+/* What init answered, checked before anything in it is used: a table, in
+ * the module, of this build, of the kind wanted, with the members that
+ * kind's callers use.  false with the reason in why. */
+static bool module_usable(struct search *s, const struct mlo_module *m, const void *base) {
+  const char *path = s->candidate;
+  if (!m) {
+    whyf(s, "%s returned no module table (its %s succeeded without one)", path,
+         MLO_MODULE_INIT_SYMBOL);
+    return false;
+  }
+  if (!inside(m, base)) {
+    whyf(s, "%s returned a module table outside the module (%p)", path, (void *)m);
+    return false;
+  }
+  if (!m->version) {
+    whyf(s, "%s gave no version string (module ABI %u; this libmlo: ABI %u, mlo %s)", path, m->abi,
+         MLO_MODULE_ABI, mlo_version());
+    return false;
+  }
+  if (!inside(m->version, base)) {
+    whyf(s, "%s gave a version pointer outside the module (%p)", path, (void *)m->version);
+    return false;
+  }
+  if (m->abi != MLO_MODULE_ABI || strcmp(m->version, mlo_version())) {
+    whyf(s, "%s is from another build (module ABI %u, mlo %.32s; this libmlo: ABI %u, mlo %s)",
+         path, m->abi, m->version, MLO_MODULE_ABI, mlo_version());
+    return false;
+  }
+  if (m->kind != s->kind) {
+    const char *is = kind_name(m->kind);
+    if (is)
+      whyf(s, "%s is a %s module, not the %s module '%s' names", path, is, kind_name(s->kind),
+           s->file);
+    else
+      whyf(s, "%s is a module of unknown kind %d, not the %s module '%s' names", path, (int)m->kind,
+           kind_name(s->kind), s->file);
+    return false;
+  }
+  if (!m->name || !inside(m->name, base)) {
+    if (m->name)
+      whyf(s, "%s gave a name pointer outside the module (%p)", path, (void *)m->name);
+    else
+      whyf(s, "%s gave no name", path);
+    return false;
+  }
+  if (m->kind == MLO_MODULE_PLATFORM &&
+      (!m->create || !fn_inside((void (*)(void))m->create, base))) {
+    whyf(s, "%s is a platform module with %s", path,
+         m->create ? "a constructor outside the module" : "no constructor (create)");
+    return false;
+  }
+  if (m->kind == MLO_MODULE_WORKLOAD && (!m->impl || !inside(m->impl, base))) {
+    whyf(s, "%s is a workload module with %s", path,
+         m->impl ? "an ops table outside the module" : "no ops table (impl)");
+    return false;
+  }
+  return true;
+}
+
+/* Opens the candidate, once check_candidate allowed it, and checks what its
+ * init answers. */
 static int try_load(struct search *s) {
   const char *path = s->candidate;
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -250,7 +331,8 @@ static int try_load(struct search *s) {
   }
   mlo_module_init_fn init = NULL;
   *(void **)&init = dlsym(h, MLO_MODULE_INIT_SYMBOL);
-  if (!init) {
+  Dl_info info;
+  if (!init || !dladdr(*(void **)&init, &info)) {
     whyf(s, "%s is not an mlo module (no %s)", path, MLO_MODULE_INIT_SYMBOL);
     dlclose(h);
     return TRY_FAILED;
@@ -258,21 +340,19 @@ static int try_load(struct search *s) {
   char err[256] = "";
   const struct mlo_module *m = NULL;
   int rc = init(&host_table, &m, err, sizeof err); /* the module keeps the pointer */
-  if (rc || !m) {
-    whyf(s, "%s refused to start: %s", path, err[0] ? err : mlo_strerror(rc));
+  err[sizeof err - 1] = '\0';
+  if (rc) {
+    if (err[0])
+      whyf(s, "%s refused to start: %s", path, err);
+    else if (!strcmp(mlo_err_name(rc), "MLO_E?"))
+      whyf(s, "%s refused to start: unknown error (rc %d, no reason given)", path, rc);
+    else
+      whyf(s, "%s refused to start: %s (%s, no reason given)", path, mlo_strerror(rc),
+           mlo_err_name(rc));
     dlclose(h);
     return TRY_FAILED;
   }
-  if (m->abi != MLO_MODULE_ABI || !m->version || strcmp(m->version, mlo_version())) {
-    whyf(s, "%s is from another build (module ABI %u, mlo %s; this libmlo: ABI %u, mlo %s)", path,
-         m->abi, m->version ? m->version : "?", MLO_MODULE_ABI, mlo_version());
-    dlclose(h);
-    return TRY_FAILED;
-  }
-  if (m->kind != s->kind) {
-    whyf(s, "%s is a %s module, not the %s module '%s' names", path,
-         m->kind == MLO_MODULE_PLATFORM ? "platform" : "workload",
-         s->kind == MLO_MODULE_PLATFORM ? "platform" : "workload", s->file);
+  if (!module_usable(s, m, info.dli_fbase)) {
     dlclose(h);
     return TRY_FAILED;
   }
@@ -315,16 +395,39 @@ static void attempt(struct search *s, const char *dir, size_t n, const char *fro
   if (s->result == TRY_OK) s->result = try_load(s);
 }
 
+/* Remembers a module loaded (m) or refused (why), by file name.  false when
+ * out of memory (then nothing is remembered). */
+static bool remember(const char *file, const struct mlo_module *m, const char *path,
+                     const char *refusal) {
+  struct loaded *l = mlo_calloc(1, sizeof *l);
+  char *where = path ? mlo_strdup(path) : NULL;
+  char *why = refusal ? mlo_strdup(refusal) : NULL;
+  if (!l || (path && !where) || (refusal && !why)) {
+    free(l);
+    free(where);
+    free(why);
+    return false;
+  }
+  snprintf(l->file, sizeof l->file, "%s", file);
+  l->module = m;
+  l->path = where;
+  l->refusal = why;
+  l->next = modules;
+  modules = l;
+  return true;
+}
+
 int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
                     const char **path, char *err, size_t errlen) {
   if (!file || !*file || !out || strchr(file, '/') ||
-      strlen(file) >= sizeof(((struct loaded *)0)->file))
+      strlen(file) >= sizeof(((struct loaded *)0)->file) || !kind_name(kind))
     return mlo_errf(err, errlen, MLO_EINVAL, "bad module name");
   *out = NULL;
   pthread_mutex_lock(&modules_lock);
   for (struct loaded *l = modules; l; l = l->next)
     if (!strcmp(l->file, file)) {
-      int rc = l->module->kind == kind
+      int rc = !l->module ? mlo_errf(err, errlen, MLO_ENODEV, "%s", l->refusal)
+               : l->module->kind == kind
                    ? MLO_OK
                    : mlo_errf(err, errlen, MLO_ENODEV, "%s is not the kind of module wanted here",
                               l->path);
@@ -377,23 +480,17 @@ int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_mod
   }
   int rc = MLO_OK;
   if (sr.result == TRY_OK) {
-    struct loaded *l = mlo_calloc(1, sizeof *l);
-    char *where = mlo_strdup(sr.candidate);
-    if (!l || !where) {
-      free(l);
-      free(where);
+    if (!remember(file, *out, sr.candidate, NULL)) {
       *out = NULL;
       rc = mlo_errf(err, errlen, MLO_ENOMEM, "out of host memory loading %s", sr.name);
-    } else {
-      snprintf(l->file, sizeof l->file, "%s", file);
-      l->module = *out;
-      l->path = where;
-      l->next = modules;
-      modules = l;
-      if (path) *path = where;
+    } else if (path) {
+      *path = modules->path;
     }
   } else if (sr.result == TRY_FAILED) {
     rc = mlo_errf(err, errlen, MLO_ENODEV, "%s (looked in: %s)", sr.why, sr.looked);
+    char refusal[sizeof sr.why + sizeof sr.looked + 16];
+    snprintf(refusal, sizeof refusal, "%s (looked in: %s)", sr.why, sr.looked);
+    remember(file, NULL, NULL, refusal); /* if out of memory, the next load tries again */
   } else {
     rc = mlo_errf(err, errlen, MLO_ENODEV,
                   "module %s not found (looked in: %s%s); set MLO_MODULE_PATH to the folder "

@@ -117,7 +117,8 @@ typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host, const stru
 #define MLO_MODULE_INIT_SYMBOL "mlo_module_init"
 
 /* Loads libmlo-<file>.so once per process (later calls answer the same
- * module) and checks it is a `kind` module of this build.  Where it looks,
+ * module, or the same refusal: a module refused is not opened again) and
+ * checks it is a `kind` module of this build.  Where it looks,
  * in order: each folder of MLO_MODULE_PATH (':'-separated; when it is set,
  * nothing else), the folder `mlo` beside the object holding libmlo (the
  * installed libmlo.so's module folder; build/mlo beside a build tree's
@@ -130,10 +131,10 @@ typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host, const stru
  * log says and, for MLO_MODULE_PATH, the error too.  Every candidate is
  * opened by its full path, and only if it is a regular file and it, a link
  * naming it and the folders holding it are owned by root or the effective
- * user and writable by no one else (a sticky folder excepted;
- * docs/modules.md).  On failure err says which file was missing, or which
- * file was refused or failed to load and why (a missing CUDA runtime, say),
- * and every place it looked.  *path (may be NULL) gets where it was found. */
+ * user and writable by no one else (a sticky folder excepted); what its
+ * init answers is checked before it is used (docs/modules.md).  On failure err says which file was
+ * missing, or which file was refused or failed to load and why (a missing CUDA runtime, say), and
+ * every place it looked.  *path (may be NULL) gets where it was found. */
 int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
                     const char **path, char *err, size_t errlen);
 

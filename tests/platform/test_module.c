@@ -3,8 +3,9 @@
  * hostile or broken libmlo-<name>.so does (issue 44): a module planted in
  * the current folder and reached through an empty LD_LIBRARY_PATH element
  * or a relative MLO_MODULE_PATH element, one in a folder others may write,
- * one owned by another user, a FIFO in the module's place, and libmlo itself
- * reached through a relative path.
+ * one owned by another user, a FIFO in the module's place, libmlo itself
+ * reached through a relative path, and modules whose init answers no table,
+ * no version, no ops or a refusal.
  *
  * A module is loaded once per process, and the library path is read by the
  * dynamic loader when a process starts, so every case runs in a process of
@@ -407,6 +408,89 @@ static void test_fifo_is_refused_not_waited_on(void **state) {
   assert_probe_said(&r, want);
 }
 
+/* ---- F9, F14: what init answers is checked before it is used ----------- */
+
+/* The fake module in `mode`, answering to `name`, as tmp/m/file, probed with
+ * args. */
+static void probe_mode(const char *mode, const char *name, const char *file,
+                       const char *const *args, probe_result *r) {
+  char dir[PATH_MAX], mode_env[64], name_env[64];
+  snprintf(dir, sizeof dir, "%s/m", tmp);
+  if (access(dir, F_OK) != 0) make_dir("m", 0755, dir, sizeof dir);
+  char target[PATH_MAX + 64];
+  snprintf(target, sizeof target, "%s/%s", dir, file);
+  unlink(target);
+  plant(dir, file, 0755);
+  snprintf(mode_env, sizeof mode_env, "MLO_FAKEMOD_MODE=%s", mode);
+  snprintf(name_env, sizeof name_env, "MLO_FAKEMOD_NAME=%s", name);
+  const char *set[] = {module_path(dir), marker(), mode_env, name_env, NULL};
+  run_probe(tmp, set, args, 60, r);
+}
+
+/* A platform module whose constructor says it opened and leaves no ops, or
+ * an ops table missing what every caller calls: an error, no crash. */
+static void test_module_without_ops(void **state) {
+  (void)state;
+  probe_result r;
+  probe_mode("noops", "cuda", "libmlo-cuda.so", (const char *[]){"open", "cuda", NULL}, &r);
+  assert_probe_said(&r, "the cuda platform's constructor returned no ops table");
+  probe_mode("partialops", "cuda", "libmlo-cuda.so", (const char *[]){"open", "cuda", NULL}, &r);
+  assert_probe_said(&r, "the cuda platform's ops table has no destroy");
+  probe_mode("nocreate", "cuda", "libmlo-cuda.so", (const char *[]){"open", "cuda", NULL}, &r);
+  assert_probe_said(&r, "is a platform module with no constructor (create)");
+  probe_mode("wlpartial", "fake", "libmlo-workload-fake.so",
+             (const char *[]){"workload", "fake", NULL}, &r);
+  assert_probe_said(&r, "rc=");
+  assert_probe_silent_on(&r, "rc=0 ");
+  assert_probe_said(&r, "its ops table has no create");
+}
+
+/* No version string, or a version pointer to nowhere: refused, no crash. */
+static void test_module_version_pointer_checked(void **state) {
+  (void)state;
+  probe_result r;
+  probe_mode("noversion", "plant", "libmlo-plant.so",
+             (const char *[]){"load", "plant", "platform", NULL}, &r);
+  assert_probe_said(&r, "libmlo-plant.so gave no version string");
+  probe_mode("badversion", "plant", "libmlo-plant.so",
+             (const char *[]){"load", "plant", "platform", NULL}, &r);
+  assert_probe_said(&r, "libmlo-plant.so gave a version pointer outside the module");
+}
+
+/* A refused module is loaded once: a second probe answers the remembered
+ * refusal, without running the module's code again. */
+static void test_refusal_remembered(void **state) {
+  (void)state;
+  probe_result r;
+  probe_mode("refuse", "plant", "libmlo-plant.so",
+             (const char *[]){"load", "plant", "platform", "2", NULL}, &r);
+  assert_probe_said(&r, "refused to start: the fake module refuses on purpose");
+  const char *first = strstr(r.out, "rc=");
+  const char *second = first ? strstr(first + 1, "rc=") : NULL;
+  assert_non_null(second);
+  const char *eol = strchr(first, '\n');
+  assert_non_null(eol);
+  assert_int_equal(strncmp(first, second, (size_t)(eol - first) + 1), 0); /* the same answer */
+  assert_int_equal(marker_lines(), 1);
+}
+
+/* An init that fails with no reason, or succeeds with no table, is named
+ * for what it did: never "refused to start: success". */
+static void test_refusal_message_says_what_happened(void **state) {
+  (void)state;
+  probe_result r;
+  probe_mode("notable", "plant", "libmlo-plant.so",
+             (const char *[]){"load", "plant", "platform", NULL}, &r);
+  assert_probe_said(&r, "libmlo-plant.so returned no module table");
+  assert_probe_silent_on(&r, "success");
+  probe_mode("rcnomsg", "plant", "libmlo-plant.so",
+             (const char *[]){"load", "plant", "platform", NULL}, &r);
+  assert_probe_said(&r, "refused to start: device API error (MLO_EPLATFORM, no reason given)");
+  probe_mode("rcunknown", "plant", "libmlo-plant.so",
+             (const char *[]){"load", "plant", "platform", NULL}, &r);
+  assert_probe_said(&r, "refused to start: unknown error (rc 12345, no reason given)");
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "probe")) return probe(argc, argv);
   ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
@@ -419,6 +503,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_writable_by_others_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_beside_relative_libmlo, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fifo_is_refused_not_waited_on, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_module_without_ops, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_module_version_pointer_checked, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_refusal_remembered, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_refusal_message_says_what_happened, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
