@@ -202,11 +202,15 @@ typedef struct mlo_platform mlo_platform;
 
 /* Opens a platform from a spec string.  host, sim and fault are part of
  * libmlo; cuda and opencl are modules (libmlo-cuda.so, libmlo-opencl.so)
- * loaded on first use from MLO_MODULE_PATH (':'-separated folders; when set,
- * only there), else the folder `mlo` beside libmlo.so, the installed module
- * folder, and the loader's search path (docs/modules.md).  A module that is
- * missing, or whose runtime is (libcudart, an OpenCL ICD loader), is
- * MLO_ENODEV with the file and every place looked in errbuf.  The specs:
+ * loaded on first use from MLO_MODULE_PATH (':'-separated absolute folders;
+ * when set, only there), else the folder `mlo` beside libmlo.so, the
+ * installed module folder, and the loader's search path; never from the
+ * current folder unless named by absolute path (docs/modules.md).  A module
+ * that is missing, or whose runtime is (libcudart, an OpenCL ICD loader),
+ * that is not a regular file, or that (or whose folder) is writable by
+ * others than its owner or owned by another user than root or the
+ * process's, is MLO_ENODEV with the file, the reason and every place looked
+ * in errbuf.  The specs:
  *   "host[:key=value,...]"  the host-backed device (always available).
  *       capacity=SIZE  device memory (default 8G)
  *       bw=BYTES_PER_S throttle copies to a link bandwidth, at least 1e6

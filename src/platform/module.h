@@ -117,17 +117,24 @@ typedef int (*mlo_module_init_fn)(const struct mlo_module_host *host, const stru
 #define MLO_MODULE_INIT_SYMBOL "mlo_module_init"
 
 /* Loads libmlo-<file>.so once per process (later calls answer the same
- * module) and checks it is a `kind` module of this build.  Where it looks,
+ * module, or the same refusal: a module refused is not opened again) and
+ * checks it is a `kind` module of this build.  Where it looks,
  * in order: each folder of MLO_MODULE_PATH (':'-separated; when it is set,
  * nothing else), the folder `mlo` beside the object holding libmlo (the
  * installed libmlo.so's module folder; build/mlo beside a build tree's
- * libmlo.so), the configured install folder (MLO_MODULE_DIR), then each
+ * libmlo.so; found by the path the kernel mapped it from, however libmlo
+ * was reached), the configured install folder (MLO_MODULE_DIR), then each
  * folder of the program's library path as the loader has it (its RUNPATH,
  * which in a build tree names build/mlo; LD_LIBRARY_PATH; the system's).
- * Every candidate is opened by its full path.  On failure err says which
- * file was missing, or which file failed to load and the loader's reason (a
- * missing CUDA runtime, say), and every place it looked.  *path (may be
- * NULL) gets where it was found. */
+ * Only folders named by absolute path are searched: an empty or relative
+ * element (the current folder, to the loader) is skipped, which the debug
+ * log says and, for MLO_MODULE_PATH, the error too.  Every candidate is
+ * opened by its full path, and only if it is a regular file and it, a link
+ * naming it and the folders holding it are owned by root or the effective
+ * user and writable by no one else (a sticky folder excepted); what its
+ * init answers is checked before it is used (docs/modules.md).  On failure err says which file was
+ * missing, or which file was refused or failed to load and why (a missing CUDA runtime, say), and
+ * every place it looked.  *path (may be NULL) gets where it was found. */
 int mlo_module_load(const char *file, mlo_module_kind kind, const struct mlo_module **out,
                     const char **path, char *err, size_t errlen);
 

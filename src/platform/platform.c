@@ -128,6 +128,37 @@ int mlo_platform_info_get(size_t index, mlo_platform_info *info) {
   return MLO_OK;
 }
 
+/* The first slot of ops that the wrappers call without a check, missing;
+ * NULL if none is.  A constructor is a module's code (module.h): what it
+ * hands back is checked before the first call through it.  The events are
+ * optional as a set, so they are asked for only where caps.events says they
+ * are used; a host_alloc needs its host_free. */
+static const char *ops_missing(const struct mlo_platform_ops *o, const mlo_platform_caps *caps) {
+  if (!o->name) return "name";
+  if (!o->destroy) return "destroy";
+  if (!o->get_caps) return "get_caps";
+  if (caps) {
+    if (!o->get_memory) return "get_memory";
+    if (!o->dev_alloc) return "dev_alloc";
+    if (!o->dev_free) return "dev_free";
+    if (!o->host_alloc != !o->host_free) return o->host_alloc ? "host_free" : "host_alloc";
+    if (!o->copy_h2d) return "copy_h2d";
+    if (!o->copy_d2h) return "copy_d2h";
+    if (!o->synchronize) return "synchronize";
+    if (caps->events) {
+      if (!o->event_create) return "event_create";
+      if (!o->event_destroy) return "event_destroy";
+      if (!o->event_record_copy) return "event_record_copy";
+      if (!o->event_record_compute) return "event_record_compute";
+      if (!o->compute_wait) return "compute_wait";
+      if (!o->copy_wait) return "copy_wait";
+      if (!o->event_sync) return "event_sync";
+      if (!o->event_query) return "event_query";
+    }
+  }
+  return NULL;
+}
+
 int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t errlen) {
   if (out) *out = NULL;
   if (!spec || !out) {
@@ -150,7 +181,8 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
     return MLO_EINVAL;
   }
   create_fn create = NULL;
-  int crc = platform_create_fn(e, &create, NULL, errbuf, errlen);
+  const char *module_path = NULL;
+  int crc = platform_create_fn(e, &create, &module_path, errbuf, errlen);
   if (crc) return crc;
   mlo_platform *p = mlo_calloc(1, sizeof *p);
   pthread_mutex_t *lock = mlo_malloc(sizeof *lock);
@@ -171,7 +203,26 @@ int mlo_platform_open(const char *spec, mlo_platform **out, char *errbuf, size_t
     free(p);
     return rc;
   }
-  p->ops->get_caps(p->ctx, &p->caps);
+  /* name, destroy and get_caps first: then the caps say which events */
+  const char *missing = p->ops ? ops_missing(p->ops, NULL) : NULL;
+  if (p->ops && !missing) {
+    p->ops->get_caps(p->ctx, &p->caps);
+    missing = ops_missing(p->ops, &p->caps);
+  }
+  if (!p->ops || missing) {
+    if (errbuf && errlen)
+      snprintf(errbuf, errlen, "the %s platform's %s%s%s%s%s", e->name,
+               p->ops ? "ops table has no " : "constructor returned no ops table",
+               p->ops ? missing : "", module_path ? " (module " : "",
+               module_path ? module_path : "", module_path ? ")" : "");
+    /* the context is freed by destroy where there is one to call; with
+     * none it is left (its owner gave no way to free it) */
+    if (p->ops && p->ops->destroy) p->ops->destroy(p->ctx);
+    pthread_mutex_destroy(lock);
+    free(lock);
+    free(p);
+    return MLO_ENODEV;
+  }
   *out = p;
   return MLO_OK;
 }

@@ -57,6 +57,17 @@ int mlo_workload_backend(const char *platform_name, const struct mlo_workload_op
   if (!found || !found->platform || strcmp(found->platform, platform_name))
     return mlo_errf(err, errlen, MLO_ENODEV, "module %s does not serve platform '%s'", file,
                     platform_name);
+  /* what mlo_workload_open and a forward call without a check: a module's
+   * table is checked before the first call through it */
+  const char *missing = !found->create         ? "create"
+                        : !found->destroy      ? "destroy"
+                        : found->model_forward ? NULL
+                        : !found->gemm_digest  ? "gemm_digest"
+                        : !found->bytes_digest ? "bytes_digest"
+                                               : NULL;
+  if (missing)
+    return mlo_errf(err, errlen, MLO_ENODEV, "module libmlo-%s.so: its ops table has no %s", file,
+                    missing);
   *ops = found;
   return MLO_OK;
 }

@@ -221,6 +221,22 @@ class RunTests(Fixture):
         self.assertIn("libmlo-opencl.so not found (looked in: %s/libmlo-opencl.so" % empty, err)
         self.assertIn("MLO_MODULE_PATH", err)
 
+    def test_fifo_in_a_modules_place_is_refused_not_waited_on(self):
+        """A FIFO named libmlo-cuda.so where modules are looked for: --version
+        says it is no regular file, instead of waiting on it for a writer
+        forever (issue 44).  The timeout turns a regression into a failure."""
+        folder = tempfile.mkdtemp(dir=self.tmp)
+        os.mkfifo(os.path.join(folder, "libmlo-cuda.so"))
+        env = dict(os.environ, MLO_MODULE_PATH=folder)
+        try:
+            p = subprocess.run([MLO, "--version"], capture_output=True, text=True, env=env,
+                               timeout=30)
+        except subprocess.TimeoutExpired:
+            self.fail("mlo --version waited on a FIFO in a module's place")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("  cuda    no : %s/libmlo-cuda.so is not a regular file (a FIFO)" % folder,
+                      p.stdout)
+
     def unknown_classes_copy(self):
         """The pipeline with classes mlo does not know: its component
         folders linked, model_index.json rewritten."""
