@@ -129,7 +129,20 @@ int mlo_out_begin(mlo_outfile *o, const char *path, char *err, size_t errlen) {
   o->fd = mkstemp(o->tmp); /* O_EXCL, mode 0600, unpredictable name */
   if (o->fd >= 0) fcntl(o->fd, F_SETFD, FD_CLOEXEC);
   if (o->fd < 0) {
-    rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot write here: %s", path, strerror(errno));
+    int e = errno;
+    struct stat dst;
+    char *slash = strrchr(o->tmp, '/');
+    if (slash) *slash = '\0';
+    /* ENOENT for a folder that is there: one that takes no new files (/proc,
+     * /sys), which strerror alone would call missing */
+    if (e == ENOENT && stat(slash ? o->tmp : ".", &dst) == 0 && S_ISDIR(dst.st_mode))
+      rc = mlo_errf(err, errlen, MLO_EIO,
+                    "%s: cannot write here: its folder %s takes no new files (a virtual file "
+                    "system such as /proc or /sys?); outputs are written beside their target "
+                    "and renamed into place",
+                    path, slash ? o->tmp : ".");
+    else
+      rc = mlo_errf(err, errlen, MLO_EIO, "%s: cannot write here: %s", path, strerror(e));
     free(o->tmp);
     o->tmp = NULL;
     goto fail;
