@@ -203,23 +203,26 @@ void mlo_touch_pages(void *p, size_t n) {
   for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
 }
 
-int mlo_file_id_recheck(const char *path, const mlo_file_id *id, char *err, size_t errlen) {
-  if (id->ino == 0) return MLO_OK; /* parsed from memory: no identity */
-  struct stat st;
+/* Whether what stat or fstat answered (rc, st) is still the file id
+ * describes; an id of zeros (parsed from memory) has nothing to check. */
+static bool still(int rc, const struct stat *st, const mlo_file_id *id) {
+  if (id->ino == 0) return true;
   mlo_file_id now = {0};
-  if (stat(path, &st) == 0) mlo_file_id_from_stat(&st, &now);
-  if (mlo_file_id_equal(&now, id)) return MLO_OK;
+  if (rc == 0) mlo_file_id_from_stat(st, &now);
+  return mlo_file_id_equal(&now, id);
+}
+
+int mlo_file_id_recheck(const char *path, const mlo_file_id *id, char *err, size_t errlen) {
+  struct stat st;
+  if (still(stat(path, &st), &st, id)) return MLO_OK;
   if (err && errlen)
     snprintf(err, errlen, "%s: changed while it was being opened; open it again", path);
   return MLO_EIO;
 }
 
 int mlo_fd_id_recheck(int fd, const char *path, const mlo_file_id *id, char *err, size_t errlen) {
-  if (id->ino == 0) return MLO_OK; /* parsed from memory: no identity */
   struct stat st;
-  mlo_file_id now = {0};
-  if (fstat(fd, &st) == 0) mlo_file_id_from_stat(&st, &now);
-  if (mlo_file_id_equal(&now, id)) return MLO_OK;
+  if (still(fstat(fd, &st), &st, id)) return MLO_OK;
   if (err && errlen)
     snprintf(err, errlen,
              "'%s' changed while it was read (another size, modification or change time): its "

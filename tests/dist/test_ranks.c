@@ -347,16 +347,35 @@ static void test_peer_failed_elsewhere(mlo_comm *comm) {
   mlo_platform_close(p);
 }
 
+/* A communicator of timeout_ms and a pipeline on it, materialized. */
+static mlo_pipeline *on_new_comm(unsigned timeout_ms, mlo_comm **comm, mlo_platform **p) {
+  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
+  co.timeout_ms = timeout_ms;
+  char err[256];
+  *comm = NULL;
+  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, comm, err, sizeof err) == MLO_OK, "%s", err);
+  *p = host();
+  mlo_pipeline *pipe = open_with(*p, *comm, true, NULL);
+  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "materialize");
+  return pipe;
+}
+
+/* Frees what on_new_comm made, after a collective left the communicator
+ * broken on some rank. */
+static void free_broken(mlo_pipeline *pipe, mlo_comm *comm, mlo_platform *p) {
+  mlo_set_log(NULL, NULL, MLO_LOG_OFF); /* freeing says the slabs are left mapped */
+  mlo_pipeline_free(pipe);
+  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
+  mlo_platform_close(p);
+  MPI_Barrier(MPI_COMM_WORLD);
+  mlo_comm_free(comm);
+}
+
 static void test_missing_rank(void) {
   if (nranks < 2) return;
-  mlo_comm *comm = NULL;
-  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
-  co.timeout_ms = 1000;
-  char err[256];
-  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err) == MLO_OK, "%s", err);
-  mlo_platform *p = host();
-  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
-  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "materialize");
+  mlo_comm *comm;
+  mlo_platform *p;
+  mlo_pipeline *pipe = on_new_comm(1000, &comm, &p);
   int late = nranks - 1;
   if (rank == late) usleep(2500 * 1000);
   double t0 = MPI_Wtime();
@@ -378,12 +397,7 @@ static void test_missing_rank(void) {
   t0 = MPI_Wtime();
   rc = mlo_component_load(mlo_pipeline_component_at(pipe, 2));
   CHECK(rc == MLO_ESTATE && MPI_Wtime() - t0 < 0.1, "after a timeout: %s", mlo_err_name(rc));
-  mlo_set_log(NULL, NULL, MLO_LOG_OFF); /* freeing says the slabs are left mapped */
-  mlo_pipeline_free(pipe);
-  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
-  mlo_platform_close(p);
-  MPI_Barrier(MPI_COMM_WORLD);
-  mlo_comm_free(comm);
+  free_broken(pipe, comm, p);
 }
 
 /* The coordinator (node rank 0) late past the timeout and its second of
@@ -391,14 +405,9 @@ static void test_missing_rank(void) {
  * "rank 1: rank 1: node rank 0 (the coordinator) did not answer"). */
 static void test_missing_coordinator(void) {
   if (nranks < 2) return;
-  mlo_comm *comm = NULL;
-  mlo_comm_options co = MLO_COMM_OPTIONS_INIT;
-  co.timeout_ms = 500;
-  char err[256];
-  CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, &co, &comm, err, sizeof err) == MLO_OK, "%s", err);
-  mlo_platform *p = host();
-  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
-  CHECK(mlo_pipeline_materialize(pipe) == MLO_OK, "materialize");
+  mlo_comm *comm;
+  mlo_platform *p;
+  mlo_pipeline *pipe = on_new_comm(500, &comm, &p);
   if (rank == 0) usleep(2500 * 1000);
   int rc = mlo_component_load(mlo_pipeline_component_at(pipe, 1));
   if (rank != 0) {
@@ -410,12 +419,7 @@ static void test_missing_coordinator(void) {
           mlo_err_name(rc), msg);
     CHECK(first && !strstr(first + 1, mine), "rank %d named more than once: '%s'", rank, msg);
   }
-  mlo_set_log(NULL, NULL, MLO_LOG_OFF); /* freeing says the slabs are left mapped */
-  mlo_pipeline_free(pipe);
-  mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
-  mlo_platform_close(p);
-  MPI_Barrier(MPI_COMM_WORLD);
-  mlo_comm_free(comm);
+  free_broken(pipe, comm, p);
 }
 
 int main(int argc, char **argv) {
