@@ -323,11 +323,15 @@ class Offload:
         fuse) is written back.  A replacement of another dtype or shape is
         refused (MloError): mlo cannot keep it.
 
-        Device bytes are read only once the load is known complete: the
-        component's forward has run since (its acquire ordered the compute
-        stream after the copy, C8), or the load's event says it has landed.
-        A prefetch still in flight is never read, nor waited for; a write
-        into one would race its copy anyway."""
+        Device bytes are read only once the load is known complete: a
+        whole load's component has run its forward since (its acquire
+        ordered the compute stream after the copy, C8), or libmlo says the
+        load is done (load_done; for one loaded block by block whose forward
+        ran, after the pipeline's synchronize issued and waited for every
+        block the forward did not reach).  A prefetch still in flight is
+        never read, nor waited for; a write into one would race its copy
+        anyway.  Bytes never copied are never read: read as a write, they
+        would be copied over the slab."""
         for m in self.managed:
             if m.bound is None:
                 continue
@@ -344,9 +348,16 @@ class Offload:
                     # it ran, but blocks its forward did not begin may still be
                     # copying (on a GPU the host runs ahead), or not issued yet
                     # (a streamed load's kept blocks, issued as its forward
-                    # reaches them): the pipeline's synchronize issues and
-                    # waits for them all, then read
+                    # reaches them; a forward that raised, held still here,
+                    # never reaches them): the pipeline's synchronize issues
+                    # and waits for them all, then read
                     self.pipeline.synchronize()
+                    if not m.comp.load_done:
+                        # a copy that could not be issued (its block's begin
+                        # issues it again): those device bytes were never
+                        # copied, and read as a write they would overwrite
+                        # the slab; not read
+                        continue
                 m.acquired_since_load = True
             now = self._sums(m, "device")
             if any(d is not None and d != r for d, r in zip(now, m.reference)):
