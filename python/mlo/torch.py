@@ -207,6 +207,8 @@ class Offload:
         self._originals = []
         # the blocks each thread began and has not ended: {(name, block): n}
         self._begun = threading.local()
+        # the components each thread acquired and has not released: {name: n}
+        self._held = threading.local()
 
     # -- declaring --------------------------------------------------------
     def add_module(self, name, module, role):
@@ -452,10 +454,32 @@ class Offload:
             # prefetch); m itself only when it is not resident
             self.check_writes_now(skip=m if m.bound == "device" else None)
         m.comp.acquire()
+        held = self._held_here()  # first: a binding below that raises still releases it
+        held[m.name] = held.get(m.name, 0) + 1
         self.sync_bindings()
         m.acquired_since_load = True  # the compute stream waits for its load (C8)
 
+    def _held_here(self):
+        """This thread's components acquired and not yet released: the
+        module's release hook runs even when its acquire raised (torch
+        calls always_call hooks after any exception in the call, a
+        pre-hook's included), and libmlo's release from a thread that does
+        not hold the component drops another thread's hold (the oldest),
+        which lets the component be evicted under that thread's forward."""
+        held = getattr(self._held, "comps", None)
+        if held is None:
+            held = self._held.comps = {}
+        return held
+
     def release(self, m):
+        held = self._held_here()
+        n = held.get(m.name, 0)
+        if not n:  # its acquire raised: nothing of this thread's to release
+            return
+        if n == 1:
+            del held[m.name]
+        else:
+            held[m.name] = n - 1
         if m.may_progress and not m.progressive and m.blocks and len(m.seen) == len(m.blocks):
             m.progressive = True  # every block's hooks ran: its next load goes block by block
             m.comp.set_progressive(True)

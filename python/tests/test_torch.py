@@ -268,6 +268,59 @@ class ModuleTests(unittest.TestCase):
             self.assertEqual(enc.bound, "host")
         mlo.torch.disable_model_offload(p)
 
+    def test_a_failed_acquire_is_not_released(self):
+        # torch runs the module's release hook (always_call) after its
+        # acquire hook raised; the release must not drop a hold this thread
+        # never took: with another thread holding the component, libmlo
+        # would drop that thread's (evictable under its forward, and its
+        # own release refused), and with none it refuses, which torch
+        # silences with a warning.  The acquire's error reaches the caller
+        # unchanged.
+        import threading
+        p = Declared()
+        b = mlo.torch.enable_model_offload(p, device=DEVICE)
+        dit = next(m for m in b.managed if m.name == "dit")
+        inside, done, out = threading.Event(), threading.Event(), {}
+
+        def hold():
+            try:
+                with b.acquired(dit):
+                    inside.set()
+                    done.wait(60)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                out["error"] = e
+
+        injected = mlo.MloError(-2, "injected: the acquire fails")
+
+        def failing():
+            raise injected
+
+        for other in (True, False):
+            a = threading.Thread(target=hold) if other else None
+            if a:
+                a.start()
+                self.assertTrue(inside.wait(60))
+            dit.comp.acquire = failing
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    with self.assertRaises(mlo.MloError) as cm:
+                        p.dit(torch.zeros(1, 4))
+            finally:
+                del dit.comp.acquire
+                done.set()
+                if a:
+                    a.join()
+            self.assertIs(cm.exception, injected)
+            self.assertFalse([w for w in caught if "always_call" in str(w.message)],
+                             [str(w.message) for w in caught])
+            self.assertNotIn("error", out)  # the other thread's hold was its own to release
+            self.assertFalse(b._held_here())
+            b.pipeline.audit()
+        with torch.no_grad():
+            p.dit(torch.zeros(1, 4))  # acquires and releases as before
+        mlo.torch.disable_model_offload(p)
+
 
 def rss_bytes():
     """Resident memory as the kernel counts it, after the collector and
