@@ -681,7 +681,9 @@ MLO_API mlo_residency mlo_component_residency(mlo_component *comp);
 MLO_API bool mlo_component_is_resident(mlo_component *comp); /* LOADING or DEVICE */
 /* Resident and its device copy complete (its load or prefetch has landed),
  * asked without waiting: its device bytes may be read now.  false while
- * it is not resident or still loading. */
+ * it is not resident or still loading, and while a block-by-block load has
+ * copies still to issue (mlo_tensor_device answers for their tensors all
+ * the same; mlo_pipeline_synchronize issues and waits for them). */
 MLO_API bool mlo_component_load_done(mlo_component *comp);
 
 /* Loads a component without evicting anything (no contract applied).
@@ -703,9 +705,13 @@ MLO_API int mlo_pipeline_audit(mlo_pipeline *pipe);
 /* Waits until every load this pipeline issued is complete on the device,
  * loads from disk included (the disk tier's reader issues their copies
  * after mlo_platform_synchronize may have returned) and a streamed load's
- * kept blocks (issued between its slots' copies while its forward runs:
- * docs/streaming.md), then synchronizes the platform.  For counters that must be final (a report);
- * a server need not call it. */
+ * kept blocks (issued between its slots' copies as its forward reaches
+ * them: docs/streaming.md), those of a component held now included (its
+ * forward may have stopped before reaching them, an exception in the
+ * caller's model), then synchronizes the platform: every resident
+ * component's mlo_component_load_done is then true unless a copy failed to
+ * issue.  For counters that must be final (a report), and before device
+ * bytes are read outside a forward; a server need not call it. */
 MLO_API int mlo_pipeline_synchronize(mlo_pipeline *pipe);
 /* Audit automatically at every acquire (used by `mlo run --verify`). */
 MLO_API void mlo_pipeline_set_audit(mlo_pipeline *pipe, bool on);

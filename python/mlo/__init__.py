@@ -618,7 +618,8 @@ class Pipeline:
 
     def synchronize(self):
         """Waits until every load this pipeline issued is on the device (a
-        streamed load's kept blocks issued first: mlo_pipeline_synchronize)."""
+        streamed load's kept blocks issued first, a held component's too:
+        mlo_pipeline_synchronize)."""
         with self._use("synchronize") as p:
             _check(lib().mlo_pipeline_synchronize(p), "synchronize", p)
 

@@ -207,6 +207,8 @@ class Offload:
         self._originals = []
         # the blocks each thread began and has not ended: {(name, block): n}
         self._begun = threading.local()
+        # the components each thread acquired and has not released: {name: n}
+        self._held = threading.local()
 
     # -- declaring --------------------------------------------------------
     def add_module(self, name, module, role):
@@ -323,11 +325,15 @@ class Offload:
         fuse) is written back.  A replacement of another dtype or shape is
         refused (MloError): mlo cannot keep it.
 
-        Device bytes are read only once the load is known complete: the
-        component's forward has run since (its acquire ordered the compute
-        stream after the copy, C8), or the load's event says it has landed.
-        A prefetch still in flight is never read, nor waited for; a write
-        into one would race its copy anyway."""
+        Device bytes are read only once the load is known complete: a
+        whole load's component has run its forward since (its acquire
+        ordered the compute stream after the copy, C8), or libmlo says the
+        load is done (load_done; for one loaded block by block whose forward
+        ran, after the pipeline's synchronize issued and waited for every
+        block the forward did not reach).  A prefetch still in flight is
+        never read, nor waited for; a write into one would race its copy
+        anyway.  Bytes never copied are never read: read as a write, they
+        would be copied over the slab."""
         for m in self.managed:
             if m.bound is None:
                 continue
@@ -344,9 +350,16 @@ class Offload:
                     # it ran, but blocks its forward did not begin may still be
                     # copying (on a GPU the host runs ahead), or not issued yet
                     # (a streamed load's kept blocks, issued as its forward
-                    # reaches them): the pipeline's synchronize issues and
-                    # waits for them all, then read
+                    # reaches them; a forward that raised, held still here,
+                    # never reaches them): the pipeline's synchronize issues
+                    # and waits for them all, then read
                     self.pipeline.synchronize()
+                    if not m.comp.load_done:
+                        # a copy that could not be issued (its block's begin
+                        # issues it again): those device bytes were never
+                        # copied, and read as a write they would overwrite
+                        # the slab; not read
+                        continue
                 m.acquired_since_load = True
             now = self._sums(m, "device")
             if any(d is not None and d != r for d, r in zip(now, m.reference)):
@@ -441,10 +454,32 @@ class Offload:
             # prefetch); m itself only when it is not resident
             self.check_writes_now(skip=m if m.bound == "device" else None)
         m.comp.acquire()
+        held = self._held_here()  # first: a binding below that raises still releases it
+        held[m.name] = held.get(m.name, 0) + 1
         self.sync_bindings()
         m.acquired_since_load = True  # the compute stream waits for its load (C8)
 
+    def _held_here(self):
+        """This thread's components acquired and not yet released: the
+        module's release hook runs even when its acquire raised (torch
+        calls always_call hooks after any exception in the call, a
+        pre-hook's included), and libmlo's release from a thread that does
+        not hold the component drops another thread's hold (the oldest),
+        which lets the component be evicted under that thread's forward."""
+        held = getattr(self._held, "comps", None)
+        if held is None:
+            held = self._held.comps = {}
+        return held
+
     def release(self, m):
+        held = self._held_here()
+        n = held.get(m.name, 0)
+        if not n:  # its acquire raised: nothing of this thread's to release
+            return
+        if n == 1:
+            del held[m.name]
+        else:
+            held[m.name] = n - 1
         if m.may_progress and not m.progressive and m.blocks and len(m.seen) == len(m.blocks):
             m.progressive = True  # every block's hooks ran: its next load goes block by block
             m.comp.set_progressive(True)

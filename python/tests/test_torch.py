@@ -268,6 +268,59 @@ class ModuleTests(unittest.TestCase):
             self.assertEqual(enc.bound, "host")
         mlo.torch.disable_model_offload(p)
 
+    def test_a_failed_acquire_is_not_released(self):
+        # torch runs the module's release hook (always_call) after its
+        # acquire hook raised; the release must not drop a hold this thread
+        # never took: with another thread holding the component, libmlo
+        # would drop that thread's (evictable under its forward, and its
+        # own release refused), and with none it refuses, which torch
+        # silences with a warning.  The acquire's error reaches the caller
+        # unchanged.
+        import threading
+        p = Declared()
+        b = mlo.torch.enable_model_offload(p, device=DEVICE)
+        dit = next(m for m in b.managed if m.name == "dit")
+        inside, done, out = threading.Event(), threading.Event(), {}
+
+        def hold():
+            try:
+                with b.acquired(dit):
+                    inside.set()
+                    done.wait(60)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                out["error"] = e
+
+        injected = mlo.MloError(-2, "injected: the acquire fails")
+
+        def failing():
+            raise injected
+
+        for other in (True, False):
+            a = threading.Thread(target=hold) if other else None
+            if a:
+                a.start()
+                self.assertTrue(inside.wait(60))
+            dit.comp.acquire = failing
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    with self.assertRaises(mlo.MloError) as cm:
+                        p.dit(torch.zeros(1, 4))
+            finally:
+                del dit.comp.acquire
+                done.set()
+                if a:
+                    a.join()
+            self.assertIs(cm.exception, injected)
+            self.assertFalse([w for w in caught if "always_call" in str(w.message)],
+                             [str(w.message) for w in caught])
+            self.assertNotIn("error", out)  # the other thread's hold was its own to release
+            self.assertFalse(b._held_here())
+            b.pipeline.audit()
+        with torch.no_grad():
+            p.dit(torch.zeros(1, 4))  # acquires and releases as before
+        mlo.torch.disable_model_offload(p)
+
 
 def rss_bytes():
     """Resident memory as the kernel counts it, after the collector and
@@ -661,6 +714,47 @@ def failed_begin_is_not_ended(test, pipe, b, ref):
     b.pipeline.audit()
 
 
+def aborted_forward_leaves_weights(test, pipe, b, ref):
+    """An exception in a DiT's forward (here a pre-hook on its block 1,
+    once: the block is begun, its end hook ends it, the forward unwinds
+    with blocks 0 and 1 run) leaves its weights as they were: the write
+    check at its release (check_writes is on) reads only bytes that have
+    landed, so it writes nothing back, and the next two generations are
+    bit-identical.  A streamed DiT defers its later kept blocks' copies to
+    the refills its forward never reached; the check read their uncopied
+    device bytes as a write and copied them over the slab, and every later
+    generation differed."""
+    m = next(m for m in b.managed if m.name == "transformer")
+    test.assertTrue(b.check_writes)
+
+    class Stop(Exception):
+        pass
+
+    raised = []
+
+    def once(mod, args):
+        if not raised:
+            raised.append(True)
+            raise Stop
+
+    hook = pipe.transformer.blocks[1].register_forward_pre_hook(once)
+    try:
+        test.assertRaises(Stop, tiny.run_wan, pipe)
+    finally:
+        hook.remove()
+    test.assertEqual(raised, [True])
+    test.assertFalse(b._begun_here())
+    b.pipeline.audit()
+    test.assertTrue(m.comp.resident)  # what its forward did not reach: still loading, or
+    b.pipeline.synchronize()  # not issued; the synchronize issues and waits for them all
+    test.assertTrue(m.comp.load_done)
+    for i in range(2):
+        test.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))), "generation %d" % i)
+        test.assertEqual({o.name: o.written_back for o in b.managed},
+                         {o.name: 0 for o in b.managed})
+        b.pipeline.audit()
+
+
 class ProgressiveTests(unittest.TestCase):
     """A component whose blocks each have a module of their own loads block
     by block (docs/streaming.md, "Progressive loads"): its blocks' hooks
@@ -763,6 +857,18 @@ class ProgressiveTests(unittest.TestCase):
         tiny.run_wan(pipe)  # earns progressive: its blocks' hooks begin and end them
         self.assertTrue(next(m for m in b.managed if m.name == "transformer").progressive)
         failed_begin_is_not_ended(self, pipe, b, ref)
+        mlo.torch.close_model_offload(pipe)
+
+    def test_an_aborted_forward_leaves_the_weights(self):
+        # a progressive load issues every block's copy at its acquire, none
+        # deferred: what its forward did not reach lands all the same
+        build = lambda: tiny.wan(num_layers=2)  # noqa: E731
+        ref = np.asarray(tiny.run_wan(build()))
+        pipe = build()
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+        tiny.run_wan(pipe)  # earns progressive
+        self.assertTrue(next(m for m in b.managed if m.name == "transformer").progressive)
+        aborted_forward_leaves_weights(self, pipe, b, ref)
         mlo.torch.close_model_offload(pipe)
 
     def test_blocks_wait_for_their_own_copies(self):
@@ -900,19 +1006,16 @@ class StreamTests(unittest.TestCase):
                         "a block computed from memory other than its device copy: %s" % seen)
 
     def test_a_failed_begin_is_not_ended(self):
-        # check_writes off: a forward that raises in a streamed DiT before
-        # reaching a kept block leaves that block's device bytes uncopied
-        # while mlo_tensor_device answers for it, and the write check then
-        # copies them over the slab (seen here, its own issue)
-        build = lambda: tiny.wan(num_layers=8, ffn_dim=4096)  # noqa: E731
-        ref = np.asarray(tiny.run_wan(build()))
-        pipe = build()
-        sizes = component_bytes(pipe)
-        budget = sizes["vae"] + sizes["text_encoder"] + sizes["transformer"] * 6 // 10
-        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget", budget=budget,
-                                           check_writes=False)
+        ref, pipe, b, _ = self.streamed()  # check_writes on
         self.assertTrue(next(m for m in b.managed if m.name == "transformer").streams)
         failed_begin_is_not_ended(self, pipe, b, ref)
+        self.assertEqual(sum(m.written_back for m in b.managed), 0)
+        mlo.torch.close_model_offload(pipe)
+
+    def test_an_aborted_forward_leaves_the_weights(self):
+        ref, pipe, b, _ = self.streamed()
+        self.assertTrue(next(m for m in b.managed if m.name == "transformer").streams)
+        aborted_forward_leaves_weights(self, pipe, b, ref)
         mlo.torch.close_model_offload(pipe)
 
     def test_the_vae_joins_a_tight_budget(self):

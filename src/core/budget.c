@@ -358,7 +358,7 @@ static void budget_acquired(mlo_pipeline *pipe, mlo_component *c) {
     mlo_join_kick(c);
   }
   prefetch(pipe);
-  mlo_prog_settle(pipe, c);
+  mlo_prog_settle(pipe, c, false);
 }
 
 /* After a last release (c may be displaceable now): a switch joined from c

@@ -778,7 +778,9 @@ int mlo_pipeline_synchronize(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   for (size_t i = 0; i < pipe->ncomps; i++) mlo_disk_settle(pipe->comps[i]);
-  mlo_prog_settle(pipe, NULL); /* a streamed load's deferred kept blocks: every load complete */
+  /* a streamed load's deferred kept blocks, a held component's too (a
+   * forward stopped before reaching them): every load complete */
+  mlo_prog_settle(pipe, NULL, true);
   pthread_mutex_unlock(&pipe->lock);
   return mlo_plat_synchronize(pipe->platform);
 }

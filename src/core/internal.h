@@ -555,10 +555,12 @@ int mlo_prog_copy_blocks(mlo_component *c, size_t limit, size_t *copies, uint64_
 int mlo_prog_issue_upto(mlo_component *c, size_t limit);
 /* Whether some kept block of this residency has its copy still to issue. */
 bool mlo_prog_deferred(const mlo_component *c);
-/* Issues the deferred kept blocks of every resident component no thread
- * holds but except: nothing interleaves with them now (an acquire of
- * another, a synchronize, a disable). */
-void mlo_prog_settle(mlo_pipeline *pipe, const mlo_component *except);
+/* Issues the deferred kept blocks of every resident component but except
+ * that no thread holds (nothing interleaves with them now: an acquire of
+ * another, a disable), and with held those of held ones too (a
+ * synchronize, which promises every load complete: a forward may have
+ * stopped before reaching them, an exception in the caller's model). */
+void mlo_prog_settle(mlo_pipeline *pipe, const mlo_component *except, bool held);
 /* The head's event: what an acquire waits for (prog active). */
 mlo_event *mlo_prog_head_event(const mlo_component *c);
 /* Orders compute after block b's copy, once per residency (C8); drops the

@@ -523,7 +523,8 @@ int mlo_offload_disable(mlo_pipeline *pipe) {
   if (drc) mlo_logf(MLO_LOG_WARN, "offload delegate's disable returned %d", drc);
   if (pipe->policy && pipe->policy->disable) pipe->policy->disable(pipe);
   pipe->policy = NULL;
-  mlo_prog_settle(pipe, NULL); /* what stays resident completes its load (C14 moves nothing else) */
+  /* what stays resident completes its load (C14 moves nothing else) */
+  mlo_prog_settle(pipe, NULL, false);
   pipe->strategy = STRATEGY_NONE;
   pipe->enabled = false;
 out_unlock:

@@ -52,6 +52,7 @@ struct mlo_prog {
   mlo_event **ev;     /* per block: recorded after its copy (created at first use) */
   bool *pending;      /* per block: copied in this residency, compute not yet ordered */
   bool *in_head;      /* per block: holds a mutable tensor, so it goes with the head */
+  bool *late;         /* per block: issued by a synchronize while held (mlo_prog_settle) */
   mlo_event *head_ev; /* recorded after the head's copies */
   bool active;        /* this residency was loaded block by block */
   size_t next;        /* the blocks before it have had their copies issued */
@@ -76,6 +77,7 @@ void mlo_prog_free(mlo_component *c) {
   free(g->ev);
   free(g->pending);
   free(g->in_head);
+  free(g->late);
   free(g);
   c->prog = NULL;
 }
@@ -84,7 +86,7 @@ void mlo_prog_evicted(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   if (!g) return;
   g->active = false;
-  for (size_t b = 0; b < g->n; b++) g->pending[b] = false;
+  for (size_t b = 0; b < g->n; b++) g->pending[b] = g->late[b] = false;
 }
 
 /* The per-block state for c's blocks now (their count is fixed once c is
@@ -99,7 +101,8 @@ static int prepare(mlo_component *c) {
   g->ev = mlo_calloc(g->n, sizeof *g->ev);
   g->pending = mlo_calloc(g->n, sizeof *g->pending);
   g->in_head = mlo_calloc(g->n, sizeof *g->in_head);
-  if (!g->ev || !g->pending || !g->in_head) {
+  g->late = mlo_calloc(g->n, sizeof *g->late);
+  if (!g->ev || !g->pending || !g->in_head || !g->late) {
     mlo_prog_free(c);
     return MLO_ENOMEM;
   }
@@ -153,7 +156,7 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
   if (rc) return rc;
   struct mlo_prog *g = c->prog;
   g->active = false; /* until the head's event is recorded */
-  for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = false;
+  for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = g->late[b] = false;
   for (size_t i = 0; i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
     if (!t->target && t->block >= 0 && (t->flags & MLO_TENSOR_MUTABLE)) g->in_head[t->block] = true;
@@ -225,12 +228,24 @@ int mlo_prog_issue_upto(mlo_component *c, size_t limit) {
   return rc;
 }
 
-void mlo_prog_settle(mlo_pipeline *pipe, const mlo_component *except) {
+/* A held component's kept blocks issued here (held) are issued early, not
+ * out of order: each begin finds its block issued and waits for the
+ * block's own event, as for a whole progressive load.  Only its streamed
+ * blocks' refills queue behind them (a synchronize is not on a forward's
+ * path).  Under MLO_SYNC_DEVICE, where a begin trusts its acquire's
+ * synchronize and waits for nothing, a held component has none deferred
+ * (its acquire issued them before it synchronized, residency.c) unless
+ * that issue failed: those issued here are marked late, and their begins
+ * wait for them. */
+void mlo_prog_settle(mlo_pipeline *pipe, const mlo_component *except, bool held) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
-    if (c == except || c->users || !mlo_prog_deferred(c)) continue;
+    if (c == except || (c->users && !held) || !mlo_prog_deferred(c)) continue;
+    struct mlo_prog *g = c->prog;
+    size_t from = g->next;
     if (mlo_prog_issue_upto(c, c->nblocks))
       mlo_logf(MLO_LOG_DEBUG, "%s: kept blocks not issued: %s", c->name, pipe->errmsg);
+    for (size_t b = from; c->users && b < g->next; b++) g->late[b] = g->pending[b];
   }
 }
 
@@ -244,7 +259,7 @@ int mlo_prog_join_prepare(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   g->active = false;
   g->next = g->n; /* the join issues every copy itself */
-  for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = false;
+  for (size_t b = 0; b < g->n; b++) g->in_head[b] = g->pending[b] = g->late[b] = false;
   return MLO_OK;
 }
 
@@ -286,7 +301,7 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   if (!g->pending[b]) return MLO_OK;
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   if (sync == MLO_SYNC_UNSAFE_NONE) return MLO_OK;
-  if (sync == MLO_SYNC_DEVICE && !now) { /* the acquire synchronized the device after it */
+  if (sync == MLO_SYNC_DEVICE && !now && !g->late[b]) { /* the acquire synchronized after it */
     g->pending[b] = false;
     return MLO_OK;
   }
@@ -301,7 +316,7 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   c->stats.block_wait_ns += t1 - t0;
   if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's load failed", c->name, b);
   if (c->prog != g || !g->active) return MLO_OK;
-  g->pending[b] = false;
+  g->pending[b] = g->late[b] = false;
   /* the last block waited for: the load is complete (its event follows) */
   bool left = g->next < g->n;
   for (size_t k = 0; k < g->n && !left; k++) left = g->pending[k];

@@ -514,6 +514,60 @@ static void test_deferred_blocks_land(void **state) {
   }
 }
 
+/* The first tensor of c whose device copy the API gives (a streamed
+ * block outside its begin has none) and does not hold its host bytes
+ * there; NULL if there is none. */
+static const char *not_landed(mlo_component *c) {
+  for (size_t i = 0; i < mlo_component_tensor_count(c); i++) {
+    const mlo_tensor *t = mlo_component_tensor_at(c, i);
+    const void *p = mlo_tensor_device_ptr(t);
+    if (p && memcmp(p, mlo_tensor_host_data(t), (size_t)mlo_tensor_nbytes(t)))
+      return mlo_tensor_name(t);
+  }
+  return NULL;
+}
+
+/* A forward aborted after block 1 (an exception in the caller's model:
+ * blocks 0 and 1 begun and ended, then the release), kept blocks 1 and 5
+ * (test_plan_by_hand): block 5's copy was deferred to the refill before
+ * block 6, which never came, yet mlo_tensor_device answers for it.
+ * mlo_pipeline_synchronize promises every load complete, so after it the
+ * component's load is done and every device copy the API gives holds its
+ * bytes: whether it comes after the release, or before it, while the
+ * thread still holds the component (mlo.torch's release hook checks the
+ * weights for writes there, and read block 5's never-copied bytes as a
+ * write and copied them over the slab).  The next forward reads right
+ * bytes in every block, and so does one after an eviction and a reload. */
+static void test_aborted_forward_lands(void **state) {
+  (void)state;
+  for (int held = 0; held < 2; held++) {
+    rig r;
+    rig_build(&r, "capacity=1M,bw=5e7"); /* a copy of a block: 0.3 ms */
+    assert_ok(enable_budget(&r, 72 * KB));
+    assert_ok(mlo_component_acquire(r.dit));
+    for (size_t b = 0; b < 2; b++) {
+      assert_ok(mlo_block_begin(r.dit, b));
+      assert_true(block_ok(&r, (int)b));
+      assert_ok(mlo_block_end(r.dit, b));
+    }
+    if (!held) assert_ok(mlo_component_release(r.dit));
+    assert_false(mlo_component_load_done(r.dit)); /* block 5 not issued */
+    assert_ok(mlo_pipeline_synchronize(r.tp->pipe));
+    assert_true(mlo_component_load_done(r.dit));
+    assert_non_null(mlo_tensor_device_ptr(r.blk[5][0]));
+    const char *bad = not_landed(r.dit);
+    if (bad) fail_msg("held %d: %s's device bytes were never copied", held, bad);
+    if (held) assert_ok(mlo_component_release(r.dit));
+    assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+    assert_ok(tu_forward(r.tp, r.enc)); /* 72 KiB: the encoder evicts the DiT */
+    assert_false(mlo_component_is_resident(r.dit));
+    assert_ok(mlo_component_forward(r.dit, streamed_forward, &r));
+    tu_assert_forwards_clean(r.tp);
+    tu_assert_audit(r.tp);
+    rig_free(&r);
+  }
+}
+
 /* Which blocks stream, predicted (mlo_component_streamed_bytes: the disk
  * tier and mlo inspect) and planned, where blocks of one aligned size
  * differ in bytes: block b's ffn tensor 8 b bytes short. */
@@ -952,6 +1006,7 @@ int main(void) {
       cmocka_unit_test(test_spread_by_hand),
       cmocka_unit_test(test_kept_blocks_and_prefetch),
       cmocka_unit_test(test_deferred_blocks_land),
+      cmocka_unit_test(test_aborted_forward_lands),
       cmocka_unit_test(test_streamed_bytes_predicted),
       cmocka_unit_test(test_block_rules),
       cmocka_unit_test(test_workload_digest),
