@@ -48,6 +48,11 @@ struct cuda_ctx {
   bool warned_pageable;
   uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
   uint64_t used;     /* bytes of live blocks; guarded by lock */
+  /* host_register of memory its owner had page-locked already: counted as
+   * pinned, never unregistered by us (one entry per register); guarded by
+   * lock. */
+  void **foreign;
+  size_t nforeign, foreign_cap;
   /* A sticky error (an illegal address, a kernel fault) poisons the context
    * for good: every later call fails the same way.  The first one is kept
    * and every entry point answers MLO_EPLATFORM with it, without calling
@@ -83,6 +88,9 @@ struct mlo_event {
  * and our device's context made current and the caller's put back (cuda.c). */
 int cu_status(struct cuda_ctx *c, cudaError_t e, const char *what);
 int cu_enter(struct cuda_ctx *c, mlo_cu_guard *g);
+/* cudaEventQuery(ev), or cudaStreamQuery(s) with ev NULL, leaving no
+ * cudaErrorNotReady behind in the thread's last error (cuda.c). */
+cudaError_t cu_query(cudaEvent_t ev, cudaStream_t s);
 void cu_leave(struct cuda_ctx *c, const mlo_cu_guard *g);
 
 /* Host waits, for an event (ev) or a stream's tail (s), in our entered

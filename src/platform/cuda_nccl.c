@@ -68,7 +68,7 @@ static int watch_gather(struct cuda_ctx *c, uint64_t t0_ms, char *err, size_t er
   unsigned timeout_ms = c->gather_timeout_ms;
   pthread_mutex_unlock(&c->lock);
   if (!comm) return MLO_OK;
-  cudaError_t e = cudaEventQuery(c->gather_ev);
+  cudaError_t e = cu_query(c->gather_ev, NULL);
   if (e == cudaSuccess) { /* that gather is done; one recorded since is still watched */
     pthread_mutex_lock(&c->lock);
     if (c->gather_comm == comm && c->gather_seq == seq) c->gather_comm = NULL;
@@ -112,7 +112,7 @@ int cu_host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char 
 #ifdef MLO_HAVE_NCCL
   uint64_t t0 = mono_ms();
   while (gather_pending(c)) {
-    cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+    cudaError_t e = cu_query(ev, s);
     if (e == cudaSuccess) return MLO_OK;
     if (e != cudaErrorNotReady) return cu_status(c, e, what);
     char why[400] = "";

@@ -90,6 +90,8 @@ void fc_init(void);
 struct CUctx_st *fc_need_ctx(void);
 /* The record of a failed call: the thread's last error, and e. */
 cudaError_t fc_fail(cudaError_t e);
+/* The injected sticky error, counted and recorded, or cudaSuccess. */
+cudaError_t fc_sticky(void);
 /* The stream behind a handle (NULL and the legacy/per-thread handles are
  * the current device's default stream); NULL if the handle is bad. */
 struct CUstream_st *fc_stream(cudaStream_t s);
