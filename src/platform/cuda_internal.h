@@ -72,6 +72,8 @@ struct cuda_ctx {
    * same one never overlap (taken before lock, never inside it). */
   pthread_mutex_t nccl_lock;
   unsigned gather_timeout_ms;
+  unsigned coll_timeout_ms;  /* the last communicator mlo made: how long its destroy may poll */
+  uint64_t nccl_in_progress; /* NCCL calls that answered ncclInProgress (polled to an end) */
   void *aborted[8];
   int naborted;
   char gather_msg[320]; /* why the last communicator was aborted */

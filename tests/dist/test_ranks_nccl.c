@@ -24,6 +24,7 @@
 #include "ranks_device.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <mpi.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -99,10 +100,20 @@ static void mode_refuse(mlo_platform *p, int device) {
   CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm, err, sizeof err) == MLO_OK, "%s", err);
   CHECK(mlo_comm_create_nccl(comm, p, err, sizeof err) == MLO_OK, "create_nccl: %s", err);
   CHECK(mlo_comm_set_nccl(comm, NULL) == MLO_ESTATE, "set_nccl over mlo's own communicator");
+  uint64_t (*answers)(void) =
+      (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakenccl_in_progress_answers");
+  CHECK(answers != NULL, "the NCCL loaded is not tests/fakenccl's");
+  uint64_t before = answers ? answers() : 0;
   mlo_pipeline *pipe = open_sharded(p, comm);
   if (pipe) gathers_in_place(p, pipe);
+  /* mlo's communicator is non-blocking: its first gather answered
+   * ncclInProgress and was polled until issued (review D2), and the bytes
+   * above are right only if the event behind it was recorded after */
+  CHECK(answers && answers() > before, "no gather answered ncclInProgress");
   mlo_pipeline_free(pipe);
+  uint64_t at_destroy = answers ? answers() : 0;
   mlo_comm_destroy_nccl(comm);
+  CHECK(answers && answers() > at_destroy, "the destroy did not finalize, non-blocking");
   mlo_comm_free(comm);
 }
 
