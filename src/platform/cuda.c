@@ -528,7 +528,16 @@ static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, boo
                      const char *what) {
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
-  if (!rc) rc = cu_status(c, cudaEventRecord(ev->e, stream), what);
+  if (!rc) {
+    /* numbered with the record, under the lock a gather's record takes:
+     * what compute_wait compares with a pending gather's number */
+    pthread_mutex_lock(&c->lock);
+    cudaError_t e = cudaEventRecord(ev->e, stream);
+    if (e == cudaSuccess)
+      ev->copy_seq = stream == c->copy ? ++c->copy_records : stream == c->readback ? UINT64_MAX : 0;
+    pthread_mutex_unlock(&c->lock);
+    rc = cu_status(c, e, what);
+  }
   mlo_stamp *stamp = NULL;
   if (!rc && stamped) {
     stamp = mlo_stamp_new();
@@ -585,12 +594,25 @@ static int stream_wait(struct cuda_ctx *c, cudaStream_t stream, mlo_event *ev) {
 static int cu_compute_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
   /* compute must not queue behind a gather that nobody watches: a load's
-   * copies (a replicated one's, a streamed block's) may follow one on COPY */
-  mlo_cu_guard g;
-  int rc = cu_enter(c, &g);
-  if (!rc) {
-    rc = cu_gather_settle(c);
-    cu_leave(c, &g);
+   * copies (a replicated one's, a streamed block's) may follow one on
+   * COPY.  Only an event recorded after a pending gather can: one recorded
+   * before (a block of the running forward while a sharded prefetch
+   * gathers) is waited for without holding the host (docs/distributed.md:
+   * prefetches still overlap). */
+  pthread_mutex_lock(&c->lock);
+  uint64_t seq = ev->copy_seq;
+  pthread_mutex_unlock(&c->lock);
+  int rc = MLO_OK;
+  if (cu_gather_before(c, seq)) {
+    mlo_cu_guard g;
+    rc = cu_enter(c, &g);
+    if (!rc) {
+      pthread_mutex_lock(&c->lock);
+      c->gather_settles++;
+      pthread_mutex_unlock(&c->lock);
+      rc = cu_gather_settle(c);
+      cu_leave(c, &g);
+    }
   }
   return rc ? rc : stream_wait(c, c->compute, ev);
 }

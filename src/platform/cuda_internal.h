@@ -68,6 +68,12 @@ struct cuda_ctx {
   cudaEvent_t gather_ev;
   void *gather_comm;
   uint64_t gather_seq; /* counts gathers recorded: a watch clears only its own */
+  /* Records on COPY are numbered (copy_records, under lock with the
+   * record): gather_first is the number of the oldest gather not yet seen
+   * complete, so compute_wait settles only for an event recorded after it
+   * (one recorded before depends on no pending gather). */
+  uint64_t copy_records, gather_first;
+  uint64_t gather_settles; /* compute_waits that waited for a pending gather */
   /* NCCL communicators are not thread-safe: an enqueue and an abort on the
    * same one never overlap (taken before lock, never inside it). */
   pthread_mutex_t nccl_lock;
@@ -82,6 +88,11 @@ struct cuda_ctx {
 /* An event: a cudaEvent_t and its completion stamp (event_time). */
 struct mlo_event {
   cudaEvent_t e;
+  /* its last record's number on COPY (cuda_ctx.copy_records); 0: recorded
+   * on COMPUTE, or never (depends on no gather compute has not settled);
+   * UINT64_MAX: on READBACK (may depend on anything: settled as before).
+   * Guarded by the platform's lock. */
+  uint64_t copy_seq;
   mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
   pthread_mutex_t lock;
 };
@@ -104,6 +115,9 @@ int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what);
  * that no compute is queued behind a gather nobody watches (a replicated
  * load's copies queue behind it on COPY too).  MLO_OK at once otherwise. */
 int cu_gather_settle(struct cuda_ctx *c);
+/* Whether an event numbered copy_seq (struct mlo_event) was recorded after
+ * a gather still pending (cuda_nccl.c). */
+bool cu_gather_before(struct cuda_ctx *c, uint64_t copy_seq);
 #ifdef MLO_HAVE_NCCL
 /* The collective slots of the ops table (platform.h), over NCCL (cuda_nccl.c). */
 int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms);

@@ -168,6 +168,18 @@ int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what) {
   return cu_host_wait(c, NULL, s, what, err, sizeof err);
 }
 
+bool cu_gather_before(struct cuda_ctx *c, uint64_t copy_seq) {
+#ifdef MLO_HAVE_NCCL
+  pthread_mutex_lock(&c->lock);
+  bool after = c->gather_comm && copy_seq > c->gather_first;
+  pthread_mutex_unlock(&c->lock);
+  return after;
+#else
+  (void)c, (void)copy_seq;
+  return false;
+#endif
+}
+
 int cu_gather_settle(struct cuda_ctx *c) {
 #ifdef MLO_HAVE_NCCL
   if (!gather_pending(c)) return MLO_OK;
@@ -234,6 +246,8 @@ int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, un
       pthread_mutex_lock(&c->lock);
       cudaError_t e = cudaEventRecord(c->gather_ev, c->copy);
       if (e == cudaSuccess) {
+        c->copy_records++;
+        if (!c->gather_comm) c->gather_first = c->copy_records;
         c->gather_comm = coll;
         c->gather_seq++;
         c->gather_timeout_ms = timeout_ms;
