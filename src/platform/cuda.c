@@ -559,9 +559,25 @@ static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, boo
   return MLO_OK;
 }
 
+/* Stamped only while a trace wants it (want_stamps) or the INFO log is on
+ * (its "loaded" line times the load by the stamp): cudaLaunchHostFunc
+ * holds the copy stream until the driver's callback thread has run it, a
+ * bubble per record that small blocks feel; event_time answers
+ * MLO_EUNSUPPORTED without one, and core uses its own clock. */
 static int cu_event_record_copy(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return record_on(c, ev, c->copy, true, "cudaEventRecord(copy)");
+  pthread_mutex_lock(&c->lock);
+  bool stamped = c->stamp_users > 0;
+  pthread_mutex_unlock(&c->lock);
+  stamped = stamped || mlo_log_enabled(MLO_LOG_INFO);
+  return record_on(c, ev, c->copy, stamped, "cudaEventRecord(copy)");
+}
+
+static void cu_want_stamps(void *ctx, int delta) {
+  struct cuda_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  c->stamp_users += delta;
+  pthread_mutex_unlock(&c->lock);
 }
 
 static int cu_event_record_readback(void *ctx, mlo_event *ev) {
@@ -728,6 +744,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .event_sync = cu_event_sync,
     .event_query = cu_event_query,
     .event_time = cu_event_time,
+    .want_stamps = cu_want_stamps,
     .synchronize = cu_synchronize,
     .compute_queue = cu_compute_queue,
 #ifdef MLO_HAVE_NCCL

@@ -46,6 +46,7 @@ struct cuda_ctx {
   bool pinned, host_register;
   pthread_mutex_t lock;
   bool warned_pageable;
+  int stamp_users;   /* traces that want event_time's stamps (want_stamps); guarded by lock */
   uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
   uint64_t used;     /* bytes of live blocks; guarded by lock */
   /* host_register of memory its owner had page-locked already: counted as

@@ -201,6 +201,15 @@ uint64_t fakecuda_sticky_calls(void) {
   return sticky_calls;
 }
 
+/* cudaLaunchHostFunc calls so far (each holds its stream until the
+ * driver's callback thread has run it, on a real device). */
+uint64_t fakecuda_host_fns(void) {
+  pthread_mutex_lock(&fc.lock);
+  uint64_t n = fc.host_fns;
+  pthread_mutex_unlock(&fc.lock);
+  return n;
+}
+
 uint64_t fakecuda_use_after_free(void) {
   pthread_mutex_lock(&fc.lock);
   uint64_t n = fc.use_after_free;
@@ -567,6 +576,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *user)
   op->fn = fn;
   op->user = user;
   pthread_mutex_lock(&fc.lock);
+  fc.host_fns++;
   fc_enqueue(s, op);
   pthread_mutex_unlock(&fc.lock);
   return cudaSuccess;

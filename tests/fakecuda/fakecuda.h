@@ -78,6 +78,7 @@ struct fc_global {
   uint64_t copy_delay_us, copy_bw;
   bool host_alloc_fails, no_host_register, free_fails;
   uint64_t use_after_free;     /* device accesses of freed memory, seen at run time */
+  uint64_t host_fns;           /* cudaLaunchHostFunc calls (fakecuda_host_fns) */
   struct CUstream_st *streams; /* live streams, for device-wide synchronize */
 };
 

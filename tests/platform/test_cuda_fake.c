@@ -348,6 +348,35 @@ static void test_host_oom_named_host(void **state) {
   mlo_platform_close(plat);
 }
 
+static void ignore_trace(const mlo_trace_event *ev, void *user) {
+  (void)ev, (void)user;
+}
+
+/* D7: loads queue no host function behind their copy-side records unless
+ * a trace is attached (with one, as before: its loads end at the stamp). */
+static void test_stamps_only_when_traced(void **state) {
+  (void)state;
+  uint64_t (*host_fns)(void) = (uint64_t(*)(void))fake_fn("fakecuda_host_fns");
+  mlo_set_log(NULL, NULL, MLO_LOG_WARN);
+  mlo_platform *plat = NULL;
+  tu_pipe *tp = two_dits(&plat);
+  mlo_component *dit1 = tu_comp(tp, "transformer"), *dit2 = tu_comp(tp, "transformer_2");
+  uint64_t n0 = host_fns();
+  assert_ok(tu_forward(tp, dit1));
+  assert_ok(tu_forward(tp, dit2));
+  assert_int_equal(host_fns(), n0);
+  mlo_pipeline_set_trace(tp->pipe, ignore_trace, NULL);
+  assert_ok(tu_forward(tp, dit1));
+  assert_true(host_fns() > n0);
+  mlo_pipeline_set_trace(tp->pipe, NULL, NULL);
+  uint64_t n1 = host_fns();
+  assert_ok(tu_forward(tp, dit2));
+  assert_int_equal(host_fns(), n1);
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 int main(int argc, char **argv) {
   if (!dlsym(RTLD_DEFAULT, "fakecuda_contexts_created")) {
     fprintf(stderr, "the CUDA runtime loaded is not tests/fakecuda's\n");
@@ -367,6 +396,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_free_waits_for_own_use_only),
       cmocka_unit_test(test_free_never_before_queued_use),
       cmocka_unit_test(test_query_leaves_last_error),
+      cmocka_unit_test(test_stamps_only_when_traced),
       cmocka_unit_test(test_caller_pinned_counts_as_pinned),
       cmocka_unit_test(test_unknown_and_ecc_are_sticky),
   };
