@@ -15,6 +15,7 @@
 
 void mlo_pipeline_free(mlo_pipeline *pipe) {
   if (!pipe) return;
+  mlo_pipeline_set_trace(pipe, NULL, NULL); /* its stamps no longer wanted */
   mlo_offload_disable(pipe);
   mlo_disk_stop(pipe); /* a load from disk in flight ends, undone */
   MLO_LOCK_OR_VOID(&pipe->lock);

@@ -376,7 +376,10 @@ void mlo_pipeline_set_progress(mlo_pipeline *pipe, mlo_progress_fn fn, void *use
 void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user) {
   if (!pipe) return;
   MLO_LOCK_OR_VOID(&pipe->lock);
+  /* the platform's completion stamps serve traces: wanted while one is on */
+  int delta = (fn != NULL) - (pipe->trace != NULL);
   pipe->trace = fn;
   pipe->trace_user = user;
   pthread_mutex_unlock(&pipe->lock);
+  if (delta) mlo_plat_want_stamps(pipe->platform, delta);
 }

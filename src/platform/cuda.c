@@ -33,21 +33,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Errors after which the context is unusable (CUDA runtime API, "sticky"
- * errors: the process must exit to recover). */
+/* Errors after which the context is unusable: the process must exit to
+ * recover.  The CUDA runtime API's error list says of each of these that
+ * it "leaves the process in an inconsistent state and any further CUDA
+ * work will return the same error" (the kernel faults, cudaErrorContained,
+ * cudaErrorTensorMemoryLeak, cudaErrorExternalDevice,
+ * cudaErrorMpsClientTerminated), or the context is gone
+ * (cudaErrorContextIsDestroyed).  Also, though the list does not say so in
+ * those words: an uncorrectable ECC or NVLink error (the driver retires
+ * the context; the GPU needs a reset) and cudaErrorUnknown (an internal
+ * error, after which nothing is known to work; seen after a refused
+ * sanitizer) — treating them as recoverable only repeats the failure, and
+ * its log line, at every later call.  Compared by value: the newer codes
+ * are absent from older toolkits' headers. */
 static bool is_sticky(cudaError_t e) {
-  switch (e) {
-  case cudaErrorIllegalAddress:
-  case cudaErrorLaunchFailure:
-  case cudaErrorHardwareStackError:
-  case cudaErrorIllegalInstruction:
-  case cudaErrorMisalignedAddress:
-  case cudaErrorInvalidAddressSpace:
-  case cudaErrorInvalidPc:
-  case cudaErrorAssert:
-  case cudaErrorECCUncorrectable:
-  case cudaErrorContextIsDestroyed:
-  case cudaErrorLaunchTimeout:
+  switch ((int)e) {
+  case 214: /* cudaErrorECCUncorrectable */
+  case 220: /* cudaErrorNvlinkUncorrectable */
+  case 226: /* cudaErrorContained (CUDA 12.4+) */
+  case 700: /* cudaErrorIllegalAddress */
+  case 702: /* cudaErrorLaunchTimeout */
+  case 709: /* cudaErrorContextIsDestroyed */
+  case 710: /* cudaErrorAssert */
+  case 714: /* cudaErrorHardwareStackError */
+  case 715: /* cudaErrorIllegalInstruction */
+  case 716: /* cudaErrorMisalignedAddress */
+  case 717: /* cudaErrorInvalidAddressSpace */
+  case 718: /* cudaErrorInvalidPc */
+  case 719: /* cudaErrorLaunchFailure */
+  case 721: /* cudaErrorTensorMemoryLeak (CUDA 12.8+) */
+  case 810: /* cudaErrorMpsClientTerminated */
+  case 911: /* cudaErrorExternalDevice */
+  case 999: /* cudaErrorUnknown */
     return true;
   default:
     return false;
@@ -57,8 +74,8 @@ static bool is_sticky(cudaError_t e) {
 /* Maps a runtime error to a status.  A non-sticky error is cleared from the
  * thread's last error (it is ours: the call just returned it), so the next
  * unrelated call does not report it again; a sticky one cannot be cleared
- * and is remembered.  Never called with cudaErrorNotReady (not an error:
- * clearing after it would drop an error the user has not read yet). */
+ * and is remembered.  Never called with cudaErrorNotReady (cu_query deals
+ * with it: clearing blindly would drop an error the user has not read). */
 int cu_status(struct cuda_ctx *c, cudaError_t e, const char *what) {
   if (e == cudaSuccess) return MLO_OK;
   if (is_sticky(e)) {
@@ -85,6 +102,23 @@ int cu_status(struct cuda_ctx *c, cudaError_t e, const char *what) {
   mlo_logf(MLO_LOG_ERROR, "cuda: %s failed: %s (%s)", what, cudaGetErrorString(e),
            cudaGetErrorName(e));
   return MLO_EPLATFORM;
+}
+
+/* cudaEventQuery (ev) or cudaStreamQuery (s) that leaves the thread's last
+ * error as it found it.  The runtime records cudaErrorNotReady in the
+ * per-thread last error like any error ("the runtime maintains an error
+ * variable for each host thread ... overwritten by the error code each
+ * time an error occurs", CUDA programming guide, error checking), and a
+ * framework sharing our libcudart (mlo.torch: torch checks every kernel
+ * launch with cudaGetLastError) would raise "device not ready" at its next
+ * launch.  So NotReady is consumed, but only when the last error was clean
+ * before the query: an error already there is the caller's to read, and
+ * is left (as the runtime left it) to fail their next check. */
+cudaError_t cu_query(cudaEvent_t ev, cudaStream_t s) {
+  cudaError_t before = cudaPeekAtLastError();
+  cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+  if (e == cudaErrorNotReady && before == cudaSuccess) (void)cudaGetLastError();
+  return e;
 }
 
 /* The current context is per host thread and belongs to the caller: every
@@ -284,9 +318,16 @@ static int cu_host_alloc(void *ctx, size_t bytes, bool pinned, void **ptr, bool 
     }
     *ptr = NULL;
     char why[160];
+    /* cudaErrorMemoryAllocation here is the host's page-locked memory
+     * running out (the OS limit, RLIMIT_MEMLOCK), not the device's:
+     * cu_status would log it as device out of memory. */
+    bool host_oom = e == cudaErrorMemoryAllocation;
     snprintf(why, sizeof why, "cudaHostAlloc of %zu bytes failed (%s)", bytes,
-             cudaGetErrorString(e));
-    cu_status(c, e, "cudaHostAlloc");
+             host_oom ? "out of page-locked host memory" : cudaGetErrorString(e));
+    if (host_oom)
+      (void)cudaGetLastError(); /* ours: the call just returned it */
+    else
+      cu_status(c, e, "cudaHostAlloc");
     cu_leave(c, &g);
     warn_pageable_once(c, why);
   }
@@ -315,15 +356,68 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   if (in) cu_leave(c, &g);
 }
 
+/* Whether the runtime already knows p as page-locked host memory
+ * (cudaPointerGetAttributes: type cudaMemoryTypeHost for memory from
+ * cudaHostAlloc/cudaMallocHost or registered with cudaHostRegister, by
+ * anyone in the process; cudaMemoryTypeUnregistered, with cudaSuccess, for
+ * plain host memory since CUDA 11 — an error, on an older runtime, is
+ * taken as "not known", and cleared: the call just returned it). */
+static bool known_pinned(const void *p) {
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof a);
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+/* A range its owner page-locked (registered here as if by us, never
+ * unregistered by us), remembered until its unregister; lock held. */
+static int add_foreign(struct cuda_ctx *c, void *ptr) {
+  if (c->nforeign == c->foreign_cap) {
+    size_t cap = c->foreign_cap ? 2 * c->foreign_cap : 16;
+    void **grown = mlo_realloc(c->foreign, cap * sizeof *grown);
+    if (!grown) return MLO_ENOMEM;
+    c->foreign = grown;
+    c->foreign_cap = cap;
+  }
+  c->foreign[c->nforeign++] = ptr;
+  return MLO_OK;
+}
+
+static bool take_foreign(struct cuda_ctx *c, void *ptr) {
+  pthread_mutex_lock(&c->lock);
+  bool found = false;
+  for (size_t i = 0; i < c->nforeign && !found; i++)
+    if (c->foreign[i] == ptr) {
+      found = true;
+      c->foreign[i] = c->foreign[--c->nforeign];
+    }
+  pthread_mutex_unlock(&c->lock);
+  return found;
+}
+
 /* Pins caller-owned memory in place (portable; read-only where core says
  * nothing is ever copied into it and the device supports it: a write-back
- * into memory registered read-only fails).  Best effort. */
+ * into memory registered read-only fails).  Best effort.  Memory its owner
+ * page-locked already (torch's pin_memory(), cudaHostAlloc) copies at link
+ * speed as it is: it counts as pinned, and is neither registered (the
+ * runtime would refuse, cudaErrorHostMemoryAlreadyRegistered) nor, later,
+ * unregistered (it is not ours to unpin). */
 static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) {
   struct cuda_ctx *c = ctx;
   if (!c->pinned || !bytes) return MLO_EUNSUPPORTED;
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
   if (rc) return rc;
+  if (known_pinned(ptr) && known_pinned((const char *)ptr + bytes - 1)) {
+    pthread_mutex_lock(&c->lock);
+    rc = add_foreign(c, ptr);
+    pthread_mutex_unlock(&c->lock);
+    cu_leave(c, &g);
+    return rc;
+  }
   int ro = 0;
   if (read_only && cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported,
                                           c->device) != cudaSuccess) {
@@ -352,7 +446,7 @@ static void cu_host_unregister(void *ctx, void *ptr) {
    * in place) may still be queued */
   cu_stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
   cu_stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
-  cu_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
+  if (!take_foreign(c, ptr)) cu_status(c, cudaHostUnregister(ptr), "cudaHostUnregister");
   cu_leave(c, &g);
 }
 
@@ -434,7 +528,16 @@ static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, boo
                      const char *what) {
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
-  if (!rc) rc = cu_status(c, cudaEventRecord(ev->e, stream), what);
+  if (!rc) {
+    /* numbered with the record, under the lock a gather's record takes:
+     * what compute_wait compares with a pending gather's number */
+    pthread_mutex_lock(&c->lock);
+    cudaError_t e = cudaEventRecord(ev->e, stream);
+    if (e == cudaSuccess)
+      ev->copy_seq = stream == c->copy ? ++c->copy_records : stream == c->readback ? UINT64_MAX : 0;
+    pthread_mutex_unlock(&c->lock);
+    rc = cu_status(c, e, what);
+  }
   mlo_stamp *stamp = NULL;
   if (!rc && stamped) {
     stamp = mlo_stamp_new();
@@ -456,9 +559,25 @@ static int record_on(struct cuda_ctx *c, mlo_event *ev, cudaStream_t stream, boo
   return MLO_OK;
 }
 
+/* Stamped only while a trace wants it (want_stamps) or the INFO log is on
+ * (its "loaded" line times the load by the stamp): cudaLaunchHostFunc
+ * holds the copy stream until the driver's callback thread has run it, a
+ * bubble per record that small blocks feel; event_time answers
+ * MLO_EUNSUPPORTED without one, and core uses its own clock. */
 static int cu_event_record_copy(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
-  return record_on(c, ev, c->copy, true, "cudaEventRecord(copy)");
+  pthread_mutex_lock(&c->lock);
+  bool stamped = c->stamp_users > 0;
+  pthread_mutex_unlock(&c->lock);
+  stamped = stamped || mlo_log_enabled(MLO_LOG_INFO);
+  return record_on(c, ev, c->copy, stamped, "cudaEventRecord(copy)");
+}
+
+static void cu_want_stamps(void *ctx, int delta) {
+  struct cuda_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  c->stamp_users += delta;
+  pthread_mutex_unlock(&c->lock);
 }
 
 static int cu_event_record_readback(void *ctx, mlo_event *ev) {
@@ -491,12 +610,25 @@ static int stream_wait(struct cuda_ctx *c, cudaStream_t stream, mlo_event *ev) {
 static int cu_compute_wait(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
   /* compute must not queue behind a gather that nobody watches: a load's
-   * copies (a replicated one's, a streamed block's) may follow one on COPY */
-  mlo_cu_guard g;
-  int rc = cu_enter(c, &g);
-  if (!rc) {
-    rc = cu_gather_settle(c);
-    cu_leave(c, &g);
+   * copies (a replicated one's, a streamed block's) may follow one on
+   * COPY.  Only an event recorded after a pending gather can: one recorded
+   * before (a block of the running forward while a sharded prefetch
+   * gathers) is waited for without holding the host (docs/distributed.md:
+   * prefetches still overlap). */
+  pthread_mutex_lock(&c->lock);
+  uint64_t seq = ev->copy_seq;
+  pthread_mutex_unlock(&c->lock);
+  int rc = MLO_OK;
+  if (cu_gather_before(c, seq)) {
+    mlo_cu_guard g;
+    rc = cu_enter(c, &g);
+    if (!rc) {
+      pthread_mutex_lock(&c->lock);
+      c->gather_settles++;
+      pthread_mutex_unlock(&c->lock);
+      rc = cu_gather_settle(c);
+      cu_leave(c, &g);
+    }
   }
   return rc ? rc : stream_wait(c, c->compute, ev);
 }
@@ -522,14 +654,12 @@ static int cu_event_sync(void *ctx, mlo_event *ev) {
   return rc;
 }
 
-/* cudaErrorNotReady is an answer, not an error: nothing is cleared after
- * it (that would drop an error the user's own work left to be read). */
 static int cu_event_query(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
   if (rc) return rc;
-  cudaError_t e = cudaEventQuery(ev->e);
+  cudaError_t e = cu_query(ev->e, NULL);
   rc = e == cudaErrorNotReady ? MLO_EBUSY : cu_status(c, e, "cudaEventQuery");
   cu_leave(c, &g);
   return rc;
@@ -581,6 +711,7 @@ static void cu_destroy(void *ctx) {
     (void)cudaGetLastError();
     cu_leave(c, &g);
   }
+  free(c->foreign);
   pthread_mutex_destroy(&c->nccl_lock);
   pthread_mutex_destroy(&c->lock);
   free(c);
@@ -613,6 +744,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .event_sync = cu_event_sync,
     .event_query = cu_event_query,
     .event_time = cu_event_time,
+    .want_stamps = cu_want_stamps,
     .synchronize = cu_synchronize,
     .compute_queue = cu_compute_queue,
 #ifdef MLO_HAVE_NCCL

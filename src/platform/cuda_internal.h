@@ -46,8 +46,14 @@ struct cuda_ctx {
   bool pinned, host_register;
   pthread_mutex_t lock;
   bool warned_pageable;
+  int stamp_users;   /* traces that want event_time's stamps (want_stamps); guarded by lock */
   uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
   uint64_t used;     /* bytes of live blocks; guarded by lock */
+  /* host_register of memory its owner had page-locked already: counted as
+   * pinned, never unregistered by us (one entry per register); guarded by
+   * lock. */
+  void **foreign;
+  size_t nforeign, foreign_cap;
   /* A sticky error (an illegal address, a kernel fault) poisons the context
    * for good: every later call fails the same way.  The first one is kept
    * and every entry point answers MLO_EPLATFORM with it, without calling
@@ -63,10 +69,18 @@ struct cuda_ctx {
   cudaEvent_t gather_ev;
   void *gather_comm;
   uint64_t gather_seq; /* counts gathers recorded: a watch clears only its own */
+  /* Records on COPY are numbered (copy_records, under lock with the
+   * record): gather_first is the number of the oldest gather not yet seen
+   * complete, so compute_wait settles only for an event recorded after it
+   * (one recorded before depends on no pending gather). */
+  uint64_t copy_records, gather_first;
+  uint64_t gather_settles; /* compute_waits that waited for a pending gather */
   /* NCCL communicators are not thread-safe: an enqueue and an abort on the
    * same one never overlap (taken before lock, never inside it). */
   pthread_mutex_t nccl_lock;
   unsigned gather_timeout_ms;
+  unsigned coll_timeout_ms;  /* the last communicator mlo made: how long its destroy may poll */
+  uint64_t nccl_in_progress; /* NCCL calls that answered ncclInProgress (polled to an end) */
   void *aborted[8];
   int naborted;
   char gather_msg[320]; /* why the last communicator was aborted */
@@ -75,6 +89,11 @@ struct cuda_ctx {
 /* An event: a cudaEvent_t and its completion stamp (event_time). */
 struct mlo_event {
   cudaEvent_t e;
+  /* its last record's number on COPY (cuda_ctx.copy_records); 0: recorded
+   * on COMPUTE, or never (depends on no gather compute has not settled);
+   * UINT64_MAX: on READBACK (may depend on anything: settled as before).
+   * Guarded by the platform's lock. */
+  uint64_t copy_seq;
   mlo_stamp *stamp; /* when the copy queue reached the last copy-side record */
   pthread_mutex_t lock;
 };
@@ -83,6 +102,9 @@ struct mlo_event {
  * and our device's context made current and the caller's put back (cuda.c). */
 int cu_status(struct cuda_ctx *c, cudaError_t e, const char *what);
 int cu_enter(struct cuda_ctx *c, mlo_cu_guard *g);
+/* cudaEventQuery(ev), or cudaStreamQuery(s) with ev NULL, leaving no
+ * cudaErrorNotReady behind in the thread's last error (cuda.c). */
+cudaError_t cu_query(cudaEvent_t ev, cudaStream_t s);
 void cu_leave(struct cuda_ctx *c, const mlo_cu_guard *g);
 
 /* Host waits, for an event (ev) or a stream's tail (s), in our entered
@@ -94,6 +116,9 @@ int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what);
  * that no compute is queued behind a gather nobody watches (a replicated
  * load's copies queue behind it on COPY too).  MLO_OK at once otherwise. */
 int cu_gather_settle(struct cuda_ctx *c);
+/* Whether an event numbered copy_seq (struct mlo_event) was recorded after
+ * a gather still pending (cuda_nccl.c). */
+bool cu_gather_before(struct cuda_ctx *c, uint64_t copy_seq);
 #ifdef MLO_HAVE_NCCL
 /* The collective slots of the ops table (platform.h), over NCCL (cuda_nccl.c). */
 int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms);

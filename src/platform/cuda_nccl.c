@@ -43,11 +43,39 @@ static bool was_aborted(struct cuda_ctx *c, void *comm) {
   return false;
 }
 
-/* Aborts comm (after a gather failed on it) and remembers why. */
-static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
-  pthread_mutex_lock(&c->nccl_lock); /* not while another thread enqueues on it */
+/* A call on a non-blocking communicator (every one mlo makes: cu_coll_init)
+ * may return ncclInProgress: NCCL's user guide (communicators, the
+ * "blocking" config option) says the operation is then still being
+ * issued, and the caller must poll ncclCommGetAsyncError until it no
+ * longer answers ncclInProgress before using the communicator again (a
+ * collective is enqueued on its stream only then).  Polls for at most
+ * timeout_ms; returns the final state: ncclSuccess, an error, or
+ * ncclInProgress after the timeout.  Counted in c->nccl_in_progress (a
+ * test's evidence that the poll ran). */
+static ncclResult_t nccl_settle(struct cuda_ctx *c, ncclComm_t comm, ncclResult_t r,
+                                unsigned timeout_ms) {
+  if (r != ncclInProgress || !comm) return r;
+  pthread_mutex_lock(&c->lock);
+  c->nccl_in_progress++;
+  pthread_mutex_unlock(&c->lock);
+  uint64_t t0 = mono_ms();
+  unsigned limit = timeout_ms ? timeout_ms : 60000u;
+  for (;;) {
+    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return q;
+    if (r != ncclInProgress || mono_ms() - t0 >= limit) return r;
+    struct timespec nap = {0, 100000}; /* 0.1 ms */
+    nanosleep(&nap, NULL);
+  }
+}
+
+/* Aborts comm (after a gather failed on it) and remembers why; nccl_lock
+ * held (not while another thread enqueues on it).  ncclCommAbort frees
+ * the communicator: nothing may be asked of it afterwards, so its
+ * ncclInProgress is not polled (it is no failure). */
+static void abort_gather_locked(struct cuda_ctx *c, void *comm, const char *why) {
   ncclResult_t r = ncclCommAbort((ncclComm_t)comm);
-  pthread_mutex_unlock(&c->nccl_lock);
+  if (r == ncclInProgress) r = ncclSuccess;
   pthread_mutex_lock(&c->lock);
   if (c->gather_comm == comm) c->gather_comm = NULL;
   if (c->naborted < (int)(sizeof c->aborted / sizeof c->aborted[0]))
@@ -56,6 +84,12 @@ static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
            r == ncclSuccess ? "" : " (ncclCommAbort failed too)");
   pthread_mutex_unlock(&c->lock);
   mlo_logf(MLO_LOG_ERROR, "cuda: a sharded load's all-gather failed: %s", c->gather_msg);
+}
+
+static void abort_gather(struct cuda_ctx *c, void *comm, const char *why) {
+  pthread_mutex_lock(&c->nccl_lock);
+  abort_gather_locked(c, comm, why);
+  pthread_mutex_unlock(&c->nccl_lock);
 }
 
 /* One look at the pending gather: MLO_OK (none, done, or still in time),
@@ -68,7 +102,7 @@ static int watch_gather(struct cuda_ctx *c, uint64_t t0_ms, char *err, size_t er
   unsigned timeout_ms = c->gather_timeout_ms;
   pthread_mutex_unlock(&c->lock);
   if (!comm) return MLO_OK;
-  cudaError_t e = cudaEventQuery(c->gather_ev);
+  cudaError_t e = cu_query(c->gather_ev, NULL);
   if (e == cudaSuccess) { /* that gather is done; one recorded since is still watched */
     pthread_mutex_lock(&c->lock);
     if (c->gather_comm == comm && c->gather_seq == seq) c->gather_comm = NULL;
@@ -112,7 +146,7 @@ int cu_host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char 
 #ifdef MLO_HAVE_NCCL
   uint64_t t0 = mono_ms();
   while (gather_pending(c)) {
-    cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+    cudaError_t e = cu_query(ev, s);
     if (e == cudaSuccess) return MLO_OK;
     if (e != cudaErrorNotReady) return cu_status(c, e, what);
     char why[400] = "";
@@ -132,6 +166,18 @@ int cu_host_wait(struct cuda_ctx *c, cudaEvent_t ev, cudaStream_t s, const char 
 int cu_stream_sync(struct cuda_ctx *c, cudaStream_t s, const char *what) {
   char err[512];
   return cu_host_wait(c, NULL, s, what, err, sizeof err);
+}
+
+bool cu_gather_before(struct cuda_ctx *c, uint64_t copy_seq) {
+#ifdef MLO_HAVE_NCCL
+  pthread_mutex_lock(&c->lock);
+  bool after = c->gather_comm && copy_seq > c->gather_first;
+  pthread_mutex_unlock(&c->lock);
+  return after;
+#else
+  (void)c, (void)copy_seq;
+  return false;
+#endif
 }
 
 int cu_gather_settle(struct cuda_ctx *c) {
@@ -177,9 +223,22 @@ int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, un
     rc = cu_status(c, cudaEventCreateWithFlags(&c->gather_ev, cudaEventDisableTiming),
                    "cudaEventCreate(gather)");
   ncclResult_t r = ncclSuccess;
+  if (!timeout_ms) timeout_ms = 60000u;
   if (!rc) {
     r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
                       (ncclComm_t)coll, c->copy);
+    /* on mlo's non-blocking communicators: issued once the state settles;
+     * only then is the event behind it recorded */
+    bool issuing = r == ncclInProgress;
+    r = nccl_settle(c, (ncclComm_t)coll, r, timeout_ms);
+    if (issuing && r != ncclSuccess) {
+      /* may be half issued: ended by an abort, as a failed gather is */
+      char failed[256];
+      snprintf(failed, sizeof failed, "ncclAllGather of %zu bytes per rank %s", slice,
+               r == ncclInProgress ? "was still being issued after the timeout"
+                                   : ncclGetErrorString(r));
+      abort_gather_locked(c, coll, failed);
+    }
     if (r == ncclSuccess) {
       /* recorded and published together, so a watch sees this gather's
        * event with its communicator (cu_status after the lock: a sticky
@@ -187,9 +246,11 @@ int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, un
       pthread_mutex_lock(&c->lock);
       cudaError_t e = cudaEventRecord(c->gather_ev, c->copy);
       if (e == cudaSuccess) {
+        c->copy_records++;
+        if (!c->gather_comm) c->gather_first = c->copy_records;
         c->gather_comm = coll;
         c->gather_seq++;
-        c->gather_timeout_ms = timeout_ms ? timeout_ms : 60000u;
+        c->gather_timeout_ms = timeout_ms;
       }
       pthread_mutex_unlock(&c->lock);
       rc = cu_status(c, e, "cudaEventRecord(gather)");
@@ -315,6 +376,9 @@ int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, uns
   if (r != ncclSuccess && comm) ncclCommAbort(comm);
   cu_leave(c, &g);
   if (r != ncclSuccess) return nccl_fail(err, errlen, "ncclCommInitRankConfig", r);
+  pthread_mutex_lock(&c->lock);
+  c->coll_timeout_ms = limit;
+  pthread_mutex_unlock(&c->lock);
   *coll = comm;
   return MLO_OK;
 }
@@ -333,9 +397,26 @@ void cu_coll_destroy(void *ctx, void *coll) {
   if (dead) return; /* ncclCommAbort freed it */
   mlo_cu_guard g;
   bool in = !cu_enter(c, &g);
-  ncclResult_t r = ncclCommDestroy((ncclComm_t)coll);
+  /* Non-blocking (cu_coll_init): nccl.h's ncclCommFinalize "flushes all
+   * issued communications, and marks communicator state as
+   * ncclInProgress", polled until ncclSuccess; then ncclCommDestroy frees
+   * the rest without blocking.  One that does not settle within the
+   * communicator's timeout (a peer gone) is aborted instead. */
+  pthread_mutex_lock(&c->lock);
+  unsigned timeout_ms = c->coll_timeout_ms;
+  pthread_mutex_unlock(&c->lock);
+  ncclResult_t r = nccl_settle(c, (ncclComm_t)coll, ncclCommFinalize((ncclComm_t)coll), timeout_ms);
+  const char *what = "ncclCommFinalize";
+  if (r == ncclSuccess) {
+    what = "ncclCommDestroy";
+    r = nccl_settle(c, (ncclComm_t)coll, ncclCommDestroy((ncclComm_t)coll), timeout_ms);
+  } else {
+    ncclCommAbort((ncclComm_t)coll); /* frees it: nothing more to ask */
+  }
   if (r != ncclSuccess)
-    mlo_logf(MLO_LOG_ERROR, "cuda: ncclCommDestroy failed: %s", ncclGetErrorString(r));
+    mlo_logf(MLO_LOG_ERROR, "cuda: %s failed: %s%s", what,
+             r == ncclInProgress ? "it did not complete within the timeout" : ncclGetErrorString(r),
+             strcmp(what, "ncclCommFinalize") ? "" : "; the communicator was aborted");
   if (in) cu_leave(c, &g);
 }
 

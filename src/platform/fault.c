@@ -202,6 +202,11 @@ static int fault_event_sync(void *ctx, mlo_event *ev) {
 }
 
 /* Trace timing only: passed through, never failed. */
+static void fault_want_stamps(void *ctx, int delta) {
+  struct fault_ctx *f = ctx;
+  mlo_plat_want_stamps(f->inner, delta);
+}
+
 static int fault_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
   struct fault_ctx *f = ctx;
   return mlo_plat_event_time(f->inner, ev, t_ns);
@@ -251,6 +256,7 @@ static const struct mlo_platform_ops fault_ops = {
     .event_sync = fault_event_sync,
     .event_query = fault_event_query,
     .event_time = fault_event_time,
+    .want_stamps = fault_want_stamps,
     .synchronize = fault_synchronize,
     .compute_queue = fault_compute_queue,
     .now_ns = fault_now_ns,

@@ -35,8 +35,8 @@
 
 /* Bumped whenever either table below changes shape.  2: host_register says
  * whether a range may be registered read-only; 3: dev_free returns whether it
- * freed, dev_free_after, and the topology and gather_pace slots. */
-#define MLO_MODULE_ABI 3
+ * freed, dev_free_after, and the topology and gather_pace slots; 4: want_stamps. */
+#define MLO_MODULE_ABI 4
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)

@@ -554,6 +554,10 @@ int mlo_stamp_time(mlo_stamp *s, uint64_t *t_ns) {
   return MLO_OK;
 }
 
+void mlo_plat_want_stamps(mlo_platform *p, int delta) {
+  if (p && p->ops->want_stamps) p->ops->want_stamps(p->ctx, delta);
+}
+
 int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns) {
   if (!p->caps.events || !p->ops->event_time || !ev) return MLO_EUNSUPPORTED;
   return p->ops->event_time(p->ctx, ev, t_ns);

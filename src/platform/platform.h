@@ -102,6 +102,11 @@ struct mlo_platform_ops {
    * MLO_OK with *t_ns, MLO_EBUSY if not complete yet, MLO_EUNSUPPORTED if
    * the platform cannot tell.  Never blocks; never a fault point. */
   int (*event_time)(void *ctx, mlo_event *ev, uint64_t *t_ns);
+  /* Optional, with event_time: delta +1 when a trace is attached to a
+   * pipeline on this platform, -1 when it goes.  A platform whose stamps
+   * cost something on its copy queue (CUDA: a host function behind each
+   * copy-side record) takes them only while some trace wants them. */
+  void (*want_stamps)(void *ctx, int delta);
 
   /* Optional, for platforms that build large blocks from segments
    * (caps.max_block_bytes): the native handle and offset within it of a
@@ -229,6 +234,8 @@ int mlo_stamp_time(mlo_stamp *s, uint64_t *t_ns); /* MLO_OK, MLO_EBUSY; NULL: ML
 /* The event_time slot, or MLO_EUNSUPPORTED without one (not counted as a
  * platform call: it only feeds the trace). */
 int mlo_plat_event_time(mlo_platform *p, mlo_event *ev, uint64_t *t_ns);
+/* The want_stamps slot (nothing without one).  Not a platform call. */
+void mlo_plat_want_stamps(mlo_platform *p, int delta);
 int mlo_plat_synchronize(mlo_platform *p);
 /* The resolve slot, or identity.  Not a platform call (never fails). */
 void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local);

@@ -21,14 +21,18 @@
  */
 #include "mlo/checkpoint.h"
 #include "mlo/mpi.h"
+#include "dist/dist.h"
+#include "platform/platform.h"
 #include "ranks_device.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <mpi.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static char dir[256];
 
@@ -85,6 +89,43 @@ static void gathers_in_place(mlo_platform *p, mlo_pipeline *pipe) {
   CHECK(ds.gather_bytes > 0 && checked > 0, "nothing was gathered");
 }
 
+/* Review D6: while a gather is pending (rank 1 arrives 1.5 s late), a
+ * compute wait for an event recorded on the copy queue before it returns
+ * at once (a sharded prefetch must not hold the forward's thread at its
+ * next block); one for an event recorded after it still waits for the
+ * gather on the host, watched. */
+static void compute_wait_settles_only_after(mlo_platform *p, void *coll) {
+  const size_t slice = 4096;
+  void *block = NULL;
+  mlo_event *before = NULL, *after = NULL;
+  CHECK(mlo_plat_dev_alloc(p, slice * (size_t)nranks, &block) == MLO_OK, "dev_alloc");
+  CHECK(mlo_plat_event_create(p, &before) == MLO_OK && mlo_plat_event_create(p, &after) == MLO_OK,
+        "event_create");
+  CHECK(mlo_plat_event_record_copy(p, before) == MLO_OK, "record");
+  if (rank == 1) {
+    struct timespec late = {1, 500000000};
+    nanosleep(&late, NULL);
+  }
+  CHECK(mlo_plat_all_gather(p, block, slice, rank, coll, 20000) == MLO_OK, "all_gather");
+  CHECK(mlo_plat_event_record_copy(p, after) == MLO_OK, "record");
+  if (rank == 0) {
+    double t0 = MPI_Wtime();
+    CHECK(mlo_plat_compute_wait(p, before) == MLO_OK, "compute_wait(before)");
+    double t1 = MPI_Wtime();
+    CHECK(mlo_plat_compute_wait(p, after) == MLO_OK, "compute_wait(after)");
+    double t2 = MPI_Wtime();
+    CHECK(t1 - t0 < 0.7, "a wait for an event recorded before the gather held the host %.2f s",
+          t1 - t0);
+    CHECK(t2 - t1 > 0.5, "a wait for an event recorded after the gather did not settle it (%.2f s)",
+          t2 - t1);
+  }
+  CHECK(mlo_plat_synchronize(p) == MLO_OK, "synchronize");
+  mlo_plat_event_destroy(p, before);
+  mlo_plat_event_destroy(p, after);
+  CHECK(mlo_plat_dev_free(p, block, slice * (size_t)nranks) == MLO_OK, "dev_free");
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 static void mode_refuse(mlo_platform *p, int device) {
   /* every rank hears the first refusing rank's reason: node rank 0's */
   refused(p, make_comm(nranks + 1, rank, -1), "world-sized",
@@ -99,10 +140,21 @@ static void mode_refuse(mlo_platform *p, int device) {
   CHECK(mlo_comm_create_mpi(MPI_COMM_WORLD, NULL, &comm, err, sizeof err) == MLO_OK, "%s", err);
   CHECK(mlo_comm_create_nccl(comm, p, err, sizeof err) == MLO_OK, "create_nccl: %s", err);
   CHECK(mlo_comm_set_nccl(comm, NULL) == MLO_ESTATE, "set_nccl over mlo's own communicator");
+  uint64_t (*answers)(void) =
+      (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakenccl_in_progress_answers");
+  CHECK(answers != NULL, "the NCCL loaded is not tests/fakenccl's");
+  uint64_t before = answers ? answers() : 0;
   mlo_pipeline *pipe = open_sharded(p, comm);
   if (pipe) gathers_in_place(p, pipe);
+  /* mlo's communicator is non-blocking: its first gather answered
+   * ncclInProgress and was polled until issued (review D2), and the bytes
+   * above are right only if the event behind it was recorded after */
+  CHECK(answers && answers() > before, "no gather answered ncclInProgress");
+  compute_wait_settles_only_after(p, mlo_dist_nccl(comm));
   mlo_pipeline_free(pipe);
+  uint64_t at_destroy = answers ? answers() : 0;
   mlo_comm_destroy_nccl(comm);
+  CHECK(answers && answers() > at_destroy, "the destroy did not finalize, non-blocking");
   mlo_comm_free(comm);
 }
 

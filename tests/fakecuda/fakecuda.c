@@ -35,11 +35,13 @@
  *    (what a context takes, default 64M), MLO_FAKECUDA_HOSTALLOC_FAIL=1
  *    (cudaHostAlloc/cudaMallocHost fail), MLO_FAKECUDA_NO_REGISTER=1
  *    (cudaHostRegister unsupported), MLO_FAKECUDA_FREE_FAIL=1 (frees fail
- *    and free nothing).
+ *    and free nothing);
+ *  - the per-thread last error (fc_fail), cudaErrorNotReady included, and
+ *    sticky errors a test injects (fakecuda_inject_sticky).
  * What it does not: kernels (no cuBLAS: the workload backend cannot run on
  * it), the legacy default stream's implicit synchronization with blocking
  * streams (the platform's streams are non-blocking), graphs, IPC, peer
- * access, sticky errors, timing events, several contexts per device, and
+ * access, timing events, several contexts per device, and
  * the cost of anything.  Passing here is evidence about ordering logic, never a claim
  * that anything ran on a GPU.
  */
@@ -103,9 +105,31 @@ void fc_init(void) {
   pthread_once(&once, init_once);
 }
 
+/* The CUDA programming guide (error checking): "the runtime maintains an
+ * error variable for each host thread that is initialized to cudaSuccess
+ * and is overwritten by the error code each time an error occurs";
+ * cudaGetLastError returns it and resets it.  cudaErrorNotReady (a query
+ * of unfinished work) is stored like any other: a framework that checks
+ * cudaGetLastError after each kernel launch (PyTorch) clears it after
+ * each of its own queries for that reason (c10's CUDAEvent::query). */
 cudaError_t fc_fail(cudaError_t e) {
-  if (e != cudaSuccess && e != cudaErrorNotReady) last_error = e;
+  if (e != cudaSuccess) last_error = e;
   return e;
+}
+
+/* A sticky error (fakecuda_inject_sticky): the runtime API's error list
+ * says of them "any further CUDA work will return the same error", and it
+ * cannot be reset.  Every call that does work checks here; each refusal
+ * is counted (fakecuda_sticky_calls), so a test sees whether the platform
+ * kept calling after one. */
+static _Atomic int sticky_error;
+static _Atomic uint64_t sticky_calls;
+
+cudaError_t fc_sticky(void) {
+  cudaError_t e = (cudaError_t)sticky_error;
+  if (e == cudaSuccess) return e;
+  sticky_calls++;
+  return fc_fail(e);
 }
 
 static void create_primary(int d) {
@@ -162,6 +186,28 @@ bool fakecuda_idle_except(cudaStream_t except, unsigned ms) {
   }
   pthread_mutex_unlock(&fc.lock);
   return idle;
+}
+
+/* Makes e sticky from now on (cudaSuccess: not any more, so that later
+ * tests in the process run clean). */
+void fakecuda_inject_sticky(cudaError_t e) {
+  sticky_error = (int)e;
+  sticky_calls = 0;
+  if (e == cudaSuccess) last_error = cudaSuccess;
+}
+
+/* Calls refused with the sticky error since it was injected. */
+uint64_t fakecuda_sticky_calls(void) {
+  return sticky_calls;
+}
+
+/* cudaLaunchHostFunc calls so far (each holds its stream until the
+ * driver's callback thread has run it, on a real device). */
+uint64_t fakecuda_host_fns(void) {
+  pthread_mutex_lock(&fc.lock);
+  uint64_t n = fc.host_fns;
+  pthread_mutex_unlock(&fc.lock);
+  return n;
 }
 
 uint64_t fakecuda_use_after_free(void) {
@@ -234,9 +280,10 @@ cudaError_t cudaDriverGetVersion(int *v) {
 
 /* ---- errors ------------------------------------------------------------- */
 
+/* A sticky error is never reset (the runtime API's error list). */
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = last_error;
-  last_error = cudaSuccess;
+  last_error = sticky_error ? (cudaError_t)sticky_error : cudaSuccess;
   return e;
 }
 
@@ -261,6 +308,10 @@ static const struct {
     {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
      "pointer does not correspond to a registered memory region"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error encountered"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
 const char *cudaGetErrorName(cudaError_t e) {
@@ -466,6 +517,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   struct CUstream_st *s = fc_stream(stream);
   if (!s) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   pthread_mutex_lock(&fc.lock);
   fc_drain(s);
   pthread_mutex_unlock(&fc.lock);
@@ -476,10 +529,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   struct CUstream_st *s = fc_stream(stream);
   if (!s) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   pthread_mutex_lock(&fc.lock);
   bool idle = !s->head;
   pthread_mutex_unlock(&fc.lock);
-  return idle ? cudaSuccess : cudaErrorNotReady;
+  return idle ? cudaSuccess : fc_fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t stream, int *device) {
@@ -513,12 +568,15 @@ cudaError_t cudaDeviceSynchronize(void) {
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *user) {
   struct CUstream_st *s = fc_stream(stream);
   if (!s) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   struct fc_op *op = calloc(1, sizeof *op);
   if (!op) return fc_fail(cudaErrorMemoryAllocation);
   op->kind = FC_HOSTFN;
   op->fn = fn;
   op->user = user;
   pthread_mutex_lock(&fc.lock);
+  fc.host_fns++;
   fc_enqueue(s, op);
   pthread_mutex_unlock(&fc.lock);
   return cudaSuccess;
@@ -554,6 +612,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   struct CUstream_st *s = fc_stream(stream);
   if (!s || !event || s->device != event->device) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   struct fc_op *op = calloc(1, sizeof *op);
   pthread_mutex_lock(&fc.lock);
   struct fc_marker *m = op ? fc_marker_new() : NULL;
@@ -574,14 +634,18 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   pthread_mutex_lock(&fc.lock);
   bool done = !event->marker || event->marker->done;
   pthread_mutex_unlock(&fc.lock);
-  return done ? cudaSuccess : cudaErrorNotReady;
+  return done ? cudaSuccess : fc_fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   pthread_mutex_lock(&fc.lock);
   struct fc_marker *m = event->marker;
   if (m) {
@@ -600,6 +664,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   (void)flags;
   struct CUstream_st *s = fc_stream(stream);
   if (!s || !event) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   struct fc_op *op = calloc(1, sizeof *op);
   if (!op) return fc_fail(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&fc.lock);

@@ -78,6 +78,7 @@ struct fc_global {
   uint64_t copy_delay_us, copy_bw;
   bool host_alloc_fails, no_host_register, free_fails;
   uint64_t use_after_free;     /* device accesses of freed memory, seen at run time */
+  uint64_t host_fns;           /* cudaLaunchHostFunc calls (fakecuda_host_fns) */
   struct CUstream_st *streams; /* live streams, for device-wide synchronize */
 };
 
@@ -90,6 +91,8 @@ void fc_init(void);
 struct CUctx_st *fc_need_ctx(void);
 /* The record of a failed call: the thread's last error, and e. */
 cudaError_t fc_fail(cudaError_t e);
+/* The injected sticky error, counted and recorded, or cudaSuccess. */
+cudaError_t fc_sticky(void);
 /* The stream behind a handle (NULL and the legacy/per-thread handles are
  * the current device's default stream); NULL if the handle is bad. */
 struct CUstream_st *fc_stream(cudaStream_t s);

@@ -386,6 +386,35 @@ cudaError_t cudaHostUnregister(void *ptr) {
   return remove_host(ptr, false) ? cudaSuccess : fc_fail(cudaErrorHostMemoryNotRegistered);
 }
 
+/* The CUDA runtime API (unified addressing, cudaPointerGetAttributes):
+ * memory from cudaHostAlloc/cudaMallocHost or registered with
+ * cudaHostRegister is cudaMemoryTypeHost, anywhere inside the range;
+ * device memory is cudaMemoryTypeDevice; any other pointer is
+ * cudaMemoryTypeUnregistered, and the call still returns cudaSuccess (so
+ * since CUDA 11.0). */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *ptr) {
+  if (!a) return fc_fail(cudaErrorInvalidValue);
+  struct CUctx_st *ctx = fc_need_ctx();
+  if (!ctx) return fc_fail(cudaErrorNoDevice);
+  memset(a, 0, sizeof *a);
+  a->device = ctx->device;
+  pthread_mutex_lock(&fc.lock);
+  struct fc_host *h = find_host(ptr, 1);
+  struct fc_block *b = h ? NULL : find_block(ptr, 1);
+  if (h) {
+    a->type = cudaMemoryTypeHost;
+    a->hostPointer = a->devicePointer = (void *)ptr;
+  } else if (b && b->state == FC_LIVE) {
+    a->type = cudaMemoryTypeDevice;
+    a->device = b->device;
+    a->devicePointer = (void *)ptr;
+  } else {
+    a->type = cudaMemoryTypeUnregistered;
+  }
+  pthread_mutex_unlock(&fc.lock);
+  return cudaSuccess;
+}
+
 /* Bytes of caller memory registered now (a test helper). */
 uint64_t fakecuda_host_registered_bytes(void) {
   uint64_t n = 0;
@@ -451,6 +480,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
                             cudaStream_t stream) {
   struct CUstream_st *s = fc_stream(stream);
   if (!s) return fc_fail(cudaErrorInvalidResourceHandle);
+  cudaError_t st = fc_sticky();
+  if (st) return st;
   return copy_on(s, dst, src, count, kind, false);
 }
 

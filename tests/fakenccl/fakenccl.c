@@ -34,7 +34,12 @@
  *    gathers never complete with no error at all (a peer stalled, a
  *    deadlock).  R is the communicator's rank.
  *  - ncclCommInitRankConfig with blocking=0: ncclInProgress, then ready at
- *    once, or never for rank R of MLO_FAKENCCL_INIT_HANG=R.
+ *    once, or never for rank R of MLO_FAKENCCL_INIT_HANG=R;
+ *  - on such a non-blocking communicator, NCCL's ncclInProgress: its first
+ *    ncclAllGather returns it and is put on the stream only at the third
+ *    ncclCommGetAsyncError after it (two answer ncclInProgress), and
+ *    ncclCommFinalize returns it, its state ncclInProgress until the
+ *    gathers queued have run; fakenccl_in_progress_answers counts them.
  * What it does not: initialization does not wait for the other ranks (no
  * bootstrap; a communicator larger than the ranks that exist is made at
  * once, and hangs only when it gathers); other collectives, groups,
@@ -86,7 +91,22 @@ struct ncclComm {
   _Atomic bool aborted; /* ncclCommAbort */
   _Atomic ncclResult_t async;
   bool fail_async, hang; /* this rank's injected failure */
+  /* Non-blocking (ncclConfig_t blocking=0): see ncclAllGather and
+   * ncclCommFinalize.  Only the calling thread and its polls touch these. */
+  bool nonblocking, connected, finalizing;
+  int polls;                  /* ncclCommGetAsyncError answers ncclInProgress this often more */
+  struct fn_gather *deferred; /* the first gather, issued once the polls run out */
+  cudaStream_t deferred_stream;
 };
+
+/* Calls that answered ncclInProgress in this process (a test's evidence
+ * that mlo polled a non-blocking communicator's calls to their end). */
+static _Atomic uint64_t in_progress_answers;
+
+static ncclResult_t in_progress(void) {
+  atomic_fetch_add(&in_progress_answers, 1);
+  return ncclInProgress;
+}
 
 static int env_rank(const char *name) {
   const char *v = getenv(name);
@@ -182,8 +202,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId ui
   ncclResult_t r = ncclCommInitRank(out, nranks, uid, rank);
   if (r != ncclSuccess || !config || config->blocking) return r;
   bool hang = env_rank("MLO_FAKENCCL_INIT_HANG") == rank;
+  (*out)->nonblocking = true;
   atomic_store(&(*out)->async, hang ? ncclInProgress : ncclSuccess);
-  return ncclInProgress;
+  return in_progress();
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t c, int *count) {
@@ -204,8 +225,36 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t c, int *device) {
   return ncclSuccess;
 }
 
+static void gather_fn(void *user);
+
+/* While a non-blocking call is still being issued: ncclInProgress, as
+ * many polls as it takes (the last of them issues a deferred gather onto
+ * its stream, and answers what the communicator's state is then); a
+ * finalize in progress until every gather queued on the communicator has
+ * run (nccl.h: "the state will change to ncclSuccess when the
+ * communicator is globally quiescent"). */
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
   if (!c || !err) return ncclInvalidArgument;
+  if (c->polls > 0 && --c->polls > 0) {
+    *err = ncclInProgress;
+    return ncclSuccess;
+  }
+  if (c->deferred) { /* the state as it is when the gather is issued */
+    struct fn_gather *g = c->deferred;
+    c->deferred = NULL;
+    *err = atomic_load(&c->async);
+    if (cudaLaunchHostFunc(c->deferred_stream, gather_fn, g) != cudaSuccess) {
+      atomic_fetch_sub(&c->queued, 1);
+      free(g);
+      *err = ncclUnhandledCudaError;
+      atomic_store(&c->async, *err);
+    }
+    return ncclSuccess;
+  }
+  if (c->finalizing && atomic_load(&c->queued) && !atomic_load(&c->aborted)) {
+    *err = ncclInProgress;
+    return ncclSuccess;
+  }
   *err = atomic_load(&c->async);
   return ncclSuccess;
 }
@@ -238,6 +287,8 @@ static void gather_fn(void *user) {
   atomic_fetch_add(&c->running, 1);
   uint64_t k = ++c->gathers, n = (uint64_t)c->nranks;
   if (atomic_load(&c->aborted)) goto out;
+  if (c->fail_async) /* the fabric fails while the gather runs */
+    atomic_store(&c->async, ncclSystemError);
   if (c->fail_async || c->hang) { /* never completes: until aborted */
     while (!atomic_load(&c->aborted)) nap();
     goto out;
@@ -294,12 +345,41 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
   if (!g) return ncclSystemError;
   *g = (struct fn_gather){c, send, recv, count * unit};
   atomic_fetch_add(&c->queued, 1);
+  if (c->nonblocking && !c->connected) {
+    /* NCCL's user guide ("blocking" config option): on a non-blocking
+     * communicator any call may return ncclInProgress, and the operation
+     * is put on the stream only later, once ncclCommGetAsyncError stops
+     * answering ncclInProgress.  The first collective is the one that
+     * does (NCCL connects lazily, NCCL_RUNTIME_CONNECT=1): it goes onto
+     * the stream at the last of three polls, so a caller that records an
+     * event behind it before polling records it before the gather. */
+    c->connected = true;
+    c->deferred = g;
+    c->deferred_stream = stream;
+    c->polls = 3;
+    return in_progress();
+  }
   if (cudaLaunchHostFunc(stream, gather_fn, g) != cudaSuccess) {
     atomic_fetch_sub(&c->queued, 1);
     free(g);
     return ncclUnhandledCudaError;
   }
-  if (c->fail_async) atomic_store(&c->async, ncclSystemError);
+  return ncclSuccess;
+}
+
+/* nccl.h: "flushes all issued communications, and marks communicator
+ * state as ncclInProgress"; non-blocking: returns at once, and
+ * ncclCommGetAsyncError answers ncclInProgress until the gathers queued on
+ * it have run; blocking: returns once they have. */
+ncclResult_t ncclCommFinalize(ncclComm_t c) {
+  if (!c) return ncclInvalidArgument;
+  if (atomic_load(&c->aborted)) return ncclInvalidUsage;
+  if (c->nonblocking) {
+    c->finalizing = true;
+    c->polls = 2;
+    return in_progress();
+  }
+  while (atomic_load(&c->queued)) nap();
   return ncclSuccess;
 }
 
@@ -319,6 +399,11 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
   close(c->fd);
   free(c);
   return ncclSuccess;
+}
+
+/* For tests (dlsym): calls that answered ncclInProgress in this process. */
+uint64_t fakenccl_in_progress_answers(void) {
+  return atomic_load(&in_progress_answers);
 }
 
 /* For tests (dlsym): gathers this process has queued on c and not finished. */

@@ -191,6 +191,192 @@ static void test_failed_free_keeps_bytes(void **state) {
   mlo_platform_close(plat);
 }
 
+/* ---- the CUDA desk review (docs/reviews: cuda-2026-12) ------------------ */
+
+static void *fake_fn(const char *name) {
+  void *fn = dlsym(RTLD_DEFAULT, name);
+  assert_non_null(fn);
+  return fn;
+}
+
+/* Log lines at INFO and above, kept for a test to search. */
+static char logged[8192];
+
+static void keep_log(mlo_log_level level, const char *msg, void *user) {
+  (void)level, (void)user;
+  size_t len = strlen(logged);
+  snprintf(logged + len, sizeof logged - len, "%s\n", msg);
+}
+
+static void capture_log(void) {
+  logged[0] = 0;
+  mlo_set_log(keep_log, NULL, MLO_LOG_INFO);
+}
+
+static void stop_capture(void) {
+  mlo_set_log(NULL, NULL, MLO_LOG_WARN);
+}
+
+/* A copy-side event that stays in flight until the gate opens: COPY waits
+ * for a compute record behind the gated kernel, then copies and records. */
+static void in_flight_copy(mlo_platform *plat, mlo_event *gate, mlo_event *ev, void *block,
+                           const void *src, size_t n) {
+  queue_gated_kernel(plat);
+  assert_ok(mlo_plat_event_record_compute(plat, gate));
+  assert_ok(mlo_plat_copy_wait(plat, gate));
+  assert_ok(mlo_plat_copy_h2d(plat, block, 0, src, n));
+  assert_ok(mlo_plat_event_record_copy(plat, ev));
+}
+
+/* D1: a query of an in-flight load answers busy and leaves the thread's
+ * last error clean (mlo.torch shares libcudart with torch, whose next
+ * kernel launch check would raise "device not ready"); an error the caller
+ * had not read yet is not swallowed by it. */
+static void test_query_leaves_last_error(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  mlo_event *gate = NULL, *ev = NULL;
+  assert_ok(mlo_plat_event_create(plat, &gate));
+  assert_ok(mlo_plat_event_create(plat, &ev));
+  const size_t n = 4096;
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(plat, n, &block));
+  char *src = malloc(n);
+  assert_non_null(src);
+  memset(src, 7, n);
+  (void)cudaGetLastError();
+  in_flight_copy(plat, gate, ev, block, src, n);
+  assert_int_equal(mlo_plat_event_query(plat, ev), MLO_EBUSY);
+  assert_int_equal(cudaPeekAtLastError(), cudaSuccess);
+  /* the caller's own unread error stays for them to read */
+  assert_int_equal(cudaSetDevice(99), cudaErrorInvalidDevice);
+  assert_int_equal(mlo_plat_event_query(plat, ev), MLO_EBUSY);
+  assert_int_not_equal(cudaGetLastError(), cudaSuccess);
+  assert_int_equal(cudaPeekAtLastError(), cudaSuccess);
+  atomic_store(&gate_open, 1);
+  assert_ok(mlo_plat_event_sync(plat, ev));
+  assert_int_equal(mlo_plat_event_query(plat, ev), MLO_OK);
+  assert_int_equal(cudaPeekAtLastError(), cudaSuccess);
+  assert_ok(mlo_plat_dev_free(plat, block, n));
+  mlo_plat_event_destroy(plat, ev);
+  mlo_plat_event_destroy(plat, gate);
+  free(src);
+  mlo_platform_close(plat);
+}
+
+/* D13: after an error that leaves the context unusable (cudaErrorUnknown,
+ * an uncorrectable ECC error) the platform stops calling the runtime: one
+ * refused call, one log line, then every entry point answers at once. */
+static void sticky_case(cudaError_t e) {
+  void (*inject)(cudaError_t) = (void (*)(cudaError_t))fake_fn("fakecuda_inject_sticky");
+  uint64_t (*refused)(void) = (uint64_t(*)(void))fake_fn("fakecuda_sticky_calls");
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  mlo_event *ev = NULL;
+  assert_ok(mlo_plat_event_create(plat, &ev));
+  assert_ok(mlo_plat_event_record_copy(plat, ev));
+  assert_ok(mlo_plat_event_sync(plat, ev));
+  capture_log();
+  inject(e);
+  assert_int_equal(mlo_plat_event_query(plat, ev), MLO_EPLATFORM);
+  assert_int_equal(refused(), 1);
+  assert_int_equal(mlo_plat_event_query(plat, ev), MLO_EPLATFORM);
+  assert_int_equal(mlo_plat_event_record_copy(plat, ev), MLO_EPLATFORM);
+  assert_int_equal(mlo_plat_synchronize(plat), MLO_EPLATFORM);
+  assert_int_equal(refused(), 1);
+  stop_capture();
+  if (!strstr(logged, "the device context is lost")) fail_msg("not called lost: %s", logged);
+  inject(cudaSuccess);
+  mlo_plat_event_destroy(plat, ev);
+  mlo_platform_close(plat);
+}
+
+static void test_unknown_and_ecc_are_sticky(void **state) {
+  (void)state;
+  sticky_case(cudaErrorUnknown);
+  sticky_case(cudaErrorECCUncorrectable);
+}
+
+/* D15: memory its owner page-locked already (cudaHostAlloc, as torch's
+ * pin_memory() does) counts as pinned, is not registered again, and is
+ * left pinned (not unregistered) when mlo lets go of it. */
+static void test_caller_pinned_counts_as_pinned(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  const size_t n = 64 * 1024;
+  void *pinned = NULL;
+  assert_int_equal(cudaHostAlloc(&pinned, n, cudaHostAllocPortable), cudaSuccess);
+  capture_log();
+  assert_ok(mlo_plat_host_register(plat, pinned, n, true));
+  assert_ok(mlo_plat_host_register(plat, (char *)pinned + 4096, 4096, false));
+  assert_int_equal(fake_registered_bytes(), 0);
+  mlo_plat_host_unregister(plat, (char *)pinned + 4096);
+  mlo_plat_host_unregister(plat, pinned);
+  stop_capture();
+  if (strstr(logged, "cudaHostUnregister")) fail_msg("unregistered the caller's: %s", logged);
+  struct cudaPointerAttributes a;
+  assert_int_equal(cudaPointerGetAttributes(&a, pinned), cudaSuccess);
+  assert_int_equal(a.type, cudaMemoryTypeHost);
+  assert_int_equal(cudaFreeHost(pinned), cudaSuccess);
+  /* pageable memory is registered, and unregistered, as before */
+  void *plain = aligned_alloc(4096, n);
+  assert_non_null(plain);
+  assert_int_equal(cudaPointerGetAttributes(&a, plain), cudaSuccess);
+  assert_int_equal(a.type, cudaMemoryTypeUnregistered);
+  assert_ok(mlo_plat_host_register(plat, plain, n, false));
+  assert_int_equal(fake_registered_bytes(), n);
+  mlo_plat_host_unregister(plat, plain);
+  assert_int_equal(fake_registered_bytes(), 0);
+  free(plain);
+  mlo_platform_close(plat);
+}
+
+/* D12 (with MLO_FAKECUDA_HOSTALLOC_FAIL=1): cudaHostAlloc's out of memory
+ * is the host's page-locked memory, and is logged so, never as the
+ * device's. */
+static void test_host_oom_named_host(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  capture_log();
+  void *p = NULL;
+  bool got = true;
+  assert_ok(mlo_plat_host_alloc(plat, 1 << 20, true, &p, &got));
+  stop_capture();
+  assert_false(got);
+  if (strstr(logged, "device out of memory")) fail_msg("host OOM logged as device's: %s", logged);
+  if (!strstr(logged, "page-locked host memory")) fail_msg("host OOM not named: %s", logged);
+  mlo_plat_host_free(plat, p, 1 << 20, false);
+  mlo_platform_close(plat);
+}
+
+static void ignore_trace(const mlo_trace_event *ev, void *user) {
+  (void)ev, (void)user;
+}
+
+/* D7: loads queue no host function behind their copy-side records unless
+ * a trace is attached (with one, as before: its loads end at the stamp). */
+static void test_stamps_only_when_traced(void **state) {
+  (void)state;
+  uint64_t (*host_fns)(void) = (uint64_t(*)(void))fake_fn("fakecuda_host_fns");
+  mlo_set_log(NULL, NULL, MLO_LOG_WARN);
+  mlo_platform *plat = NULL;
+  tu_pipe *tp = two_dits(&plat);
+  mlo_component *dit1 = tu_comp(tp, "transformer"), *dit2 = tu_comp(tp, "transformer_2");
+  uint64_t n0 = host_fns();
+  assert_ok(tu_forward(tp, dit1));
+  assert_ok(tu_forward(tp, dit2));
+  assert_int_equal(host_fns(), n0);
+  mlo_pipeline_set_trace(tp->pipe, ignore_trace, NULL);
+  assert_ok(tu_forward(tp, dit1));
+  assert_true(host_fns() > n0);
+  mlo_pipeline_set_trace(tp->pipe, NULL, NULL);
+  uint64_t n1 = host_fns();
+  assert_ok(tu_forward(tp, dit2));
+  assert_int_equal(host_fns(), n1);
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 int main(int argc, char **argv) {
   if (!dlsym(RTLD_DEFAULT, "fakecuda_contexts_created")) {
     fprintf(stderr, "the CUDA runtime loaded is not tests/fakecuda's\n");
@@ -198,7 +384,8 @@ int main(int argc, char **argv) {
   }
   const char *mode = argc > 1 ? argv[1] : "";
   if (!strcmp(mode, "pageable")) {
-    const struct CMUnitTest pageable[] = {cmocka_unit_test(test_pageable_slab_registered)};
+    const struct CMUnitTest pageable[] = {cmocka_unit_test(test_pageable_slab_registered),
+                                          cmocka_unit_test(test_host_oom_named_host)};
     return cmocka_run_group_tests(pageable, NULL, NULL);
   }
   if (!strcmp(mode, "free-fails")) {
@@ -208,6 +395,10 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_free_waits_for_own_use_only),
       cmocka_unit_test(test_free_never_before_queued_use),
+      cmocka_unit_test(test_query_leaves_last_error),
+      cmocka_unit_test(test_stamps_only_when_traced),
+      cmocka_unit_test(test_caller_pinned_counts_as_pinned),
+      cmocka_unit_test(test_unknown_and_ecc_are_sticky),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
