@@ -23,6 +23,13 @@
  * memory (slab.c) and warns about what stays pageable. */
 #define DEFAULT_CHUNK ((uint64_t)64 << 20)
 
+/* A memory pool maps physical memory in whole granules (the allocation
+ * granularity, 2 MiB on the GPUs CUDA 12 and 13 support), and its maxSize
+ * (capacity=) bounds what it has mapped, not the bytes asked for: each
+ * block counts against the capacity as the granules it may take, so that a
+ * size the capacity says is free is one the pool can map (issue D4). */
+#define CU_GRANULE ((uint64_t)2 << 20)
+
 struct cuda_options {
   unsigned long index;
   int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
@@ -47,7 +54,7 @@ struct cuda_ctx {
   pthread_mutex_t lock;
   bool warned_pageable;
   uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
-  uint64_t used;     /* bytes of live blocks; guarded by lock */
+  uint64_t used;     /* live blocks, in whole granules (CU_GRANULE); guarded by lock */
   /* A sticky error (an illegal address, a kernel fault) poisons the context
    * for good: every later call fails the same way.  The first one is kept
    * and every entry point answers MLO_EPLATFORM with it, without calling

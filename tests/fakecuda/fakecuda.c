@@ -20,7 +20,10 @@
  *    pageable memory returns once done (as the driver's staging does); a
  *    copy into memory registered read-only fails;
  *  - stream-ordered memory: pools (maxSize, release threshold, internal
- *    reuse dependencies), cudaFreeAsync frees when its stream reaches it
+ *    reuse dependencies; new memory mapped in 2 MiB granules, refused past
+ *    maxSize counted in them, the idle reserve given back only at a
+ *    synchronize over the threshold or cudaMemPoolTrimTo), cudaFreeAsync
+ *    frees when its stream reaches it
  *    and fills the memory with 0xA5, so a use after the free reads
  *    garbage; a device access of freed memory is also counted
  *    (fakecuda_use_after_free);
