@@ -14,6 +14,8 @@
  *    events complete when their stream reaches them (a wait captures the
  *    record it waits for); cudaStreamWaitEvent holds that stream's worker;
  *    cudaLaunchHostFunc runs on the worker, in order;
+ *  - host registration is page-granular: a range on a page already
+ *    page-locked is refused as already registered;
  *  - copies run when their stream reaches them, optionally slowed
  *    (MLO_FAKECUDA_COPY_US per copy, MLO_FAKECUDA_BW bytes/s) to widen
  *    races; a pageable source is snapshotted at the call, a copy into

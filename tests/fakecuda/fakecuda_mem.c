@@ -36,6 +36,7 @@ struct fc_host {
   size_t size;
   bool allocated, read_only;
   struct fc_host *next;
+  char *lo, *hi; /* the whole pages it locks (D9, add_host) */
 };
 
 /* D4: a stream-ordered pool maps physical memory in whole granules (the
@@ -359,12 +360,27 @@ static struct fc_host *find_host(const void *p, size_t n) {
   return NULL;
 }
 
+/* D9: page-locking is page-granular: cudaHostRegister locks every page the
+ * range touches, and a range on a page already locked is refused with
+ * cudaErrorHostMemoryAlreadyRegistered ("the memory range passed to
+ * cudaHostRegister() has already been registered", driver_types.h), even
+ * where the bytes do not overlap. */
+#define FC_PAGE ((uintptr_t)4096)
+
+static struct fc_host *find_pages(const char *lo, const char *hi) {
+  for (struct fc_host *h = hosts; h; h = h->next)
+    if (lo < h->hi && hi > h->lo) return h;
+  return NULL;
+}
+
 static cudaError_t add_host(void *ptr, size_t size, bool allocated, bool read_only) {
   struct fc_host *h = calloc(1, sizeof *h);
   if (!h) return fc_fail(cudaErrorMemoryAllocation);
-  *h = (struct fc_host){ptr, size, allocated, read_only, NULL};
+  char *lo = (char *)((uintptr_t)ptr / FC_PAGE * FC_PAGE);
+  char *hi = (char *)(((uintptr_t)ptr + size + FC_PAGE - 1) / FC_PAGE * FC_PAGE);
+  *h = (struct fc_host){ptr, size, allocated, read_only, NULL, lo, hi};
   pthread_mutex_lock(&fc.lock);
-  bool overlap = find_host(ptr, size) != NULL;
+  bool overlap = find_pages(lo, hi) != NULL;
   if (!overlap) {
     h->next = hosts;
     hosts = h;

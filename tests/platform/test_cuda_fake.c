@@ -192,6 +192,38 @@ static void test_failed_free_keeps_bytes(void **state) {
   mlo_platform_close(plat);
 }
 
+/* ---- D9: caller tensors sharing a page ---------------------------------- */
+
+/* Two caller tensors on one page (the fake's registration is page-granular,
+ * as the runtime's): both are page-locked, by one registration of their
+ * pages, so nothing is left pageable and no load warns about it. */
+static void test_shared_page_pinned(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  char *page = aligned_alloc(4096, 4096);
+  assert_non_null(page);
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *enc = NULL, *dit = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "text_encoder", MLO_ROLE_ENCODER, &enc));
+  assert_ok(mlo_component_add(tp->pipe, "transformer", MLO_ROLE_DIT, &dit));
+  tu_add_tensor_at(tp, enc, "a", 1024, MLO_TENSOR_EXTERNAL, page);
+  tu_add_tensor_at(tp, enc, "b", 1024, MLO_TENSOR_EXTERNAL, page + 2048);
+  tu_add_tensor(tp, dit, "w", 4096, 0);
+  tu_log_capture_begin();
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  assert_int_equal(fake_registered_bytes(), 4096);
+  assert_ok(tu_forward(tp, enc));
+  assert_ok(tu_forward(tp, dit));
+  bool pageable = tu_log_contains("pageable");
+  tu_log_capture_end();
+  assert_false(pageable);
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  assert_int_equal(fake_registered_bytes(), 0);
+  free(page);
+  mlo_platform_close(plat);
+}
+
 /* ---- D4: capacity= in the pool's granules -------------------------------- */
 
 /* The fake's pool maps 2 MiB granules and refuses past maxSize (=
@@ -254,6 +286,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_free_waits_for_own_use_only),
       cmocka_unit_test(test_free_never_before_queued_use),
       cmocka_unit_test(test_capacity_counts_granules),
+      cmocka_unit_test(test_shared_page_pinned),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
