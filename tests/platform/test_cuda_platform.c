@@ -47,13 +47,23 @@ static void test_bad_specs(void **state) {
     const char *spec;
     const char *needle;
   } cases[] = {
-      {"cuda:x", "device index"},           {"cuda:-1", "device index"},
-      {"cuda:0x1", "device index"},         {"cuda:0:bogus=1", "bogus"},
-      {"cuda:0:pinned=2", "pinned"},        {"cuda:0:chunk=12", "chunk"},
-      {"cuda:0:chunk=lots", "chunk"},       {"cuda:0:pinned", "pinned"},
-      {"cuda:0:capacity=lots", "capacity"}, {"cuda:0:capacity=0", "capacity"},
-      {"cuda:0:stream=-1", "stream"},       {"cuda:0:stream=fast", "stream"},
+      {"cuda:x", "device index"},
+      {"cuda:-1", "device index"},
+      {"cuda:0x1", "device index"},
+      {"cuda:0:bogus=1", "bogus"},
+      {"cuda:0:pinned=2", "pinned"},
+      {"cuda:0:chunk=12", "chunk"},
+      {"cuda:0:chunk=lots", "chunk"},
+      {"cuda:0:pinned", "pinned"},
+      {"cuda:0:capacity=lots", "capacity"},
+      {"cuda:0:capacity=0", "capacity"},
+      {"cuda:0:stream=-1", "stream"},
+      {"cuda:0:stream=fast", "stream"},
       {"cuda:0:stream=", "stream"},
+      /* the runtime's special handles: cudaStreamLegacy, cudaStreamPerThread */
+      {"cuda:0:stream=1", "stream=1"},
+      {"cuda:0:stream=2", "stream=2"},
+      {"cuda:0:stream=0x2", "cudaStreamPerThread"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlo_platform *p = (mlo_platform *)&p; /* must come back NULL */
