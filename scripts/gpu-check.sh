@@ -27,7 +27,8 @@
 #                          (API errors not reported; the deliberate
 #                          allocation failure, the unordered negative control
 #                          and the driver-memory figures left out:
-#                          MLO_UNDER_SANITIZER=1); last, as the slowest
+#                          MLO_UNDER_SANITIZER=1); run right after 1, so
+#                          that the deadline cuts the tool's steps first
 #
 # Every step has a time limit and the whole a deadline (default 400 s).  A
 # step FAILs only for a real defect: one that cannot run here (exit 77: no
@@ -125,7 +126,14 @@ for lib in "$pack"/libs/*; do
   *) cp "$lib" "$libs/" ;;
   esac
 done
-libpath="$libs:/usr/local/cuda/lib64:/usr/local/cuda/lib"
+# The CUDA runtime and cuBLAS the modules NEED (libcudart, libcublas,
+# libcublasLt): the toolkit's, then those of pip wheels in the python's
+# site-packages (nvidia/<name>/lib: nvidia/cu13/lib, nvidia/cuda_runtime/lib,
+# nvidia/cublas/lib), where an image has no toolkit of its own.
+wheel_libs=$(timeout 20 python3 -c 'import glob, os, nvidia
+print(":".join(d for p in nvidia.__path__ for d in sorted(glob.glob(os.path.join(p, "*", "lib")))))' \
+  2>/dev/null || true)
+libpath="$libs:/usr/local/cuda/lib64:/usr/local/cuda/lib${wheel_libs:+:$wheel_libs}"
 # mlo's programs: the pack's libraries, its modules (the CUDA platform and
 # the workload's cuBLAS back-end: docs/modules.md)
 mlo_env=(env "LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -184,6 +192,10 @@ step() {
   echo "torch: $(timeout 20 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -1)"
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   echo "compute-sanitizer: ${sanitizer:-not found}"
+  echo "== CUDA libraries on the path (the toolkit's, then the wheels')"
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib ${wheel_libs//:/ }; do
+    ls -1 "$d"/libcudart.so* "$d"/libcublas.so* "$d"/libcublasLt.so* 2>/dev/null
+  done
   echo "== ldd of every carried binary (the pack's libraries first)"
   for b in "$bin"/* "$pack"/modules/*; do
     [ -f "$b" ] || continue
@@ -219,6 +231,29 @@ fi
 
 # --- 1: the platform's own tests --------------------------------------------
 step platform_cuda 90 "${mlo_env[@]}" "$bin/platform_cuda"
+# --- 9: memcheck, right after the platform's tests: the only step that sees
+# a device-side stream-ordered race, so the deadline must not cut it --------
+memcheck() {
+  local raw="$out/memcheck-raw.log"
+  "${mlo_env[@]}" MLO_UNDER_SANITIZER=1 "$sanitizer" --tool memcheck --report-api-errors no \
+    --track-stream-ordered-races all --leak-check full --error-exitcode 3 "$bin/platform_cuda" \
+    >"$raw" 2>&1
+  local rc=$?
+  cat "$raw"
+  if [ $rc -ne 0 ] && grep -q "Device not supported" "$raw"; then
+    echo "skipped: compute-sanitizer says Device not supported on this machine"
+    return 77
+  fi
+  return $rc
+}
+if [ -n "$sanitizer" ]; then
+  export -f memcheck
+  export sanitizer bin out
+  step memcheck 150 bash -c "$(declare -p mlo_env); memcheck"
+else
+  say "SKIPPED memcheck: compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+fi
+
 # --- 2, 3: the contract and the example ------------------------------------
 contract() { # every contract program on $plat; none found is a failure
   local n=0 failed=0
@@ -333,28 +368,6 @@ EOF
 else
   say "FAIL run: the pipeline's size could not be read (mlo inspect)"
   status=1
-fi
-
-# --- 9: memcheck, last: the slowest, and the deadline may cut it -------------
-memcheck() {
-  local raw="$out/memcheck-raw.log"
-  "${mlo_env[@]}" MLO_UNDER_SANITIZER=1 "$sanitizer" --tool memcheck --report-api-errors no \
-    --track-stream-ordered-races all --leak-check full --error-exitcode 3 "$bin/platform_cuda" \
-    >"$raw" 2>&1
-  local rc=$?
-  cat "$raw"
-  if [ $rc -ne 0 ] && grep -q "Device not supported" "$raw"; then
-    echo "skipped: compute-sanitizer says Device not supported on this machine"
-    return 77
-  fi
-  return $rc
-}
-if [ -n "$sanitizer" ]; then
-  export -f memcheck
-  export sanitizer bin out
-  step memcheck 150 bash -c "$(declare -p mlo_env); memcheck"
-else
-  say "SKIPPED memcheck: compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
 fi
 
 exit $status

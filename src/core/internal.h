@@ -67,7 +67,7 @@ struct mlo_tensor {
   /* storage */
   uint64_t dev_offset; /* offset in the device block (and in the slab) */
   void *host;          /* host copy after materialization */
-  bool registered;     /* EXTERNAL: page-locked in place by the platform */
+  bool registered;     /* EXTERNAL: page-locked in place by the platform (in a run) */
   bool registered_ro;  /* ... read-only: nothing may be copied back into it */
   /* its piece of the forward (blocks.c): from the name, or declared */
   struct mlo_block_key bkey;
@@ -88,6 +88,14 @@ struct mlo_group {
   char *name;
   mlo_component **members;
   size_t count, cap;
+};
+
+/* A page-rounded range of caller memory registered with the platform, and
+ * whether read-only (every tensor in it is only ever read). */
+struct mlo_ext_run {
+  char *base;
+  size_t bytes;
+  bool ro;
 };
 
 struct mlo_component {
@@ -114,7 +122,11 @@ struct mlo_component {
   bool slab_registered_ro; /* ... read-only (no mutable tensor in it) */
   uint64_t block_bytes;    /* slab_bytes + external tensors, aligned */
   uint64_t pageable_bytes; /* of the block, copied from pageable host memory */
-  bool warned_pageable;    /* its first load said so */
+  /* caller-owned tensors page-locked in place: one registration per run of
+   * tensors whose pages meet (registration is page-granular), slab.c */
+  struct mlo_ext_run *ext_runs;
+  size_t next_runs;
+  bool warned_pageable; /* its first load said so */
   /* the pieces of its forward, as laid out (blocks.c, slab.c) */
   bool blocks_declared; /* a tensor's block was declared: names are not read */
   size_t nblocks;

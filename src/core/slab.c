@@ -127,25 +127,96 @@ typedef struct {
 /* Caller-owned tensors are copied from where the caller keeps them (C7);
  * where the platform can page-lock memory in place and pinning is on, they
  * are (never SHARDED ones: a distributed tensor's storage is not ours to
- * pin, as the specification says of DTensors).  What stays pageable is
- * added to *pageable. */
+ * pin, as the specification says of DTensors).  Registration is
+ * page-granular (cudaHostRegister pins whole pages, and a second range on
+ * a page already registered is refused as already registered), so tensors
+ * whose pages meet are registered once, as one run over the union of their
+ * pages, as the disk tier's runs are (disk.c, pin_runs): read-only only
+ * where every tensor in the run is.  What stays pageable is added to
+ * *pageable. */
+static bool may_register(const mlo_tensor *t) {
+  return !t->target && is_external(t) && t->nbytes && !(t->flags & MLO_TENSOR_SHARDED);
+}
+
+/* read-only where nothing is ever copied back into it (issue 25.2: a
+ * write-back into memory CUDA registered read-only fails) */
+static bool wants_ro(const mlo_component *c, const mlo_tensor *t) {
+  return !(t->flags & MLO_TENSOR_MUTABLE) && !c->pipe->settings.copy_back;
+}
+
+static int by_source(const void *a, const void *b) {
+  const char *x = (*(mlo_tensor *const *)a)->src_data, *y = (*(mlo_tensor *const *)b)->src_data;
+  return x < y ? -1 : x > y;
+}
+
+/* The tensors whose source lies in run r. */
+static bool in_run(const struct mlo_ext_run *r, const mlo_tensor *t) {
+  const char *p = t->src_data;
+  return t->registered && p >= r->base && p < r->base + r->bytes;
+}
+
 static void register_external(mlo_component *c, uint64_t *pageable) {
   mlo_pipeline *pipe = c->pipe;
   bool may = pipe->pin_host && pipe->platform->caps.host_register && !mlo_env_flag("MLO_NO_PINNED");
+  mlo_tensor **list = NULL;
+  size_t n = 0;
+  if (may && !c->ext_runs && c->ntensors && (list = mlo_malloc(c->ntensors * sizeof *list)) &&
+      !(c->ext_runs = mlo_calloc(c->ntensors, sizeof *c->ext_runs))) {
+    free(list);
+    list = NULL;
+  }
+  for (size_t i = 0; list && i < c->ntensors; i++)
+    if (may_register(c->tensors[i]) && !c->tensors[i]->registered) list[n++] = c->tensors[i];
+  if (n) qsort(list, n, sizeof *list, by_source);
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = 0, hi = 0;
+  bool ro = true;
+  for (size_t i = 0, first = 0; i <= n; i++) {
+    uintptr_t a = 0, b = 0;
+    if (i < n) {
+      a = (uintptr_t)list[i]->src_data / page * page;
+      b = ((uintptr_t)list[i]->src_data + (uintptr_t)list[i]->nbytes + page - 1) / page * page;
+    }
+    if (i > first && (i == n || a >= hi)) { /* the run [first, i) shares no page with i */
+      c->stats.platform_calls++;
+      bool ok = mlo_plat_host_register(pipe->platform, (void *)lo, (size_t)(hi - lo), ro) == MLO_OK;
+      if (ok) c->ext_runs[c->next_runs++] = (struct mlo_ext_run){(char *)lo, hi - lo, ro};
+      for (size_t k = first; k < i; k++) {
+        list[k]->registered = ok;
+        list[k]->registered_ro = ok && ro;
+      }
+      first = i;
+    }
+    if (i == n) break;
+    if (i == first) {
+      lo = a;
+      hi = b;
+      ro = true;
+    } else if (b > hi) {
+      hi = b;
+    }
+    ro = ro && wants_ro(c, list[i]);
+  }
+  free(list);
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
-    if (t->target || !is_external(t) || !t->nbytes) continue;
-    if (may && !(t->flags & MLO_TENSOR_SHARDED) && !t->registered) {
-      /* read-only where nothing is ever copied back into it (issue 25.2:
-       * a write-back into memory CUDA registered read-only fails) */
-      bool ro = !(t->flags & MLO_TENSOR_MUTABLE) && !pipe->settings.copy_back;
-      c->stats.platform_calls++;
-      t->registered = mlo_plat_host_register(pipe->platform, (void *)t->src_data, (size_t)t->nbytes,
-                                             ro) == MLO_OK;
-      t->registered_ro = t->registered && ro;
-    }
-    if (!t->registered) *pageable += t->nbytes;
+    if (!t->target && is_external(t) && t->nbytes && !t->registered) *pageable += t->nbytes;
   }
+}
+
+/* Unregisters every run of caller memory (nothing queued reads it: the
+ * platform drains its copies first). */
+static void unregister_external(mlo_component *c) {
+  for (size_t r = 0; r < c->next_runs; r++) {
+    c->stats.platform_calls++;
+    mlo_plat_host_unregister(c->pipe->platform, c->ext_runs[r].base);
+  }
+  for (size_t i = 0; i < c->ntensors; i++) {
+    c->tensors[i]->registered = false;
+    c->tensors[i]->registered_ro = false;
+  }
+  free(c->ext_runs);
+  c->ext_runs = NULL;
+  c->next_runs = 0;
 }
 
 /* What materializing one component builds, step by step (below). */
@@ -617,15 +688,23 @@ int mlo_slab_materialize(mlo_component *c) {
 
 void mlo_slab_allow_writeback(mlo_component *c) {
   mlo_platform *p = c->pipe->platform;
-  for (size_t i = 0; i < c->ntensors; i++) {
-    mlo_tensor *t = c->tensors[i];
-    if (!t->registered_ro) continue;
+  for (size_t r = 0; r < c->next_runs; r++) {
+    struct mlo_ext_run *run = &c->ext_runs[r];
+    if (!run->ro) continue;
     c->stats.platform_calls += 2;
-    mlo_plat_host_unregister(p, (void *)t->src_data);
-    t->registered = mlo_plat_host_register(p, (void *)t->src_data, (size_t)t->nbytes, false) ==
-                    MLO_OK; /* else pageable: copied below link speed, still right */
-    t->registered_ro = false;
-    if (!t->registered) c->pageable_bytes += t->nbytes;
+    mlo_plat_host_unregister(p, run->base);
+    /* else pageable: copied below link speed, still right */
+    bool ok = mlo_plat_host_register(p, run->base, run->bytes, false) == MLO_OK;
+    for (size_t i = 0; i < c->ntensors; i++) {
+      mlo_tensor *t = c->tensors[i];
+      if (!in_run(run, t)) continue;
+      t->registered = ok;
+      t->registered_ro = false;
+      if (!ok) c->pageable_bytes += t->nbytes;
+    }
+    run->ro = false;
+    if (!ok) /* gone: the last one takes its place, looked at next */
+      c->ext_runs[r--] = c->ext_runs[--c->next_runs];
   }
   if (c->slab_registered_ro) {
     c->stats.platform_calls += 2;
@@ -641,13 +720,7 @@ void mlo_slab_allow_writeback(mlo_component *c) {
 }
 
 void mlo_slab_free(mlo_component *c) {
-  for (size_t i = 0; i < c->ntensors; i++) {
-    mlo_tensor *t = c->tensors[i];
-    if (!t->registered) continue;
-    c->stats.platform_calls++;
-    mlo_plat_host_unregister(c->pipe->platform, (void *)t->src_data);
-    t->registered = false;
-  }
+  unregister_external(c);
   if (c->on_disk) {
     mlo_disk_free_partial(c);
     free(c->disk_files);

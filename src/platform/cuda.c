@@ -141,6 +141,13 @@ void cu_leave(struct cuda_ctx *c, const mlo_cu_guard *g) {
 
 /* ---- device blocks ------------------------------------------------------ */
 
+/* What a block of `bytes` counts against the capacity: whole granules
+ * (UINT64_MAX where that does not fit a size). */
+static uint64_t granules(size_t bytes) {
+  uint64_t n = bytes ? (uint64_t)bytes : 1;
+  return n > UINT64_MAX - CU_GRANULE ? UINT64_MAX : (n + CU_GRANULE - 1) & ~(CU_GRANULE - 1);
+}
+
 static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   struct cuda_ctx *c = ctx;
   *block = NULL;
@@ -149,9 +156,10 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   if (rc) return rc;
   /* Reserve against the capacity first (capacity= lets a big GPU stand in
    * for a smaller one), so two threads cannot both pass the check. */
+  uint64_t need = granules(bytes);
   pthread_mutex_lock(&c->lock);
-  bool fits = bytes <= c->capacity - c->used;
-  if (fits) c->used += bytes;
+  bool fits = need <= c->capacity - c->used;
+  if (fits) c->used += need;
   pthread_mutex_unlock(&c->lock);
   if (!fits) {
     cu_leave(c, &g);
@@ -164,9 +172,15 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   if (e == cudaErrorMemoryAllocation && c->pool) {
     /* A block freed with cudaFreeAsync behind queued work may not count as
      * free until the host has seen the free complete: drain the release
-     * stream and try once more before calling it out of memory. */
+     * stream.  The pool's idle reserve (freed blocks too small or too
+     * scattered for this one) still counts against its maxSize, and the
+     * runtime promises to give it back only at cudaMemPoolTrimTo (or a
+     * synchronize over the release threshold, which capped is the whole
+     * cap): trim it, then try once more before calling it out of memory.
+     * What backs live blocks is never released by a trim. */
     (void)cudaGetLastError();
-    if (cu_stream_sync(c, c->release, "cudaStreamSynchronize(release)") == MLO_OK)
+    if (cu_stream_sync(c, c->release, "cudaStreamSynchronize(release)") == MLO_OK &&
+        cu_status(c, cudaMemPoolTrimTo(c->pool, 0), "cudaMemPoolTrimTo") == MLO_OK)
       e = cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy);
   }
   rc = cu_status(c, e, "allocating a device block");
@@ -174,7 +188,7 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
     *block = ptr;
   } else {
     pthread_mutex_lock(&c->lock);
-    c->used -= bytes;
+    c->used -= need;
     pthread_mutex_unlock(&c->lock);
   }
   cu_leave(c, &g);
@@ -186,7 +200,7 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
 static int freed(struct cuda_ctx *c, size_t bytes, int rc) {
   if (rc) return rc;
   pthread_mutex_lock(&c->lock);
-  c->used -= bytes;
+  c->used -= granules(bytes);
   pthread_mutex_unlock(&c->lock);
   return MLO_OK;
 }

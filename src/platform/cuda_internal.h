@@ -23,6 +23,13 @@
  * memory (slab.c) and warns about what stays pageable. */
 #define DEFAULT_CHUNK ((uint64_t)64 << 20)
 
+/* A memory pool maps physical memory in whole granules (the allocation
+ * granularity, 2 MiB on the GPUs CUDA 12 and 13 support), and its maxSize
+ * (capacity=) bounds what it has mapped, not the bytes asked for: each
+ * block counts against the capacity as the granules it may take, so that a
+ * size the capacity says is free is one the pool can map (issue D4). */
+#define CU_GRANULE ((uint64_t)2 << 20)
+
 struct cuda_options {
   unsigned long index;
   int pinned;        /* -1: on unless MLO_NO_PINNED=1 */
@@ -48,7 +55,7 @@ struct cuda_ctx {
   bool warned_pageable;
   int stamp_users;   /* traces that want event_time's stamps (want_stamps); guarded by lock */
   uint64_t capacity; /* bytes mlo may hand out: capacity= or the device's total */
-  uint64_t used;     /* bytes of live blocks; guarded by lock */
+  uint64_t used;     /* live blocks, in whole granules (CU_GRANULE); guarded by lock */
   /* host_register of memory its owner had page-locked already: counted as
    * pinned, never unregistered by us (one entry per register); guarded by
    * lock. */

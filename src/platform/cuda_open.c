@@ -53,6 +53,19 @@ static int cu_option(const char *key, const char *value, void *user, char *err, 
                value);
       return MLO_EINVAL;
     }
+    /* 1 (cudaStreamLegacy) and 2 (cudaStreamPerThread) are not streams but
+     * names the runtime resolves per call, the latter per calling thread:
+     * "compute" would then be each thread's own stream, and a free queued
+     * from the disk reader's thread would not be ordered after the user's
+     * kernels.  0 names the legacy stream already. */
+    if (v == (uintptr_t)cudaStreamLegacy || v == (uintptr_t)cudaStreamPerThread) {
+      snprintf(err, errlen,
+               "cuda platform option stream=%s: %s is a special handle, not a stream; give "
+               "the stream the framework launches on (0: the legacy default stream)",
+               value,
+               v == (uintptr_t)cudaStreamLegacy ? "cudaStreamLegacy" : "cudaStreamPerThread");
+      return MLO_EINVAL;
+    }
     o->stream = (uintptr_t)v;
     o->stream_given = true;
     return MLO_OK;

@@ -200,6 +200,17 @@ mlo_tensor *tu_add_tensor(tu_pipe *tp, mlo_component *comp, const char *name, si
   return declare_pattern(tp, comp, name, bytes, &desc);
 }
 
+mlo_tensor *tu_add_tensor_at(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
+                             unsigned flags, void *src) {
+  assert_true(tp->nrecs < TU_MAX_TENSORS);
+  assert_true(bytes % 4 == 0);
+  tu_fill_pattern(src, bytes, tu_seed(mlo_component_name(comp), name));
+  mlo_tensor_desc desc = MLO_TENSOR_DESC_INIT;
+  desc.flags = flags;
+  desc.data = src;
+  return declare_pattern(tp, comp, name, bytes, &desc);
+}
+
 void tu_write_file_pattern(const char *comp_name, const char *name, size_t bytes, const char *path,
                            uint64_t offset) {
   void *src = malloc(bytes ? bytes : 1);

@@ -149,6 +149,10 @@ mlo_component *tu_add_component(tu_pipe *tp, const tu_comp_spec *spec);
 /* Adds a tensor holding the pattern of (component, name), from memory. */
 mlo_tensor *tu_add_tensor(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
                           unsigned flags);
+/* ... the same, in memory the caller gives (and frees after the pipeline):
+ * where two tensors sit decides which pages they share. */
+mlo_tensor *tu_add_tensor_at(tu_pipe *tp, mlo_component *comp, const char *name, size_t bytes,
+                             unsigned flags, void *src);
 /* Writes the pattern of (component, name) into path at offset (the file
  * is created if missing), for tu_add_file_tensor: write every tensor of a
  * file before declaring any (a declaration records the file as it is). */

@@ -14,13 +14,18 @@
  *    events complete when their stream reaches them (a wait captures the
  *    record it waits for); cudaStreamWaitEvent holds that stream's worker;
  *    cudaLaunchHostFunc runs on the worker, in order;
+ *  - host registration is page-granular: a range on a page already
+ *    page-locked is refused as already registered;
  *  - copies run when their stream reaches them, optionally slowed
  *    (MLO_FAKECUDA_COPY_US per copy, MLO_FAKECUDA_BW bytes/s) to widen
  *    races; a pageable source is snapshotted at the call, a copy into
  *    pageable memory returns once done (as the driver's staging does); a
  *    copy into memory registered read-only fails;
  *  - stream-ordered memory: pools (maxSize, release threshold, internal
- *    reuse dependencies), cudaFreeAsync frees when its stream reaches it
+ *    reuse dependencies; new memory mapped in 2 MiB granules, refused past
+ *    maxSize counted in them, the idle reserve given back only at a
+ *    synchronize over the threshold or cudaMemPoolTrimTo), cudaFreeAsync
+ *    frees when its stream reaches it
  *    and fills the memory with 0xA5, so a use after the free reads
  *    garbage; a device access of freed memory is also counted
  *    (fakecuda_use_after_free);

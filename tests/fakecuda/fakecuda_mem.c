@@ -36,7 +36,21 @@ struct fc_host {
   size_t size;
   bool allocated, read_only;
   struct fc_host *next;
+  char *lo, *hi; /* the whole pages it locks (D9, add_host) */
 };
+
+/* D4: a stream-ordered pool maps physical memory in whole granules (the
+ * allocation granularity cuMemGetAllocationGranularity reports, 2 MiB on
+ * current GPUs; cudaMemPoolTrimTo: "The OS allocations may happen at
+ * different granularity from the user allocations"), and maxSize bounds
+ * what it has mapped, so a pool block here takes whole granules of the
+ * reserve and of the device.  The fake never shares a granule between two
+ * allocations (the runtime may, for small ones): the pessimistic side. */
+#define FC_GRANULE ((size_t)2 << 20)
+
+static size_t granules(size_t size) {
+  return size > SIZE_MAX - FC_GRANULE ? SIZE_MAX : (size + FC_GRANULE - 1) & ~(FC_GRANULE - 1);
+}
 
 static struct fc_block *blocks; /* guarded by fc.lock */
 static struct fc_host *hosts;   /* guarded by fc.lock */
@@ -157,6 +171,22 @@ cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
   return cudaSuccess;
 }
 
+/* "Releases memory back to the OS until the pool contains fewer than
+ * minBytesToKeep reserved bytes, or there is no more memory that the
+ * allocator can safely release" (cudaMemPoolTrimTo): only blocks whose free
+ * has run go, and never below minBytesToKeep. */
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep) {
+  if (!pool) return fc_fail(cudaErrorInvalidValue);
+  pthread_mutex_lock(&fc.lock);
+  for (struct fc_block *b = blocks, *next; b; b = next) {
+    next = b->next;
+    if (b->pool == pool && b->state == FC_FREE && pool->reserved >= minBytesToKeep + b->size)
+      release_block(b);
+  }
+  pthread_mutex_unlock(&fc.lock);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
   if (!pool) return fc_fail(cudaErrorInvalidValue);
   pthread_mutex_lock(&fc.lock);
@@ -233,12 +263,18 @@ cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
     fc_enqueue(s, wait);
     wait = NULL;
   }
-  while (!b && ((pool->max_size && pool->reserved + size > pool->max_size) ||
-                device_room(pool->device) < size))
+  /* New memory is mapped in granules, and never past maxSize: a pool at
+   * its limit refuses (cudaErrorMemoryAllocation) rather than give back its
+   * idle reserve, which it does only at a synchronize over its release
+   * threshold or at cudaMemPoolTrimTo (the runtime documents nothing
+   * more).  Short of device memory, it gives back what it holds free. */
+  size_t mapped = granules(size);
+  bool over_max =
+      !b && pool->max_size && (mapped > pool->max_size || pool->reserved > pool->max_size - mapped);
+  while (!b && !over_max && device_room(pool->device) < mapped)
     if (!release_one(pool)) break;
-  if (!b && (!pool->max_size || pool->reserved + size <= pool->max_size) &&
-      device_room(pool->device) >= size)
-    b = new_block(pool->device, size, pool);
+  if (!b && !over_max && device_room(pool->device) >= mapped)
+    b = new_block(pool->device, mapped, pool);
   if (b) {
     b->state = FC_LIVE;
     fc_marker_put(b->freed);
@@ -324,12 +360,27 @@ static struct fc_host *find_host(const void *p, size_t n) {
   return NULL;
 }
 
+/* D9: page-locking is page-granular: cudaHostRegister locks every page the
+ * range touches, and a range on a page already locked is refused with
+ * cudaErrorHostMemoryAlreadyRegistered ("the memory range passed to
+ * cudaHostRegister() has already been registered", driver_types.h), even
+ * where the bytes do not overlap. */
+#define FC_PAGE ((uintptr_t)4096)
+
+static struct fc_host *find_pages(const char *lo, const char *hi) {
+  for (struct fc_host *h = hosts; h; h = h->next)
+    if (lo < h->hi && hi > h->lo) return h;
+  return NULL;
+}
+
 static cudaError_t add_host(void *ptr, size_t size, bool allocated, bool read_only) {
   struct fc_host *h = calloc(1, sizeof *h);
   if (!h) return fc_fail(cudaErrorMemoryAllocation);
-  *h = (struct fc_host){ptr, size, allocated, read_only, NULL};
+  char *lo = (char *)((uintptr_t)ptr / FC_PAGE * FC_PAGE);
+  char *hi = (char *)(((uintptr_t)ptr + size + FC_PAGE - 1) / FC_PAGE * FC_PAGE);
+  *h = (struct fc_host){ptr, size, allocated, read_only, NULL, lo, hi};
   pthread_mutex_lock(&fc.lock);
-  bool overlap = find_host(ptr, size) != NULL;
+  bool overlap = find_pages(lo, hi) != NULL;
   if (!overlap) {
     h->next = hosts;
     hosts = h;

@@ -55,14 +55,15 @@ static uint64_t fake_use_after_free(void) {
   return count();
 }
 
-/* Two DiTs of 1 MiB that cannot both be resident (capacity=1536K, with
- * the encoder and the VAE): loading the second reuses the first's memory, so the load
- * waits for the first's free. */
+/* Two DiTs of 7 MiB that cannot both be resident (capacity=12M, which
+ * holds one with the encoder and the VAE, each block counted in the pool's
+ * 2 MiB granules): loading the second reuses the first's memory, so the
+ * load waits for the first's free. */
 static tu_pipe *two_dits(mlo_platform **plat) {
-  *plat = tu_open_spec("cuda:0:capacity=1536K");
+  *plat = tu_open_spec("cuda:0:capacity=12M");
   const tu_comp_spec specs[] = {{"text_encoder", MLO_ROLE_ENCODER, 1, 4096, 0},
-                                {"transformer", MLO_ROLE_DIT, 4, 256 * 1024, 0},
-                                {"transformer_2", MLO_ROLE_DIT, 4, 256 * 1024, 0},
+                                {"transformer", MLO_ROLE_DIT, 4, 1792 * 1024, 0},
+                                {"transformer_2", MLO_ROLE_DIT, 4, 1792 * 1024, 0},
                                 {"vae", MLO_ROLE_VAE, 1, 64 * 1024, 0}};
   tu_pipe *tp = tu_pipe_build(*plat, specs, 4);
   assert_ok(mlo_offload_enable(tp->pipe, NULL));
@@ -377,6 +378,82 @@ static void test_stamps_only_when_traced(void **state) {
   mlo_platform_close(plat);
 }
 
+/* ---- D9: caller tensors sharing a page ---------------------------------- */
+
+/* Two caller tensors on one page (the fake's registration is page-granular,
+ * as the runtime's): both are page-locked, by one registration of their
+ * pages, so nothing is left pageable and no load warns about it. */
+static void test_shared_page_pinned(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_open_spec("cuda:0");
+  char *page = aligned_alloc(4096, 4096);
+  assert_non_null(page);
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *enc = NULL, *dit = NULL;
+  assert_ok(mlo_component_add(tp->pipe, "text_encoder", MLO_ROLE_ENCODER, &enc));
+  assert_ok(mlo_component_add(tp->pipe, "transformer", MLO_ROLE_DIT, &dit));
+  tu_add_tensor_at(tp, enc, "a", 1024, MLO_TENSOR_EXTERNAL, page);
+  tu_add_tensor_at(tp, enc, "b", 1024, MLO_TENSOR_EXTERNAL, page + 2048);
+  tu_add_tensor(tp, dit, "w", 4096, 0);
+  tu_log_capture_begin();
+  assert_ok(mlo_offload_enable(tp->pipe, NULL));
+  assert_int_equal(fake_registered_bytes(), 4096);
+  assert_ok(tu_forward(tp, enc));
+  assert_ok(tu_forward(tp, dit));
+  bool pageable = tu_log_contains("pageable");
+  tu_log_capture_end();
+  assert_false(pageable);
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  assert_int_equal(fake_registered_bytes(), 0);
+  free(page);
+  mlo_platform_close(plat);
+}
+
+/* ---- D4: capacity= in the pool's granules -------------------------------- */
+
+/* The fake's pool maps 2 MiB granules and refuses past maxSize (=
+ * capacity=) counted in them, as the runtime's does.  What the platform
+ * says is free must be allocatable in one block: after a block of 2.5 MiB
+ * under capacity=8M, that is 4 MiB, not the 5.5 MiB left in bytes (whose
+ * 6 MiB of granules the pool refuses).  And an idle reserve the pool keeps
+ * (two freed 4 MiB blocks, too small for 6 MiB; capped, the release
+ * threshold is the cap, so a synchronize gives none of it back) must be
+ * trimmed before the platform calls a block that fits the capacity out of
+ * memory. */
+static void test_capacity_counts_granules(void **state) {
+  (void)state;
+  const size_t mib = (size_t)1 << 20;
+  mlo_platform *plat = tu_open_spec("cuda:0:capacity=8M");
+  void *a = NULL, *b = NULL;
+  assert_ok(mlo_plat_dev_alloc(plat, 5 * mib / 2, &a));
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(plat, &mem));
+  assert_true(mem.free_bytes > 0);
+  int rc = mlo_plat_dev_alloc(plat, (size_t)mem.free_bytes, &b);
+  if (rc)
+    fail_msg("%llu bytes were reported free under capacity=8M, but allocating them failed (%s)",
+             (unsigned long long)mem.free_bytes, mlo_err_name(rc));
+  assert_ok(mlo_plat_dev_free(plat, b, (size_t)mem.free_bytes));
+  assert_ok(mlo_plat_dev_free(plat, a, 5 * mib / 2));
+  assert_ok(mlo_platform_synchronize(plat));
+
+  assert_ok(mlo_plat_dev_alloc(plat, 4 * mib, &a));
+  assert_ok(mlo_plat_dev_alloc(plat, 4 * mib, &b));
+  assert_ok(mlo_plat_dev_free(plat, a, 4 * mib));
+  assert_ok(mlo_plat_dev_free(plat, b, 4 * mib));
+  assert_ok(mlo_platform_synchronize(plat));
+  rc = mlo_plat_dev_alloc(plat, 6 * mib, &a);
+  if (rc)
+    fail_msg("6 MiB under capacity=8M with nothing live failed (%s): the pool's idle reserve "
+             "was not trimmed",
+             mlo_err_name(rc));
+  assert_ok(mlo_plat_dev_free(plat, a, 6 * mib));
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_int_equal(fake_use_after_free(), 0);
+  mlo_platform_close(plat);
+}
+
 int main(int argc, char **argv) {
   if (!dlsym(RTLD_DEFAULT, "fakecuda_contexts_created")) {
     fprintf(stderr, "the CUDA runtime loaded is not tests/fakecuda's\n");
@@ -399,6 +476,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_stamps_only_when_traced),
       cmocka_unit_test(test_caller_pinned_counts_as_pinned),
       cmocka_unit_test(test_unknown_and_ecc_are_sticky),
+      cmocka_unit_test(test_capacity_counts_granules),
+      cmocka_unit_test(test_shared_page_pinned),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

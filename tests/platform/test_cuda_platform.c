@@ -47,13 +47,23 @@ static void test_bad_specs(void **state) {
     const char *spec;
     const char *needle;
   } cases[] = {
-      {"cuda:x", "device index"},           {"cuda:-1", "device index"},
-      {"cuda:0x1", "device index"},         {"cuda:0:bogus=1", "bogus"},
-      {"cuda:0:pinned=2", "pinned"},        {"cuda:0:chunk=12", "chunk"},
-      {"cuda:0:chunk=lots", "chunk"},       {"cuda:0:pinned", "pinned"},
-      {"cuda:0:capacity=lots", "capacity"}, {"cuda:0:capacity=0", "capacity"},
-      {"cuda:0:stream=-1", "stream"},       {"cuda:0:stream=fast", "stream"},
+      {"cuda:x", "device index"},
+      {"cuda:-1", "device index"},
+      {"cuda:0x1", "device index"},
+      {"cuda:0:bogus=1", "bogus"},
+      {"cuda:0:pinned=2", "pinned"},
+      {"cuda:0:chunk=12", "chunk"},
+      {"cuda:0:chunk=lots", "chunk"},
+      {"cuda:0:pinned", "pinned"},
+      {"cuda:0:capacity=lots", "capacity"},
+      {"cuda:0:capacity=0", "capacity"},
+      {"cuda:0:stream=-1", "stream"},
+      {"cuda:0:stream=fast", "stream"},
       {"cuda:0:stream=", "stream"},
+      /* the runtime's special handles: cudaStreamLegacy, cudaStreamPerThread */
+      {"cuda:0:stream=1", "stream=1"},
+      {"cuda:0:stream=2", "stream=2"},
+      {"cuda:0:stream=0x2", "cudaStreamPerThread"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     mlo_platform *p = (mlo_platform *)&p; /* must come back NULL */
@@ -326,6 +336,9 @@ static void test_load_ordering(void **state) {
     tu_fill_pattern(slab, n, seed);
     assert_ok(mlo_platform_synchronize(p));
     assert_int_equal(cudaMemset(scratch, 0, n), cudaSuccess);
+    /* the legacy stream's memset is not ordered before our non-blocking
+     * compute stream's copy: the runtime promises nothing until it is done */
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_ok(mlo_plat_dev_alloc(p, n, &block));
     assert_ok(mlo_plat_copy_h2d(p, block, 0, slab, n));
     assert_ok(mlo_plat_event_record_copy(p, loaded));
@@ -405,6 +418,10 @@ static void test_memory_given_back(void **state) {
   assert_true(held + n / 2 < free0); /* the allocation is visible */
   mlo_plat_dev_free(p, block, n);
   assert_ok(mlo_platform_synchronize(p));
+  /* The pool gives back what it holds over its threshold "on the next call
+   * to stream, event or context synchronize" (cudaMemPoolAttrReleaseThreshold):
+   * the free is known complete now, so the next synchronize may release. */
+  assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
   size_t after = 0;
   assert_int_equal(cudaMemGetInfo(&after, &total), cudaSuccess);
   assert_true(after + ((size_t)256 << 20) >= free0); /* back to the driver */

@@ -16,7 +16,11 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 MLO_GPU_BUILD="$build" MLO_GPU_NO_BUILD=1 MLO_GPU_NO_WHEELS=1 MLO_GPU_PACK_DIR="$tmp/pack" \
   bash "$repo/scripts/gpu-prep.sh"
-MLO_GPU_DRYRUN=1 MLO_GPU_PACK="$tmp/pack" OUT="$tmp/out" bash "$repo/scripts/gpu-check.sh"
+# a CUDA runtime only in a pip wheel (review D3): the preflight lists it
+mkdir -p "$tmp/site/nvidia/cu13/lib"
+: >"$tmp/site/nvidia/cu13/lib/libcudart.so.13"
+PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}" MLO_GPU_DRYRUN=1 MLO_GPU_PACK="$tmp/pack" \
+  OUT="$tmp/out" bash "$repo/scripts/gpu-check.sh"
 summary="$tmp/out/summary.txt"
 fail() {
   echo "gpu_dryrun: $*"
@@ -28,6 +32,12 @@ python3 -m py_compile "$tmp/pack/python/gpu-torch.py" || fail "gpu-torch.py does
 [ -s "$tmp/out/gpu-check.tar.gz" ] || fail "no archive"
 [ -s "$tmp/out/preflight.txt" ] || fail "no preflight"
 grep -q "^-- bin/platform_cuda" "$tmp/out/preflight.txt" || fail "the preflight did not ldd the binaries"
+grep -qx "$tmp/site/nvidia/cu13/lib/libcudart.so.13" "$tmp/out/preflight.txt" ||
+  fail "the preflight did not list the wheel's libcudart"
+# memcheck runs right after platform_cuda, before the deadline can cut it (D18)
+m=$(grep -n "memcheck" "$summary" | head -1 | cut -d: -f1)
+c=$(grep -n " contract:" "$summary" | head -1 | cut -d: -f1)
+[ -n "$m" ] && [ -n "$c" ] && [ "$m" -lt "$c" ] || fail "memcheck is not reported before contract"
 # what the device tool brings back: at most 8 files, each under 16 MiB
 n=$(find "$tmp/out" -type f | wc -l)
 [ "$n" -le 8 ] || fail "$n files in \$OUT (the device tool returns 8)"
