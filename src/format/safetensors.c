@@ -70,9 +70,28 @@ static uint64_t read_le64(const uint8_t *p) {
 
 /* Checks the 8-byte length prefix against the cap and the file size. */
 static int check_header_len(const st_ctx *c, uint64_t file_size, uint64_t hlen) {
-  if (hlen > MLO_ST_HEADER_CAP)
+  if (hlen > MLO_ST_HEADER_CAP) {
+    /* a length of eight printable bytes is text: most often a JSON file
+     * (model_index.json, config.json) given where a checkpoint goes */
+    char text[9];
+    bool printable = true;
+    for (int i = 0; i < 8; i++) {
+      unsigned char b = (unsigned char)(hlen >> (8 * i));
+      printable = printable && (b == '\n' || b == '\r' || b == '\t' || (b >= 0x20 && b < 0x7f));
+      text[i] = b == '\n' || b == '\r' || b == '\t' ? ' ' : (char)b;
+    }
+    text[8] = '\0';
+    if (printable)
+      return st_fail(c, MLO_EFORMAT, NULL,
+                     "not a safetensors file: it starts with text ('%s'), not a header length%s",
+                     text,
+                     text[0] == '{' || text[0] == '['
+                         ? " (a JSON file: for a diffusers pipeline give its folder, the one "
+                           "holding model_index.json)"
+                         : "");
     return st_fail(c, MLO_EFORMAT, NULL, "header length %llu is over the cap of %u bytes",
                    (unsigned long long)hlen, MLO_ST_HEADER_CAP);
+  }
   if (hlen > file_size - 8)
     return st_fail(c, MLO_EFORMAT, NULL,
                    "header length %llu runs past the end of the file (%llu bytes)",

@@ -814,6 +814,23 @@ class BadInputTests(Fixture):
         self.assertNotIn("Segmentation", err)
         return err
 
+    def test_errors_that_say_what_to_do(self):
+        """Issue 43, item 6: an index file given where a checkpoint goes, a
+        flag other tools use, a preset mistyped; each error says what to
+        give instead."""
+        err = self.bad("inspect", os.path.join(self.ckpt, "model_index.json"),
+                       words=("not a safetensors file", "give its folder"))
+        self.assertNotIn("over the cap", err)
+        self.bad("run", self.ckpt, "--device", "cuda", words=("--platform cuda",))
+        self.bad("run", self.ckpt, "--gpu", words=("--platform cuda",))
+        self.bad("plan", "wan22", words=("neither a path here nor a preset", "wan2.2-t2v",
+                                          "flux"))
+        # strict that does not fit names the policy that streams, and its need
+        rc, _, err = mlo("run", self.ckpt, "--device-memory",
+                         str(self.info["model_offload_bytes"] - 1))
+        self.assertEqual(rc, 3, err)
+        self.assertIn("or --policy budget, which streams", err)
+
     def test_platform_values_that_cannot_work(self):
         c = self.ckpt
         self.bad("run", c, "--platform", "host:bw=1", words=("bw=1", "at least 1e6"))

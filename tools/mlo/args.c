@@ -164,7 +164,25 @@ bool targs_value(targs *a, const char *name, const char **val) {
 }
 
 void targs_unknown(targs *a) {
-  targs_error(a, "unknown option '%s'", targs_cur(a));
+  /* the flags other tools use for what mlo calls otherwise */
+  static const struct {
+    const char *given, *hint;
+  } hints[] = {
+      {"--device", "--platform cuda[:N] (or opencl, host) picks the device; --device-memory "
+                   "SIZE its memory"},
+      {"--gpu", "--platform cuda[:N]"},
+      {"--cuda", "--platform cuda[:N]"},
+      {"--vram", "--device-memory SIZE"},
+      {"--ram", "--host-memory SIZE"},
+  };
+  const char *cur = targs_cur(a);
+  size_t n = strcspn(cur, "=");
+  for (size_t i = 0; i < sizeof hints / sizeof *hints; i++)
+    if (strlen(hints[i].given) == n && !strncmp(cur, hints[i].given, n)) {
+      targs_error(a, "unknown option '%s': %s", cur, hints[i].hint);
+      return;
+    }
+  targs_error(a, "unknown option '%s'", cur);
 }
 
 bool targs_int(targs *a, const char *flag, const char *val, long lo, long hi, long *out) {

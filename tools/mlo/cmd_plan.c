@@ -218,6 +218,17 @@ static int parse(int argc, char **argv, plan_args *pa) {
   if (!a.failed && !pa->src.path && !pa->preset && !pa->src.nfiles)
     targs_error(&a, "no pipeline: give a directory, a file, component files or a preset "
                     "(wan2.2-t2v, flux, qwen-image, sd3)");
+  /* a bare word that is neither a path here nor a preset: most often a
+   * preset's name mistyped, so the presets are named (issue 43) */
+  if (!a.failed && pa->src.path && !pa->preset && !strchr(pa->src.path, '/') &&
+      stat(pa->src.path, &st) != 0) {
+    char names[256] = "";
+    size_t used = 0;
+    for (const mlo_synth_preset_info *p = mlo_synth_presets(); p && p->name; p++)
+      used += (size_t)snprintf(names + used, used < sizeof names ? sizeof names - used : 0, "%s%s",
+                               used ? ", " : "", p->name);
+    targs_error(&a, "%s: neither a path here nor a preset (presets: %s)", pa->src.path, names);
+  }
   if (!a.failed && !pa->preset) source_finish(&a, &pa->src);
   if (!a.failed && pa->preset && pa->src.nfiles)
     targs_error(&a, "give a preset or component files, not both");

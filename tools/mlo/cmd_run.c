@@ -388,6 +388,16 @@ static int refuse_too_small(const run_args *ra, tool_session *s) {
             tool_size(mlo_workload_model_offload_bytes(s->pipe, NULL)));
   else if (ra->have_capacity)
     fprintf(stderr, "  raise --device-memory to at least %s\n", tool_size(need));
+  if (ra->offload == 1) { /* strict moves whole components: the budget policy streams */
+    mlo_component *big = NULL;
+    uint64_t least = mlo_workload_stream_least_bytes(s->pipe, &big);
+    if (big && least < need)
+      fprintf(stderr,
+              "  or --policy budget, which streams %s's blocks through the device and runs in "
+              "%s%s\n",
+              mlo_component_name(big), tool_size(least),
+              least <= s->capacity ? " (it fits now)" : "");
+  }
   return TOOL_EXIT_NOMEM;
 }
 
