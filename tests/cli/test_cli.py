@@ -1296,6 +1296,92 @@ def validation_pipeline(tmp):
     return path, info, cap, info["max_component_bytes"] * 3 // 5
 
 
+DOCS_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def doc_plan_excerpts():
+    """Every excerpt of `mlo plan` output the README and docs/ quote: a code
+    block (fenced, or indented four spaces) whose lines start with
+    "$ mlo plan " and the lines that follow each, up to the next "$ " or
+    the block's end.  Yields (file, command words, quoted lines)."""
+    files = [os.path.join(DOCS_ROOT, "README.md")] + sorted(
+        glob.glob(os.path.join(DOCS_ROOT, "docs", "*.md")))
+    for path in files:
+        with open(path) as f:
+            lines = f.read().splitlines()
+        cmd, quoted, fenced = None, [], False
+        for line in lines + [""]:
+            if line.startswith("```"):
+                fenced = not fenced
+            indented = line.startswith("    ")
+            text = line[4:] if indented and not fenced else line
+            in_block = fenced or indented
+            if cmd and (not in_block or text.startswith("$ ") or line.startswith("```")):
+                yield os.path.relpath(path, DOCS_ROOT), cmd, quoted
+                cmd, quoted = None, []
+            if in_block and text.startswith("$ mlo plan "):
+                cmd = text.split()[3:]
+            elif cmd and in_block:
+                quoted.append(text)
+
+
+class DocFigureTests(unittest.TestCase):
+    """Issue 43, item 3: a figure the README or docs/ quote from a
+    deterministic command (mlo plan on a preset: no files, no clock) is the
+    command's output today.  Every quoted `$ mlo plan` excerpt is run and
+    each of its lines must be (the start of) a line the command prints
+    ("..." marks what the excerpt leaves out); and the figures quoted in
+    prose are compared with the command that gives them."""
+
+    @staticmethod
+    def squeeze(line):
+        return " ".join(line.split())
+
+    def test_plan_excerpts_are_the_output(self):
+        seen = 0
+        for doc, cmd, quoted in doc_plan_excerpts():
+            rc, out, err = mlo("plan", *cmd)
+            printed = [self.squeeze(l) for l in out.splitlines()]
+            for q in quoted:
+                # "..." (or "…") stands for what the excerpt leaves out
+                pieces = [self.squeeze(x) for x in re.split(r"\.\.\.|…", q)]
+                if not any(pieces):
+                    continue
+                pattern = re.compile(".*".join(re.escape(x) for x in pieces))
+                with self.subTest(doc=doc, cmd=" ".join(cmd), line=q):
+                    self.assertEqual(rc, 0, err)
+                    self.assertTrue(any(pattern.match(p) for p in printed),
+                                    f"{doc} quotes '{q.strip()}', `mlo plan {' '.join(cmd)}` "
+                                    f"prints:\n{out}")
+            seen += 1
+        self.assertGreaterEqual(seen, 4)  # disk.md and streaming.md quote two each
+
+    def test_figures_in_prose(self):
+        def advice(*args):
+            _, out, _ = mlo("plan", *args, check=0)
+            m = re.search(r"^advice: [^,]+, (\+[0-9.]+%) over all-resident", out, re.M)
+            self.assertIsNotNone(m, out)
+            return m.group(1)
+
+        def row(*args, policy):  # the row's stall per prompt, in seconds to 2 places
+            _, out, _ = mlo("plan", *args, check=0)
+            m = re.search(r"^%s +yes .* ([0-9.]+) (m?s) +[0-9.]+ GiB$" % re.escape(policy), out,
+                          re.M)
+            self.assertIsNotNone(m, out)
+            return "%.2f" % (float(m.group(1)) / (1000 if m.group(2) == "ms" else 1))
+
+        with open(os.path.join(DOCS_ROOT, "README.md")) as f:
+            readme = self.squeeze(f.read())
+        with open(os.path.join(DOCS_ROOT, "docs", "streaming.md")) as f:
+            streaming = self.squeeze(f.read())
+        figure = advice("wan2.2-t2v", "--device", "rtx4090", "--host-memory", "32G")
+        quoted = re.search(r"32 GiB of RAM at (\S+) over all-resident", readme)
+        self.assertEqual(quoted and quoted.group(1), figure, "README.md")
+        stall = row("wan2.2-t2v", "--device", "rtx4090", policy="budget")
+        quoted = re.search(r"budget row waits (\S+) s per prompt", streaming)
+        self.assertEqual(quoted and quoted.group(1), stall, "docs/streaming.md")
+
+
 class PlanTests(Fixture):
     """mlo plan: presets at full size on the card profiles, what the table
     must say whatever the compute model's figures, and the validation of
