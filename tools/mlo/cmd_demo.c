@@ -1,17 +1,19 @@
 /*
  * cmd_demo.c — `mlo demo`, what `make demo` runs: the main job on its
  * built-in default.  Generates a Wan2.2-shaped pipeline (two DiTs, a UMT5
- * encoder, a VAE) into a cache folder once, then serves three prompts four
+ * encoder, a VAE) into a cache folder once, then serves three prompts seven
  * ways on the host platform, with a link throttled so that one DiT load
  * takes one DiT step (set from the compute rate it measures):
  *   - all resident, warm (the baseline a server would run if it could),
  *   - strict model-level offload (the specification) on a smaller device,
+ *     with whole loads and block by block,
  *   - the budget policy with prefetch on the same smaller device,
+ *   - the budget policy with prefetch in strict's memory (switches joined),
  *   - the budget policy on a device smaller than one DiT (60% of it), the
  *     DiTs streaming their blocks (docs/streaming.md);
  *   - the budget policy with half the weights' host memory, the rest read
  *     from the checkpoint at each load (docs/disk.md);
- * verifies that all four give the same digest, audits every forward, and
+ * verifies that all seven give the same digest, audits every forward, and
  * prints the per-prompt cost of each against the baseline, with a
  * residency timeline of the budget run.  About half a minute on two cores.
  */
@@ -53,9 +55,10 @@ static void help(void) {
   printf("usage: mlo demo [flags]\n\n"
          "Generates a Wan2.2-shaped pipeline (UMT5 encoder, two DiTs split at the\n"
          "0.875 boundary, a 3-D VAE; about %.0f MB at the default scale) into a cache\n"
-         "folder, once.  Then serves three prompts five ways on the host platform:\n"
+         "folder, once.  Then serves three prompts seven ways on the host platform:\n"
          "all resident and warm (the baseline), strict model-level offload (the\n"
-         "specification) and the budget policy with prefetch, both on a device that\n"
+         "specification, with whole loads and block by block) and the budget policy\n"
+         "with prefetch, both on a device that\n"
          "holds the strict need and the next component but not the whole pipeline,\n"
          "the budget policy with prefetch within the strict need (each switch joined:\n"
          "the next component's copies go into the blocks the current one has run),\n"

@@ -38,7 +38,7 @@ static void help(void) {
          "  --steps N           steps for the expert split (default 8)\n" TOOL_SPLIT_HELP
              TOOL_SOURCE_HELP "\n"
          "examples:\n"
-         "  mlo inspect ./mlo-cache/wan2.2-t2v-0.005\n"
+         "  mlo inspect ./mlo-cache/wan2.2-t2v-full-depth-0.005   # what make demo made\n"
          "  mlo inspect Wan2.2-T2V-A14B-Diffusers --variant fp16 --steps 40\n"
          "  mlo inspect flux1-dev.safetensors --tensors --json\n"
          "  mlo inspect --diffusion-model flux1-dev-Q4_K.gguf --t5xxl t5xxl_fp16.safetensors \\\n"

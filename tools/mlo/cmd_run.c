@@ -125,7 +125,7 @@ static void help(void) {
          "                        (both cold: their pages dropped from the cache first)\n"
          "                        and report the load's speed against it\n" TOOL_SOURCE_HELP "\n"
          "examples:\n"
-         "  mlo run ./mlo-cache/wan2.2-t2v-0.005 --device-memory 256M --verify\n"
+         "  mlo run ./mlo-cache/wan2.2-t2v-full-depth-0.005 --device-memory 256M --verify\n"
          "  mlo run Wan2.2-T2V-A14B-Diffusers --variant fp16 --steps 40 --verify\n"
          "  mlo run --high-noise-diffusion-model wan2.2_t2v_high_noise_14B_Q4_K_M.gguf \\\n"
          "          --diffusion-model wan2.2_t2v_low_noise_14B_Q4_K_M.gguf \\\n"
