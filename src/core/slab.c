@@ -168,17 +168,31 @@ static void register_external(mlo_component *c, uint64_t *pageable) {
   for (size_t i = 0; list && i < c->ntensors; i++)
     if (may_register(c->tensors[i]) && !c->tensors[i]->registered) list[n++] = c->tensors[i];
   if (n) qsort(list, n, sizeof *list, by_source);
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = 0, hi = 0;
-  bool ro = true;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = 0, hi = 0, covered = 0;
+  bool ro = true, whole = true;
   for (size_t i = 0, first = 0; i <= n; i++) {
-    uintptr_t a = 0, b = 0;
+    uintptr_t a = 0, b = 0, src = i < n ? (uintptr_t)list[i]->src_data : 0;
     if (i < n) {
-      a = (uintptr_t)list[i]->src_data / page * page;
-      b = ((uintptr_t)list[i]->src_data + (uintptr_t)list[i]->nbytes + page - 1) / page * page;
+      a = src / page * page;
+      b = (src + (uintptr_t)list[i]->nbytes + page - 1) / page * page;
     }
     if (i > first && (i == n || a >= hi)) { /* the run [first, i) shares no page with i */
+      /* Read-only applies to whole pages: where the run's tensors leave
+       * bytes of its pages uncovered (a neighbour's, in the same heap
+       * page), it is registered writable, so that a copy into that
+       * neighbour is not refused; only memory that cannot be registered
+       * so (a read-only mapping, whose neighbours are read-only too) is
+       * registered read-only after all. */
+      bool as_ro = ro && whole && covered == hi;
       c->stats.platform_calls++;
-      bool ok = mlo_plat_host_register(pipe->platform, (void *)lo, (size_t)(hi - lo), ro) == MLO_OK;
+      bool ok =
+          mlo_plat_host_register(pipe->platform, (void *)lo, (size_t)(hi - lo), as_ro) == MLO_OK;
+      if (!ok && ro && !as_ro) {
+        c->stats.platform_calls++;
+        ok = mlo_plat_host_register(pipe->platform, (void *)lo, (size_t)(hi - lo), true) == MLO_OK;
+        as_ro = ok;
+      }
+      ro = as_ro;
       if (ok) c->ext_runs[c->next_runs++] = (struct mlo_ext_run){(char *)lo, hi - lo, ro};
       for (size_t k = first; k < i; k++) {
         list[k]->registered = ok;
@@ -191,9 +205,13 @@ static void register_external(mlo_component *c, uint64_t *pageable) {
       lo = a;
       hi = b;
       ro = true;
+      whole = src == a; /* from the start of its first page */
+      covered = src;
     } else if (b > hi) {
       hi = b;
     }
+    if (src > covered) whole = false; /* a gap between two tensors: someone else's bytes */
+    if (src + (uintptr_t)list[i]->nbytes > covered) covered = src + (uintptr_t)list[i]->nbytes;
     ro = ro && wants_ro(c, list[i]);
   }
   free(list);

@@ -116,7 +116,7 @@ static void test_shared_page_registered_once(void **state) {
   plat->caps.host_register = true;
   nrecs = 0;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  char *pages = aligned_alloc(page, 4 * page);
+  char *pages = aligned_alloc(page, 5 * page);
   assert_non_null(pages);
   tu_pipe *tp = tu_pipe_new(plat, true);
   mlo_component *enc = NULL, *dit = NULL;
@@ -124,23 +124,28 @@ static void test_shared_page_registered_once(void **state) {
   assert_ok(mlo_component_add(tp->pipe, "transformer", MLO_ROLE_DIT, &dit));
   tu_add_tensor(tp, dit, "w", 4096, 0);
   /* a and b share page 0, b runs into page 1, which c shares: one run;
-   * d on page 3 alone; c is written back, so the first run is writable */
+   * d on page 3 alone; e fills page 4; c is written back, so the first run
+   * is writable; d leaves the rest of its page to someone else (a heap
+   * neighbour), and read-only is a whole page's, so it is writable too:
+   * a copy into the neighbour would be refused (C7_pinning_cudafake failed
+   * so when a test's buffer landed there); e alone is read-only */
   mlo_tensor *a = tu_add_tensor_at(tp, enc, "a", 1024, MLO_TENSOR_EXTERNAL, pages + 64);
   mlo_tensor *b = tu_add_tensor_at(tp, enc, "b", page, MLO_TENSOR_EXTERNAL, pages + 2048);
   mlo_tensor *c = tu_add_tensor_at(tp, enc, "c", 512, MLO_TENSOR_EXTERNAL | MLO_TENSOR_MUTABLE,
                                    pages + page + 2048 + 512);
   mlo_tensor *d = tu_add_tensor_at(tp, enc, "d", 256, MLO_TENSOR_EXTERNAL, pages + 3 * page + 8);
+  mlo_tensor *e = tu_add_tensor_at(tp, enc, "e", page, MLO_TENSOR_EXTERNAL, pages + 4 * page);
   assert_ok(mlo_pipeline_materialize(tp->pipe));
-  mlo_tensor *all[] = {a, b, c, d};
-  size_t bytes[] = {1024, page, 512, 256};
-  int want[] = {0, 0, 0, 1};
-  for (int i = 0; i < 4; i++)
+  mlo_tensor *all[] = {a, b, c, d, e};
+  size_t bytes[] = {1024, page, 512, 256, page};
+  int want[] = {0, 0, 0, 0, 1};
+  for (int i = 0; i < 5; i++)
     if (registered(mlo_tensor_host_data(all[i]), bytes[i]) != want[i])
       fail_msg("tensor %d: registration %d, expected %d", i,
                registered(mlo_tensor_host_data(all[i]), bytes[i]), want[i]);
   size_t live = 0;
   for (size_t i = 0; i < nrecs; i++) live += recs[i].live;
-  assert_int_equal(live, 2);
+  assert_int_equal(live, 3);
   assert_ok(mlo_offload_enable(tp->pipe, NULL));
   assert_ok(tu_forward(tp, enc));
   assert_ok(tu_forward(tp, dit));
