@@ -2262,6 +2262,42 @@ class DemoBenchTests(unittest.TestCase):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_bench_says_where_it_is(self):
+        """mlo bench draws a progress bar per part on a terminal (issue 43:
+        the default run printed nothing for minutes), and none into a pipe
+        (test_bench_quick's stderr)."""
+        import pty
+        import threading
+        master, slave = pty.openpty()
+        env = dict(os.environ)
+        env.pop("MLO_NO_PROGRESS", None)
+        p = subprocess.Popen([MLO, "bench", "--quick", "--json"], stdout=subprocess.PIPE,
+                             stderr=slave, env=env)
+        os.close(slave)
+        seen = []
+
+        def drain():
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the other end closed
+                    return
+                if not chunk:
+                    return
+                seen.append(chunk)
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        out, _ = p.communicate(timeout=300)
+        reader.join(timeout=10)
+        os.close(master)
+        self.assertEqual(p.returncode, 0)
+        json.loads(out)  # stdout is the JSON alone
+        text = b"".join(seen).decode(errors="replace")
+        for label in ("loads", "switch", "e2e"):
+            self.assertIn(label, text)
+        self.assertIn("100.0%", text)
+
     def test_bench_quick(self):
         rc, out, err = mlo("bench", "--quick", "--json")
         self.assertEqual(rc, 0, err)

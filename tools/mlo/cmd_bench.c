@@ -141,11 +141,33 @@ static void bench_spec(const char *platform, uint64_t capacity, char *out, size_
   spec_with_capacity(platform, capacity, out, outlen);
 }
 
+/* Progress on stderr, a part at a time (a terminal only, as every bar of
+ * the tool): the default run takes minutes, and said nothing until its
+ * table (issue 43). */
+static tool_progress bar;
+static uint64_t bar_done;
+static char bar_label[32];
+
+static void part(const char *label, uint64_t total) {
+  progress_finish(&bar);
+  snprintf(bar_label, sizeof bar_label, "%s", label);
+  progress_init(&bar, bar_label, total);
+  bar_done = 0;
+  progress_update(&bar, 0, total);
+}
+
+static void step(void) {
+  progress_update(&bar, ++bar_done, bar.total);
+}
+
 static int run_loads(const bench_args *ba, bench_results *res, char *err, size_t errlen) {
   uint64_t avail = (uint64_t)sysconf(_SC_AVPHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
   uint64_t top = ba->quick ? 16 * MIB : ba->max_size;
   /* source + destination + slab + device block, with half the memory spare */
   while (top > MIB && top * 8 > avail) top /= 2;
+  uint64_t sizes = 0;
+  for (uint64_t size = MIB; size <= top && sizes < MAX_SIZES; size *= 4) sizes++;
+  part("loads", sizes);
   for (uint64_t size = MIB; size <= top && res->nloads < MAX_SIZES; size *= 4) {
     char spec[512];
     bench_spec(ba->platform, 2 * size + 64 * MIB, spec, sizeof spec);
@@ -153,6 +175,7 @@ static int run_loads(const bench_args *ba, bench_results *res, char *err, size_t
     int rc = bench_load_throughput(spec, size, reps, &res->loads[res->nloads], err, errlen);
     if (rc) return rc;
     res->nloads++;
+    step();
   }
   return MLO_OK;
 }
@@ -245,9 +268,16 @@ static int run_curve(const bench_args *ba, const char *path, const mlo_open_opti
   if (rc) return rc;
   double resident[MAX_REPS], ratio[MAX_POINTS][MAX_REPS], stall[MAX_POINTS][MAX_REPS];
   double h2d[MAX_POINTS][MAX_REPS], loads[MAX_POINTS][MAX_REPS];
+  char label[32];
+  if (cv->steps_per_load)
+    snprintf(label, sizeof label, "e2e, link %g", cv->steps_per_load);
+  else
+    snprintf(label, sizeof label, "end to end");
+  part(label, (uint64_t)res->reps * (1 + cv->npoints));
   for (int i = 0; i < res->reps && !rc; i++) {
     run_result base;
     rc = run_mode(&s, res, NULL, false, &base, err, errlen);
+    step();
     resident[i] = run_steady(&base, GEN_WALL);
     run_result_free(&base);
     for (size_t k = 0; k < cv->npoints && !rc; k++) {
@@ -263,6 +293,7 @@ static int run_curve(const bench_args *ba, const char *path, const mlo_open_opti
         if (r.reserved_peak > pt->reserved) pt->reserved = r.reserved_peak;
       }
       run_result_free(&r);
+      step();
     }
   }
   session_close(&s);
@@ -506,14 +537,19 @@ int cmd_bench(int argc, char **argv) {
   char err[1024] = "", spec[512];
   int rc = run_loads(&ba, &res, err, sizeof err);
   bench_spec(ba.platform, 64 * MIB, spec, sizeof spec);
+  part("hot path", 1);
   if (!rc)
     rc = bench_hot_forward(spec, ba.quick ? 5 : 21, &res.hot_ns, &res.hot_calls, err, sizeof err);
   uint64_t sw = ba.quick ? 8 * MIB : 64 * MIB;
   bench_spec(ba.platform, 2 * sw + 64 * MIB, spec, sizeof spec);
+  part("switch", 1);
   if (!rc) rc = bench_switch_cost(spec, sw, ba.quick ? 5 : 11, &res.sw, err, sizeof err);
+  part("link model", 1);
   if (!rc && tool_is_host(ba.platform))
     rc = bench_link_model(ba.quick ? 1 : 5, &res.link, err, sizeof err);
+  part("e2e, setup", 1);
   if (!rc) rc = run_e2e(&ba, &res, err, sizeof err);
+  progress_finish(&bar);
   if (rc) {
     tool_err("bench: %s", err[0] ? err : mlo_strerror(rc));
     return tool_exit_for(rc);
