@@ -557,6 +557,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
                mlo_strerror(rc));
       break;
     }
+    s->used = false; /* its copies are done: used again only once new ones are queued */
     /* the chunk: a run of tensors adjacent in one file (gaps under DISK_GAP
      * read through), at most one buffer */
     int fd = fds[i];
@@ -580,6 +581,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       paced += fill;
       pace_until(t0 + (uint64_t)((double)paced * 1e9 / pace), stopping);
     }
+    size_t queued = 0;
     for (size_t q = 0; q < np && !rc; q++) {
       uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */
       if (c->stream) mlo_stream_tensor_offset(c, pcs[q].t, &at);
@@ -587,11 +589,21 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(at + pcs[q].toff),
                                      (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
       j->copies++;
+      if (!rc) queued++;
     }
-    if (!rc) rc = plat(j, mlo_plat_event_record_copy(p, s->ev));
-    if (!rc)
-      s->used = true;
-    else if (!j->err[0])
+    /* the buffer's event follows every copy queued out of it, a failed
+     * chunk's first pieces too: the next chunk read into it waits for them
+     * (review D14).  A record that fails leaves nothing to wait on but the
+     * device itself. */
+    if (queued) {
+      int rr = plat(j, mlo_plat_event_record_copy(p, s->ev));
+      if (!rr)
+        s->used = true;
+      else
+        mlo_plat_synchronize(p);
+      if (!rc) rc = rr;
+    }
+    if (rc && !j->err[0])
       snprintf(j->err, j->errlen, "%s: copying to the device failed (%s)", c->name,
                mlo_strerror(rc));
   }

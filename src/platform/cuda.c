@@ -213,7 +213,9 @@ static int release_after(struct cuda_ctx *c, void *block, size_t bytes, cudaEven
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
   if (rc) return rc;
-  if (!c->pool) { /* no stream-ordered allocator: drain, then free */
+  if (!c->pool) { /* no stream-ordered allocator: drain (watched: cudaFree
+                   * synchronizes the device, review D5), then free */
+    cu_gather_settle(c);
     cu_stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
     cu_stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
     cu_stream_sync(c, c->compute, "cudaStreamSynchronize(compute)");
@@ -362,6 +364,14 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   if (in) {
     cu_stream_sync(c, c->copy, "cudaStreamSynchronize(copy)");
     cu_stream_sync(c, c->readback, "cudaStreamSynchronize(readback)");
+    /* cudaFreeHost synchronizes the whole device: whatever it would wait
+     * for, a pending all-gather and the kernels behind it, is waited for
+     * here first, where a stalled gather is watched and given up on
+     * (review D5) */
+    if (pinned) {
+      cu_gather_settle(c);
+      cu_stream_sync(c, c->compute, "cudaStreamSynchronize(compute)");
+    }
   }
   if (!pinned)
     free(ptr);

@@ -10,6 +10,9 @@
  *    once touched stays mapped, so a block reused in the steady state never
  *    page-faults (fresh pages fault at 1.8-2 GB/s, a quarter of memcpy).
  *    prefault=1 touches it all at open, like memory a GPU driver backs.
+ *  - srccheck=1 (for tests) hashes each host-to-device source when its copy
+ *    is queued and again once it ran: a source rewritten before its copy
+ *    completed (a missing wait) counts in mlo_host_sources_changed.
  *  - Copies run on one copy-engine thread per platform, in FIFO order, and
  *    complete later: optionally throttled to a link rate (bw=) and delayed
  *    at random (jitter=), so a missing wait reads stale data.
@@ -103,6 +106,15 @@ static bool jitter_delay(struct host_ctx *ctx) {
 static void run_copy(struct host_ctx *ctx, struct host_op *op, uint64_t *link_end) {
   bool delayed = jitter_delay(ctx);
   throttled_copy(ctx, op, delayed, link_end);
+  /* srccheck=1: a DMA reads the source while the copy runs, so a caller
+   * that rewrites it before the copy completed (a missing wait) is caught
+   * here, whatever bytes happened to land */
+  if (ctx->opt.srccheck && op->kind == HOST_OP_H2D &&
+      mlo_fnv1a(MLO_FNV_BASIS, op->src, op->bytes) != op->src_hash) {
+    pthread_mutex_lock(&ctx->lock);
+    ctx->src_changed++;
+    pthread_mutex_unlock(&ctx->lock);
+  }
 }
 
 static void *engine_main(void *arg) {
@@ -195,6 +207,8 @@ static int queue_copy(struct host_ctx *ctx, enum host_op_kind kind, const void *
   if (!bytes) return MLO_OK;
   struct host_op *op = mlo_calloc(1, sizeof *op);
   if (!op) return MLO_ENOMEM;
+  if (ctx->opt.srccheck && kind == HOST_OP_H2D)
+    op->src_hash = mlo_fnv1a(MLO_FNV_BASIS, host_ptr, bytes);
   pthread_mutex_lock(&ctx->lock);
   struct host_range *b = mlo_host_find_live(ctx, handle);
   if (!b || offset > b->bytes || bytes > b->bytes - offset) {
@@ -462,9 +476,10 @@ static int host_option(const char *key, const char *value, void *user, char *err
   if (!strcmp(key, "poison")) return parse_flag(key, value, &o->poison, err, errlen);
   if (!strcmp(key, "blocking_d2h")) return parse_flag(key, value, &o->blocking_d2h, err, errlen);
   if (!strcmp(key, "prefault")) return parse_flag(key, value, &o->prefault, err, errlen);
+  if (!strcmp(key, "srccheck")) return parse_flag(key, value, &o->srccheck, err, errlen);
   snprintf(err, errlen,
            "unknown host platform option %s=%s (known: capacity, bw, jitter, seed, poison, "
-           "blocking_d2h, prefault, group, uplink, fabric, pcie_p2p)",
+           "blocking_d2h, prefault, srccheck, group, uplink, fabric, pcie_p2p)",
            key, value);
   return MLO_EINVAL;
 }
@@ -614,5 +629,14 @@ int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, 
   p->ops = &host_ops;
   p->ctx = ctx;
   describe(p, &opt);
+  return MLO_OK;
+}
+
+int mlo_host_sources_changed(mlo_platform *p, uint64_t *n) {
+  if (!p || p->ops != &host_ops) return MLO_EINVAL;
+  struct host_ctx *ctx = p->ctx;
+  pthread_mutex_lock(&ctx->lock);
+  *n = ctx->src_changed;
+  pthread_mutex_unlock(&ctx->lock);
   return MLO_OK;
 }

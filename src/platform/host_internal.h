@@ -46,6 +46,7 @@ struct host_options {
   uint64_t bw; /* bytes per second; 0 = unlimited */
   uint64_t seed;
   bool jitter, poison, blocking_d2h, prefault;
+  bool srccheck; /* hash each host-to-device source at its queueing and after its copy */
   /* the node it stands in for (group=, uplink=, fabric=, pcie_p2p=) */
   bool node;              /* any of them given: the topology is modelled */
   mlo_node_topology topo; /* link_bps is bw */
@@ -61,6 +62,7 @@ struct host_op {
   const void *src;
   size_t bytes;
   uint64_t queued_ns; /* when it was queued: the link cannot start it sooner */
+  uint64_t src_hash;  /* srccheck=1: the source's bytes when the copy was queued */
   struct host_op *next;
 };
 
@@ -95,7 +97,8 @@ struct host_ctx {
   bool scrub; /* released ranges are poisoned (poison=1, or ASan) */
   pthread_t engine, scrubber;
   bool scrubber_started;
-  uint64_t rng; /* touched by the engine thread only */
+  uint64_t rng;         /* touched by the engine thread only */
+  uint64_t src_changed; /* srccheck=1: copies whose source changed while queued (lock) */
 };
 
 struct mlo_event {

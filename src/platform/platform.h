@@ -181,6 +181,11 @@ struct mlo_platform {
  * be ""); on failure they write a message naming the bad part to err. */
 int mlo_host_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
 int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+/* The host platform opened with srccheck=1: how many host-to-device copies
+ * found their source changed between their queueing and their end (a host
+ * buffer rewritten without waiting for the copies out of it).  MLO_EINVAL
+ * for another platform. */
+int mlo_host_sources_changed(mlo_platform *p, uint64_t *n);
 /* The simulated platform's compute: the calling thread (its compute queue,
  * as on host) spends ns of virtual time.  MLO_EINVAL for another platform. */
 int mlo_sim_compute(mlo_platform *p, uint64_t ns);

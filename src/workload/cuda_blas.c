@@ -76,6 +76,12 @@ struct slot {
   size_t bytes;
 };
 
+/* A pinned buffer outgrown mid-run, freed at destroy (grow_host). */
+struct retired {
+  void *ptr;
+  struct retired *next;
+};
+
 struct cuda_blas {
   mlo_platform *platform;
   void *ctx; /* the compute stream's context: current in every call, the caller's put back */
@@ -87,6 +93,7 @@ struct cuda_blas {
   unsigned next_victim;
   struct slot ring[RING]; /* FIFO: `count` slots from `head` are in flight */
   unsigned head, count;
+  struct retired *retired;
 };
 
 static int cu_status(cudaError_t e, const char *what) {
@@ -136,15 +143,26 @@ static uint16_t f16_from_float(float f) {
   return (uint16_t)(sign | h);
 }
 
-/* Grows a pinned buffer nothing is copying from or into any more. */
-static int grow_host(struct host_buf *b, size_t bytes) {
+/* Grows a pinned buffer nothing is copying from or into any more, at
+ * least doubling it.  The old one is kept until destroy, not freed here:
+ * cudaFreeHost synchronizes the whole device, and mid-forward that is a
+ * stall of every stream, and on a sharded run an unwatched wait on a
+ * pending all-gather that a missing rank never ends (review D5).  Doubling
+ * keeps what is kept below the largest buffer's size. */
+static int grow_host(struct cuda_blas *cb, struct host_buf *b, size_t bytes) {
   if (bytes <= b->bytes) return MLO_OK;
-  if (b->ptr) cudaFreeHost(b->ptr);
+  size_t want = b->bytes > bytes / 2 && b->bytes <= SIZE_MAX / 2 ? 2 * b->bytes : bytes;
+  if (b->ptr) {
+    struct retired *r = malloc(sizeof *r);
+    if (!r) return MLO_ENOMEM;
+    *r = (struct retired){b->ptr, cb->retired};
+    cb->retired = r;
+  }
   b->ptr = NULL;
   b->bytes = 0;
-  int rc = cu_status(cudaMallocHost(&b->ptr, bytes), "cudaMallocHost");
+  int rc = cu_status(cudaMallocHost(&b->ptr, want), "cudaMallocHost");
   if (rc) return rc == MLO_ENOMEM_DEVICE ? MLO_ENOMEM : rc;
-  b->bytes = bytes;
+  b->bytes = want;
   return MLO_OK;
 }
 
@@ -211,7 +229,7 @@ static int take_slot(struct cuda_blas *b, struct slot **out) {
  * *digest; the slot counts as in flight from here. */
 static int queue_result(struct cuda_blas *b, struct slot *sl, const void *src, size_t bytes,
                         uint64_t *digest) {
-  int rc = grow_host(&sl->host, bytes ? bytes : 1);
+  int rc = grow_host(b, &sl->host, bytes ? bytes : 1);
   if (!rc)
     rc = cu_status(cudaMemcpyAsync(sl->host.ptr, src, bytes, cudaMemcpyDeviceToHost, b->stream),
                    "cudaMemcpyAsync (result)");
@@ -239,6 +257,12 @@ static void cb_destroy(void *ctx) {
     scratch_free(b, b->ring[i].y, b->ring[i].y_bytes);
     if (b->ring[i].host.ptr) cudaFreeHost(b->ring[i].host.ptr);
     if (b->ring[i].done) cudaEventDestroy(b->ring[i].done);
+  }
+  while (b->retired) {
+    struct retired *r = b->retired;
+    b->retired = r->next;
+    cudaFreeHost(r->ptr);
+    free(r);
   }
   if (b->handle) cublasDestroy(b->handle); /* before its workspace goes */
   scratch_free(b, b->workspace, WORKSPACE_BYTES);
@@ -310,7 +334,7 @@ static int get_input(struct cuda_blas *b, mlo_dtype dtype, uint64_t seed, int to
   int rc = e->pending ? cu_status(cudaEventSynchronize(e->uploaded), "cudaEventSynchronize (X)")
                       : MLO_OK;
   e->pending = false;
-  if (!rc) rc = grow_host(&e->host, bytes);
+  if (!rc) rc = grow_host(b, &e->host, bytes);
   if (!rc && bytes > e->dev_bytes) {
     scratch_free(b, e->dev, e->dev_bytes);
     e->dev = NULL;

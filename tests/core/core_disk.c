@@ -14,6 +14,9 @@
  *  - a read failing at any point of a load fails that forward cleanly
  *    (nothing resident, the file named) and the next forward reads it
  *    right; short reads are no failure;
+ *  - a copy failing at any point of a load leaves no staging buffer
+ *    rewritten under a copy still queued out of it (the host platform's
+ *    srccheck counts a source changed before its copy ran);
  *  - a pipeline freed with loads from disk in flight ends them;
  *  - a tier change waits for copies still queued on the memory it frees;
  *    strict exclusion holds while an excluded component is being read (and
@@ -23,6 +26,8 @@
 #include "testutil.h"
 
 #include "base/sysio.h"
+#include "platform/fault.h"
+#include "platform/platform.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -375,6 +380,69 @@ static void test_read_faults_swept(void **state) {
   mlo_platform_close(plat);
 }
 
+static int no_check(mlo_component *comp, void *user) {
+  (void)comp;
+  (void)user;
+  return 0;
+}
+
+/* A copy failing part-way through a chunk leaves the chunk's first pieces
+ * queued out of its staging buffer.  The next load reading into that
+ * buffer (another component's bytes) must wait for them: the buffer's
+ * event is recorded after them, not left at an older chunk's (review D14).
+ * A slow link keeps them queued; srccheck catches a buffer rewritten under
+ * a queued copy. */
+static void test_copy_faults_leave_no_stale_slot(void **state) {
+  (void)state;
+  if (!tu_platform_is_host()) skip();
+  /* the page cache kept: the next load's reads beat the queued copies */
+  setenv("MLO_KEEP_PAGE_CACHE", "1", 1);
+  mlo_platform *plat = tu_open_spec("fault:kind=copy,nth=0,inner=host:bw=50000000,srccheck=1");
+  tu_pipe *tp = tu_pipe_new(plat, true);
+  mlo_component *a = add_file_comp(tp, "dit_a", MLO_ROLE_DIT, (20u << 20) + 4);
+  mlo_component *b = add_file_comp(tp, "dit_b", MLO_ROLE_DIT, (20u << 20) + 4);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.prefetch = false; /* each forward's load is its own */
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  uint64_t counts[MLO_FAULT_KINDS];
+  mlo_fault_arm(plat, MLO_FAULT_COPY, 0); /* counting */
+  assert_ok(mlo_component_forward(a, no_check, NULL));
+  assert_ok(mlo_component_forward(b, no_check, NULL)); /* every buffer used once */
+  mlo_fault_counts(plat, counts);
+  uint64_t copies = counts[MLO_FAULT_COPY] / 2;
+  assert_true(copies >= 5); /* three chunks, the last of three pieces */
+  for (uint64_t n = 1; n <= copies; n++) {
+    assert_ok(mlo_offload_disable(tp->pipe));
+    assert_ok(mlo_component_evict(a));
+    assert_ok(mlo_component_evict(b));
+    assert_ok(mlo_offload_enable(tp->pipe, &s));
+    mlo_fault_arm(plat, MLO_FAULT_COPY, n);
+    int rc = mlo_component_forward(a, no_check, NULL);
+    bool fired = mlo_fault_fired(plat);
+    mlo_fault_arm(plat, MLO_FAULT_COPY, 0);
+    assert_true(fired);
+    if (rc != MLO_EPLATFORM)
+      fail_msg("copy #%llu: %s (%s)", (unsigned long long)n, mlo_err_name(rc),
+               mlo_pipeline_errmsg(tp->pipe));
+    assert_false(mlo_component_is_resident(a));
+    /* the other component's chunks go through the same buffers at once */
+    assert_ok(tu_forward(tp, b));
+    assert_ok(mlo_platform_synchronize(plat));
+    uint64_t changed = 99;
+    assert_ok(mlo_host_sources_changed(mlo_fault_inner(plat), &changed));
+    if (changed)
+      fail_msg("copy #%llu failed: %llu copies saw their staging buffer rewritten while queued",
+               (unsigned long long)n, (unsigned long long)changed);
+  }
+  assert_ok(tu_forward(tp, a)); /* and it loads right after all that */
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+  unsetenv("MLO_KEEP_PAGE_CACHE");
+}
+
 static void test_free_with_loads_in_flight(void **state) {
   (void)state;
   /* a slow link: the prefetches enable issues are still being read and
@@ -681,6 +749,7 @@ int main(void) {
       cmocka_unit_test(test_file_changed_during_a_paced_load),
       cmocka_unit_test(test_pacing_stops_and_is_checked),
       cmocka_unit_test(test_read_faults_swept),
+      cmocka_unit_test(test_copy_faults_leave_no_stale_slot),
       cmocka_unit_test(test_free_with_loads_in_flight),
       cmocka_unit_test(test_tier_change_waits_for_queued_copies),
       cmocka_unit_test(test_strict_exclusion_while_reading),

@@ -215,6 +215,14 @@ uint64_t fakecuda_host_fns(void) {
   return n;
 }
 
+/* cudaFreeHost calls so far (each synchronizes the whole device). */
+uint64_t fakecuda_free_host_calls(void) {
+  pthread_mutex_lock(&fc.lock);
+  uint64_t n = fc.free_host_calls;
+  pthread_mutex_unlock(&fc.lock);
+  return n;
+}
+
 uint64_t fakecuda_use_after_free(void) {
   pthread_mutex_lock(&fc.lock);
   uint64_t n = fc.use_after_free;

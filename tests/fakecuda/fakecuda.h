@@ -79,6 +79,7 @@ struct fc_global {
   bool host_alloc_fails, no_host_register, free_fails;
   uint64_t use_after_free;     /* device accesses of freed memory, seen at run time */
   uint64_t host_fns;           /* cudaLaunchHostFunc calls (fakecuda_host_fns) */
+  uint64_t free_host_calls;    /* cudaFreeHost calls (fakecuda_free_host_calls) */
   struct CUstream_st *streams; /* live streams, for device-wide synchronize */
 };
 

@@ -418,8 +418,17 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) {
   return cudaHostAlloc(ptr, size, 0);
 }
 
+/* Synchronizes the device first, as the runtime's cudaFreeHost does (an
+ * implicit device-wide synchronize: every stream's queued work, a pending
+ * all-gather included, is waited for, outside any of mlo's watched waits:
+ * review D5); counted (fakecuda_free_host_calls). */
 cudaError_t cudaFreeHost(void *ptr) {
   if (!ptr) return cudaSuccess;
+  pthread_mutex_lock(&fc.lock);
+  fc.free_host_calls++;
+  pthread_mutex_unlock(&fc.lock);
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e) return e;
   if (!remove_host(ptr, true)) return fc_fail(cudaErrorInvalidValue);
   free(ptr);
   return cudaSuccess;

@@ -14,6 +14,10 @@
  *   platform_cuda_contexts (label platform) — `contexts`: on the fake with
  *       two devices, a thread that never chose a device drives cuda:1 and
  *       no context is ever created on device 0 (issue 25, item 3).
+ *   platform_cuda_blas_fake (label platform) — `blasfake`: the cuBLAS
+ *       workload on the fake runtime and tests/fakecublas: its digests, and
+ *       no cudaFreeHost (a device-wide synchronize) between its create and
+ *       its destroy, however its pinned buffers grow (review D5).
  */
 #include "testutil.h"
 
@@ -500,6 +504,38 @@ static void test_workload_gemm(void **state) {
   mlo_platform_close(p);
 }
 
+/* cudaFreeHost synchronizes the whole device (the fake does too, and
+ * counts the calls): the workload's pinned buffers, grown as results and
+ * raw digests grow, are freed at destroy and never mid-run (review D5).
+ * On the fake runtime and cuBLAS only (blasfake). */
+static void *fake_symbol(const char *name);
+
+static void test_workload_frees_pinned_only_at_destroy(void **state) {
+  (void)state;
+  uint64_t (*frees)(void) = (uint64_t(*)(void))fake_symbol("fakecuda_free_host_calls");
+  if (!frees) skip();
+  mlo_platform *p = tu_open_spec("cuda:0");
+  void *wctx = NULL;
+  assert_ok(backend()->create(p, &wctx));
+  uint64_t before = frees();
+  enum { MAX = 1 << 20 };
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, MAX, &block));
+  gemm_case(p, wctx, MLO_DTYPE_F32, true);
+  uint64_t d[12] = {0};
+  for (int i = 0; i < 12; i++) /* every ring slot's buffer grows, several times */
+    assert_ok(backend()->bytes_digest(wctx, block, 0, (size_t)256 << i, &d[i]));
+  assert_ok(backend()->flush(wctx));
+  gemm_case(p, wctx, MLO_DTYPE_BF16, true);
+  if (frees() != before)
+    fail_msg("%llu cudaFreeHost calls (each a device-wide synchronize) between create and destroy",
+             (unsigned long long)(frees() - before));
+  assert_ok(mlo_plat_dev_free(p, block, MAX));
+  backend()->destroy(wctx);
+  assert_true(frees() > before); /* what grew is freed at destroy */
+  mlo_platform_close(p);
+}
+
 /* ---- contexts, on the fake runtime (issue 25, item 3) ------------------- */
 
 /* The fake runtime's record of contexts (tests/fakecuda): NULL when the
@@ -605,6 +641,17 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "contexts")) {
     const struct CMUnitTest context_tests[] = {cmocka_unit_test(test_no_context_on_device0)};
     return cmocka_run_group_tests(context_tests, NULL, NULL);
+  }
+  if (argc > 1 && !strcmp(argv[1], "blasfake")) { /* the workload on fakecuda and fakecublas */
+    if (!fake_symbol("fakecuda_free_host_calls")) {
+      fprintf(stderr, "`blasfake` asked for, but the CUDA runtime loaded is not the fake\n");
+      return 1;
+    }
+    const struct CMUnitTest blas_tests[] = {
+        cmocka_unit_test(test_workload_gemm),
+        cmocka_unit_test(test_workload_frees_pinned_only_at_destroy),
+    };
+    return cmocka_run_group_tests(blas_tests, NULL, NULL);
   }
   bool fake = argc > 1 && !strcmp(argv[1], "fake");
   if (fake && !fake_symbol("fakecuda_contexts_created")) {
