@@ -298,7 +298,7 @@ int cmd_plan(int argc, char **argv) {
       printf("pipeline: %s, %zu components, %s; %dx%d", pa.src.label, pr.ncomp,
              tool_size(pr.all_bytes), job.width, job.height);
       if (job.frames > 1) printf(", %d frames", job.frames);
-      printf(", %d steps\n\n%-10s %10s %12s  %-4s  %-16s %10s  %9s\n", job.steps, "card", "memory",
+      printf(", %d steps\n\n%-13s %10s %12s  %-4s  %-16s %10s  %9s\n", job.steps, "card", "memory",
              "link", "all?", "best policy", "per prompt", "overhead");
     }
     if (pa.json)
@@ -312,8 +312,12 @@ int cmd_plan(int argc, char **argv) {
     code = tool_print_json_text(cJSON_Print(all));
   } else if (!code) {
     printf("\n(all?: every component fits at once.  mlo plan %s --device CARD for a card's "
-           "full table)\n",
+           "full table)\n(",
            pa.src.label);
+    for (size_t i = 0, n = 0; i < plan_ndevices; i++)
+      if (plan_devices[i].unified != PLAN_MEM_DISCRETE)
+        printf("%s%s", n++ ? ", " : "", plan_devices[i].name);
+    printf(": unified memory, where offload is the wrong tool; --device says why)\n");
   }
   cJSON_Delete(all);
 out_free:
