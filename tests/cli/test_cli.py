@@ -1507,6 +1507,41 @@ class PlanTests(Fixture):
         self.assertEqual(link["rtx4060ti-16g"], link["rtx4070"] / 2)
         self.assertEqual(link["rtx4060"], link["rtx4070"] / 2)
 
+    def test_device_memory_alone(self):
+        """--device-memory alone answers (issue 43: it used to fail for want of
+        a compute time): the compute of the built-in card nearest that memory,
+        a PCIe 4.0 x16 link, and the output says what was assumed."""
+        rc, out, err = mlo("plan", "flux", "--device-memory", "12G")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("assumed: the compute of rtx4070", out)
+        self.assertIn("give --device for your card", out)
+        rtx4070 = plan_json("flux", "--device", "rtx4070")["device"]
+        for size, card in (("12G", "rtx4070"), ("8G", "rtx4060"), ("16G", "rtx4080"),
+                           ("24G", "rtx4090"), ("32G", "rtx5090"), ("80G", "h100-sxm")):
+            for preset in ("flux", "wan2.2-t2v"):
+                with self.subTest(size=size, preset=preset):
+                    res = plan_json(preset, "--device-memory", size)
+                    d = res["device"]
+                    self.assertIs(d["assumed"], True)
+                    self.assertEqual(d["assumed_compute_of"], card)
+                    self.assertEqual(d["link_bytes_per_s"], 25e9)
+                    self.check_device(res)
+        d = plan_json("flux", "--device-memory", "12G")["device"]
+        self.assertEqual((d["bf16_tflops"], d["fp8_tflops"]),
+                         (rtx4070["bf16_tflops"], rtx4070["fp8_tflops"]))
+        # what is given is not assumed: --link, --tflops; --step-time for every
+        # role needs no compute, so nothing is assumed either
+        d = plan_json("flux", "--device-memory", "12G", "--link", "5e9")["device"]
+        self.assertEqual((d["link_bytes_per_s"], d["assumed_compute_of"]), (5e9, "rtx4070"))
+        d = plan_json("flux", "--device-memory", "12G", "--tflops", "10")["device"]
+        self.assertIs(d["assumed"], False)
+        self.assertNotIn("assumed_compute_of", d)
+        d = plan_json("flux", "--device-memory", "12G", "--step-time",
+                      "dit=1,encoder=0.1,vae=0.5")["device"]
+        self.assertIs(d["assumed"], False)
+        _, out, _ = mlo("plan", "flux", "--device", "rtx4070", check=0)
+        self.assertNotIn("assumed", out)
+
     def test_unified_memory(self):
         """GB10 and GH200: the plan says offload is the wrong tool there and
         why, in text and JSON, and still says what fits.  On GB10 the host
@@ -1549,6 +1584,8 @@ class PlanTests(Fixture):
         listed = [c.strip() for c in cards.group(1).split(",")]
         for card in self.CARDS_OWNED:
             self.assertIn(card, listed)
+        self.assertIn("--device-memory", out)
+        self.assertIn("built-in card nearest", out)
 
     def test_whole_and_progressive_loads(self):
         """--whole-loads: each load is waited for whole, so strict's stall is
@@ -1783,8 +1820,9 @@ class PlanTests(Fixture):
                 self.assertEqual(rc, 2, err)
                 self.assertIn(word, err)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.svg")))
-        # the projection needs a compute time: no card, no --tflops, no --step-time
-        rc, _, err = mlo("plan", self.ckpt, "--device-memory", "1G")
+        # the projection needs a compute time: no card, no --tflops, no --step-time,
+        # no --device-memory to assume a card's from (test_device_memory_alone)
+        rc, _, err = mlo("plan", self.ckpt, "--link", "1e9")
         self.assertEqual(rc, 2)
         self.assertIn("--step-time", err)
         # mlo run's --link is the host platform's throttle only

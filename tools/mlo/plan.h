@@ -28,6 +28,9 @@ extern const plan_device plan_devices[];
 extern const size_t plan_ndevices;
 /* By name or alias ("h100", "4090"), case-insensitive; NULL if unknown. */
 const plan_device *plan_device_find(const char *name);
+/* The discrete profile nearest `memory` bytes (in whole GiB), whose compute
+ * a card given only by --device-memory is assumed to have. */
+const plan_device *plan_device_assumed(uint64_t memory);
 
 /* A node of several cards and its copy paths, for choosing how a switch
  * loads on its ranks (docs/distributed.md, "Topology"; each figure's

@@ -82,6 +82,20 @@ const plan_device *plan_device_find(const char *name) {
   return NULL;
 }
 
+/* The profile whose compute a card described by its memory alone is given:
+ * the discrete card whose memory, in whole GiB, is nearest; of cards as
+ * near, the one listed first (the newer generation). */
+const plan_device *plan_device_assumed(uint64_t memory) {
+  const plan_device *best = NULL;
+  double want = (double)memory / (double)(1ull << 30), dist = 0;
+  for (size_t i = 0; i < plan_ndevices; i++) {
+    if (plan_devices[i].unified != PLAN_MEM_DISCRETE) continue;
+    double d = fabs(round((double)plan_devices[i].memory / (double)(1ull << 30)) - want);
+    if (!best || d < dist) best = &plan_devices[i], dist = d;
+  }
+  return best;
+}
+
 /* Nodes our users run on.  A GPU's host link as the card's (80% of the bus,
  * what pinned copies reach); a fabric at 80% of its per-direction peak,
  * likewise (docs/plan.md lists the sources and what each layout assumes). */

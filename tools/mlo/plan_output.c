@@ -125,6 +125,12 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
     fprintf(out, ", %.0f TFLOPS bf16%s (mfu %.2f)", pr->dev.bf16_tflops,
             pr->dev.fp8_tflops > 0 && pr->dev.fp8_tflops != pr->dev.bf16_tflops ? " / fp8 x2" : "",
             pa->mfu);
+  if (pr->assumed)
+    fprintf(out,
+            "\n          (assumed: the compute of %s, the built-in card nearest %s%s: give "
+            "--device for your card)",
+            pr->assumed->name, tool_size(pr->dev.memory),
+            pa->have_link ? "" : ", on a PCIe 4.0 x16 link");
   if (pr->node) {
     const mlo_load_plan *l = &pr->loads;
     double fast = l->sharded ? l->sharded_s : l->replicated_s;
@@ -210,6 +216,8 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(d, "mfu", pa->mfu);
   cJSON_AddStringToObject(d, "bus", pr->dev.bus);
   cJSON_AddBoolToObject(d, "unified_memory", pr->dev.unified != PLAN_MEM_DISCRETE);
+  if (pr->custom) cJSON_AddBoolToObject(d, "assumed", pr->assumed != NULL);
+  if (pr->assumed) cJSON_AddStringToObject(d, "assumed_compute_of", pr->assumed->name);
   if (pr->node) {
     const mlo_node_topology t = pr->topo;
     cJSON *n = cJSON_AddObjectToObject(o, "node");

@@ -248,6 +248,14 @@ static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, co
       cp->source = "not run";
     } else {
       double tf = pa->have_tflops ? pa->tflops : plan_tflops_for(&pr->dev, cost.compute_dtype);
+      if (!(tf > 0) && pr->custom && pa->have_capacity) {
+        /* --device-memory alone (issue 43): the compute of the built-in card
+         * nearest that memory, said so in the output */
+        pr->assumed = plan_device_assumed(pr->dev.memory);
+        pr->dev.bf16_tflops = pr->assumed->bf16_tflops;
+        pr->dev.fp8_tflops = pr->assumed->fp8_tflops;
+        tf = plan_tflops_for(&pr->dev, cost.compute_dtype);
+      }
       if (!(tf > 0)) {
         tool_failf("plan", "no compute time for %s: give --device, --tflops or --step-time %s=S",
                    cp->name, mlo_role_name(cp->role));
