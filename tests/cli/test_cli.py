@@ -1473,6 +1473,120 @@ class PlanTests(Fixture):
                     self.assertEqual(res["job"]["family"], preset)
                     self.check_device(res)
 
+    # Issue 43, item 2: the cards people own, each with its bus and compute
+    # (docs/plan.md lists the sources); gh200 and gb10 have unified memory.
+    CARDS_OWNED = {"rtx3060": "PCIe 4.0", "rtx4060": "PCIe 4.0 x8",
+                   "rtx4060ti-16g": "PCIe 4.0 x8", "rtx4070": "PCIe 4.0", "rtx4080": "PCIe 4.0",
+                   "rtx3090": "PCIe 4.0", "rtx4090": "PCIe 4.0", "rtx5090": "PCIe 5.0",
+                   "a100-40g": "PCIe 4.0", "a100-80g": "PCIe 4.0", "h100-sxm": "PCIe 5.0",
+                   "h200": "PCIe 5.0", "l40s": "PCIe 4.0", "gh200": "NVLink-C2C",
+                   "gh200-144g": "NVLink-C2C", "gb10": "unified LPDDR5x"}
+
+    def test_cards_people_own(self):
+        """Every profile of the cards people own answers for every preset, with
+        its memory, link, bus and compute; an x8 card has half an x16 card's
+        link; consumer cards from 8 to 32 GB are there."""
+        sizes = set()
+        for card, bus in self.CARDS_OWNED.items():
+            for preset in PLAN_PRESETS:
+                with self.subTest(card=card, preset=preset):
+                    res = plan_json(preset, "--device", card)
+                    d = res["device"]
+                    self.assertEqual(d["name"], card)
+                    self.assertEqual(d["bus"], bus)
+                    self.assertGreater(d["memory_bytes"], 7 << 30)
+                    self.assertGreater(d["link_bytes_per_s"], 1e10)
+                    self.assertGreater(d["bf16_tflops"], 20)
+                    self.assertGreaterEqual(d["fp8_tflops"], 0)  # 0: no fp8 tensor cores
+                    self.assertEqual(d["unified_memory"], card in ("gh200", "gh200-144g", "gb10"))
+                    self.check_device(res)
+            sizes.add(round(d["memory_bytes"] / (1 << 30)))
+        self.assertLessEqual({8, 12, 16, 24, 32}, sizes)
+        link = {c: plan_json("sd3", "--device", c)["device"]["link_bytes_per_s"]
+                for c in ("rtx4060ti-16g", "rtx4060", "rtx4070")}
+        self.assertEqual(link["rtx4060ti-16g"], link["rtx4070"] / 2)
+        self.assertEqual(link["rtx4060"], link["rtx4070"] / 2)
+
+    def test_device_memory_alone(self):
+        """--device-memory alone answers (issue 43: it used to fail for want of
+        a compute time): the compute of the built-in card nearest that memory,
+        a PCIe 4.0 x16 link, and the output says what was assumed."""
+        rc, out, err = mlo("plan", "flux", "--device-memory", "12G")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("assumed: the compute of rtx4070", out)
+        self.assertIn("give --device for your card", out)
+        rtx4070 = plan_json("flux", "--device", "rtx4070")["device"]
+        for size, card in (("12G", "rtx4070"), ("8G", "rtx4060"), ("16G", "rtx4080"),
+                           ("24G", "rtx4090"), ("32G", "rtx5090"), ("80G", "h100-sxm")):
+            for preset in ("flux", "wan2.2-t2v"):
+                with self.subTest(size=size, preset=preset):
+                    res = plan_json(preset, "--device-memory", size)
+                    d = res["device"]
+                    self.assertIs(d["assumed"], True)
+                    self.assertEqual(d["assumed_compute_of"], card)
+                    self.assertEqual(d["link_bytes_per_s"], 25e9)
+                    self.check_device(res)
+        d = plan_json("flux", "--device-memory", "12G")["device"]
+        self.assertEqual((d["bf16_tflops"], d["fp8_tflops"]),
+                         (rtx4070["bf16_tflops"], rtx4070["fp8_tflops"]))
+        # what is given is not assumed: --link, --tflops; --step-time for every
+        # role needs no compute, so nothing is assumed either
+        d = plan_json("flux", "--device-memory", "12G", "--link", "5e9")["device"]
+        self.assertEqual((d["link_bytes_per_s"], d["assumed_compute_of"]), (5e9, "rtx4070"))
+        d = plan_json("flux", "--device-memory", "12G", "--tflops", "10")["device"]
+        self.assertIs(d["assumed"], False)
+        self.assertNotIn("assumed_compute_of", d)
+        d = plan_json("flux", "--device-memory", "12G", "--step-time",
+                      "dit=1,encoder=0.1,vae=0.5")["device"]
+        self.assertIs(d["assumed"], False)
+        _, out, _ = mlo("plan", "flux", "--device", "rtx4070", check=0)
+        self.assertNotIn("assumed", out)
+
+    def test_unified_memory(self):
+        """GB10 and GH200: the plan says offload is the wrong tool there and
+        why, in text and JSON, and still says what fits.  On GB10 the host
+        copy an offload row keeps is in the same pool as the device's peak."""
+        for card in ("gb10", "gh200", "gh200-144g"):
+            with self.subTest(card=card):
+                res = plan_json("wan2.2-t2v", "--device", card)
+                self.assertIs(res["device"]["unified_memory"], True)
+                advice = res["unified_memory_advice"]
+                self.assertIn("offload is the wrong tool", advice)
+                self.assertIn("unsloth#10380", advice)
+                self.assertIn("coherently" if card != "gb10" else "share one pool", advice)
+                pols = {p["policy"]: p for p in res["policies"]}
+                self.assertTrue(pols["all-resident"]["fits"])  # what fits is still said
+                self.assertEqual(res["advice"], "all-resident")
+                _, out, _ = mlo("plan", "wan2.2-t2v", "--device", card, check=0)
+                self.assertRegex(out, r"(?m)^unified memory: offload is the wrong tool on ")
+                self.assertIn("--offload none", out)
+        res = plan_json("wan2.2-t2v", "--device", "gb10")
+        mem = res["device"]["memory_bytes"]
+        pols = {p["policy"]: p for p in res["policies"]}
+        for name in ("strict", "budget", "budget+prefetch"):
+            p = pols[name]
+            if p["fits"]:
+                self.assertLessEqual(p["peak_device_bytes"] + p["pinned_host_bytes"], mem, name)
+            else:
+                self.assertIn("unified memory", p["why"], name)
+        self.assertFalse(pols["budget"]["fits"])  # it keeps all: twice the weights
+        # a discrete card says nothing of it
+        res = plan_json("wan2.2-t2v", "--device", "h100-sxm")
+        self.assertIs(res["device"]["unified_memory"], False)
+        self.assertNotIn("unified_memory_advice", res)
+        _, out, _ = mlo("plan", "flux", check=0)
+        self.assertIn("gb10: unified memory, where offload is the wrong tool", out)
+
+    def test_help_lists_the_cards(self):
+        _, out, _ = mlo("plan", "--help", check=0)
+        cards = re.search(r"(?m)^cards: (.*)$", out)
+        self.assertIsNotNone(cards, out)
+        listed = [c.strip() for c in cards.group(1).split(",")]
+        for card in self.CARDS_OWNED:
+            self.assertIn(card, listed)
+        self.assertIn("--device-memory", out)
+        self.assertIn("built-in card nearest", out)
+
     def test_whole_and_progressive_loads(self):
         """--whole-loads: each load is waited for whole, so strict's stall is
         its bytes over the link; by default a load goes block by block and
@@ -1706,8 +1820,9 @@ class PlanTests(Fixture):
                 self.assertEqual(rc, 2, err)
                 self.assertIn(word, err)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "x.svg")))
-        # the projection needs a compute time: no card, no --tflops, no --step-time
-        rc, _, err = mlo("plan", self.ckpt, "--device-memory", "1G")
+        # the projection needs a compute time: no card, no --tflops, no --step-time,
+        # no --device-memory to assume a card's from (test_device_memory_alone)
+        rc, _, err = mlo("plan", self.ckpt, "--link", "1e9")
         self.assertEqual(rc, 2)
         self.assertIn("--step-time", err)
         # mlo run's --link is the host platform's throttle only

@@ -30,7 +30,9 @@ static void help(void) {
          "flags (the same meaning as in mlo run):\n"
          "  --device CARD         a built-in profile (list below); without it and\n"
          "                        without --device-memory: one line per built-in card\n"
-         "  --device-memory SIZE  device memory (overrides the card's)\n"
+         "  --device-memory SIZE  device memory (overrides the card's); without --device\n"
+         "                        or --tflops, the compute of the built-in card nearest\n"
+         "                        SIZE and a PCIe 4.0 x16 link are assumed (said so)\n"
          "  --node NODE           a node of several cards (list below): its ranks load\n"
          "                        each switch replicated or sharded, whichever its copy\n"
          "                        paths make faster, and the table's link is that\n"
@@ -298,7 +300,7 @@ int cmd_plan(int argc, char **argv) {
       printf("pipeline: %s, %zu components, %s; %dx%d", pa.src.label, pr.ncomp,
              tool_size(pr.all_bytes), job.width, job.height);
       if (job.frames > 1) printf(", %d frames", job.frames);
-      printf(", %d steps\n\n%-10s %10s %12s  %-4s  %-16s %10s  %9s\n", job.steps, "card", "memory",
+      printf(", %d steps\n\n%-13s %10s %12s  %-4s  %-16s %10s  %9s\n", job.steps, "card", "memory",
              "link", "all?", "best policy", "per prompt", "overhead");
     }
     if (pa.json)
@@ -312,8 +314,12 @@ int cmd_plan(int argc, char **argv) {
     code = tool_print_json_text(cJSON_Print(all));
   } else if (!code) {
     printf("\n(all?: every component fits at once.  mlo plan %s --device CARD for a card's "
-           "full table)\n",
+           "full table)\n(",
            pa.src.label);
+    for (size_t i = 0, n = 0; i < plan_ndevices; i++)
+      if (plan_devices[i].unified != PLAN_MEM_DISCRETE)
+        printf("%s%s", n++ ? ", " : "", plan_devices[i].name);
+    printf(": unified memory, where offload is the wrong tool; --device says why)\n");
   }
   cJSON_Delete(all);
 out_free:

@@ -8,6 +8,13 @@
 
 #include "tool.h"
 
+/* Where the GPU's memory is (docs/plan.md, "Unified memory"). */
+typedef enum {
+  PLAN_MEM_DISCRETE, /* its own memory behind a PCIe link */
+  PLAN_MEM_SHARED,   /* one pool for CPU and GPU (GB10): a host copy is in it too */
+  PLAN_MEM_COHERENT  /* its own HBM, and the CPU's memory read coherently (GH200) */
+} plan_memory_kind;
+
 typedef struct {
   const char *name;               /* "h100-sxm", as --device takes it */
   const char *title;              /* "NVIDIA H100 SXM 80GB" */
@@ -15,11 +22,15 @@ typedef struct {
   double link;                    /* pinned host-to-device bytes per second */
   double bf16_tflops, fp8_tflops; /* dense tensor throughput; fp8 0: none (bf16's is used) */
   const char *bus;
+  plan_memory_kind unified;
 } plan_device;
 extern const plan_device plan_devices[];
 extern const size_t plan_ndevices;
 /* By name or alias ("h100", "4090"), case-insensitive; NULL if unknown. */
 const plan_device *plan_device_find(const char *name);
+/* The discrete profile nearest `memory` bytes (in whole GiB), whose compute
+ * a card given only by --device-memory is assumed to have. */
+const plan_device *plan_device_assumed(uint64_t memory);
 
 /* A node of several cards and its copy paths, for choosing how a switch
  * loads on its ranks (docs/distributed.md, "Topology"; each figure's

@@ -64,10 +64,11 @@ typedef struct {
                             --node, link is the node's effective rate per GPU */
   const plan_node *node; /* --node, else NULL */
   unsigned gpus;
-  double gpu_link;        /* with node: each GPU's own link */
-  mlo_node_topology topo; /* with node: as planned (--link applied) */
-  mlo_load_plan loads;    /* with node: a GiB's load each way */
-  bool custom;            /* no profile: --device-memory, --link, --tflops */
+  double gpu_link;            /* with node: each GPU's own link */
+  mlo_node_topology topo;     /* with node: as planned (--link applied) */
+  mlo_load_plan loads;        /* with node: a GiB's load each way */
+  bool custom;                /* no profile: --device-memory, --link, --tflops */
+  const plan_device *assumed; /* custom, given only its memory: whose compute it has */
   size_t ncomp;
   struct comp_plan {
     char name[128];

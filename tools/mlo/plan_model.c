@@ -16,29 +16,62 @@
 #include <strings.h>
 
 #define MIB (1024ull * 1024ull)
-#define GEN4_LINK 25e9 /* ~80% of PCIe 4.0 x16's 31.5 GB/s: pinned copies in practice */
-#define GEN5_LINK 50e9 /* ~80% of PCIe 5.0 x16's 63 GB/s */
+#define GEN4_LINK 25e9          /* ~80% of PCIe 4.0 x16's 31.5 GB/s: pinned copies in practice */
+#define GEN5_LINK 50e9          /* ~80% of PCIe 5.0 x16's 63 GB/s */
+#define GEN4_X8 (GEN4_LINK / 2) /* an x8 card: half the lanes, half the rate */
+#define C2C_LINK 360e9          /* ~80% of NVLink-C2C's 450 GB/s each way */
+/* GB10: "host" and "device" are the same LPDDR5x (273 GB/s), so a copy reads
+ * and writes it: ~80% of half its bandwidth */
+#define GB10_COPY 109e9
 
-/* Memory as nvidia-smi reports the card's total; TFLOPS dense (without
- * structured sparsity) with FP32 accumulation, from NVIDIA's datasheets
- * and architecture whitepapers (docs/plan.md lists each). */
+/* Memory as nvidia-smi reports the card's total (GB10: as CUDA reports the
+ * pool); TFLOPS dense (without structured sparsity) with FP32 accumulation,
+ * from NVIDIA's datasheets and architecture whitepapers (docs/plan.md lists
+ * each, and how the figures of a spec page that quotes only "AI TOPS" are
+ * derived). */
 const plan_device plan_devices[] = {
-    {"h200", "NVIDIA H200 SXM 141GB", 143771 * MIB, GEN5_LINK, 989, 1979, "PCIe 5.0"},
-    {"h100-sxm", "NVIDIA H100 SXM 80GB", 81559 * MIB, GEN5_LINK, 989, 1979, "PCIe 5.0"},
-    {"h100-pcie", "NVIDIA H100 PCIe 80GB", 81559 * MIB, GEN5_LINK, 756, 1513, "PCIe 5.0"},
-    {"a100-80g", "NVIDIA A100 80GB", 81920 * MIB, GEN4_LINK, 312, 0, "PCIe 4.0"},
-    {"a100-40g", "NVIDIA A100 40GB", 40960 * MIB, GEN4_LINK, 312, 0, "PCIe 4.0"},
-    {"l40s", "NVIDIA L40S 48GB", 46068 * MIB, GEN4_LINK, 362, 733, "PCIe 4.0"},
-    {"rtx5090", "NVIDIA GeForce RTX 5090 32GB", 32607 * MIB, GEN5_LINK, 209.5, 419, "PCIe 5.0"},
-    {"rtx4090", "NVIDIA GeForce RTX 4090 24GB", 24564 * MIB, GEN4_LINK, 165.2, 330.3, "PCIe 4.0"},
-    {"rtx3090", "NVIDIA GeForce RTX 3090 24GB", 24576 * MIB, GEN4_LINK, 71, 0, "PCIe 4.0"},
+    {"h200", "NVIDIA H200 SXM 141GB", 143771 * MIB, GEN5_LINK, 989, 1979, "PCIe 5.0",
+     PLAN_MEM_DISCRETE},
+    {"h100-sxm", "NVIDIA H100 SXM 80GB", 81559 * MIB, GEN5_LINK, 989, 1979, "PCIe 5.0",
+     PLAN_MEM_DISCRETE},
+    {"h100-pcie", "NVIDIA H100 PCIe 80GB", 81559 * MIB, GEN5_LINK, 756, 1513, "PCIe 5.0",
+     PLAN_MEM_DISCRETE},
+    {"a100-80g", "NVIDIA A100 80GB", 81920 * MIB, GEN4_LINK, 312, 0, "PCIe 4.0", PLAN_MEM_DISCRETE},
+    {"a100-40g", "NVIDIA A100 40GB", 40960 * MIB, GEN4_LINK, 312, 0, "PCIe 4.0", PLAN_MEM_DISCRETE},
+    {"l40s", "NVIDIA L40S 48GB", 46068 * MIB, GEN4_LINK, 362, 733, "PCIe 4.0", PLAN_MEM_DISCRETE},
+    {"rtx5090", "NVIDIA GeForce RTX 5090 32GB", 32607 * MIB, GEN5_LINK, 209.5, 419, "PCIe 5.0",
+     PLAN_MEM_DISCRETE},
+    {"rtx4090", "NVIDIA GeForce RTX 4090 24GB", 24564 * MIB, GEN4_LINK, 165.2, 330.3, "PCIe 4.0",
+     PLAN_MEM_DISCRETE},
+    {"rtx3090", "NVIDIA GeForce RTX 3090 24GB", 24576 * MIB, GEN4_LINK, 71, 0, "PCIe 4.0",
+     PLAN_MEM_DISCRETE},
+    {"rtx4080", "NVIDIA GeForce RTX 4080 16GB", 16376 * MIB, GEN4_LINK, 97.5, 194.9, "PCIe 4.0",
+     PLAN_MEM_DISCRETE},
+    {"rtx4060ti-16g", "NVIDIA GeForce RTX 4060 Ti 16GB", 16380 * MIB, GEN4_X8, 44.1, 88.3,
+     "PCIe 4.0 x8", PLAN_MEM_DISCRETE},
+    {"rtx4070", "NVIDIA GeForce RTX 4070 12GB", 12282 * MIB, GEN4_LINK, 58.3, 116.6, "PCIe 4.0",
+     PLAN_MEM_DISCRETE},
+    {"rtx3060", "NVIDIA GeForce RTX 3060 12GB", 12288 * MIB, GEN4_LINK, 25.5, 0, "PCIe 4.0",
+     PLAN_MEM_DISCRETE},
+    {"rtx4060", "NVIDIA GeForce RTX 4060 8GB", 8188 * MIB, GEN4_X8, 30.2, 60.5, "PCIe 4.0 x8",
+     PLAN_MEM_DISCRETE},
+    {"gh200", "NVIDIA GH200 96GB (Grace Hopper)", 97871 * MIB, C2C_LINK, 989, 1979, "NVLink-C2C",
+     PLAN_MEM_COHERENT},
+    {"gh200-144g", "NVIDIA GH200 144GB HBM3e (Grace Hopper)", 145920 * MIB, C2C_LINK, 989, 1979,
+     "NVLink-C2C", PLAN_MEM_COHERENT},
+    {"gb10", "NVIDIA DGX Spark (GB10)", 124549 * MIB, GB10_COPY, 62.5, 125, "unified LPDDR5x",
+     PLAN_MEM_SHARED},
 };
 const size_t plan_ndevices = sizeof plan_devices / sizeof plan_devices[0];
 
 static const struct {
   const char *alias, *name;
-} device_aliases[] = {{"h100", "h100-sxm"}, {"a100", "a100-80g"}, {"4090", "rtx4090"},
-                      {"5090", "rtx5090"},  {"3090", "rtx3090"},  {"h200-sxm", "h200"}};
+} device_aliases[] = {
+    {"h100", "h100-sxm"},  {"a100", "a100-80g"},        {"4090", "rtx4090"},
+    {"5090", "rtx5090"},   {"3090", "rtx3090"},         {"h200-sxm", "h200"},
+    {"4080", "rtx4080"},   {"4070", "rtx4070"},         {"3060", "rtx3060"},
+    {"4060", "rtx4060"},   {"4060ti", "rtx4060ti-16g"}, {"rtx4060ti", "rtx4060ti-16g"},
+    {"dgx-spark", "gb10"}, {"gh200-96g", "gh200"}};
 
 const plan_device *plan_device_find(const char *name) {
   if (!name) return NULL;
@@ -47,6 +80,20 @@ const plan_device *plan_device_find(const char *name) {
   for (size_t i = 0; i < plan_ndevices; i++)
     if (!strcasecmp(name, plan_devices[i].name)) return &plan_devices[i];
   return NULL;
+}
+
+/* The profile whose compute a card described by its memory alone is given:
+ * the discrete card whose memory, in whole GiB, is nearest; of cards as
+ * near, the one listed first (the newer generation). */
+const plan_device *plan_device_assumed(uint64_t memory) {
+  const plan_device *best = NULL;
+  double want = (double)memory / (double)(1ull << 30), dist = 0;
+  for (size_t i = 0; i < plan_ndevices; i++) {
+    if (plan_devices[i].unified != PLAN_MEM_DISCRETE) continue;
+    double d = fabs(round((double)plan_devices[i].memory / (double)(1ull << 30)) - want);
+    if (!best || d < dist) best = &plan_devices[i], dist = d;
+  }
+  return best;
 }
 
 /* Nodes our users run on.  A GPU's host link as the card's (80% of the bus,

@@ -71,6 +71,36 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
           pa->preset ? "<its diffusers directory>" : pa->src.label, node, pr->steps, flags);
 }
 
+/* On a unified-memory machine (GB10, GH200), why offload is the wrong tool
+ * (docs/plan.md, "Unified memory"); NULL on a discrete card. */
+static const char *unified_advice(const plan_result *pr) {
+  static char buf[1024];
+  if (pr->dev.unified == PLAN_MEM_SHARED)
+    snprintf(buf, sizeof buf,
+             "offload is the wrong tool on %s: its CPU and GPU share one pool of memory, so "
+             "the host copy an offload policy keeps takes the very memory it was to free, and "
+             "each load copies the pool into itself, reading and writing bytes the forward "
+             "could read where they are (twice the traffic). Keep every component where it "
+             "is (--offload none); if they do not fit, a smaller --dtype (fp8, a GGUF type) "
+             "helps and offload does not. Offload on unified memory has been reported 2.4-3.4x "
+             "slower (unslothai/unsloth#10380)",
+             pr->dev.title);
+  else if (pr->dev.unified == PLAN_MEM_COHERENT)
+    snprintf(buf, sizeof buf,
+             "offload is the wrong tool on %s: its GPU reads the Grace CPU's memory coherently "
+             "over NVLink-C2C, so what does not fit the HBM can stay in CPU memory and be read "
+             "there (or migrated by the driver as it is used) with no copy of mlo's; an offload "
+             "policy keeps a second copy and, for each load, writes and reads again in HBM the "
+             "bytes a direct read takes once. Keep what fits resident (--offload none) and "
+             "leave the rest in CPU memory (CUDA managed or system-allocated memory). Offload "
+             "on unified memory has been reported 2.4-3.4x slower "
+             "(unslothai/unsloth#10380)",
+             pr->dev.title);
+  else
+    return NULL;
+  return buf;
+}
+
 static const char *secs(double s) {
   static char bufs[8][32];
   static unsigned next;
@@ -88,12 +118,19 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
   fprintf(out, "pipeline: %s%s, %zu components, %s\n", pa->src.label,
           pa->preset ? " (preset, full size, declared without files)" : "", pr->ncomp,
           tool_size(pr->all_bytes));
-  fprintf(out, "device:   %s: %s, link %.1f GB/s", pr->dev.title, tool_size(pr->dev.memory),
-          pr->dev.link / 1e9);
+  fprintf(out, "device:   %s: %s%s, link %.1f GB/s", pr->dev.title, tool_size(pr->dev.memory),
+          pr->dev.unified == PLAN_MEM_SHARED ? " unified (CPU and GPU)" : "", pr->dev.link / 1e9);
+  if (pr->dev.unified != PLAN_MEM_DISCRETE) fprintf(out, " (%s)", pr->dev.bus);
   if (pr->dev.bf16_tflops > 0)
     fprintf(out, ", %.0f TFLOPS bf16%s (mfu %.2f)", pr->dev.bf16_tflops,
             pr->dev.fp8_tflops > 0 && pr->dev.fp8_tflops != pr->dev.bf16_tflops ? " / fp8 x2" : "",
             pa->mfu);
+  if (pr->assumed)
+    fprintf(out,
+            "\n          (assumed: the compute of %s, the built-in card nearest %s%s: give "
+            "--device for your card)",
+            pr->assumed->name, tool_size(pr->dev.memory),
+            pa->have_link ? "" : ", on a PCIe 4.0 x16 link");
   if (pr->node) {
     const mlo_load_plan *l = &pr->loads;
     double fast = l->sharded ? l->sharded_s : l->replicated_s;
@@ -161,6 +198,8 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
     }
   }
   print_advice(pa, pr, out);
+  const char *unified = unified_advice(pr);
+  if (unified) fprintf(out, "unified memory: %s.\n", unified);
   if (!pa->have_reserve && !pa->have_budget)
     fprintf(out, "note: weights only; leave room for activations with --reserve SIZE\n");
 }
@@ -175,6 +214,10 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(d, "bf16_tflops", pr->dev.bf16_tflops);
   cJSON_AddNumberToObject(d, "fp8_tflops", pr->dev.fp8_tflops);
   cJSON_AddNumberToObject(d, "mfu", pa->mfu);
+  cJSON_AddStringToObject(d, "bus", pr->dev.bus);
+  cJSON_AddBoolToObject(d, "unified_memory", pr->dev.unified != PLAN_MEM_DISCRETE);
+  if (pr->custom) cJSON_AddBoolToObject(d, "assumed", pr->assumed != NULL);
+  if (pr->assumed) cJSON_AddStringToObject(d, "assumed_compute_of", pr->assumed->name);
   if (pr->node) {
     const mlo_node_topology t = pr->topo;
     cJSON *n = cJSON_AddObjectToObject(o, "node");
@@ -252,12 +295,14 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
     cJSON_AddStringToObject(o, "advice", pol_names[pr->advice]);
   else
     cJSON_AddNullToObject(o, "advice");
+  const char *unified = unified_advice(pr);
+  if (unified) cJSON_AddStringToObject(o, "unified_memory_advice", unified);
   return o;
 }
 
 void plan_print_summary_line(const plan_result *pr, FILE *out) {
   const pol_result *q = pr->advice >= 0 ? &pr->pol[pr->advice] : NULL;
-  fprintf(out, "%-10s %10s %7.0f GB/s  %-4s  %-16s", pr->dev.name, tool_size(pr->dev.memory),
+  fprintf(out, "%-13s %10s %7.0f GB/s  %-4s  %-16s", pr->dev.name, tool_size(pr->dev.memory),
           pr->dev.link / 1e9, pr->pol[POL_RESIDENT].fits ? "yes" : "no",
           q ? pol_names[pr->advice] : "nothing fits");
   if (q)

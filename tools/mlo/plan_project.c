@@ -248,6 +248,14 @@ static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, co
       cp->source = "not run";
     } else {
       double tf = pa->have_tflops ? pa->tflops : plan_tflops_for(&pr->dev, cost.compute_dtype);
+      if (!(tf > 0) && pr->custom && pa->have_capacity) {
+        /* --device-memory alone (issue 43): the compute of the built-in card
+         * nearest that memory, said so in the output */
+        pr->assumed = plan_device_assumed(pr->dev.memory);
+        pr->dev.bf16_tflops = pr->assumed->bf16_tflops;
+        pr->dev.fp8_tflops = pr->assumed->fp8_tflops;
+        tf = plan_tflops_for(&pr->dev, cost.compute_dtype);
+      }
       if (!(tf > 0)) {
         tool_failf("plan", "no compute time for %s: give --device, --tflops or --step-time %s=S",
                    cp->name, mlo_role_name(cp->role));
@@ -270,6 +278,21 @@ static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, co
   return 0;
 }
 
+/* One pool for CPU and GPU (GB10): the host copy an offload policy keeps
+ * is in the same memory as what it loads, so the row fits only if both do. */
+static void shared_pool(plan_result *pr, int pol) {
+  pol_result *q = &pr->pol[pol];
+  if (pr->dev.unified != PLAN_MEM_SHARED || pol == POL_RESIDENT || !q->fits) return;
+  uint64_t need = q->peak_device + q->pinned_host;
+  if (need <= pr->dev.memory) return;
+  q->fits = false;
+  snprintf(q->why, sizeof q->why,
+           "short by %s: unified memory: the host copy (%s) and the device's peak (%s) share "
+           "the one pool of %s",
+           tool_size(need - pr->dev.memory), tool_size(q->pinned_host), tool_size(q->peak_device),
+           tool_size(pr->dev.memory));
+}
+
 static void choose_advice(plan_result *pr) {
   /* the least wall time; ties (within 0.05%) to the simpler policy */
   pr->advice = -1;
@@ -286,7 +309,8 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
   if (dev)
     pr->dev = *dev;
   else
-    pr->dev = (plan_device){"custom", "custom device", 0, 25e9, 0, 0, ""}, pr->custom = true;
+    pr->dev = (plan_device){"custom", "custom device", 0, 25e9, 0, 0, "", PLAN_MEM_DISCRETE},
+    pr->custom = true;
   if (pa->have_capacity) pr->dev.memory = pa->capacity;
   if (pa->have_link) pr->dev.link = (double)pa->link;
   if (pa->have_tflops) pr->dev.bf16_tflops = pr->dev.fp8_tflops = pa->tflops;
@@ -384,6 +408,7 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
       code = tool_exit_for(rc);
       goto out;
     }
+    shared_pool(pr, p);
   }
   choose_advice(pr);
   if (draw && pr->advice >= 0) {
