@@ -129,6 +129,9 @@ def _view(ptr, t_like, nbytes, keep=None):
     return flat.view(t_like.dtype).view(t_like.shape)
 
 
+_SUM_CHUNK = 1 << 20  # elements a fingerprint sums at once (8 MiB of int64)
+
+
 class _Entry:
     """One tensor of a component: where it sits in the module tree, its
     dtype and shape (`like`, on the meta device: no bytes of torch's are
@@ -355,7 +358,11 @@ class Offload:
                 v = _cuda_view(at, like, n * like.element_size(), self.pipeline,
                                self.torch_device) if cuda else \
                     _view(at, like, n * like.element_size(), self.pipeline)
-                sums.append(int(torch.sum(v, dtype=torch.int64)))
+                # in chunks: torch casts to int64 before it sums, a temporary
+                # twice the span's size in one piece (host memory the disk
+                # tier's budget does not have)
+                sums.append(sum(int(torch.sum(v[i:i + _SUM_CHUNK], dtype=torch.int64))
+                                for i in range(0, n, _SUM_CHUNK)))
         return tuple(sums)
 
     def _sums(self, m, where):
@@ -1369,6 +1376,8 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
     if not os.path.isdir(path):
         raise ValueError("mlo.torch.from_pretrained reads a local diffusers folder; %r is not "
                          "one (download it first: huggingface_hub.snapshot_download)" % (path,))
+    if host_memory is not None:
+        parse_size(host_memory, "host_memory")  # refused before anything is built
     index_path = os.path.join(path, "model_index.json")
     if not os.path.isfile(index_path):
         raise ValueError("%s has no model_index.json: not a diffusers pipeline folder" % path)
