@@ -15,13 +15,14 @@ the PyTorch adapter maps modules onto components.
 import contextlib
 import ctypes
 import gc
+import os
 import threading
 import weakref
 
 from . import _lib
 
 __all__ = ["MloError", "Platform", "Pipeline", "Component", "Tensor", "version", "role_from_class",
-           "role_guess", "DIT", "ENCODER", "VAE", "OTHER"]
+           "role_guess", "parse_size", "DIT", "ENCODER", "VAE", "OTHER"]
 
 DIT, ENCODER, VAE, OTHER = _lib.ROLE_DIT, _lib.ROLE_ENCODER, _lib.ROLE_VAE, _lib.ROLE_OTHER
 _ROLE_NAMES = {"dit": DIT, "encoder": ENCODER, "vae": VAE, "other": OTHER}
@@ -57,6 +58,22 @@ def role_guess(name, class_name=None):
     "other"."""
     role = lib().mlo_role_guess(name.encode(), class_name.encode() if class_name else None)
     return lib().mlo_role_name(role).decode()
+
+
+def parse_size(value, what="size", allow_zero=False):
+    """Bytes from a size as libmlo reads one (mlo_parse_size: "24G",
+    "512M", "1.5GiB", "8e9"; K/M/G/T are 1024-based), or an int of bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0 or value >= _U64 or (value == 0 and not allow_zero):
+            raise ValueError("%s: %d is not a size in bytes" % (what, value))
+        return value
+    if not isinstance(value, str) or "\0" in value:
+        raise ValueError("%s: %r is not a size (\"24G\", \"512M\", or bytes)" % (what, value))
+    out = ctypes.c_uint64()
+    if lib().mlo_parse_size(value.encode(), bool(allow_zero), ctypes.byref(out)):
+        raise ValueError("%s: %r is not a size (\"24G\", \"512M\", \"1.5GiB\", or bytes)"
+                         % (what, value))
+    return out.value
 
 
 class MloError(RuntimeError):
@@ -318,6 +335,13 @@ class Tensor:
     def nbytes(self):
         return self._call("nbytes", lib().mlo_tensor_nbytes)
 
+    def file(self):
+        """(path, offset) of the file range it was declared from, or None
+        (mlo_tensor_file)."""
+        off = ctypes.c_uint64()
+        path = self._call("file", lib().mlo_tensor_file, ctypes.byref(off))
+        return None if path is None else (path.decode(), off.value)
+
     @property
     def block(self):
         """The block it is laid out in: its index, or -1 (prologue) / -2
@@ -349,10 +373,13 @@ class Component:
         with self.pipeline._use("%s '%s'" % (what, self.name)) as pipe:
             yield pipe
 
-    def add_tensor(self, name, dtype, shape, data_ptr=None, buffer=False):
+    def add_tensor(self, name, dtype, shape, data_ptr=None, buffer=False, file=None,
+                   file_offset=0):
         """Declares a tensor whose bytes are at data_ptr (copied into the
-        component's slab at materialization), or zero-filled without one.
-        Returns its Tensor (host_data(), device_ptr(), ...)."""
+        component's slab at materialization), or in `file` at file_offset
+        (read at materialization, or at each load where the disk tier keeps
+        the component in its files: host_budget), or zero-filled without
+        either.  Returns its Tensor (host_data(), device_ptr(), ...)."""
         what = "%s: tensor %r" % (self.name, name)
         d = _lib.TensorDesc()
         d.size = ctypes.sizeof(d)
@@ -369,6 +396,15 @@ class Component:
             d.shape[i] = _c_uint(n, "%s: dimension %d" % (what, i), 63)
         d.flags = _lib.TENSOR_BUFFER if buffer else 0
         d.data = None if data_ptr is None else _c_uint(data_ptr, what + ": data_ptr")
+        if file is not None:
+            if data_ptr is not None:
+                raise ValueError("%s: data_ptr and file both given (one source only)" % what)
+            if not isinstance(file, (str, os.PathLike)):
+                raise ValueError("%s: file must be a path, not %s" % (what, type(file).__name__))
+            d.file = _c_name(os.fspath(file), what + ": file")
+            d.file_offset = _c_uint(file_offset, what + ": file_offset", 63)
+        elif file_offset:
+            raise ValueError("%s: file_offset without a file" % what)
         t = ctypes.c_void_p()
         with self._use("add_tensor") as pipe:
             _check(lib().mlo_tensor_add(self._c, ctypes.byref(d), ctypes.byref(t)), what, pipe)
@@ -559,7 +595,10 @@ class Pipeline:
         with self._use("materialize") as p:
             _check(lib().mlo_pipeline_materialize(p), "materialize", p)
 
-    def enable(self, policy="strict", budget=0, reserve=0, prefetch=True):
+    def enable(self, policy="strict", budget=0, reserve=0, prefetch=True, host_budget=0):
+        """mlo_offload_enable.  host_budget: host memory the slabs may keep
+        (bytes, 0 = all of them); components declared from files that do
+        not fit stay there and each load reads them (docs/disk.md)."""
         pol = ctypes.c_int()
         if not isinstance(policy, str) or "\0" in policy or \
                 lib().mlo_policy_from_name(policy.encode(), ctypes.byref(pol)):
@@ -572,6 +611,7 @@ class Pipeline:
         s.budget_bytes = _c_uint(budget, "enable: budget")
         s.reserve_bytes = _c_uint(reserve, "enable: reserve")
         s.prefetch = bool(prefetch)
+        s.host_budget_bytes = _c_uint(host_budget, "enable: host_budget")
         with self._use("enable") as p:
             _check(lib().mlo_offload_enable(p, ctypes.byref(s)), "enable", p)
 

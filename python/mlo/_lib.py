@@ -181,6 +181,8 @@ def _declare(lib):
         "mlo_offload_disable": (I, [P]),
         "mlo_offload_is_enabled": (B, [P]),
         "mlo_policy_from_name": (I, [C, ctypes.POINTER(I)]),
+        "mlo_parse_size": (I, [C, B, ctypes.POINTER(U64)]),
+        "mlo_tensor_file": (C, [P, ctypes.POINTER(U64)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -19,17 +19,22 @@ release; a VAE's decode/encode are wrapped the same way (C17).
 import abc
 import ctypes
 import gc
+import importlib
+import json
 import os
+import struct
+import tempfile
 import threading
 import warnings
 import weakref
 
 import torch
 
-from . import Component, MloError, Pipeline, Platform, _ESTATE, lib, role_from_class, role_guess
+from . import (Component, MloError, Pipeline, Platform, _ESTATE, lib, parse_size, role_from_class,
+               role_guess)
 
 __all__ = ["enable_model_offload", "disable_model_offload", "close_model_offload",
-           "SupportsComponentDiscovery", "OffloadDelegate", "Offload"]
+           "from_pretrained", "SupportsComponentDiscovery", "OffloadDelegate", "Offload"]
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
            torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
@@ -37,6 +42,7 @@ _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
 for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _code
+_TORCH_DTYPES = {code: dtype for dtype, code in _DTYPES.items()}
 
 
 class SupportsComponentDiscovery:
@@ -123,18 +129,23 @@ def _view(ptr, t_like, nbytes, keep=None):
     return flat.view(t_like.dtype).view(t_like.shape)
 
 
+_SUM_CHUNK = 1 << 20  # elements a fingerprint sums at once (8 MiB of int64)
+
+
 class _Entry:
     """One tensor of a component: where it sits in the module tree, its
     dtype and shape (`like`, on the meta device: no bytes of torch's are
     kept), and the address it was last bound to."""
     __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like", "name", "ptr",
-                 "qname")
+                 "qname", "source", "places")
 
-    def __init__(self, owner, attr, is_param, handle, nbytes, like, name):
+    def __init__(self, owner, attr, is_param, handle, nbytes, like, name, source=None):
         self.owner, self.attr, self.is_param = owner, attr, is_param
         self.handle, self.nbytes, self.like, self.name = handle, nbytes, like, name
         self.qname = name.split(".", 1)[1]
         self.ptr = None
+        self.source = source  # (path, offset) where it was declared from a file
+        self.places = ()  # the other (owner, attr) holding the same tensor (tied)
 
     def current(self):
         """The tensor the module has in this place now."""
@@ -161,6 +172,27 @@ class _Managed:
         self.pieces = []  # its entries by contiguous piece: what a fingerprint sums
 
 
+def _set_tensor(owner, attr, is_param, value, places=()):
+    """value in owner.attr (a parameter's .data, or the buffer), and in the
+    other places (owner, attr) that hold the same parameter (tied).  torch
+    cannot swap a meta tensor under a Parameter for one with memory or back
+    (a component the disk tier keeps in its files is bound to the meta
+    device between its loads): there a new Parameter takes every place."""
+    if not is_param:
+        owner._buffers[attr] = value
+        for o, a in places:
+            o._buffers[a] = value
+        return
+    p = getattr(owner, attr)
+    if p.is_meta == value.is_meta:
+        p.data = value
+        return
+    fresh = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+    for o, a in ((owner, attr),) + tuple(places):
+        if o._parameters.get(a) is p:
+            o._parameters[a] = fresh
+
+
 def _resolve(module, qualified):
     *path, attr = qualified.split(".")
     owner = module
@@ -175,8 +207,8 @@ class Offload:
     memory holds the modules' weights as long as the pipeline lives."""
 
     def __init__(self, device, policy, budget, reserve, prefetch, check_writes=True,
-                 progressive=True):
-        self.settings = (device, policy, budget, reserve, prefetch)
+                 progressive=True, host_budget=0):
+        self.settings = (device, policy, budget, reserve, prefetch, host_budget)
         self.check_writes = check_writes
         self.progressive = progressive
         spec = _platform_spec(device)
@@ -213,19 +245,29 @@ class Offload:
     # -- declaring --------------------------------------------------------
     def add_module(self, name, module, role):
         """Declares module as a component: each parameter and buffer once
-        (tied ones once, tensors another component owns not at all)."""
+        (tied ones once, tensors another component owns not at all).  A
+        tensor on the meta device is declared from its range in a file,
+        which the module's ``_mlo_files`` {name: (path, offset)} gives
+        (from_pretrained sets it): the disk tier may leave it there."""
         comp = self.pipeline.add_component(name, role)
         m = _Managed(name, module, role, comp)
+        files = getattr(module, "_mlo_files", None) or {}
+        places = {}  # id(tensor) -> every (owner, attr) that holds it
+        for named in (module.named_parameters(remove_duplicate=False),
+                      module.named_buffers(remove_duplicate=False)):
+            for qname, t in named:
+                if t is not None:
+                    places.setdefault(id(t), []).append(_resolve(module, qname))
         seen = set()
         items = [(n, t, True) for n, t in module.named_parameters(remove_duplicate=True)]
         items += [(n, t, False) for n, t in module.named_buffers(remove_duplicate=True)]
         for qname, t, is_param in items:
             if t is None:
                 continue
-            if t.device.type != "cpu":
+            if t.device.type not in ("cpu", "meta"):
                 raise ValueError("%s.%s is on %s: load the pipeline on the CPU; mlo moves it"
                                  % (name, qname, t.device))
-            key = t.data_ptr() if t.numel() else id(t)
+            key = id(t) if t.is_meta or not t.numel() else t.data_ptr()
             if key in seen:
                 continue  # another name of a tensor this component has (tied)
             seen.add(key)
@@ -235,15 +277,29 @@ class Offload:
             if dtype is None:
                 raise ValueError("%s.%s has dtype %s, which mlo does not move" %
                                  (name, qname, t.dtype))
-            data = t.detach().contiguous()
-            handle = comp.add_tensor(qname, dtype, list(data.shape),
-                                     data.data_ptr() if data.numel() else None,
-                                     buffer=not is_param)
+            source = None
+            if t.is_meta:
+                source = files.get(qname)
+                if source is None:
+                    raise ValueError("%s.%s has no data (a meta tensor) and no file range to read "
+                                     "it from: load its weights, or build the pipeline with "
+                                     "mlo.torch.from_pretrained" % (name, qname))
+                data = t.detach()
+                handle = comp.add_tensor(qname, dtype, list(t.shape), buffer=not is_param,
+                                         file=source[0], file_offset=source[1])
+            else:
+                data = t.detach().contiguous()
+                handle = comp.add_tensor(qname, dtype, list(data.shape),
+                                         data.data_ptr() if data.numel() else None,
+                                         buffer=not is_param)
             owner, attr = _resolve(module, qname)
-            self._originals.append((owner, attr, is_param, t, data))
-            m.entries.append(_Entry(owner, attr, is_param, handle, Component.nbytes(handle),
-                                    torch.empty(data.shape, dtype=data.dtype, device="meta"),
-                                    "%s.%s" % (name, qname)))
+            others = tuple(pl for pl in places.get(id(t), ()) if pl != (owner, attr))
+            self._originals.append((owner, attr, is_param, t, data, others))
+            e = _Entry(owner, attr, is_param, handle, Component.nbytes(handle),
+                       torch.empty(data.shape, dtype=data.dtype, device="meta"),
+                       "%s.%s" % (name, qname), source)
+            e.places = others
+            m.entries.append(e)
             if t.numel():
                 self.owner_of[key] = m
         self.managed.append(m)
@@ -258,6 +314,10 @@ class Offload:
             Component.device_ptr(e.handle)
         if where == "device" and not ptr and e.nbytes:
             where, ptr = "host", Component.host_data(e.handle)
+        if not ptr and e.nbytes:
+            # no host copy: the disk tier keeps it in its file (docs/disk.md);
+            # until a load gives it device bytes it is bound to no memory
+            return e.like
         if where == "device" and self.caps["device_pointers"] and not self.caps[
                 "host_addressable"]:
             return _cuda_view(ptr, e.like, e.nbytes, self.pipeline, self.torch_device)
@@ -265,11 +325,8 @@ class Offload:
 
     def _bind_entry(self, e, where):
         view = self._entry_view(e, where)
-        if e.is_param:
-            getattr(e.owner, e.attr).data = view
-        else:
-            e.owner._buffers[e.attr] = view
-        e.ptr = view.data_ptr() if view.numel() else None
+        _set_tensor(e.owner, e.attr, e.is_param, view, e.places)
+        e.ptr = view.data_ptr() if view.numel() and not view.is_meta else None
 
     def _bind(self, m, where, fresh=True):
         for e in m.entries:
@@ -301,7 +358,11 @@ class Offload:
                 v = _cuda_view(at, like, n * like.element_size(), self.pipeline,
                                self.torch_device) if cuda else \
                     _view(at, like, n * like.element_size(), self.pipeline)
-                sums.append(int(torch.sum(v, dtype=torch.int64)))
+                # in chunks: torch casts to int64 before it sums, a temporary
+                # twice the span's size in one piece (host memory the disk
+                # tier's budget does not have)
+                sums.append(sum(int(torch.sum(v[i:i + _SUM_CHUNK], dtype=torch.int64))
+                                for i in range(0, n, _SUM_CHUNK)))
         return tuple(sums)
 
     def _sums(self, m, where):
@@ -362,9 +423,13 @@ class Offload:
                         continue
                 m.acquired_since_load = True
             now = self._sums(m, "device")
-            if any(d is not None and d != r for d, r in zip(now, m.reference)):
+            # a piece with no host copy (in its files: the disk tier) has no
+            # reference: it is immutable, reloaded from the files at each load
+            if any(d is not None and r is not None and d != r
+                   for d, r in zip(now, m.reference)):
                 with torch.no_grad():
-                    loaded = [e for e in m.entries if e.nbytes and Component.device_ptr(e.handle)]
+                    loaded = [e for e in m.entries if e.nbytes and Component.device_ptr(e.handle)
+                              and Component.host_data(e.handle)]
                     for e in loaded:
                         self._entry_view(e, "host").copy_(self._entry_view(e, "device"))
                 m.written_back += len(loaded)
@@ -377,8 +442,14 @@ class Offload:
         replaced = []
         for e in m.entries:
             cur = e.current()
-            if cur is None or not e.nbytes or cur.data_ptr() == e.ptr:
+            if cur is None or not e.nbytes or (cur.is_meta and e.ptr is None) or \
+                    (not cur.is_meta and cur.data_ptr() == e.ptr):
                 continue
+            if not Component.host_data(e.handle):
+                raise MloError(-1, "%s was replaced while offloaded, but it lives in its file "
+                               "(host_memory: the disk tier reads it from there at each load) "
+                               "and mlo has no host copy to keep the new values in; call "
+                               "close_model_offload(pipe) first" % e.name)
             if cur.dtype != e.like.dtype or tuple(cur.shape) != tuple(e.like.shape):
                 raise MloError(-1, "%s was replaced by a %s %s tensor while offloaded (it is %s "
                                "%s): mlo cannot keep it; call disable_model_offload and enable "
@@ -515,7 +586,9 @@ class Offload:
         decode and encode are wrapped as well.  On a GPU, diffusers is told
         where the module executes (its pipelines ask an `_hf_hook` for the
         execution device; a module not yet loaded sits on its slab)."""
-        if self.device_type != "cpu" and not hasattr(m.module, "_hf_hook"):
+        # with a host budget a module on disk is bound to the meta device
+        # between its loads: diffusers must not take its device from it
+        if (self.device_type != "cpu" or self.settings[5]) and not hasattr(m.module, "_hf_hook"):
             m.module._hf_hook = _ExecutionDevice(self.device_type)
             m.patched["_hf_hook"] = None
         pre = m.module.register_forward_pre_hook(lambda mod, args: self.acquire(m))
@@ -555,10 +628,13 @@ class Offload:
     # -- life cycle -----------------------------------------------------------
     def start(self):
         """Materializes (the one copy into the slabs), rebinds every module
-        to its slab, enables offload, binds what enable made resident."""
-        self.pipeline.materialize()
-        for m in self.managed:
-            self._bind(m, "host")
+        to its slab, enables offload, binds what enable made resident.
+        With a host budget, enable materializes: only the slabs that stay in
+        host memory are filled (docs/disk.md)."""
+        if not self.settings[5]:
+            self.pipeline.materialize()
+            for m in self.managed:
+                self._bind(m, "host")
         self.enable()
         self._originals = []  # torch's own copies go: the slabs hold the weights now
 
@@ -566,7 +642,7 @@ class Offload:
         """libmlo's offload on with the settings (at start, and again after a
         disable); each component's blocks planned, its slab's fingerprint
         taken, every module bound where libmlo has its bytes."""
-        device, policy, budget, reserve, prefetch = self.settings
+        device, policy, budget, reserve, prefetch, host_budget = self.settings
         for m in self.managed:  # before enable's loads: they go block by block already
             # A forward must be seen to begin every block before loads go block
             # by block (release): hooks on a module torch never calls would
@@ -574,7 +650,8 @@ class Offload:
             m.may_progress = self.progressive and self._hookable_blocks(m) is not None
             m.progressive = m.progressive and m.may_progress
             m.comp.set_progressive(m.progressive)
-        self.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch)
+        self.pipeline.enable(policy=policy, budget=budget, reserve=reserve, prefetch=prefetch,
+                             host_budget=host_budget)
         self.enabled = True
         if policy == "budget":  # nothing declares the calls: learn them (docs/planner.md)
             self.pipeline.learn_schedule(True)
@@ -734,12 +811,11 @@ class Offload:
             for e in m.entries:
                 cur = e.current()
                 own = torch.empty(e.like.shape, dtype=e.like.dtype, device="cpu")
-                if e.nbytes and cur is not None:
+                if e.nbytes and cur is not None and cur.is_meta and e.source is not None:
+                    _read_range(e.source[0], e.source[1], own)  # on disk: its file's bytes
+                elif e.nbytes and cur is not None:
                     own.copy_(cur)
-                if e.is_param:
-                    getattr(e.owner, e.attr).data = own
-                else:
-                    e.owner._buffers[e.attr] = own
+                _set_tensor(e.owner, e.attr, e.is_param, own, e.places)
             m.bound = None
         self.managed, self.owner_of, self.enabled = [], {}, False
         _unguard_pipeline(self)
@@ -766,11 +842,9 @@ class Offload:
 
     def restore(self):
         """After a failed enable: every module back on torch's own tensors."""
-        for owner, attr, is_param, t, data in self._originals:
-            if is_param:  # data shares the parameter's original storage
-                getattr(owner, attr).data = data
-            else:
-                owner._buffers[attr] = t
+        for owner, attr, is_param, t, data, places in self._originals:
+            # a parameter's data shares its original storage
+            _set_tensor(owner, attr, is_param, data if is_param else t, places)
         self._originals = []
 
 
@@ -917,7 +991,7 @@ def _guarded_to(obj, managed):
 
 
 def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0,
-                         prefetch=True, check_writes=True, progressive=True):
+                         prefetch=True, check_writes=True, progressive=True, host_memory=None):
     """Model-level offload of a diffusers (or any) pipeline through libmlo.
 
     device: where compute runs: None (the GPU torch sees; the host stand-in
@@ -935,11 +1009,17 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     every block's hooks, each block's compute then ordered after its own
     copy, so a switch waits for the first block, not the whole component
     (docs/streaming.md); False loads each whole.
+    host_memory: host memory the weights may keep ("24G", or bytes; None:
+    all of them).  Components declared from files (from_pretrained) that
+    do not fit stay there, and each load reads them through a small pinned
+    staging ring (docs/disk.md); tensors from torch memory must stay in
+    host memory, or enable fails (MloError, MLO_ENOMEM, naming them).
     Idempotent with the same arguments (C11); different ones raise MloError
     (EOWNED, C16).  On failure the modules are left as they were (C15).
     Returns the backend (pipe._mlo_offload)."""
     current = getattr(pipe, "_mlo_offload", None)
-    args = (device, policy, budget, reserve, prefetch)
+    host_budget = 0 if host_memory is None else parse_size(host_memory, "host_memory")
+    args = (device, policy, budget, reserve, prefetch, host_budget)
     if current is not None and current.closed:
         current = None
     if current is not None:
@@ -949,7 +1029,8 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
         if not current.enabled:
             _reenable(pipe, current)
         return current
-    backend = Offload(device, policy, budget, reserve, prefetch, check_writes, progressive)
+    backend = Offload(device, policy, budget, reserve, prefetch, check_writes, progressive,
+                      host_budget)
     try:
         if isinstance(pipe, OffloadDelegate):
             pipe.mlo_enable_offload(backend)
@@ -1052,3 +1133,320 @@ def close_model_offload(pipe):
     backend = getattr(pipe, "_mlo_offload", None)
     if backend is not None:
         backend.close()
+
+
+# -- from_pretrained: a pipeline whose weights torch never reads -----------------
+
+_WEIGHT_NAMES = {"diffusers": "diffusion_pytorch_model", "transformers": "model"}
+
+
+def _read_range(path, offset, out):
+    """out's bytes from path at offset (a CPU tensor, filled in place)."""
+    n = out.numel() * out.element_size()
+    if not n:
+        return out
+    view = memoryview(out.view(-1).view(torch.uint8).numpy())
+    with open(path, "rb") as f:
+        f.seek(offset)
+        got = f.readinto(view)
+    if got != n:
+        raise OSError("%s: %d bytes at %d, but the file ends after %d" % (path, n, offset, got))
+    return out
+
+
+def _safetensors_header(path):
+    """{name: (dtype code, shape, absolute offset, nbytes)} of a
+    .safetensors file: an 8-byte little-endian header length, the JSON
+    header, then the data, which the offsets count from."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("%s: not a safetensors file (shorter than its header length)" % path)
+        n = struct.unpack("<Q", head)[0]
+        size = os.fstat(f.fileno()).st_size
+        if n > min(size - 8, 256 << 20):
+            raise ValueError("%s: not a safetensors file (header of %d bytes)" % (path, n))
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise ValueError("%s: not a safetensors file (%s)" % (path, e)) from None
+    out = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = v["data_offsets"]
+        if not 0 <= begin <= end or 8 + n + end > size:
+            raise ValueError("%s: tensor %r lies outside the file" % (path, name))
+        out[name] = (v["dtype"], tuple(v["shape"]), 8 + n + begin, end - begin)
+    return out
+
+
+def _weight_files(folder, library, variant):
+    """The safetensors files of a model folder (an index's shards, or one
+    file), with the variant's when there are any: [paths]; [] with none."""
+    base = _WEIGHT_NAMES[library]
+    names = []
+    if variant:
+        names += [("%s.safetensors.index.%s.json" % (base, variant), True),
+                  ("%s.%s.safetensors" % (base, variant), False)]
+    names += [("%s.safetensors.index.json" % base, True), ("%s.safetensors" % base, False)]
+    for i, (name, is_index) in enumerate(names):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        if variant and i >= 2:
+            warnings.warn("mlo: %s has no %s weights; its %s are read" % (folder, variant, name),
+                          stacklevel=4)
+        if not is_index:
+            return [path]
+        with open(path) as f:
+            weight_map = json.load(f)["weight_map"]
+        return [os.path.join(folder, shard) for shard in sorted(set(weight_map.values()))]
+    return []
+
+
+def _target_dtype(library, cls, name, file_dtype, torch_dtype):
+    """The dtype diffusers / transformers give a tensor loaded from a file
+    of file_dtype: the file's without torch_dtype; else torch_dtype for a
+    floating one, float32 in the class's _keep_in_fp32_modules (diffusers:
+    always; transformers: for float16, and its _strict list for bfloat16)."""
+    if torch_dtype is None or torch_dtype == "auto" or not file_dtype.is_floating_point:
+        return file_dtype
+    parts = name.split(".")
+    keep = []
+    if library == "diffusers":
+        keep = list(getattr(cls, "_keep_in_fp32_modules", None) or [])
+    else:
+        if torch_dtype == torch.float16:
+            keep += list(getattr(cls, "_keep_in_fp32_modules", None) or [])
+        if torch_dtype in (torch.float16, torch.bfloat16):
+            keep += list(getattr(cls, "_keep_in_fp32_modules_strict", None) or [])
+    return torch.float32 if any(k in parts for k in keep) else torch_dtype
+
+
+class _Scratch:
+    """A file holding the tensors no checkpoint file holds as the module
+    wants them (a conversion, a buffer computed at init): written once,
+    declared from like the checkpoint's, removed with the offload."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.path = None
+        self.f = None
+        self.bytes = 0
+
+    def add(self, t):
+        if self.f is None:
+            fd, self.path = tempfile.mkstemp(prefix="mlo-materialized-", suffix=".bin",
+                                             dir=self.folder)
+            self.f = os.fdopen(fd, "wb")
+        at = (self.f.tell() + 255) // 256 * 256
+        self.f.seek(at)
+        data = t.detach().contiguous().cpu()
+        if data.numel():
+            self.f.write(memoryview(data.view(-1).view(torch.uint8).numpy()))
+        self.bytes += data.numel() * data.element_size()
+        return self.path, at
+
+    def close(self):
+        if self.f is not None:
+            self.f.close()
+
+    def remove(self):
+        self.close()
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _empty_module(library, cls, folder):
+    """The model built from its config with its parameters on the meta
+    device (accelerate's init_empty_weights; buffers computed at init are
+    real)."""
+    try:
+        from accelerate import init_empty_weights
+    except ImportError:
+        raise ImportError("mlo.torch.from_pretrained builds the models empty with accelerate's "
+                          "init_empty_weights: pip install accelerate") from None
+    if library == "diffusers":
+        config = cls.load_config(folder)
+        with init_empty_weights():
+            module = cls.from_config(config)
+    else:
+        config = cls.config_class.from_pretrained(folder)
+        with init_empty_weights():
+            module = cls._from_config(config)
+        if hasattr(module, "tie_weights"):
+            module.tie_weights()
+    return module.eval()
+
+
+def _declare_from_files(module, library, files, torch_dtype, scratch, what):
+    """Every parameter and buffer of module as a meta tensor of the dtype
+    diffusers would give it, and module._mlo_files {name: (path, offset)}
+    for each of its names: its range in the checkpoint files, or in the
+    scratch file where the file's bytes are not what the module holds (a
+    conversion) or no file holds it (a buffer computed at init).  A
+    parameter in no file is refused, as diffusers refuses it.  Returns
+    (converted names, computed names)."""
+    ranges = {}
+    for path in files:
+        ranges.update({k: (path,) + v for k, v in _safetensors_header(path).items()})
+    prefix = getattr(module, "base_model_prefix", "") or ""
+    names, places = {}, {}  # id(tensor) -> its names; each name -> (owner, attr, is_param)
+    for is_param, named in ((True, module.named_parameters(remove_duplicate=False)),
+                            (False, module.named_buffers(remove_duplicate=False))):
+        for qname, t in named:
+            if t is None:
+                continue
+            names.setdefault(id(t), (t, is_param, []))[2].append(qname)
+            places[qname] = _resolve(module, qname) + (is_param,)
+    out, converted, computed, missing = {}, [], [], []
+    for t, is_param, qnames in names.values():
+        found = None
+        for q in qnames:
+            for key in (q, prefix + "." + q if prefix else q,
+                        q[len(prefix) + 1:] if prefix and q.startswith(prefix + ".") else q):
+                if key in ranges:
+                    found = (key, ranges[key])
+                    break
+            if found:
+                break
+        if found is None:
+            if t.is_meta:
+                missing.append(qnames[0])
+                continue
+            source, target = scratch.add(t), t.dtype  # computed at init (a rope table)
+            computed.append(qnames[0])
+        else:
+            key, (path, code, shape, offset, nbytes) = found
+            file_dtype = _TORCH_DTYPES.get(code)
+            if file_dtype is None:
+                raise ValueError("%s: %s holds %s as %s, which mlo does not move" %
+                                 (what, path, key, code))
+            if tuple(shape) != tuple(t.shape):
+                raise ValueError("%s: %s is %s in %s, but the model built from its config has "
+                                 "%s" % (what, key, list(shape), path, list(t.shape)))
+            target = _target_dtype(library, type(module), qnames[0], file_dtype, torch_dtype)
+            if target == file_dtype:
+                source = (path, offset)
+            else:  # materialized once, converted, into the scratch file
+                raw = _read_range(path, offset, torch.empty(shape, dtype=file_dtype))
+                source = scratch.add(raw.to(target))
+                del raw
+                converted.append(qnames[0])
+        meta = torch.empty(t.shape, dtype=target, device="meta")
+        for q in qnames:
+            out[q] = source
+            owner, attr, p = places[q]
+            if p:
+                getattr(owner, attr).data = meta
+            else:
+                owner._buffers[attr] = meta
+    if missing:
+        raise ValueError("%s: %d tensor(s) are in no weight file (%s): %s" %
+                         (what, len(missing), ", ".join(os.path.basename(f) for f in files),
+                          ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")))
+    module._mlo_files = out
+    return converted, computed
+
+
+def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, policy="strict",
+                    budget=0, reserve=0, scratch_dir=None, **kwargs):
+    """pipeline_class.from_pretrained(path, **kwargs), offloaded by mlo,
+    with no weight ever read into a torch tensor: each model with
+    safetensors weights is built from its config on the meta device, each
+    of its parameters and buffers is declared from its range in the files
+    (a diffusers folder, sharded or not, `variant=`), and offload is
+    enabled (enable_model_offload's device, policy, budget, reserve,
+    host_memory).  With host_memory ("24G", bytes) the components that do
+    not fit stay in their files and each load reads them (docs/disk.md);
+    without it every slab is read into host memory once, at enable.
+
+    `torch_dtype=` gives the dtypes diffusers would; a tensor whose file
+    holds another dtype (a conversion), or that no file holds (a buffer
+    computed at init), is materialized once into a scratch file in
+    scratch_dir (the system's temporary folder by default; removed with the
+    offload), with a warning naming how many and how large.  Models without
+    safetensors weights, and the other components (tokenizers,
+    schedulers), are loaded by diffusers.  The other keywords pass through
+    to diffusers.  Returns the pipeline (its backend: pipe._mlo_offload)."""
+    if not os.path.isdir(path):
+        raise ValueError("mlo.torch.from_pretrained reads a local diffusers folder; %r is not "
+                         "one (download it first: huggingface_hub.snapshot_download)" % (path,))
+    if host_memory is not None:
+        parse_size(host_memory, "host_memory")  # refused before anything is built
+    index_path = os.path.join(path, "model_index.json")
+    if not os.path.isfile(index_path):
+        raise ValueError("%s has no model_index.json: not a diffusers pipeline folder" % path)
+    with open(index_path) as f:
+        index = json.load(f)
+    variant = kwargs.get("variant")
+    torch_dtype = kwargs.get("torch_dtype")
+    if isinstance(torch_dtype, dict):
+        raise ValueError("from_pretrained: torch_dtype per component is not supported by mlo yet;"
+                         " give one dtype")
+    scratch = _Scratch(scratch_dir)
+    built, notes = {}, []
+    try:
+        for name, spec in index.items():
+            if name.startswith("_") or name in kwargs or not isinstance(spec, list) or \
+                    len(spec) != 2 or spec[0] not in _WEIGHT_NAMES:
+                continue
+            library, class_name = spec
+            cls = getattr(importlib.import_module(library), class_name, None)
+            if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+                continue
+            folder = os.path.join(path, name)
+            files = _weight_files(folder, library, variant)
+            if not files:
+                notes.append("%s has no safetensors weights: diffusers loads it into memory"
+                             % name)
+                continue
+            module = _empty_module(library, cls, folder)
+            converted, computed = _declare_from_files(module, library, files, torch_dtype,
+                                                      scratch, name)
+            if converted:
+                notes.append("%s: %d tensor(s) converted from their files' dtype (%s, ...)"
+                             % (name, len(converted), converted[0]))
+            if computed:
+                notes.append("%s: %d buffer(s) computed at init, in no file (%s, ...)"
+                             % (name, len(computed), computed[0]))
+            built[name] = module
+        scratch.close()
+        if scratch.bytes:
+            notes.append("%.1f MiB materialized once into %s" % (scratch.bytes / 2**20,
+                                                                 scratch.path))
+        if notes:
+            warnings.warn("mlo: from_pretrained: " + "; ".join(notes), stacklevel=2)
+        pipe = pipeline_class.from_pretrained(path, **built, **kwargs)
+        backend = enable_model_offload(pipe, device=device, policy=policy, budget=budget,
+                                       reserve=reserve, host_memory=host_memory)
+        unmanaged = [n for n, mod in built.items() if all(m.module is not mod
+                                                          for m in backend.managed)]
+        for n in unmanaged:  # mlo does not move it (role "other"): torch holds its weights
+            _load_from_files(built[n])
+        if unmanaged:
+            warnings.warn("mlo: from_pretrained: %s not offloaded (no DiT, encoder or VAE "
+                          "role): read into torch memory" % ", ".join(unmanaged), stacklevel=2)
+    except BaseException:
+        scratch.remove()
+        raise
+    if scratch.path is not None:
+        # the libmlo pipeline reads it as long as it lives (a view of its
+        # memory keeps it past close_model_offload)
+        weakref.finalize(backend.pipeline, scratch.remove)
+    return pipe
+
+
+def _load_from_files(module):
+    """Every meta tensor of module read from its range into torch memory."""
+    files = module._mlo_files
+    for is_param, named in ((True, module.named_parameters()), (False, module.named_buffers())):
+        for qname, t in named:
+            if t is not None and t.is_meta:
+                own = _read_range(*files[qname], torch.empty(t.shape, dtype=t.dtype))
+                owner, attr = _resolve(module, qname)
+                _set_tensor(owner, attr, is_param, own)
