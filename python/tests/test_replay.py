@@ -263,6 +263,7 @@ buf = (ctypes.c_float * 64)(*range(64))
 t = enc.add_tensor("w", "F32", [64], ctypes.addressof(buf))
 pipe.add_component("transformer", "dit").add_tensor("w", "F32", [64])
 pipe.enable()  # the encoder resident (C2): t has a device address
+pipe.synchronize()  # and its bytes have landed (the load is asynchronous)
 
 
 def address(t):  # the raw value a caller may have kept

@@ -60,8 +60,9 @@ static int registered(const void *ptr, size_t n) {
 
 static struct mlo_platform_ops wrapped;
 
-static void test_read_only_only_where_nothing_comes_back(void **state) {
-  (void)state;
+/* A host platform that says it registers host memory, and records each
+ * registration (recs) instead. */
+static mlo_platform *recording_host(void) {
   mlo_platform *plat = tu_open_spec("host:capacity=1M");
   wrapped = *plat->ops;
   wrapped.host_register = rec_register;
@@ -69,6 +70,12 @@ static void test_read_only_only_where_nothing_comes_back(void **state) {
   plat->ops = &wrapped;
   plat->caps.host_register = true;
   nrecs = 0;
+  return plat;
+}
+
+static void test_read_only_only_where_nothing_comes_back(void **state) {
+  (void)state;
+  mlo_platform *plat = recording_host();
   tu_pipe *tp = tu_pipe_new(plat, true);
   mlo_component *enc = NULL, *dit = NULL;
   assert_ok(mlo_component_add(tp->pipe, "text_encoder", MLO_ROLE_ENCODER, &enc));
@@ -108,13 +115,7 @@ static void test_read_only_only_where_nothing_comes_back(void **state) {
  * stays registered after the pipeline. */
 static void test_shared_page_registered_once(void **state) {
   (void)state;
-  mlo_platform *plat = tu_open_spec("host:capacity=1M");
-  wrapped = *plat->ops;
-  wrapped.host_register = rec_register;
-  wrapped.host_unregister = rec_unregister;
-  plat->ops = &wrapped;
-  plat->caps.host_register = true;
-  nrecs = 0;
+  mlo_platform *plat = recording_host();
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   char *pages = aligned_alloc(page, 5 * page);
   assert_non_null(pages);
