@@ -139,6 +139,19 @@ void cu_leave(struct cuda_ctx *c, const mlo_cu_guard *g) {
   cu_status(c, mlo_cu_ctx_leave(g), "restoring the caller's context");
 }
 
+/* As cu_enter, for the calls that give things back (destroy, free): after a
+ * sticky error they are still made, best effort, so that what the runtime
+ * can release it does (their errors are the context's, already said);
+ * nothing waits then.  *lost says whether the context was lost. */
+static int cu_enter_to_free(struct cuda_ctx *c, mlo_cu_guard *g, bool *lost) {
+  g->switched = false;
+  pthread_mutex_lock(&c->lock);
+  *lost = c->sticky;
+  pthread_mutex_unlock(&c->lock);
+  if (!*lost) return cu_enter(c, g);
+  return mlo_cu_ctx_enter(c->primary, g) == cudaSuccess ? MLO_OK : MLO_EPLATFORM;
+}
+
 /* ---- device blocks ------------------------------------------------------ */
 
 /* What a block of `bytes` counts against the capacity: whole granules
@@ -531,9 +544,13 @@ static int cu_event_create(void *ctx, mlo_event **ev) {
 static void cu_event_destroy(void *ctx, mlo_event *ev) {
   struct cuda_ctx *c = ctx;
   mlo_cu_guard g;
-  bool in = !cu_enter(c, &g);
+  bool lost;
+  bool in = !cu_enter_to_free(c, &g, &lost);
   if (in) {
-    cu_status(c, cudaEventDestroy(ev->e), "cudaEventDestroy");
+    if (lost)
+      (void)cudaEventDestroy(ev->e);
+    else
+      cu_status(c, cudaEventDestroy(ev->e), "cudaEventDestroy");
     cu_leave(c, &g);
   }
   mlo_stamp_put(ev->stamp);
@@ -720,11 +737,12 @@ static void cu_destroy(void *ctx) {
   struct cuda_ctx *c = ctx;
   if (!c) return;
   mlo_cu_guard g;
-  if (!cu_enter(c, &g)) {
+  bool lost;
+  if (!cu_enter_to_free(c, &g, &lost)) {
     cudaStream_t streams[] = {c->copy, c->readback, c->compute, c->release};
     for (int i = 0; i < 4; i++)
       if (streams[i]) {
-        cu_stream_sync(c, streams[i], "cudaStreamSynchronize");
+        if (!lost) cu_stream_sync(c, streams[i], "cudaStreamSynchronize");
         if (!(i == 2 && c->compute_external)) cudaStreamDestroy(streams[i]);
       }
     if (c->copy_tail) cudaEventDestroy(c->copy_tail);
