@@ -138,6 +138,14 @@ libpath="$libs:/usr/local/cuda/lib64:/usr/local/cuda/lib${wheel_libs:+:$wheel_li
 # the workload's cuBLAS back-end: docs/modules.md)
 mlo_env=(env "LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   "MLO_MODULE_PATH=$pack/modules" "MLO_LOG=${MLO_LOG:-warn}")
+# libmlo opens a module only from a file and folder owned by root or by the
+# process's user and writable by no one else (docs/modules.md).  A pack
+# copied onto the device may arrive owned by another uid or group-writable:
+# it is this check's own copy, so it is made ours before any step opens it.
+if [ -d "$pack/modules" ]; then
+  chown -R "$(id -u)" "$pack/modules" 2>/dev/null || true
+  chmod -R go-w "$pack/modules" 2>/dev/null || true
+fi
 say "pack: $(head -1 "$pack/MANIFEST" 2>/dev/null)"
 
 # step NAME LIMIT_S COMMAND... : runs it with a timeout, logs to logs/NAME.log
