@@ -6,6 +6,7 @@
  * figure it should be judged against (peak vs all-resident, wall time vs
  * all-resident), never a bare absolute.
  */
+#include "ratio_note.h"
 #include "tool.h"
 
 #include <cjson/cJSON.h>
@@ -72,6 +73,22 @@ void report_free(tool_report *rep) {
 
 double tool_ratio(double a, double b) {
   return b > 0 ? a / b : 0;
+}
+
+/* The note for a ratio against the all-resident run (ratio_note.h): its
+ * spread is that of the reference's own steady prompts. */
+static ratio_note ref_note(const tool_report *rep, double ratio) {
+  double walls[64];
+  int n = rep->ref.ngens < 64 ? rep->ref.ngens : 64;
+  for (int g = 0; g < n; g++) walls[g] = rep->ref.gens[g].wall_s;
+  return ratio_note_make(ratio, walls, n);
+}
+
+static void print_ref_ratio(const tool_report *rep, double ratio, FILE *out) {
+  ratio_note n = ref_note(rep, ratio);
+  char note[256];
+  ratio_note_text(&n, note, sizeof note);
+  fprintf(out, " (%.2fx%s)", ratio, note);
 }
 
 /* The load's throughput over the plain read's (both cold; the files'
@@ -188,16 +205,18 @@ void report_print_text(const tool_report *rep, FILE *out) {
     double steady = run_steady(&rep->run, GEN_WALL);
     fprintf(out, "steady state       %.3f s per prompt (median of prompts 2-%d)", steady,
             rep->run.ngens);
-    if (rep->verify)
-      fprintf(out, "; all resident, warm, %.3f s (%.2fx)", run_steady(&rep->ref, GEN_WALL),
-              tool_ratio(steady, run_steady(&rep->ref, GEN_WALL)));
+    if (rep->verify) {
+      fprintf(out, "; all resident, warm, %.3f s", run_steady(&rep->ref, GEN_WALL));
+      print_ref_ratio(rep, tool_ratio(steady, run_steady(&rep->ref, GEN_WALL)), out);
+    }
     fprintf(out, "\n");
   }
   if (!rep->run.digests_agree && rep->run.ngens > 1)
     fprintf(out, "digests            DIFFER between prompts\n");
   if (rep->verify) {
-    fprintf(out, "wall time          %.3f s; all resident %.3f s (%.2fx)\n", rep->run.wall_s,
-            rep->ref.wall_s, tool_ratio(rep->run.wall_s, rep->ref.wall_s));
+    fprintf(out, "wall time          %.3f s; all resident %.3f s", rep->run.wall_s, rep->ref.wall_s);
+    print_ref_ratio(rep, tool_ratio(rep->run.wall_s, rep->ref.wall_s), out);
+    fprintf(out, "\n");
     fprintf(out, "output identical:  %s (digest %016" PRIx64 ")\n", rep->identical ? "yes" : "NO",
             rep->run.digest);
   } else {
@@ -308,9 +327,24 @@ static cJSON *build_json(const tool_report *rep) {
     cJSON_AddNumberToObject(root, "reference_wall_s", rep->ref.wall_s);
     cJSON_AddNumberToObject(root, "wall_ratio", tool_ratio(rep->run.wall_s, rep->ref.wall_s));
     cJSON_AddNumberToObject(root, "reference_steady_wall_s", run_steady(&rep->ref, GEN_WALL));
-    cJSON_AddNumberToObject(
-        root, "steady_ratio",
-        tool_ratio(run_steady(&rep->run, GEN_WALL), run_steady(&rep->ref, GEN_WALL)));
+    double steady_ratio =
+        tool_ratio(run_steady(&rep->run, GEN_WALL), run_steady(&rep->ref, GEN_WALL));
+    cJSON_AddNumberToObject(root, "steady_ratio", steady_ratio);
+    /* a ratio below 1 is noise (offload does the same compute plus copies);
+     * the reference's own spread over its steady prompts, when it has 2+ */
+    ratio_note wn = ref_note(rep, tool_ratio(rep->run.wall_s, rep->ref.wall_s));
+    ratio_note sn = ref_note(rep, steady_ratio);
+    cJSON_AddBoolToObject(root, "faster_than_baseline_is_noise", wn.noise || sn.noise);
+    cJSON_AddBoolToObject(root, "wall_ratio_is_noise", wn.noise);
+    cJSON_AddBoolToObject(root, "steady_ratio_is_noise", sn.noise);
+    if (sn.spread_known) {
+      cJSON *sp = cJSON_AddObjectToObject(root, "reference_steady_spread");
+      cJSON_AddNumberToObject(sp, "min_s", sn.lo_s);
+      cJSON_AddNumberToObject(sp, "max_s", sn.hi_s);
+      cJSON_AddNumberToObject(sp, "relative", sn.spread);
+    } else {
+      cJSON_AddNullToObject(root, "reference_steady_spread");
+    }
   } else {
     cJSON_AddNullToObject(root, "verified");
   }
