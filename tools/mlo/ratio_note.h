@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 typedef struct {
-  bool noise;       /* the ratio is below 1.00 (and above 0): noise */
+  bool noise;        /* the ratio is below 1.00 (and above 0): noise */
   bool spread_known; /* the baseline's steady prompts (2 or more) give a spread */
   double lo_s, hi_s; /* their fastest and slowest wall time */
   double spread;     /* (hi - lo) / lo: how much the baseline itself varies */

@@ -214,7 +214,8 @@ void report_print_text(const tool_report *rep, FILE *out) {
   if (!rep->run.digests_agree && rep->run.ngens > 1)
     fprintf(out, "digests            DIFFER between prompts\n");
   if (rep->verify) {
-    fprintf(out, "wall time          %.3f s; all resident %.3f s", rep->run.wall_s, rep->ref.wall_s);
+    fprintf(out, "wall time          %.3f s; all resident %.3f s", rep->run.wall_s,
+            rep->ref.wall_s);
     print_ref_ratio(rep, tool_ratio(rep->run.wall_s, rep->ref.wall_s), out);
     fprintf(out, "\n");
     fprintf(out, "output identical:  %s (digest %016" PRIx64 ")\n", rep->identical ? "yes" : "NO",
