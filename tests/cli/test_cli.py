@@ -726,6 +726,40 @@ class DiskTests(Fixture):
         self.assertIn("disk tier", out)
         self.assertIn("peak RSS", out)
 
+    def test_load_line_says_what_was_read_where_under_a_host_budget(self):
+        # With --host-memory the slabs are read at enable, inside prompt 1,
+        # not by the load before the run: the report does not say "loaded
+        # from disk 0 B", and its pinned figure is split into the slabs
+        # (within the budget) and the staging ring beside it (issue 43).
+        comps = self.info["components"]
+        total = sum(c["device_bytes"] for c in comps)
+        host = total // 2
+        args = ("--policy", "budget", "--host-memory", str(host), "--prompts", "2")
+        res = self.run_json(*args)
+        self.assertIs(res["slabs_read_at_enable"], True)
+        self.assertEqual(res["slab_read_bytes"], res["host_slab_bytes"])
+        self.assertGreater(res["slab_read_bytes"], 0)
+        self.assertLessEqual(res["slab_read_bytes"], host)
+        self.assertLessEqual(res["pinned_bytes"], res["host_slab_bytes"] + res["staging_bytes"])
+        rc, out, err = mlo("run", self.ckpt, *args)
+        self.assertEqual(rc, 0, err)
+        lines = out.splitlines()
+        load = next(l for l in lines if l.startswith("loaded from disk"))
+        self.assertNotIn("loaded from disk   0 B", load)
+        self.assertIn("into host slabs at enable", load)
+        self.assertIn("stays in the checkpoint, read by the disk tier", load)
+        pinned = next(l for l in lines if l.startswith("pinned "))
+        self.assertRegex(pinned, r"of slabs \(within the [0-9.]+ [KMG]?i?B budget\) and the "
+                                 r"[0-9.]+ [KMG]?i?B staging ring \(besides the budget")
+        self.assertNotRegex(load, r"pinned")
+        disk = next(l for l in lines if l.startswith("disk tier"))
+        self.assertRegex(disk, r"in prompt 1, then .* per prompt, median")
+        # without a host budget the load before the run read every slab
+        plain = self.run_json()
+        self.assertIs(plain["slabs_read_at_enable"], False)
+        self.assertEqual(plain["slab_read_bytes"], plain["load_bytes"])
+        self.assertEqual(plain["load_bytes"], plain["host_slab_bytes"])
+
     def test_host_memory_below_what_must_stay(self):
         dit = max(self.info["components"], key=lambda c: c["device_bytes"])
         rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget",

@@ -99,6 +99,12 @@ static double load_vs_read(const tool_report *rep) {
   return ((double)rep->load_bytes / rep->load_s) / ((double)rep->read_bytes / rep->read_s);
 }
 
+/* The slabs were read by enable (a host budget defers the load until it
+ * has chosen what stays in host memory), not by a load before the run. */
+static bool slabs_read_at_enable(const tool_report *rep) {
+  return rep->run.stats.host_budget_bytes && !rep->load_bytes && !rep->load_s;
+}
+
 static void print_split(const tool_report *rep, FILE *out) {
   const char *a = rep->dit_first, *b = rep->dit_second;
   if (!a || !b) return;
@@ -157,10 +163,25 @@ void report_print_text(const tool_report *rep, FILE *out) {
             tool_esc(c->name), c->stats.joined_loads, c->stats.loads);
   }
   const mlo_pipeline_stats *st = &rep->run.stats;
-  fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
-          tool_size(rep->load_bytes), rep->load_s,
-          rep->load_s > 0 ? (double)rep->load_bytes / rep->load_s / 1e9 : 0.0,
-          tool_size(st->pinned_bytes));
+  if (slabs_read_at_enable(rep)) {
+    /* With --host-memory the slabs are read when enable has chosen which
+     * stay in host memory: inside the first prompt, not before the run. */
+    fprintf(out,
+            "\nloaded from disk   %s into host slabs at enable (inside prompt 1's time); the "
+            "other %s stays in the checkpoint, read by the disk tier at its loads\n",
+            tool_size(st->host_slab_bytes), tool_size(st->disk_bytes));
+    bool all = st->pinned_bytes == st->host_slab_bytes + st->staging_bytes;
+    fprintf(out,
+            "pinned             %s%s the %s of slabs (within the %s budget) and the %s staging "
+            "ring (besides the budget, docs/disk.md)\n",
+            tool_size(st->pinned_bytes), all ? ": all of" : ", of", tool_size(st->host_slab_bytes),
+            tool_size(st->host_budget_bytes), tool_size(st->staging_bytes));
+  } else {
+    fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
+            tool_size(rep->load_bytes), rep->load_s,
+            rep->load_s > 0 ? (double)rep->load_bytes / rep->load_s / 1e9 : 0.0,
+            tool_size(st->pinned_bytes));
+  }
   if (rep->read_bytes)
     fprintf(out,
             "                   a plain read of the same files, cold: %.3f s (%.2f GB/s); "
@@ -175,12 +196,15 @@ void report_print_text(const tool_report *rep, FILE *out) {
             tool_size(st->disk_bytes), tool_size(st->staging_bytes), tool_size(rep->run.peak_rss),
             rep->capacity && strstr(rep->platform, "host") ? " (the host device's memory in it)"
                                                            : "");
-    fprintf(out,
-            "disk tier          %" PRIu64 " loads read %s from the checkpoint (%s per prompt, "
-            "median); waited %.3f s for the disk\n",
-            st->total.disk_loads, tool_size(st->total.disk_read_bytes),
-            tool_size((uint64_t)run_steady(&rep->run, GEN_DISK)),
-            (double)st->total.disk_wait_ns / 1e9);
+    fprintf(out, "disk tier          %" PRIu64 " loads read %s from the checkpoint (",
+            st->total.disk_loads, tool_size(st->total.disk_read_bytes));
+    if (rep->run.ngens > 1)
+      fprintf(out, "%s in prompt 1, then %s per prompt, median",
+              tool_size(rep->run.gens[0].disk_read_bytes),
+              tool_size((uint64_t)run_steady(&rep->run, GEN_DISK)));
+    else
+      fprintf(out, "in the one prompt");
+    fprintf(out, "); waited %.3f s for the disk\n", (double)st->total.disk_wait_ns / 1e9);
   }
   fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
           tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
@@ -290,6 +314,12 @@ static cJSON *build_json(const tool_report *rep) {
   /* the process's memory at the end of the run, shared pages counted 1/n */
   cJSON_AddNumberToObject(root, "host_pss_bytes", (double)rep->rank.pss);
   cJSON_AddNumberToObject(root, "slab_pss_bytes", (double)rep->rank.slab_pss);
+  /* with --host-memory the slabs are read at enable, inside prompt 1: the
+   * load before the run (load_s, load_bytes) read nothing */
+  cJSON_AddBoolToObject(root, "slabs_read_at_enable", slabs_read_at_enable(rep));
+  cJSON_AddNumberToObject(
+      root, "slab_read_bytes",
+      (double)(slabs_read_at_enable(rep) ? rep->run.stats.host_slab_bytes : rep->load_bytes));
   cJSON_AddNumberToObject(root, "load_s", rep->load_s);
   cJSON_AddNumberToObject(root, "load_bytes", (double)rep->load_bytes);
   cJSON_AddNumberToObject(root, "load_gb_s",
