@@ -6,6 +6,7 @@
  * figure it should be judged against (peak vs all-resident, wall time vs
  * all-resident), never a bare absolute.
  */
+#include "ratio_note.h"
 #include "tool.h"
 
 #include <cjson/cJSON.h>
@@ -74,12 +75,34 @@ double tool_ratio(double a, double b) {
   return b > 0 ? a / b : 0;
 }
 
+/* The note for a ratio against the all-resident run (ratio_note.h): its
+ * spread is that of the reference's own steady prompts. */
+static ratio_note ref_note(const tool_report *rep, double ratio) {
+  double walls[64];
+  int n = rep->ref.ngens < 64 ? rep->ref.ngens : 64;
+  for (int g = 0; g < n; g++) walls[g] = rep->ref.gens[g].wall_s;
+  return ratio_note_make(ratio, walls, n);
+}
+
+static void print_ref_ratio(const tool_report *rep, double ratio, FILE *out) {
+  ratio_note n = ref_note(rep, ratio);
+  char note[256];
+  ratio_note_text(&n, note, sizeof note);
+  fprintf(out, " (%.2fx%s)", ratio, note);
+}
+
 /* The load's throughput over the plain read's (both cold; the files'
  * bytes include headers the load does not need, so it is slightly kind
  * to the read). */
 static double load_vs_read(const tool_report *rep) {
   if (rep->read_s <= 0 || rep->load_s <= 0) return 0;
   return ((double)rep->load_bytes / rep->load_s) / ((double)rep->read_bytes / rep->read_s);
+}
+
+/* The slabs were read by enable (a host budget defers the load until it
+ * has chosen what stays in host memory), not by a load before the run. */
+static bool slabs_read_at_enable(const tool_report *rep) {
+  return rep->run.stats.host_budget_bytes && !rep->load_bytes && !rep->load_s;
 }
 
 static void print_split(const tool_report *rep, FILE *out) {
@@ -140,10 +163,25 @@ void report_print_text(const tool_report *rep, FILE *out) {
             tool_esc(c->name), c->stats.joined_loads, c->stats.loads);
   }
   const mlo_pipeline_stats *st = &rep->run.stats;
-  fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
-          tool_size(rep->load_bytes), rep->load_s,
-          rep->load_s > 0 ? (double)rep->load_bytes / rep->load_s / 1e9 : 0.0,
-          tool_size(st->pinned_bytes));
+  if (slabs_read_at_enable(rep)) {
+    /* With --host-memory the slabs are read when enable has chosen which
+     * stay in host memory: inside the first prompt, not before the run. */
+    fprintf(out,
+            "\nloaded from disk   %s into host slabs at enable (inside prompt 1's time); the "
+            "other %s stays in the checkpoint, read by the disk tier at its loads\n",
+            tool_size(st->host_slab_bytes), tool_size(st->disk_bytes));
+    bool all = st->pinned_bytes == st->host_slab_bytes + st->staging_bytes;
+    fprintf(out,
+            "pinned             %s%s the %s of slabs (within the %s budget) and the %s staging "
+            "ring (besides the budget, docs/disk.md)\n",
+            tool_size(st->pinned_bytes), all ? ": all of" : ", of", tool_size(st->host_slab_bytes),
+            tool_size(st->host_budget_bytes), tool_size(st->staging_bytes));
+  } else {
+    fprintf(out, "\nloaded from disk   %s in %.3f s (%.2f GB/s) into host slabs, %s pinned\n",
+            tool_size(rep->load_bytes), rep->load_s,
+            rep->load_s > 0 ? (double)rep->load_bytes / rep->load_s / 1e9 : 0.0,
+            tool_size(st->pinned_bytes));
+  }
   if (rep->read_bytes)
     fprintf(out,
             "                   a plain read of the same files, cold: %.3f s (%.2f GB/s); "
@@ -158,12 +196,15 @@ void report_print_text(const tool_report *rep, FILE *out) {
             tool_size(st->disk_bytes), tool_size(st->staging_bytes), tool_size(rep->run.peak_rss),
             rep->capacity && strstr(rep->platform, "host") ? " (the host device's memory in it)"
                                                            : "");
-    fprintf(out,
-            "disk tier          %" PRIu64 " loads read %s from the checkpoint (%s per prompt, "
-            "median); waited %.3f s for the disk\n",
-            st->total.disk_loads, tool_size(st->total.disk_read_bytes),
-            tool_size((uint64_t)run_steady(&rep->run, GEN_DISK)),
-            (double)st->total.disk_wait_ns / 1e9);
+    fprintf(out, "disk tier          %" PRIu64 " loads read %s from the checkpoint (",
+            st->total.disk_loads, tool_size(st->total.disk_read_bytes));
+    if (rep->run.ngens > 1)
+      fprintf(out, "%s in prompt 1, then %s per prompt, median",
+              tool_size(rep->run.gens[0].disk_read_bytes),
+              tool_size((uint64_t)run_steady(&rep->run, GEN_DISK)));
+    else
+      fprintf(out, "in the one prompt");
+    fprintf(out, "); waited %.3f s for the disk\n", (double)st->total.disk_wait_ns / 1e9);
   }
   fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
           tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
@@ -188,16 +229,19 @@ void report_print_text(const tool_report *rep, FILE *out) {
     double steady = run_steady(&rep->run, GEN_WALL);
     fprintf(out, "steady state       %.3f s per prompt (median of prompts 2-%d)", steady,
             rep->run.ngens);
-    if (rep->verify)
-      fprintf(out, "; all resident, warm, %.3f s (%.2fx)", run_steady(&rep->ref, GEN_WALL),
-              tool_ratio(steady, run_steady(&rep->ref, GEN_WALL)));
+    if (rep->verify) {
+      fprintf(out, "; all resident, warm, %.3f s", run_steady(&rep->ref, GEN_WALL));
+      print_ref_ratio(rep, tool_ratio(steady, run_steady(&rep->ref, GEN_WALL)), out);
+    }
     fprintf(out, "\n");
   }
   if (!rep->run.digests_agree && rep->run.ngens > 1)
     fprintf(out, "digests            DIFFER between prompts\n");
   if (rep->verify) {
-    fprintf(out, "wall time          %.3f s; all resident %.3f s (%.2fx)\n", rep->run.wall_s,
-            rep->ref.wall_s, tool_ratio(rep->run.wall_s, rep->ref.wall_s));
+    fprintf(out, "wall time          %.3f s; all resident %.3f s", rep->run.wall_s,
+            rep->ref.wall_s);
+    print_ref_ratio(rep, tool_ratio(rep->run.wall_s, rep->ref.wall_s), out);
+    fprintf(out, "\n");
     fprintf(out, "output identical:  %s (digest %016" PRIx64 ")\n", rep->identical ? "yes" : "NO",
             rep->run.digest);
   } else {
@@ -270,6 +314,12 @@ static cJSON *build_json(const tool_report *rep) {
   /* the process's memory at the end of the run, shared pages counted 1/n */
   cJSON_AddNumberToObject(root, "host_pss_bytes", (double)rep->rank.pss);
   cJSON_AddNumberToObject(root, "slab_pss_bytes", (double)rep->rank.slab_pss);
+  /* with --host-memory the slabs are read at enable, inside prompt 1: the
+   * load before the run (load_s, load_bytes) read nothing */
+  cJSON_AddBoolToObject(root, "slabs_read_at_enable", slabs_read_at_enable(rep));
+  cJSON_AddNumberToObject(
+      root, "slab_read_bytes",
+      (double)(slabs_read_at_enable(rep) ? rep->run.stats.host_slab_bytes : rep->load_bytes));
   cJSON_AddNumberToObject(root, "load_s", rep->load_s);
   cJSON_AddNumberToObject(root, "load_bytes", (double)rep->load_bytes);
   cJSON_AddNumberToObject(root, "load_gb_s",
@@ -308,9 +358,24 @@ static cJSON *build_json(const tool_report *rep) {
     cJSON_AddNumberToObject(root, "reference_wall_s", rep->ref.wall_s);
     cJSON_AddNumberToObject(root, "wall_ratio", tool_ratio(rep->run.wall_s, rep->ref.wall_s));
     cJSON_AddNumberToObject(root, "reference_steady_wall_s", run_steady(&rep->ref, GEN_WALL));
-    cJSON_AddNumberToObject(
-        root, "steady_ratio",
-        tool_ratio(run_steady(&rep->run, GEN_WALL), run_steady(&rep->ref, GEN_WALL)));
+    double steady_ratio =
+        tool_ratio(run_steady(&rep->run, GEN_WALL), run_steady(&rep->ref, GEN_WALL));
+    cJSON_AddNumberToObject(root, "steady_ratio", steady_ratio);
+    /* a ratio below 1 is noise (offload does the same compute plus copies);
+     * the reference's own spread over its steady prompts, when it has 2+ */
+    ratio_note wn = ref_note(rep, tool_ratio(rep->run.wall_s, rep->ref.wall_s));
+    ratio_note sn = ref_note(rep, steady_ratio);
+    cJSON_AddBoolToObject(root, "faster_than_baseline_is_noise", wn.noise || sn.noise);
+    cJSON_AddBoolToObject(root, "wall_ratio_is_noise", wn.noise);
+    cJSON_AddBoolToObject(root, "steady_ratio_is_noise", sn.noise);
+    if (sn.spread_known) {
+      cJSON *sp = cJSON_AddObjectToObject(root, "reference_steady_spread");
+      cJSON_AddNumberToObject(sp, "min_s", sn.lo_s);
+      cJSON_AddNumberToObject(sp, "max_s", sn.hi_s);
+      cJSON_AddNumberToObject(sp, "relative", sn.spread);
+    } else {
+      cJSON_AddNullToObject(root, "reference_steady_spread");
+    }
   } else {
     cJSON_AddNullToObject(root, "verified");
   }
