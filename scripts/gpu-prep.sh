@@ -28,10 +28,15 @@
 # (carry build-gpu/pack).  Exit status: 0 when the pack is complete and
 # small enough.
 #
-# MLO_GPU_NO_BUILD=1 packs an existing build (MLO_GPU_BUILD) as it is;
+# MLO_GPU_BUILD names the build folder (build-gpu); MLO_GPU_NO_BUILD=1
+# packs an existing build as it is, which must have been configured as below
+# (NCCL off: a module that links libnccl is refused); MLO_GPU_TARGETS=pack
+# builds only what is packed; MLO_GPU_JOBS sets the build's -j (nproc);
 # MLO_GPU_PACK_DIR puts the pack elsewhere; MLO_GPU_NO_WHEELS=1 carries no
 # wheels (the torch step then reports itself skipped).  CI's dry run of the
-# check (tests/scripts) uses all three.
+# check (tests/scripts/gpu_dryrun.sh) builds in a temporary folder with
+# MLO_GPU_TARGETS=pack and no wheels: it packs what travels, not the CI
+# build (review D17).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${MLO_GPU_BUILD:-build-gpu}
@@ -54,7 +59,17 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
   tail -20 "$build/gpu-prep.configure.log" >&2
   exit 1
 }
-cmake --build "$build" -j"$(nproc)" >"$build/gpu-prep.build.log" 2>&1 || {
+# MLO_GPU_TARGETS=pack: only what the pack holds (the modules, libmlo, the
+# programs below), not the unit tests; CI's dry run builds this way
+targets=()
+if [ "${MLO_GPU_TARGETS:-all}" = pack ]; then
+  targets=(--target mlo_module_cuda mlo_module_workload-cuda mlo_shared mlo_cli platform_cuda wan22_offload)
+  for c in tests/contract/C[0-9]*_*.c; do
+    c=${c##*/}
+    targets+=("${c%.c}")
+  done
+fi
+cmake --build "$build" -j"${MLO_GPU_JOBS:-$(nproc)}" "${targets[@]}" >"$build/gpu-prep.build.log" 2>&1 || {
   tail -30 "$build/gpu-prep.build.log" >&2
   exit 1
 }
@@ -83,6 +98,13 @@ for m in libmlo-cuda.so libmlo-workload-cuda.so; do
   cp "$build/mlo/$m" "$pack/modules/"
   strip --strip-unneeded "$pack/modules/$m"
 done
+# The module that travels links no NCCL: the device has no libnccl beyond
+# what a wheel ships (review D17).  is_system below exempts libnccl, so a
+# NCCL build (say MLO_GPU_NO_BUILD=1 on a normal build) is refused here.
+if readelf -d "$pack/modules/libmlo-cuda.so" | grep -E 'NEEDED.*libnccl' >&2; then
+  echo "gpu-prep: $build/mlo/libmlo-cuda.so links NCCL; build it with NCCL off (this script's own build)" >&2
+  exit 1
+fi
 # The libraries to carry: everything ldd resolves outside glibc and CUDA.
 is_system() {
   case "$(basename "$1")" in

@@ -161,8 +161,9 @@ static uint64_t granules(size_t bytes) {
   return n > UINT64_MAX - CU_GRANULE ? UINT64_MAX : (n + CU_GRANULE - 1) & ~(CU_GRANULE - 1);
 }
 
-static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
-  struct cuda_ctx *c = ctx;
+/* A block from the pool in `on`'s order (COPY for loads, COMPUTE for a
+ * workload's scratch, D10). */
+static int cu_alloc_on(struct cuda_ctx *c, size_t bytes, void **block, cudaStream_t on) {
   *block = NULL;
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
@@ -181,7 +182,7 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   void *ptr = NULL;
   size_t n = bytes ? bytes : 1;
   cudaError_t e =
-      c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy) : cudaMalloc(&ptr, n);
+      c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, on) : cudaMalloc(&ptr, n);
   if (e == cudaErrorMemoryAllocation && c->pool) {
     /* A block freed with cudaFreeAsync behind queued work may not count as
      * free until the host has seen the free complete: drain the release
@@ -194,7 +195,7 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
     (void)cudaGetLastError();
     if (cu_stream_sync(c, c->release, "cudaStreamSynchronize(release)") == MLO_OK &&
         cu_status(c, cudaMemPoolTrimTo(c->pool, 0), "cudaMemPoolTrimTo") == MLO_OK)
-      e = cudaMallocFromPoolAsync(&ptr, n, c->pool, c->copy);
+      e = cudaMallocFromPoolAsync(&ptr, n, c->pool, on);
   }
   rc = cu_status(c, e, "allocating a device block");
   if (!rc) {
@@ -206,6 +207,16 @@ static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
   }
   cu_leave(c, &g);
   return rc;
+}
+
+static int cu_dev_alloc(void *ctx, size_t bytes, void **block) {
+  struct cuda_ctx *c = ctx;
+  return cu_alloc_on(c, bytes, block, c->copy);
+}
+
+static int cu_dev_alloc_compute(void *ctx, size_t bytes, void **block) {
+  struct cuda_ctx *c = ctx;
+  return cu_alloc_on(c, bytes, block, c->compute);
 }
 
 /* The bytes a block held stop counting once its free is queued: a free
@@ -767,6 +778,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .reserved_peak = cu_reserved_peak,
     .reset_reserved_peak = cu_reset_reserved_peak,
     .dev_alloc = cu_dev_alloc,
+    .dev_alloc_compute = cu_dev_alloc_compute,
     .dev_free = cu_dev_free,
     .dev_free_after = cu_dev_free_after,
     .host_alloc = cu_host_alloc,

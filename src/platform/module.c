@@ -68,6 +68,7 @@ static const struct mlo_module_host host_table = {
     .event_record_copy = mlo_plat_event_record_copy,
     .compute_wait = mlo_plat_compute_wait,
     .compute_queue = mlo_platform_compute_queue,
+    .dev_alloc_compute = mlo_plat_dev_alloc_compute,
 };
 
 /* Modules loaded or refused, by file name; a short list (a process loads a

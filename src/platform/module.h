@@ -35,8 +35,9 @@
 
 /* Bumped whenever either table below changes shape.  2: host_register says
  * whether a range may be registered read-only; 3: dev_free returns whether it
- * freed, dev_free_after, and the topology and gather_pace slots; 4: want_stamps. */
-#define MLO_MODULE_ABI 4
+ * freed, dev_free_after, and the topology and gather_pace slots; 4: want_stamps;
+ * 5: dev_alloc_compute (both tables). */
+#define MLO_MODULE_ABI 5
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)
@@ -81,6 +82,7 @@ struct mlo_module_host {
   int (*event_record_copy)(mlo_platform *p, mlo_event *ev);
   int (*compute_wait)(mlo_platform *p, mlo_event *ev);
   void *(*compute_queue)(mlo_platform *p);
+  int (*dev_alloc_compute)(mlo_platform *p, size_t bytes, void **block);
 };
 
 /* What a module answers. */

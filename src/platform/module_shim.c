@@ -103,6 +103,9 @@ int mlo_spec_parse_indexed(const char *name, const char *args, unsigned long max
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
   return host->dev_alloc(p, bytes, block);
 }
+int mlo_plat_dev_alloc_compute(mlo_platform *p, size_t bytes, void **block) {
+  return host->dev_alloc_compute(p, bytes, block);
+}
 int mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes) {
   return host->dev_free(p, block, bytes);
 }

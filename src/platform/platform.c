@@ -376,16 +376,17 @@ int mlo_platform_synchronize(mlo_platform *p) {
   return p ? mlo_plat_synchronize(p) : MLO_EINVAL;
 }
 
-int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
+static int alloc_with(mlo_platform *p, int (*alloc)(void *, size_t, void **), size_t bytes,
+                      void **block) {
   count_call(p);
-  int rc = p->ops->dev_alloc(p->ctx, bytes, block);
+  int rc = alloc(p->ctx, bytes, block);
   if (rc == MLO_ENOMEM_DEVICE) { /* another allocator's cache may hold what is missing */
     pthread_mutex_lock(p->acct_lock);
     mlo_framework_cache fw = p->fw;
     pthread_mutex_unlock(p->acct_lock);
     if (fw.reclaim) {
       fw.reclaim(fw.user);
-      rc = p->ops->dev_alloc(p->ctx, bytes, block);
+      rc = alloc(p->ctx, bytes, block);
     }
   }
   if (rc) return rc;
@@ -394,6 +395,15 @@ int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
   if (p->used_bytes > p->peak_bytes) p->peak_bytes = p->used_bytes;
   pthread_mutex_unlock(p->acct_lock);
   return MLO_OK;
+}
+
+int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block) {
+  return alloc_with(p, p->ops->dev_alloc, bytes, block);
+}
+
+int mlo_plat_dev_alloc_compute(mlo_platform *p, size_t bytes, void **block) {
+  if (!p->ops->dev_alloc_compute) return MLO_EUNSUPPORTED;
+  return alloc_with(p, p->ops->dev_alloc_compute, bytes, block);
 }
 
 /* Used bytes follow what the platform did: a free that failed leaves the

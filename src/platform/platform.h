@@ -58,6 +58,13 @@ struct mlo_platform_ops {
    * no compute submitted after `used` touches the block.  NULL: dev_free,
    * ordered after everything (the wrapper falls back to it). */
   int (*dev_free_after)(void *ctx, void *block, size_t bytes, mlo_event *used);
+  /* Optional: a block for compute only (a workload's scratch), allocated in
+   * the compute queue's order (CUDA: from the pool on the compute stream),
+   * so compute submitted after it uses it without waiting for anything
+   * queued on the copy queues (dev_alloc's blocks are ordered on COPY).
+   * Counted against the capacity as dev_alloc's are; freed with dev_free.
+   * NULL: the wrapper answers MLO_EUNSUPPORTED (review D10). */
+  int (*dev_alloc_compute)(void *ctx, size_t bytes, void **block);
 
   /* Host memory.  pinned asks for page-locked memory; *got_pinned says
    * whether it was (best effort: pageable on failure).  Optional: NULL means
@@ -197,6 +204,9 @@ int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes);
 /* Wrappers used by core: apply defaults for NULL slots, count calls, keep
  * used/peak accounting.  Same contracts as the slots above. */
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block);
+/* The dev_alloc_compute slot, accounted as dev_alloc; MLO_EUNSUPPORTED
+ * without it (the caller then orders a dev_alloc block itself). */
+int mlo_plat_dev_alloc_compute(mlo_platform *p, size_t bytes, void **block);
 /* The block's bytes stop counting as used only if the platform released
  * it (MLO_OK); a failed free leaves them counted, as the device does. */
 int mlo_plat_dev_free(mlo_platform *p, void *block, size_t bytes);

@@ -18,8 +18,11 @@
  *
  * Device scratch (X, Y and cuBLAS's workspace) comes from the platform's
  * own allocator, so capacity= bounds it with the weights and a pool's
- * reserve reports it; a block it allocates (ordered on the copy stream) is
- * handed to compute through an event.
+ * reserve reports it.  It is allocated on the compute stream, its only
+ * user (dev_alloc_compute), so the GEMMs never wait for the copy queue (a
+ * prefetch in flight, a join's gated copies: review D10); only where the
+ * platform lacks that slot is a dev_alloc block (ordered on the copy
+ * stream) handed to compute through an event.
  *
  * cuBLAS is bit-reproducible for one configuration on one GPU model, so an
  * offloaded run's digest equals an all-resident run's on the same device.
@@ -168,7 +171,9 @@ static int grow_host(struct cuda_blas *cb, struct host_buf *b, size_t bytes) {
 
 /* A device buffer from the platform, usable on the compute stream. */
 static int scratch_alloc(struct cuda_blas *b, size_t bytes, void **ptr) {
-  int rc = mlo_plat_dev_alloc(b->platform, bytes, ptr);
+  int rc = mlo_plat_dev_alloc_compute(b->platform, bytes, ptr);
+  if (rc != MLO_EUNSUPPORTED) return rc; /* in compute's order: no wait on COPY */
+  rc = mlo_plat_dev_alloc(b->platform, bytes, ptr);
   if (rc) return rc;
   if (!b->ready) rc = mlo_plat_event_create(b->platform, &b->ready);
   if (!rc) rc = mlo_plat_event_record_copy(b->platform, b->ready);

@@ -7,6 +7,7 @@
  */
 #include "fakecuda.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -244,6 +245,14 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr att
   return fc_fail(e);
 }
 
+/* The stream the last pool allocation was ordered on, as given: a test asks
+ * which queue a block was allocated in (review D10). */
+static _Atomic(cudaStream_t) last_pool_alloc;
+
+cudaStream_t fakecuda_last_pool_alloc_stream(void) {
+  return atomic_load(&last_pool_alloc);
+}
+
 /* A block whose free has run; else, with internal dependencies allowed,
  * one whose free is queued (the stream then waits for that free); else
  * new memory, giving back what the pool holds free to make room. */
@@ -251,6 +260,7 @@ cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
                                     cudaStream_t stream) {
   struct CUstream_st *s = fc_stream(stream);
   if (!s || !pool) return fc_fail(cudaErrorInvalidResourceHandle);
+  atomic_store(&last_pool_alloc, stream);
   if (!size) size = 1;
   struct fc_op *wait = calloc(1, sizeof *wait);
   if (!wait) return fc_fail(cudaErrorMemoryAllocation);

@@ -454,6 +454,37 @@ static void test_capacity_counts_granules(void **state) {
   mlo_platform_close(plat);
 }
 
+/* D10: a compute block (a workload's scratch) is allocated on the compute
+ * stream, not behind the copy queue as a dev_alloc block is, and counts
+ * against capacity= like any other. */
+static void test_compute_alloc_on_compute_stream(void **state) {
+  (void)state;
+  const size_t mib = (size_t)1 << 20;
+  cudaStream_t (*last)(void) =
+      (cudaStream_t(*)(void))dlsym(RTLD_DEFAULT, "fakecuda_last_pool_alloc_stream");
+  assert_non_null(last);
+  mlo_platform *plat = tu_open_spec("cuda:0:capacity=8M");
+  cudaStream_t compute = mlo_platform_compute_queue(plat);
+  void *a = NULL, *b = NULL;
+  assert_ok(mlo_plat_dev_alloc(plat, mib, &a));
+  assert_true(last() != compute); /* a load's block: on COPY */
+  assert_ok(mlo_plat_dev_free(plat, a, mib));
+  assert_ok(mlo_plat_dev_alloc_compute(plat, 6 * mib, &a));
+  if (last() != compute) fail_msg("the compute block was not allocated on the compute stream");
+  mlo_platform_memory mem;
+  assert_ok(mlo_platform_get_memory(plat, &mem));
+  assert_true(mem.free_bytes <= 2 * mib);
+  assert_int_equal(mlo_plat_dev_alloc(plat, 4 * mib, &b), MLO_ENOMEM_DEVICE);
+  assert_int_equal(mlo_plat_dev_alloc_compute(plat, 4 * mib, &b), MLO_ENOMEM_DEVICE);
+  assert_ok(mlo_plat_dev_free(plat, a, 6 * mib));
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_ok(mlo_plat_dev_alloc_compute(plat, 6 * mib, &a));
+  assert_ok(mlo_plat_dev_free(plat, a, 6 * mib));
+  assert_ok(mlo_platform_synchronize(plat));
+  assert_int_equal(fake_use_after_free(), 0);
+  mlo_platform_close(plat);
+}
+
 int main(int argc, char **argv) {
   if (!dlsym(RTLD_DEFAULT, "fakecuda_contexts_created")) {
     fprintf(stderr, "the CUDA runtime loaded is not tests/fakecuda's\n");
@@ -477,6 +508,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_caller_pinned_counts_as_pinned),
       cmocka_unit_test(test_unknown_and_ecc_are_sticky),
       cmocka_unit_test(test_capacity_counts_granules),
+      cmocka_unit_test(test_compute_alloc_on_compute_stream),
       cmocka_unit_test(test_shared_page_pinned),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The device check's own logic, where no GPU is (ctest gpu_check_dryrun):
-# scripts/gpu-prep.sh packs this build as it is (no wheels: no download),
-# then scripts/gpu-check.sh runs on that pack twice.  MLO_GPU_DRYRUN=1 must
+# scripts/gpu-prep.sh builds and packs what travels to the device (its own
+# configuration: NCCL, MPI and OpenCL off) in a temporary folder, only the
+# pack's targets (MLO_GPU_TARGETS=pack; no wheels: no download), not the CI
+# build, which links NCCL (review D17); the packed libmlo-cuda.so must NEED
+# no libnccl.  Then scripts/gpu-check.sh runs on that pack twice.  MLO_GPU_DRYRUN=1 must
 # exit 0 with the preflight run, every step reported SKIPPED (dry run), no
 # FAIL, its summary and archive written and $OUT within the device tool's
 # limits.  MLO_GPU_DRYRUN=2, the rehearsal, runs every step for real on the
@@ -10,12 +13,19 @@
 # those that need one report themselves SKIPPED.  Everything is written
 # under a temporary folder this script makes and removes.
 set -euo pipefail
-build=$1
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-MLO_GPU_BUILD="$build" MLO_GPU_NO_BUILD=1 MLO_GPU_NO_WHEELS=1 MLO_GPU_PACK_DIR="$tmp/pack" \
-  bash "$repo/scripts/gpu-prep.sh"
+MLO_GPU_BUILD="$tmp/build" MLO_GPU_TARGETS=pack MLO_GPU_JOBS="${MLO_GPU_JOBS:-2}" MLO_GPU_NO_WHEELS=1 \
+  MLO_GPU_PACK_DIR="$tmp/pack" bash "$repo/scripts/gpu-prep.sh"
+# the module that travels: the CUDA runtime and no NCCL (review D17)
+needed=$(readelf -d "$tmp/pack/modules/libmlo-cuda.so" | grep NEEDED)
+if grep -q libnccl <<<"$needed"; then
+  echo "gpu_dryrun: the packed libmlo-cuda.so needs NCCL:"
+  echo "$needed"
+  exit 1
+fi
+grep -q "libcudart" <<<"$needed" || { echo "gpu_dryrun: the packed libmlo-cuda.so needs no libcudart?"; exit 1; }
 # a CUDA runtime only in a pip wheel (review D3): the preflight lists it
 mkdir -p "$tmp/site/nvidia/cu13/lib"
 : >"$tmp/site/nvidia/cu13/lib/libcudart.so.13"
