@@ -2431,6 +2431,15 @@ class DemoBenchTests(unittest.TestCase):
             self.assertRegex(out, r"joins the switches\s+\(([1-9]\d*) loads in 3 prompts\)")
             self.assertRegex(out, r"host memory 1/2: .* read from disk per prompt")
             self.assertIn("rtx4090, bf16, RAM 32.0 GiB", out)
+            # the two-rank line compares like with like (issue 43): sharded
+            # loads are whole, so one rank's figure is strict's with whole
+            # loads, the table's row, not its block-by-block one
+            ranks = re.search(r"([0-9.]+)x one\s+rank's ([0-9.]+) s with the same whole loads", out)
+            if shutil.which("mpirun") and "two ranks as on" in out:
+                whole = re.search(r"strict, whole loads +[0-9.]+ s +[0-9.]+x +[0-9.]+x +([0-9.]+) s",
+                                  out)
+                self.assertIsNotNone(ranks, out)
+                self.assertEqual(ranks.group(2), whole.group(1), out)
             svg = os.path.join(tmp, "demo-timeline.svg")
             self.assertIn(svg, out)
             ET.parse(svg)

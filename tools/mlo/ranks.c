@@ -402,7 +402,8 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double
           "  host slabs %.2fx the weights (two processes with slabs of their own: 2.00x), read\n"
           "  from disk %.2fx; the topology makes sharded loads faster, so each rank copies half\n"
           "  of every load and the two all-gather the rest: stall %.3f s per prompt, %.2fx one\n"
-          "  rank's %.3f s (the model: %.2fx)\n",
+          "  rank's %.3f s with the same whole loads (the model: %.2fx; sharded loads are not\n"
+          "  yet block by block, so this is strict with whole loads on both sides)\n",
           slab / w, read / w, stall, one_rank_stall > 0 ? stall / one_rank_stall : 0,
           one_rank_stall, modelled);
 #endif
