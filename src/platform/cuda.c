@@ -181,8 +181,7 @@ static int cu_alloc_on(struct cuda_ctx *c, size_t bytes, void **block, cudaStrea
   }
   void *ptr = NULL;
   size_t n = bytes ? bytes : 1;
-  cudaError_t e =
-      c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, on) : cudaMalloc(&ptr, n);
+  cudaError_t e = c->pool ? cudaMallocFromPoolAsync(&ptr, n, c->pool, on) : cudaMalloc(&ptr, n);
   if (e == cudaErrorMemoryAllocation && c->pool) {
     /* A block freed with cudaFreeAsync behind queued work may not count as
      * free until the host has seen the free complete: drain the release
