@@ -107,6 +107,8 @@ struct mlo_event {
 
 /* The runtime's status as ours (a sticky error remembered, others cleared),
  * and our device's context made current and the caller's put back (cuda.c). */
+/* cuda_status.c: whether e leaves the context unusable for good. */
+bool cu_is_sticky(cudaError_t e);
 int cu_status(struct cuda_ctx *c, cudaError_t e, const char *what);
 int cu_enter(struct cuda_ctx *c, mlo_cu_guard *g);
 /* cudaEventQuery(ev), or cudaStreamQuery(s) with ev NULL, leaving no

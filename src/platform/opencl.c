@@ -38,49 +38,6 @@ static struct seg_block *find_seg(struct ocl_ctx *c, const void *block) {
   return b;
 }
 
-/* ---- errors ------------------------------------------------------------- */
-
-const char *ocl_err_name(cl_int err) {
-  switch (err) {
-  case CL_DEVICE_NOT_FOUND:
-    return "CL_DEVICE_NOT_FOUND";
-  case CL_DEVICE_NOT_AVAILABLE:
-    return "CL_DEVICE_NOT_AVAILABLE";
-  case CL_MEM_OBJECT_ALLOCATION_FAILURE:
-    return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
-  case CL_OUT_OF_RESOURCES:
-    return "CL_OUT_OF_RESOURCES";
-  case CL_OUT_OF_HOST_MEMORY:
-    return "CL_OUT_OF_HOST_MEMORY";
-  case CL_MAP_FAILURE:
-    return "CL_MAP_FAILURE";
-  case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST:
-    return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
-  case CL_INVALID_VALUE:
-    return "CL_INVALID_VALUE";
-  case CL_INVALID_PLATFORM:
-    return "CL_INVALID_PLATFORM";
-  case CL_INVALID_DEVICE:
-    return "CL_INVALID_DEVICE";
-  case CL_INVALID_CONTEXT:
-    return "CL_INVALID_CONTEXT";
-  case CL_INVALID_COMMAND_QUEUE:
-    return "CL_INVALID_COMMAND_QUEUE";
-  case CL_INVALID_MEM_OBJECT:
-    return "CL_INVALID_MEM_OBJECT";
-  case CL_INVALID_EVENT:
-    return "CL_INVALID_EVENT";
-  case CL_INVALID_BUFFER_SIZE:
-    return "CL_INVALID_BUFFER_SIZE";
-  case CL_INVALID_OPERATION:
-    return "CL_INVALID_OPERATION";
-  case -1001:
-    return "CL_PLATFORM_NOT_FOUND_KHR"; /* the ICD loader: no platform */
-  default:
-    return "an OpenCL error";
-  }
-}
-
 /* Maps an OpenCL error to a status; device exhaustion is MLO_ENOMEM_DEVICE
  * (CL_OUT_OF_RESOURCES is how most drivers report a buffer they could not
  * back at first use), everything else is logged and MLO_EPLATFORM. */

@@ -13,6 +13,49 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An OpenCL status's name, for messages (here, below opencl.c, which
+ * calls this file and not the other way round). */
+const char *ocl_err_name(cl_int err) {
+  switch (err) {
+  case CL_DEVICE_NOT_FOUND:
+    return "CL_DEVICE_NOT_FOUND";
+  case CL_DEVICE_NOT_AVAILABLE:
+    return "CL_DEVICE_NOT_AVAILABLE";
+  case CL_MEM_OBJECT_ALLOCATION_FAILURE:
+    return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+  case CL_OUT_OF_RESOURCES:
+    return "CL_OUT_OF_RESOURCES";
+  case CL_OUT_OF_HOST_MEMORY:
+    return "CL_OUT_OF_HOST_MEMORY";
+  case CL_MAP_FAILURE:
+    return "CL_MAP_FAILURE";
+  case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST:
+    return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+  case CL_INVALID_VALUE:
+    return "CL_INVALID_VALUE";
+  case CL_INVALID_PLATFORM:
+    return "CL_INVALID_PLATFORM";
+  case CL_INVALID_DEVICE:
+    return "CL_INVALID_DEVICE";
+  case CL_INVALID_CONTEXT:
+    return "CL_INVALID_CONTEXT";
+  case CL_INVALID_COMMAND_QUEUE:
+    return "CL_INVALID_COMMAND_QUEUE";
+  case CL_INVALID_MEM_OBJECT:
+    return "CL_INVALID_MEM_OBJECT";
+  case CL_INVALID_EVENT:
+    return "CL_INVALID_EVENT";
+  case CL_INVALID_BUFFER_SIZE:
+    return "CL_INVALID_BUFFER_SIZE";
+  case CL_INVALID_OPERATION:
+    return "CL_INVALID_OPERATION";
+  case -1001:
+    return "CL_PLATFORM_NOT_FOUND_KHR"; /* the ICD loader: no platform */
+  default:
+    return "an OpenCL error";
+  }
+}
+
 static int parse_flag(const char *key, const char *value, int *out, char *err, size_t errlen) {
   if (strcmp(value, "0") && strcmp(value, "1")) {
     snprintf(err, errlen, "opencl platform option %s=%s: expected 0 or 1", key, value);
