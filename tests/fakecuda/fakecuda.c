@@ -201,6 +201,14 @@ void fakecuda_inject_sticky(cudaError_t e) {
   if (e == cudaSuccess) last_error = cudaSuccess;
 }
 
+/* One of the fake's counters, read under its lock (the tests' getters). */
+static uint64_t counter(const uint64_t *n) {
+  pthread_mutex_lock(&fc.lock);
+  uint64_t v = *n;
+  pthread_mutex_unlock(&fc.lock);
+  return v;
+}
+
 /* Calls refused with the sticky error since it was injected. */
 uint64_t fakecuda_sticky_calls(void) {
   return sticky_calls;
@@ -209,25 +217,16 @@ uint64_t fakecuda_sticky_calls(void) {
 /* cudaLaunchHostFunc calls so far (each holds its stream until the
  * driver's callback thread has run it, on a real device). */
 uint64_t fakecuda_host_fns(void) {
-  pthread_mutex_lock(&fc.lock);
-  uint64_t n = fc.host_fns;
-  pthread_mutex_unlock(&fc.lock);
-  return n;
+  return counter(&fc.host_fns);
 }
 
 /* cudaFreeHost calls so far (each synchronizes the whole device). */
 uint64_t fakecuda_free_host_calls(void) {
-  pthread_mutex_lock(&fc.lock);
-  uint64_t n = fc.free_host_calls;
-  pthread_mutex_unlock(&fc.lock);
-  return n;
+  return counter(&fc.free_host_calls);
 }
 
 uint64_t fakecuda_use_after_free(void) {
-  pthread_mutex_lock(&fc.lock);
-  uint64_t n = fc.use_after_free;
-  pthread_mutex_unlock(&fc.lock);
-  return n;
+  return counter(&fc.use_after_free);
 }
 
 /* ---- devices ------------------------------------------------------------ */
