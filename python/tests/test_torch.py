@@ -849,27 +849,26 @@ class ProgressiveTests(unittest.TestCase):
         self.assertTrue(seen["landed"])
         mlo.torch.close_model_offload(pipe)
 
-    def test_a_failed_begin_is_not_ended(self):
+    def progressive_case(self, check):
+        """A two-block Wan offloaded, run once so that its transformer
+        earns progressive loads (its blocks' hooks begin and end them), then
+        check(self, pipe, backend, plain diffusers' latents)."""
         build = lambda: tiny.wan(num_layers=2)  # noqa: E731
         ref = np.asarray(tiny.run_wan(build()))
         pipe = build()
         b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-        tiny.run_wan(pipe)  # earns progressive: its blocks' hooks begin and end them
+        tiny.run_wan(pipe)
         self.assertTrue(next(m for m in b.managed if m.name == "transformer").progressive)
-        failed_begin_is_not_ended(self, pipe, b, ref)
+        check(self, pipe, b, ref)
         mlo.torch.close_model_offload(pipe)
+
+    def test_a_failed_begin_is_not_ended(self):
+        self.progressive_case(failed_begin_is_not_ended)
 
     def test_an_aborted_forward_leaves_the_weights(self):
         # a progressive load issues every block's copy at its acquire, none
         # deferred: what its forward did not reach lands all the same
-        build = lambda: tiny.wan(num_layers=2)  # noqa: E731
-        ref = np.asarray(tiny.run_wan(build()))
-        pipe = build()
-        b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-        tiny.run_wan(pipe)  # earns progressive
-        self.assertTrue(next(m for m in b.managed if m.name == "transformer").progressive)
-        aborted_forward_leaves_weights(self, pipe, b, ref)
-        mlo.torch.close_model_offload(pipe)
+        self.progressive_case(aborted_forward_leaves_weights)
 
     def test_blocks_wait_for_their_own_copies(self):
         prog, seen = self.run_with(True)
