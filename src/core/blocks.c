@@ -187,31 +187,3 @@ int mlo_tensor_block(const mlo_tensor *t) {
   pthread_mutex_unlock(&c->pipe->lock);
   return b;
 }
-
-int mlo_component_blocks(mlo_component *c, mlo_block_info *out, size_t cap, size_t *count) {
-  if (!c || (cap && !out)) return MLO_EINVAL;
-  mlo_pipeline *pipe = c->pipe;
-  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
-  /* a materialized component keeps its pieces; another is laid out now */
-  mlo_layout lay = {.nblocks = c->nblocks, .pro = c->pro, .epi = c->epi, .spans = c->spans};
-  int rc = c->materialized ? MLO_OK : mlo_slab_layout(c, false, true, &lay);
-  if (!rc) {
-    if (count) *count = lay.nblocks + 2;
-    /* prologue, the blocks, epilogue: in the order they run */
-    for (size_t i = 0; i < cap && i < lay.nblocks + 2; i++) {
-      const struct mlo_span *s = i == 0                 ? &lay.pro
-                                 : i == lay.nblocks + 1 ? &lay.epi
-                                                        : &lay.spans[i - 1];
-      out[i] = (mlo_block_info){sizeof *out,
-                                i == 0                 ? MLO_BLOCK_PROLOGUE
-                                : i == lay.nblocks + 1 ? MLO_BLOCK_EPILOGUE
-                                                       : (int)(i - 1),
-                                s->off, s->bytes, s->tensors};
-    }
-    if (!c->materialized) mlo_layout_free(&lay);
-  } else {
-    rc = mlo_fail(pipe, rc, "out of host memory laying out '%s'", c->name);
-  }
-  pthread_mutex_unlock(&pipe->lock);
-  return rc;
-}

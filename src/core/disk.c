@@ -253,22 +253,11 @@ void mlo_disk_change_tier(mlo_component *c) {
 
 /* ---- a component on disk that streams ------------------------------------ */
 
-/* Unregisters the slab's page-locked runs. */
-static void unpin_runs(mlo_component *c) {
-  for (size_t i = 0; i < c->npinned_runs; i++) {
-    c->stats.platform_calls++;
-    mlo_plat_host_unregister(c->pipe->platform, c->pinned_runs[i]);
-  }
-  free(c->pinned_runs);
-  c->pinned_runs = NULL;
-  c->npinned_runs = 0;
-}
-
 /* Page-locks the filled blocks, each run of adjacent ones once (its pages
  * rounded out: runs are apart by a kept block, larger than a page).  A run
  * that cannot be registered stays pageable (copied below link speed). */
 static void pin_runs(mlo_component *c) {
-  unpin_runs(c);
+  mlo_disk_unpin_runs(c);
   mlo_platform *p = c->pipe->platform;
   if (!p->caps.host_register || !c->pipe->pin_host || mlo_env_flag("MLO_NO_PINNED")) return;
   if (!(c->pinned_runs = mlo_calloc(c->nblocks ? c->nblocks : 1, sizeof *c->pinned_runs))) return;
@@ -316,7 +305,7 @@ static void trim_unstreamed(mlo_component *c) {
 int mlo_disk_fill_streamed(mlo_component *c) {
   if (!c->partial || !c->stream) return MLO_OK;
   mlo_pipeline *pipe = c->pipe;
-  unpin_runs(c); /* nothing is resident: no copy reads the slab now */
+  mlo_disk_unpin_runs(c); /* nothing is resident: no copy reads the slab now */
   trim_unstreamed(c);
   mlo_tensor **list = mlo_malloc((c->ntensors ? c->ntensors : 1) * sizeof *list);
   if (!list) return mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
@@ -348,52 +337,6 @@ int mlo_disk_fill_streamed(mlo_component *c) {
   pipe->disk_bytes -= blocks;
   free(list);
   pin_runs(c);
-  return MLO_OK;
-}
-
-void mlo_disk_free_partial(mlo_component *c) {
-  if (!c->partial) return;
-  unpin_runs(c);
-  uint64_t blocks = 0;
-  for (size_t b = 0; b < c->nblocks; b++) blocks += c->filled[b] ? c->spans[b].bytes : 0;
-  c->pipe->host_slab_bytes -= blocks;
-  c->pipe->disk_bytes += blocks; /* slab_free takes the whole slab off disk_bytes */
-  for (size_t i = 0; i < c->ntensors; i++)
-    if (!c->tensors[i]->target && !(c->tensors[i]->flags & MLO_TENSOR_EXTERNAL))
-      c->tensors[i]->host = NULL;
-  mlo_plat_host_free(c->pipe->platform, c->slab, (size_t)c->slab_bytes, false);
-  c->slab = NULL;
-  free(c->filled);
-  c->filled = NULL;
-  c->partial = false;
-}
-
-/* ---- materializing without a slab --------------------------------------- */
-
-int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay) {
-  if (c->pipe->platform->caps.simulated) return MLO_OK; /* no files: a modelled disk */
-  mlo_tensor **files = mlo_malloc((lay->norder ? lay->norder : 1) * sizeof *files);
-  int *fds = mlo_malloc((lay->norder ? lay->norder : 1) * sizeof *fds);
-  if (!files || !fds) {
-    free(files);
-    free(fds);
-    return mlo_fail(c->pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
-  }
-  size_t n = 0;
-  for (size_t i = 0; i < lay->norder; i++)
-    if (lay->order[i]->nbytes) files[n++] = lay->order[i];
-  mlo_sort_by_file(files, n);
-  char why[768];
-  int rc = mlo_open_checked(c, files, n, fds, false, why, sizeof why);
-  mlo_close_files(n, fds, false);
-  free(fds);
-  if (rc) {
-    free(files);
-    return mlo_fail(c->pipe, rc, "%s", why);
-  }
-  free(c->disk_files);
-  c->disk_files = files;
-  c->ndisk_files = n;
   return MLO_OK;
 }
 
@@ -635,7 +578,7 @@ static void finish(job *j, int rc) {
      * would load it again, out of step with them); any other is undone now,
      * the trace closing the load it began */
     c->disk_tell = c->gather_slice != 0;
-    if (!c->disk_tell) mlo_res_drop(c); /* (which traces the eviction) */
+    if (!c->disk_tell) c->disk_undo(c); /* (which traces the eviction) */
   }
   pthread_cond_broadcast(&pipe->idle);
 }
@@ -724,7 +667,8 @@ static int sim_load(mlo_component *c, uint64_t lo, uint64_t hi) {
   return MLO_OK;
 }
 
-int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at) {
+int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
+                   void (*undo)(mlo_component *c)) {
   mlo_pipeline *pipe = c->pipe;
   if (pipe->platform->caps.simulated) return sim_load(c, lo, hi);
   struct mlo_disk *d = pipe->disk;
@@ -745,6 +689,7 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at) {
   c->disk_lo = lo;
   c->disk_hi = hi;
   c->disk_at = at;
+  c->disk_undo = undo;
   c->stats.disk_loads++; /* counted when issued, as loads are */
   c->disk_next = NULL;
   if (d->tail)
@@ -784,17 +729,6 @@ void mlo_disk_stop(mlo_pipeline *pipe) {
   pipe->disk = NULL;
   free(d);
   pthread_mutex_unlock(&pipe->lock);
-}
-
-int mlo_pipeline_synchronize(mlo_pipeline *pipe) {
-  if (!pipe) return MLO_EINVAL;
-  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
-  for (size_t i = 0; i < pipe->ncomps; i++) mlo_disk_settle(pipe->comps[i]);
-  /* a streamed load's deferred kept blocks, a held component's too (a
-   * forward stopped before reaching them): every load complete */
-  mlo_prog_settle(pipe, NULL, true);
-  pthread_mutex_unlock(&pipe->lock);
-  return mlo_plat_synchronize(pipe->platform);
 }
 
 uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe) {

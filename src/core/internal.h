@@ -161,6 +161,7 @@ struct mlo_component {
   mlo_component *disk_next;           /* the reader's queue */
   uint64_t disk_lo, disk_hi, disk_at; /* the load's slab bytes, and where lo goes */
   bool disk_tell; /* a sharded load from disk failed: its wait tells the other ranks */
+  void (*disk_undo)(mlo_component *c); /* how a failed load is undone (mlo_disk_start) */
 
   /* device residency */
   mlo_residency state;
@@ -380,6 +381,30 @@ int mlo_open_checked(const mlo_component *c, mlo_tensor *const *files, size_t nf
 void mlo_close_files(size_t nfiles, const int *fds, bool drop);
 void mlo_drop_pages(int fd, uint64_t off, uint64_t len);
 
+/* transfer.c — what every mover shares; lock held unless said. */
+/* The compute queue waits for ev as the sync mode says (the whole device
+ * with MLO_SYNC_DEVICE); lock NOT held.  A wait [t0, t1] for c's copies is
+ * then counted in its stats and, with traced, traced (lock held). */
+int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync);
+void mlo_res_count_wait(mlo_component *c, uint64_t t0, uint64_t t1, bool traced);
+void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
+void mlo_res_trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint64_t t_ns);
+/* The load's end, once per residency: traced (LOAD_END) and logged at its
+ * completion stamp, no later than latest; _at: at t exactly. */
+void mlo_res_load_ended(mlo_component *c, uint64_t latest);
+void mlo_res_load_ended_at(mlo_component *c, uint64_t t);
+/* *ev, created on first use. */
+int mlo_res_ensure_event(mlo_component *c, mlo_event **ev);
+/* The debug line of a transfer: what, its bytes, its copies. */
+void mlo_res_log_transfer(const mlo_component *c, const char *what, uint64_t bytes, size_t copies);
+/* Copies c's caller-owned tensors (every tensor with `every`: per-tensor
+ * copies) from their own host memory into its block, one copy each, at
+ * their place (a streamed plan's, where it has one); adds to *copies and
+ * *moved. */
+int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved);
+/* Waits for a pending write-back into host memory. */
+int mlo_res_finish_writeback(mlo_component *c);
+
 /* residency.c — every call with pipe->lock held. */
 int mlo_res_load(mlo_component *c);  /* no eviction; rolls back on failure */
 int mlo_res_evict(mlo_component *c); /* users must be 0 */
@@ -388,20 +413,6 @@ int mlo_res_evict(mlo_component *c); /* users must be 0 */
 void mlo_res_drop(mlo_component *c);
 /* Orders compute after c's load per the sync mode; lock NOT held. */
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync);
-/* The compute queue waits for ev as the sync mode says (the whole device
- * with MLO_SYNC_DEVICE); lock NOT held.  A wait [t0, t1] for c's copies is
- * then counted in its stats and, with traced, traced (lock held). */
-int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync);
-void mlo_res_count_wait(mlo_component *c, uint64_t t0, uint64_t t1, bool traced);
-void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes);
-/* The load's end, once per residency: traced (LOAD_END) and logged at its
- * completion stamp, no later than latest; lock held. */
-void mlo_res_load_ended(mlo_component *c, uint64_t latest);
-/* Copies c's caller-owned tensors (every tensor with `every`: per-tensor
- * copies) from their own host memory into its block, one copy each, at
- * their place (a streamed plan's, where it has one); adds to *copies and
- * *moved.  Lock held. */
-int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved);
 /* The joined switch's residency steps (join.c): b's load began (its
  * copies go into a's block, nothing allocated: traced as such); a hands
  * its block to b at a's last release, b's copies (`copies`, `moved`
@@ -409,8 +420,6 @@ int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t 
 void mlo_res_join_began(mlo_component *b);
 int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved,
                       bool placed);
-/* Waits for a pending write-back into host memory; lock held. */
-int mlo_res_finish_writeback(mlo_component *c);
 void mlo_res_release_events(mlo_component *c);
 /* At a component's last release: records use_ev where the platform can
  * free after it (mlo_plat_has_dev_free_after); lock held. */
@@ -462,17 +471,14 @@ void mlo_disk_change_tier(mlo_component *c);
  * streams into its slab, once each, and page-locks them; lock held, after
  * every stream plan of it.  MLO_OK when it is not partial. */
 int mlo_disk_fill_streamed(mlo_component *c);
-/* Frees what a partial component holds besides its files: the blocks
- * read, their registration, the slab (lock held; nothing queued uses it). */
-void mlo_disk_free_partial(mlo_component *c);
-/* Materializes c without a slab (setup_lock held): its files are checked
- * and its file-backed tensors listed in layout lay. */
-int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
 /* A load of an on-disk c, its block allocated (lock held): the reader reads
  * the slab bytes [lo, hi) of it from its files, copies them to the block
  * (lo at `at`) and records c->load_ev.  A whole load is (0, UINT64_MAX, 0);
- * a sharded one, this rank's slice (gathered at the wait). */
-int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at);
+ * a sharded one, this rank's slice (gathered at the wait).  A load that
+ * fails is undone with `undo` (lock held), the residency's own step,
+ * except a sharded one, whose wait tells the other ranks first. */
+int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
+                   void (*undo)(mlo_component *c));
 /* Waits, lock held (dropped while waiting), until c's reads are issued;
  * wait adds the load's failure, said on the pipeline, if they failed. */
 void mlo_disk_settle(mlo_component *c);
@@ -480,6 +486,17 @@ int mlo_disk_wait(mlo_component *c);
 /* Stops the reader (lock NOT held): a load in flight ends early and fails. */
 void mlo_disk_stop(mlo_pipeline *pipe);
 uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe); /* lock held */
+
+/* disk_store.c — an on-disk component's host storage (its files, a
+ * partial slab); below slab.c, which materializes and frees through it. */
+/* Materializes c without a slab (setup_lock held): its files are checked
+ * and its file-backed tensors listed in layout lay. */
+int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
+/* Frees what a partial component holds besides its files: the blocks
+ * read, their registration, the slab (lock held; nothing queued uses it). */
+void mlo_disk_free_partial(mlo_component *c);
+/* Unregisters a partial slab's page-locked runs. */
+void mlo_disk_unpin_runs(mlo_component *c);
 
 /* offload.c */
 /* True if a and b may never be resident while either executes. */
@@ -490,7 +507,8 @@ static inline bool mlo_must_wait_reconfig(const mlo_pipeline *pipe) {
   return pipe->reconfiguring && !pthread_equal(pipe->reconfig_thread, pthread_self());
 }
 
-/* stream.c — block streaming; lock held unless said otherwise. */
+/* stream_plan.c and stream.c — block streaming; lock held unless said
+ * otherwise. */
 /* The device bytes c takes while resident: its block, or its streamed
  * footprint. */
 uint64_t mlo_res_bytes(const mlo_component *c);
@@ -548,6 +566,12 @@ int mlo_stream_audit(mlo_component *c);
 /* Where a tensor of a streamed, resident component is in its device
  * block; MLO_ESTATE (with the message) for a streamed block not begun. */
 int mlo_stream_tensor_offset(const mlo_component *c, const mlo_tensor *t, uint64_t *off);
+/* Fills the plan's fields of mlo_component_stream_info (not .progressive). */
+void mlo_stream_describe(const mlo_component *c, mlo_stream_info *out);
+/* A streamed block's begin and end at the forward's boundaries (forward.c,
+ * its checks passed; lock held): begin returns with the lock released. */
+int mlo_stream_begin(mlo_component *c, size_t block);
+int mlo_stream_end(mlo_component *c, size_t block);
 
 /* progressive.c — a load block by block, each behind its own event; lock
  * held unless said otherwise. */

@@ -21,82 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static void trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint64_t t_ns) {
-  mlo_pipeline *pipe = c->pipe;
-  if (!pipe->trace) return;
-  /* device_bytes is the figure after the event: a load's block counts from
-   * its LOAD_BEGIN (allocated), though it is accounted once its copies are
-   * queued. */
-  uint64_t dev = pipe->device_bytes + (kind == MLO_TRACE_LOAD_BEGIN ? mlo_res_bytes(c) : 0);
-  mlo_trace_event ev = {kind, c, t_ns, bytes, dev};
-  pipe->trace(&ev, pipe->trace_user);
-}
-
-void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
-  if (c->pipe->trace) trace_at(c, kind, bytes, mlo_plat_now(c->pipe->platform));
-}
-
-/* When c's load really completed on the device (the platform's stamp), no
- * later than `latest`; `latest` where the platform cannot tell.  Traces and
- * timelines show a load ending when its copy did, not when someone first
- * waited for it (a VAE loaded at enable and used at the end). */
-static uint64_t load_done_ns(mlo_component *c, uint64_t latest) {
-  uint64_t t = latest;
-  if (mlo_plat_event_time(c->pipe->platform, c->load_ev, &t) != MLO_OK || t > latest) t = latest;
-  return t;
-}
-
-static int ensure_event(mlo_component *c, mlo_event **ev) {
-  if (*ev) return MLO_OK;
-  return PCALL(c, mlo_plat_event_create(c->pipe->platform, ev));
-}
-
-static void log_transfer(const mlo_component *c, const char *what, uint64_t bytes, size_t copies) {
-  if (!mlo_log_enabled(MLO_LOG_DEBUG)) return;
-  char size[32];
-  mlo_logf(MLO_LOG_DEBUG, "%s %s: %s in %zu cop%s", what, c->name,
-           mlo_format_size(bytes, size, sizeof size), copies, copies == 1 ? "y" : "ies");
-}
-
-/* The line stable-diffusion.cpp users know, once per load, when it is
- * known to be complete: component, size, tensors, seconds, GB/s, device. */
-static void log_load_done(const mlo_component *c, uint64_t done_ns) {
-  if (!mlo_log_enabled(MLO_LOG_INFO)) return;
-  char size[32];
-  double secs = done_ns > c->load_begin_ns ? (double)(done_ns - c->load_begin_ns) / 1e9 : 0.0;
-  mlo_logf(MLO_LOG_INFO, "loaded %s: %s, %zu tensors, %.4f s, %.2f GB/s, %s", c->name,
-           mlo_format_size(c->block_bytes, size, sizeof size), c->own_count, secs,
-           secs > 0 ? (double)c->block_bytes / secs / 1e9 : 0.0,
-           mlo_platform_name(c->pipe->platform));
-}
-
-/* The load's end, traced and logged once per residency, when it is known
- * complete: at the acquire's wait for a whole load, at the last block's
- * begin (or the eviction) for one that went block by block. */
-void mlo_res_load_ended(mlo_component *c, uint64_t latest) {
-  if (c->load_ended) return;
-  c->load_ended = true;
-  uint64_t done = load_done_ns(c, latest);
-  log_load_done(c, done);
-  trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, done);
-}
-
-int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved) {
-  mlo_platform *p = c->pipe->platform;
-  for (size_t i = 0; i < c->ntensors; i++) {
-    mlo_tensor *t = c->tensors[i];
-    if (t->target || !t->nbytes) continue;
-    if (!every && !(t->flags & MLO_TENSOR_EXTERNAL)) continue;
-    uint64_t at = t->dev_offset; /* a streamed plan places them in its footprint */
-    int rc = c->stream ? mlo_stream_tensor_offset(c, t, &at) : MLO_OK;
-    if (!rc) rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, t->host, t->nbytes));
-    if (rc) return rc;
-    ++*copies;
-    *moved += t->nbytes;
-  }
-  return MLO_OK;
-}
-
 /* Enqueues the host-to-device copies of a whole load: the copies issued
  * and their bytes (those issued before a failure too). */
 static int enqueue_load_copies(mlo_component *c, size_t *copies, uint64_t *queued) {
@@ -154,7 +78,7 @@ int mlo_res_load(mlo_component *c) {
     return MLO_OK;
   }
   mlo_platform *p = pipe->platform;
-  int rc = ensure_event(c, &c->load_ev);
+  int rc = mlo_res_ensure_event(c, &c->load_ev);
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
   /* An allocation that waits (a pool reclaiming frees still queued behind
    * copies) stalls the caller like a copy does: it counts as waiting. */
@@ -220,7 +144,7 @@ int mlo_res_load(mlo_component *c) {
                     mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
   }
   c->load_begin_ns = mlo_plat_now(p);
-  trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
+  mlo_res_trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
   size_t copies = 0;
   uint64_t moved = c->block_bytes; /* over this rank's link */
   uint64_t queued = 0;             /* what the copies issued hold, should they fail part-way */
@@ -240,7 +164,7 @@ int mlo_res_load(mlo_component *c) {
      * reads each byte once), and gathers after it where the device does */
     bool device_gathers = !pipe->shard_resident && !p->caps.host_addressable;
     if (c->on_disk) /* (its tier is refused where the device gathers: disk.c) */
-      rc = mlo_disk_start(c, from, from + len, at);
+      rc = mlo_disk_start(c, from, from + len, at, mlo_res_drop);
     else if (len)
       rc =
           PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
@@ -262,8 +186,9 @@ int mlo_res_load(mlo_component *c) {
       gathered_on_device = true;
       c->device_gather = true; /* its first wait is the host's, watching the gather */
     }
-  } else if (!rc && c->on_disk) {             /* the reader reads, copies and records the event */
-    rc = mlo_disk_start(c, 0, UINT64_MAX, 0); /* (streaming: the resident part; slots below) */
+  } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
+    rc = mlo_disk_start(c, 0, UINT64_MAX, 0,
+                        mlo_res_drop); /* (streaming: the resident part; slots below) */
     if (c->stream) moved = mlo_stream_resident_bytes(c);
   } else if (!rc && mlo_prog_applies(c)) {
     /* block by block: the head and its event (what the acquire waits for),
@@ -316,7 +241,7 @@ int mlo_res_load(mlo_component *c) {
   pipe->device_bytes += mlo_res_bytes(c);
   if (c->stream) mlo_stream_start(c);
   if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
-  log_transfer(c, "load", c->block_bytes, copies);
+  mlo_res_log_transfer(c, "load", c->block_bytes, copies);
   return MLO_OK;
 }
 
@@ -334,7 +259,7 @@ int mlo_res_note_last_use(mlo_component *c) {
   mlo_platform *p = pipe->platform;
   c->use_valid = false;
   if (!pipe->enabled || !c->block || !mlo_plat_has_dev_free_after(p)) return MLO_OK;
-  int rc = ensure_event(c, &c->use_ev);
+  int rc = mlo_res_ensure_event(c, &c->use_ev);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, c->use_ev));
   if (rc) /* the eviction then frees after all compute, as without the slot */
     return mlo_fail(pipe, rc, "%s: recording the end of its compute failed", c->name);
@@ -363,7 +288,7 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
   for (size_t i = 0; i < c->ntensors && !any; i++) any = needs_writeback(c, c->tensors[i]);
   if (!any) return MLO_OK;
   mlo_event *used = last_use(c);
-  int rc = used ? MLO_OK : ensure_event(c, &c->compute_ev);
+  int rc = used ? MLO_OK : mlo_res_ensure_event(c, &c->compute_ev);
   if (!rc && !used) rc = PCALL(c, mlo_plat_event_record_compute(p, c->compute_ev));
   if (!rc) rc = PCALL(c, mlo_plat_readback_wait(p, used ? used : c->compute_ev));
   /* A component evicted before any forward waited for its load (or loaded
@@ -383,19 +308,12 @@ static int write_back(mlo_component *c, uint64_t *bytes) {
     *bytes += t->nbytes;
   }
   if (!copies || rc) return rc;
-  rc = ensure_event(c, &c->writeback_ev);
+  rc = mlo_res_ensure_event(c, &c->writeback_ev);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_readback(p, c->writeback_ev));
   if (rc) return rc;
   c->writeback_pending = true;
   c->stats.copy_calls += copies;
   if (p->caps.blocking_d2h) rc = mlo_res_finish_writeback(c);
-  return rc;
-}
-
-int mlo_res_finish_writeback(mlo_component *c) {
-  if (!c->writeback_pending) return MLO_OK;
-  int rc = PCALL(c, mlo_plat_event_sync(c->pipe->platform, c->writeback_ev));
-  if (!rc) c->writeback_pending = false;
   return rc;
 }
 
@@ -439,7 +357,7 @@ int mlo_res_evict(mlo_component *c) {
   left_device(c);
   if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
-  log_transfer(c, "evict", back, 0);
+  mlo_res_log_transfer(c, "evict", back, 0);
   mlo_disk_change_tier(c); /* a host plan made while it was resident */
   return MLO_OK;
 }
@@ -467,7 +385,7 @@ void mlo_res_join_began(mlo_component *b) {
 int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_t moved,
                       bool placed) {
   mlo_pipeline *pipe = a->pipe;
-  int rc = ensure_event(b, &b->load_ev);
+  int rc = mlo_res_ensure_event(b, &b->load_ev);
   if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(pipe->platform, b->load_ev));
   if (rc) return mlo_fail(pipe, rc, "%s: recording its load's end failed", b->name);
   /* a leaves: its block is b's now, nothing freed, nothing to write back
@@ -496,25 +414,10 @@ int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_
   pipe->device_bytes += mlo_res_bytes(b);
   if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
   mlo_res_trace(a, MLO_TRACE_EVICT, 0);
-  log_transfer(a, "evict (its block handed to the next)", 0, 0);
-  log_transfer(b, "load (joined)", b->block_bytes, copies);
+  mlo_res_log_transfer(a, "evict (its block handed to the next)", 0, 0);
+  mlo_res_log_transfer(b, "load (joined)", b->block_bytes, copies);
   mlo_disk_change_tier(a); /* a host plan made while it was resident */
   return MLO_OK;
-}
-
-int mlo_res_compute_wait(mlo_platform *p, mlo_event *ev, mlo_sync_mode sync) {
-  return sync == MLO_SYNC_DEVICE ? mlo_plat_synchronize(p) : mlo_plat_compute_wait(p, ev);
-}
-
-void mlo_res_count_wait(mlo_component *c, uint64_t t0, uint64_t t1, bool traced) {
-  mlo_pipeline *pipe = c->pipe;
-  c->stats.platform_calls++;
-  c->stats.wait_ns += t1 - t0;
-  if (!traced || !pipe->trace) return;
-  mlo_trace_event e1 = {MLO_TRACE_WAIT_BEGIN, c, t0, 0, pipe->device_bytes};
-  mlo_trace_event e2 = {MLO_TRACE_WAIT_END, c, t1, 0, pipe->device_bytes};
-  pipe->trace(&e1, pipe->trace_user);
-  pipe->trace(&e2, pipe->trace_user);
 }
 
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
@@ -593,9 +496,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     c->load_waited = true;
     if (c->state == MLO_RES_LOADING) c->state = MLO_RES_DEVICE;
     if (slice && !c->load_ended) { /* gathered by the host just now: it ended here */
-      c->load_ended = true;
-      log_load_done(c, t1);
-      trace_at(c, MLO_TRACE_LOAD_END, c->block_bytes, t1);
+      mlo_res_load_ended_at(c, t1);
     } else if (!mlo_prog_active(c) || sync == MLO_SYNC_DEVICE) {
       /* whole, or the device synchronized: every copy is in.  Else (block
        * by block) at its last block's begin, or its eviction. */
