@@ -449,25 +449,31 @@ static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const piece 
   return MLO_OK;
 }
 
-/* Reads c's files chunk by chunk into the ring and queues each chunk's
- * copies into c->block; the load's event after the last.  Lock NOT held:
- * c's files, layout and block do not change while it is disk_busy. */
-static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *stopping) {
+/* What one load reads: every file-backed tensor, or, streaming, those of
+ * the pieces it keeps resident (the slots fill from the slab); of a
+ * sharded load, the bytes in this rank's slice [lo, hi) of the slab, each
+ * tensor from byte from[f] to to[f] of it. */
+typedef struct {
+  mlo_tensor **files;
+  int *fds;
+  uint64_t *from, *to;
+  size_t n;
+} reads;
+
+static void reads_free(reads *r) {
+  free(r->files);
+  free(r->fds);
+  free(r->from);
+  free(r->to);
+}
+
+static int reads_of(const job *j, reads *r) {
   mlo_component *c = j->c;
-  mlo_platform *p = c->pipe->platform;
-  /* what this load reads: every file-backed tensor, or, streaming, those
-   * of the pieces it keeps resident (the slots fill from the slab); of a
-   * sharded load, the bytes in this rank's slice [lo, hi) of the slab, each
-   * tensor from byte from[f] to to[f] of it */
-  size_t n = 0, cap = c->ndisk_files ? c->ndisk_files : 1;
-  mlo_tensor **files = mlo_malloc(cap * sizeof *files);
-  int *fds = mlo_malloc(cap * sizeof *fds);
-  uint64_t *from = mlo_malloc(cap * sizeof *from), *to = mlo_malloc(cap * sizeof *to);
-  if (!fds || !files || !from || !to) {
-    free(files);
-    free(fds);
-    free(from);
-    free(to);
+  size_t cap = c->ndisk_files ? c->ndisk_files : 1;
+  *r = (reads){mlo_malloc(cap * sizeof *r->files), mlo_malloc(cap * sizeof *r->fds),
+               mlo_malloc(cap * sizeof *r->from), mlo_malloc(cap * sizeof *r->to), 0};
+  if (!r->files || !r->fds || !r->from || !r->to) {
+    reads_free(r);
     snprintf(j->err, j->errlen, "%s: out of host memory", c->name);
     return MLO_ENOMEM;
   }
@@ -476,18 +482,60 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
     uint64_t a = t->dev_offset > j->lo ? t->dev_offset : j->lo;
     uint64_t b = t->dev_offset + t->nbytes < j->hi ? t->dev_offset + t->nbytes : j->hi;
     if ((c->stream && mlo_stream_streams(c, t)) || a >= b) continue;
-    from[n] = a - t->dev_offset;
-    to[n] = b - t->dev_offset;
-    files[n++] = t;
+    r->from[r->n] = a - t->dev_offset;
+    r->to[r->n] = b - t->dev_offset;
+    r->files[r->n++] = t;
   }
-  int rc = mlo_open_checked(c, files, n, fds, false, j->err, j->errlen);
+  return MLO_OK;
+}
+
+/* Queues the copies of a chunk's np pieces out of buffer s into c->block,
+ * then s's event.  The buffer's event follows every copy queued out of
+ * it, a failed chunk's first pieces too: the next chunk read into it waits
+ * for them (review D14).  A record that fails leaves nothing to wait on
+ * but the device itself. */
+static int queue_chunk(job *j, struct disk_slot *s, const piece *pcs, size_t np) {
+  mlo_component *c = j->c;
+  mlo_platform *p = c->pipe->platform;
+  size_t queued = 0;
+  int rc = MLO_OK;
+  for (size_t q = 0; q < np && !rc; q++) {
+    uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */
+    if (c->stream) mlo_stream_tensor_offset(c, pcs[q].t, &at);
+    at = at - j->lo + j->at; /* a slice: where it goes in this rank's block */
+    rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(at + pcs[q].toff),
+                                   (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
+    j->copies++;
+    if (!rc) queued++;
+  }
+  if (queued) {
+    int rr = plat(j, mlo_plat_event_record_copy(p, s->ev));
+    if (!rr)
+      s->used = true;
+    else
+      mlo_plat_synchronize(p);
+    if (!rc) rc = rr;
+  }
+  return rc;
+}
+
+/* Reads c's files chunk by chunk into the ring and queues each chunk's
+ * copies into c->block; the load's event after the last.  Lock NOT held:
+ * c's files, layout and block do not change while it is disk_busy. */
+static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *stopping) {
+  mlo_component *c = j->c;
+  mlo_platform *p = c->pipe->platform;
+  reads r;
+  int rc = reads_of(j, &r);
+  if (rc) return rc;
+  rc = mlo_open_checked(c, r.files, r.n, r.fds, false, j->err, j->errlen);
   bool drop = !mlo_env_flag("MLO_KEEP_PAGE_CACHE");
   double pace = 0;
   if (!rc) rc = paced_rate(&pace, j->err, j->errlen);
   uint64_t t0 = mlo_now_ns(), paced = 0;
   size_t i = 0, k = 0;
-  uint64_t toff = n ? from[0] : 0;
-  while (!rc && i < n) {
+  uint64_t toff = r.n ? r.from[0] : 0;
+  while (!rc && i < r.n) {
     if (__atomic_load_n(stopping, __ATOMIC_ACQUIRE)) {
       snprintf(j->err, j->errlen, "%s: the load from disk was stopped (the pipeline is freed)",
                c->name);
@@ -503,20 +551,20 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
     s->used = false; /* its copies are done: used again only once new ones are queued */
     /* the chunk: a run of tensors adjacent in one file (gaps under DISK_GAP
      * read through), at most one buffer */
-    int fd = fds[i];
-    uint64_t start = files[i]->src_offset + toff, fill = 0;
+    int fd = r.fds[i];
+    uint64_t start = r.files[i]->src_offset + toff, fill = 0;
     size_t np = 0;
-    while (i < n && fds[i] == fd && fill < d->chunk) {
-      const mlo_tensor *t = files[i];
+    while (i < r.n && r.fds[i] == fd && fill < d->chunk) {
+      const mlo_tensor *t = r.files[i];
       uint64_t here = t->src_offset + toff;
       if (here < start + fill || here - (start + fill) > DISK_GAP || here - start >= d->chunk)
         break;
-      uint64_t boff = here - start, take = to[i] - toff;
+      uint64_t boff = here - start, take = r.to[i] - toff;
       if (take > d->chunk - boff) take = d->chunk - boff;
       pcs[np++] = (piece){t, toff, boff, take};
       fill = boff + take;
       toff += take;
-      if (toff == to[i] && ++i < n) toff = from[i];
+      if (toff == r.to[i] && ++i < r.n) toff = r.from[i];
     }
     rc = read_range(fd, s->buf, fill, start, pcs, np, j);
     if (!rc && drop) mlo_drop_pages(fd, start, fill);
@@ -524,28 +572,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       paced += fill;
       pace_until(t0 + (uint64_t)((double)paced * 1e9 / pace), stopping);
     }
-    size_t queued = 0;
-    for (size_t q = 0; q < np && !rc; q++) {
-      uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */
-      if (c->stream) mlo_stream_tensor_offset(c, pcs[q].t, &at);
-      at = at - j->lo + j->at; /* a slice: where it goes in this rank's block */
-      rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(at + pcs[q].toff),
-                                     (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
-      j->copies++;
-      if (!rc) queued++;
-    }
-    /* the buffer's event follows every copy queued out of it, a failed
-     * chunk's first pieces too: the next chunk read into it waits for them
-     * (review D14).  A record that fails leaves nothing to wait on but the
-     * device itself. */
-    if (queued) {
-      int rr = plat(j, mlo_plat_event_record_copy(p, s->ev));
-      if (!rr)
-        s->used = true;
-      else
-        mlo_plat_synchronize(p);
-      if (!rc) rc = rr;
-    }
+    if (!rc) rc = queue_chunk(j, s, pcs, np);
     if (rc && !j->err[0])
       snprintf(j->err, j->errlen, "%s: copying to the device failed (%s)", c->name,
                mlo_strerror(rc));
@@ -553,11 +580,8 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
   if (!rc && (rc = plat(j, mlo_plat_event_record_copy(p, c->load_ev))))
     snprintf(j->err, j->errlen, "%s: recording the load's event failed (%s)", c->name,
              mlo_strerror(rc));
-  mlo_close_files(n, fds, drop && !rc);
-  free(fds);
-  free(files);
-  free(from);
-  free(to);
+  mlo_close_files(r.n, r.fds, drop && !rc);
+  reads_free(&r);
   return rc;
 }
 

@@ -14,56 +14,83 @@
  * Every function here runs with the pipeline lock held, except
  * mlo_res_wait_loaded, which waits and so must not hold it.
  */
-#include "core/internal.h"
+#include "core/mover.h"
 #include "base/sysio.h"
 #include "core/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Enqueues the host-to-device copies of a whole load: the copies issued
- * and their bytes (those issued before a failure too). */
-static int enqueue_load_copies(mlo_component *c, size_t *copies, uint64_t *queued) {
+/* Says why allocating c's device block failed (rc); the block is none. */
+static int alloc_failed(mlo_component *c, int rc) {
   mlo_pipeline *pipe = c->pipe;
-  bool per_tensor = pipe->settings.per_tensor_copies;
-  *copies = 0;
-  *queued = 0;
-  if (c->slab_bytes && !per_tensor) {
-    int rc = PCALL(c, mlo_plat_copy_h2d(pipe->platform, c->block, 0, c->slab, c->slab_bytes));
-    if (rc) return rc;
-    ++*copies;
-    *queued += c->slab_bytes;
+  char need[32];
+  c->block = NULL;
+  if (rc == MLO_ENOMEM)
+    return mlo_fail(pipe, rc,
+                    "host out of memory allocating the %s device block of '%s' (this platform "
+                    "keeps device memory in host RAM)",
+                    mlo_format_size(mlo_res_bytes(c), need, sizeof need), c->name);
+  if (rc != MLO_ENOMEM_DEVICE)
+    return mlo_fail(pipe, rc, "allocating the device block of '%s' failed (%s)", c->name,
+                    mlo_strerror(rc));
+  mlo_platform_memory mem = {0};
+  mlo_platform_get_memory(pipe->platform, &mem);
+  char avail[32], total[32];
+  return mlo_fail(pipe, rc,
+                  "device out of memory loading '%s': needs %s, %s free of %s "
+                  "(%s resident in this pipeline)",
+                  c->name, mlo_format_size(mlo_res_bytes(c), need, sizeof need),
+                  mlo_format_size(mem.free_bytes, avail, sizeof avail),
+                  mlo_format_size(mem.total_bytes, total, sizeof total),
+                  mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
+}
+
+/* The block, from the platform, as the source sizes it.  An allocation
+ * that waits (a pool reclaiming frees still queued behind copies) stalls
+ * the caller like a copy does: it counts as waiting. */
+static int alloc_block(mlo_component *c, const struct mlo_source_ops *src, struct mlo_load *ld) {
+  mlo_platform *p = c->pipe->platform;
+  uint64_t bytes = mlo_res_bytes(c);
+  int rc = src->size ? src->size(c, &bytes, ld) : MLO_OK;
+  if (rc) return rc;
+  c->alloc_bytes = bytes;
+  uint64_t a0 = mlo_plat_now(p);
+  rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->alloc_bytes, &c->block));
+  c->stats.wait_ns += mlo_plat_now(p) - a0;
+  if (src->allocated) { /* the ranks agree: a failure anywhere, said already, is undone here */
+    int arc = src->allocated(c, rc, ld);
+    if (arc) return arc;
   }
-  return mlo_res_copy_tensors(c, per_tensor, copies, queued);
+  return rc ? alloc_failed(c, rc) : MLO_OK;
 }
 
-/* Whether c loads sharded: a sharded pipeline's component whose block is
- * its slab alone (caller-owned tensors are each rank's own: replicated). */
-static bool sharded_load(const mlo_component *c) {
-  return c->pipe->sharded && c->block_bytes == c->slab_bytes && (c->slab_shared || c->on_disk) &&
-         !c->stream;
+/* A load that failed part-way: the block goes, stream-ordered after the
+ * copies already queued (they cross the link all the same). */
+static int load_failed(mlo_component *c, const struct mlo_load *ld, int rc) {
+  if (!ld->counted) {
+    c->stats.h2d_bytes += ld->queued;
+    c->stats.copy_calls += ld->copies;
+  }
+  c->device_gather = false;
+  mlo_prog_evicted(c); /* no residency: its block events are not this load's */
+  c->stats.platform_calls++;
+  mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
+  c->block = NULL;
+  mlo_res_trace(c, MLO_TRACE_EVICT, 0); /* its LOAD_BEGIN is closed */
+  return mlo_fail(c->pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
 }
 
-/* What an all-gather brought this rank: every other node rank's slice. */
-static void count_gathered(mlo_pipeline *pipe, size_t slice) {
-  pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
-}
-
-/* After a sharded load's slice is on the device: every node rank's slice
- * into every block (host platform: MPI over the blocks' host memory). */
-static int gather(mlo_component *c, size_t slice) {
-  mlo_pipeline *pipe = c->pipe;
-  uint64_t g0 = mlo_plat_now(pipe->platform);
-  char err[512] = "";
-  int rc = mlo_collective(pipe, c, COLL_GATHER, 0, MLO_OK, NULL, NULL);
-  uint64_t t0 = mlo_plat_now(pipe->platform);
-  if (!rc) rc = mlo_dist_allgather(pipe->comm, c->block, slice, err, sizeof err);
-  /* a platform that models the node's fabric holds the gather to it */
-  if (!rc) mlo_plat_gather_pace(pipe->platform, slice, mlo_dist_node_size(pipe->comm), t0);
-  if (rc && err[0]) mlo_fail(pipe, rc, "%s: %s", c->name, err);
-  pipe->dist.gather_ns += mlo_plat_now(pipe->platform) - g0;
-  if (!rc) count_gathered(pipe, slice);
-  return rc;
+/* A platform that can pin memory copies pageable memory through a staging
+ * buffer of its own: below link speed, and the caller blocks.  Said once. */
+static void warn_pageable(mlo_component *c) {
+  if (!c->pageable_bytes || c->warned_pageable || !c->pipe->platform->caps.host_register) return;
+  c->warned_pageable = true;
+  char size[32];
+  mlo_logf(MLO_LOG_WARN,
+           "loading '%s': %s of it is pageable host memory, copied below link speed with "
+           "the caller blocked (pinning failed or is off: pin_host, MLO_NO_PINNED, pinned=)",
+           c->name, mlo_format_size(c->pageable_bytes, size, sizeof size));
 }
 
 int mlo_res_load(mlo_component *c) {
@@ -80,168 +107,32 @@ int mlo_res_load(mlo_component *c) {
   mlo_platform *p = pipe->platform;
   int rc = mlo_res_ensure_event(c, &c->load_ev);
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
-  /* An allocation that waits (a pool reclaiming frees still queued behind
-   * copies) stalls the caller like a copy does: it counts as waiting. */
-  /* A sharded load: every node rank at this component, each copying one
-   * slice of whole 4 KiB units; the block holds all the slices. */
-  size_t slice = 0;
-  if (sharded_load(c)) {
-    if ((rc = mlo_collective(pipe, c, COLL_LOAD, 0, MLO_OK, NULL, NULL))) return rc;
-    uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
-    slice = (size_t)(((c->block_bytes + n - 1) / n + 4095) / 4096 * 4096);
-    c->alloc_bytes = pipe->shard_resident ? slice : (uint64_t)slice * n;
-  } else {
-    c->alloc_bytes = mlo_res_bytes(c);
-  }
-  uint64_t a0 = mlo_plat_now(p);
-  rc = PCALL(c, mlo_plat_dev_alloc(p, (size_t)c->alloc_bytes, &c->block));
-  c->stats.wait_ns += mlo_plat_now(p) - a0;
-  if (slice) { /* any rank's failure is every rank's: the load is undone everywhere */
-    char mine[400] = "";
-    if (rc)
-      snprintf(mine, sizeof mine, "allocating the device block of '%.120s' failed (%s)", c->name,
-               mlo_strerror(rc));
-    else if ((rc = mlo_check_device_gather(pipe, mine, sizeof mine))) {
-      /* a communicator set (or aborted) since materialization: refused */
-      c->stats.platform_calls++;
-      mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
-      c->block = NULL;
-    }
-    int arc = mlo_collective(pipe, c, COLL_LOADED, 0, rc, rc ? mine : NULL, NULL);
-    if (arc) {
-      if (!rc && c->block) { /* this rank's block goes with the others' failure */
-        c->stats.platform_calls++;
-        mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
-      }
-      c->block = NULL;
-      return arc;
-    }
-  }
-  if (rc == MLO_ENOMEM) {
-    c->block = NULL;
-    char need[32];
-    return mlo_fail(pipe, rc,
-                    "host out of memory allocating the %s device block of '%s' (this platform "
-                    "keeps device memory in host RAM)",
-                    mlo_format_size(mlo_res_bytes(c), need, sizeof need), c->name);
-  }
-  if (rc && rc != MLO_ENOMEM_DEVICE) {
-    c->block = NULL;
-    return mlo_fail(pipe, rc, "allocating the device block of '%s' failed (%s)", c->name,
-                    mlo_strerror(rc));
-  }
-  if (rc) {
-    c->block = NULL;
-    mlo_platform_memory mem = {0};
-    mlo_platform_get_memory(p, &mem);
-    char need[32], avail[32], total[32];
-    return mlo_fail(pipe, rc,
-                    "device out of memory loading '%s': needs %s, %s free of %s "
-                    "(%s resident in this pipeline)",
-                    c->name, mlo_format_size(mlo_res_bytes(c), need, sizeof need),
-                    mlo_format_size(mem.free_bytes, avail, sizeof avail),
-                    mlo_format_size(mem.total_bytes, total, sizeof total),
-                    mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
-  }
+  const struct mlo_source_ops *src = mlo_source_of(c);
+  struct mlo_load ld = {.moved = c->block_bytes, .undo = mlo_res_drop};
+  if ((rc = alloc_block(c, src, &ld))) return rc;
   c->load_begin_ns = mlo_plat_now(p);
   mlo_res_trace_at(c, MLO_TRACE_LOAD_BEGIN, c->block_bytes, c->load_begin_ns);
-  size_t copies = 0;
-  uint64_t moved = c->block_bytes; /* over this rank's link */
-  uint64_t queued = 0;             /* what the copies issued hold, should they fail part-way */
-  bool gathered_on_device = false;
   c->device_gather = false;
   /* A write-back into this component's host memory may still be running on
    * a readback queue of its own: the load reads that memory after it. */
   rc = c->writeback_pending && mlo_plat_separate_readback(p)
            ? PCALL(c, mlo_plat_copy_wait(p, c->writeback_ev))
            : MLO_OK;
-  if (!rc && slice) { /* this rank's slice of the slab, at its place in the block */
-    uint64_t from = (uint64_t)mlo_dist_node_rank(pipe->comm) * slice;
-    uint64_t len = from < c->slab_bytes ? c->slab_bytes - from : 0;
-    if (len > slice) len = slice;
-    uint64_t at = pipe->shard_resident ? 0 : from; /* a shard alone starts its block */
-    /* on disk: the reader reads this rank's slice of the files (the node
-     * reads each byte once), and gathers after it where the device does */
-    bool device_gathers = !pipe->shard_resident && !p->caps.host_addressable;
-    if (c->on_disk) /* (its tier is refused where the device gathers: disk.c) */
-      rc = mlo_disk_start(c, from, from + len, at, mlo_res_drop);
-    else if (len)
-      rc =
-          PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)at, (char *)c->slab + from, (size_t)len));
-    copies = len && !c->on_disk && !rc ? 1 : 0;
-    moved = len;
-    queued = copies ? len : 0;
-    if (pipe->shard_resident) {
-      c->shard_offset = from;
-      c->shard_bytes = len;
-      gathered_on_device = true; /* nothing to gather: the caller's compute does */
-    }
-    /* a device that gathers on its copy queue does it now, before the
-     * load's event; the host platform gathers at the wait, through MPI */
-    if (!rc && device_gathers) {
-      rc =
-          PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
-                                       mlo_dist_nccl(pipe->comm), mlo_dist_timeout_ms(pipe->comm)));
-      if (!rc) count_gathered(pipe, slice);
-      gathered_on_device = true;
-      c->device_gather = true; /* its first wait is the host's, watching the gather */
-    }
-  } else if (!rc && c->on_disk) { /* the reader reads, copies and records the event */
-    rc = mlo_disk_start(c, 0, UINT64_MAX, 0,
-                        mlo_res_drop); /* (streaming: the resident part; slots below) */
-    if (c->stream) moved = mlo_stream_resident_bytes(c);
-  } else if (!rc && mlo_prog_applies(c)) {
-    /* block by block: the head and its event (what the acquire waits for),
-     * then each kept block behind an event of its own (its begin waits for
-     * it), in the order the forward runs them; a streamed plan's kept
-     * blocks up to its first streamed one, the rest between its slots'
-     * copies (mlo_stream_start) */
-    size_t more = 0;
-    uint64_t also = 0;
-    rc = mlo_prog_copy_head(c, &copies, &moved);
-    if (!rc) rc = mlo_prog_copy_blocks(c, mlo_stream_load_limit(c), &more, &also);
-    copies += more;
-    moved += also;
-    queued = moved;
-  } else if (!rc) {
-    rc = enqueue_load_copies(c, &copies, &queued);
-  }
-  if (!rc && !c->on_disk) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
-  if (rc) {            /* roll back: the block goes, stream-ordered after queued copies */
-    if (!c->on_disk) { /* (the disk tier counts its own) */
-      c->stats.h2d_bytes += queued; /* they cross the link all the same */
-      c->stats.copy_calls += copies;
-    }
-    c->device_gather = false;
-    mlo_prog_evicted(c); /* no residency: its block events are not this load's */
-    c->stats.platform_calls++;
-    mlo_plat_dev_free(p, c->block, (size_t)c->alloc_bytes);
-    c->block = NULL;
-    mlo_res_trace(c, MLO_TRACE_EVICT, 0); /* its LOAD_BEGIN is closed */
-    return mlo_fail(pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
-  }
-  if (c->pageable_bytes && !c->warned_pageable && p->caps.host_register) {
-    /* A platform that can pin memory copies pageable memory through a
-     * staging buffer of its own: below link speed, and the caller blocks. */
-    c->warned_pageable = true;
-    char size[32];
-    mlo_logf(MLO_LOG_WARN,
-             "loading '%s': %s of it is pageable host memory, copied below link speed with "
-             "the caller blocked (pinning failed or is off: pin_host, MLO_NO_PINNED, pinned=)",
-             c->name, mlo_format_size(c->pageable_bytes, size, sizeof size));
-  }
+  if (!rc) rc = src->fetch(c, &ld);
+  if (rc) return load_failed(c, &ld, rc);
+  warn_pageable(c);
   c->state = MLO_RES_LOADING;
   c->load_waited = false;
   c->load_ended = false;
   c->use_valid = false; /* a new residency: no use of it yet */
-  c->gather_slice = gathered_on_device ? 0 : slice;
+  c->gather_slice = ld.gathered ? 0 : ld.slice;
   c->stats.loads++;
-  c->stats.h2d_bytes += moved;
-  c->stats.copy_calls += copies;
+  c->stats.h2d_bytes += ld.moved;
+  c->stats.copy_calls += ld.copies;
   pipe->device_bytes += mlo_res_bytes(c);
   if (c->stream) mlo_stream_start(c);
   if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
-  mlo_res_log_transfer(c, "load", c->block_bytes, copies);
+  mlo_res_log_transfer(c, "load", c->block_bytes, ld.copies);
   return MLO_OK;
 }
 
@@ -485,7 +376,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
     rc = mlo_plat_event_sync(p, ev);
     pthread_mutex_lock(&pipe->lock);
-    if (!rc && (rc = gather(c, slice))) snprintf(said, sizeof said, "%s", pipe->errmsg);
+    if (!rc && (rc = mlo_shard_gather(c, slice))) snprintf(said, sizeof said, "%s", pipe->errmsg);
     if (!rc) c->gather_slice = 0; /* else the next wait gathers again (or fails again) */
     pthread_mutex_unlock(&pipe->lock);
   }

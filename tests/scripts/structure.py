@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""layers.py BUILD SOURCE: checks that the library's files call one another
-only downward, as docs/architecture.md draws them.
+"""structure.py BUILD SOURCE: checks the library's structure as
+docs/architecture.md states it: its files call one another only downward,
+and no function is longer than one head can hold.
 
 What a file calls is read from the object files the build made (nm: the
 global names each object defines and the names it leaves undefined), so a
@@ -8,12 +9,15 @@ call through a header, a macro or an inline function counts as the linker
 sees it; a call through a function pointer (a vtable, a callback) does not,
 which is how a lower layer is told to act without naming the layer above.
 
-Two checks, each failing with the calls that break it:
+Three checks, each failing with what breaks it:
   1. in src/core/, every file listed in docs/architecture.md's layer block
      calls only files listed below it, and every .c file of src/core/ is
      listed (the picture cannot go stale);
   2. no circle of calls among the files of src/ (Tarjan's strongly
-     connected components over the whole library).
+     connected components over the whole library);
+  3. no function in src/ over MAX_LINES lines, from its signature to its
+     closing brace (the project's clang-format style puts a function's
+     closing brace alone in column 0).
 Exit status 0 when both hold, 1 with the offending calls, 2 on bad input.
 """
 import os
@@ -22,9 +26,11 @@ import subprocess
 import sys
 from collections import defaultdict
 
+MAX_LINES = 100
+
 
 def fail_input(msg):
-    print("layers.py: " + msg, file=sys.stderr)
+    print("structure.py: " + msg, file=sys.stderr)
     sys.exit(2)
 
 
@@ -88,6 +94,33 @@ def documented_order(source):
     return order
 
 
+def long_functions(source):
+    """(file, line, name, lines) of each function in src/ over MAX_LINES."""
+    found = []
+    for d, _, files in os.walk(os.path.join(source, "src")):
+        for f in sorted(files):
+            if not f.endswith(".c"):
+                continue
+            path = os.path.join(d, f)
+            lines = open(path, encoding="utf-8", errors="replace").read().split("\n")
+            i = 0
+            while i < len(lines):
+                head = re.match(r"^[A-Za-z_][\w \*]*?\b(\w+)\(", lines[i])
+                if head and not lines[i].rstrip().endswith(";"):
+                    j = i
+                    while j < len(lines) and not lines[j].rstrip().endswith(("{", ";")):
+                        j += 1
+                    if j < len(lines) and lines[j].rstrip().endswith("{"):
+                        k = j + 1
+                        while k < len(lines) and lines[k] != "}":
+                            k += 1
+                        if k - i + 1 > MAX_LINES:
+                            found.append((os.path.relpath(path, source), i + 1, head.group(1), k - i + 1))
+                        i = k
+                i += 1
+    return found
+
+
 def circles(calls, nodes):
     index, low, on, stack, found, n = {}, {}, set(), [], [], [0]
 
@@ -124,7 +157,7 @@ def circles(calls, nodes):
 
 def main():
     if len(sys.argv) != 3:
-        fail_input("usage: layers.py BUILD SOURCE")
+        fail_input("usage: structure.py BUILD SOURCE")
     build, source = sys.argv[1], sys.argv[2]
     calls = call_graph(objects(build))
     problems = []
@@ -151,12 +184,15 @@ def main():
         ]
         problems.append("circle of %d files: %s" % (len(comp), "; ".join(ties)))
 
+    for path, line, name, n in long_functions(source):
+        problems.append("%s:%d: %s is %d lines (at most %d)" % (path, line, name, n, MAX_LINES))
+
     for p in problems:
         print(p)
     if problems:
         return 1
-    print("layers: %d files of src/core/ call only downward; no circle among %d files of src/"
-          % (len(order), len(lib)))
+    print("structure: %d files of src/core/ call only downward; no circle among %d files of "
+          "src/; no function over %d lines" % (len(order), len(lib), MAX_LINES))
     return 0
 
 
