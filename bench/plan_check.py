@@ -12,10 +12,13 @@ projection is given, not in the comparison).  The validation target (issue 13): 
 stall within 5% (of the measured wall: a stall near zero has no useful
 relative error).  A fourth case per size runs the budget policy on a device
 of 60% of the largest component, so the DiTs stream their blocks
-(docs/streaming.md).
+(docs/streaming.md); a fifth runs it again with 1 MiB of host memory for
+the weights, so every component lives on disk and the DiTs read each
+streamed block from their files at each use (docs/disk.md), the reader
+paced to --disk-bw (MLO_DISK_BW) and the projection given the same disk.
 
 usage: bench/plan_check.py [--mlo build/tools/mlo/mlo] [--scales 0.002,0.005] [--full-depth]
-       [--link 4e8] [--steps 8] [--prompts 3] [--json]
+       [--link 4e8] [--disk-bw 2e8] [--steps 8] [--prompts 3] [--json]
 Writes only under a temporary folder it creates (the generated pipelines).
 """
 import argparse
@@ -32,15 +35,17 @@ POLICIES = [
 ]
 
 
-def run_json(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def run_json(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **(env or {}))).stdout
     return json.loads(out)
 
 
-def case(mlo, path, capacity, link, steps, prompts, name, flags):
+def case(mlo, path, capacity, link, steps, prompts, name, flags, disk_bw=None):
     common = ["--device-memory", str(capacity), "--link", str(link), "--steps", str(steps),
               "--prompts", str(prompts)] + flags
-    run = run_json([mlo, "run", path, "--platform", "host:prefault=1", "--json"] + common)
+    run = run_json([mlo, "run", path, "--platform", "host:prefault=1", "--json"] + common,
+                   env={"MLO_DISK_BW": str(disk_bw)} if disk_bw else None)
     times = []
     for c in run["components"]:
         if c["forwards"]:
@@ -48,7 +53,8 @@ def case(mlo, path, capacity, link, steps, prompts, name, flags):
             # that is stall, which the projection models, not compute
             compute = c["forward_s"] - c.get("block_stall_s", 0)
             times.append("%s=%.9f" % (c["name"], compute / c["forwards"]))
-    plan = run_json([mlo, "plan", path, "--json", "--step-time", ",".join(times)] + common)
+    plan = run_json([mlo, "plan", path, "--json", "--step-time", ",".join(times)] + common +
+                    (["--disk-bw", str(disk_bw)] if disk_bw else []))
     (pol,) = [p for p in plan["policies"] if p["policy"] == name]
     # the whole run, cold prompt included: the forward times given are its means
     wall, stall = run["wall_s"], run["stall_s"]
@@ -58,6 +64,7 @@ def case(mlo, path, capacity, link, steps, prompts, name, flags):
         "wall_ratio": pol["total_wall_s"] / wall,
         "stall_error_of_wall": (pol["total_stall_s"] - stall) / wall,
         "run_h2d": run["h2d_bytes"], "plan_h2d": pol["total_h2d_bytes"],
+        "run_disk": run.get("disk_read_bytes", 0), "plan_disk": pol.get("total_disk_read_bytes", 0),
     }
 
 
@@ -66,6 +73,8 @@ def main():
     ap.add_argument("--mlo", default="build/tools/mlo/mlo")
     ap.add_argument("--scales", default="0.002,0.005")
     ap.add_argument("--link", default="4e8")
+    ap.add_argument("--disk-bw", default="2e8",
+                    help="the disk's rate for the case on disk (bytes per second)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--full-depth", action="store_true",
@@ -98,16 +107,23 @@ def main():
                 r["policy"] = "streamed"
                 r["scale"] = scale
                 rows.append(r)
+                r = case(a.mlo, path, small, a.link, a.steps, a.prompts, "budget+prefetch",
+                         ["--policy", "budget", "--host-memory", "1M"], disk_bw=a.disk_bw)
+                r["policy"] = "streamed, disk"
+                r["scale"] = scale
+                rows.append(r)
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0
     print("%-6s %-16s %9s %9s %6s  %8s %8s %9s  %s" % (
-        "scale", "policy", "run wall", "plan", "ratio", "run stal", "plan", "err/wall", "moved run/plan"))
+        "scale", "policy", "run wall", "plan", "ratio", "run stal", "plan", "err/wall",
+        "moved run/plan (read from disk run/plan)"))
     for r in rows:
-        print("%-6g %-16s %8.3fs %8.3fs %6.3f  %7.3fs %7.3fs %+8.2f%%  %d/%d" % (
+        disk = " (%d/%d)" % (r["run_disk"], r["plan_disk"]) if r["run_disk"] or r["plan_disk"] else ""
+        print("%-6g %-16s %8.3fs %8.3fs %6.3f  %7.3fs %7.3fs %+8.2f%%  %d/%d%s" % (
             r["scale"], r["policy"], r["run_wall_s"], r["plan_wall_s"], r["wall_ratio"],
             r["run_stall_s"], r["plan_stall_s"], 100 * r["stall_error_of_wall"],
-            r["run_h2d"], r["plan_h2d"]))
+            r["run_h2d"], r["plan_h2d"], disk))
     ratios = sorted(r["wall_ratio"] for r in rows)
     errs = sorted(abs(r["stall_error_of_wall"]) for r in rows)
     print("median wall ratio %.3f (range %.3f..%.3f); largest |stall error| %.2f%% of wall" % (

@@ -793,7 +793,9 @@ typedef struct {
                                  (the disk tier, docs/disk.md); chosen from the
                                  schedule: a component used least per prompt
                                  goes first; a component that streams keeps
-                                 the blocks it streams.  Only file-backed,
+                                 the blocks it streams where they fit, else
+                                 reads each from its files at each use.
+                                 Only file-backed,
                                  immutable components may live on disk;
                                  MLO_ENOMEM naming what must stay where it
                                  does not fit.  With ranks: the node's budget,

@@ -55,7 +55,8 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
   uint64_t best_next = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
-    if (o == keep || o->users || o->disk_busy || !mlo_res_is_resident(o) || !mlo_res_bytes(o))
+    if (o == keep || o->users || mlo_disk_pending(o) || !mlo_res_is_resident(o) ||
+        !mlo_res_bytes(o))
       continue; /* in use, or still being read from disk */
     uint64_t next = mlo_sched_next_use(pipe, o);
     if (limited && next <= after) continue;
@@ -82,7 +83,7 @@ static bool evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
  * eviction gets its room once the reader is done. */
 static bool disk_busy_idle(const mlo_pipeline *pipe) {
   for (size_t i = 0; i < pipe->ncomps; i++)
-    if (pipe->comps[i]->disk_busy && !pipe->comps[i]->users) return true;
+    if (mlo_disk_pending(pipe->comps[i]) && !pipe->comps[i]->users) return true;
   return false;
 }
 
@@ -171,17 +172,10 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
     mlo_stream_drop(c);
     return MLO_OK;
   }
-  if (c->on_disk && !c->partial) { /* a plan made without a host budget */
-    char a[32], b[32];
-    return mlo_fail(pipe, MLO_EUNSUPPORTED,
-                    "'%s' (%s) lives on disk (host_budget_bytes) and is larger than the budget "
-                    "of %s: streaming its blocks from disk is not built; raise the host budget "
-                    "so it stays in host memory",
-                    c->name, mlo_format_size(c->block_bytes, a, sizeof a),
-                    mlo_format_size(B(pipe)->budget, b, sizeof b));
-  }
   int rc = mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
-  if (!rc && (rc = mlo_disk_fill_streamed(c))) /* on disk: its streamed blocks into host memory */
+  /* on disk, partial: its streamed blocks into host memory (else each is
+   * read from its files at each use, stream.c) */
+  if (!rc && (rc = mlo_disk_fill_streamed(c)))
     mlo_stream_drop(c); /* not read: no plan may copy them (the next admit plans again) */
   return rc;
 }

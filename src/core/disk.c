@@ -48,11 +48,25 @@ struct disk_slot {
   bool pinned;   /* buf is page-locked (freed as such) */
 };
 
+/* A streamed block of a component on disk, to be read into its slot
+ * (mlo_disk_read_block): its end is said through the slot's fields. */
+struct disk_block {
+  mlo_component *c;
+  uint64_t lo, hi, at; /* the block's slab bytes, and its slot's offset in the block */
+  mlo_event *ev;       /* recorded after its last copy */
+  bool *busy;
+  int *rc;
+  char *err;
+  size_t errlen;
+  struct disk_block *next;
+};
+
 struct mlo_disk {
   pthread_t thread;
   bool started, stopping;
   pthread_cond_t work; /* signalled (under pipe->lock) when a job is queued or at stop */
   mlo_component *head, *tail;
+  struct disk_block *bhead, *btail; /* streamed blocks to read into their slots, first */
   struct disk_slot slots[DISK_SLOTS];
   uint64_t chunk; /* bytes of each buffer (0: the ring is not allocated) */
   uint64_t bytes; /* the ring's bytes, for the stats (chunk is the reader's; this, the lock's) */
@@ -78,9 +92,11 @@ static const char *why_in_host(const mlo_component *c) {
 
 typedef struct {
   mlo_component *c;
-  uint64_t bytes; /* its slab (a streamed one's: besides the blocks that stream) */
+  uint64_t bytes;    /* its slab (a streamed one's: besides the blocks that stream) */
+  uint64_t streamed; /* the blocks it streams (0: it does not) */
   uint64_t runs, calls;
-  bool streams; /* on disk, its streamed blocks stay in host memory (want_partial) */
+  bool streams; /* it streams in the device budget */
+  bool kept;    /* its streamed blocks have host memory (on disk: want_partial) */
 } candidate;
 
 /* Uses per cycle of the schedule: runs (each a load where the component is
@@ -118,7 +134,8 @@ static void log_plan(const mlo_pipeline *pipe, uint64_t budget, uint64_t kept) {
   for (size_t i = 0; i < pipe->ncomps && at + 1 < sizeof line; i++) {
     const mlo_component *c = pipe->comps[i];
     if (!c->want_disk) continue;
-    int n = snprintf(line + at, sizeof line - at, "%s%s", at ? ", " : "", c->name);
+    int n = snprintf(line + at, sizeof line - at, "%s%s%s", at ? ", " : "", c->name,
+                     c->want_partial ? " (the blocks it streams in host memory)" : "");
     if (n > 0) at += (size_t)n;
   }
   mlo_logf(MLO_LOG_INFO, "host budget %s: %s of slabs in host memory; on disk: %s",
@@ -185,30 +202,29 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
     mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
     const char *why = why_in_host(c);
     if (!lay.slab_bytes) continue; /* nothing to keep anywhere */
-    /* one that streams reads its blocks from host memory at every forward:
-     * those stay, and the rest of it may live on disk */
-    uint64_t stays = lay.slab_bytes;
+    /* one that streams reads its streamed blocks at every forward: from
+     * host memory where they fit (want_partial), else from its files */
+    uint64_t streamed = 0;
     bool streams = false;
     if (!why && lay.block_bytes > device_room) {
-      stays = mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
-      streams = stays != UINT64_MAX;
-      if (!streams) why = "it cannot stream in the device budget", stays = lay.slab_bytes;
+      streamed = mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
+      streams = streamed != UINT64_MAX;
+      if (!streams) why = "it cannot stream in the device budget", streamed = 0;
     }
-    if (why || streams) {
-      must += stays;
+    if (why) {
+      must += lay.slab_bytes;
       if (at + 1 < sizeof who) {
         char sz[32];
-        int k = why ? snprintf(who + at, sizeof who - at, "%s'%s' (%s: %s)", at ? ", " : "",
-                               c->name, mlo_format_size(stays, sz, sizeof sz), why)
-                    : snprintf(who + at, sizeof who - at, "%s'%s' (the %s of blocks it streams)",
-                               at ? ", " : "", c->name, mlo_format_size(stays, sz, sizeof sz));
+        int k = snprintf(who + at, sizeof who - at, "%s'%s' (%s: %s)", at ? ", " : "", c->name,
+                         mlo_format_size(lay.slab_bytes, sz, sizeof sz), why);
         if (k > 0) at += (size_t)k;
       }
-      if (why) continue;
+      continue;
     }
     cand[n].c = c;
     cand[n].streams = streams;
-    cand[n].bytes = lay.slab_bytes - (streams ? stays : 0);
+    cand[n].streamed = streamed;
+    cand[n].bytes = lay.slab_bytes - streamed;
     uses_of(pipe, c, &cand[n].runs, &cand[n].calls);
     n++;
   }
@@ -222,12 +238,18 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
   }
   qsort(cand, n, sizeof *cand, keep_first);
   uint64_t left = budget - must;
+  /* the blocks streamed at every forward first, in the same order (the
+   * bytes read most often); what does not fit reads them from disk */
   for (size_t i = 0; i < n; i++) {
-    if (cand[i].bytes <= left) {
+    cand[i].kept = cand[i].streamed <= left;
+    if (cand[i].kept) left -= cand[i].streamed;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (cand[i].kept && cand[i].bytes <= left) {
       left -= cand[i].bytes;
     } else {
       cand[i].c->want_disk = true;
-      cand[i].c->want_partial = cand[i].streams;
+      cand[i].c->want_partial = cand[i].streams && cand[i].kept;
     }
   }
   free(cand);
@@ -345,6 +367,8 @@ int mlo_disk_fill_streamed(mlo_component *c) {
 typedef struct {
   mlo_component *c;
   uint64_t lo, hi, at; /* the slab bytes read, and where lo goes in the block */
+  mlo_event *ev;       /* recorded after the last copy: the load's, or a slot's */
+  bool block;          /* a streamed block into its slot (placed by lo and at alone) */
   uint64_t calls, copies, read;
   char *err;
   size_t errlen;
@@ -481,7 +505,7 @@ static int reads_of(const job *j, reads *r) {
     mlo_tensor *t = c->disk_files[f];
     uint64_t a = t->dev_offset > j->lo ? t->dev_offset : j->lo;
     uint64_t b = t->dev_offset + t->nbytes < j->hi ? t->dev_offset + t->nbytes : j->hi;
-    if ((c->stream && mlo_stream_streams(c, t)) || a >= b) continue;
+    if ((!j->block && c->stream && mlo_stream_streams(c, t)) || a >= b) continue;
     r->from[r->n] = a - t->dev_offset;
     r->to[r->n] = b - t->dev_offset;
     r->files[r->n++] = t;
@@ -501,7 +525,7 @@ static int queue_chunk(job *j, struct disk_slot *s, const piece *pcs, size_t np)
   int rc = MLO_OK;
   for (size_t q = 0; q < np && !rc; q++) {
     uint64_t at = pcs[q].t->dev_offset; /* streaming: where the plan keeps its piece */
-    if (c->stream) mlo_stream_tensor_offset(c, pcs[q].t, &at);
+    if (c->stream && !j->block) mlo_stream_tensor_offset(c, pcs[q].t, &at);
     at = at - j->lo + j->at; /* a slice: where it goes in this rank's block */
     rc = plat(j, mlo_plat_copy_h2d(p, c->block, (size_t)(at + pcs[q].toff),
                                    (char *)s->buf + pcs[q].boff, (size_t)pcs[q].len));
@@ -577,7 +601,7 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       snprintf(j->err, j->errlen, "%s: copying to the device failed (%s)", c->name,
                mlo_strerror(rc));
   }
-  if (!rc && (rc = plat(j, mlo_plat_event_record_copy(p, c->load_ev))))
+  if (!rc && (rc = plat(j, mlo_plat_event_record_copy(p, j->ev))))
     snprintf(j->err, j->errlen, "%s: recording the load's event failed (%s)", c->name,
              mlo_strerror(rc));
   mlo_close_files(r.n, r.fds, drop && !rc);
@@ -585,9 +609,30 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
   return rc;
 }
 
+/* Takes c's streamed blocks still queued off the queue, each said failed
+ * (the load they belong to is undone: nothing may copy into its block). */
+static void purge_blocks(struct mlo_disk *d, mlo_component *c) {
+  struct disk_block **at = &d->bhead, *last = NULL;
+  while (*at) {
+    struct disk_block *bj = *at;
+    if (bj->c != c) {
+      last = bj;
+      at = &bj->next;
+      continue;
+    }
+    *at = bj->next;
+    snprintf(bj->err, bj->errlen, "%s: the load its block belonged to failed", c->name);
+    *bj->rc = MLO_ESTATE;
+    *bj->busy = false;
+    c->disk_reads--;
+    free(bj);
+  }
+  d->btail = last;
+}
+
 /* A job's end, lock held: the counts, and on failure the load undone (the
  * block freed stream-ordered after the copies already queued). */
-static void finish(job *j, int rc) {
+static void finish(struct mlo_disk *d, job *j, int rc) {
   mlo_component *c = j->c;
   mlo_pipeline *pipe = c->pipe;
   c->stats.platform_calls += j->calls;
@@ -597,6 +642,7 @@ static void finish(job *j, int rc) {
   c->disk_busy = false;
   if (rc && mlo_res_is_resident(c)) {
     mlo_logf(MLO_LOG_DEBUG, "load of %s from disk failed: %s", c->name, c->disk_err);
+    purge_blocks(d, c);
     /* a sharded load stays loading, failed: the other ranks will wait at its
      * gather, so its wait tells them there (a rank that dropped it here
      * would load it again, out of step with them); any other is undone now,
@@ -607,11 +653,44 @@ static void finish(job *j, int rc) {
   pthread_cond_broadcast(&pipe->idle);
 }
 
+/* A streamed block's end, lock held: the counts, and its slot told. */
+static void finish_block(struct disk_block *bj, job *j, int rc) {
+  mlo_component *c = j->c;
+  c->stats.platform_calls += j->calls;
+  c->stats.copy_calls += j->copies;
+  c->stats.disk_read_bytes += j->read;
+  if (!rc) c->stats.h2d_bytes += j->read; /* each byte read crosses the link once */
+  *bj->rc = rc;
+  *bj->busy = false;
+  c->disk_reads--;
+  free(bj);
+  pthread_cond_broadcast(&c->pipe->idle);
+}
+
 static uint64_t largest_on_disk(const mlo_pipeline *pipe) {
   uint64_t m = 0;
   for (size_t i = 0; i < pipe->ncomps; i++)
     if (pipe->comps[i]->on_disk && pipe->comps[i]->slab_bytes > m) m = pipe->comps[i]->slab_bytes;
   return m;
+}
+
+/* The next job, lock held: a streamed block first (the forward running
+ * now waits for it), else a component's load; *c NULL: none. */
+static struct disk_block *next_job(struct mlo_disk *d, mlo_component **c) {
+  struct disk_block *bj = d->bhead;
+  if (bj) {
+    d->bhead = bj->next;
+    if (!d->bhead) d->btail = NULL;
+    *c = bj->c;
+    return bj;
+  }
+  *c = d->head;
+  if (*c) {
+    d->head = (*c)->disk_next;
+    if (!d->head) d->tail = NULL;
+    (*c)->disk_next = NULL;
+  }
+  return NULL;
 }
 
 static void *reader(void *arg) {
@@ -621,12 +700,10 @@ static void *reader(void *arg) {
   size_t pcap = 0;
   pthread_mutex_lock(&pipe->lock);
   for (;;) {
-    while (!d->head && !d->stopping) pthread_cond_wait(&d->work, &pipe->lock);
-    mlo_component *c = d->head;
+    while (!d->head && !d->bhead && !d->stopping) pthread_cond_wait(&d->work, &pipe->lock);
+    mlo_component *c;
+    struct disk_block *bj = next_job(d, &c);
     if (!c) break; /* stopping, and nothing queued */
-    d->head = c->disk_next;
-    if (!d->head) d->tail = NULL;
-    c->disk_next = NULL;
     /* buffers as large as the largest slab on disk, up to DISK_CHUNK: a
      * ring made for smaller slabs is made again */
     uint64_t chunk = largest_on_disk(pipe);
@@ -634,17 +711,26 @@ static void *reader(void *arg) {
     bool regrow = d->chunk < chunk, want_pin = d->want_pin;
     size_t want = c->ndisk_files + 1;
     pthread_mutex_unlock(&pipe->lock);
-    job j = {.c = c,
-             .lo = c->disk_lo,
-             .hi = c->disk_hi,
-             .at = c->disk_at,
-             .err = c->disk_err,
-             .errlen = sizeof c->disk_err};
-    c->disk_err[0] = 0;
+    job j = bj ? (job){.c = c,
+                       .lo = bj->lo,
+                       .hi = bj->hi,
+                       .at = bj->at,
+                       .ev = bj->ev,
+                       .block = true,
+                       .err = bj->err,
+                       .errlen = bj->errlen}
+               : (job){.c = c,
+                       .lo = c->disk_lo,
+                       .hi = c->disk_hi,
+                       .at = c->disk_at,
+                       .ev = c->load_ev,
+                       .err = c->disk_err,
+                       .errlen = sizeof c->disk_err};
+    j.err[0] = 0;
     int rc = MLO_OK;
     if (regrow) {
       uint64_t freed = free_ring(pipe, d), pinned = 0;
-      rc = alloc_ring(pipe, d, chunk, want_pin, &pinned, c->disk_err, sizeof c->disk_err);
+      rc = alloc_ring(pipe, d, chunk, want_pin, &pinned, j.err, j.errlen);
       pthread_mutex_lock(&pipe->lock);
       pipe->pinned_bytes = pipe->pinned_bytes - freed + pinned;
       d->bytes = d->chunk * DISK_SLOTS;
@@ -653,7 +739,7 @@ static void *reader(void *arg) {
     if (!rc && want > pcap) { /* a chunk holds at most every tensor of the component */
       piece *grown = realloc(pcs, want * sizeof *pcs);
       if (!grown) {
-        snprintf(c->disk_err, sizeof c->disk_err, "%s: out of host memory", c->name);
+        snprintf(j.err, j.errlen, "%s: out of host memory", c->name);
         rc = MLO_ENOMEM;
       } else {
         pcs = grown;
@@ -662,7 +748,10 @@ static void *reader(void *arg) {
     }
     if (!rc) rc = read_component(d, &j, pcs, &d->stopping);
     pthread_mutex_lock(&pipe->lock);
-    finish(&j, rc);
+    if (bj)
+      finish_block(bj, &j, rc);
+    else
+      finish(d, &j, rc);
   }
   pthread_mutex_unlock(&pipe->lock);
   free(pcs);
@@ -678,12 +767,24 @@ static int sim_load(mlo_component *c, uint64_t lo, uint64_t hi) {
   c->stats.disk_loads++;
   if (hi > c->slab_bytes) hi = c->slab_bytes; /* a slice's, or the whole */
   uint64_t total = c->stream ? mlo_stream_resident_bytes(c) : hi > lo ? hi - lo : 0;
+  /* the reader reads its tensors' bytes, not the slab's padding between them */
+  uint64_t file = 0, done = 0;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (t->target || (t->flags & MLO_TENSOR_EXTERNAL) || (c->stream && mlo_stream_streams(c, t)))
+      continue;
+    uint64_t a = t->dev_offset > lo ? t->dev_offset : lo;
+    uint64_t b = t->dev_offset + t->nbytes < hi ? t->dev_offset + t->nbytes : hi;
+    file += b > a ? b - a : 0;
+  }
   for (uint64_t off = 0; off < total && !rc; off += DISK_CHUNK) {
     uint64_t len = total - off < DISK_CHUNK ? total - off : DISK_CHUNK;
+    uint64_t rd = off + len >= total ? file - done : (uint64_t)((double)file * len / total);
     c->stats.platform_calls += 2;
-    rc = mlo_sim_disk_read(p, len);
+    rc = mlo_sim_disk_read(p, rd);
     if (!rc) rc = mlo_plat_copy_h2d(p, c->block, (size_t)off, NULL, (size_t)len);
-    if (!rc) c->stats.disk_read_bytes += len;
+    if (!rc) c->stats.disk_read_bytes += rd;
+    done += rd;
   }
   c->stats.platform_calls++;
   if (!rc) rc = mlo_plat_event_record_copy(p, c->load_ev);
@@ -691,10 +792,9 @@ static int sim_load(mlo_component *c, uint64_t lo, uint64_t hi) {
   return MLO_OK;
 }
 
-int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
-                   void (*undo)(mlo_component *c)) {
+/* The pipeline's reader, started on first use; lock held. */
+static int reader_of(mlo_component *c, struct mlo_disk **out) {
   mlo_pipeline *pipe = c->pipe;
-  if (pipe->platform->caps.simulated) return sim_load(c, lo, hi);
   struct mlo_disk *d = pipe->disk;
   if (!d) {
     if (!(d = mlo_calloc(1, sizeof *d)))
@@ -708,6 +808,17 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
       return mlo_fail(pipe, MLO_ENOMEM, "%s: cannot start the disk tier's reader thread", c->name);
     d->started = true;
   }
+  *out = d;
+  return MLO_OK;
+}
+
+int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
+                   void (*undo)(mlo_component *c)) {
+  mlo_pipeline *pipe = c->pipe;
+  if (pipe->platform->caps.simulated) return sim_load(c, lo, hi);
+  struct mlo_disk *d;
+  int rc = reader_of(c, &d);
+  if (rc) return rc;
   c->disk_busy = true;
   c->disk_rc = MLO_OK;
   c->disk_lo = lo;
@@ -725,12 +836,53 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
   return MLO_OK;
 }
 
+/* The simulated device's disk (mlo plan): the block's read, then its copy,
+ * issued now on the virtual clock, as sim_load does. */
+static int sim_block(mlo_component *c, size_t b, uint64_t at, mlo_event *ev) {
+  mlo_platform *p = c->pipe->platform;
+  uint64_t len = 0; /* what the reader reads and copies: its tensors, not their padding */
+  for (size_t i = 0; i < c->ntensors; i++)
+    if (c->tensors[i]->block == (int)b && !c->tensors[i]->target) len += c->tensors[i]->nbytes;
+  c->stats.platform_calls += 3;
+  int rc = mlo_sim_disk_read(p, len);
+  if (!rc) rc = mlo_plat_copy_h2d(p, c->block, (size_t)at, NULL, (size_t)len);
+  if (!rc) rc = mlo_plat_event_record_copy(p, ev);
+  if (rc) return mlo_fail(c->pipe, rc, "%s: the simulated read of a block failed", c->name);
+  c->stats.disk_read_bytes += len;
+  c->stats.h2d_bytes += len;
+  c->stats.copy_calls++;
+  return MLO_OK;
+}
+
+int mlo_disk_read_block(mlo_component *c, size_t b, uint64_t at, mlo_event *ev, bool *busy, int *rc,
+                        char *err, size_t errlen) {
+  mlo_pipeline *pipe = c->pipe;
+  const struct mlo_span *sp = &c->spans[b];
+  *rc = MLO_OK;
+  if (pipe->platform->caps.simulated) return sim_block(c, b, at, ev);
+  struct mlo_disk *d;
+  int e = reader_of(c, &d);
+  if (e) return e;
+  struct disk_block *bj = mlo_calloc(1, sizeof *bj);
+  if (!bj) return mlo_fail(pipe, MLO_ENOMEM, "%s: out of host memory", c->name);
+  *bj = (struct disk_block){c, sp->off, sp->off + sp->bytes, at, ev, busy, rc, err, errlen, NULL};
+  *busy = true;
+  c->disk_reads++;
+  if (d->btail)
+    d->btail->next = bj;
+  else
+    d->bhead = bj;
+  d->btail = bj;
+  pthread_cond_signal(&d->work);
+  return MLO_OK;
+}
+
 void mlo_disk_settle(mlo_component *c) {
-  while (c->disk_busy) pthread_cond_wait(&c->pipe->idle, &c->pipe->lock);
+  while (c->disk_busy || c->disk_reads) pthread_cond_wait(&c->pipe->idle, &c->pipe->lock);
 }
 
 int mlo_disk_wait(mlo_component *c) {
-  mlo_disk_settle(c);
+  while (c->disk_busy) pthread_cond_wait(&c->pipe->idle, &c->pipe->lock);
   if (c->disk_rc) return mlo_fail(c->pipe, c->disk_rc, "%s", c->disk_err); /* this load's */
   return MLO_OK;
 }

@@ -154,6 +154,7 @@ struct mlo_component {
   size_t npinned_runs;
   bool on_disk;            /* materialized without a slab: each load reads its files */
   bool disk_busy;          /* a load's reads and copies are being issued by the reader */
+  size_t disk_reads;       /* streamed blocks queued to the reader, or being read */
   int disk_rc;             /* the last disk load's failure (0: none), said by disk_err */
   char disk_err[400];      /* written by the reader, read under the lock after disk_busy */
   mlo_tensor **disk_files; /* its file-backed tensors, by file then offset */
@@ -329,6 +330,11 @@ static inline bool mlo_held_by_this_thread(const mlo_component *c) {
 }
 
 /* Resident or loading; lock held. */
+/* The reader still has work of c's: its load, or streamed blocks. */
+static inline bool mlo_disk_pending(const mlo_component *c) {
+  return c->disk_busy || c->disk_reads;
+}
+
 static inline bool mlo_res_is_resident(const mlo_component *c) {
   return c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE;
 }
@@ -479,8 +485,17 @@ int mlo_disk_fill_streamed(mlo_component *c);
  * except a sharded one, whose wait tells the other ranks first. */
 int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
                    void (*undo)(mlo_component *c));
+/* A streamed block b of an on-disk c whose host memory does not hold it
+ * (docs/disk.md), lock held: the reader reads its bytes and copies them
+ * to `at` in c's block (after whatever the copy queue was told to wait for
+ * first: the slot's free event), then records ev; *busy is true until
+ * then, and *rc (with err) says how it went.  The simulated device models
+ * the read and the copy at once (busy stays false). */
+int mlo_disk_read_block(mlo_component *c, size_t b, uint64_t at, mlo_event *ev, bool *busy, int *rc,
+                        char *err, size_t errlen);
 /* Waits, lock held (dropped while waiting), until c's reads are issued;
- * wait adds the load's failure, said on the pipeline, if they failed. */
+ * wait adds the load's failure, said on the pipeline, if they failed.
+ * settle waits for its streamed blocks' reads too, wait for its load's. */
 void mlo_disk_settle(mlo_component *c);
 int mlo_disk_wait(mlo_component *c);
 /* Stops the reader (lock NOT held): a load in flight ends early and fails. */

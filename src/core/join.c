@@ -348,8 +348,8 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
    * its begin and end: a streamed one's kept blocks otherwise have an
    * address all along).  Without blocks, all it has is read until its
    * release: B goes beside it first, over it only then. */
-  if (!mlo_res_is_resident(a) || !a->block || a->users != 1 || a->disk_busy || a->has_mutable ||
-      (a->nblocks && !a->progressive))
+  if (!mlo_res_is_resident(a) || !a->block || a->users != 1 || mlo_disk_pending(a) ||
+      a->has_mutable || (a->nblocks && !a->progressive))
     return false;
   if (!mlo_join_can_take(b)) return false;
   /* b streaming: its plan's pieces at their offsets, over a's of the same

@@ -132,7 +132,7 @@ static void drop_holder(mlo_component *c) {
 static mlo_component *reading_conflict(mlo_pipeline *pipe, mlo_component *c) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
-    if (o->disk_busy && mlo_excludes(pipe, c, o)) return o;
+    if (mlo_disk_pending(o) && mlo_excludes(pipe, c, o)) return o;
   }
   return NULL;
 }

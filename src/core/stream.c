@@ -43,23 +43,35 @@
 
 /* Copies block b into slot s on the copy queue, after the compute that
  * last read the slot (C9), and records the slot's load event (C8). */
+/* Whether block b's bytes are only in c's files: on disk, and not one of
+ * the streamed blocks a partial slab keeps (docs/disk.md). */
+static bool from_disk(const mlo_component *c, size_t b) {
+  return c->on_disk && !(c->partial && c->filled && c->filled[b]);
+}
+
 static int issue(mlo_component *c, struct stream_slot *s, size_t b) {
   mlo_platform *p = c->pipe->platform;
   int rc = MLO_OK;
   s->blk = -1;
+  s->read_rc = MLO_OK;
   if (!s->load_ev) rc = PCALL(c, mlo_plat_event_create(p, &s->load_ev));
   if (!rc && s->has_free_ev) rc = PCALL(c, mlo_plat_copy_wait(p, s->free_ev));
   if (!rc) s->has_free_ev = false;
   uint64_t len = c->spans[b].bytes;
-  if (!rc && len) {
-    rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)s->dev_off,
-                                    (char *)c->slab + c->spans[b].off, (size_t)len));
-    if (!rc) { /* counted once queued: it crosses the link even if its event fails */
-      c->stats.h2d_bytes += len;
-      c->stats.copy_calls++;
+  if (!rc && len && from_disk(c, b)) { /* the reader reads it into the slot, then the event */
+    rc = mlo_disk_read_block(c, b, s->dev_off, s->load_ev, &s->reading, &s->read_rc, s->read_err,
+                             sizeof s->read_err);
+  } else {
+    if (!rc && len) {
+      rc = PCALL(c, mlo_plat_copy_h2d(p, c->block, (size_t)s->dev_off,
+                                      (char *)c->slab + c->spans[b].off, (size_t)len));
+      if (!rc) { /* counted once queued: it crosses the link even if its event fails */
+        c->stats.h2d_bytes += len;
+        c->stats.copy_calls++;
+      }
     }
+    if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, s->load_ev));
   }
-  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, s->load_ev));
   if (rc) return rc;
   s->blk = (long)b;
   s->waited = false;
@@ -102,7 +114,8 @@ static void reset_slots(struct mlo_stream *st) {
     struct stream_slot *s = &st->slots[i];
     s->blk = -1;
     s->users = 0;
-    s->waited = s->has_free_ev = false;
+    s->waited = s->has_free_ev = s->reading = false;
+    s->read_rc = MLO_OK;
   }
   st->next = 0;
 }
@@ -138,7 +151,8 @@ void mlo_stream_acquired(mlo_component *c) {
     if (slot_of(st, b)) continue;
     struct stream_slot *s = NULL;
     for (size_t i = 0; i < st->nslots && !s; i++)
-      if (!st->slots[i].users && (st->slots[i].blk < 0 || st->pos[st->slots[i].blk] >= want))
+      if (!st->slots[i].users && !st->slots[i].reading && /* the reader's, until it is done */
+          (st->slots[i].blk < 0 || st->pos[st->slots[i].blk] >= want))
         s = &st->slots[i];
     if (!s || issue(c, s, b) != MLO_OK) break; /* on demand, then */
   }
@@ -202,6 +216,33 @@ static bool holds_a_slot(const struct mlo_stream *st) {
   return false;
 }
 
+/* Whether the reader is filling any slot: a wait for one ends without
+ * any thread of the forward. */
+static bool reads_pending(const struct mlo_stream *st) {
+  for (size_t i = 0; i < st->nslots; i++)
+    if (st->slots[i].reading) return true;
+  return false;
+}
+
+/* A slot the reader fills: wait, lock held (dropped while waiting), for
+ * its copies to be queued (counted as a wait for the disk); its read's
+ * failure, said.  The caller holds the slot, so nothing reuses it. */
+static int wait_read(mlo_component *c, struct stream_slot *s, size_t block) {
+  mlo_pipeline *pipe = c->pipe;
+  if (!s->reading && !s->read_rc) return MLO_OK;
+  uint64_t t0 = mlo_plat_now(pipe->platform);
+  while (s->reading) pthread_cond_wait(&pipe->idle, &pipe->lock);
+  uint64_t waited = mlo_plat_now(pipe->platform) - t0;
+  c->stats.disk_wait_ns += waited;
+  c->stats.block_wait_ns += waited; /* a wait at the block's begin, as for its copy */
+  c->stats.wait_ns += waited;
+  if (!s->read_rc) return MLO_OK;
+  /* the slot stays failed (every thread that began the block is told)
+   * until it is filled again or the component leaves the device */
+  return mlo_fail(pipe, s->read_rc, "%s: reading block %zu from disk failed: %s", c->name, block,
+                  s->read_err);
+}
+
 /* The slot to load block b into on demand: a free one, else the one whose
  * block is needed last from b on. */
 static struct stream_slot *victim(struct mlo_stream *st, size_t b) {
@@ -209,7 +250,7 @@ static struct stream_slot *victim(struct mlo_stream *st, size_t b) {
   size_t best_d = 0;
   for (size_t i = 0; i < st->nslots; i++) {
     struct stream_slot *s = &st->slots[i];
-    if (s->users) continue;
+    if (s->users || s->reading) continue; /* a slot the reader fills is not free */
     size_t d =
         s->blk < 0 ? SIZE_MAX : (st->pos[s->blk] + st->nstreamed - st->pos[b]) % st->nstreamed;
     if (!best || d > best_d) {
@@ -242,7 +283,7 @@ int mlo_stream_begin(mlo_component *c, size_t block) {
     /* Every slot holds a block begun elsewhere.  A thread that holds one
      * must not wait (two such threads would wait for each other); one that
      * holds none waits for an end, which every holder can reach. */
-    if (holds_a_slot(st)) {
+    if (holds_a_slot(st) && !reads_pending(st)) {
       rc = mlo_fail(pipe, MLO_EBUSY,
                     "block %zu of '%s': all %zu slots hold blocks begun and not ended, one of "
                     "them by this thread",
@@ -253,6 +294,10 @@ int mlo_stream_begin(mlo_component *c, size_t block) {
   }
   if (!rc && (rc = mlo_holders_add(&s->holders, &s->hcap, &s->users)))
     rc = mlo_fail(pipe, rc, "out of host memory beginning block %zu of '%s'", block, c->name);
+  else if (!rc && (rc = wait_read(c, s, block))) { /* not begun: its read failed */
+    mlo_holders_drop(s->holders, &s->users);
+    pthread_cond_broadcast(&pipe->idle);
+  }
   if (rc) {
     pthread_mutex_unlock(&pipe->lock);
     return rc;

@@ -20,6 +20,9 @@ struct stream_slot {
   size_t hcap;
   bool waited;      /* compute has waited for its load already */
   bool has_free_ev; /* free_ev recorded since the slot was last filled */
+  bool reading;     /* its block is being read from disk into it (mlo_disk_read_block) */
+  int read_rc;      /* how that read went (read_err says why it failed) */
+  char read_err[256];
   mlo_event *load_ev, *free_ev;
 };
 

@@ -245,9 +245,6 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
     why = c->nblocks ? "it has too few blocks to stream" : "no blocks were found in it";
   else if (pipe->platform->caps.max_block_bytes)
     why = "this device builds blocks from segments, and streaming needs whole ones";
-  else if (pipe->sharded && (c->on_disk || c->partial || c->want_disk))
-    /* its reads from files would be every rank's: the disk tier shards */
-    why = "sharded loads read a component on disk whole, in slices";
   else if (pipe->settings.copy_back || pipe->settings.per_tensor_copies)
     why = "copy_back and per_tensor_copies move whole components";
   if (why)

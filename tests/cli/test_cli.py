@@ -760,19 +760,30 @@ class DiskTests(Fixture):
         self.assertEqual(plain["slab_read_bytes"], plain["load_bytes"])
         self.assertEqual(plain["load_bytes"], plain["host_slab_bytes"])
 
-    def test_host_memory_below_what_must_stay(self):
+    def test_streamed_blocks_read_from_disk(self):
+        """A DiT that must stream and has no host memory for its streamed
+        blocks reads each of them from its file at each use (docs/disk.md):
+        1 MiB of host memory for the weights, every component on disk, the
+        digest the all-resident run's; the disk gives every streamed block
+        at every forward besides the loads' resident parts."""
         dit = max(self.info["components"], key=lambda c: c["device_bytes"])
-        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget",
-                           str(dit["device_bytes"] * 17 // 20), "--host-memory", "1M")
-        self.assertEqual(rc, 3, err)
-        self.assertIn("host budget 1.00 MiB is below", err)
-        self.assertIn(f"'{dit['name']}' (the ", err)
-        self.assertIn("of blocks it streams", err)
-        self.assertEqual(out, "")
-        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget",
-                           str(dit["device_bytes"] * 17 // 20), "--host-memory", "1M", "--json")
-        self.assertEqual(rc, 3, err)
-        self.assertEqual(json.loads(out)["error"], "host_budget_too_small")
+        budget = dit["device_bytes"] * 17 // 20
+        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget", str(budget),
+                           "--host-memory", "1M", "--verify", "--json")
+        self.assertEqual(rc, 0, err)
+        run = json.loads(out)
+        self.assertIs(run["digests_agree"], True)
+        self.assertEqual(run["host_slab_bytes"], 0)
+        streamed = [c for c in run["components"] if c["stream"]]
+        self.assertTrue(streamed)
+        per_forward = sum(c["stream"]["streamed_bytes_per_forward"] * c["forwards"]
+                          for c in streamed)
+        self.assertGreaterEqual(run["disk_read_bytes"], per_forward * 9 // 10)  # their tensors'
+        self.assertGreater(run["disk_read_bytes"], run["disk_bytes"])  # more than one pass
+        rc, out, err = mlo("run", self.ckpt, "--policy", "budget", "--budget", str(budget),
+                           "--host-memory", "1M")
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out, r"disk tier .* read [0-9.]+ [KMG]iB from the checkpoint")
 
     def test_gguf_on_disk(self):
         """Quantized GGUF components move as their bytes from disk too: a
@@ -1769,12 +1780,16 @@ class PlanTests(Fixture):
         self.assertGreater(pre["disk_cost_s"], 0)
         self.assertLess(pre["overhead"], 0.01)
         self.assertEqual(res["advice"], "budget+prefetch")
-        # too little for the blocks the experts stream: refused, with the figure
+        # too little for the blocks the experts stream: they read them from
+        # disk at each use (docs/disk.md), hidden under the blocks before
+        # them at real compute, and the budget policy still runs
         res = plan_json("wan2.2-t2v", "--device", "rtx4090", "--host-memory", "8G",
                         "--policy", "budget")
         (pol,) = res["policies"]
-        self.assertIs(pol["fits"], False)
-        self.assertIn("of blocks it streams", pol["why"])
+        self.assertTrue(pol["fits"], pol.get("why"))
+        self.assertLessEqual(pol["host_slab_bytes"], 8 << 30)
+        self.assertGreater(pol["disk_read_bytes"], 2 * pre["disk_read_bytes"])
+        self.assertLess(pol["overhead"], 0.02)
 
     def test_dtype_fp8_halves_the_weights(self):
         bf16 = plan_json("wan2.2-t2v", "--device", "rtx4090")
@@ -1951,9 +1966,10 @@ class PlanTests(Fixture):
 
     def test_validation_with_the_disk_tier(self):
         """The same for a host budget (docs/disk.md): half the weights on a
-        device that holds a DiT, and three quarters on one of 60% of a DiT
+        device that holds a DiT, three quarters on one of 60% of a DiT
         (both stream: their streamed blocks in host memory, the rest on
-        disk); the run's reads paced to a disk of 0.1 GB/s (MLO_DISK_BW), the
+        disk), and 1 MiB on that device (every component on disk, the
+        streamed blocks read from disk at each use); the run's reads paced to a disk of 0.1 GB/s (MLO_DISK_BW), the
         projection given that rate (--disk-bw).  Its wall within 10%, its stall within
         5% of the wall, the bytes over the link exactly and the bytes read
         from disk within 2% (the run reads the files' bytes, the projection
@@ -1962,7 +1978,7 @@ class PlanTests(Fixture):
         try:
             path, info, cap, small = validation_pipeline(tmp)
             weights = info["all_resident_bytes"]
-            for device, host in ((cap, weights // 2), (small, weights * 3 // 4)):
+            for device, host in ((cap, weights // 2), (small, weights * 3 // 4), (small, 1 << 20)):
                 common = ["--device-memory", str(device), "--link", "2e8", "--steps", "6",
                           "--prompts", "3", "--policy", "budget", "--host-memory", str(host)]
                 rc, out, err = mlo("run", path, "--platform", "host:prefault=1", "--json",
@@ -1996,13 +2012,16 @@ class PlanTests(Fixture):
                                     f"plan {pol['total_wall_s']:.3f} s, run {wall:.3f} s")
                     self.assertLess(abs(pol["total_stall_s"] - stall), stall_bound * wall,
                                     f"plan stall {pol['total_stall_s']:.3f} s, run {stall:.3f} s")
-            # a host budget below what must stay (here: both DiTs, streaming
-            # on a small device) is the rows' refusal, not a failure
+            # a host budget below what must stay (here: tensors the caller
+            # keeps in memory, which a projection's files never have) is the
+            # rows' refusal, not a failure; both DiTs streaming on a small
+            # device with 1 MiB of host memory read their streamed blocks
+            # from disk (the case above), and fit
             res = plan_json(path, "--device-memory", str(info["max_component_bytes"] * 3 // 5),
                             "--policy", "budget", "--host-memory", "1M", "--step-time", times)
             (pol,) = res["policies"]
-            self.assertIs(pol["fits"], False)
-            self.assertIn("must stay in host memory", pol["why"])
+            self.assertTrue(pol["fits"], pol.get("why"))
+            self.assertEqual(pol["host_slab_bytes"], 0)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

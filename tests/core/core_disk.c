@@ -620,12 +620,29 @@ static tu_pipe *encoder_and_streaming_dit(mlo_platform *plat, mlo_component **en
   return tp;
 }
 
-/* A DiT larger than the device budget streams its blocks; with a host
- * budget its streamed blocks stay in host memory (they are copied at every
- * forward) and the rest of it, the blocks kept resident, the prologue and
- * the epilogue, is read from disk at each load: every forward sees every
- * byte right, with copies delayed at random. */
-static void test_streamed_component_on_disk(void **state) {
+/* Three prompts of the encoder and three DiT steps, every byte checked. */
+static void run_streamed_prompts(tu_pipe *tp, mlo_component *enc, mlo_component *dit) {
+  for (int p = 0; p < 3; p++) {
+    assert_ok(tu_forward(tp, enc));
+    for (int k = 0; k < 3; k++) {
+      int rc = mlo_component_forward(dit, streamed_check, tp);
+      if (rc)
+        fail_msg("prompt %d: %s (%s; %s)", p, mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe),
+                 tp->first_failure);
+    }
+  }
+  assert_ok(mlo_pipeline_synchronize(tp->pipe));
+  tu_assert_forwards_clean(tp);
+}
+
+/* A DiT larger than the device budget that lives on disk and has no host
+ * memory for its streamed blocks reads each of them from its file into its
+ * slot at each use, the reads queued as the slots free (the reader, while
+ * the blocks before compute): every forward sees every byte right, with
+ * copies delayed at random; nothing of it is in host memory; the disk
+ * gives the resident part at each load and every streamed block at every
+ * forward. */
+static void test_streamed_blocks_read_from_disk(void **state) {
   (void)state;
   mlo_platform *plat = tu_platform_open("jitter=1");
   mlo_component *enc, *dit;
@@ -633,12 +650,77 @@ static void test_streamed_component_on_disk(void **state) {
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   s.policy = MLO_POLICY_BUDGET;
   s.budget_bytes = 5u << 20; /* the 8.1 MiB DiT keeps some blocks, streams the rest */
-  s.host_budget_bytes = 1;   /* below its streamed blocks: refused, naming them */
-  int rc = mlo_offload_enable(tp->pipe, &s);
-  const char *msg = mlo_pipeline_errmsg(tp->pipe);
-  if (rc != MLO_ENOMEM) fail_msg("%s: %s", mlo_err_name(rc), msg);
-  assert_non_null(strstr(msg, "'sdit' (the "));
-  assert_non_null(strstr(msg, "of blocks it streams)"));
+  s.host_budget_bytes = 1;   /* nothing fits: everything on disk */
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_stream_info si;
+  assert_ok(mlo_component_stream_info(dit, &si));
+  assert_true(si.streamed_blocks >= 2 && si.resident_blocks >= 1);
+  assert_int_equal(tu_pstats(tp).host_slab_bytes, 0);
+  for (int b = 0; b < SBLK + 2; b++)
+    assert_null(mlo_tensor_host_data(mlo_component_tensor_at(dit, (size_t)b)));
+  run_streamed_prompts(tp, enc, dit);
+  mlo_component_stats ds = tu_cstats(dit);
+  uint64_t resident = 2 * (64u << 10) + (uint64_t)si.resident_blocks * (1u << 20);
+  assert_int_equal(ds.block_loads, 9 * si.streamed_blocks); /* every forward, from disk */
+  assert_int_equal(ds.disk_read_bytes, ds.disk_loads * resident + ds.block_loads * (1u << 20));
+  assert_int_equal(tu_pstats(tp).host_slab_bytes, 0);
+  tu_assert_audit(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
+/* A streamed block's read that fails fails the begin of that block (its
+ * file named), never a forward reading stale bytes; the next forward reads
+ * every block right.  Freeing the pipeline with block reads queued ends
+ * them. */
+static void test_streamed_block_read_fails(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("jitter=1");
+  mlo_component *enc, *dit;
+  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 5u << 20;
+  s.host_budget_bytes = 1;
+  s.prefetch = false;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  assert_ok(mlo_component_forward(dit, streamed_check, tp)); /* loaded, its slots refilled */
+  int failed = 0;
+  for (int k = 2; k < 40 && failed < 3; k++) { /* a read failing k reads on, at every point */
+    tu_reset_observations(tp);
+    mlo_sysfault_arm(MLO_SYSFAULT_READ, k);
+    int rc = mlo_component_forward(dit, streamed_check, tp);
+    mlo_sysfault_disarm();
+    if (!rc) continue;
+    failed++;
+    /* the forward's own failure: its begin said why, naming the file */
+    if (rc != MLO_ECALLBACK || !strstr(tp->first_failure, "begin") ||
+        !strstr(tp->first_failure, "reading block") || !strstr(tp->first_failure, "sdit.bin"))
+      fail_msg("k=%d: %s: %s (%s)", k, mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe),
+               tp->first_failure);
+    tu_reset_observations(tp);
+    rc = mlo_component_forward(dit, streamed_check, tp);
+    if (rc) fail_msg("after a failed read: %s (%s)", mlo_err_name(rc), tp->first_failure);
+  }
+  assert_true(failed > 0);
+  assert_ok(mlo_component_forward(dit, streamed_check, tp)); /* reads queued at its ends */
+  tu_pipe_free(tp);                                          /* with them in flight */
+  mlo_platform_close(plat);
+}
+
+/* A DiT larger than the device budget streams its blocks; with a host
+ * budget that holds its streamed blocks they stay in host memory (they are
+ * copied at every forward) and the rest of it, the blocks kept resident,
+ * the prologue and the epilogue, is read from disk at each load: every
+ * forward sees every byte right, with copies delayed at random. */
+static void test_streamed_component_on_disk(void **state) {
+  (void)state;
+  mlo_platform *plat = tu_platform_open("jitter=1");
+  mlo_component *enc, *dit;
+  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 5u << 20;      /* the 8.1 MiB DiT keeps some blocks, streams the rest */
   s.host_budget_bytes = 7u << 20; /* its streamed blocks, not the rest of it */
   assert_ok(mlo_offload_enable(tp->pipe, &s));
   mlo_stream_info si;
@@ -652,17 +734,7 @@ static void test_streamed_component_on_disk(void **state) {
     host += mlo_tensor_host_data(mlo_component_tensor_at(dit, (size_t)b + 1)) != NULL;
   assert_int_equal(host, si.streamed_blocks);
   assert_null(mlo_tensor_host_data(mlo_component_tensor_at(dit, 0)));
-  for (int p = 0; p < 3; p++) {
-    assert_ok(tu_forward(tp, enc));
-    for (int k = 0; k < 3; k++) {
-      rc = mlo_component_forward(dit, streamed_check, tp);
-      if (rc)
-        fail_msg("prompt %d: %s (%s; %s)", p, mlo_err_name(rc), mlo_pipeline_errmsg(tp->pipe),
-                 tp->first_failure);
-    }
-  }
-  assert_ok(mlo_pipeline_synchronize(tp->pipe));
-  tu_assert_forwards_clean(tp);
+  run_streamed_prompts(tp, enc, dit);
   mlo_component_stats ds = tu_cstats(dit);
   assert_true(ds.disk_loads >= 3); /* the encoder displaces it every prompt */
   uint64_t resident = 2 * (64u << 10) + (uint64_t)si.resident_blocks * (1u << 20);
@@ -755,6 +827,8 @@ int main(void) {
       cmocka_unit_test(test_strict_exclusion_while_reading),
       cmocka_unit_test(test_by_hand_and_copy_back_after_a_host_budget),
       cmocka_unit_test(test_streamed_component_on_disk),
+      cmocka_unit_test(test_streamed_blocks_read_from_disk),
+      cmocka_unit_test(test_streamed_block_read_fails),
       cmocka_unit_test(test_replan_and_failed_fill),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

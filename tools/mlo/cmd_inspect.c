@@ -243,7 +243,8 @@ static void print_blocks(mlo_pipeline *pipe) {
 
 /* Host memory for the slabs: all of them; the least with the disk tier
  * (what is not from files stays); and at the least streaming budget, room,
- * where the blocks streamed stay too (docs/disk.md). */
+ * what keeps the streamed blocks in host memory too (with less, each is
+ * read from disk at each use: docs/disk.md). */
 typedef struct {
   uint64_t all, least, stream_keep;
 } host_need;
@@ -332,9 +333,10 @@ static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
   printf("    (plus the disk tier's pinned staging ring, %s)\n", tool_size(MLO_STAGING_MAX_BYTES));
   if (h.stream_keep) {
     char label[96];
-    snprintf(label, sizeof label, "least, streaming at %s", tool_size(stream_least));
+    snprintf(label, sizeof label, "streaming at %s, blocks kept", tool_size(stream_least));
     printf("  %-36s %10s\n", label, tool_size(h.stream_keep));
-    printf("    (a streamed component keeps the blocks it streams: they are copied every step)\n");
+    printf("    (its streamed blocks in host memory: copied every step; with less, each is\n"
+           "     read from disk at each use, docs/disk.md)\n");
   }
   if (!n.max_dit_name && !n.enc && !n.vae)
     printf("\nnote: nothing here would run (every component is 'other'); name the roles "
@@ -417,7 +419,7 @@ static int print_json(const char *path, mlo_pipeline *pipe, const view *v) {
   cJSON *host = cJSON_AddObjectToObject(root, "host_memory");
   cJSON_AddNumberToObject(host, "all_bytes", (double)h.all);
   cJSON_AddNumberToObject(host, "least_bytes", (double)h.least);
-  cJSON_AddNumberToObject(host, "least_streaming_bytes",
+  cJSON_AddNumberToObject(host, "streamed_kept_bytes",
                           (double)(h.stream_keep ? h.stream_keep : h.least));
   cJSON_AddNumberToObject(host, "staging_bytes", (double)MLO_STAGING_MAX_BYTES);
   char *text = cJSON_Print(root);
