@@ -620,6 +620,12 @@ static void *cu_compute_queue(void *ctx) {
   return ((struct cuda_ctx *)ctx)->compute;
 }
 
+/* The context every entry point enters: where the legacy default stream
+ * (stream=0, compute NULL) is the one compute_wait and frees order on. */
+static void *cu_compute_context(void *ctx) {
+  return ((struct cuda_ctx *)ctx)->primary;
+}
+
 static void cu_get_caps(void *ctx, mlo_platform_caps *caps) {
   struct cuda_ctx *c = ctx;
   *caps = (mlo_platform_caps){
@@ -691,6 +697,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .want_stamps = cu_want_stamps,
     .synchronize = cu_synchronize,
     .compute_queue = cu_compute_queue,
+    .compute_context = cu_compute_context,
 #ifdef MLO_HAVE_NCCL
     .all_gather = cu_all_gather,
     .coll_check = cu_coll_check,

@@ -226,6 +226,10 @@ static void *fault_compute_queue(void *ctx) {
   return mlo_platform_compute_queue(((struct fault_ctx *)ctx)->inner);
 }
 
+static void *fault_compute_context(void *ctx) {
+  return mlo_plat_compute_context(((struct fault_ctx *)ctx)->inner);
+}
+
 /* The inner platform's clock (never a fault point: it only measures). */
 static uint64_t fault_now_ns(void *ctx) {
   return mlo_plat_now(((struct fault_ctx *)ctx)->inner);
@@ -259,6 +263,7 @@ static const struct mlo_platform_ops fault_ops = {
     .want_stamps = fault_want_stamps,
     .synchronize = fault_synchronize,
     .compute_queue = fault_compute_queue,
+    .compute_context = fault_compute_context,
     .now_ns = fault_now_ns,
 };
 

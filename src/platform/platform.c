@@ -302,6 +302,10 @@ void *mlo_platform_compute_queue(mlo_platform *p) {
   return p && p->ops->compute_queue ? p->ops->compute_queue(p->ctx) : NULL;
 }
 
+void *mlo_plat_compute_context(mlo_platform *p) {
+  return p && p->ops->compute_context ? p->ops->compute_context(p->ctx) : NULL;
+}
+
 int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll,
                         unsigned timeout_ms) {
   if (!p->ops->all_gather) return MLO_EUNSUPPORTED;

@@ -18,6 +18,11 @@
  *       workload on the fake runtime and tests/fakecublas: its digests, and
  *       no cudaFreeHost (a device-wide synchronize) between its create and
  *       its destroy, however its pinned buffers grow (review D5).
+ *   platform_cuda_blas_legacy (label platform) — `blaslegacy`: the same,
+ *       two fake devices, on cuda:1 with stream=0 (the legacy default
+ *       stream): the GEMMs run on device 1's legacy stream whatever
+ *       context the calling thread has current, and no context is made on
+ *       device 0 (review D11).
  */
 #include "testutil.h"
 
@@ -536,6 +541,50 @@ static void test_workload_frees_pinned_only_at_destroy(void **state) {
   mlo_platform_close(p);
 }
 
+/* D11: on a stream=0 platform the compute stream is the legacy default
+ * stream, which names no context: the runtime resolves it in the calling
+ * thread's current context.  The workload resolves it to the platform's
+ * context, so its GEMMs go where the platform orders compute (device 1's
+ * legacy stream here) from a thread with no context (which is left with
+ * none, and device 0 never gets one) and from a thread whose current
+ * context is device 0's (left current).  Before, the workload refused a
+ * stream=0 platform (EINVAL); resolving 0 with cuStreamGetCtx would have
+ * answered the caller's context instead.  On the fakes only (blaslegacy:
+ * two devices, nothing done on device 0 before). */
+static void test_workload_on_legacy_stream(void **state) {
+  (void)state;
+  unsigned (*created)(void) = (unsigned (*)(void))fake_symbol("fakecuda_contexts_created");
+  int (*current)(void) = (int (*)(void))fake_symbol("fakecuda_current_context");
+  backend(); /* loads the workload module, and with it the (fake) cuBLAS, locally */
+  char soname[32];
+  snprintf(soname, sizeof soname, "libcublas.so.%d", CUDART_VERSION / 1000);
+  void *cublas = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  int (*gemm_device)(void) =
+      cublas ? (int (*)(void))dlsym(cublas, "fakecublas_last_gemm_device") : NULL;
+  assert_non_null(created);
+  assert_non_null(current);
+  if (!gemm_device) fail_msg("the cuBLAS loaded is not tests/fakecublas's");
+  assert_int_equal(created(), 0);
+  mlo_platform *p = tu_open_spec("cuda:1:stream=0");
+  assert_null(mlo_platform_compute_queue(p));
+  void *wctx = NULL;
+  int rc = backend()->create(p, &wctx);
+  if (rc) fail_msg("the workload refused a stream=0 platform: %s", mlo_err_name(rc));
+  gemm_case(p, wctx, MLO_DTYPE_F32, true);
+  assert_int_equal(gemm_device(), 1);
+  assert_int_equal(current(), -1);
+  assert_int_equal(created(), 1u << 1);
+
+  assert_int_equal(cudaSetDevice(0), cudaSuccess); /* a caller on device 0 */
+  gemm_case(p, wctx, MLO_DTYPE_BF16, true);
+  if (gemm_device() != 1)
+    fail_msg("with device 0 current, the GEMM went to device %d's legacy stream", gemm_device());
+  assert_int_equal(current(), 0);
+  backend()->destroy(wctx);
+  mlo_platform_close(p);
+  dlclose(cublas);
+}
+
 /* ---- contexts, on the fake runtime (issue 25, item 3) ------------------- */
 
 /* The fake runtime's record of contexts (tests/fakecuda): NULL when the
@@ -641,6 +690,14 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "contexts")) {
     const struct CMUnitTest context_tests[] = {cmocka_unit_test(test_no_context_on_device0)};
     return cmocka_run_group_tests(context_tests, NULL, NULL);
+  }
+  if (argc > 1 && !strcmp(argv[1], "blaslegacy")) {
+    if (!fake_symbol("fakecuda_contexts_created")) {
+      fprintf(stderr, "`blaslegacy` asked for, but the CUDA runtime loaded is not the fake\n");
+      return 1;
+    }
+    const struct CMUnitTest legacy_tests[] = {cmocka_unit_test(test_workload_on_legacy_stream)};
+    return cmocka_run_group_tests(legacy_tests, NULL, NULL);
   }
   if (argc > 1 && !strcmp(argv[1], "blasfake")) { /* the workload on fakecuda and fakecublas */
     if (!fake_symbol("fakecuda_free_host_calls")) {
