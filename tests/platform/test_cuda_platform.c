@@ -32,6 +32,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,6 +410,77 @@ static void test_free_ordering(void **state) {
   mlo_platform_close(p);
 }
 
+/* ---- review D8: a load from pageable memory behind a gate -------------- */
+
+static atomic_int gate_open, gate_ended;
+
+/* On the compute stream: holds it, as a long kernel would, until the gate
+ * opens (at most 20 s, so a defect cannot hang the run). */
+static void CUDART_CB gated_kernel(void *user) {
+  (void)user;
+  for (int i = 0; i < 20000 && !atomic_load(&gate_open); i++) tu_sleep_ms(1);
+  atomic_store(&gate_ended, 1);
+}
+
+/* A load from pageable memory queued behind a gate (COPY waits for a
+ * compute record behind a long kernel, as a joined switch's copies wait
+ * for the blocks they overwrite) returns to the caller while the gate is
+ * still shut, and lands intact once it opens.  The driver may synchronize
+ * with the stream before staging a pageable source (the fake runtime
+ * does): handed to it directly, the copy returns only once the kernel has
+ * ended.  Through the platform's staging ring (chunk=1M: four 1 MiB
+ * slots), each slot reused while earlier pieces are still queued.  On the
+ * fake, a page-locked source also queues no host function (no staging). */
+static void test_pageable_load_not_held_by_gate(void **state) {
+  (void)state;
+  uint64_t (*host_fns)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakecuda_host_fns");
+  mlo_platform *p = tu_open_spec("cuda:0:chunk=1M");
+  const size_t n = big_bytes / 4 + 100;
+  unsigned char *src = malloc(n), *back = malloc(n);
+  assert_non_null(src);
+  assert_non_null(back);
+  tu_fill_pattern(src, n, 21);
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, n, &block));
+  mlo_event *gate = NULL, *ev = NULL;
+  assert_ok(mlo_plat_event_create(p, &gate));
+  assert_ok(mlo_plat_event_create(p, &ev));
+  atomic_store(&gate_open, 0);
+  atomic_store(&gate_ended, 0);
+  assert_int_equal(cudaLaunchHostFunc(mlo_platform_compute_queue(p), gated_kernel, NULL),
+                   cudaSuccess);
+  assert_ok(mlo_plat_event_record_compute(p, gate));
+  assert_ok(mlo_plat_copy_wait(p, gate));
+  assert_ok(mlo_plat_copy_h2d(p, block, 0, src, n));
+  bool held = atomic_load(&gate_ended);
+  assert_ok(mlo_plat_event_record_copy(p, ev));
+  bool in_flight = mlo_plat_event_query(p, ev) == MLO_EBUSY;
+  atomic_store(&gate_open, 1);
+  assert_ok(mlo_plat_event_sync(p, ev));
+  if (held)
+    fail_msg("a load from pageable memory behind a shut gate returned only once the gate's "
+             "kernel had ended");
+  assert_true(in_flight);
+  size_t at = dev_pattern_mismatch(block, n, 21, back);
+  if (at != n) fail_msg("byte %zu of the staged load is 0x%02x", at, back[at]);
+  if (host_fns) {
+    void *pinned = NULL;
+    assert_int_equal(cudaHostAlloc(&pinned, n, cudaHostAllocPortable), cudaSuccess);
+    memcpy(pinned, src, n);
+    uint64_t before = host_fns();
+    assert_ok(mlo_plat_copy_h2d(p, block, 0, pinned, n));
+    assert_int_equal(host_fns(), before);
+    assert_ok(mlo_plat_synchronize(p));
+    assert_int_equal(cudaFreeHost(pinned), cudaSuccess);
+  }
+  assert_ok(mlo_plat_dev_free(p, block, n));
+  mlo_plat_event_destroy(p, ev);
+  mlo_plat_event_destroy(p, gate);
+  mlo_platform_close(p);
+  free(src);
+  free(back);
+}
+
 /* Findings 2 and the leak check: memory freed by evictions goes back to the
  * driver at a synchronize (uncapped pool, release threshold 0), and after
  * close the device is where it was. */
@@ -734,6 +806,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_current_device_kept),
       cmocka_unit_test(test_load_ordering),
       cmocka_unit_test(test_free_ordering),
+      cmocka_unit_test(test_pageable_load_not_held_by_gate),
       cmocka_unit_test(test_memory_given_back),
   };
   if (fake) { /* no kernels on the fake: everything but the cuBLAS digests */
@@ -746,6 +819,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_current_device_kept),
         cmocka_unit_test(test_load_ordering),
         cmocka_unit_test(test_free_ordering),
+        cmocka_unit_test(test_pageable_load_not_held_by_gate),
         cmocka_unit_test(test_memory_given_back),
     };
     return cmocka_run_group_tests(fake_tests, NULL, NULL);
