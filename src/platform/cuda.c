@@ -297,22 +297,6 @@ static void cu_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
   if (in) cu_leave(c, &g);
 }
 
-/* Whether the runtime already knows p as page-locked host memory
- * (cudaPointerGetAttributes: type cudaMemoryTypeHost for memory from
- * cudaHostAlloc/cudaMallocHost or registered with cudaHostRegister, by
- * anyone in the process; cudaMemoryTypeUnregistered, with cudaSuccess, for
- * plain host memory since CUDA 11 — an error, on an older runtime, is
- * taken as "not known", and cleared: the call just returned it). */
-static bool known_pinned(const void *p) {
-  struct cudaPointerAttributes a;
-  memset(&a, 0, sizeof a);
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeHost;
-}
-
 /* A range its owner page-locked (registered here as if by us, never
  * unregistered by us), remembered until its unregister; lock held. */
 static int add_foreign(struct cuda_ctx *c, void *ptr) {
@@ -352,7 +336,7 @@ static int cu_host_register(void *ctx, void *ptr, size_t bytes, bool read_only) 
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
   if (rc) return rc;
-  if (known_pinned(ptr) && known_pinned((const char *)ptr + bytes - 1)) {
+  if (cu_page_locked(ptr, bytes)) {
     pthread_mutex_lock(&c->lock);
     rc = add_foreign(c, ptr);
     pthread_mutex_unlock(&c->lock);
@@ -394,13 +378,24 @@ static void cu_host_unregister(void *ctx, void *ptr) {
 /* ---- copies ------------------------------------------------------------- */
 
 /* Pinned sources copy asynchronously at link speed in any size; the chunk
- * only bounds each call (pageable ones the driver stages through its own
- * buffer, chunked or not, and the call returns once staged). */
+ * only bounds each call.  A pageable source of a load goes through the
+ * staging ring (cuda_bounce.c), so that the calling thread never waits for
+ * the copy stream (review D8); where there is no ring, the driver stages
+ * it through its own buffer, chunked or not, and the call returns once
+ * staged. */
 static int copy_chunks(struct cuda_ctx *c, cudaStream_t stream, char *dst, const char *src,
                        size_t bytes, enum cudaMemcpyKind kind) {
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
   if (rc) return rc;
+  if (kind == cudaMemcpyHostToDevice) {
+    rc = cu_bounce_h2d(c, dst, src, bytes);
+    if (rc != MLO_EUNSUPPORTED) {
+      cu_leave(c, &g);
+      return rc;
+    }
+    rc = MLO_OK;
+  }
   for (size_t done = 0; !rc && done < bytes; done += c->chunk) {
     size_t n = bytes - done < c->chunk ? bytes - done : c->chunk;
     rc = cu_status(c, cudaMemcpyAsync(dst + done, src + done, n, kind, stream), "cudaMemcpyAsync");
@@ -625,6 +620,12 @@ static void *cu_compute_queue(void *ctx) {
   return ((struct cuda_ctx *)ctx)->compute;
 }
 
+/* The context every entry point enters: where the legacy default stream
+ * (stream=0, compute NULL) is the one compute_wait and frees order on. */
+static void *cu_compute_context(void *ctx) {
+  return ((struct cuda_ctx *)ctx)->primary;
+}
+
 static void cu_get_caps(void *ctx, mlo_platform_caps *caps) {
   struct cuda_ctx *c = ctx;
   *caps = (mlo_platform_caps){
@@ -653,11 +654,13 @@ static void cu_destroy(void *ctx) {
     if (c->readback_tail) cudaEventDestroy(c->readback_tail);
     if (c->compute_tail) cudaEventDestroy(c->compute_tail);
     if (c->gather_ev) cudaEventDestroy(c->gather_ev);
+    cu_bounce_destroy(c, lost); /* after COPY drained: its last copies read the ring */
     if (c->pool) cudaMemPoolDestroy(c->pool);
     (void)cudaGetLastError();
     cu_leave(c, &g);
   }
   free(c->foreign);
+  pthread_mutex_destroy(&c->bounce_lock);
   pthread_mutex_destroy(&c->nccl_lock);
   pthread_mutex_destroy(&c->lock);
   free(c);
@@ -694,6 +697,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .want_stamps = cu_want_stamps,
     .synchronize = cu_synchronize,
     .compute_queue = cu_compute_queue,
+    .compute_context = cu_compute_context,
 #ifdef MLO_HAVE_NCCL
     .all_gather = cu_all_gather,
     .coll_check = cu_coll_check,
@@ -714,6 +718,7 @@ static int mlo_cuda_platform_create(const char *spec_args, mlo_platform *p, char
   if (!c) return MLO_ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->nccl_lock, NULL);
+  pthread_mutex_init(&c->bounce_lock, NULL);
   c->device = (int)opt.index;
   c->chunk = (size_t)opt.chunk;
   c->capacity = opt.capacity;

@@ -2,7 +2,8 @@
  * cuda_internal.h — what the files of the CUDA platform share (cuda.c:
  * memory, copies, events, the ops table; cuda_open.c: the spec, the device,
  * its memory pool and streams; cuda_nccl.c: the node's collectives and the
- * host waits that watch them; cuda_ctx.c: the caller's context kept).
+ * host waits that watch them; cuda_bounce.c: loads from pageable memory
+ * through a pinned ring; cuda_ctx.c: the caller's context kept).
  */
 #ifndef MLO_PLATFORM_CUDA_INTERNAL_H
 #define MLO_PLATFORM_CUDA_INTERNAL_H
@@ -17,10 +18,10 @@
 
 /* Copies are cut into pieces this large: each cudaMemcpyAsync call stays
  * bounded (a pinned source copies asynchronously at link speed in any
- * size).  It bounds nothing for a pageable source: the driver stages that
- * through its own buffer, chunked or not, and the call returns once
- * staged, which is why core registers a slab that fell back to pageable
- * memory (slab.c) and warns about what stays pageable. */
+ * size).  A pageable source of a load goes through the platform's pinned
+ * staging ring instead (cuda_bounce.c), in slots of this size or 4 MiB;
+ * core still registers a slab that fell back to pageable memory (slab.c),
+ * since a copy that needs no staging is the cheaper one. */
 #define DEFAULT_CHUNK ((uint64_t)64 << 20)
 
 /* A memory pool maps physical memory in whole granules (the allocation
@@ -91,6 +92,12 @@ struct cuda_ctx {
   void *aborted[8];
   int naborted;
   char gather_msg[320]; /* why the last communicator was aborted */
+  /* The pinned ring pageable loads are staged through (cuda_bounce.c):
+   * made at the first one; refused for good if it could not be.  Guarded
+   * by bounce_lock (taken inside no other lock of ours). */
+  pthread_mutex_t bounce_lock;
+  struct cu_bounce *bounce;
+  bool bounce_refused;
 };
 
 /* An event: a cudaEvent_t and its completion stamp (event_time). */
@@ -138,6 +145,19 @@ int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, uns
 void cu_coll_destroy(void *ctx, void *coll);
 int cu_coll_wait(void *ctx, mlo_event *ev, char *err, size_t errlen);
 #endif
+
+/* Loads from pageable memory (cuda_bounce.c).  Whether [p, p+bytes) is
+ * page-locked as the runtime knows it (both ends; by anyone in the
+ * process). */
+bool cu_page_locked(const void *p, size_t bytes);
+/* Queues a host-to-device copy on COPY from a pageable source through the
+ * platform's pinned staging ring, never waiting on the host; the context
+ * entered.  MLO_EUNSUPPORTED where the source is page-locked or there is
+ * no ring (pinning off, or refused): the caller copies directly. */
+int cu_bounce_h2d(struct cuda_ctx *c, char *dst, const char *src, size_t bytes);
+/* Frees the ring, once COPY has drained (at destroy; lost: the context is,
+ * so nothing is waited for). */
+void cu_bounce_destroy(struct cuda_ctx *c, bool lost);
 
 /* Opening a device (cuda_open.c). */
 int cu_parse_spec(const char *args, struct cuda_options *o, char *err, size_t errlen);

@@ -226,6 +226,10 @@ static void *fault_compute_queue(void *ctx) {
   return mlo_platform_compute_queue(((struct fault_ctx *)ctx)->inner);
 }
 
+static void *fault_compute_context(void *ctx) {
+  return mlo_plat_compute_context(((struct fault_ctx *)ctx)->inner);
+}
+
 /* The inner platform's clock (never a fault point: it only measures). */
 static uint64_t fault_now_ns(void *ctx) {
   return mlo_plat_now(((struct fault_ctx *)ctx)->inner);
@@ -259,6 +263,7 @@ static const struct mlo_platform_ops fault_ops = {
     .want_stamps = fault_want_stamps,
     .synchronize = fault_synchronize,
     .compute_queue = fault_compute_queue,
+    .compute_context = fault_compute_context,
     .now_ns = fault_now_ns,
 };
 
@@ -315,7 +320,8 @@ static const char *split_inner(const char *args, size_t *opts_len) {
   return NULL;
 }
 
-int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+int mlo_fault_platform_create(const char *spec_args, mlo_platform_open_fn open_inner,
+                              mlo_platform *p, char *err, size_t errlen) {
   size_t opts_len = 0;
   const char *inner_spec = split_inner(spec_args, &opts_len);
   if (inner_spec && !*inner_spec) {
@@ -346,7 +352,7 @@ int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err,
   struct fault_ctx *f = mlo_calloc(1, sizeof *f);
   if (!f) return MLO_ENOMEM;
   char inner_err[200] = "";
-  rc = mlo_platform_open(inner_spec ? inner_spec : "host", &f->inner, inner_err, sizeof inner_err);
+  rc = open_inner(inner_spec ? inner_spec : "host", &f->inner, inner_err, sizeof inner_err);
   if (rc) {
     snprintf(err, errlen, "fault platform: inner platform: %s", inner_err);
     free(f);

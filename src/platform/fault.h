@@ -40,8 +40,14 @@ int mlo_fault_kind_from_name(const char *name, mlo_fault_kind *out);
 /* The status a fault of this kind makes the call return. */
 int mlo_fault_status(mlo_fault_kind kind);
 
-/* The constructor mlo_platform_open calls for "fault:...". */
-int mlo_fault_platform_create(const char *spec_args, mlo_platform *p, char *err, size_t errlen);
+/* Opens a platform by spec, as mlo_platform_open does. */
+typedef int (*mlo_platform_open_fn)(const char *spec, mlo_platform **out, char *errbuf,
+                                    size_t errlen);
+/* The constructor of "fault:..." (registry.c's table calls it): the inner
+ * platform is opened with open_inner (mlo_platform_open, handed down so
+ * that this file calls nothing above it). */
+int mlo_fault_platform_create(const char *spec_args, mlo_platform_open_fn open_inner,
+                              mlo_platform *p, char *err, size_t errlen);
 
 /* True when p is a fault platform (the functions below need one). */
 bool mlo_fault_is(const mlo_platform *p);

@@ -69,6 +69,7 @@ static const struct mlo_module_host host_table = {
     .compute_wait = mlo_plat_compute_wait,
     .compute_queue = mlo_platform_compute_queue,
     .dev_alloc_compute = mlo_plat_dev_alloc_compute,
+    .compute_context = mlo_plat_compute_context,
 };
 
 /* Modules loaded or refused, by file name; a short list (a process loads a

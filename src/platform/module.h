@@ -36,8 +36,8 @@
 /* Bumped whenever either table below changes shape.  2: host_register says
  * whether a range may be registered read-only; 3: dev_free returns whether it
  * freed, dev_free_after, and the topology and gather_pace slots; 4: want_stamps;
- * 5: dev_alloc_compute (both tables). */
-#define MLO_MODULE_ABI 5
+ * 5: dev_alloc_compute (both tables); 6: compute_context (both tables). */
+#define MLO_MODULE_ABI 6
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)
@@ -83,6 +83,7 @@ struct mlo_module_host {
   int (*compute_wait)(mlo_platform *p, mlo_event *ev);
   void *(*compute_queue)(mlo_platform *p);
   int (*dev_alloc_compute)(mlo_platform *p, size_t bytes, void **block);
+  void *(*compute_context)(mlo_platform *p);
 };
 
 /* What a module answers. */

@@ -124,3 +124,6 @@ int mlo_plat_compute_wait(mlo_platform *p, mlo_event *ev) {
 void *mlo_platform_compute_queue(mlo_platform *p) {
   return host->compute_queue(p);
 }
+void *mlo_plat_compute_context(mlo_platform *p) {
+  return host->compute_context(p);
+}

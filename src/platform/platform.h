@@ -124,6 +124,12 @@ struct mlo_platform_ops {
   int (*synchronize)(void *ctx);
   /* The native compute queue (NULL for host).  Optional: NULL -> NULL. */
   void *(*compute_queue)(void *ctx);
+  /* Optional: the native context the compute queue lives in (CUDA: the
+   * device's primary CUcontext), for a back-end whose compute queue is a
+   * handle that names no context of its own (CUDA's legacy default stream,
+   * 0: the runtime resolves it in whichever context the calling thread has
+   * current, review D11).  NULL -> NULL. */
+  void *(*compute_context)(void *ctx);
   /* Optional: an in-place all-gather of a block over the node's ranks, on
    * the copy queue: rank r's bytes [r*slice, (r+1)*slice) reach every
    * rank's block, after the copies queued before it and before anything
@@ -204,6 +210,8 @@ int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes);
 /* Wrappers used by core: apply defaults for NULL slots, count calls, keep
  * used/peak accounting.  Same contracts as the slots above. */
 int mlo_plat_dev_alloc(mlo_platform *p, size_t bytes, void **block);
+/* The compute_context slot, or NULL without one.  Not a platform call. */
+void *mlo_plat_compute_context(mlo_platform *p);
 /* The dev_alloc_compute slot, accounted as dev_alloc; MLO_EUNSUPPORTED
  * without it (the caller then orders a dev_alloc block itself). */
 int mlo_plat_dev_alloc_compute(mlo_platform *p, size_t bytes, void **block);

@@ -9,6 +9,7 @@
  */
 #include "base/sysio.h"
 #include "synth/synth.h"
+#include "synth/synth_emit.h"
 
 #include "base/hash.h"
 #include "format/index.h"
@@ -30,80 +31,6 @@
 #define SHARD_TARGET 5e9 /* bytes per shard, as save_pretrained's "5GB" */
 #define PROGRESS_STEP (64u << 20)
 #define DIFFUSERS_VERSION "0.35.1"
-
-/* ---- emitting tensors (count-only, or recorded for writing) ------------- */
-
-typedef struct {
-  char *name;
-  mlo_dtype dtype;
-  int ndim;
-  int64_t shape[MLO_MAX_DIMS];
-  uint64_t nbytes;
-  int shard;
-} mlo_syn_rec;
-
-struct mlo_syn_emitter {
-  mlo_dtype dtype;
-  bool record;
-  mlo_syn_rec *list;
-  size_t count, cap;
-  uint64_t bytes;
-  int status;
-};
-
-mlo_dtype mlo_syn_dtype(const mlo_syn_emitter *e) {
-  return e->dtype;
-}
-
-void mlo_syn_tensor(mlo_syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
-                    const char *fmt, ...) {
-  if (e->status != MLO_OK) return;
-  uint64_t numel = 1, nbytes = 0;
-  for (int i = 0; i < ndim; i++) numel *= (uint64_t)shape[i];
-  if ((e->status = mlo_dtype_nbytes(dtype, numel, &nbytes)) != MLO_OK) return;
-  e->bytes += nbytes;
-  if (!e->record) return;
-  if (e->count == e->cap) {
-    size_t cap = e->cap ? 2 * e->cap : 256;
-    mlo_syn_rec *grown = mlo_realloc(e->list, cap * sizeof *grown);
-    if (!grown) {
-      e->status = MLO_ENOMEM;
-      return;
-    }
-    e->list = grown, e->cap = cap;
-  }
-  mlo_syn_rec *r = &e->list[e->count];
-  memset(r, 0, sizeof *r);
-  char name[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(name, sizeof name, fmt, ap);
-  va_end(ap);
-  if (!(r->name = mlo_strdup(name))) {
-    e->status = MLO_ENOMEM;
-    return;
-  }
-  r->dtype = dtype, r->ndim = ndim, r->nbytes = nbytes;
-  memcpy(r->shape, shape, (size_t)ndim * sizeof *shape);
-  e->count++;
-}
-
-void mlo_syn_lin(mlo_syn_emitter *e, mlo_dtype dt, int64_t out, int64_t in, bool bias,
-                 const char *fmt, ...) {
-  char prefix[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
-  va_end(ap);
-  T2(e, dt, out, in, "%s.weight", prefix);
-  if (bias) T1(e, dt, out, "%s.bias", prefix);
-}
-
-static void emitter_free(mlo_syn_emitter *e) {
-  for (size_t i = 0; i < e->count; i++) free(e->list[i].name);
-  free(e->list);
-  memset(e, 0, sizeof *e);
-}
 
 /* ---- scaling ------------------------------------------------------------ */
 
@@ -262,7 +189,8 @@ static void assign_shards(comp_plan *cp) {
 
 static void plan_free(mlo_syn_plan *pl) {
   if (pl->comps)
-    for (size_t i = 0; i < pl->preset->ncomponents; i++) emitter_free(&pl->comps[i].tensors);
+    for (size_t i = 0; i < pl->preset->ncomponents; i++)
+      mlo_syn_emitter_free(&pl->comps[i].tensors);
   free(pl->comps);
   memset(pl, 0, sizeof *pl);
 }

@@ -1,7 +1,9 @@
 /*
  * synth.h — internal interface between the generator (synth.c: scaling,
  * files, shards, weights) and the preset tables (synth_presets.c: which
- * pipelines exist and what each architecture's tensors are called).
+ * pipelines exist and what each architecture's tensors are called;
+ * synth_vae.c: the VAEs), which declare their tensors through the calls of
+ * synth_emit.c.
  */
 #ifndef MLO_SYNTH_SYNTH_H
 #define MLO_SYNTH_SYNTH_H
@@ -37,7 +39,8 @@ typedef struct {
 typedef struct mlo_syn_emitter mlo_syn_emitter;
 
 /* Declares one tensor; name is printf-formatted.  Errors are sticky in the
- * emitter, so architecture code does not check each call. */
+ * emitter, so architecture code does not check each call (synth_emit.c,
+ * as the two below). */
 void mlo_syn_tensor(mlo_syn_emitter *e, mlo_dtype dtype, int ndim, const int64_t *shape,
                     const char *fmt, ...) MLO_PRINTF(5, 6);
 /* The component's weight dtype (BF16, or F32 for the Wan VAE). */

@@ -27,9 +27,10 @@
  * cuBLAS is bit-reproducible for one configuration on one GPU model, so an
  * offloaded run's digest equals an all-resident run's on the same device.
  * One context is used by one thread at a time (mlo run's schedule).  Every
- * entry point makes the compute stream's context current and puts the
- * caller's back (platform/cuda_ctx.h): a thread that had none is left with
- * none, never with a context on device 0.
+ * entry point makes the compute stream's context current (the platform's
+ * own for the legacy default stream, which names none: stream_context) and
+ * puts the caller's back (platform/cuda_ctx.h): a thread that had none is
+ * left with none, never with a context on device 0.
  */
 #include "base/sysio.h"
 #include "base/log.h"
@@ -249,8 +250,12 @@ static int queue_result(struct cuda_blas *b, struct slot *sl, const void *src, s
 static void cb_destroy(void *ctx) {
   struct cuda_blas *b = ctx;
   if (!b) return;
+  if (!b->ctx) { /* nothing was made: no runtime call, which would make a context */
+    free(b);
+    return;
+  }
   mlo_cu_guard g = {0};
-  if (b->ctx) enter(b, &g);
+  enter(b, &g);
   cudaStreamSynchronize(b->stream); /* nothing reads or writes what goes below */
   b->count = 0;                     /* results never flushed are dropped */
   for (int i = 0; i < X_CACHE; i++) {
@@ -277,15 +282,42 @@ static void cb_destroy(void *ctx) {
   free(b);
 }
 
+/* The context the platform's compute stream lives in, which every entry
+ * point makes current.  A stream made by the platform or given to it names
+ * its own (cuStreamGetCtx).  The legacy default stream (stream=0; 1,
+ * cudaStreamLegacy, names it too) names none: the runtime resolves it in
+ * whichever context the calling thread has current, and cuStreamGetCtx
+ * answers that one, or fails where there is none (review D11).  It is the
+ * platform's context's legacy stream that the platform orders compute and
+ * frees on, so that context is asked of the platform; entered in every
+ * call, stream 0 is then that context's legacy stream, whatever the
+ * caller's thread has current.  The per-thread handle (2) names each
+ * calling thread's own stream, not one: refused, as the platform refuses
+ * it. */
+static int stream_context(mlo_platform *p, cudaStream_t stream, void **ctx) {
+  *ctx = NULL;
+  if (stream == cudaStreamPerThread) {
+    mlo_logf(MLO_LOG_ERROR, "cuda workload: the compute stream is cudaStreamPerThread, which "
+                            "names each calling thread's own stream: give a stream");
+    return MLO_EINVAL;
+  }
+  if (stream && stream != cudaStreamLegacy)
+    return cu_status(mlo_cu_ctx_of_stream(stream, ctx), "cuStreamGetCtx");
+  *ctx = mlo_plat_compute_context(p);
+  if (*ctx) return MLO_OK;
+  mlo_logf(MLO_LOG_ERROR, "cuda workload: the platform's compute stream is the legacy default "
+                          "stream, and it names no context to resolve it in");
+  return MLO_EINVAL;
+}
+
 static int cb_create(mlo_platform *p, void **ctx) {
   *ctx = NULL;
   cudaStream_t stream = mlo_platform_compute_queue(p);
-  if (!stream) return MLO_EINVAL;
   struct cuda_blas *b = mlo_calloc(1, sizeof *b);
   if (!b) return MLO_ENOMEM;
   b->stream = stream;
   b->platform = p;
-  int rc = cu_status(mlo_cu_ctx_of_stream(stream, &b->ctx), "cuStreamGetCtx");
+  int rc = stream_context(p, stream, &b->ctx);
   mlo_cu_guard g = {0};
   if (!rc) rc = enter(b, &g);
   if (!rc) rc = blas_status(cublasCreate(&b->handle), "cublasCreate");

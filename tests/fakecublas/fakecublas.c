@@ -14,9 +14,12 @@
  * A and B f32, bf16 or f16, C f32, f32 products and sums in a fixed order)
  * queued on the handle's stream as a host function, so it runs in stream
  * order after the copies and waits before it, on the bytes the fake's
- * device memory holds.  What it does not: any other call or type, tensor
- * cores, TF32, and the cost of anything.  Its results are deterministic,
- * not bitwise cuBLAS's: digests compare between runs on this fake only.
+ * device memory holds.  A handle's stream is resolved at each call as the
+ * runtime resolves it (cuBLAS launches on it then): the legacy default
+ * stream (0) is the calling thread's current context's; the device it
+ * resolved to is kept for tests (fakecublas_last_gemm_device).  What it does not: any other call or
+ * type, tensor cores, TF32, and the cost of anything.  Its results are deterministic, not bitwise
+ * cuBLAS's: digests compare between runs on this fake only.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -28,6 +31,14 @@
 struct cublasContext {
   cudaStream_t stream;
 };
+
+static _Atomic int last_gemm_device = -1;
+
+/* The device of the stream the last cublasGemmEx was queued on, -1 before
+ * the first (a test helper, looked up with dlsym). */
+int fakecublas_last_gemm_device(void) {
+  return last_gemm_device;
+}
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
@@ -135,9 +146,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
   if (!g) return CUBLAS_STATUS_ALLOC_FAILED;
   *g = (struct gemm){ta, tb, m, n,  k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
                      a,  b,  c, at, bt};
-  if (cudaLaunchHostFunc(h->stream, gemm_fn, g) != cudaSuccess) {
+  int device = -1;
+  if (cudaStreamGetDevice(h->stream, &device) != cudaSuccess ||
+      cudaLaunchHostFunc(h->stream, gemm_fn, g) != cudaSuccess) {
     free(g);
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
+  last_gemm_device = device;
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -18,9 +18,11 @@
  *    page-locked is refused as already registered;
  *  - copies run when their stream reaches them, optionally slowed
  *    (MLO_FAKECUDA_COPY_US per copy, MLO_FAKECUDA_BW bytes/s) to widen
- *    races; a pageable source is snapshotted at the call, a copy into
- *    pageable memory returns once done (as the driver's staging does); a
- *    copy into memory registered read-only fails;
+ *    races; a copy from a pageable source first waits for the stream to
+ *    run everything queued before it (the driver synchronizes with the
+ *    stream to stage it, review D8) and snapshots the source then, a copy
+ *    into pageable memory returns once done (as the driver's staging
+ *    does); a copy into memory registered read-only fails;
  *  - stream-ordered memory: pools (maxSize, release threshold, internal
  *    reuse dependencies; new memory mapped in 2 MiB granules, refused past
  *    maxSize counted in them, the idle reserve given back only at a

@@ -497,9 +497,40 @@ uint64_t fakecuda_host_registered_bytes(void) {
 
 /* ---- copies ------------------------------------------------------------- */
 
-/* Queues a copy on s; with `wait`, returns once it has run.  A pageable
- * source is snapshotted now (the driver stages it before returning); a
- * copy into pageable memory is waited for (the driver's is synchronous). */
+/* Returns once s has run everything queued on it so far (a marker queued
+ * now and waited for, so work queued later by other threads is not waited
+ * for); the whole stream where there is no memory for a marker.  fc.lock
+ * held. */
+static void reach(struct CUstream_st *s) {
+  struct fc_op *mark = calloc(1, sizeof *mark);
+  struct fc_marker *m = mark ? fc_marker_new() : NULL;
+  if (!m) {
+    free(mark);
+    fc_drain(s);
+    return;
+  }
+  mark->kind = FC_RECORD;
+  mark->marker = m;
+  m->refs++;
+  fc_enqueue(s, mark);
+  while (!m->done) pthread_cond_wait(&fc.cond, &fc.lock);
+  fc_marker_put(m);
+}
+
+/* Queues a copy on s; with `wait`, returns once it has run.  A copy into
+ * pageable memory is waited for (the driver's is synchronous).
+ *
+ * A pageable source (host memory neither allocated page-locked nor
+ * registered) is staged by the driver: the runtime API's "API
+ * synchronization behavior" says that for transfers between device memory
+ * and pageable host memory the async copy "might be synchronous with
+ * respect to host", and that "if pageable memory must first be staged to
+ * pinned memory, the driver may synchronize with the stream and stage the
+ * copy into pinned memory".  The fake takes the documented worst case,
+ * which is what a copy larger than the driver's staging buffer meets: the
+ * call returns only once the stream has run everything queued before it
+ * (a copy behind a cudaStreamWaitEvent holds the calling thread until that
+ * event completes, review D8), and the source is snapshotted then. */
 static cudaError_t copy_on(struct CUstream_st *s, void *dst, const void *src, size_t n,
                            enum cudaMemcpyKind kind, bool wait) {
   if (!n) return cudaSuccess;
@@ -518,30 +549,19 @@ static cudaError_t copy_on(struct CUstream_st *s, void *dst, const void *src, si
   }
   wait |= !dev_dst && !h;
   bool pageable_src = !dev_src && !find_host(src, n);
-  pthread_mutex_unlock(&fc.lock);
   if (pageable_src) {
+    reach(s); /* the driver synchronizes with the stream, then stages */
+    pthread_mutex_unlock(&fc.lock);
     op->staging = malloc(n);
     if (!op->staging) {
       free(op);
       return fc_fail(cudaErrorMemoryAllocation);
     }
     memcpy(op->staging, src, n);
+    pthread_mutex_lock(&fc.lock);
   }
-  struct fc_op *mark = wait ? calloc(1, sizeof *mark) : NULL;
-  pthread_mutex_lock(&fc.lock);
-  struct fc_marker *m = mark ? fc_marker_new() : NULL;
   fc_enqueue(s, op);
-  if (m) {
-    mark->kind = FC_RECORD;
-    mark->marker = m;
-    m->refs++;
-    fc_enqueue(s, mark);
-    while (!m->done) pthread_cond_wait(&fc.cond, &fc.lock);
-    fc_marker_put(m);
-  } else if (wait) { /* no memory for a marker: the whole stream */
-    free(mark);
-    fc_drain(s);
-  }
+  if (wait) reach(s);
   pthread_mutex_unlock(&fc.lock);
   return cudaSuccess;
 }

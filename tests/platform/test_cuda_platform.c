@@ -18,6 +18,11 @@
  *       workload on the fake runtime and tests/fakecublas: its digests, and
  *       no cudaFreeHost (a device-wide synchronize) between its create and
  *       its destroy, however its pinned buffers grow (review D5).
+ *   platform_cuda_blas_legacy (label platform) — `blaslegacy`: the same,
+ *       two fake devices, on cuda:1 with stream=0 (the legacy default
+ *       stream): the GEMMs run on device 1's legacy stream whatever
+ *       context the calling thread has current, and no context is made on
+ *       device 0 (review D11).
  */
 #include "testutil.h"
 
@@ -27,6 +32,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -404,6 +410,77 @@ static void test_free_ordering(void **state) {
   mlo_platform_close(p);
 }
 
+/* ---- review D8: a load from pageable memory behind a gate -------------- */
+
+static atomic_int gate_open, gate_ended;
+
+/* On the compute stream: holds it, as a long kernel would, until the gate
+ * opens (at most 20 s, so a defect cannot hang the run). */
+static void CUDART_CB gated_kernel(void *user) {
+  (void)user;
+  for (int i = 0; i < 20000 && !atomic_load(&gate_open); i++) tu_sleep_ms(1);
+  atomic_store(&gate_ended, 1);
+}
+
+/* A load from pageable memory queued behind a gate (COPY waits for a
+ * compute record behind a long kernel, as a joined switch's copies wait
+ * for the blocks they overwrite) returns to the caller while the gate is
+ * still shut, and lands intact once it opens.  The driver may synchronize
+ * with the stream before staging a pageable source (the fake runtime
+ * does): handed to it directly, the copy returns only once the kernel has
+ * ended.  Through the platform's staging ring (chunk=1M: four 1 MiB
+ * slots), each slot reused while earlier pieces are still queued.  On the
+ * fake, a page-locked source also queues no host function (no staging). */
+static void test_pageable_load_not_held_by_gate(void **state) {
+  (void)state;
+  uint64_t (*host_fns)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fakecuda_host_fns");
+  mlo_platform *p = tu_open_spec("cuda:0:chunk=1M");
+  const size_t n = big_bytes / 4 + 100;
+  unsigned char *src = malloc(n), *back = malloc(n);
+  assert_non_null(src);
+  assert_non_null(back);
+  tu_fill_pattern(src, n, 21);
+  void *block = NULL;
+  assert_ok(mlo_plat_dev_alloc(p, n, &block));
+  mlo_event *gate = NULL, *ev = NULL;
+  assert_ok(mlo_plat_event_create(p, &gate));
+  assert_ok(mlo_plat_event_create(p, &ev));
+  atomic_store(&gate_open, 0);
+  atomic_store(&gate_ended, 0);
+  assert_int_equal(cudaLaunchHostFunc(mlo_platform_compute_queue(p), gated_kernel, NULL),
+                   cudaSuccess);
+  assert_ok(mlo_plat_event_record_compute(p, gate));
+  assert_ok(mlo_plat_copy_wait(p, gate));
+  assert_ok(mlo_plat_copy_h2d(p, block, 0, src, n));
+  bool held = atomic_load(&gate_ended);
+  assert_ok(mlo_plat_event_record_copy(p, ev));
+  bool in_flight = mlo_plat_event_query(p, ev) == MLO_EBUSY;
+  atomic_store(&gate_open, 1);
+  assert_ok(mlo_plat_event_sync(p, ev));
+  if (held)
+    fail_msg("a load from pageable memory behind a shut gate returned only once the gate's "
+             "kernel had ended");
+  assert_true(in_flight);
+  size_t at = dev_pattern_mismatch(block, n, 21, back);
+  if (at != n) fail_msg("byte %zu of the staged load is 0x%02x", at, back[at]);
+  if (host_fns) {
+    void *pinned = NULL;
+    assert_int_equal(cudaHostAlloc(&pinned, n, cudaHostAllocPortable), cudaSuccess);
+    memcpy(pinned, src, n);
+    uint64_t before = host_fns();
+    assert_ok(mlo_plat_copy_h2d(p, block, 0, pinned, n));
+    assert_int_equal(host_fns(), before);
+    assert_ok(mlo_plat_synchronize(p));
+    assert_int_equal(cudaFreeHost(pinned), cudaSuccess);
+  }
+  assert_ok(mlo_plat_dev_free(p, block, n));
+  mlo_plat_event_destroy(p, ev);
+  mlo_plat_event_destroy(p, gate);
+  mlo_platform_close(p);
+  free(src);
+  free(back);
+}
+
 /* Findings 2 and the leak check: memory freed by evictions goes back to the
  * driver at a synchronize (uncapped pool, release threshold 0), and after
  * close the device is where it was. */
@@ -536,6 +613,50 @@ static void test_workload_frees_pinned_only_at_destroy(void **state) {
   mlo_platform_close(p);
 }
 
+/* D11: on a stream=0 platform the compute stream is the legacy default
+ * stream, which names no context: the runtime resolves it in the calling
+ * thread's current context.  The workload resolves it to the platform's
+ * context, so its GEMMs go where the platform orders compute (device 1's
+ * legacy stream here) from a thread with no context (which is left with
+ * none, and device 0 never gets one) and from a thread whose current
+ * context is device 0's (left current).  Before, the workload refused a
+ * stream=0 platform (EINVAL); resolving 0 with cuStreamGetCtx would have
+ * answered the caller's context instead.  On the fakes only (blaslegacy:
+ * two devices, nothing done on device 0 before). */
+static void test_workload_on_legacy_stream(void **state) {
+  (void)state;
+  unsigned (*created)(void) = (unsigned (*)(void))fake_symbol("fakecuda_contexts_created");
+  int (*current)(void) = (int (*)(void))fake_symbol("fakecuda_current_context");
+  backend(); /* loads the workload module, and with it the (fake) cuBLAS, locally */
+  char soname[32];
+  snprintf(soname, sizeof soname, "libcublas.so.%d", CUDART_VERSION / 1000);
+  void *cublas = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  int (*gemm_device)(void) =
+      cublas ? (int (*)(void))dlsym(cublas, "fakecublas_last_gemm_device") : NULL;
+  assert_non_null(created);
+  assert_non_null(current);
+  if (!gemm_device) fail_msg("the cuBLAS loaded is not tests/fakecublas's");
+  assert_int_equal(created(), 0);
+  mlo_platform *p = tu_open_spec("cuda:1:stream=0");
+  assert_null(mlo_platform_compute_queue(p));
+  void *wctx = NULL;
+  int rc = backend()->create(p, &wctx);
+  if (rc) fail_msg("the workload refused a stream=0 platform: %s", mlo_err_name(rc));
+  gemm_case(p, wctx, MLO_DTYPE_F32, true);
+  assert_int_equal(gemm_device(), 1);
+  assert_int_equal(current(), -1);
+  assert_int_equal(created(), 1u << 1);
+
+  assert_int_equal(cudaSetDevice(0), cudaSuccess); /* a caller on device 0 */
+  gemm_case(p, wctx, MLO_DTYPE_BF16, true);
+  if (gemm_device() != 1)
+    fail_msg("with device 0 current, the GEMM went to device %d's legacy stream", gemm_device());
+  assert_int_equal(current(), 0);
+  backend()->destroy(wctx);
+  mlo_platform_close(p);
+  dlclose(cublas);
+}
+
 /* ---- contexts, on the fake runtime (issue 25, item 3) ------------------- */
 
 /* The fake runtime's record of contexts (tests/fakecuda): NULL when the
@@ -642,6 +763,14 @@ int main(int argc, char **argv) {
     const struct CMUnitTest context_tests[] = {cmocka_unit_test(test_no_context_on_device0)};
     return cmocka_run_group_tests(context_tests, NULL, NULL);
   }
+  if (argc > 1 && !strcmp(argv[1], "blaslegacy")) {
+    if (!fake_symbol("fakecuda_contexts_created")) {
+      fprintf(stderr, "`blaslegacy` asked for, but the CUDA runtime loaded is not the fake\n");
+      return 1;
+    }
+    const struct CMUnitTest legacy_tests[] = {cmocka_unit_test(test_workload_on_legacy_stream)};
+    return cmocka_run_group_tests(legacy_tests, NULL, NULL);
+  }
   if (argc > 1 && !strcmp(argv[1], "blasfake")) { /* the workload on fakecuda and fakecublas */
     if (!fake_symbol("fakecuda_free_host_calls")) {
       fprintf(stderr, "`blasfake` asked for, but the CUDA runtime loaded is not the fake\n");
@@ -677,6 +806,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_current_device_kept),
       cmocka_unit_test(test_load_ordering),
       cmocka_unit_test(test_free_ordering),
+      cmocka_unit_test(test_pageable_load_not_held_by_gate),
       cmocka_unit_test(test_memory_given_back),
   };
   if (fake) { /* no kernels on the fake: everything but the cuBLAS digests */
@@ -689,6 +819,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_current_device_kept),
         cmocka_unit_test(test_load_ordering),
         cmocka_unit_test(test_free_ordering),
+        cmocka_unit_test(test_pageable_load_not_held_by_gate),
         cmocka_unit_test(test_memory_given_back),
     };
     return cmocka_run_group_tests(fake_tests, NULL, NULL);
