@@ -798,9 +798,11 @@ typedef struct {
                                  Only file-backed,
                                  immutable components may live on disk;
                                  MLO_ENOMEM naming what must stay where it
-                                 does not fit.  With ranks: the node's budget,
-                                 sharded loads only (each rank reads its
-                                 slice), else MLO_EUNSUPPORTED */
+                                 does not fit.  With ranks: the node's budget;
+                                 a component on disk is read by each rank in
+                                 its slice and gathered by the node, under
+                                 replicated loads too (host platform, or
+                                 sharded residency; else MLO_EUNSUPPORTED) */
 } mlo_offload_settings;
 #define MLO_OFFLOAD_SETTINGS_INIT                                                                  \
   {                                                                                                \

@@ -176,20 +176,15 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
                     "host_budget_bytes with copy_back: every tensor is written back to host "
                     "memory, so none may live on disk");
   /* ranks: the budget is the node's (its slabs are shared); a component on
-   * disk is read by each rank in its slice of a sharded load, so the node
-   * reads it once.  Loaded whole by every rank, it would be read once per
-   * rank. */
-  if (pipe->comm && pipe->sharded && !pipe->shard_resident &&
-      !pipe->platform->caps.host_addressable)
+   * disk is read by each rank in its slice and the node's ranks gather the
+   * rest (shard.c), replicated loads too (no node-shared copy of it exists
+   * to load whole from), so the node reads it once. */
+  if (pipe->comm && !pipe->shard_resident && !pipe->platform->caps.host_addressable)
     return mlo_fail(pipe, MLO_EUNSUPPORTED,
-                    "host_budget_bytes with sharded loads on this device: its all-gathers would "
-                    "be issued from the reader and the caller in no agreed order (NCCL); built "
-                    "for the host platform and for sharded residency so far");
-  if (pipe->comm && !pipe->sharded)
-    return mlo_fail(pipe, MLO_EUNSUPPORTED,
-                    "host_budget_bytes with ranks needs sharded loads: each rank reads its "
-                    "slice of a component on disk, and the node's ranks gather the rest (with "
-                    "whole loads every rank would read it all)");
+                    "host_budget_bytes with ranks on this device: the all-gathers of the "
+                    "components on disk would be issued from the reader and the caller in no "
+                    "agreed order (NCCL); built for the host platform and for sharded "
+                    "residency so far");
   candidate *cand = mlo_calloc(pipe->ncomps ? pipe->ncomps : 1, sizeof *cand);
   if (!cand) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
   size_t n = 0;

@@ -15,10 +15,13 @@
 
 /* A sharded pipeline's component whose block is its slab alone
  * (caller-owned tensors are each rank's own: replicated); a streamed one
- * loads replicated (mover.c's table). */
+ * loads replicated (mover.c's table).  Under replicated ranks, a component
+ * on disk too: there is no node-shared copy of it to load whole from, and
+ * the node reads each byte once only if each rank reads its slice. */
 bool mlo_shard_applies(const mlo_component *c) {
-  return c->pipe->sharded && c->block_bytes == c->slab_bytes && (c->slab_shared || c->on_disk) &&
-         !c->stream;
+  const mlo_pipeline *pipe = c->pipe;
+  bool sliced = pipe->sharded ? c->slab_shared || c->on_disk : pipe->comm && c->on_disk;
+  return sliced && c->block_bytes == c->slab_bytes && !c->stream;
 }
 
 /* What an all-gather brought this rank: every other node rank's slice. */

@@ -84,8 +84,9 @@ static void help(void) {
          "                        (docs/disk.md); a DiT that streams keeps only the\n"
          "                        blocks it streams, or reads each from disk at each\n"
          "                        use where even those do not fit.  With --ranks:\n"
-         "                        sharded only (each rank reads its slice; a streamed\n"
-         "                        DiT, its own).  The report shows the disk's\n"
+         "                        each rank reads its slice of a component on disk\n"
+         "                        and the node gathers the rest (a streamed DiT: each\n"
+         "                        rank its own).  The report shows the disk's\n"
          "                        reads and stall and the peak RSS\n"
          "  --prompts N           N generations in one process (default 1); the report\n"
          "                        shows each, so the warm steady state is visible\n"
@@ -340,9 +341,6 @@ static int parse(int argc, char **argv, run_args *r) {
       (strstr(r->platform, "group=") || strstr(r->platform, "uplink=") ||
        strstr(r->platform, "fabric=") || strstr(r->platform, "pcie_p2p=")))
     targs_error(&a, "give --node or the node's options in --platform, not both");
-  if (!a.failed && r->have_host && r->ranks == RANKS_SHARED)
-    targs_error(&a, "--host-memory with --ranks shared: every rank would read each component on "
-                    "disk whole; --ranks sharded reads it once per node");
   if (!a.failed && r->have_host && r->literal)
     targs_error(&a, "--host-memory with --literal: the literal baseline copies every tensor "
                     "back to host memory");
@@ -626,9 +624,8 @@ int cmd_run(int argc, char **argv) {
     char err[512] = "";
     mlo_node_topology nt;
     if (ra.node) nt = plan_node_topology(ra.node, 0);
-    int rc =
-        ranks_plan_loads(&ra.rk, spec, ra.node ? &nt : NULL, ra.node ? ra.node->name : NULL,
-                         ra.ranks == RANKS_AUTO ? -1 : ra.ranks, ra.have_host, err, sizeof err);
+    int rc = ranks_plan_loads(&ra.rk, spec, ra.node ? &nt : NULL, ra.node ? ra.node->name : NULL,
+                              ra.ranks == RANKS_AUTO ? -1 : ra.ranks, err, sizeof err);
     if (rc) { /* every rank hears it at the agreement below, at once */
       tool_failf("run", "%s", err);
       code = tool_exit_for(rc);

@@ -443,7 +443,7 @@ uint64_t ranks_pss_bytes(void) {
 /* ---- --ranks auto: replicated or sharded, from the node's topology ---- */
 
 int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *node,
-                     const char *node_name, int mode, bool disk_tier, char *err, size_t errlen) {
+                     const char *node_name, int mode, char *err, size_t errlen) {
   mlo_node_topology t = MLO_NODE_TOPOLOGY_INIT;
   r->chosen = mode < 0;
   r->modelled = false;
@@ -480,9 +480,10 @@ int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *n
   if (!r->modelled)
     snprintf(r->topology, sizeof r->topology,
              "not known: give --node (mlo plan --help lists them) to let it decide");
-  r->sharded = mode >= 0 ? mode == 1 : disk_tier || (r->modelled && r->plan.sharded);
+  /* (with --host-memory either mode reads the disk once per node: each
+   * rank reads its slice of a component on disk, docs/disk.md) */
+  r->sharded = mode >= 0 ? mode == 1 : r->modelled && r->plan.sharded;
   r->reason = mode >= 0      ? NULL
-              : disk_tier    ? "--host-memory: only sharded loads read the disk once per node"
               : !r->modelled ? "the node's topology is not known"
               : r->sharded   ? "the topology makes sharded loads faster"
                              : "the topology makes sharded loads no faster";

@@ -210,11 +210,11 @@ typedef struct {
  * or else `node` (a --node profile, may be NULL), planned for r's
  * node_ranks GPUs into r->plan; and r->sharded: mode 1 sharded, 0
  * replicated, -1 (--ranks auto) the faster as planned, replicated where no
- * topology is known, sharded where loads read from files (disk_tier: only
- * sharded loads read them once per node).  MLO_OK, or a failure to open
- * the platform (err says). */
+ * topology is known (a host budget does not decide: either mode reads a
+ * component on disk once per node).  MLO_OK, or a failure to open the
+ * platform (err says). */
 int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *node,
-                     const char *node_name, int mode, bool disk_tier, char *err, size_t errlen);
+                     const char *node_name, int mode, char *err, size_t errlen);
 /* What one rank measured (plain data: gathered to rank 0 as bytes). */
 typedef struct {
   uint64_t pss;       /* proportional set size: shared pages count 1/n */
