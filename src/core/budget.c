@@ -215,7 +215,10 @@ static void prefetch(mlo_pipeline *pipe) {
 
 /* ---- the budget -------------------------------------------------------- */
 
-int mlo_budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
+/* The device budget the budget policy keeps to with settings s:
+ * budget_bytes, or what is free less reserve_bytes; lock held.  It is the
+ * room a component must fit whole in (policy.h, device_room). */
+static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
   mlo_platform_memory mem = {0};
   int rc = mlo_platform_get_memory(pipe->platform, &mem);
   if (rc) return mlo_fail(pipe, rc, "budget: cannot read the device's memory");
@@ -311,7 +314,7 @@ static void drop_streams(mlo_pipeline *pipe) {
 static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   struct budget_state *st = mlo_calloc(1, sizeof *st);
   if (!st) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
-  int rc = mlo_budget_for(pipe, s, &st->budget);
+  int rc = budget_for(pipe, s, &st->budget);
   if (rc) {
     free(st);
     return rc;
@@ -420,5 +423,7 @@ const struct mlo_policy_ops mlo_policy_budget_ops = {
     .block_ended = budget_block_ended,
     .audit = budget_audit,
     .budget = budget_bytes,
+    .device_room = budget_for,
     .streams = true,
+    .delegates = false, /* it needs the generic hooks' acquire and release */
 };

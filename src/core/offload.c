@@ -343,9 +343,11 @@ static int read_settings(mlo_pipeline *pipe, const mlo_offload_settings *in,
     return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid sync mode %d", (int)out->sync);
   if ((unsigned)out->policy >= MLO_POLICY_COUNT)
     return mlo_fail(pipe, MLO_EINVAL, "offload settings: invalid policy %d", (int)out->policy);
-  if (out->policy == MLO_POLICY_STRICT && (out->budget_bytes || out->reserve_bytes))
+  if (!mlo_policy_ops_of(out->policy)->budget && (out->budget_bytes || out->reserve_bytes))
     return mlo_fail(pipe, MLO_EINVAL,
-                    "offload settings: budget_bytes and reserve_bytes need the budget policy");
+                    "offload settings: budget_bytes and reserve_bytes need the budget policy "
+                    "(the %s policy keeps no device budget)",
+                    mlo_policy_ops_of(out->policy)->name);
   if (out->budget_bytes && out->reserve_bytes)
     return mlo_fail(pipe, MLO_EINVAL,
                     "offload settings: give budget_bytes or reserve_bytes, not both");
@@ -409,8 +411,8 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
  * tier: nothing is lost, its next load reads from there. */
 static int host_plan(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   uint64_t room = UINT64_MAX;
-  int rc = s->host_budget_bytes && s->policy == MLO_POLICY_BUDGET ? mlo_budget_for(pipe, s, &room)
-                                                                  : MLO_OK;
+  const struct mlo_policy_ops *pol = mlo_policy_ops_of(s->policy);
+  int rc = s->host_budget_bytes && pol->device_room ? pol->device_room(pipe, s, &room) : MLO_OK;
   if (!rc) rc = mlo_disk_plan(pipe, s, room);
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) mlo_disk_change_tier(pipe->comps[i]);
   return rc;
@@ -477,9 +479,10 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
                 : mlo_fail(pipe, MLO_EOWNED,
                            "offload is already enabled with other settings; disable it first");
   }
-  if (delegate && s.policy != MLO_POLICY_STRICT)
+  if (delegate && !mlo_policy_ops_of(s.policy)->delegates)
     rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
-                  "the budget policy needs the generic hooks; this pipeline has a delegate");
+                  "the %s policy needs the generic hooks; this pipeline has a delegate",
+                  mlo_policy_ops_of(s.policy)->name);
   else if (delegate && s.host_budget_bytes)
     rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
                   "host_budget_bytes needs the generic hooks; this pipeline has a delegate");

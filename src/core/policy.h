@@ -57,9 +57,16 @@ struct mlo_policy_ops {
   /* The device bytes the policy keeps to (mlo_pipeline_stats.budget_bytes);
    * NULL: none. */
   uint64_t (*budget)(const mlo_pipeline *pipe);
+  /* The device room a component must fit whole in under settings s, for
+   * the host plan (disk.c: a larger one streams its blocks); lock held.
+   * NULL: no limit (every component loads whole). */
+  int (*device_room)(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *room);
   /* Whether it plans components to stream their blocks (stream.c): a plan
    * outlives an eviction only under a policy that does. */
   bool streams;
+  /* Whether it runs through a pipeline's delegate (mlo_pipeline_set_delegate)
+   * as well as through the generic hooks. */
+  bool delegates;
 };
 
 /* admit's answer when offload was reconfigured while it waited (never
@@ -69,10 +76,6 @@ struct mlo_policy_ops {
  * materialized after a wait: an eviction moved it to another tier
  * (disk.c); the acquire materializes it again and starts over. */
 #define MLO_NOT_MATERIALIZED (-1001)
-
-/* The device budget the budget policy would keep to with settings s
- * (budget.c): budget_bytes, or what is free less reserve_bytes; lock held. */
-int mlo_budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget);
 
 extern const struct mlo_policy_ops mlo_policy_strict_ops;
 extern const struct mlo_policy_ops mlo_policy_budget_ops;

@@ -59,4 +59,5 @@ const struct mlo_policy_ops mlo_policy_strict_ops = {
     .check = strict_check,
     .enable = strict_enable,
     .excludes = strict_excludes,
+    .delegates = true, /* exclusion by role is what a delegate implements (C1-C5) */
 };
