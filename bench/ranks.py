@@ -27,7 +27,8 @@ uplinks and fabric at the profile's ratios to --link): what --ranks auto
 chose, and the sharded/replicated stall ratio modelled against measured.
 
 usage: bench/ranks.py [--mlo build/tools/mlo/mlo] [--ranks 4] [--scale 0.001]
-                      [--link 2e7] [--steps 4] [--prompts 3] [--nodes A,B] [--json]
+                      [--full-depth] [--link 2e7] [--steps 4] [--prompts 3] [--nodes A,B]
+                      [--json]
 Writes only under a temporary folder of its own.
 """
 import argparse
@@ -70,13 +71,17 @@ def main():
     ap.add_argument("--prompts", default="3")
     ap.add_argument("--nodes", default="h100-sxm-8,l40s-4,rtx4090-2",
                     help="named topologies to run --ranks auto on (comma-separated; '' for none)")
+    ap.add_argument("--full-depth", action="store_true",
+                    help="the pipeline at the real layer count (mlo synth --full-depth): 40 "
+                         "blocks a DiT, as block-by-block loads (both modes) see the real one")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     mlo = os.path.abspath(a.mlo)
     n = a.ranks
     with tempfile.TemporaryDirectory(prefix="mlo-ranks-") as tmp:
         path = os.path.join(tmp, "wan")
-        subprocess.run([mlo, "synth", "wan2.2-t2v", path, "--scale", a.scale], check=True,
+        subprocess.run([mlo, "synth", "wan2.2-t2v", path, "--scale", a.scale,
+                        *(["--full-depth"] if a.full_depth else [])], check=True,
                        capture_output=True)
         info = json.loads(subprocess.run([mlo, "inspect", path, "--json"], check=True,
                                          capture_output=True, text=True).stdout)

@@ -588,6 +588,15 @@ void mlo_stream_describe(const mlo_component *c, mlo_stream_info *out);
 int mlo_stream_begin(mlo_component *c, size_t block);
 int mlo_stream_end(mlo_component *c, size_t block);
 
+/* shard.c — a sharded load's gathers (mover.h makes the source rows):
+ * whether c loads sharded; what a gather of `slice` brought this rank, in
+ * the pipeline's dist stats; the host's gather (MPI over the block's
+ * memory) of the region at `offset`, the ranks agreeing on `piece` first
+ * (0: a whole load; k + 1: piece k of one loaded block by block); lock held. */
+bool mlo_shard_applies(const mlo_component *c);
+void mlo_shard_count_gathered(mlo_pipeline *pipe, size_t slice);
+int mlo_shard_gather(mlo_component *c, size_t offset, size_t slice, uint64_t piece);
+
 /* progressive.c — a load block by block, each behind its own event; lock
  * held unless said otherwise. */
 /* Whether c's next load goes block by block (it streams, or its forward
@@ -623,6 +632,16 @@ void mlo_prog_free(mlo_component *c);
  * block): slab bytes [*src, *src + *len) to *dev in c's device block, the
  * piece running to the next one's start; false for a block that streams. */
 bool mlo_prog_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len, uint64_t *dev);
+/* Sharded, block by block (progressive.c's header comment): the device
+ * bytes of its padded regions; the plan of this load (its regions, this
+ * rank's slices, each tensor's place); whether this residency has one; the
+ * host's gathers of the head's pieces still due (after the head's event),
+ * and whether any is. */
+uint64_t mlo_prog_slice_footprint(mlo_component *c);
+int mlo_prog_slice(mlo_component *c);
+bool mlo_prog_sliced(const mlo_component *c);
+int mlo_prog_gather_head(mlo_component *c);
+bool mlo_prog_head_gathers(const mlo_component *c);
 /* A joined load's events (join.c): the per-block state made ready with
  * nothing pending; then, as its copies are issued, the head's event
  * (piece MLO_BLOCK_PROLOGUE) or block b's recorded after them; at the

@@ -6,34 +6,42 @@
  *
  *   source \ shape   whole   block by block   streamed (resident part + slots)
  *   slab             yes     yes              yes
- *   disk             yes     no (1)           yes, its streamed blocks kept in
- *                                             host memory (partial, disk.c)
- *   shard            yes     no (2)           no (2): a streamed one loads replicated
+ *   disk             yes     no (1)           yes: its streamed blocks from host
+ *                                             memory (partial) or read from its
+ *                                             files at each use (disk.c)
+ *   shard            yes     yes (2)          no (3): a streamed one loads replicated
  *
  * (1) the reader reads and copies in chunks of its ring, not in the
  *     forward's blocks; a component on disk loads whole and its forward
  *     waits for all of it (mlo_prog_applies says so for the shape).
- * (2) a node gathers whole blocks of shards; a gather per block is not
- *     built (docs/distributed.md).
+ * (2) from a node-shared slab ("shard-blocks"): each piece sliced and
+ *     gathered on its own; from disk (the reader reads one slice of the
+ *     whole slab) and under sharded residency, whole.
+ * (3) its slots would need a gather per refill, in step on every rank.
  */
 #include "core/mover.h"
+
+/* Block by block: the head and its event (what the acquire waits for),
+ * then each kept block behind an event of its own (its begin waits for
+ * it), in the order the forward runs them, up to block `limit` (a streamed
+ * plan's kept blocks up to its first streamed one, the rest between its
+ * slots' copies: mlo_stream_start). */
+static int fill_blocks(mlo_component *c, struct mlo_load *ld, size_t limit) {
+  size_t more = 0;
+  uint64_t also = 0;
+  int rc = mlo_prog_copy_head(c, &ld->copies, &ld->moved);
+  if (!rc) rc = mlo_prog_copy_blocks(c, limit, &more, &also);
+  ld->copies += more;
+  ld->moved += also;
+  ld->queued = ld->moved;
+  return rc;
+}
 
 static int slab_fetch(mlo_component *c, struct mlo_load *ld) {
   mlo_pipeline *pipe = c->pipe;
   int rc;
   if (mlo_prog_applies(c)) {
-    /* block by block: the head and its event (what the acquire waits for),
-     * then each kept block behind an event of its own (its begin waits for
-     * it), in the order the forward runs them; a streamed plan's kept
-     * blocks up to its first streamed one, the rest between its slots'
-     * copies (mlo_stream_start) */
-    size_t more = 0;
-    uint64_t also = 0;
-    rc = mlo_prog_copy_head(c, &ld->copies, &ld->moved);
-    if (!rc) rc = mlo_prog_copy_blocks(c, mlo_stream_load_limit(c), &more, &also);
-    ld->copies += more;
-    ld->moved += also;
-    ld->queued = ld->moved;
+    rc = fill_blocks(c, ld, mlo_stream_load_limit(c));
   } else { /* whole: the slab in one copy, then each caller-owned tensor */
     bool per_tensor = pipe->settings.per_tensor_copies;
     rc = MLO_OK;
@@ -62,7 +70,41 @@ static int disk_fetch(mlo_component *c, struct mlo_load *ld) {
 
 const struct mlo_source_ops mlo_source_disk = {.name = "disk", .fetch = disk_fetch};
 
+const struct mlo_source_ops mlo_source_shard = {.name = "shard",
+                                                .size = mlo_shard_size,
+                                                .allocated = mlo_shard_allocated,
+                                                .fetch = mlo_shard_fetch};
+
+/* Every node rank at this component, its block all the pieces' padded
+ * regions; nothing gathered at the wait but the head's pieces. */
+static int shard_blocks_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld) {
+  int rc = mlo_collective(c->pipe, c, COLL_LOAD, 0, MLO_OK, NULL, NULL);
+  if (rc) return rc;
+  *bytes = mlo_prog_slice_footprint(c);
+  ld->gathered = true;
+  return MLO_OK;
+}
+
+/* Each piece's slice, then its gather (progressive.c), block by block; the
+ * tensors placed in their pieces' regions (what a whole load's layout
+ * would count: block_bytes, as a whole sharded load's does). */
+static int shard_blocks_fetch(mlo_component *c, struct mlo_load *ld) {
+  int rc = mlo_prog_slice(c);
+  if (!rc) rc = fill_blocks(c, ld, c->nblocks);
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(c->pipe->platform, c->load_ev));
+  if (rc) return rc;
+  c->placed = true;
+  c->placed_bytes = c->block_bytes;
+  return MLO_OK;
+}
+
+const struct mlo_source_ops mlo_source_shard_blocks = {.name = "shard-blocks",
+                                                       .size = shard_blocks_size,
+                                                       .allocated = mlo_shard_allocated,
+                                                       .fetch = shard_blocks_fetch};
+
 const struct mlo_source_ops *mlo_source_of(const mlo_component *c) {
-  if (mlo_shard_applies(c)) return &mlo_source_shard;
+  if (mlo_shard_applies(c))
+    return mlo_prog_applies(c) ? &mlo_source_shard_blocks : &mlo_source_shard;
   return c->on_disk ? &mlo_source_disk : &mlo_source_slab;
 }

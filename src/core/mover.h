@@ -5,7 +5,8 @@
  * A source is where the bytes come from: the host slab ("slab", whole or
  * block by block, as the component's shape says), the disk through the
  * reader's staging ring ("disk"), or a node's shards, each rank copying
- * its slice and the node gathering the rest ("shard").  residency.c
+ * its slice and the node gathering the rest, of the whole component
+ * ("shard") or of each piece as the forward reaches it ("shard-blocks").  residency.c
  * allocates the block, calls the row's slots and records the transition;
  * it never asks which row it has, and no source tests another's flags.
  * The composition table (which source serves which shape, and why not
@@ -40,14 +41,16 @@ struct mlo_source_ops {
   int (*fetch)(mlo_component *c, struct mlo_load *ld);
 };
 
-extern const struct mlo_source_ops mlo_source_slab, mlo_source_disk, mlo_source_shard;
+extern const struct mlo_source_ops mlo_source_slab, mlo_source_disk, mlo_source_shard,
+    mlo_source_shard_blocks;
 
 /* The row that loads c now (mover.c): lock held. */
 const struct mlo_source_ops *mlo_source_of(const mlo_component *c);
 
-/* shard.c: whether c loads sharded; the host's gather of a sharded load's
- * slices at its wait (lock held), counted in the pipeline's dist stats. */
-bool mlo_shard_applies(const mlo_component *c);
-int mlo_shard_gather(mlo_component *c, size_t slice);
+/* shard.c: the shard row's slots (a whole sharded load), which mover.c
+ * also builds the block-by-block row from. */
+int mlo_shard_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld);
+int mlo_shard_allocated(mlo_component *c, int rc, struct mlo_load *ld);
+int mlo_shard_fetch(mlo_component *c, struct mlo_load *ld);
 
 #endif

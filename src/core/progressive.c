@@ -33,10 +33,19 @@
  * eviction by a copy that follows the load's first event on a readback
  * queue (residency.c), so their bytes must be in by then.
  *
+ * Sharded, block by block (a node-shared slab, shard.c): each piece (the
+ * prologue, each block, the epilogue) has a region of its own in the block,
+ * padded to the node's ranks times a slice of whole 4 KiB units; each rank
+ * copies its slice of each piece, and the node gathers each piece, on the
+ * device's copy queue right after the slice (NCCL), or by the host at the
+ * piece's wait (MPI: the head's at the acquire, a block's at its begin), so
+ * block k computes while block k+1's slices and gather run.  Its tensors
+ * are placed in those regions (t->place).
+ *
  * Not progressive (a whole load, as before): components with no blocks,
- * loads from disk (the reader issues them, disk.c), sharded loads (a slice
- * and a gather), copy_back and per_tensor_copies (the specification-literal
- * baselines).
+ * loads from disk (the reader issues them, disk.c), sharded loads from disk
+ * or under sharded residency, copy_back and per_tensor_copies (the
+ * specification-literal baselines).
  *
  * Every function runs with the pipeline lock held, except where a begin
  * waits (mlo_prog_begin drops it: the caller holds the component, so it
@@ -56,13 +65,21 @@ struct mlo_prog {
   mlo_event *head_ev; /* recorded after the head's copies */
   bool active;        /* this residency was loaded block by block */
   size_t next;        /* the blocks before it have had their copies issued */
+  /* sharded (above): per piece, index 0 the prologue, 1..n the blocks, n+1
+   * the epilogue: its region in the block, each rank's slice of it, and
+   * whether the host still has to gather it (MPI, at its wait) */
+  bool sliced;
+  uint64_t *rdev, *rslice;
+  bool *rgather;
 };
 
 bool mlo_prog_applies(const mlo_component *c) {
   const mlo_pipeline *pipe = c->pipe;
   if (!c->nblocks || !(c->progressive || c->stream) || c->on_disk) return false;
   if (pipe->settings.copy_back || pipe->settings.per_tensor_copies) return false;
-  return !pipe->sharded || c->stream; /* a streamed one loads replicated */
+  /* sharded: a streamed one loads replicated; another by slices of each
+   * piece, where it is one slab the ranks share (not a sharded residency) */
+  return !pipe->sharded || c->stream || (!pipe->shard_resident && c->slab_shared);
 }
 
 bool mlo_prog_active(const mlo_component *c) {
@@ -78,6 +95,9 @@ void mlo_prog_free(mlo_component *c) {
   free(g->pending);
   free(g->in_head);
   free(g->late);
+  free(g->rdev);
+  free(g->rslice);
+  free(g->rgather);
   free(g);
   c->prog = NULL;
 }
@@ -86,6 +106,7 @@ void mlo_prog_evicted(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   if (!g) return;
   g->active = false;
+  g->sliced = false;
   for (size_t b = 0; b < g->n; b++) g->pending[b] = g->late[b] = false;
 }
 
@@ -102,7 +123,10 @@ static int prepare(mlo_component *c) {
   g->pending = mlo_calloc(g->n, sizeof *g->pending);
   g->in_head = mlo_calloc(g->n, sizeof *g->in_head);
   g->late = mlo_calloc(g->n, sizeof *g->late);
-  if (!g->ev || !g->pending || !g->in_head || !g->late) {
+  g->rdev = mlo_calloc(g->n + 2, sizeof *g->rdev);
+  g->rslice = mlo_calloc(g->n + 2, sizeof *g->rslice);
+  g->rgather = mlo_calloc(g->n + 2, sizeof *g->rgather);
+  if (!g->ev || !g->pending || !g->in_head || !g->late || !g->rdev || !g->rslice || !g->rgather) {
     mlo_prog_free(c);
     return MLO_ENOMEM;
   }
@@ -117,7 +141,31 @@ static const struct mlo_span *span_of(const mlo_component *c, long b) {
  * one, so the pieces together copy the slab exactly as one copy would,
  * padding included.  A streamed plan places each kept piece (stream.c);
  * false for a block that streams (its slots are stream.c's). */
+static bool whole_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len,
+                         uint64_t *dev);
+
+/* Piece b's index in the sliced arrays. */
+static size_t piece_index(const struct mlo_prog *g, long b) {
+  return b == MLO_BLOCK_PROLOGUE ? 0 : b == MLO_BLOCK_EPILOGUE ? g->n + 1 : (size_t)b + 1;
+}
+
 bool mlo_prog_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len, uint64_t *dev) {
+  const struct mlo_prog *g = c->prog;
+  if (!g || !g->sliced) return whole_extent(c, b, src, len, dev);
+  /* sharded: this rank's slice of the piece, at its place in the region */
+  uint64_t from, all, at;
+  whole_extent(c, b, &from, &all, &at);
+  size_t k = piece_index(g, b);
+  uint64_t r = (uint64_t)mlo_dist_node_rank(c->pipe->comm) * g->rslice[k];
+  *src = from + r;
+  *len = r < all ? all - r : 0;
+  if (*len > g->rslice[k]) *len = g->rslice[k];
+  *dev = g->rdev[k] + r;
+  return true;
+}
+
+static bool whole_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *len,
+                         uint64_t *dev) {
   const struct mlo_span *sp = span_of(c, b);
   *src = sp->off;
   *len = sp->bytes;
@@ -137,15 +185,39 @@ bool mlo_prog_extent(const mlo_component *c, long b, uint64_t *src, uint64_t *le
   return true;
 }
 
+/* A sharded piece's gather, after this rank's slice: on the device's
+ * copy queue where it gathers (NCCL), else marked for the host's gather at
+ * the piece's wait.  Every rank gathers every non-empty piece, its own
+ * slice empty or not. */
+static int gather_piece(mlo_component *c, long b) {
+  struct mlo_prog *g = c->prog;
+  mlo_pipeline *pipe = c->pipe;
+  size_t k = piece_index(g, b);
+  if (!g->rslice[k]) return MLO_OK;
+  if (pipe->platform->caps.host_addressable) {
+    g->rgather[k] = true;
+    return MLO_OK;
+  }
+  int rc =
+      PCALL(c, mlo_plat_all_gather(pipe->platform, c->block, (size_t)g->rdev[k],
+                                   (size_t)g->rslice[k], mlo_dist_node_rank(pipe->comm),
+                                   mlo_dist_nccl(pipe->comm), mlo_dist_timeout_ms(pipe->comm)));
+  if (!rc) mlo_shard_count_gathered(pipe, (size_t)g->rslice[k]);
+  c->device_gather = true; /* its waits are the host's, watching the gathers */
+  return rc;
+}
+
 static int copy_piece(mlo_component *c, long b, size_t *copies, uint64_t *moved) {
   uint64_t src, len, dev;
-  if (!mlo_prog_extent(c, b, &src, &len, &dev) || !len) return MLO_OK;
-  int rc = PCALL(c, mlo_plat_copy_h2d(c->pipe->platform, c->block, (size_t)dev,
-                                      (char *)c->slab + src, (size_t)len));
-  if (rc) return rc;
-  ++*copies;
-  *moved += len;
-  return MLO_OK;
+  if (!mlo_prog_extent(c, b, &src, &len, &dev)) return MLO_OK;
+  if (len) {
+    int rc = PCALL(c, mlo_plat_copy_h2d(c->pipe->platform, c->block, (size_t)dev,
+                                        (char *)c->slab + src, (size_t)len));
+    if (rc) return rc;
+    ++*copies;
+    *moved += len;
+  }
+  return c->prog->sliced ? gather_piece(c, b) : MLO_OK;
 }
 
 int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
@@ -173,8 +245,11 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
 /* Whether block b is copied on its own, behind its event: kept, not in
  * the head, not empty. */
 static bool own_copy(const mlo_component *c, size_t b) {
+  const struct mlo_prog *g = c->prog;
   uint64_t src, len, dev;
-  return !c->prog->in_head[b] && mlo_prog_extent(c, (long)b, &src, &len, &dev) && len;
+  if (g->in_head[b]) return false;
+  if (g->sliced) return g->rslice[b + 1] != 0; /* the gather is every rank's */
+  return mlo_prog_extent(c, (long)b, &src, &len, &dev) && len;
 }
 
 /* Issues the copies of the blocks from g->next up to limit, each followed
@@ -290,6 +365,96 @@ mlo_event *mlo_prog_head_event(const mlo_component *c) {
   return c->prog->head_ev;
 }
 
+/* The host's gather of piece k (MPI over the block's memory: a host
+ * platform), once this rank's slice of it has landed (ev); lock held. */
+static int host_gather(mlo_component *c, size_t k, mlo_event *ev) {
+  struct mlo_prog *g = c->prog;
+  mlo_pipeline *pipe = c->pipe;
+  int rc = PCALL(c, mlo_plat_event_sync(pipe->platform, ev));
+  if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's slice failed", c->name, k - 1);
+  rc = mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
+  if (!rc) g->rgather[k] = false; /* else said by the gather; the next begin gathers again */
+  return rc;
+}
+
+uint64_t mlo_prog_slice_footprint(mlo_component *c) {
+  uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm), at = 0;
+  for (size_t k = 0; k < c->nblocks + 2; k++) {
+    long b = k == 0 ? MLO_BLOCK_PROLOGUE : k == c->nblocks + 1 ? MLO_BLOCK_EPILOGUE : (long)k - 1;
+    uint64_t src, len, dev;
+    whole_extent(c, b, &src, &len, &dev);
+    at += ((len + n - 1) / n + 4095) / 4096 * 4096 * n;
+  }
+  return at;
+}
+
+int mlo_prog_slice(mlo_component *c) {
+  int rc = prepare(c);
+  if (rc) return rc;
+  struct mlo_prog *g = c->prog;
+  uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm), at = 0;
+  for (size_t k = 0; k < g->n + 2; k++) {
+    long b = k == 0 ? MLO_BLOCK_PROLOGUE : k == g->n + 1 ? MLO_BLOCK_EPILOGUE : (long)k - 1;
+    uint64_t src, len, dev;
+    whole_extent(c, b, &src, &len, &dev);
+    g->rdev[k] = at;
+    g->rslice[k] = ((len + n - 1) / n + 4095) / 4096 * 4096;
+    g->rgather[k] = false;
+    at += g->rslice[k] * n;
+  }
+  g->sliced = true;
+  /* each tensor at its piece's region, where the gather puts its bytes */
+  for (size_t i = 0; i < c->ntensors; i++) {
+    mlo_tensor *t = c->tensors[i];
+    t->place = 0; /* no bytes: at 0, as in a whole block */
+    if (t->target || !t->nbytes) continue;
+    long b = t->block;
+    uint64_t src, len, dev;
+    whole_extent(c, b, &src, &len, &dev);
+    t->place = g->rdev[piece_index(g, b)] + (t->dev_offset - src);
+  }
+  return MLO_OK;
+}
+
+bool mlo_prog_sliced(const mlo_component *c) {
+  return c->prog && c->prog->sliced;
+}
+
+int mlo_prog_gather_head(mlo_component *c) {
+  struct mlo_prog *g = c->prog;
+  for (size_t k = 0; k < g->n + 2; k++) {
+    bool head = k == 0 || k == g->n + 1 || g->in_head[k - 1];
+    if (!head || !g->rgather[k]) continue;
+    int rc = mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
+    if (rc) return rc;
+    g->rgather[k] = false;
+  }
+  return MLO_OK;
+}
+
+bool mlo_prog_head_gathers(const mlo_component *c) {
+  const struct mlo_prog *g = c->prog;
+  if (!g || !g->sliced) return false;
+  for (size_t k = 0; k < g->n + 2; k++)
+    if ((k == 0 || k == g->n + 1 || g->in_head[k - 1]) && g->rgather[k]) return true;
+  return false;
+}
+
+/* The host's gather of block b's piece, where it is due: its wait (this
+ * rank's slice landing, then the other ranks' slices) is the forward's
+ * stall, counted as a wait for the block. */
+static int begin_gather(mlo_component *c, size_t b) {
+  struct mlo_prog *g = c->prog;
+  if (!g->sliced || !g->rgather[b + 1]) return MLO_OK;
+  mlo_platform *p = c->pipe->platform;
+  uint64_t t0 = mlo_plat_now(p);
+  int rc = host_gather(c, b + 1, g->ev[b]);
+  uint64_t t1 = mlo_plat_now(p);
+  mlo_res_count_wait(c, t0, t1, true);
+  c->stats.block_wait_ns += t1 - t0;
+  return rc;
+}
+
 int mlo_prog_begin(mlo_component *c, size_t b) {
   struct mlo_prog *g = c->prog;
   mlo_pipeline *pipe = c->pipe;
@@ -298,6 +463,8 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   int rc = now ? mlo_prog_issue_upto(c, b + 1) : MLO_OK;
   if (rc)
     return mlo_fail(pipe, rc, "%s: loading block %zu failed (%s)", c->name, b, mlo_strerror(rc));
+  if ((rc = begin_gather(c, b)))
+    return rc; /* every sync mode: the other ranks' slices are not there without it */
   if (!g->pending[b]) return MLO_OK;
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   if (sync == MLO_SYNC_UNSAFE_NONE) return MLO_OK;
@@ -307,8 +474,16 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   }
   mlo_event *ev = g->ev[b];
   mlo_platform *p = pipe->platform;
-  pthread_mutex_unlock(&pipe->lock); /* this thread holds c: it stays resident */
+  bool watch = g->sliced && c->device_gather; /* a gather on the device: the host watches it */
+  pthread_mutex_unlock(&pipe->lock);          /* this thread holds c: it stays resident */
   uint64_t t0 = mlo_plat_now(p);
+  char why[400] = "";
+  rc = watch ? mlo_plat_coll_wait(p, ev, why, sizeof why) : MLO_OK;
+  if (rc) {
+    pthread_mutex_lock(&pipe->lock);
+    return mlo_fail(pipe, rc, "%s: block %zu's all-gather failed: %s", c->name, b,
+                    why[0] ? why : mlo_strerror(rc));
+  }
   rc = mlo_res_compute_wait(p, ev, sync);
   uint64_t t1 = mlo_plat_now(p);
   pthread_mutex_lock(&pipe->lock);

@@ -344,6 +344,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   /* loaded block by block: the head now, each block at its begin */
   mlo_event *ev = mlo_prog_active(c) ? mlo_prog_head_event(c) : c->load_ev;
   size_t slice = c->gather_slice;
+  bool head_gathers = mlo_prog_head_gathers(c); /* sharded block by block: its head's pieces */
   bool device_gather = c->device_gather;
   pthread_mutex_unlock(&pipe->lock);
   if (empty || sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) {
@@ -373,10 +374,11 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
     pthread_mutex_unlock(&pipe->lock);
   }
   if (!rc) rc = mlo_res_compute_wait(p, ev, sync);
-  if (!rc && pending && slice) { /* the slices are in: gather them (one thread per rank) */
+  if (!rc && pending && (slice || head_gathers)) { /* the slices are in: gather them */
     rc = mlo_plat_event_sync(p, ev);
     pthread_mutex_lock(&pipe->lock);
-    if (!rc && (rc = mlo_shard_gather(c, slice))) snprintf(said, sizeof said, "%s", pipe->errmsg);
+    if (!rc && (rc = slice ? mlo_shard_gather(c, 0, slice, 0) : mlo_prog_gather_head(c)))
+      snprintf(said, sizeof said, "%s", pipe->errmsg);
     if (!rc) c->gather_slice = 0; /* else the next wait gathers again (or fails again) */
     pthread_mutex_unlock(&pipe->lock);
   }

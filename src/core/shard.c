@@ -7,7 +7,8 @@
  * copy queue where it can (NCCL), else by the host at the load's wait
  * (MPI over the blocks' host memory).  With sharded residency
  * (shard_resident) a rank keeps its slice alone and the caller's compute
- * gathers (docs/distributed.md).
+ * gathers (docs/distributed.md).  Loaded block by block, each piece is
+ * sliced and gathered on its own (progressive.c); mover.c makes the rows.
  */
 #include "core/mover.h"
 
@@ -24,29 +25,28 @@ bool mlo_shard_applies(const mlo_component *c) {
   return sliced && c->block_bytes == c->slab_bytes && !c->stream;
 }
 
-/* What an all-gather brought this rank: every other node rank's slice. */
-static void count_gathered(mlo_pipeline *pipe, size_t slice) {
+void mlo_shard_count_gathered(mlo_pipeline *pipe, size_t slice) {
   pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
 }
 
-int mlo_shard_gather(mlo_component *c, size_t slice) {
+int mlo_shard_gather(mlo_component *c, size_t offset, size_t slice, uint64_t piece) {
   mlo_pipeline *pipe = c->pipe;
   uint64_t g0 = mlo_plat_now(pipe->platform);
   char err[512] = "";
-  int rc = mlo_collective(pipe, c, COLL_GATHER, 0, MLO_OK, NULL, NULL);
+  int rc = mlo_collective(pipe, c, COLL_GATHER, piece, MLO_OK, NULL, NULL);
   uint64_t t0 = mlo_plat_now(pipe->platform);
-  if (!rc) rc = mlo_dist_allgather(pipe->comm, c->block, slice, err, sizeof err);
+  if (!rc) rc = mlo_dist_allgather(pipe->comm, (char *)c->block + offset, slice, err, sizeof err);
   /* a platform that models the node's fabric holds the gather to it */
   if (!rc) mlo_plat_gather_pace(pipe->platform, slice, mlo_dist_node_size(pipe->comm), t0);
   if (rc && err[0]) mlo_fail(pipe, rc, "%s: %s", c->name, err);
   pipe->dist.gather_ns += mlo_plat_now(pipe->platform) - g0;
-  if (!rc) count_gathered(pipe, slice);
+  if (!rc) mlo_shard_count_gathered(pipe, slice);
   return rc;
 }
 
 /* Every node rank at this component; its slice, and the block: all the
  * slices, or this rank's alone under sharded residency. */
-static int shard_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld) {
+int mlo_shard_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld) {
   mlo_pipeline *pipe = c->pipe;
   int rc = mlo_collective(pipe, c, COLL_LOAD, 0, MLO_OK, NULL, NULL);
   if (rc) return rc;
@@ -59,7 +59,7 @@ static int shard_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld) {
 /* Any rank's failure to allocate is every rank's: the load is undone
  * everywhere (a communicator set or aborted since materialization is
  * refused here too). */
-static int shard_allocated(mlo_component *c, int rc, struct mlo_load *ld) {
+int mlo_shard_allocated(mlo_component *c, int rc, struct mlo_load *ld) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
   (void)ld;
@@ -87,7 +87,7 @@ static int shard_allocated(mlo_component *c, int rc, struct mlo_load *ld) {
 /* This rank's slice of the slab, at its place in the block; a device that
  * gathers on its copy queue does it now, before the load's event; the
  * host platform gathers at the wait, through MPI. */
-static int shard_fetch(mlo_component *c, struct mlo_load *ld) {
+int mlo_shard_fetch(mlo_component *c, struct mlo_load *ld) {
   mlo_pipeline *pipe = c->pipe;
   mlo_platform *p = pipe->platform;
   size_t slice = ld->slice;
@@ -114,15 +114,12 @@ static int shard_fetch(mlo_component *c, struct mlo_load *ld) {
     ld->gathered = true; /* nothing to gather: the caller's compute does */
   }
   if (!rc && device_gathers) {
-    rc = PCALL(c, mlo_plat_all_gather(p, c->block, slice, mlo_dist_node_rank(pipe->comm),
+    rc = PCALL(c, mlo_plat_all_gather(p, c->block, 0, slice, mlo_dist_node_rank(pipe->comm),
                                       mlo_dist_nccl(pipe->comm), mlo_dist_timeout_ms(pipe->comm)));
-    if (!rc) count_gathered(pipe, slice);
+    if (!rc) mlo_shard_count_gathered(pipe, slice);
     ld->gathered = true;
     c->device_gather = true; /* its first wait is the host's, watching the gather */
   }
   if (!rc && !c->on_disk) rc = PCALL(c, mlo_plat_event_record_copy(p, c->load_ev));
   return rc;
 }
-
-const struct mlo_source_ops mlo_source_shard = {
-    .name = "shard", .size = shard_size, .allocated = shard_allocated, .fetch = shard_fetch};

@@ -345,7 +345,9 @@ int mlo_component_shard(mlo_component *c, void **block, uint64_t *offset, uint64
   } else if (c->stream || c->placed) {
     rc = mlo_fail(c->pipe, MLO_EUNSUPPORTED,
                   "'%s' %s: its device block is not its layout (use mlo_tensor_device%s)", c->name,
-                  c->stream ? "streams its blocks" : "was loaded by a joined switch",
+                  c->stream            ? "streams its blocks"
+                  : mlo_prog_sliced(c) ? "was loaded sharded block by block (each piece padded)"
+                                       : "was loaded by a joined switch",
                   c->stream ? " between mlo_block_begin and mlo_block_end" : "");
   } else {
     bool sliced = c->shard_bytes || c->shard_offset;

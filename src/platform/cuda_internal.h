@@ -137,7 +137,8 @@ int cu_gather_settle(struct cuda_ctx *c);
 bool cu_gather_before(struct cuda_ctx *c, uint64_t copy_seq);
 #ifdef MLO_HAVE_NCCL
 /* The collective slots of the ops table (platform.h), over NCCL (cuda_nccl.c). */
-int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms);
+int cu_all_gather(void *ctx, void *block, size_t offset, size_t slice, int rank, void *coll,
+                  unsigned timeout_ms);
 int cu_coll_check(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
 int cu_coll_id(void *ctx, void *id, size_t len, char *err, size_t errlen);
 int cu_coll_init(void *ctx, const void *id, size_t len, int ranks, int rank, unsigned timeout_ms,

@@ -202,7 +202,8 @@ int cu_gather_settle(struct cuda_ctx *c) {
  * compute waits for it as for any copy (C8) and a free waits for it too
  * (C9).  In place, as NCCL allows: the send buffer is this rank's slice of
  * the receive buffer.  gather_ev behind it lets our host waits watch it. */
-int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, unsigned timeout_ms) {
+int cu_all_gather(void *ctx, void *block, size_t offset, size_t slice, int rank, void *coll,
+                  unsigned timeout_ms) {
   struct cuda_ctx *c = ctx;
   mlo_cu_guard g;
   int rc = cu_enter(c, &g);
@@ -225,8 +226,9 @@ int cu_all_gather(void *ctx, void *block, size_t slice, int rank, void *coll, un
   ncclResult_t r = ncclSuccess;
   if (!timeout_ms) timeout_ms = 60000u;
   if (!rc) {
-    r = ncclAllGather((char *)block + (size_t)rank * slice, block, slice, ncclUint8,
-                      (ncclComm_t)coll, c->copy);
+    char *region = (char *)block + offset; /* a block is its device pointer */
+    r = ncclAllGather(region + (size_t)rank * slice, region, slice, ncclUint8, (ncclComm_t)coll,
+                      c->copy);
     /* on mlo's non-blocking communicators: issued once the state settles;
      * only then is the event behind it recorded */
     bool issuing = r == ncclInProgress;

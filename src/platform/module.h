@@ -36,8 +36,9 @@
 /* Bumped whenever either table below changes shape.  2: host_register says
  * whether a range may be registered read-only; 3: dev_free returns whether it
  * freed, dev_free_after, and the topology and gather_pace slots; 4: want_stamps;
- * 5: dev_alloc_compute (both tables); 6: compute_context (both tables). */
-#define MLO_MODULE_ABI 6
+ * 5: dev_alloc_compute (both tables); 6: compute_context (both tables); 7: all_gather's
+ * offset (a piece of a block loaded block by block, sharded). */
+#define MLO_MODULE_ABI 7
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)

@@ -93,11 +93,11 @@ void *mlo_plat_compute_context(mlo_platform *p) {
   return p && p->ops->compute_context ? p->ops->compute_context(p->ctx) : NULL;
 }
 
-int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll,
-                        unsigned timeout_ms) {
+int mlo_plat_all_gather(mlo_platform *p, void *block, size_t offset, size_t slice, int rank,
+                        void *coll, unsigned timeout_ms) {
   if (!p->ops->all_gather) return MLO_EUNSUPPORTED;
   count_call(p);
-  return p->ops->all_gather(p->ctx, block, slice, rank, coll, timeout_ms);
+  return p->ops->all_gather(p->ctx, block, offset, slice, rank, coll, timeout_ms);
 }
 
 static int no_coll(const mlo_platform *p, char *err, size_t errlen) {

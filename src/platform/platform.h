@@ -130,16 +130,18 @@ struct mlo_platform_ops {
    * 0: the runtime resolves it in whichever context the calling thread has
    * current, review D11).  NULL -> NULL. */
   void *(*compute_context)(void *ctx);
-  /* Optional: an in-place all-gather of a block over the node's ranks, on
-   * the copy queue: rank r's bytes [r*slice, (r+1)*slice) reach every
-   * rank's block, after the copies queued before it and before anything
+  /* Optional: an in-place all-gather of a region of a block over the
+   * node's ranks, on the copy queue: rank r's bytes [offset + r*slice,
+   * offset + (r+1)*slice) reach every rank's block (the region: a whole
+   * sharded load's block, or one piece of one loaded block by block), after
+   * the copies queued before it and before anything
    * recorded after it (CUDA: ncclAllGather on the copy stream with the
    * caller's NCCL communicator, `coll`).  NULL: not available.  The
    * platform watches the gather until it completes: a host wait of its own
    * that the gather holds up (coll_wait, event_sync, synchronize, a host
    * free) polls coll's errors and gives up after timeout_ms of waiting,
    * aborting coll, so no wait on a stalled gather lasts forever. */
-  int (*all_gather)(void *ctx, void *block, size_t slice, int rank, void *coll,
+  int (*all_gather)(void *ctx, void *block, size_t offset, size_t slice, int rank, void *coll,
                     unsigned timeout_ms);
   /* Optional, with all_gather: the device communicators themselves.
    * coll_check: whether coll spans `ranks` ranks, puts this process at
@@ -263,8 +265,8 @@ int mlo_plat_synchronize(mlo_platform *p);
 /* The resolve slot, or identity.  Not a platform call (never fails). */
 void mlo_plat_resolve(mlo_platform *p, void *block, size_t offset, void **handle, size_t *local);
 /* The all_gather slot; MLO_EUNSUPPORTED without one. */
-int mlo_plat_all_gather(mlo_platform *p, void *block, size_t slice, int rank, void *coll,
-                        unsigned timeout_ms);
+int mlo_plat_all_gather(mlo_platform *p, void *block, size_t offset, size_t slice, int rank,
+                        void *coll, unsigned timeout_ms);
 bool mlo_plat_has_all_gather(const mlo_platform *p);
 /* The coll_* slots (MLO_EUNSUPPORTED, with a message, without them). */
 #define MLO_COLL_ID_BYTES 128

@@ -106,7 +106,7 @@ static void compute_wait_settles_only_after(mlo_platform *p, void *coll) {
     struct timespec late = {1, 500000000};
     nanosleep(&late, NULL);
   }
-  CHECK(mlo_plat_all_gather(p, block, slice, rank, coll, 20000) == MLO_OK, "all_gather");
+  CHECK(mlo_plat_all_gather(p, block, 0, slice, rank, coll, 20000) == MLO_OK, "all_gather");
   CHECK(mlo_plat_event_record_copy(p, after) == MLO_OK, "record");
   if (rank == 0) {
     double t0 = MPI_Wtime();
