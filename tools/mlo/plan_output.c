@@ -35,6 +35,13 @@ static const char *size_arg(uint64_t b) {
   return buf;
 }
 
+/* The reserve as a flag takes it: rounded up to a whole MiB, so the
+ * flag leaves at least what the plan kept free. */
+static uint64_t reserve_arg(uint64_t b) {
+  const uint64_t mib = 1ull << 20;
+  return (b + mib - 1) / mib * mib;
+}
+
 static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) {
   if (pr->advice < 0) {
     bool host = false; /* a row refused for the host budget alone */
@@ -56,8 +63,8 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
   size_t fl = strlen(flags);
   if (pr->advice >= POL_BUDGET && pa->have_budget)
     snprintf(flags + fl, sizeof flags - fl, " --budget %s", size_arg(pa->budget));
-  else if (pr->advice >= POL_BUDGET && pa->have_reserve)
-    snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(pa->reserve));
+  else if (pr->advice >= POL_BUDGET && pr->reserve)
+    snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(reserve_arg(pr->reserve)));
   fl = strlen(flags);
   if (pr->advice != POL_RESIDENT && pa->have_host)
     snprintf(flags + fl, sizeof flags - fl, " --host-memory %s", size_arg(pa->host));
@@ -114,6 +121,32 @@ static const char *secs(double s) {
   return b;
 }
 
+/* What the activations take and the reserve every row keeps free. */
+static void print_memory(const plan_args *pa, const plan_result *pr, FILE *out) {
+  fprintf(out,
+          "memory:   activations at their peak (%s kernels): ", pa->cpu_kernels ? "CPU" : "CUDA");
+  int shown = 0;
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    const struct comp_plan *c = &pr->comps[i];
+    if (!(c->act.bytes > 0)) continue;
+    fprintf(out, "%s%s %s", shown++ ? ", " : "", tool_esc(c->name),
+            tool_size((uint64_t)c->act.bytes));
+    if ((int)i == pr->act_comp && c->act.tokens > 0)
+      fprintf(out, " (%.0f tokens, at the %s)", c->act.tokens, c->act.phase);
+  }
+  if (!shown) fprintf(out, "not known for these components' layouts");
+  fprintf(out, "\n          reserve %s kept free in every row", tool_size(pr->reserve));
+  if (!strcmp(pr->reserve_from, "model")) {
+    fprintf(out, ": the largest activations + %.0f%% (allocator), a CUDA context %s, workspaces %s",
+            PLAN_FRAGMENTATION * 100, tool_size(PLAN_CUDA_CONTEXT_BYTES),
+            tool_size(PLAN_WORKSPACE_BYTES));
+    fprintf(out,
+            pa->have_budget ? " (the budget rows: --budget)\n" : " (--reserve SIZE overrides)\n");
+  } else {
+    fprintf(out, " (--reserve; the model's would be %s)\n", tool_size(pr->model_reserve));
+  }
+}
+
 void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job *job, FILE *out) {
   fprintf(out, "pipeline: %s%s, %zu components, %s\n", pa->src.label,
           pa->preset ? " (preset, full size, declared without files)" : "", pr->ncomp,
@@ -158,8 +191,10 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
     fprintf(out, "%s%s %s (%s%s)", i ? ", " : "", tool_esc(c->name), secs(c->forward_s),
             strcmp(c->source, "model") ? c->source : "", strcmp(c->source, "model") ? "" : "model");
   }
-  fprintf(out, "\n          one prompt computes for %s (a warm all-resident prompt)\n\n",
+  fprintf(out, "\n          one prompt computes for %s (a warm all-resident prompt)\n",
           secs(pr->compute_s));
+  print_memory(pa, pr, out);
+  fputc('\n', out);
   fprintf(out, "%-16s %-4s %11s %11s %11s %9s %11s %11s\n", "policy", "fits", "peak device",
           "pinned host", "per prompt", "overhead", "stall", "moved");
   for (int p = 0; p < POL_COUNT; p++) {
@@ -179,6 +214,12 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
             pol_names[pr->advice]);
   else
     fprintf(out, "is not run)\n");
+  if (pr->advice >= 0 && pr->reserve) {
+    const pol_result *q = &pr->pol[pr->advice];
+    fprintf(out, "(peak device: the weights'; with the reserve, %s needs %s of %s)\n",
+            pol_names[pr->advice], tool_size(q->peak_device + pr->reserve),
+            tool_size(pr->dev.memory));
+  }
   fprintf(out, "(loads %s)\n",
           pa->whole_loads ? "whole: each forward waits for all of its component (--whole-loads)"
                           : "block by block: a forward waits for the prologue and each block's "
@@ -200,8 +241,6 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
   print_advice(pa, pr, out);
   const char *unified = unified_advice(pr);
   if (unified) fprintf(out, "unified memory: %s.\n", unified);
-  if (!pa->have_reserve && !pa->have_budget)
-    fprintf(out, "note: weights only; leave room for activations with --reserve SIZE\n");
 }
 
 cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_job *job) {
@@ -244,6 +283,7 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(j, "first_dit_steps", pr->split.first_steps);
   cJSON_AddNumberToObject(j, "passes", job->passes);
   cJSON_AddNumberToObject(j, "text_tokens", job->text_tokens);
+  cJSON_AddNumberToObject(j, "batch", job->batch);
   cJSON_AddNumberToObject(j, "prompts", (double)pa->prompts);
   cJSON *comps = cJSON_AddArrayToObject(o, "components");
   for (size_t i = 0; i < pr->ncomp; i++) {
@@ -256,8 +296,24 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
     cJSON_AddNumberToObject(e, "flops", c->flops);
     cJSON_AddNumberToObject(e, "forward_s", c->forward_s);
     cJSON_AddStringToObject(e, "forward_source", c->source);
+    cJSON_AddNumberToObject(e, "activation_bytes", c->act.bytes);
+    cJSON_AddNumberToObject(e, "activation_tokens", c->act.tokens);
+    cJSON_AddStringToObject(e, "activation_phase", c->act.phase);
     cJSON_AddItemToArray(comps, e);
   }
+  cJSON *m = cJSON_AddObjectToObject(o, "memory");
+  cJSON_AddNumberToObject(m, "activation_peak_bytes", pr->act_peak);
+  if (pr->act_comp >= 0)
+    cJSON_AddStringToObject(m, "activation_peak_component", pr->comps[pr->act_comp].name);
+  else
+    cJSON_AddNullToObject(m, "activation_peak_component");
+  cJSON_AddStringToObject(m, "kernels", pa->cpu_kernels ? "cpu" : "cuda");
+  cJSON_AddNumberToObject(m, "cuda_context_bytes", (double)PLAN_CUDA_CONTEXT_BYTES);
+  cJSON_AddNumberToObject(m, "workspace_bytes", (double)PLAN_WORKSPACE_BYTES);
+  cJSON_AddNumberToObject(m, "fragmentation", PLAN_FRAGMENTATION);
+  cJSON_AddNumberToObject(m, "model_reserve_bytes", (double)pr->model_reserve);
+  cJSON_AddNumberToObject(m, "reserve_bytes", (double)pr->reserve);
+  cJSON_AddStringToObject(m, "reserve_from", pr->reserve_from);
   cJSON_AddNumberToObject(o, "all_resident_bytes", (double)pr->all_bytes);
   cJSON_AddNumberToObject(o, "compute_s", pr->compute_s);
   cJSON *pols = cJSON_AddArrayToObject(o, "policies");
@@ -278,6 +334,7 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
       cJSON_AddNumberToObject(e, "total_stall_s", q->total_stall_s);
       cJSON_AddNumberToObject(e, "total_h2d_bytes", (double)q->total_h2d);
       cJSON_AddNumberToObject(e, "peak_device_bytes", (double)q->peak_device);
+      cJSON_AddNumberToObject(e, "device_need_bytes", (double)(q->peak_device + pr->reserve));
       cJSON_AddNumberToObject(e, "pinned_host_bytes", (double)q->pinned_host);
       cJSON_AddNumberToObject(e, "h2d_bytes", (double)q->h2d_bytes);
       cJSON_AddNumberToObject(e, "loads", (double)q->loads);
