@@ -2502,6 +2502,31 @@ class DemoBenchTests(unittest.TestCase):
             self.assertIn(label, text)
         self.assertIn("100.0%", text)
 
+    def test_bench_default_is_the_short_run(self):
+        """Issue 43: the default bench measured for minutes (loads to 1 GiB,
+        two links, every budget twice); it is now the short run, and the long
+        one is --full.  What each run measures is in its JSON (checked here,
+        not its time)."""
+        rc, out, err = mlo("bench", "--json", "--max-size", "4M")
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertEqual(res["depth"], "default")
+        self.assertLessEqual(max(row["bytes"] for row in res["load"]), 4 << 20)
+        e2e = res["end_to_end"]
+        self.assertEqual(e2e["runs"], 3)
+        self.assertEqual(len(e2e["links"]), 1)  # one DiT step per DiT load
+        modes = e2e["links"][0]["modes"]
+        self.assertTrue(all(m["prefetch"] for m in modes if m["policy"] == "budget"), modes)
+        # the budgets from the strict need to everything are all there
+        budgets = {m["budget_bytes"] for m in modes if m["policy"] == "budget"}
+        self.assertIn(e2e["strict_need_bytes"], budgets)
+        self.assertIn(e2e["all_resident_bytes"], budgets)
+        rc, _, err = mlo("bench", "--quick", "--full")
+        self.assertEqual(rc, 2)
+        self.assertIn("--quick or --full", err)
+        _, out, _ = mlo("bench", "--help", check=0)
+        self.assertIn("--full", out)
+
     def test_bench_quick(self):
         rc, out, err = mlo("bench", "--quick", "--json")
         self.assertEqual(rc, 0, err)
