@@ -1389,6 +1389,161 @@ def doc_plan_excerpts():
                 quoted.append(text)
 
 
+def read_png(path):
+    """(width, height, rows) of an 8-bit RGB or RGBA PNG, each row a bytes
+    of width * channels: the filters undone (PNG specification, section 9),
+    with zlib only, so the tests need no imaging package."""
+    import struct
+    import zlib
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    pos, idat = 8, []
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and colour in (2, 6), (depth, colour)
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat.append(body)
+        pos += 12 + length
+    raw = zlib.decompress(b"".join(idat))
+    stride, rows, prev = width * channels, [], bytearray(width * channels)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line))
+        prev = line
+    return width, height, channels, rows
+
+
+class TimelineTests(Fixture):
+    """Issue 43, item 5: the timeline looked at as a picture.  A budget run
+    with half its weights on disk, 3 prompts, is drawn and rendered to PNG
+    (rsvg-convert, librsvg2-bin: scripts/bootstrap.sh installs it), and the
+    picture must show its memory scaled to the run (not to the 8 GiB
+    stand-in device), a whole legend, each prompt's start, the loads read
+    from disk, and an axis spanning the whole run."""
+
+    DISK = (0x8e, 0x44, 0xad)
+    PROMPT = (0x7f, 0x8c, 0x8d)
+    CURVE = (0x2c, 0x6f, 0xbb)
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.svg = os.path.join(cls.tmp, "run.svg")
+        cls.png = os.path.join(cls.tmp, "run.png")
+        half = str(cls.info["all_resident_bytes"] // 2)
+        budget = str(cls.info["all_resident_bytes"] * 3 // 4)
+        _, out, _ = mlo("run", cls.ckpt, "--json", "--policy", "budget", "--budget", budget,
+                        "--host-memory", half, "--prompts", "3", "--steps", "4", "--link", "2e8",
+                        "--timeline", cls.svg, check=0)
+        cls.res = json.loads(out)
+        cls.root = ET.parse(cls.svg).getroot()
+        cls.rendered = shutil.which("rsvg-convert") is not None
+        if cls.rendered:
+            subprocess.run(["rsvg-convert", cls.svg, "-o", cls.png], check=True, timeout=60)
+            cls.width, cls.height, cls.channels, cls.rows = read_png(cls.png)
+
+    def elements(self, tag, cls=None):
+        return [e for e in self.root.iter() if e.tag.endswith(tag) and
+                (cls is None or e.get("class") == cls)]
+
+    def pixels(self, colour, x0, x1, y0, y1, tol=24):
+        """(x, y) of the pixels within tol of colour in the box."""
+        found = []
+        for y in range(max(0, int(y0)), min(self.height, int(y1))):
+            row = self.rows[y]
+            for x in range(max(0, int(x0)), min(self.width, int(x1))):
+                p = row[x * self.channels:x * self.channels + 3]
+                if all(abs(p[i] - colour[i]) <= tol for i in range(3)):
+                    found.append((x, y))
+        return found
+
+    def need_png(self):
+        if not self.rendered:
+            self.skipTest("rsvg-convert not installed (librsvg2-bin; scripts/bootstrap.sh)")
+
+    def test_axis_spans_the_whole_run(self):
+        self.assertGreater(self.res["disk_read_bytes"], 0)  # the run read from disk
+        axes = self.elements("line", "time-axis")
+        self.assertEqual(len(axes), 2)
+        for axis in axes:
+            self.assertGreaterEqual(float(axis.get("data-end-s")), self.res["wall_s"] * 0.999)
+        # the tick labels are times within the axis, from 0
+        ticks = [float(t.text) for t in self.elements("text")
+                 if t.text and re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", t.text)]
+        self.assertIn(0.0, ticks)
+        self.assertLessEqual(max(ticks), float(axes[0].get("data-end-s")) * 1.0001)
+
+    def test_prompts_marked(self):
+        lines = self.elements("line", "prompt")
+        self.assertEqual(len(lines), self.res["prompts"])
+        xs = [float(l.get("x1")) for l in lines]
+        self.assertEqual(xs, sorted(xs))
+        self.assertEqual(len(set(xs)), len(xs))
+        labels = [t.text for t in self.elements("text") if t.text and t.get("class") != "legend"
+                  and t.text.startswith("prompt ")]
+        self.assertEqual(labels, ["prompt %d" % (i + 1) for i in range(self.res["prompts"])])
+        self.need_png()
+        for x in xs[1:]:  # dashed grey from the rows to the memory chart
+            self.assertGreater(len(self.pixels(self.PROMPT, x - 2, x + 3, 100, self.height)), 20, x)
+
+    def test_disk_reads_marked(self):
+        self.assertGreater(len(self.elements("rect", "disk")), 0)
+        self.need_png()
+        rows_top, rows_bottom = 104, float(self.elements("line", "time-axis")[0].get("y1"))
+        self.assertGreater(len(self.pixels(self.DISK, 170, self.width - 30, rows_top, rows_bottom)),
+                           50)
+
+    def test_legend_whole(self):
+        texts = [t.text for t in self.elements("text", "legend")]
+        for key in ("resident: DiT", "encoder", "VAE", "loading (copy in flight)",
+                    "prefetch (copy ahead of use)", "load read from disk", "forward",
+                    "prompt starts", "budget"):
+            self.assertIn(key, texts)
+        self.need_png()
+        # nothing drawn in the legend's band reaches the picture's right edge:
+        # a key cut off there would
+        band_top = min(float(r.get("y")) for r in self.elements("rect", "legend")) - 4
+        band_bottom = max(float(r.get("y")) + float(r.get("height"))
+                          for r in self.elements("rect", "legend")) + 4
+        ink = self.pixels((0, 0, 0), self.width - 12, self.width, band_top, band_bottom, tol=120)
+        self.assertEqual(ink, [])
+        # and every key's text is drawn: dark pixels right of each key's swatch
+        for r in self.elements("rect", "legend"):
+            x, y = float(r.get("x")), float(r.get("y")) + float(r.get("height"))
+            self.assertTrue(self.pixels((0, 0, 0), x + 16, x + 40, y - 12, y + 2, tol=100), r.attrib)
+
+    def test_memory_scaled_to_the_run(self):
+        text = " ".join(t.text or "" for t in self.elements("text"))
+        self.assertIn("capacity 8.00 GiB: above the scale", text)  # the stand-in is said...
+        self.need_png()
+        # ...and the curve fills the chart: the budget keeps it within 3/4 of
+        # the weights, which the scale fits (the 8 GiB scale drew it in 2 px)
+        axis = self.elements("line", "time-axis")[1]
+        chart_bottom = float(axis.get("y1"))
+        curve = self.pixels(self.CURVE, 172, self.width - 30, chart_bottom - 175, chart_bottom - 1)
+        self.assertTrue(curve)
+        top = min(y for _, y in curve)
+        self.assertLess(top, chart_bottom - 170 * 0.6, "the peak is drawn near the chart's top")
+
+
 class DocFigureTests(unittest.TestCase):
     """Issue 43, item 3: a figure the README or docs/ quote from a
     deterministic command (mlo plan on a preset: no files, no clock) is the
