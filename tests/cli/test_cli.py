@@ -2588,6 +2588,29 @@ class RanksTests(Fixture):
 
 
 class DemoBenchTests(unittest.TestCase):
+    def check_readme_table(self, out):
+        """Issue 43, item 3: the README's example of the demo's table is the
+        demo's: its header, each row's name and columns, its notes, in the
+        demo's order (the figures are one run's: not compared), and it says
+        the command and the date it was measured."""
+        def table(text):
+            start = text.index("per prompt, steady state")
+            end = text.index("the transfer time offload leaves on the critical path", start)
+            return text[start:end].splitlines()
+
+        def shape(line):  # a row's name and the kind of each column
+            return re.sub(r"[0-9.]+", "N", " ".join(line.split()))
+
+        with open(os.path.join(DOCS_ROOT, "README.md")) as f:
+            readme = f.read()
+        quoted = table(readme)
+        printed = table(out)
+        self.assertEqual([shape(l) for l in quoted], [shape(l) for l in printed],
+                         "README.md's demo table is not the demo's")
+        before = readme[:readme.index("per prompt, steady state")]
+        self.assertRegex(before[-400:], r"20\d\d-\d\d-\d\d")
+        self.assertIn("mlo demo", before[-400:])
+
     def test_demo(self):
         tmp = tempfile.mkdtemp(prefix="mlo-demo-")
         try:
@@ -2611,6 +2634,7 @@ class DemoBenchTests(unittest.TestCase):
                                   out)
                 self.assertIsNotNone(ranks, out)
                 self.assertEqual(ranks.group(2), whole.group(1), out)
+            self.check_readme_table(out)
             svg = os.path.join(tmp, "demo-timeline.svg")
             self.assertIn(svg, out)
             ET.parse(svg)
