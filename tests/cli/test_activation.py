@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """The activation model of `mlo plan` against real diffusers transformers
-(issue 43, item 1).
+and VAEs (issue 43, item 1).
 
 `test_activation.py MLO_BINARY` builds small WanTransformer3DModel and
-FluxTransformer2DModel configurations with random weights, saves each as
-a component folder in bf16 (as from_pretrained(torch_dtype=bfloat16)
-loads it, the modules diffusers keeps in float32 kept so), runs one
-forward on CPU at two resolutions, and measures the forward's peak of
-allocated bytes with torch's own counters: the profiler's allocation
+FluxTransformer2DModel configurations and two VAEs (Wan's at its real
+widths, a 2-D AutoencoderKL at Flux's) with random weights, saves each as
+a component folder (the DiTs in bf16, as from_pretrained(torch_dtype=
+bfloat16) loads them, the modules diffusers keeps in float32 kept so; the
+VAEs in float32, as diffusers runs Wan's), runs one forward (a decode) on
+CPU at two resolutions, and measures the forward's peak of allocated bytes with torch's own counters: the profiler's allocation
 events (profile_memory=True), which the CPU allocator reports with every
 allocation and free made inside the profiled window; the weights and
 inputs, allocated before it, are not counted.  `mlo plan FOLDER --json
---kernels cpu` at the same job must give the transformer's activations
+--kernels cpu` at the same job must give the component's activations
 within 15% of that.  The formula lives only in mlo
 (tools/mlo/plan_activation.c): the test reads what mlo prints.
 
@@ -89,7 +90,9 @@ def planned(folder, family, height, width, frames, text_tokens):
     return dit, res
 
 
-class ActivationTests(unittest.TestCase):
+class Measured(unittest.TestCase):
+    """A temporary folder and the comparison; the tests are the subclasses'."""
+
     @classmethod
     def setUpClass(cls):
         import torch
@@ -103,6 +106,7 @@ class ActivationTests(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def check(self, name, measured, dit, res):
+        """dit: the component's row of mlo plan's JSON."""
         modelled = dit["activation_bytes"]
         with self.subTest(name):
             self.assertGreater(measured, 0)
@@ -113,6 +117,10 @@ class ActivationTests(unittest.TestCase):
                             f"{measured} B measured ({err:+.1%})")
             # the reserve is built on what was modelled: never less than it
             self.assertGreaterEqual(res["memory"]["model_reserve_bytes"], modelled)
+
+
+class ActivationTests(Measured):
+    """The DiTs: Wan's and Flux's transformer blocks."""
 
     def test_wan_transformer(self):
         import torch
@@ -167,6 +175,53 @@ class ActivationTests(unittest.TestCase):
             self.check(f"flux {size}x{size}", measured, dit, res)
 
 
+class VaeActivationTests(Measured):
+    """The VAE's decode, counted from its decoder's levels: Wan2.2's causal
+    video VAE at its real widths (diffusers' default AutoencoderKLWan
+    config), and a 2-D AutoencoderKL at Flux's widths, both float32 as
+    diffusers runs Wan's VAE, at two resolutions each."""
+
+    def vae_row(self, folder, family, height, width, frames):
+        p = subprocess.run([MLO, "plan", folder, "--job", family, "--kernels", "cpu", "--json",
+                            "--height", str(height), "--width", str(width), "--frames",
+                            str(frames), "--device-memory", "80G", "--offload", "none"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        res = json.loads(p.stdout)
+        (vae,) = [c for c in res["components"] if c["role"] == "vae"]
+        return vae, res
+
+    def test_wan_vae(self):
+        import torch
+        from diffusers import AutoencoderKLWan
+
+        folder = os.path.join(self.tmp, "wan-vae", "vae")
+        vae = AutoencoderKLWan().eval()
+        vae.save_pretrained(folder)
+        frames = 9
+        for size in (64, 96):
+            latent = torch.randn(1, 16, (frames - 1) // 4 + 1, size // 8, size // 8)
+            measured = peak_allocated(lambda: vae.decode(latent, return_dict=False))
+            row, res = self.vae_row(folder, "wan2.2-t2v", size, size, frames)
+            self.check(f"wan vae {size}x{size}x{frames}", measured, row, res)
+
+    def test_image_vae(self):
+        import torch
+        from diffusers import AutoencoderKL
+
+        folder = os.path.join(self.tmp, "kl-vae", "vae")
+        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16,
+                            down_block_types=["DownEncoderBlock2D"] * 4,
+                            up_block_types=["UpDecoderBlock2D"] * 4,
+                            block_out_channels=[128, 256, 512, 512], layers_per_block=2).eval()
+        vae.save_pretrained(folder)
+        for size in (128, 192):
+            latent = torch.randn(1, 16, size // 8, size // 8)
+            measured = peak_allocated(lambda: vae.decode(latent, return_dict=False))
+            row, res = self.vae_row(folder, "flux", size, size, 1)
+            self.check(f"2-D vae {size}x{size}", measured, row, res)
+
+
 def main():
     global MLO
     if len(sys.argv) != 2:
@@ -176,7 +231,8 @@ def main():
     if not have_torch():
         print(f"skipped: torch or diffusers not installed for {sys.executable}")
         return 77
-    suite = unittest.defaultTestLoader.loadTestsFromTestCase(ActivationTests)
+    suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+                               for cls in (ActivationTests, VaeActivationTests))
     return 0 if unittest.TextTestRunner(verbosity=2).run(suite).wasSuccessful() else 1
 
 

@@ -13,12 +13,16 @@
  * checked against torch's own allocation counters on CPU at two
  * resolutions (tests/python/test_activation.py), with --kernels cpu: the
  * one kernel whose temporaries differ there is RMSNorm (fused on CUDA,
- * three float32 tensors on CPU).  Text encoders and VAEs have rougher
- * counts, said so in the docs.
+ * three float32 tensors on CPU).  A VAE's decode is counted the same way
+ * from its decoder's levels (checked likewise: Wan's causal VAE and a 2-D
+ * one, where CPU convolutions copy their input once more); text encoders
+ * have a rougher count, small beside either, said so in the docs.
  */
 #include "plan.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A float32 element: what upcasts and fp32 rotary tables are made of. */
@@ -183,19 +187,126 @@ static void encoder_peak(const mlo_component *c, const plan_job *job, plan_activ
   out->bytes = l * (6 * dim + 2 * ffn) * e + 2 * heads * l * l * F32;
 }
 
-/* A VAE's decode: at the output's resolution, the widest decoder tensor
- * (conv_out's input channels) five times over (a resnet's input, norm,
- * activation, convolution and padded copy), for the frames one chunk
- * decodes (a video VAE: a latent frame's four), and the decoded output. */
-static void vae_peak(const mlo_component *c, const plan_job *job, plan_activation *out) {
-  double ch = dim_of(c, "decoder.conv_out.weight", 1);
-  if (!(ch > 0)) return;
+/* ---- VAE decode ------------------------------------------------------------ */
+
+/* The decoder's levels, from its tensors: which up blocks upsample in space
+ * (and, a video VAE's, in time), so each level's share of the output's
+ * positions and its frames per chunk. */
+typedef struct {
+  int blocks; /* up blocks */
+  bool spatial[16], temporal[16];
+  int spatial_total, temporal_total;
+} vae_levels;
+
+static bool has_tensor(const mlo_component *c, const char *fmt, int i) {
+  char name[160];
+  snprintf(name, sizeof name, fmt, i);
+  return tensor_named(c, name) != NULL;
+}
+
+static vae_levels vae_levels_of(const mlo_component *c) {
+  vae_levels v = {0};
+  while (v.blocks < 16 && has_tensor(c, "decoder.up_blocks.%d.resnets.0.conv1.weight", v.blocks)) {
+    int i = v.blocks++;
+    v.spatial[i] = has_tensor(c, "decoder.up_blocks.%d.upsamplers.0.conv.weight", i) ||
+                   has_tensor(c, "decoder.up_blocks.%d.upsamplers.0.resample.1.weight", i);
+    v.temporal[i] = has_tensor(c, "decoder.up_blocks.%d.upsamplers.0.time_conv.weight", i);
+    v.spatial_total += v.spatial[i];
+    v.temporal_total += v.temporal[i];
+  }
+  return v;
+}
+
+/* Level i's positions over the output's (i = -1: the latent's, conv_in and
+ * the mid block) and its frames per chunk (a steady chunk: one latent
+ * frame, four output frames). */
+static double level_share(const vae_levels *v, int i) {
+  int up = 0;
+  for (int j = 0; j < i; j++) up += v->spatial[j];
+  return pow(4.0, up - v->spatial_total);
+}
+static double level_frames(const vae_levels *v, int i, bool video) {
+  int up = 0;
+  for (int j = 0; j < i && video; j++) up += v->temporal[j];
+  return pow(2.0, up);
+}
+
+static double chan(const mlo_component *c, const char *fmt, int i, int dim) {
+  char name[160];
+  snprintf(name, sizeof name, fmt, i);
+  return dim_of(c, name, dim);
+}
+
+/* A causal video VAE (Wan's, Qwen-Image's): decoded a latent frame at a
+ * time, each 3-frame convolution keeping its input's last frames for the
+ * next chunk.  The peak is at a convolution of the top level after its
+ * first resnet: the decoder's input to the level, the resnet's input, its
+ * activation, that padded with the cached frames, and the convolution's
+ * output; on top, every cache, the new one of the running convolution
+ * and the frames decoded so far. */
+static double causal_vae_peak(const mlo_component *c, const vae_levels *v, const plan_job *job,
+                              double e, bool cpu_kernels, const char **phase) {
+  bool video = job->frames > 1;
+  double px = (double)job->width * job->height;
+  double pad = (job->width + 2.0) * (job->height + 2.0) / px; /* a 3x3 convolution's border */
+  double keep = video ? 2 : 1; /* frames each cache holds (one chunk: what it had) */
+  double caches = 0;
+  size_t n = mlo_component_tensor_count(c);
+  for (size_t i = 0; i < n; i++) {
+    const mlo_tensor *t = mlo_component_tensor_at(c, i);
+    const char *name = mlo_tensor_name(t);
+    if (strncmp(name, "decoder.", 8) || mlo_tensor_ndim(t) != 5 || mlo_tensor_shape(t)[2] != 3)
+      continue;
+    const char *u = strstr(name, "up_blocks.");
+    int level = u ? atoi(u + 10) : strstr(name, "conv_out") ? v->blocks : -1;
+    caches += keep * (double)mlo_tensor_shape(t)[1] * level_share(v, level) * px;
+  }
+  double top = dim_of(c, "decoder.conv_out.weight", 1);
+  double frames = level_frames(v, v->blocks, video);
+  double level = top * px * frames; /* one tensor of the top level */
+  double conv = 4 * level + top * px * (frames + keep) * pad * (cpu_kernels ? 2 : 1);
+  double decoded = video ? 3.0 * (job->frames - frames) * px : 0;
+  *phase = "top level's causal convolution";
+  return (caches + keep * top * px + conv + decoded) * e;
+}
+
+/* A 2-D VAE (Flux's, SD3's): the larger of its last upsampler's
+ * convolution (the level below held by its caller, that block's output,
+ * the upsampled tensor and the convolution's output) and the top level's
+ * first resnet (its input, norm and activation at once, then the
+ * convolution's output). */
+static double image_vae_peak(const mlo_component *c, const vae_levels *v, const plan_job *job,
+                             double e, bool cpu_kernels, const char **phase) {
+  double px = (double)job->width * job->height;
+  int last_up = -1;
+  for (int i = 0; i < v->blocks; i++)
+    if (v->spatial[i]) last_up = i;
+  int top = v->blocks - 1;
+  double top_in = chan(c, "decoder.up_blocks.%d.resnets.0.conv1.weight", top, 1);
+  double top_out = chan(c, "decoder.up_blocks.%d.resnets.0.conv1.weight", top, 0);
+  double cpu = cpu_kernels ? 1 : 0; /* CPU convolutions copy their input once more */
+  double resnet = fmax(3 * top_in, (2 + cpu) * top_in + top_out) * px;
+  double upsample = 0;
+  if (last_up >= 0) {
+    double below = chan(c, "decoder.up_blocks.%d.resnets.0.conv1.weight", last_up, 1);
+    double width = chan(c, "decoder.up_blocks.%d.resnets.0.conv1.weight", last_up, 0);
+    double out = chan(c, "decoder.up_blocks.%d.upsamplers.0.conv.weight", last_up, 0);
+    double share = level_share(v, last_up);
+    upsample = ((below + width) * share + (1 + cpu) * width + out) * px;
+  }
+  *phase = upsample > resnet ? "last upsampler's convolution" : "top level's first resnet";
+  return fmax(resnet, upsample) * e;
+}
+
+static void vae_peak(const mlo_component *c, const plan_job *job, bool cpu_kernels,
+                     plan_activation *out) {
+  vae_levels v = vae_levels_of(c);
+  if (!v.blocks || !(dim_of(c, "decoder.conv_out.weight", 1) > 0)) return;
   double e = element_bytes(c), batch = job->batch > 0 ? job->batch : 1;
-  double chunk = job->frames > 1 ? 4 : 1;
-  double pixels = (double)job->width * job->height;
+  bool causal = mlo_tensor_ndim(tensor_named(c, "decoder.conv_out.weight")) == 5;
   out->tokens = 0;
-  out->phase = "decoder's last level";
-  out->bytes = batch * (5 * chunk * pixels * ch * e + (double)job->frames * pixels * 3 * F32);
+  out->bytes = batch * (causal ? causal_vae_peak(c, &v, job, e, cpu_kernels, &out->phase)
+                               : image_vae_peak(c, &v, job, e, cpu_kernels, &out->phase));
 }
 
 void plan_activation_of(const mlo_component *c, const plan_job *job, bool cpu_kernels,
@@ -210,7 +321,7 @@ void plan_activation_of(const mlo_component *c, const plan_job *job, bool cpu_ke
     encoder_peak(c, job, out);
     break;
   case MLO_ROLE_VAE:
-    vae_peak(c, job, out);
+    vae_peak(c, job, cpu_kernels, out);
     break;
   default:
     break;

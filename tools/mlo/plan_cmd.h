@@ -93,6 +93,7 @@ typedef struct {
   double act_peak;          /* the largest component's activations */
   int act_comp;             /* its index in comps, -1: none known */
   uint64_t model_reserve;   /* context + workspaces + activations and their share */
+  uint64_t reserve_but_vae; /* the same without the VAEs' decode (0: a VAE is not the largest) */
   uint64_t reserve;         /* what the rows keep free */
   const char *reserve_from; /* "model", "--reserve" */
 } plan_result;

@@ -47,9 +47,14 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
     bool host = false; /* a row refused for the host budget alone */
     for (int p = POL_STRICT; p < POL_COUNT; p++)
       host = host || (pa->have_host && plan_wanted(pa, p) && strstr(pr->pol[p].why, "host budget"));
+    char tiled[160] = ""; /* the VAE's decode sets the reserve: tiling it is the first step */
+    if (pr->reserve_but_vae && !strcmp(pr->reserve_from, "model"))
+      snprintf(tiled, sizeof tiled, "a tiled VAE decode (vae.enable_tiling(), then --reserve %s), ",
+               size_arg(reserve_arg(pr->reserve_but_vae)));
     fprintf(out,
-            "advice: nothing fits on %s%s; try %s--dtype fp8 (or a GGUF type) or a larger card\n",
-            pr->dev.title, host ? " in this host memory" : "",
+            "advice: nothing fits on %s%s; try %s%s--dtype fp8 (or a GGUF type) or a larger "
+            "card\n",
+            pr->dev.title, host ? " in this host memory" : "", tiled,
             host ? "a larger --host-memory (the rows say what must stay in it), " : "");
     return;
   }
@@ -133,6 +138,8 @@ static void print_memory(const plan_args *pa, const plan_result *pr, FILE *out) 
             tool_size((uint64_t)c->act.bytes));
     if ((int)i == pr->act_comp && c->act.tokens > 0)
       fprintf(out, " (%.0f tokens, at the %s)", c->act.tokens, c->act.phase);
+    else if ((int)i == pr->act_comp)
+      fprintf(out, " (at the %s)", c->act.phase);
   }
   if (!shown) fprintf(out, "not known for these components' layouts");
   fprintf(out, "\n          reserve %s kept free in every row", tool_size(pr->reserve));
@@ -142,6 +149,11 @@ static void print_memory(const plan_args *pa, const plan_result *pr, FILE *out) 
             tool_size(PLAN_WORKSPACE_BYTES));
     fprintf(out,
             pa->have_budget ? " (the budget rows: --budget)\n" : " (--reserve SIZE overrides)\n");
+    if (pr->reserve_but_vae)
+      fprintf(out,
+              "          (the %s's decode sets it; decoded in tiles, diffusers' "
+              "vae.enable_tiling(), not modelled, the rest would need --reserve %s)\n",
+              tool_esc(pr->comps[pr->act_comp].name), tool_size(pr->reserve_but_vae));
   } else {
     fprintf(out, " (--reserve; the model's would be %s)\n", tool_size(pr->model_reserve));
   }
@@ -313,6 +325,8 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(m, "fragmentation", PLAN_FRAGMENTATION);
   cJSON_AddNumberToObject(m, "model_reserve_bytes", (double)pr->model_reserve);
   cJSON_AddNumberToObject(m, "reserve_bytes", (double)pr->reserve);
+  if (pr->reserve_but_vae) /* the VAE's decode is the largest: the reserve without it */
+    cJSON_AddNumberToObject(m, "model_reserve_without_vae_bytes", (double)pr->reserve_but_vae);
   cJSON_AddStringToObject(m, "reserve_from", pr->reserve_from);
   cJSON_AddNumberToObject(o, "all_resident_bytes", (double)pr->all_bytes);
   cJSON_AddNumberToObject(o, "compute_s", pr->compute_s);

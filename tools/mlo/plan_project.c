@@ -142,7 +142,8 @@ static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why,
   const char *what = "";
   const char *from = strcmp(pr->reserve_from, "model") ? "--reserve" : "the reserve";
   if (pr->reserve >= cap) {
-    snprintf(why, len, "%s %s leaves nothing of %s", from, tool_size(pr->reserve), tool_size(cap));
+    snprintf(why, len, "short by %s: %s %s alone is more than the device's %s",
+             tool_size(pr->reserve - cap), from, tool_size(pr->reserve), tool_size(cap));
     return false;
   }
   if (pol == POL_RESIDENT)
@@ -177,14 +178,20 @@ static void plan_reserve(const plan_args *pa, tool_session *s, plan_result *pr,
                          const plan_job *job) {
   pr->act_peak = 0;
   pr->act_comp = -1;
+  double but_vae = 0; /* the largest of the other components' */
   for (size_t i = 0; i < pr->ncomp; i++) {
     plan_activation_of(mlo_pipeline_component_at(s->pipe, i), job, pa->cpu_kernels,
                        &pr->comps[i].act);
     if (pr->comps[i].act.bytes > pr->act_peak)
       pr->act_peak = pr->comps[i].act.bytes, pr->act_comp = (int)i;
+    if (pr->comps[i].role != MLO_ROLE_VAE && pr->comps[i].act.bytes > but_vae)
+      but_vae = pr->comps[i].act.bytes;
   }
-  pr->model_reserve = PLAN_CUDA_CONTEXT_BYTES + PLAN_WORKSPACE_BYTES +
-                      (uint64_t)ceil(pr->act_peak * (1 + PLAN_FRAGMENTATION));
+  uint64_t fixed = PLAN_CUDA_CONTEXT_BYTES + PLAN_WORKSPACE_BYTES;
+  pr->model_reserve = fixed + (uint64_t)ceil(pr->act_peak * (1 + PLAN_FRAGMENTATION));
+  pr->reserve_but_vae = pr->act_comp >= 0 && pr->comps[pr->act_comp].role == MLO_ROLE_VAE
+                            ? fixed + (uint64_t)ceil(but_vae * (1 + PLAN_FRAGMENTATION))
+                            : 0;
   pr->reserve = pa->have_reserve ? pa->reserve : pr->model_reserve;
   pr->reserve_from = pa->have_reserve ? "--reserve" : "model";
 }
