@@ -9,6 +9,7 @@ copied from a run.
 """
 import glob
 import json
+import math
 import os
 import re
 import resource
@@ -1673,6 +1674,59 @@ class PlanTests(Fixture):
             else:
                 out.append(0)
         return out
+
+    def test_activations_and_reserve(self):
+        """Issue 43, item 1: a plan counts the job's activations, a CUDA context
+        and workspaces, and fits only what leaves them free.  Tokens follow
+        diffusers' own rules (the VAE's 8x8 pixels and 4 frames a latent
+        position, the DiT's 2x2 patches); --reserve overrides the reserve."""
+        def dit(res):
+            return next(c for c in res["components"] if c["name"] == "transformer")
+
+        base = plan_json("wan2.2-t2v", "--device", "rtx4090", "--dtype", "bf16")
+        hd = plan_json("wan2.2-t2v", "--device", "rtx4090", "--dtype", "bf16", "--height", "720",
+                       "--width", "1280", "--frames", "81")
+        self.assertEqual((base["job"]["width"], base["job"]["height"], base["job"]["frames"]),
+                         (832, 480, 81))  # diffusers' WanPipeline defaults
+        self.assertEqual(dit(base)["activation_tokens"], 21 * (480 // 16) * (832 // 16))
+        self.assertEqual(dit(hd)["activation_tokens"], 21 * (720 // 16) * (1280 // 16))
+        self.assertGreater(dit(hd)["activation_bytes"], dit(base)["activation_bytes"] * 2)
+        for res in (base, hd):
+            m = res["memory"]
+            self.assertEqual(m["reserve_from"], "model")
+            self.assertEqual(m["cuda_context_bytes"], 512 << 20)
+            peak = max(c["activation_bytes"] for c in res["components"])
+            self.assertEqual(m["reserve_bytes"], m["cuda_context_bytes"] + m["workspace_bytes"] +
+                             math.ceil(peak * (1 + m["fragmentation"])))
+            pols = {p["policy"]: p for p in res["policies"]}
+            self.assertTrue(pols["budget"]["fits"])
+            self.assertEqual(pols["budget"]["budget_bytes"],
+                             res["device"]["memory_bytes"] - m["reserve_bytes"])
+            self.check_device(res)
+        # a batch of two: twice the DiT's activations
+        two = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--batch", "2")
+        one = plan_json("wan2.2-t2v", "--device", "h100-sxm")
+        self.assertEqual(two["job"]["batch"], 2)
+        self.assertAlmostEqual(dit(two)["activation_bytes"], 2 * dit(one)["activation_bytes"],
+                               delta=1)
+        # SD3 batches its two guidance passes into one forward: twice the tokens
+        sd3 = plan_json("sd3", "--device", "h100-sxm")
+        self.assertEqual(dit(sd3)["activation_tokens"], 2 * (1024 // 16) ** 2)
+        # --reserve overrides, 0 included; the model's is still said
+        given = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--reserve", "2G")
+        self.assertEqual((given["memory"]["reserve_from"], given["memory"]["reserve_bytes"]),
+                         ("--reserve", 2 << 30))
+        self.assertEqual(given["memory"]["model_reserve_bytes"], one["memory"]["reserve_bytes"])
+        zero = plan_json("wan2.2-t2v", "--device", "h100-sxm", "--reserve", "0")
+        self.assertEqual(zero["memory"]["reserve_bytes"], 0)
+        # the issue's command: activations, the reserve and a fit that leaves both
+        _, out, _ = mlo("plan", "wan2.2-t2v", "--device", "rtx4090", "--dtype", "bf16",
+                        "--height", "720", "--width", "1280", "--frames", "81", check=0)
+        self.assertRegex(out, r"activations at their peak .*transformer [0-9.]+ GiB \(75600 tokens")
+        self.assertRegex(out, r"reserve [0-9.]+ GiB kept free in every row")
+        self.assertRegex(out, r"with the reserve, budget\S* needs [0-9.]+ GiB of 24.0 GiB")
+        self.assertRegex(out, r"advice: budget.* --reserve [0-9]+M")
+        self.assertNotIn("weights only", out)
 
     def test_refuses_what_the_clock_cannot_hold(self):
         """Flags the simulated clock (64-bit nanoseconds) cannot hold are

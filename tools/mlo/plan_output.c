@@ -136,9 +136,11 @@ static void print_memory(const plan_args *pa, const plan_result *pr, FILE *out) 
     if (!(c->act.bytes > 0)) continue;
     fprintf(out, "%s%s %s", shown++ ? ", " : "", tool_esc(c->name),
             tool_size((uint64_t)c->act.bytes));
-    if ((int)i == pr->act_comp && c->act.tokens > 0)
-      fprintf(out, " (%.0f tokens, at the %s)", c->act.tokens, c->act.phase);
-    else if ((int)i == pr->act_comp)
+    bool peak = (int)i == pr->act_comp;
+    if (c->act.tokens > 0 && c->role == MLO_ROLE_DIT)
+      fprintf(out, " (%.0f tokens%s%s)", c->act.tokens, peak ? ", at the " : "",
+              peak ? c->act.phase : "");
+    else if (peak)
       fprintf(out, " (at the %s)", c->act.phase);
   }
   if (!shown) fprintf(out, "not known for these components' layouts");
