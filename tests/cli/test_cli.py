@@ -1342,6 +1342,12 @@ PLAN_PRESETS = ["wan2.2-t2v", "flux", "qwen-image", "sd3"]
 PLAN_CARDS = ["h100-sxm", "rtx4090", "l40s"]
 
 
+def plan_pct(x):
+    """An overhead as mlo plan prints it: +0.21%."""
+    v = round(x * 1e4) / 1e2
+    return "%+.2f%%" % (0.0 if v == 0 else v)
+
+
 def plan_json(*args, code=0):
     rc, out, err = mlo("plan", "--json", *args)
     if rc != code:
@@ -1576,6 +1582,40 @@ class DocFigureTests(unittest.TestCase):
             seen += 1
         self.assertGreaterEqual(seen, 4)  # disk.md and streaming.md quote two each
 
+    def check_worked_example(self):
+        """docs/plan.md's worked example: each cell's time and overhead, or
+        that the row does not fit, is what mlo plan prints for that card,
+        dtype and reserve (steps 40, frames 33)."""
+        with open(os.path.join(DOCS_ROOT, "docs", "plan.md")) as f:
+            text = f.read()
+        table = text[text.index("| card, weights | all-resident"):]
+        table = table[:table.index("\n\n")]
+        cards = {"H100 SXM": "h100-sxm", "RTX 4090": "rtx4090"}
+        rows = 0
+        for line in table.splitlines()[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            card = cards[next(k for k in cards if cells[0].startswith(k))]
+            args = ["wan2.2-t2v", "--device", card, "--steps", "40", "--frames", "33",
+                    "--dtype", "fp8" if "fp8" in cells[0] else "bf16"]
+            reserve = re.search(r"--reserve (\S+)`", cells[0])
+            if reserve:
+                args += ["--reserve", reserve.group(1)]
+            res = plan_json(*args)
+            pols = [p for p in res["policies"]]
+            for cell, pol in zip(cells[1:], pols):
+                with self.subTest(row=cells[0], policy=pol["policy"]):
+                    if not pol["fits"]:
+                        short = re.search(r"short (?:by )?([0-9.]+ GiB)", pol["why"]).group(1)
+                        self.assertIn(short, cell)
+                        continue
+                    m = re.match(r"([0-9.]+) s(?:, \**([+-][0-9.]+%))?", cell)
+                    self.assertIsNotNone(m, cell)
+                    self.assertEqual(m.group(1), "%.1f" % pol["wall_s"])
+                    if m.group(2):
+                        self.assertEqual(m.group(2), plan_pct(pol["overhead"]))
+            rows += 1
+        self.assertEqual(rows, 5)
+
     def test_figures_in_prose(self):
         def advice(*args):
             _, out, _ = mlo("plan", *args, check=0)
@@ -1597,6 +1637,7 @@ class DocFigureTests(unittest.TestCase):
         figure = advice("wan2.2-t2v", "--device", "rtx4090", "--host-memory", "32G")
         quoted = re.search(r"32 GiB of RAM at (\S+) over all-resident", readme)
         self.assertEqual(quoted and quoted.group(1), figure, "README.md")
+        self.check_worked_example()
         stall = row("wan2.2-t2v", "--device", "rtx4090", policy="budget")
         quoted = re.search(r"budget row waits (\S+) s per prompt", streaming)
         self.assertEqual(quoted and quoted.group(1), stall, "docs/streaming.md")
