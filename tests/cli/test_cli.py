@@ -2140,6 +2140,11 @@ class PlanTests(Fixture):
             ([os.path.join(self.tmp, "missing")], "missing"),
             ([], "no pipeline"),
             (["wan2.2-t2v", "--device-memory", "1G", "--mfu", "2"], "--mfu"),
+            (["wan2.2-t2v", "--device", "h100", "--batch", "0"], "--batch"),
+            (["wan2.2-t2v", "--device", "h100", "--kernels", "gpu"], "cuda, cpu"),
+            (["wan2.2-t2v", "--device", "h100", "--reserve", "lots"], "--reserve"),
+            (["wan2.2-t2v", "--device", "h100", "--reserve", "1G", "--budget", "9G"],
+             "--budget or --reserve"),
         ]
         for args, word in cases:
             with self.subTest(args=args):
