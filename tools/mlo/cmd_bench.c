@@ -124,8 +124,8 @@ static void help(void) {
          "                    and 3 DiT steps per DiT load, budgets with and without\n"
          "                    prefetch, a pipeline twice the size (minutes)\n"
          "  --path CKPT       run the end-to-end part on this checkpoint\n"
-         "  --max-size SIZE   largest load size (default 256M, 1G with --full; capped by\n"
-         "                    free memory)\n"
+         "  --max-size SIZE   largest load size (default 256M, 1G with --full, at most\n"
+         "                    16M with --quick; capped by free memory)\n"
          "  --json            one JSON object on stdout\n\n"
          "examples:\n"
          "  mlo bench\n"
@@ -194,9 +194,12 @@ static void step(void) {
 
 static int run_loads(const bench_args *ba, bench_results *res, char *err, size_t errlen) {
   uint64_t avail = (uint64_t)sysconf(_SC_AVPHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+  /* --max-size, never above the quick run's sizes (seconds, for tests) */
   uint64_t top = ba->have_max_size ? ba->max_size : ba->depth->top_load;
-  /* source + destination + slab + device block, with half the memory spare */
-  while (top > MIB && top * 8 > avail) top /= 2;
+  if (ba->depth == &depth_quick && top > depth_quick.top_load) top = depth_quick.top_load;
+  /* source + destination + slab + device block, with half the memory spare
+   * (top / 8, not top * 8: a --max-size near 2^64 must not wrap) */
+  while (top > MIB && top > avail / 8) top /= 2;
   uint64_t sizes = 0;
   for (uint64_t size = MIB; size <= top && sizes < MAX_SIZES; size *= 4) sizes++;
   part("loads", sizes);
