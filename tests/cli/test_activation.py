@@ -2,8 +2,9 @@
 """The activation model of `mlo plan` against real diffusers transformers
 and VAEs (issue 43, item 1).
 
-`test_activation.py MLO_BINARY` builds small WanTransformer3DModel and
-FluxTransformer2DModel configurations and two VAEs (Wan's at its real
+`test_activation.py MLO_BINARY` builds small WanTransformer3DModel,
+FluxTransformer2DModel and QwenImageTransformer2DModel configurations, a
+small UMT5 encoder (held to an upper count: below) and two VAEs (Wan's at its real
 widths, a 2-D AutoencoderKL at Flux's) with random weights, saves each as
 a component folder (the DiTs in bf16, as from_pretrained(torch_dtype=
 bfloat16) loads them, the modules diffusers keeps in float32 kept so; the
@@ -175,6 +176,30 @@ class ActivationTests(Measured):
             self.check(f"flux {size}x{size}", measured, dit, res)
 
 
+class QwenActivationTests(Measured):
+    """Qwen-Image's double-stream transformer (two blocks, 128-wide heads)."""
+
+    def test_qwen_image_transformer(self):
+        import torch
+        from diffusers import QwenImageTransformer2DModel
+
+        folder = os.path.join(self.tmp, "qwen", "transformer")
+        model = save_bf16(QwenImageTransformer2DModel, QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=2, attention_head_dim=128,
+            num_attention_heads=2, joint_attention_dim=64, axes_dims_rope=(16, 56, 56)), folder)
+        text_tokens = 128
+        text = torch.randn(1, text_tokens, 64, dtype=torch.bfloat16)
+        mask = torch.ones(1, text_tokens, dtype=torch.long)
+        for size in (256, 512):
+            h = w = size // 16
+            latent = torch.randn(1, h * w, 64, dtype=torch.bfloat16)
+            measured = peak_allocated(lambda: model(latent, text, mask, torch.tensor([0.5]),
+                                                    img_shapes=[(1, h, w)], return_dict=False))
+            dit, res = planned(folder, "qwen-image", size, size, 1, text_tokens)
+            self.assertEqual(dit["activation_tokens"], h * w)
+            self.check(f"qwen-image {size}x{size}", measured, dit, res)
+
+
 class VaeActivationTests(Measured):
     """The VAE's decode, counted from its decoder's levels: Wan2.2's causal
     video VAE at its real widths (diffusers' default AutoencoderKLWan
@@ -265,8 +290,8 @@ def main():
         print(f"skipped: torch or diffusers not installed for {sys.executable}")
         return 77
     suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(cls)
-                               for cls in (ActivationTests, VaeActivationTests,
-                                           EncoderActivationTests))
+                               for cls in (ActivationTests, QwenActivationTests,
+                                           VaeActivationTests, EncoderActivationTests))
     return 0 if unittest.TextTestRunner(verbosity=2).run(suite).wasSuccessful() else 1
 
 

@@ -65,6 +65,7 @@ typedef struct {
   double dim, ffn, head_dim;
   double patch_t, patch_h, patch_w; /* latent positions per token */
   double single_ffn;                /* Flux's single-stream MLP width (0: none) */
+  double rope_tmp; /* bytes per token and width the rotary embedding adds at its peak */
 } dit_arch;
 
 static dit_arch dit_arch_of(const mlo_component *c) {
@@ -78,13 +79,15 @@ static dit_arch dit_arch_of(const mlo_component *c) {
     a.head_dim = 128; /* the norm is across heads: the head count is the config's (40) */
   } else if ((a.dim = dim_of(c, "x_embedder.weight", 0)) > 0) { /* Flux: packed 2x2 */
     a.layout = DIT_FLUX;
+    a.rope_tmp = 3 * F32; /* x * cos, x_rotated * sin, their sum: float32 */
     a.ffn = dim_of(c, "transformer_blocks.0.ff.net.0.proj.weight", 0);
     a.single_ffn = dim_of(c, "single_transformer_blocks.0.proj_mlp.weight", 0);
   } else if ((a.dim = dim_of(c, "img_in.weight", 0)) > 0) { /* Qwen-Image: packed 2x2 */
     a.layout = DIT_DOUBLE;
+    a.rope_tmp = 2 * F32; /* complex-valued: x in float32, its product with the frequencies */
     a.ffn = dim_of(c, "transformer_blocks.0.img_mlp.net.0.proj.weight", 0);
   } else if ((a.dim = dim_of(c, "pos_embed.proj.weight", 0)) > 0) { /* SD3: a Conv2d */
-    a.layout = DIT_DOUBLE;
+    a.layout = DIT_DOUBLE;                                          /* no rotary embedding */
     a.patch_h = dim_of(c, "pos_embed.proj.weight", 2);
     a.patch_w = dim_of(c, "pos_embed.proj.weight", 3);
     a.ffn = dim_of(c, "transformer_blocks.0.ff.net.0.proj.weight", 0);
@@ -134,15 +137,23 @@ static void dit_peak(const mlo_component *c, const plan_job *job, bool cpu_kerne
     return;
   }
   /* Joint attention over t = image + text tokens; the rotary embedding's
-   * three float32 temporaries (x*cos, x_rotated*sin, their sum) at the
-   * peak, with q, k, v concatenated over both streams and x_rotated. */
+   * temporaries at the peak, with q, k, v concatenated over both streams
+   * and the rotated copy. */
   double t = n + l;
-  double rope_tmp = 3 * F32;
+  double rope_tmp = a.rope_tmp;
   /* double-stream block: both streams' inputs and norms, the text's own
    * q, k, v (kept by the processor), the joint q, k, v and x_rotated */
   double dbl = t * a.dim * (6 * e + rope_tmp) + 3 * l * a.dim * e;
   const char *phase = "rotary embedding, double-stream block";
   double peak = dbl;
+  if (a.layout == DIT_DOUBLE) {
+    /* Qwen-Image's image MLP: the block's input (its caller's), its first
+     * norm and modulation, the attention's output, the residual, the second
+     * norm and modulation, the MLP's projection and GELU; the text stream's
+     * five tensors beside */
+    double ffn = n * a.dim * (7 + 2 * (a.ffn / a.dim)) * e + 5 * l * a.dim * e;
+    if (ffn > peak) peak = ffn, phase = "image feed-forward, double-stream block";
+  }
   if (a.layout == DIT_FLUX && a.single_ffn > 0) {
     /* single-stream block: its caller's two streams, the concatenation,
      * the norm, the MLP's GELU output, q, k, v and x_rotated; and later
@@ -158,7 +169,8 @@ static void dit_peak(const mlo_component *c, const plan_job *job, bool cpu_kerne
     }
   }
   out->phase = phase;
-  out->bytes = peak + 2 * t * a.head_dim * F32;
+  /* the rotary tables, cos and sin in float32 a head wide, where there are */
+  out->bytes = peak + (a.rope_tmp > 0 ? 2 * t * a.head_dim * F32 : 0);
 }
 
 /* A text encoder at the prompt's tokens: a block's input, norm, q, k, v,
