@@ -331,8 +331,9 @@ int cmd_plan(int argc, char **argv) {
     cJSON_AddStringToObject(all, "pipeline", pa.src.label);
     code = tool_print_json_text(cJSON_Print(all));
   } else if (!code) {
-    printf("\n(all?: every component fits at once.  mlo plan %s --device CARD for a card's "
-           "full table)\n(",
+    printf("\n(all?: every component fits at once, leaving the reserve for the job's "
+           "activations free.\n mlo plan %s --device CARD for a card's full table, the "
+           "reserve's parts included)\n(",
            pa.src.label);
     for (size_t i = 0, n = 0; i < plan_ndevices; i++)
       if (plan_devices[i].unified != PLAN_MEM_DISCRETE)

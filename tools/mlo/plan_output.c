@@ -196,8 +196,10 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
   if (pr->split.first_steps < job->steps)
     fprintf(out, " (%d on the first DiT, %d on the second: %s)", pr->split.first_steps,
             job->steps - pr->split.first_steps, pr->split.source);
-  fprintf(out, ", %d pass%s per step, %d text tokens\n", job->passes, job->passes > 1 ? "es" : "",
+  fprintf(out, ", %d pass%s per step, %d text tokens", job->passes, job->passes > 1 ? "es" : "",
           job->text_tokens);
+  if (job->batch > 1) fprintf(out, ", batch %d", job->batch);
+  fputc('\n', out);
   fprintf(out, "forward:  ");
   for (size_t i = 0; i < pr->ncomp; i++) {
     const struct comp_plan *c = &pr->comps[i];
