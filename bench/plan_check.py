@@ -53,8 +53,10 @@ def case(mlo, path, capacity, link, steps, prompts, name, flags, disk_bw=None):
             # that is stall, which the projection models, not compute
             compute = c["forward_s"] - c.get("block_stall_s", 0)
             times.append("%s=%.9f" % (c["name"], compute / c["forwards"]))
-    plan = run_json([mlo, "plan", path, "--json", "--step-time", ",".join(times)] + common +
-                    (["--disk-bw", str(disk_bw)] if disk_bw else []))
+    # the host-platform run has no CUDA context and no activations of its
+    # own: the projection keeps no reserve either
+    plan = run_json([mlo, "plan", path, "--json", "--reserve", "0", "--step-time", ",".join(times)]
+                    + common + (["--disk-bw", str(disk_bw)] if disk_bw else []))
     (pol,) = [p for p in plan["policies"] if p["policy"] == name]
     # the whole run, cold prompt included: the forward times given are its means
     wall, stall = run["wall_s"], run["stall_s"]

@@ -7,7 +7,8 @@ set -euo pipefail
 
 debs=(cmake make gcc g++ pkg-config libcjson-dev libcmocka-dev libopenblas-dev
       ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev clang
-      libclang-rt-dev libopenmpi-dev openmpi-bin)
+      libclang-rt-dev libopenmpi-dev openmpi-bin
+      librsvg2-bin)  # rsvg-convert: the timeline test renders the SVG to PNG
 # Python is needed by the tests only.  One that is already on PATH (pyenv,
 # for example) counts: Debian's is installed only where there is none, and
 # its pip only where that python has no pip.

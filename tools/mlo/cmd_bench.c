@@ -28,10 +28,32 @@
 #define MAX_POINTS 8
 #define MAX_REPS 9
 
+/* How much a run measures: --quick (seconds, for tests), the default
+ * (under a minute on two cores, issue 43) and --full (the long version:
+ * loads to 1 GiB, two links, every budget with and without prefetch). */
+typedef struct {
+  const char *name;
+  uint64_t top_load; /* largest load size, before --max-size and free memory */
+  int load_reps, hot_reps, switch_reps, link_reps;
+  uint64_t switch_bytes;
+  double scale; /* of the generated end-to-end pipeline */
+  int reps, steps;
+  size_t links;          /* host links: one DiT step per DiT load, then three */
+  bool no_prefetch_rows; /* the budget points without prefetch too */
+} bench_depth;
+
+static const bench_depth depth_quick = {"quick", 16 * MIB, 3, 5, 5, 1,
+                                        8 * MIB, 0.0005,   1, 2, 1, false};
+static const bench_depth depth_default = {"default", 256 * MIB, 5, 21, 11, 3,
+                                          64 * MIB,  0.001,     3, 4,  1,  false};
+static const bench_depth depth_full = {"full",   1024 * MIB, 7, 21, 11, 5,
+                                       64 * MIB, 0.002,      5, 8,  2,  true};
+
 typedef struct {
   const char *platform, *path;
-  bool json, quick;
+  bool json, quick, full, have_max_size;
   uint64_t max_size;
+  const bench_depth *depth;
 } bench_args;
 
 /* One mode on one link: the steady state (prompts 2..) against the warm
@@ -78,7 +100,8 @@ typedef struct {
 } bench_results;
 
 static void help(void) {
-  printf("usage: mlo bench [--platform P] [--json] [--quick] [--path CKPT] [--max-size SIZE]\n\n"
+  printf("usage: mlo bench [--platform P] [--json] [--quick | --full] [--path CKPT]\n"
+         "                 [--max-size SIZE]\n\n"
          "Measures offload's costs as ratios, each a median of several runs:\n"
          "  load        component load throughput / raw copy throughput, 1 MiB .. 1 GiB\n"
          "              (raw copy: memcpy on host, one pinned platform copy elsewhere)\n"
@@ -94,9 +117,15 @@ static void help(void) {
          "              bytes moved per prompt and peak device memory\n\n"
          "flags:\n"
          "  --platform P      host (default) | cuda[:N] | opencl[:N]\n"
-         "  --quick           small sizes and few runs (seconds; for tests)\n"
+         "  (default)         loads to 256 MiB, 3 paired runs, one throttled link, budgets\n"
+         "                    with prefetch: under a minute on two cores\n"
+         "  --quick           small sizes and one run (seconds; for tests)\n"
+         "  --full            the long version: loads to 1 GiB, 5 paired runs, links at 1\n"
+         "                    and 3 DiT steps per DiT load, budgets with and without\n"
+         "                    prefetch, a pipeline twice the size (minutes)\n"
          "  --path CKPT       run the end-to-end part on this checkpoint\n"
-         "  --max-size SIZE   largest load size (default 1G, capped by free memory)\n"
+         "  --max-size SIZE   largest load size (default 256M, 1G with --full, at most\n"
+         "                    16M with --quick; capped by free memory)\n"
          "  --json            one JSON object on stdout\n\n"
          "examples:\n"
          "  mlo bench\n"
@@ -115,17 +144,20 @@ static int parse(int argc, char **argv, bench_args *b) {
     } else if (targs_value(&a, "--path", &v)) {
       b->path = v;
     } else if (targs_value(&a, "--max-size", &v)) {
-      targs_size(&a, "--max-size", v, &b->max_size);
+      b->have_max_size = targs_size(&a, "--max-size", v, &b->max_size);
     } else if (targs_flag(&a, "--json")) {
       b->json = true;
     } else if (targs_flag(&a, "--quick")) {
       b->quick = true;
+    } else if (targs_flag(&a, "--full")) {
+      b->full = true;
     } else if (targs_cur(&a)[0] == '-') {
       targs_unknown(&a);
     } else {
       targs_error(&a, "unexpected argument '%s'", targs_cur(&a));
     }
   }
+  if (!a.failed && b->quick && b->full) targs_error(&a, "give --quick or --full, not both");
   return a.failed ? TOOL_EXIT_USAGE : 0;
 }
 
@@ -162,16 +194,19 @@ static void step(void) {
 
 static int run_loads(const bench_args *ba, bench_results *res, char *err, size_t errlen) {
   uint64_t avail = (uint64_t)sysconf(_SC_AVPHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-  uint64_t top = ba->quick ? 16 * MIB : ba->max_size;
-  /* source + destination + slab + device block, with half the memory spare */
-  while (top > MIB && top * 8 > avail) top /= 2;
+  /* --max-size, never above the quick run's sizes (seconds, for tests) */
+  uint64_t top = ba->have_max_size ? ba->max_size : ba->depth->top_load;
+  if (ba->depth == &depth_quick && top > depth_quick.top_load) top = depth_quick.top_load;
+  /* source + destination + slab + device block, with half the memory spare
+   * (top / 8, not top * 8: a --max-size near 2^64 must not wrap) */
+  while (top > MIB && top > avail / 8) top /= 2;
   uint64_t sizes = 0;
   for (uint64_t size = MIB; size <= top && sizes < MAX_SIZES; size *= 4) sizes++;
   part("loads", sizes);
   for (uint64_t size = MIB; size <= top && res->nloads < MAX_SIZES; size *= 4) {
     char spec[512];
     bench_spec(ba->platform, 2 * size + 64 * MIB, spec, sizeof spec);
-    int reps = ba->quick ? 3 : size >= 256 * MIB ? 3 : 7;
+    int reps = size >= 256 * MIB ? 3 : ba->depth->load_reps;
     int rc = bench_load_throughput(spec, size, reps, &res->loads[res->nloads], err, errlen);
     if (rc) return rc;
     res->nloads++;
@@ -361,8 +396,7 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
       return MLO_EIO;
     }
     /* at full depth: 40 blocks a DiT, as the real model (mlo synth --help) */
-    rc = mlo_synth_write("wan2.2-t2v:full-depth", tmp, ba->quick ? 0.0005 : 0.002, NULL, NULL, err,
-                         errlen);
+    rc = mlo_synth_write("wan2.2-t2v:full-depth", tmp, ba->depth->scale, NULL, NULL, err, errlen);
     path = tmp;
     oo.overrides = tool_wan_roles; /* generated here: its roles are known */
     oo.override_count = tool_wan_nroles;
@@ -379,7 +413,7 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
   /* Host links at one and three DiT steps per DiT load; a real device's
    * own link once. */
   static const double per_load[] = {1, 3};
-  size_t nlinks = tool_is_host(ba->platform) ? (ba->quick ? 1 : 2) : 1;
+  size_t nlinks = tool_is_host(ba->platform) ? ba->depth->links : 1;
   for (size_t l = 0; l < nlinks && !rc; l++) {
     curve *cv = &res->curves[res->ncurves++];
     cv->steps_per_load = tool_is_host(ba->platform) ? per_load[l] : 0;
@@ -389,9 +423,9 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
     }
     add_point(cv, MLO_POLICY_STRICT, 0, false);
     uint64_t budgets[] = {res->need, res->ahead, res->all};
-    for (size_t b = ba->quick ? 1 : 0; b < 3; b++) {
+    for (size_t b = ba->depth == &depth_quick ? 1 : 0; b < 3; b++) {
       if (b && budgets[b] == budgets[b - 1]) continue;
-      if (!ba->quick) add_point(cv, MLO_POLICY_BUDGET, budgets[b], false);
+      if (ba->depth->no_prefetch_rows) add_point(cv, MLO_POLICY_BUDGET, budgets[b], false);
       add_point(cv, MLO_POLICY_BUDGET, budgets[b], true);
     }
     if (res->stream) { /* below the largest component: the DiTs stream their blocks */
@@ -406,7 +440,9 @@ static int run_e2e(const bench_args *ba, bench_results *res, char *err, size_t e
 }
 
 static void print_text(const bench_args *ba, const bench_results *r) {
-  printf("mlo bench on %s (medians)\n\nload throughput / raw copy throughput\n", ba->platform);
+  printf("mlo bench on %s (medians; the %s run%s)\n\nload throughput / raw copy throughput\n",
+         ba->platform, ba->depth->name,
+         ba->depth == &depth_full ? "" : ": --full for the long one");
   printf("  %10s %12s %12s %8s\n", "size", "load", "raw copy", "ratio");
   for (size_t i = 0; i < r->nloads; i++)
     printf("  %10s %9.3f ms %9.3f ms %8.3f\n", tool_size(r->loads[i].bytes),
@@ -483,6 +519,7 @@ static void print_json(const bench_args *ba, const bench_results *r) {
     cJSON_AddNumberToObject(lk, "delivered_ratio", r->link.delivered);
   }
   cJSON *e = cJSON_AddObjectToObject(root, "end_to_end");
+  cJSON_AddStringToObject(root, "depth", ba->depth->name);
   cJSON_AddStringToObject(e, "pipeline", r->e2e_what);
   cJSON_AddNumberToObject(e, "runs", r->reps);
   cJSON_AddNumberToObject(e, "prompts", r->prompts);
@@ -526,27 +563,28 @@ static void print_json(const bench_args *ba, const bench_results *r) {
 }
 
 int cmd_bench(int argc, char **argv) {
-  bench_args ba = {.platform = "host", .max_size = 1024 * MIB};
+  bench_args ba = {.platform = "host"};
   int code = parse(argc, argv, &ba);
   if (code == -1) {
     help();
     return TOOL_EXIT_OK;
   }
   if (code) return code;
-  bench_results res = {.reps = ba.quick ? 1 : 5, .steps = ba.quick ? 2 : 8, .prompts = 3};
+  ba.depth = ba.quick ? &depth_quick : ba.full ? &depth_full : &depth_default;
+  bench_results res = {.reps = ba.depth->reps, .steps = ba.depth->steps, .prompts = 3};
   char err[1024] = "", spec[512];
   int rc = run_loads(&ba, &res, err, sizeof err);
   bench_spec(ba.platform, 64 * MIB, spec, sizeof spec);
   part("hot path", 1);
   if (!rc)
-    rc = bench_hot_forward(spec, ba.quick ? 5 : 21, &res.hot_ns, &res.hot_calls, err, sizeof err);
-  uint64_t sw = ba.quick ? 8 * MIB : 64 * MIB;
+    rc = bench_hot_forward(spec, ba.depth->hot_reps, &res.hot_ns, &res.hot_calls, err, sizeof err);
+  uint64_t sw = ba.depth->switch_bytes;
   bench_spec(ba.platform, 2 * sw + 64 * MIB, spec, sizeof spec);
   part("switch", 1);
-  if (!rc) rc = bench_switch_cost(spec, sw, ba.quick ? 5 : 11, &res.sw, err, sizeof err);
+  if (!rc) rc = bench_switch_cost(spec, sw, ba.depth->switch_reps, &res.sw, err, sizeof err);
   part("link model", 1);
   if (!rc && tool_is_host(ba.platform))
-    rc = bench_link_model(ba.quick ? 1 : 5, &res.link, err, sizeof err);
+    rc = bench_link_model(ba.depth->link_reps, &res.link, err, sizeof err);
   part("e2e, setup", 1);
   if (!rc) rc = run_e2e(&ba, &res, err, sizeof err);
   progress_finish(&bar);

@@ -49,8 +49,11 @@ static void help(void) {
          "  --whole-loads         each component loads in one piece, its forward waiting\n"
          "                        for all of it (default: block by block, as mlo run)\n"
          "  --offload none        only the all-resident row\n"
-         "  --budget SIZE, --reserve SIZE   the budget policy's budget, or what it leaves\n"
-         "                        free (activations, workspaces)\n"
+         "  --reserve SIZE        device memory every row leaves free (default: the\n"
+         "                        activation model's: the largest forward's activations\n"
+         "                        at the job, +10%%, a CUDA context and workspaces)\n"
+         "  --budget SIZE         the budget policy's budget (the other rows keep the\n"
+         "                        model's reserve)\n"
          "  --host-memory SIZE    host memory the weights' slabs may keep: the rest is\n"
          "                        read from disk at each load (docs/disk.md); the rows\n"
          "                        then say what the disk costs\n"
@@ -63,7 +66,13 @@ static void help(void) {
          "                        measured mlo run's forward times make a validation)\n"
          "  --tflops T            dense TFLOPS instead of the card's\n"
          "  --mfu F               the fraction of it a forward achieves (default 0.4)\n"
-         "  --width W --height H --frames F   the generation (default: diffusers')\n"
+         "  --width W --height H --frames F   the generation (default: diffusers': Wan2.2\n"
+         "                        832x480 x 81 frames, 720p is --height 720 --width 1280;\n"
+         "                        Flux, Qwen-Image, SD3 1024x1024)\n"
+         "  --batch N             videos or images per call (default 1)\n"
+         "  --kernels K           cuda (default) or cpu: whose kernels' temporaries the\n"
+         "                        activation model counts (cpu: as torch on a CPU, to\n"
+         "                        check it against a measured run there)\n"
          "  --cfg N               forwards per step: 2 with classifier-free guidance\n"
          "  --text-tokens N       prompt tokens\n"
          "  --job FAMILY          the default job of wan2.2-t2v, flux, qwen-image or sd3\n"
@@ -80,6 +89,7 @@ static void help(void) {
   printf("\nexamples:\n"
          "  mlo plan wan2.2-t2v --device rtx4090 --dtype fp8\n"
          "  mlo plan wan2.2-t2v --device h100-sxm --steps 40 --frames 33\n"
+         "  mlo plan wan2.2-t2v --device rtx4090 --dtype bf16 --height 720 --width 1280\n"
          "  mlo plan wan2.2-t2v --device l40s --host-memory 32G --disk-bw 2e9\n"
          "  mlo plan /models/FLUX.1-dev --device l40s --json\n"
          "  mlo plan wan2.2-t2v --node l40s-4\n"
@@ -157,7 +167,10 @@ static bool parse_flag(targs *a, plan_args *pa) {
   } else if (targs_value(a, "--budget", &v)) {
     pa->have_budget = targs_size(a, "--budget", v, &pa->budget);
   } else if (targs_value(a, "--reserve", &v)) {
-    pa->have_reserve = targs_size(a, "--reserve", v, &pa->reserve);
+    /* 0 is a reserve too: nothing kept free (a host-platform run to compare with) */
+    pa->have_reserve = v && mlo_parse_size(v, true, &pa->reserve) == MLO_OK;
+    if (v && !pa->have_reserve)
+      targs_error(a, "--reserve: expected a size such as 512M, 6G or 0, got '%s'", v);
   } else if (targs_value(a, "--host-memory", &v)) {
     pa->have_host = targs_size(a, "--host-memory", v, &pa->host);
   } else if (targs_value(a, "--disk-bw", &v)) {
@@ -183,6 +196,12 @@ static bool parse_flag(targs *a, plan_args *pa) {
     targs_int(a, "--frames", v, 1, 10000, &pa->frames);
   } else if (targs_value(a, "--cfg", &v)) {
     targs_int(a, "--cfg", v, 1, 8, &pa->cfg);
+  } else if (targs_value(a, "--batch", &v)) {
+    targs_int(a, "--batch", v, 1, 1024, &pa->batch);
+  } else if (targs_value(a, "--kernels", &v)) {
+    static const char *const kernel_words[] = {"cuda", "cpu", NULL};
+    int k = 0;
+    if (targs_choice(a, "--kernels", v, kernel_words, &k)) pa->cpu_kernels = k == 1;
   } else if (targs_value(a, "--text-tokens", &v)) {
     targs_int(a, "--text-tokens", v, 1, 65536, &pa->text_tokens);
   } else if (targs_value(a, "--timeline", &v)) {
@@ -252,9 +271,8 @@ static int parse(int argc, char **argv, plan_args *pa) {
     targs_error(&a, "--disk-bw is the disk tier's: give --host-memory");
   if (!a.failed && pa->have_host && pa->offload == 0)
     targs_error(&a, "--host-memory is for offload policies; --offload none keeps every slab");
-  if (!a.failed && pa->policy == MLO_POLICY_STRICT && (pa->have_budget || pa->have_reserve))
-    targs_error(&a, "%s is the budget policy's; --policy strict has none",
-                pa->have_budget ? "--budget" : "--reserve");
+  if (!a.failed && pa->policy == MLO_POLICY_STRICT && pa->have_budget)
+    targs_error(&a, "--budget is the budget policy's; --policy strict has none");
   return a.failed ? TOOL_EXIT_USAGE : 0;
 }
 
@@ -313,8 +331,9 @@ int cmd_plan(int argc, char **argv) {
     cJSON_AddStringToObject(all, "pipeline", pa.src.label);
     code = tool_print_json_text(cJSON_Print(all));
   } else if (!code) {
-    printf("\n(all?: every component fits at once.  mlo plan %s --device CARD for a card's "
-           "full table)\n(",
+    printf("\n(all?: every component fits at once, leaving the reserve for the job's "
+           "activations free.\n mlo plan %s --device CARD for a card's full table, the "
+           "reserve's parts included)\n(",
            pa.src.label);
     for (size_t i = 0, n = 0; i < plan_ndevices; i++)
       if (plan_devices[i].unified != PLAN_MEM_DISCRETE)

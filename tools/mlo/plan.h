@@ -56,10 +56,12 @@ mlo_node_topology plan_node_topology(const plan_node *node, double link);
 typedef struct {
   const char *family; /* a preset name: "wan2.2-t2v", "flux", "qwen-image", "sd3" */
   int width, height, frames;
-  int passes;      /* DiT and encoder forwards per call: 2 with classifier-free guidance */
-  int text_tokens; /* the prompt's tokens, as the encoders see them */
-  bool joint;      /* text tokens join the DiT's attention (Flux, SD3, Qwen-Image) */
-  int steps;       /* num_inference_steps */
+  int passes;       /* DiT and encoder forwards per call: 2 with classifier-free guidance */
+  int text_tokens;  /* the prompt's tokens, as the encoders see them */
+  bool joint;       /* text tokens join the DiT's attention (Flux, SD3, Qwen-Image) */
+  int steps;        /* num_inference_steps */
+  int batch;        /* videos or images a forward makes at once */
+  bool cfg_batched; /* both guidance passes in one forward, at twice the batch (SD3) */
 } plan_job;
 bool plan_job_for(const char *family, plan_job *out);
 /* The family of a pipeline from its class (model_index.json's _class_name,
@@ -74,6 +76,25 @@ typedef struct {
   mlo_dtype compute_dtype; /* the dtype holding most weight bytes */
 } plan_cost;
 void plan_cost_of(const mlo_component *c, const plan_job *job, plan_cost *out);
+/* What one forward's activations take at their peak (plan_activation.c;
+ * docs/plan.md, "Activations and the reserve"). */
+typedef struct {
+  double tokens;     /* the tokens a DiT's attention runs over; 0 for a VAE */
+  double bytes;      /* the peak, 0 where the component's layout is not known */
+  const char *phase; /* where in the forward the peak is */
+} plan_activation;
+/* cpu_kernels: count torch's CPU kernels' temporaries instead of CUDA's
+ * (RMSNorm differs), as the activation test measures them. */
+void plan_activation_of(const mlo_component *c, const plan_job *job, bool cpu_kernels,
+                        plan_activation *out);
+/* The reserve beside the activations: a CUDA context, as PyTorch holds one
+ * once its kernels are loaded, and the framework's fixed workspaces
+ * (cuBLAS, cuBLASLt); plus a share of the activations for the caching
+ * allocator's rounding and fragmentation.  docs/plan.md gives the sources. */
+#define PLAN_CUDA_CONTEXT_BYTES (512ull << 20)
+#define PLAN_WORKSPACE_BYTES (64ull << 20)
+#define PLAN_FRAGMENTATION 0.10
+
 /* Dense TFLOPS for weights of dtype: fp8's where the card has it. */
 double plan_tflops_for(const plan_device *dev, mlo_dtype dtype);
 

@@ -42,7 +42,8 @@ typedef struct {
     double s;
   } times[32]; /* --step-time, parsed */
   size_t ntimes;
-  long width, height, frames, cfg, text_tokens;
+  long width, height, frames, cfg, text_tokens, batch;
+  bool cpu_kernels; /* --kernels cpu: the activation model counts torch's CPU kernels */
   bool json;
 } plan_args;
 
@@ -77,6 +78,7 @@ typedef struct {
     double forward_s, flops;
     mlo_dtype dtype;
     const char *source; /* "model", "--step-time" */
+    plan_activation act;
   } * comps;
   uint64_t all_bytes, strict_need, largest;
   uint64_t budget_least; /* the budget policy's least budget, streaming what it must */
@@ -86,6 +88,14 @@ typedef struct {
   size_t calls;
   pol_result pol[POL_COUNT];
   int advice; /* -1: nothing fits */
+  /* Room every row leaves free (docs/plan.md, "Activations and the
+   * reserve"): --reserve where given, else the model's. */
+  double act_peak;          /* the largest component's activations */
+  int act_comp;             /* its index in comps, -1: none known */
+  uint64_t model_reserve;   /* context + workspaces + activations and their share */
+  uint64_t reserve_but_vae; /* the same without the VAEs' decode (0: a VAE is not the largest) */
+  uint64_t reserve;         /* what the rows keep free */
+  const char *reserve_from; /* "model", "--reserve" */
 } plan_result;
 
 /* The longest projected run mlo plan accepts, in seconds (about 32 years):

@@ -149,12 +149,13 @@ mlo_node_topology plan_node_topology(const plan_node *node, double link) {
  * 1024^2, 28 steps, distilled guidance (one pass), T5 at 512 tokens;
  * QwenImagePipeline 1024^2, 50 steps, true CFG only with a negative prompt
  * (one pass); StableDiffusion3Pipeline 1024^2, 28 steps, guidance 7 (two
- * passes), 77 CLIP + 256 T5 tokens. */
+ * passes, batched into one forward), 77 CLIP + 256 T5 tokens.  Wan runs
+ * its two passes as two forwards.  One video or image a call. */
 static const plan_job jobs[] = {
-    {"wan2.2-t2v", 832, 480, 81, 2, 512, false, 50},
-    {"flux", 1024, 1024, 1, 1, 512, true, 28},
-    {"qwen-image", 1024, 1024, 1, 1, 256, true, 50},
-    {"sd3", 1024, 1024, 1, 2, 333, true, 28},
+    {"wan2.2-t2v", 832, 480, 81, 2, 512, false, 50, 1, false},
+    {"flux", 1024, 1024, 1, 1, 512, true, 28, 1, false},
+    {"qwen-image", 1024, 1024, 1, 1, 256, true, 50, 1, false},
+    {"sd3", 1024, 1024, 1, 2, 333, true, 28, 1, true},
 };
 
 bool plan_job_for(const char *family, plan_job *out) {
@@ -282,7 +283,8 @@ void plan_cost_of(const mlo_component *c, const plan_job *job, plan_cost *out) {
     }
   }
   out->passes = role == MLO_ROLE_VAE ? 1 : job->passes;
-  out->flops = out->passes * (out->linear + out->attention);
+  /* every term is per sample: a batch multiplies it */
+  out->flops = out->passes * (out->linear + out->attention) * (job->batch > 0 ? job->batch : 1);
   uint64_t best = 0;
   out->compute_dtype = MLO_DTYPE_BF16;
   for (int d = 0; d < MLO_DTYPE_COUNT; d++)

@@ -35,14 +35,26 @@ static const char *size_arg(uint64_t b) {
   return buf;
 }
 
+/* The reserve as a flag takes it: rounded up to a whole MiB, so the
+ * flag leaves at least what the plan kept free. */
+static uint64_t reserve_arg(uint64_t b) {
+  const uint64_t mib = 1ull << 20;
+  return (b + mib - 1) / mib * mib;
+}
+
 static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) {
   if (pr->advice < 0) {
     bool host = false; /* a row refused for the host budget alone */
     for (int p = POL_STRICT; p < POL_COUNT; p++)
       host = host || (pa->have_host && plan_wanted(pa, p) && strstr(pr->pol[p].why, "host budget"));
+    char tiled[160] = ""; /* the VAE's decode sets the reserve: tiling it is the first step */
+    if (pr->reserve_but_vae && !strcmp(pr->reserve_from, "model"))
+      snprintf(tiled, sizeof tiled, "a tiled VAE decode (vae.enable_tiling(), then --reserve %s), ",
+               size_arg(reserve_arg(pr->reserve_but_vae)));
     fprintf(out,
-            "advice: nothing fits on %s%s; try %s--dtype fp8 (or a GGUF type) or a larger card\n",
-            pr->dev.title, host ? " in this host memory" : "",
+            "advice: nothing fits on %s%s; try %s%s--dtype fp8 (or a GGUF type) or a larger "
+            "card\n",
+            pr->dev.title, host ? " in this host memory" : "", tiled,
             host ? "a larger --host-memory (the rows say what must stay in it), " : "");
     return;
   }
@@ -56,8 +68,8 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
   size_t fl = strlen(flags);
   if (pr->advice >= POL_BUDGET && pa->have_budget)
     snprintf(flags + fl, sizeof flags - fl, " --budget %s", size_arg(pa->budget));
-  else if (pr->advice >= POL_BUDGET && pa->have_reserve)
-    snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(pa->reserve));
+  else if (pr->advice >= POL_BUDGET && pr->reserve)
+    snprintf(flags + fl, sizeof flags - fl, " --reserve %s", size_arg(reserve_arg(pr->reserve)));
   fl = strlen(flags);
   if (pr->advice != POL_RESIDENT && pa->have_host)
     snprintf(flags + fl, sizeof flags - fl, " --host-memory %s", size_arg(pa->host));
@@ -114,6 +126,41 @@ static const char *secs(double s) {
   return b;
 }
 
+/* What the activations take and the reserve every row keeps free. */
+static void print_memory(const plan_args *pa, const plan_result *pr, FILE *out) {
+  fprintf(out,
+          "memory:   activations at their peak (%s kernels): ", pa->cpu_kernels ? "CPU" : "CUDA");
+  int shown = 0;
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    const struct comp_plan *c = &pr->comps[i];
+    if (!(c->act.bytes > 0)) continue;
+    fprintf(out, "%s%s %s", shown++ ? ", " : "", tool_esc(c->name),
+            tool_size((uint64_t)c->act.bytes));
+    bool peak = (int)i == pr->act_comp;
+    if (c->act.tokens > 0 && c->role == MLO_ROLE_DIT)
+      fprintf(out, " (%.0f tokens%s%s)", c->act.tokens, peak ? ", at the " : "",
+              peak ? c->act.phase : "");
+    else if (peak)
+      fprintf(out, " (at the %s)", c->act.phase);
+  }
+  if (!shown) fprintf(out, "not known for these components' layouts");
+  fprintf(out, "\n          reserve %s kept free in every row", tool_size(pr->reserve));
+  if (!strcmp(pr->reserve_from, "model")) {
+    fprintf(out, ": the largest activations + %.0f%% (allocator), a CUDA context %s, workspaces %s",
+            PLAN_FRAGMENTATION * 100, tool_size(PLAN_CUDA_CONTEXT_BYTES),
+            tool_size(PLAN_WORKSPACE_BYTES));
+    fprintf(out,
+            pa->have_budget ? " (the budget rows: --budget)\n" : " (--reserve SIZE overrides)\n");
+    if (pr->reserve_but_vae)
+      fprintf(out,
+              "          (the %s's decode sets it; decoded in tiles, diffusers' "
+              "vae.enable_tiling(), not modelled, the rest would need --reserve %s)\n",
+              tool_esc(pr->comps[pr->act_comp].name), tool_size(pr->reserve_but_vae));
+  } else {
+    fprintf(out, " (--reserve; the model's would be %s)\n", tool_size(pr->model_reserve));
+  }
+}
+
 void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job *job, FILE *out) {
   fprintf(out, "pipeline: %s%s, %zu components, %s\n", pa->src.label,
           pa->preset ? " (preset, full size, declared without files)" : "", pr->ncomp,
@@ -149,8 +196,10 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
   if (pr->split.first_steps < job->steps)
     fprintf(out, " (%d on the first DiT, %d on the second: %s)", pr->split.first_steps,
             job->steps - pr->split.first_steps, pr->split.source);
-  fprintf(out, ", %d pass%s per step, %d text tokens\n", job->passes, job->passes > 1 ? "es" : "",
+  fprintf(out, ", %d pass%s per step, %d text tokens", job->passes, job->passes > 1 ? "es" : "",
           job->text_tokens);
+  if (job->batch > 1) fprintf(out, ", batch %d", job->batch);
+  fputc('\n', out);
   fprintf(out, "forward:  ");
   for (size_t i = 0; i < pr->ncomp; i++) {
     const struct comp_plan *c = &pr->comps[i];
@@ -158,8 +207,10 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
     fprintf(out, "%s%s %s (%s%s)", i ? ", " : "", tool_esc(c->name), secs(c->forward_s),
             strcmp(c->source, "model") ? c->source : "", strcmp(c->source, "model") ? "" : "model");
   }
-  fprintf(out, "\n          one prompt computes for %s (a warm all-resident prompt)\n\n",
+  fprintf(out, "\n          one prompt computes for %s (a warm all-resident prompt)\n",
           secs(pr->compute_s));
+  print_memory(pa, pr, out);
+  fputc('\n', out);
   fprintf(out, "%-16s %-4s %11s %11s %11s %9s %11s %11s\n", "policy", "fits", "peak device",
           "pinned host", "per prompt", "overhead", "stall", "moved");
   for (int p = 0; p < POL_COUNT; p++) {
@@ -179,6 +230,12 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
             pol_names[pr->advice]);
   else
     fprintf(out, "is not run)\n");
+  if (pr->advice >= 0 && pr->reserve) {
+    const pol_result *q = &pr->pol[pr->advice];
+    fprintf(out, "(peak device: the weights'; with the reserve, %s needs %s of %s)\n",
+            pol_names[pr->advice], tool_size(q->peak_device + pr->reserve),
+            tool_size(pr->dev.memory));
+  }
   fprintf(out, "(loads %s)\n",
           pa->whole_loads ? "whole: each forward waits for all of its component (--whole-loads)"
                           : "block by block: a forward waits for the prologue and each block's "
@@ -200,8 +257,6 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
   print_advice(pa, pr, out);
   const char *unified = unified_advice(pr);
   if (unified) fprintf(out, "unified memory: %s.\n", unified);
-  if (!pa->have_reserve && !pa->have_budget)
-    fprintf(out, "note: weights only; leave room for activations with --reserve SIZE\n");
 }
 
 cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_job *job) {
@@ -244,6 +299,7 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
   cJSON_AddNumberToObject(j, "first_dit_steps", pr->split.first_steps);
   cJSON_AddNumberToObject(j, "passes", job->passes);
   cJSON_AddNumberToObject(j, "text_tokens", job->text_tokens);
+  cJSON_AddNumberToObject(j, "batch", job->batch);
   cJSON_AddNumberToObject(j, "prompts", (double)pa->prompts);
   cJSON *comps = cJSON_AddArrayToObject(o, "components");
   for (size_t i = 0; i < pr->ncomp; i++) {
@@ -256,8 +312,26 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
     cJSON_AddNumberToObject(e, "flops", c->flops);
     cJSON_AddNumberToObject(e, "forward_s", c->forward_s);
     cJSON_AddStringToObject(e, "forward_source", c->source);
+    cJSON_AddNumberToObject(e, "activation_bytes", c->act.bytes);
+    cJSON_AddNumberToObject(e, "activation_tokens", c->act.tokens);
+    cJSON_AddStringToObject(e, "activation_phase", c->act.phase);
     cJSON_AddItemToArray(comps, e);
   }
+  cJSON *m = cJSON_AddObjectToObject(o, "memory");
+  cJSON_AddNumberToObject(m, "activation_peak_bytes", pr->act_peak);
+  if (pr->act_comp >= 0)
+    cJSON_AddStringToObject(m, "activation_peak_component", pr->comps[pr->act_comp].name);
+  else
+    cJSON_AddNullToObject(m, "activation_peak_component");
+  cJSON_AddStringToObject(m, "kernels", pa->cpu_kernels ? "cpu" : "cuda");
+  cJSON_AddNumberToObject(m, "cuda_context_bytes", (double)PLAN_CUDA_CONTEXT_BYTES);
+  cJSON_AddNumberToObject(m, "workspace_bytes", (double)PLAN_WORKSPACE_BYTES);
+  cJSON_AddNumberToObject(m, "fragmentation", PLAN_FRAGMENTATION);
+  cJSON_AddNumberToObject(m, "model_reserve_bytes", (double)pr->model_reserve);
+  cJSON_AddNumberToObject(m, "reserve_bytes", (double)pr->reserve);
+  if (pr->reserve_but_vae) /* the VAE's decode is the largest: the reserve without it */
+    cJSON_AddNumberToObject(m, "model_reserve_without_vae_bytes", (double)pr->reserve_but_vae);
+  cJSON_AddStringToObject(m, "reserve_from", pr->reserve_from);
   cJSON_AddNumberToObject(o, "all_resident_bytes", (double)pr->all_bytes);
   cJSON_AddNumberToObject(o, "compute_s", pr->compute_s);
   cJSON *pols = cJSON_AddArrayToObject(o, "policies");
@@ -278,6 +352,7 @@ cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_j
       cJSON_AddNumberToObject(e, "total_stall_s", q->total_stall_s);
       cJSON_AddNumberToObject(e, "total_h2d_bytes", (double)q->total_h2d);
       cJSON_AddNumberToObject(e, "peak_device_bytes", (double)q->peak_device);
+      cJSON_AddNumberToObject(e, "device_need_bytes", (double)(q->peak_device + pr->reserve));
       cJSON_AddNumberToObject(e, "pinned_host_bytes", (double)q->pinned_host);
       cJSON_AddNumberToObject(e, "h2d_bytes", (double)q->h2d_bytes);
       cJSON_AddNumberToObject(e, "loads", (double)q->loads);

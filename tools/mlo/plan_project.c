@@ -31,6 +31,7 @@ static void job_of(const plan_args *pa, mlo_pipeline *pipe, const char *class_na
   if (pa->cfg) job->passes = (int)pa->cfg;
   if (pa->text_tokens) job->text_tokens = (int)pa->text_tokens;
   if (pa->steps) job->steps = (int)pa->steps;
+  if (pa->batch) job->batch = (int)pa->batch;
 }
 
 /* model_index.json's _class_name, for the job's family ("" without one). */
@@ -117,7 +118,7 @@ static void fill_options(const plan_args *pa, int pol, const plan_result *pr, ru
   o->settings.prefetch = pol == POL_PREFETCH;
   if (pol >= POL_BUDGET) { /* mlo run refuses them for the other policies */
     o->settings.budget_bytes = pa->have_budget ? pa->budget : 0;
-    o->settings.reserve_bytes = pa->have_reserve ? pa->reserve : 0;
+    o->settings.reserve_bytes = pa->have_budget ? 0 : pr->reserve;
   }
   if (pol != POL_RESIDENT && pa->have_host) o->settings.host_budget_bytes = pa->host;
   o->prompts = (int)pa->prompts;
@@ -133,32 +134,27 @@ bool plan_wanted(const plan_args *pa, int pol) {
   return true;
 }
 
-/* Whether pol fits before running it; why says what is short. */
+/* Whether pol fits before running it; why says what is short.  Every row
+ * leaves the reserve free (activations, the CUDA context, workspaces);
+ * the budget rows pass it to the budget policy as mlo run --reserve does. */
 static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why, size_t len) {
   uint64_t cap = pr->dev.memory, need = 0;
   const char *what = "";
-  /* The reserve (activations, workspaces) is room every policy needs; the
-   * budget rows pass it to the budget policy as mlo run does. */
-  if (pol < POL_BUDGET && pa->have_reserve) {
-    if (pa->reserve >= cap) {
-      snprintf(why, len, "--reserve %s leaves nothing of %s", tool_size(pa->reserve),
-               tool_size(cap));
-      return false;
-    }
-    cap -= pa->reserve;
+  const char *from = strcmp(pr->reserve_from, "model") ? "--reserve" : "the reserve";
+  if (pr->reserve >= cap) {
+    snprintf(why, len, "short by %s: %s %s alone is more than the device's %s",
+             tool_size(pr->reserve - cap), from, tool_size(pr->reserve), tool_size(cap));
+    return false;
   }
   if (pol == POL_RESIDENT)
     need = pr->all_bytes, what = "every component";
   else if (pol == POL_STRICT)
     need = pr->strict_need, what = "the largest phase";
   else {
-    uint64_t budget = pa->have_budget                         ? pa->budget
-                      : pa->have_reserve && pa->reserve < cap ? cap - pa->reserve
-                      : pa->have_reserve                      ? 0
-                                                              : cap;
-    if (pa->have_budget && pa->budget > cap) {
-      snprintf(why, len, "--budget %s is more than the device's %s", tool_size(pa->budget),
-               tool_size(cap));
+    uint64_t budget = pa->have_budget ? pa->budget : cap - pr->reserve;
+    if (pa->have_budget && pa->budget > cap - pr->reserve) {
+      snprintf(why, len, "--budget %s and %s %s are more than the device's %s",
+               tool_size(pa->budget), from, tool_size(pr->reserve), tool_size(cap));
       return false;
     }
     if (pr->budget_least > budget) {
@@ -169,10 +165,35 @@ static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why,
     }
     return true;
   }
+  cap -= pr->reserve;
   if (need <= cap) return true;
   snprintf(why, len, "short by %s: %s needs %s of %s%s", tool_size(need - cap), what,
-           tool_size(need), tool_size(cap), pa->have_reserve ? " (after --reserve)" : "");
+           tool_size(need), tool_size(cap), pr->reserve ? " (after the reserve)" : "");
   return false;
+}
+
+/* Each component's activations at the job, the largest, and the reserve
+ * the rows keep free: --reserve where given, else the model's. */
+static void plan_reserve(const plan_args *pa, tool_session *s, plan_result *pr,
+                         const plan_job *job) {
+  pr->act_peak = 0;
+  pr->act_comp = -1;
+  double but_vae = 0; /* the largest of the other components' */
+  for (size_t i = 0; i < pr->ncomp; i++) {
+    plan_activation_of(mlo_pipeline_component_at(s->pipe, i), job, pa->cpu_kernels,
+                       &pr->comps[i].act);
+    if (pr->comps[i].act.bytes > pr->act_peak)
+      pr->act_peak = pr->comps[i].act.bytes, pr->act_comp = (int)i;
+    if (pr->comps[i].role != MLO_ROLE_VAE && pr->comps[i].act.bytes > but_vae)
+      but_vae = pr->comps[i].act.bytes;
+  }
+  uint64_t fixed = PLAN_CUDA_CONTEXT_BYTES + PLAN_WORKSPACE_BYTES;
+  pr->model_reserve = fixed + (uint64_t)ceil(pr->act_peak * (1 + PLAN_FRAGMENTATION));
+  pr->reserve_but_vae = pr->act_comp >= 0 && pr->comps[pr->act_comp].role == MLO_ROLE_VAE
+                            ? fixed + (uint64_t)ceil(but_vae * (1 + PLAN_FRAGMENTATION))
+                            : 0;
+  pr->reserve = pa->have_reserve ? pa->reserve : pr->model_reserve;
+  pr->reserve_from = pa->have_reserve ? "--reserve" : "model";
 }
 
 static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int pol,
@@ -283,14 +304,14 @@ static int model_times(const plan_args *pa, tool_session *s, plan_result *pr, co
 static void shared_pool(plan_result *pr, int pol) {
   pol_result *q = &pr->pol[pol];
   if (pr->dev.unified != PLAN_MEM_SHARED || pol == POL_RESIDENT || !q->fits) return;
-  uint64_t need = q->peak_device + q->pinned_host;
+  uint64_t need = q->peak_device + q->pinned_host + pr->reserve;
   if (need <= pr->dev.memory) return;
   q->fits = false;
   snprintf(q->why, sizeof q->why,
-           "short by %s: unified memory: the host copy (%s) and the device's peak (%s) share "
-           "the one pool of %s",
+           "short by %s: unified memory: the host copy (%s), the device's peak (%s) and the "
+           "reserve (%s) share the one pool of %s",
            tool_size(need - pr->dev.memory), tool_size(q->pinned_host), tool_size(q->peak_device),
-           tool_size(pr->dev.memory));
+           tool_size(pr->reserve), tool_size(pr->dev.memory));
 }
 
 static void choose_advice(plan_result *pr) {
@@ -366,6 +387,7 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
   pr->largest = mlo_workload_largest_bytes(s.pipe, NULL);
   pr->budget_least = mlo_workload_stream_least_bytes(s.pipe, NULL);
   if ((code = model_times(pa, &s, pr, job))) goto out;
+  plan_reserve(pa, &s, pr, job);
   tool_source src = pa->src;
   if (pa->preset) src.sched = &sched;
   pr->steps = job->steps;

@@ -270,6 +270,7 @@ static int timed_run(tool_session *s, const run_options *o, mlo_workload_call *c
   if (!r->gens) return MLO_ENOMEM;
   /* The platform's clock: virtual on the simulated device (mlo plan). */
   uint64_t t0 = mlo_platform_now_ns(s->platform);
+  r->start_ns = t0;
   bar.t0_ns = mlo_now_ns();
   int rc = o->offload ? mlo_offload_enable(s->pipe, &o->settings) : mlo_pipeline_load_all(s->pipe);
   size_t ncomp = mlo_pipeline_component_count(s->pipe);
@@ -462,7 +463,27 @@ int session_write_pictures(const tool_trace *t, tool_session *s, const char *tit
   if (r->ngens > 1) snprintf(prompts, sizeof prompts, " x %d prompts", r->ngens);
   snprintf(subtitle, sizeof subtitle, "%s  |  %s%s  |  %d steps%s  |  wall %.2f s",
            mlo_platform_description(s->platform), mode, sync, o->steps, prompts, r->wall_s);
-  if (!rc && svg_path)
-    rc = tool_timeline_write_svg(t, s->pipe, s->capacity, title, subtitle, svg_path, err, errlen);
+  if (!rc && svg_path) {
+    /* each prompt's start, from the prompts' walls: the axis and its marks */
+    uint64_t *starts = calloc(r->ngens > 0 ? (size_t)r->ngens : 1, sizeof *starts);
+    if (!starts) {
+      snprintf(err, errlen, "out of memory drawing the timeline");
+      return MLO_ENOMEM;
+    }
+    double at = 0;
+    for (int p = 0; p < r->ngens; p++) {
+      starts[p] = r->start_ns + (uint64_t)(at * 1e9);
+      at += r->gens[p].wall_s;
+    }
+    tool_timeline_run run = {
+        .capacity = s->capacity,
+        .budget = o->offload && o->settings.policy == MLO_POLICY_BUDGET ? r->stats.budget_bytes : 0,
+        .start_ns = r->start_ns,
+        .end_ns = r->start_ns + (uint64_t)(r->wall_s * 1e9),
+        .prompt_ns = starts,
+        .nprompts = r->ngens};
+    rc = tool_timeline_write_svg(t, s->pipe, &run, title, subtitle, svg_path, err, errlen);
+    free(starts);
+  }
   return rc;
 }

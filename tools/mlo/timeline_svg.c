@@ -2,11 +2,15 @@
  * timeline_svg.c — the residency timeline picture of a run (`--timeline`,
  * and what `mlo demo` writes): one row per component with a bar for each
  * time it was resident (the loading part hatched darker, forwards as dark
- * ticks), the component's name on the row and on its bars, and below it the
- * device-memory curve against the capacity, with a time axis under each
- * part.  Above: a title, a line naming platform, offload mode, steps and
- * wall time, and a legend of the marks.  A plain
- * SVG with no scripts or external references, readable in any browser.
+ * ticks, loads that read from disk in purple), the component's name on the
+ * row and on its bars, and below it the device-memory curve scaled to the
+ * run (its peak or its budget, whichever is higher: a stand-in device's
+ * capacity may be a hundred times either), with a time axis under each
+ * part that spans the whole run, and each prompt's start marked across
+ * both.  Above: a title, a line naming platform, offload mode, steps and
+ * wall time, and a legend of the marks, wrapped to the picture's width.  A
+ * plain SVG with no scripts or external references, readable in any
+ * browser; the tests render it (tests/cli/test_cli.py, TimelineTests).
  */
 #include "tool.h"
 
@@ -17,7 +21,10 @@
 #define W 1000.0
 #define LEFT 170.0
 #define RIGHT 30.0
-#define TOP 88.0 /* title, subtitle and legend above the rows */
+#define TOP 104.0 /* title, subtitle and two lines of legend above the rows */
+#define DISK_FILL "#8e44ad"
+#define PROMPT_STROKE "#7f8c8d"
+#define BUDGET_STROKE "#e67e22"
 #define ROW_H 26.0
 #define ROW_GAP 8.0
 #define MEM_H 170.0
@@ -121,6 +128,13 @@ static double nice_step(double range, int want) {
   return p;
 }
 
+/* Whether a component's loads read its slab from its checkpoint files (the
+ * disk tier keeps it there: --host-memory). */
+static bool reads_from_disk(mlo_component *c) {
+  mlo_component_stats st;
+  return mlo_component_get_stats(c, &st) == MLO_OK && st.disk_loads > 0;
+}
+
 static void draw_bar(sbuf *b, const frame *f, mlo_component *c, double y, uint64_t begin,
                      uint64_t loaded, uint64_t end, bool prefetch) {
   double x0 = xpos(f, begin), x1 = xpos(f, end), xl = xpos(f, loaded);
@@ -133,6 +147,11 @@ static void draw_bar(sbuf *b, const frame *f, mlo_component *c, double y, uint64
               "fill-opacity='%s'><title>%s</title></rect>\n",
               x0, y, xl - x0, ROW_H, prefetch ? "#2f5d9b" : "#000", prefetch ? "0.85" : "0.25",
               prefetch ? "prefetch (copy ahead of use)" : "loading");
+  if (xl > x0 && reads_from_disk(c)) /* the load's top half: its bytes came from disk */
+    sb_printf(b,
+              "<rect class='disk' x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s'>"
+              "<title>load read from disk</title></rect>\n",
+              x0, y, xl - x0 < 2 ? 2 : xl - x0, ROW_H / 2, DISK_FILL);
   const char *name = mlo_component_name(c);
   if (x1 - x0 > 7.0 * (double)strlen(name) + 8) {
     sb_printf(b, "<text x='%.1f' y='%.1f' font-size='12' fill='#111'>", x0 + 4, y + ROW_H / 2 + 4);
@@ -193,8 +212,11 @@ static void draw_row(sbuf *b, const frame *f, const tool_trace *t, mlo_component
 
 static void draw_time_axis(sbuf *b, const frame *f, double y) {
   double span_s = (double)(f->t1 - f->t0) / 1e9, step = nice_step(span_s > 0 ? span_s : 1, 8);
-  sb_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#333'/>\n", LEFT, y,
-            LEFT + f->plot_w, y);
+  /* what the axis spans, for a reader of the file (the tests) */
+  sb_printf(b,
+            "<line class='time-axis' data-end-s='%.6f' x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' "
+            "stroke='#333'/>\n",
+            span_s, LEFT, y, LEFT + f->plot_w, y);
   for (double s = 0; s <= span_s + step * 1e-9; s += step) {
     double x = LEFT + (span_s > 0 ? s / span_s : 0) * f->plot_w;
     sb_printf(b, "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#333'/>\n", x, y, x, y + 5);
@@ -205,12 +227,29 @@ static void draw_time_axis(sbuf *b, const frame *f, double y) {
             LEFT + f->plot_w / 2, y + 34);
 }
 
-static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, uint64_t capacity,
+/* A dashed level across the memory chart, labelled at its right end. */
+static void draw_level(sbuf *b, const frame *f, double y, const char *colour, const char *label,
+                       uint64_t bytes) {
+  sb_printf(b,
+            "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='%s' stroke-dasharray='6 4'/>\n",
+            LEFT, y, LEFT + f->plot_w, y, colour);
+  sb_printf(b, "<text x='%.1f' y='%.1f' font-size='11' fill='%s' text-anchor='end'>%s %s</text>\n",
+            LEFT + f->plot_w - 4, y - 4, colour, label, tool_size(bytes));
+}
+
+static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, const tool_timeline_run *run,
                         double y0) {
-  uint64_t peak = 0;
+  uint64_t peak = 0, capacity = run->capacity;
   for (size_t i = 0; i < t->count; i++)
     if (t->events[i].device_bytes > peak) peak = t->events[i].device_bytes;
-  double top = (double)(capacity > peak ? capacity : peak);
+  /* Scaled to the run: its peak, and its budget and the capacity where
+   * they are near it (within 1.5x); farther ones are said, not drawn: a
+   * stand-in device's 8 GiB would flatten an 80 MiB run into a line. */
+  double top = (double)peak * 1.1;
+  bool budget_shown = run->budget && (double)run->budget <= (double)peak * 1.5;
+  bool capacity_shown = capacity && (double)capacity <= (double)peak * 1.5;
+  if (budget_shown && (double)run->budget > top) top = (double)run->budget;
+  if (capacity_shown && (double)capacity > top) top = (double)capacity;
   if (top <= 0) top = 1;
   double ybase = y0 + MEM_H;
 #define YMEM(v) (ybase - (double)(v) / top * MEM_H)
@@ -230,16 +269,21 @@ static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, uint64_t c
             "<text x='20' y='%.1f' font-size='12' transform='rotate(-90 20 %.1f)' "
             "text-anchor='middle'>device memory</text>\n",
             y0 + MEM_H / 2, y0 + MEM_H / 2);
-  if (capacity) {
-    sb_printf(b,
-              "<line x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='#c0392b' "
-              "stroke-dasharray='6 4'/>\n",
-              LEFT, YMEM(capacity), LEFT + f->plot_w, YMEM(capacity));
-    sb_printf(b,
-              "<text x='%.1f' y='%.1f' font-size='11' fill='#c0392b' text-anchor='end'>"
-              "capacity %s</text>\n",
-              LEFT + f->plot_w - 4, YMEM(capacity) - 4, tool_size(capacity));
+  if (capacity_shown) draw_level(b, f, YMEM(capacity), "#c0392b", "capacity", capacity);
+  if (budget_shown && run->budget != capacity)
+    draw_level(b, f, YMEM(run->budget), BUDGET_STROKE, "budget", run->budget);
+  char above[160] = "";
+  if (run->budget && !budget_shown)
+    snprintf(above, sizeof above, "budget %s", tool_size(run->budget));
+  if (capacity && !capacity_shown && run->budget != capacity) {
+    size_t len = strlen(above);
+    snprintf(above + len, sizeof above - len, "%scapacity %s", len ? ", " : "",
+             tool_size(capacity));
   }
+  if (above[0])
+    sb_printf(b,
+              "<text x='%.1f' y='%.1f' font-size='11' fill='#c0392b'>%s: above the scale</text>\n",
+              LEFT + 6, y0 + 26, above);
   sb_printf(b, "<polyline fill='none' stroke='#2c6fbb' stroke-width='2' points='%.1f,%.1f", LEFT,
             ybase);
   uint64_t cur = 0;
@@ -258,7 +302,22 @@ static void draw_memory(sbuf *b, const frame *f, const tool_trace *t, uint64_t c
 #undef YMEM
 }
 
-/* What the marks mean: bar colours by role, the loading overlay, forwards. */
+/* Each prompt's start: a dashed line from the rows' top to the memory
+ * chart's foot, numbered at the top. */
+static void draw_prompts(sbuf *b, const frame *f, const tool_timeline_run *run, double y0,
+                         double y1) {
+  for (int p = 0; p < run->nprompts; p++) {
+    double x = xpos(f, run->prompt_ns[p]);
+    sb_printf(b,
+              "<line class='prompt' x1='%.1f' y1='%.1f' x2='%.1f' y2='%.1f' stroke='%s' "
+              "stroke-width='1.5' stroke-dasharray='3 3'/>\n",
+              x, y0 - 6, x, y1, PROMPT_STROKE);
+    sb_printf(b, "<text x='%.1f' y='%.1f' font-size='10' fill='%s'>prompt %d</text>\n", x + 3,
+              y0 - 8, PROMPT_STROKE, p + 1);
+  }
+}
+
+/* What the marks mean, wrapped to the picture's width so no key is cut. */
 static void draw_legend(sbuf *b, double y) {
   static const struct {
     const char *label, *fill, *opacity;
@@ -269,31 +328,42 @@ static void draw_legend(sbuf *b, double y) {
       {"VAE", "#8cb369", "1", 12},
       {"loading (copy in flight)", "#000", "0.25", 12},
       {"prefetch (copy ahead of use)", "#2f5d9b", "0.85", 12},
+      {"load read from disk", DISK_FILL, "1", 6},
       {"streamed block's copy issued", "#2f5d9b", "1", 6},
       {"forward", "#222", "1", 5},
+      {"prompt starts", PROMPT_STROKE, "1", 12},
+      {"budget", BUDGET_STROKE, "1", 2},
   };
-  double x = LEFT;
+  const double x_start = 20, x_end = W - RIGHT, char_w = 6.5;
+  double x = x_start;
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    double width = 18 + char_w * (double)strlen(keys[i].label);
+    if (x > x_start && x + width > x_end) x = x_start, y += 16;
+    bool line = !strcmp(keys[i].label, "prompt starts");
     sb_printf(b,
-              "<rect x='%.1f' y='%.1f' width='14' height='%.0f' fill='%s' fill-opacity='%s' "
-              "stroke='#999' stroke-width='0.5'/>\n",
-              x, y - keys[i].h, keys[i].h, keys[i].fill, keys[i].opacity);
-    sb_printf(b, "<text x='%.1f' y='%.1f' font-size='11'>%s</text>\n", x + 18, y - 1,
+              "<rect class='legend' x='%.1f' y='%.1f' width='%.0f' height='%.0f' fill='%s' "
+              "fill-opacity='%s' stroke='#999' stroke-width='0.5'/>\n",
+              x + (line ? 6 : 0), y - keys[i].h, line ? 2.0 : 14.0, keys[i].h, keys[i].fill,
+              keys[i].opacity);
+    sb_printf(b, "<text class='legend' x='%.1f' y='%.1f' font-size='11'>%s</text>\n", x + 18, y - 1,
               keys[i].label);
-    x += 18 + 6.5 * (double)strlen(keys[i].label) + 18;
+    x += width + 18;
   }
 }
 
-int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
+int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, const tool_timeline_run *run,
                             const char *title, const char *subtitle, const char *path, char *err,
                             size_t errlen) {
   size_t ncomp = mlo_pipeline_component_count(pipe);
-  frame f = {0, 1, W - LEFT - RIGHT};
-  if (t->count) {
-    f.t0 = t->events[0].t_ns;
-    f.t1 = t->events[t->count - 1].t_ns;
-    if (f.t1 <= f.t0) f.t1 = f.t0 + 1;
+  /* The whole run: from its start (or the first event) to its end (or the
+   * last event stamped: a copy's end is stamped when it lands, which may
+   * be after events recorded later) */
+  frame f = {run->start_ns, run->end_ns, W - LEFT - RIGHT};
+  for (size_t i = 0; i < t->count; i++) {
+    if (!f.t0 || t->events[i].t_ns < f.t0) f.t0 = t->events[i].t_ns;
+    if (t->events[i].t_ns > f.t1) f.t1 = t->events[i].t_ns;
   }
+  if (f.t1 <= f.t0) f.t1 = f.t0 + 1;
   double rows_h = (double)ncomp * (ROW_H + ROW_GAP);
   double axis_y = TOP + rows_h + 4, mem_y = axis_y + 60;
   double height = mem_y + MEM_H + 50; /* a second time axis under the memory chart */
@@ -312,12 +382,13 @@ int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t ca
     sb_text(&b, subtitle);
     sb_printf(&b, "</text>\n");
   }
-  draw_legend(&b, 72);
+  draw_legend(&b, 70);
   for (size_t i = 0; i < ncomp; i++)
     draw_row(&b, &f, t, mlo_pipeline_component_at(pipe, i), TOP + (double)i * (ROW_H + ROW_GAP));
   draw_time_axis(&b, &f, axis_y);
-  draw_memory(&b, &f, t, capacity, mem_y);
+  draw_memory(&b, &f, t, run, mem_y);
   draw_time_axis(&b, &f, mem_y + MEM_H);
+  draw_prompts(&b, &f, run, TOP, mem_y + MEM_H);
   sb_printf(&b, "</svg>\n");
   int rc;
   if (b.oom) {

@@ -314,7 +314,16 @@ void tool_trace_hook(const mlo_trace_event *ev, void *user);
  * events, so the pipeline must still be alive.  Atomic (temp + rename). */
 int tool_trace_write_json(const tool_trace *t, const char *path, char *err, size_t errlen);
 /* ---- timeline_svg.c ---- */
-int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, uint64_t capacity,
+/* The run a timeline draws, beside its trace: times on the trace's clock
+ * (the platform's), so the axis covers the whole run, not only its events. */
+typedef struct {
+  uint64_t capacity;         /* device bytes (a stand-in's may dwarf the run) */
+  uint64_t budget;           /* the budget policy's, 0 for none */
+  uint64_t start_ns, end_ns; /* the run */
+  const uint64_t *prompt_ns; /* when each prompt started (nprompts) */
+  int nprompts;
+} tool_timeline_run;
+int tool_timeline_write_svg(const tool_trace *t, mlo_pipeline *pipe, const tool_timeline_run *run,
                             const char *title, const char *subtitle, const char *path, char *err,
                             size_t errlen);
 /* Writes an output file: a regular file is replaced atomically, a symlink
@@ -394,6 +403,7 @@ typedef struct {
   gen_result *gens;   /* ngens of them (malloc'd; run_result_free) */
   int ngens;
   double wall_s;
+  uint64_t start_ns; /* when the run started, on the platform's clock (the trace's) */
   mlo_pipeline_stats stats;
   uint64_t platform_peak;   /* the platform's own high-water mark */
   uint64_t reserved_peak;   /* its allocator's reserve high-water mark (CUDA pool) */
