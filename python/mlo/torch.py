@@ -28,6 +28,7 @@ import threading
 import warnings
 import weakref
 
+import numpy as np
 import torch
 
 from . import (Component, MloError, Pipeline, Platform, _ESTATE, lib, parse_size, role_from_class,
@@ -129,7 +130,19 @@ def _view(ptr, t_like, nbytes, keep=None):
     return flat.view(t_like.dtype).view(t_like.shape)
 
 
-_SUM_CHUNK = 1 << 20  # elements a fingerprint sums at once (8 MiB of int64)
+_SUM_CHUNK = 1 << 20  # elements a fingerprint sums at once on a GPU (8 MiB of int64)
+
+
+def _host_word_sum(at, n, dtype):
+    """The sum, modulo 2^64, of n words of dtype (int32, or uint8 for a last
+    partial word) at host address at.  numpy reduces in small buffers: no
+    temporary in host memory (torch's int64 sum of a slab made one of twice
+    its size, and summed in pieces the freed pieces stayed in the malloc
+    heap, 39 MiB of a 151 MiB expert's run under the disk tier's budget)."""
+    np_dtype = np.int32 if dtype == torch.int32 else np.uint8
+    words = np.frombuffer((ctypes.c_char * (n * np.dtype(np_dtype).itemsize)).from_address(at),
+                          dtype=np_dtype)
+    return int(words.sum(dtype=np.int64)) % 2**64
 
 
 class _Entry:
@@ -338,10 +351,11 @@ class Offload:
 
     # -- writes into the weights (defect 27.1) -----------------------------
     def _span_sum(self, entries, where):
-        """The 64-bit sum of the 32-bit words from the first of these
-        entries to the end of the last, in the slab ("host") or on the
-        device: one reduction, read back.  None where one of them has no
-        device copy (a streamed block outside its forward)."""
+        """The sum, modulo 2^64, of the 32-bit words from the first of these
+        entries to the end of the last (a last partial word as bytes), in
+        the slab ("host") or on the device, read back.  None where one of
+        them has no copy there (a streamed block outside its forward, a
+        component the disk tier keeps in its files)."""
         ptr_of = Component.host_data if where == "host" else Component.device_ptr
         spans = [(ptr_of(e.handle), e.nbytes) for e in entries if e.nbytes]
         if not spans or any(not p for p, _ in spans):
@@ -354,16 +368,19 @@ class Offload:
         for at, n, dtype in ((lo, size // 4, torch.int32), (lo + size // 4 * 4, size % 4,
                                                            torch.uint8)):
             if n:
-                like = torch.empty((n,), dtype=dtype, device="meta")
-                v = _cuda_view(at, like, n * like.element_size(), self.pipeline,
-                               self.torch_device) if cuda else \
-                    _view(at, like, n * like.element_size(), self.pipeline)
-                # in chunks: torch casts to int64 before it sums, a temporary
-                # twice the span's size in one piece (host memory the disk
-                # tier's budget does not have)
-                sums.append(sum(int(torch.sum(v[i:i + _SUM_CHUNK], dtype=torch.int64))
-                                for i in range(0, n, _SUM_CHUNK)))
+                sums.append(self._cuda_word_sum(at, n, dtype) if cuda else
+                            _host_word_sum(at, n, dtype))
         return tuple(sums)
+
+    def _cuda_word_sum(self, at, n, dtype):
+        """_host_word_sum of device memory: summed on the device in chunks
+        (torch widens a chunk to int64 before it sums), read back once."""
+        like = torch.empty((n,), dtype=dtype, device="meta")
+        v = _cuda_view(at, like, n * like.element_size(), self.pipeline, self.torch_device)
+        total = torch.zeros((), dtype=torch.int64, device=v.device)
+        for i in range(0, n, _SUM_CHUNK):
+            total += torch.sum(v[i:i + _SUM_CHUNK], dtype=torch.int64)
+        return int(total) % 2**64
 
     def _sums(self, m, where):
         """m's fingerprint: one sum per piece of m.pieces (plan_blocks)."""
@@ -399,7 +416,11 @@ class Offload:
             if m.bound is None:
                 continue
             self._check_replaced(m)
-            if m is skip or m.bound != "device" or m.reference is None:
+            if m is skip or m.bound != "device" or m.reference is None or \
+                    all(r is None for r in m.reference):
+                # nothing to compare with: a piece with no host copy (in its
+                # files: the disk tier) is reloaded from them at each load,
+                # and reading its device bytes would only cost a pass over them
                 continue
             if not m.acquired_since_load or m.streams or m.progressive:
                 # loaded ahead (a prefetch, enable) and not run yet, or loaded

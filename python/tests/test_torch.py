@@ -1135,17 +1135,23 @@ class FromPretrainedTests(unittest.TestCase):
                         (latents - ref).abs().max())
         self.assertGreater(got["disk_bytes"], self.weights // 3)  # one expert stays on disk
         self.assertLessEqual(got["host_slab_bytes"], budget)
-        # loading: the slabs that fit and the staging ring, never the weights
+        # loading: the slabs that fit and the staging ring, never the weights;
+        # the whole run: besides those, the stand-in device, whose memory is
+        # this process's (its arena's resident pages, counted from smaps)
         loaded = got["loaded_peak"] - got["before"] - got["staging"]
         self.assertLessEqual(loaded, budget + self.weights // 10, got)
+        self.assertGreater(got["device_rss"], 0, got)
+        run = got["peak"] - got["before"] - got["staging"] - got["device_rss"]
+        self.assertLessEqual(run, budget + self.weights // 10, got)
         self.assertGreaterEqual(plain["peak"] - plain["before"], self.weights * 9 // 10, plain)
         print("\nweights %d MiB, host budget %d MiB: plain diffusers peak RSS +%d MiB; "
-              "mlo.torch.from_pretrained +%d MiB after loading, +%d MiB after the run "
-              "(stand-in device peak %d MiB, staging %d MiB)" % tuple(
+              "mlo.torch.from_pretrained +%d MiB after loading, +%d MiB after the run, of "
+              "which the stand-in device's arena %d MiB (its peak use %d MiB) and the staging "
+              "ring %d MiB: +%d MiB besides them" % tuple(
                   x >> 20 for x in (self.weights, budget, plain["peak"] - plain["before"],
                                     got["loaded_peak"] - got["before"],
-                                    got["peak"] - got["before"], got["device_peak"],
-                                    got["staging"])), file=sys.stderr)
+                                    got["peak"] - got["before"], got["device_rss"],
+                                    got["device_peak"], got["staging"], run)), file=sys.stderr)
 
     def test_weights_are_the_files(self):
         from diffusers import WanPipeline
