@@ -1386,9 +1386,10 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
     not fit stay in their files and each load reads them (docs/disk.md);
     without it every slab is read into host memory once, at enable.
 
-    `torch_dtype=` gives the dtypes diffusers would; a tensor whose file
-    holds another dtype (a conversion), or that no file holds (a buffer
-    computed at init), is materialized once into a scratch file in
+    `dtype=` (or its older name `torch_dtype=`) gives the dtypes diffusers
+    would; a tensor whose file holds another dtype (a conversion), or that
+    no file holds (a buffer computed at init), is materialized once into a
+    scratch file in
     scratch_dir (the system's temporary folder by default; removed with the
     offload), with a warning naming how many and how large.  Models without
     safetensors weights, and the other components (tokenizers,
@@ -1405,9 +1406,12 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
     with open(index_path) as f:
         index = json.load(f)
     variant = kwargs.get("variant")
-    torch_dtype = kwargs.get("torch_dtype")
+    if "dtype" in kwargs and "torch_dtype" in kwargs:
+        raise ValueError("from_pretrained: give dtype= or torch_dtype= (its older name), not both")
+    # dtype= is diffusers' name now; torch_dtype= (deprecated there) still works
+    torch_dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
     if isinstance(torch_dtype, dict):
-        raise ValueError("from_pretrained: torch_dtype per component is not supported by mlo yet;"
+        raise ValueError("from_pretrained: a dtype per component is not supported by mlo yet;"
                          " give one dtype")
     scratch = _Scratch(scratch_dir)
     built, notes = {}, []

@@ -1195,5 +1195,96 @@ class FromPretrainedSmallTests(unittest.TestCase):
                 mlo.torch.from_pretrained(WanPipeline, d, host_memory="lots")
 
 
+def from_pretrained_quietly(*args, **kwargs):
+    """mlo.torch.from_pretrained, and the text of the warnings it gave."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        pipe = mlo.torch.from_pretrained(*args, **kwargs)
+    return pipe, " ".join(str(x.message) for x in w)
+
+
+def sources(pipe, name):
+    """{tensor name: the file it was declared from} of a component."""
+    m = next(m for m in pipe._mlo_offload.managed if m.name == name)
+    return {e.qname: e.source[0] for e in m.entries}
+
+
+class FromPretrainedFormsTests(unittest.TestCase):
+    """The folders diffusers writes: a variant beside the default weights,
+    sharded (an index and its shards), and dtype= with the files in that
+    dtype (nothing converted) or in another (converted once, said so)."""
+
+    def setUp(self):
+        import tempfile
+        self.tmp = tempfile.TemporaryDirectory(prefix="mlo-forms-")
+        self.addCleanup(self.tmp.cleanup)
+        self.dir = self.tmp.name
+
+    def test_variant_sharded(self):
+        from diffusers import WanPipeline
+        tiny.wan(seed=0).save_pretrained(self.dir)
+        tiny.wan(seed=1).save_pretrained(self.dir, variant="v1", max_shard_size="20KB")
+        shards = [f for f in os.listdir(os.path.join(self.dir, "transformer"))
+                  if f.startswith("diffusion_pytorch_model.v1-")]
+        self.assertGreater(len(shards), 1)  # the index's case, not one file
+        default = tiny.run_wan(WanPipeline.from_pretrained(self.dir))
+        ref = tiny.run_wan(WanPipeline.from_pretrained(self.dir, variant="v1"))
+        self.assertFalse(np.array_equal(default, ref))
+        pipe, said = from_pretrained_quietly(WanPipeline, self.dir, variant="v1", device=DEVICE,
+                                             host_memory="30K")
+        np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+        self.assertGreater(pipe._mlo_offload.pipeline.stats()["disk_read_bytes"], 0)
+        used = set(sources(pipe, "transformer").values())
+        # every shard, each from the index: none of the default file's
+        self.assertEqual(sorted(os.path.basename(f) for f in used
+                                if f.startswith(self.dir)), sorted(shards))
+        self.assertIn("model.v1.safetensors", {os.path.basename(f) for f in sources(
+            pipe, "text_encoder").values()})
+        self.assertNotIn("converted", said)
+        mlo.torch.close_model_offload(pipe)
+        np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+
+    def test_dtype_converted_once_or_not_at_all(self):
+        from diffusers import WanPipeline
+        tiny.wan().save_pretrained(self.dir)  # float32
+        plain = WanPipeline.from_pretrained(self.dir, dtype=torch.bfloat16)
+        plain.save_pretrained(self.dir, variant="bf16")  # as diffusers holds it in bfloat16
+        ref = tiny.run_wan(plain)
+        want = {k: v.dtype for k, v in plain.transformer.state_dict().items()}
+        self.assertIn(torch.float32, set(want.values()))  # _keep_in_fp32_modules
+        self.assertIn(torch.bfloat16, set(want.values()))
+        for kwargs in ({"variant": "bf16", "torch_dtype": torch.bfloat16},  # the files' dtype
+                       {"dtype": torch.bfloat16}):  # converted
+            with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
+                pipe, said = from_pretrained_quietly(WanPipeline, self.dir, device=DEVICE,
+                                                     **kwargs)
+                src = sources(pipe, "transformer")
+                scratch = {f for f in src.values() if not f.startswith(self.dir)}
+                self.assertLessEqual(len(scratch), 1)
+                in_scratch = [k for k, f in src.items() if f in scratch]
+                params = dict(pipe.transformer.named_parameters())
+                if "variant" in kwargs:
+                    self.assertNotIn("converted", said)
+                    self.assertFalse([k for k in in_scratch if k in params])  # buffers only
+                else:
+                    # every floating parameter not kept in float32 read once,
+                    # converted, into the scratch file, and said so
+                    moved = sorted(k for k in params if want[k] == torch.bfloat16)
+                    self.assertEqual(sorted(k for k in in_scratch if k in params), moved)
+                    self.assertIn("transformer: %d tensor(s) converted" % len(moved), said)
+                    self.assertIn("materialized once", said)
+                    self.assertTrue(all(os.path.isfile(f) for f in scratch))
+                got = {k: v.dtype for k, v in pipe.transformer.state_dict().items()}
+                self.assertEqual(got, want)
+                np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+                mlo.torch.close_model_offload(pipe)
+                del pipe
+                gc.collect()
+                self.assertFalse([f for f in scratch if os.path.exists(f)])  # removed with it
+        with self.assertRaises(ValueError):
+            mlo.torch.from_pretrained(WanPipeline, self.dir, dtype=torch.bfloat16,
+                                      torch_dtype=torch.bfloat16)
+
+
 if __name__ == "__main__":
     unittest.main()
