@@ -246,6 +246,7 @@ class Offload:
         self.pipeline = Pipeline(self.platform)
         self.managed = []
         self.owner_of = {}  # data_ptr -> _Managed that stores it (C6)
+        self.loaded_files = {}  # id(module) -> {name: (path, offset)}: find_loaded_files
         self.enabled = False
         self.closed = False
         self.pipe_ref = None
@@ -265,6 +266,9 @@ class Offload:
         comp = self.pipeline.add_component(name, role)
         m = _Managed(name, module, role, comp)
         files = getattr(module, "_mlo_files", None) or {}
+        # a loaded module's tensors found in files (or spilled to one) for
+        # the disk tier: declared from there, so torch's copies can go
+        loaded_files = self.loaded_files.get(id(module), {})
         places = {}  # id(tensor) -> every (owner, attr) that holds it
         for named in (module.named_parameters(remove_duplicate=False),
                       module.named_buffers(remove_duplicate=False)):
@@ -290,8 +294,12 @@ class Offload:
             if dtype is None:
                 raise ValueError("%s.%s has dtype %s, which mlo does not move" %
                                  (name, qname, t.dtype))
-            source = None
-            if t.is_meta:
+            source = None if t.is_meta else loaded_files.get(qname)
+            if source is not None:
+                data = t.detach()
+                handle = comp.add_tensor(qname, dtype, list(t.shape), buffer=not is_param,
+                                         file=source[0], file_offset=source[1])
+            elif t.is_meta:
                 source = files.get(qname)
                 if source is None:
                     raise ValueError("%s.%s has no data (a meta tensor) and no file range to read "
@@ -1012,7 +1020,8 @@ def _guarded_to(obj, managed):
 
 
 def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0,
-                         prefetch=True, check_writes=True, progressive=True, host_memory=None):
+                         prefetch=True, check_writes=True, progressive=True, host_memory=None,
+                         scratch_dir=None):
     """Model-level offload of a diffusers (or any) pipeline through libmlo.
 
     device: where compute runs: None (the GPU torch sees; the host stand-in
@@ -1033,8 +1042,12 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     host_memory: host memory the weights may keep ("24G", or bytes; None:
     all of them).  Components declared from files (from_pretrained) that
     do not fit stay there, and each load reads them through a small pinned
-    staging ring (docs/disk.md); tensors from torch memory must stay in
-    host memory, or enable fails (MloError, MLO_ENOMEM, naming them).
+    staging ring (docs/disk.md).  A pipeline already loaded into torch
+    memory may be sent there too: each tensor is found in the safetensors
+    files its model was loaded from (compared byte for byte), or written
+    once into a scratch file in scratch_dir (the system's temporary folder
+    by default; removed with the offload), with a warning, and torch's
+    copies are freed and given back to the OS once enable has succeeded.
     Idempotent with the same arguments (C11); different ones raise MloError
     (EOWNED, C16).  On failure the modules are left as they were (C15).
     Returns the backend (pipe._mlo_offload)."""
@@ -1052,6 +1065,7 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
         return current
     backend = Offload(device, policy, budget, reserve, prefetch, check_writes, progressive,
                       host_budget)
+    scratch = None
     try:
         if isinstance(pipe, OffloadDelegate):
             pipe.mlo_enable_offload(backend)
@@ -1063,6 +1077,17 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
             if foreign:
                 raise ValueError("the pipeline has another offload installed; remove it before "
                                  "mlo's: " + "; ".join(foreign))
+            if host_budget:  # every tensor from a file, so any component may stay on disk
+                scratch = _Scratch(scratch_dir)
+                spilled, spilled_bytes = _find_loaded_files(backend, found, scratch)
+                scratch.close()  # libmlo checks each range lies inside its file
+                if spilled:
+                    warnings.warn("mlo: host_memory: %d tensor(s), %.1f MiB, are in no file "
+                                  "their model was loaded from (built in memory, or changed "
+                                  "since: a fused LoRA; %s, ...): written once to %s for the "
+                                  "disk tier to read" % (len(spilled), spilled_bytes / 2**20,
+                                                         spilled[0], scratch.path),
+                                  stacklevel=2)
             for name, module, role in found:
                 backend.add_module(name, module, role)
             if not any(m.role == "dit" for m in backend.managed):
@@ -1077,9 +1102,15 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
         backend.restore()
         if isinstance(pipe, OffloadDelegate) and backend.enabled:
             pipe.mlo_disable_offload(backend)
+        if scratch is not None:
+            scratch.remove()
         raise
     pipe._mlo_offload = backend
     backend.pipe_ref = weakref.ref(pipe)
+    if scratch is not None:
+        if scratch.path is not None:  # read by the libmlo pipeline as long as it lives
+            weakref.finalize(backend.pipeline, scratch.remove)
+        _give_back_freed_memory()  # torch's copies of what went to disk
     return backend
 
 
@@ -1464,6 +1495,86 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
         # memory keeps it past close_model_offload)
         weakref.finalize(backend.pipeline, scratch.remove)
     return pipe
+
+
+def _loaded_from(module):
+    """The folder a loaded model was read from (diffusers' and
+    transformers' config._name_or_path), or None."""
+    config = getattr(module, "config", None)
+    folder = getattr(config, "_name_or_path", None)
+    if folder is None and isinstance(config, dict):
+        folder = config.get("_name_or_path")
+    return folder if isinstance(folder, str) and os.path.isdir(folder) else None
+
+
+_COMPARE_CHUNK = 16 << 20  # bytes of a file compared with a tensor at once
+
+
+def _file_holds(path, offset, data):
+    """Whether the file has data's bytes (a contiguous CPU tensor) at offset."""
+    want = np.frombuffer(memoryview(data.view(-1).view(torch.uint8).numpy()), dtype=np.uint8)
+    buf = np.empty(min(len(want), _COMPARE_CHUNK), dtype=np.uint8)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        for at in range(0, len(want), _COMPARE_CHUNK):
+            n = min(_COMPARE_CHUNK, len(want) - at)
+            if f.readinto(memoryview(buf)[:n]) != n or \
+                    not np.array_equal(buf[:n], want[at:at + n]):
+                return False
+    return True
+
+
+def _find_loaded_files(backend, found, scratch):
+    """For the disk tier over a pipeline already loaded into torch memory
+    (enable_model_offload's host_memory): each tensor of each module, found
+    in the safetensors files its model was loaded from (its name, dtype,
+    shape and every byte the same), else written once into the scratch
+    file, in backend.loaded_files, so that every component may be declared
+    from files and the disk tier may leave any of them there.  Returns the
+    names written to the scratch file and their bytes."""
+    spilled, spilled_bytes, seen = [], 0, set()
+    for name, module, _ in found:
+        ranges = {}
+        folder = _loaded_from(module)
+        if folder is not None:
+            for f in sorted(os.listdir(folder)):
+                if f.endswith(".safetensors"):
+                    path = os.path.join(folder, f)
+                    for k, v in _safetensors_header(path).items():
+                        ranges.setdefault(k, []).append((path,) + v)
+        prefix = getattr(module, "base_model_prefix", "") or ""
+        out = {}
+        for named in (module.named_parameters(), module.named_buffers()):
+            for qname, t in named:
+                if t is None or t.is_meta or not t.numel() or t.data_ptr() in seen:
+                    continue  # no bytes, or another component's (a reference: C6)
+                seen.add(t.data_ptr())
+                data = t.detach().contiguous()
+                keys = (qname, prefix + "." + qname if prefix else qname,
+                        qname[len(prefix) + 1:] if prefix and qname.startswith(prefix + ".")
+                        else qname)
+                for path, code, shape, offset, _ in (c for k in dict.fromkeys(keys)
+                                                     for c in ranges.get(k, ())):
+                    if _TORCH_DTYPES.get(code) == data.dtype and tuple(shape) == tuple(
+                            data.shape) and _file_holds(path, offset, data):
+                        out[qname] = (path, offset)
+                        break
+                else:
+                    out[qname] = scratch.add(data)
+                    spilled.append("%s.%s" % (name, qname))
+                    spilled_bytes += data.numel() * data.element_size()
+        backend.loaded_files[id(module)] = out
+    return spilled, spilled_bytes
+
+
+def _give_back_freed_memory():
+    """What torch freed goes back to the OS: glibc keeps freed chunks of its
+    heap (torch's CPU allocations below its mmap threshold) until trimmed."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass  # not glibc: its allocator gives back what it gives back
 
 
 def _load_from_files(module):

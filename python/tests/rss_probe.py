@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """rss_probe.py MODE DIR OUT [DEVICE HOST_MEMORY] — loads the Wan pipeline
 saved in DIR, plainly (MODE diffusers) or with mlo.torch.from_pretrained
-(MODE mlo, on DEVICE with HOST_MEMORY), runs it to its latents (saved to
+(MODE mlo, on DEVICE with HOST_MEMORY), or plainly and then offloaded by
+enable_model_offload with HOST_MEMORY (MODE enable: enable_loaded), runs it to its latents (saved to
 OUT with torch.save) and prints one JSON line: the kernel's peak RSS of
 this process since just before loading (after the load, and after
 the run) (VmHWM, reset through
@@ -70,22 +71,51 @@ def warm_up():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def run(pipe):
+    with torch.no_grad():
+        return pipe(tiny.PROMPT, num_inference_steps=4, height=16, width=16, num_frames=5,
+                    max_sequence_length=8, guidance_scale=3.0, guidance_scale_2=2.0,
+                    generator=torch.Generator().manual_seed(0), output_type="latent").frames
+
+
+def enable_loaded(path, out, device, host_memory):
+    """MODE enable: plain diffusers loads and runs the pipeline (its
+    weights now in memory), then enable_model_offload(host_memory=) sends
+    what does not fit to disk: RSS before and after enable (the collector
+    run and the heap trimmed before each), and the latents of a run after."""
+    pipe = WanPipeline.from_pretrained(path)
+    run(pipe)
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    before = status("VmRSS")
+    backend = mlo.torch.enable_model_offload(pipe, device=device, host_memory=host_memory)
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)
+    after = status("VmRSS")
+    stats = backend.pipeline.stats()
+    report = {"before": before, "after": after, "disk_bytes": stats["disk_bytes"],
+              "host_slab_bytes": stats["host_slab_bytes"], "staging": stats["staging_bytes"],
+              "device_rss": device_rss(backend)}
+    torch.save(run(pipe), out)
+    report["disk_read_bytes"] = backend.pipeline.stats()["disk_read_bytes"]
+    print(json.dumps(report))
+
+
 def main():
     mode, path, out = sys.argv[1:4]
     warm_up()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS now
     before = status("VmRSS")
+    if mode == "enable":
+        return enable_loaded(path, out, *sys.argv[4:6])
     if mode == "mlo":
         pipe = mlo.torch.from_pretrained(WanPipeline, path, device=sys.argv[4],
                                          host_memory=sys.argv[5])
     else:
         pipe = WanPipeline.from_pretrained(path)
     loaded_peak = status("VmHWM")
-    with torch.no_grad():
-        latents = pipe(tiny.PROMPT, num_inference_steps=4, height=16, width=16, num_frames=5,
-                       max_sequence_length=8, guidance_scale=3.0, guidance_scale_2=2.0,
-                       generator=torch.Generator().manual_seed(0), output_type="latent").frames
+    latents = run(pipe)
     report = {"before": before, "loaded_peak": loaded_peak, "peak": status("VmHWM"),
               "device_peak": 0, "device_rss": 0, "staging": 0}
     backend = getattr(pipe, "_mlo_offload", None)

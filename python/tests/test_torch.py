@@ -1153,6 +1153,26 @@ class FromPretrainedTests(unittest.TestCase):
                                     got["peak"] - got["before"], got["device_rss"],
                                     got["device_peak"], got["staging"], run)), file=sys.stderr)
 
+    def test_enable_frees_what_goes_to_disk(self):
+        """A pipeline loaded and run by plain diffusers, then offloaded with
+        host_memory: the expert sent to disk leaves host memory."""
+        budget = self.weights // 2 + (8 << 20)  # one expert's slab fits, not two
+        plain, ref = self.probe("diffusers")
+        got, latents = self.probe("enable", "host:capacity=200M", str(budget))
+        self.assertTrue(torch.allclose(latents, ref, rtol=0, atol=1e-5),
+                        (latents - ref).abs().max())
+        self.assertGreater(got["disk_bytes"], self.weights // 3, got)  # one expert
+        self.assertGreater(got["host_slab_bytes"], self.weights // 3, got)  # the other
+        self.assertGreater(got["disk_read_bytes"], self.weights // 3, got)  # read at its load
+        # the kept expert's slab replaces torch's copy; the other's goes
+        grew = got["after"] - got["before"] - got["staging"] - got["device_rss"]
+        self.assertLessEqual(grew, -got["disk_bytes"] + self.weights // 20, got)
+        print("\nenable_model_offload(host_memory=%d MiB) on a loaded %d MiB pipeline: RSS %+d "
+              "MiB (%d MiB sent to disk; stand-in device %d MiB, staging %d MiB)" % tuple(
+                  x >> 20 for x in (budget, self.weights, got["after"] - got["before"],
+                                    got["disk_bytes"], got["device_rss"], got["staging"])),
+              file=sys.stderr)
+
     def test_weights_are_the_files(self):
         from diffusers import WanPipeline
         plain = WanPipeline.from_pretrained(self.dir)
@@ -1207,6 +1227,44 @@ def sources(pipe, name):
     """{tensor name: the file it was declared from} of a component."""
     m = next(m for m in pipe._mlo_offload.managed if m.name == name)
     return {e.qname: e.source[0] for e in m.entries}
+
+
+class EnableHostMemoryTests(unittest.TestCase):
+    def test_built_in_memory_goes_to_disk_through_a_scratch_file(self):
+        """Weights in no file (a pipeline built in memory) are written once
+        to a scratch file the disk tier reads, with a warning; a failing
+        enable removes it and leaves the modules on their own tensors."""
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="mlo-scratch-") as d:
+            pipe = tiny.wan()
+            ref = tiny.run_wan(pipe)
+            mine = {k: v for k, v in pipe.transformer.state_dict().items()}
+            with self.assertRaises(mlo.MloError):  # no room for the VAE on the device
+                mlo.torch.enable_model_offload(pipe, device="host:capacity=1K",
+                                               host_memory="30K", scratch_dir=d)
+            self.assertEqual(os.listdir(d), [])
+            for k, v in pipe.transformer.state_dict().items():
+                self.assertEqual(v.data_ptr(), mine[k].data_ptr(), k)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                b = mlo.torch.enable_model_offload(pipe, device=DEVICE, host_memory="30K",
+                                                   scratch_dir=d)
+            said = " ".join(str(x.message) for x in w)
+            self.assertIn("written once to %s" % d, said)
+            self.assertEqual(len(os.listdir(d)), 1)
+            on_disk = [m for m in b.managed if not mlo.Component.host_data(m.entries[0].handle)]
+            self.assertTrue(on_disk)
+            for m in on_disk:  # bound to no memory between its loads
+                if not m.comp.resident:
+                    self.assertTrue(all(e.current().is_meta for e in m.entries if e.nbytes),
+                                    m.name)
+            np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+            self.assertGreater(b.pipeline.stats()["disk_read_bytes"], 0)
+            mlo.torch.close_model_offload(pipe)
+            del b, m, on_disk  # what reaches the libmlo pipeline
+            gc.collect()
+            self.assertEqual(os.listdir(d), [])  # removed with the offload
+            np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
 
 
 class FromPretrainedFormsTests(unittest.TestCase):
