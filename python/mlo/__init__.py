@@ -591,6 +591,36 @@ class Pipeline:
         self.components.append(comp)
         return comp
 
+    def set_progress(self, fn):
+        """fn(component, done, total) as a materialization reads a
+        component's file-backed tensors into its slab, in bytes (at least
+        once per component, with done == total at its end); None: none
+        (mlo_pipeline_set_progress).  It may run on libmlo's threads, with
+        the pipeline's lock held: it must not call mlo, and what it raises
+        is dropped (it cannot cross into C)."""
+        by_handle = {}
+        me = weakref.ref(self)  # kept by the pipeline: no cycle through C
+
+        def call(comp, done, total, _user):
+            collecting = gc.isenabled()  # no finalizer may free an mlo object in here
+            gc.disable()
+            try:
+                if comp not in by_handle and me() is not None:
+                    by_handle.update({c._c.value: c for c in me().components})
+                fn(by_handle.get(comp), done, total)
+            except Exception:
+                pass
+            finally:
+                if collecting:
+                    gc.enable()
+
+        c = _lib.PROGRESS_FN(call) if fn is not None else _lib.PROGRESS_FN()
+        with self._use("set_progress") as p:
+            lib().mlo_pipeline_set_progress(p, c, None)
+        # a materialization already started may call the one it took until
+        # it ends: every one stays alive as long as the pipeline
+        self._progress_fns = getattr(self, "_progress_fns", []) + [c]
+
     def materialize(self):
         with self._use("materialize") as p:
             _check(lib().mlo_pipeline_materialize(p), "materialize", p)

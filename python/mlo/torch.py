@@ -21,6 +21,7 @@ import ctypes
 import gc
 import importlib
 import json
+import logging
 import os
 import struct
 import tempfile
@@ -44,6 +45,107 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _code
 _TORCH_DTYPES = {code: dtype for dtype, code in _DTYPES.items()}
+
+
+_log = logging.getLogger("mlo.torch")
+
+
+def _format_size(n):
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return "%.1f %s" % (n / (1 << shift), unit)
+    return "%d B" % n
+
+
+class _NoBar:
+    """A progress bar switched off."""
+    total = n = 0
+
+    def update(self, n=1):
+        pass
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _bar_config(pipe):
+    """How to draw a progress bar as diffusers draws its own while it loads
+    (tqdm), None where it is off: diffusers'
+    diffusers.utils.logging.disable_progress_bar(), or the pipeline's
+    pipe.set_progress_bar_config(disable=True), whose other settings it
+    takes too.  Without diffusers, none."""
+    try:
+        from diffusers.utils import logging as dlogging
+        import tqdm.auto  # noqa: F401
+    except ImportError:
+        return None
+    config = dict(getattr(pipe, "_progress_bar_config", None) or {})
+    if config.get("disable") or not dlogging.is_progress_bar_enabled():
+        return None
+    return config
+
+
+def _progress_bar(pipe, desc, total=None, config=False):
+    """A progress bar in bytes (_bar_config: pipe's settings, or config's)."""
+    if config is False:
+        config = _bar_config(pipe)
+    if config is None:
+        return _NoBar()
+    from tqdm.auto import tqdm
+    config = dict(config)
+    for k, v in (("desc", desc), ("unit", "B"), ("unit_scale", True), ("unit_divisor", 1024)):
+        config.setdefault(k, v)
+    return tqdm(total=total, **config)
+
+
+class _LazyBar:
+    """_progress_bar drawn from its first update on: none where nothing
+    happens."""
+
+    def __init__(self, pipe, desc):
+        self.pipe, self.desc, self.bar = pipe, desc, None
+
+    def update(self, n=1):
+        if self.bar is None:
+            self.bar = _progress_bar(self.pipe, self.desc)
+        self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _materialize_progress(pipeline, config, desc):
+    """libmlo's materialization progress (each component's file bytes read
+    into its slab) on a progress bar drawn from the first bytes read on,
+    its total growing by each component's as it starts.  Returns what
+    closes it."""
+    done, bar = {}, []
+    lock = threading.Lock()
+
+    def on(comp, now, total):
+        with lock:
+            if not bar:
+                bar.append(_progress_bar(None, desc, 0, config))
+            key = comp.name if comp is not None else None
+            if key not in done:
+                done[key] = 0
+                bar[0].total = (bar[0].total or 0) + total
+                bar[0].refresh()
+            bar[0].update(now - done[key])
+            done[key] = now
+
+    def close():
+        pipeline.set_progress(None)
+        with lock:
+            if bar:
+                bar[0].close()
+
+    pipeline.set_progress(on)
+    return close
 
 
 class SupportsComponentDiscovery:
@@ -660,12 +762,55 @@ class Offload:
         to its slab, enables offload, binds what enable made resident.
         With a host budget, enable materializes: only the slabs that stay in
         host memory are filled (docs/disk.md)."""
-        if not self.settings[5]:
-            self.pipeline.materialize()
-            for m in self.managed:
-                self._bind(m, "host")
-        self.enable()
+        pipe = self.pipe_ref() if self.pipe_ref is not None else None
+        end_progress = _materialize_progress(self.pipeline, _bar_config(pipe),
+                                             "mlo: reading weights into host slabs")
+        try:
+            if not self.settings[5]:
+                self.pipeline.materialize()
+                for m in self.managed:
+                    self._bind(m, "host")
+            self.enable()
+        finally:
+            end_progress()
         self._originals = []  # torch's own copies go: the slabs hold the weights now
+        self.log_placement()
+
+    def placement(self):
+        """Where each component lives now and why: [(name, role, bytes,
+        where, why)], where is "device", "host slab" or "disk" (its slab
+        left in its files by host_memory)."""
+        _, policy, _, _, _, host_budget = self.settings
+        size = _format_size(host_budget)
+        out = []
+        for m in self.managed:
+            on_disk = any(e.nbytes and not Component.host_data(e.handle) for e in m.entries)
+            if m.comp.resident:
+                where = "device"
+                why = "the budget policy keeps it (it fits the device budget)" \
+                    if policy != "strict" else "the strict policy keeps VAEs resident" \
+                    if m.role == "vae" else "the strict policy loads encoders at enable"
+            elif on_disk:
+                where = "disk"
+                why = "read from its files at each load (host_memory %s keeps the slabs of " \
+                      "the components loaded most per prompt)" % size
+            else:
+                where = "host slab"
+                why = "loaded from it at its forward (within host_memory %s)" % size \
+                    if host_budget else "loaded from it at its forward (no host_memory)"
+            if m.streams:
+                info = m.comp.stream_info()
+                why += ", streaming %d of its %d blocks through the device (larger than " \
+                       "the device budget)" % (info["streamed_blocks"], info["blocks"])
+            out.append((m.name, m.role, m.comp.bytes, where, why))
+        return out
+
+    def log_placement(self):
+        """One line at enable: where each component lives, and why."""
+        if _log.isEnabledFor(logging.INFO):
+            _log.info("mlo: on %s: %s", self.platform.name, "; ".join(
+                "%s (%s, %s): %s, %s" % (name, role, _format_size(nbytes), where, why)
+                for name, role, nbytes, where, why in self.placement()))
 
     def enable(self):
         """libmlo's offload on with the settings (at start, and again after a
@@ -1065,6 +1210,7 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
         return current
     backend = Offload(device, policy, budget, reserve, prefetch, check_writes, progressive,
                       host_budget)
+    backend.pipe_ref = weakref.ref(pipe)  # its progress bar settings
     scratch = None
     try:
         if isinstance(pipe, OffloadDelegate):
@@ -1079,7 +1225,7 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
                                  "mlo's: " + "; ".join(foreign))
             if host_budget:  # every tensor from a file, so any component may stay on disk
                 scratch = _Scratch(scratch_dir)
-                spilled, spilled_bytes = _find_loaded_files(backend, found, scratch)
+                spilled, spilled_bytes = _find_loaded_files(backend, found, scratch, pipe)
                 scratch.close()  # libmlo checks each range lies inside its file
                 if spilled:
                     warnings.warn("mlo: host_memory: %d tensor(s), %.1f MiB, are in no file "
@@ -1335,7 +1481,7 @@ def _empty_module(library, cls, folder):
     return module.eval()
 
 
-def _declare_from_files(module, library, files, torch_dtype, scratch, what):
+def _declare_from_files(module, library, files, torch_dtype, scratch, what, bar=_NoBar()):
     """Every parameter and buffer of module as a meta tensor of the dtype
     diffusers would give it, and module._mlo_files {name: (path, offset)}
     for each of its names: its range in the checkpoint files, or in the
@@ -1389,6 +1535,7 @@ def _declare_from_files(module, library, files, torch_dtype, scratch, what):
                 source = scratch.add(raw.to(target))
                 del raw
                 converted.append(qnames[0])
+                bar.update(nbytes)
         meta = torch.empty(t.shape, dtype=target, device="meta")
         for q in qnames:
             out[q] = source
@@ -1446,6 +1593,9 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
                          " give one dtype")
     scratch = _Scratch(scratch_dir)
     built, notes = {}, []
+    # the pipeline does not exist yet: diffusers' own switch alone turns it off
+    bar = _LazyBar(None, "mlo: converting weights to %s" % str(torch_dtype).replace(
+        "torch.", ""))
     try:
         for name, spec in index.items():
             if name.startswith("_") or name in kwargs or not isinstance(spec, list) or \
@@ -1463,7 +1613,7 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
                 continue
             module = _empty_module(library, cls, folder)
             converted, computed = _declare_from_files(module, library, files, torch_dtype,
-                                                      scratch, name)
+                                                      scratch, name, bar)
             if converted:
                 notes.append("%s: %d tensor(s) converted from their files' dtype (%s, ...)"
                              % (name, len(converted), converted[0]))
@@ -1472,6 +1622,7 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
                              % (name, len(computed), computed[0]))
             built[name] = module
         scratch.close()
+        bar.close()
         if scratch.bytes:
             notes.append("%.1f MiB materialized once into %s" % (scratch.bytes / 2**20,
                                                                  scratch.path))
@@ -1488,6 +1639,7 @@ def from_pretrained(pipeline_class, path, *, device=None, host_memory=None, poli
             warnings.warn("mlo: from_pretrained: %s not offloaded (no DiT, encoder or VAE "
                           "role): read into torch memory" % ", ".join(unmanaged), stacklevel=2)
     except BaseException:
+        bar.close()
         scratch.remove()
         raise
     if scratch.path is not None:
@@ -1524,7 +1676,7 @@ def _file_holds(path, offset, data):
     return True
 
 
-def _find_loaded_files(backend, found, scratch):
+def _find_loaded_files(backend, found, scratch, pipe=None):
     """For the disk tier over a pipeline already loaded into torch memory
     (enable_model_offload's host_memory): each tensor of each module, found
     in the safetensors files its model was loaded from (its name, dtype,
@@ -1533,38 +1685,56 @@ def _find_loaded_files(backend, found, scratch):
     from files and the disk tier may leave any of them there.  Returns the
     names written to the scratch file and their bytes."""
     spilled, spilled_bytes, seen = [], 0, set()
-    for name, module, _ in found:
-        ranges = {}
-        folder = _loaded_from(module)
-        if folder is not None:
-            for f in sorted(os.listdir(folder)):
-                if f.endswith(".safetensors"):
-                    path = os.path.join(folder, f)
-                    for k, v in _safetensors_header(path).items():
-                        ranges.setdefault(k, []).append((path,) + v)
-        prefix = getattr(module, "base_model_prefix", "") or ""
-        out = {}
-        for named in (module.named_parameters(), module.named_buffers()):
-            for qname, t in named:
-                if t is None or t.is_meta or not t.numel() or t.data_ptr() in seen:
-                    continue  # no bytes, or another component's (a reference: C6)
-                seen.add(t.data_ptr())
-                data = t.detach().contiguous()
-                keys = (qname, prefix + "." + qname if prefix else qname,
-                        qname[len(prefix) + 1:] if prefix and qname.startswith(prefix + ".")
-                        else qname)
-                for path, code, shape, offset, _ in (c for k in dict.fromkeys(keys)
-                                                     for c in ranges.get(k, ())):
-                    if _TORCH_DTYPES.get(code) == data.dtype and tuple(shape) == tuple(
-                            data.shape) and _file_holds(path, offset, data):
-                        out[qname] = (path, offset)
-                        break
-                else:
-                    out[qname] = scratch.add(data)
-                    spilled.append("%s.%s" % (name, qname))
-                    spilled_bytes += data.numel() * data.element_size()
-        backend.loaded_files[id(module)] = out
+    total = sum(t.numel() * t.element_size() for _, module, _ in found
+                for named in (module.parameters(), module.buffers())
+                for t in named if t is not None and not t.is_meta)
+    bar = _progress_bar(pipe, "mlo: finding the weights in their files", total)
+    try:
+        for name, module, _ in found:
+            got, names, nbytes = _find_module_files(name, module, scratch, seen, bar)
+            backend.loaded_files[id(module)] = got
+            spilled += names
+            spilled_bytes += nbytes
+    finally:
+        bar.close()
     return spilled, spilled_bytes
+
+
+def _find_module_files(name, module, scratch, seen, bar):
+    """_find_loaded_files for one module: {name: (path, offset)}, the names
+    written to the scratch file, their bytes."""
+    ranges = {}
+    folder = _loaded_from(module)
+    if folder is not None:
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".safetensors"):
+                path = os.path.join(folder, f)
+                for k, v in _safetensors_header(path).items():
+                    ranges.setdefault(k, []).append((path,) + v)
+    prefix = getattr(module, "base_model_prefix", "") or ""
+    out, spilled, spilled_bytes = {}, [], 0
+    for named in (module.named_parameters(), module.named_buffers()):
+        for qname, t in named:
+            if t is None or t.is_meta or not t.numel() or t.data_ptr() in seen:
+                continue  # no bytes, or another component's (a reference: C6)
+            seen.add(t.data_ptr())
+            data = t.detach().contiguous()
+            nbytes = data.numel() * data.element_size()
+            keys = (qname, prefix + "." + qname if prefix else qname,
+                    qname[len(prefix) + 1:] if prefix and qname.startswith(prefix + ".")
+                    else qname)
+            for path, code, shape, offset, _ in (c for k in dict.fromkeys(keys)
+                                                 for c in ranges.get(k, ())):
+                if _TORCH_DTYPES.get(code) == data.dtype and \
+                        tuple(shape) == tuple(data.shape) and _file_holds(path, offset, data):
+                    out[qname] = (path, offset)
+                    break
+            else:
+                out[qname] = scratch.add(data)
+                spilled.append("%s.%s" % (name, qname))
+                spilled_bytes += nbytes
+            bar.update(nbytes)
+    return out, spilled, spilled_bytes
 
 
 def _give_back_freed_memory():

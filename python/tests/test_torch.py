@@ -1267,6 +1267,51 @@ class EnableHostMemoryTests(unittest.TestCase):
             np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
 
 
+class ProgressTests(unittest.TestCase):
+    """Long work at enable shows diffusers' kind of progress bar, off with
+    the pipeline's own switch or diffusers' global one, and one log line
+    says where each component lives and why."""
+
+    def enable(self, d, configure=lambda pipe: None):
+        import contextlib
+        import io
+        from diffusers import WanPipeline
+        pipe = WanPipeline.from_pretrained(d)
+        configure(pipe)
+        err = io.StringIO()
+        with warnings.catch_warnings(), contextlib.redirect_stderr(err), \
+                self.assertLogs("mlo.torch", "INFO") as logs:
+            warnings.simplefilter("ignore")
+            mlo.torch.enable_model_offload(pipe, device=DEVICE, host_memory="700K")
+        mlo.torch.close_model_offload(pipe)
+        return err.getvalue(), " ".join(logs.output)
+
+    def test_bars_and_the_placement_line(self):
+        import tempfile
+        from diffusers.utils import logging as dlogging
+        with tempfile.TemporaryDirectory(prefix="mlo-progress-") as d:
+            tiny.wan(ffn_dim=2000).save_pretrained(d)  # 557 KiB each expert
+            shown, said = self.enable(d)
+            self.assertIn("mlo: finding the weights in their files", shown)
+            self.assertIn("mlo: reading weights into host slabs", shown)
+            self.assertIn("100%", shown)
+            # the expert used most per prompt keeps its slab, the other is
+            # read from its files at each load; the VAE is on the device
+            for name, where in (("transformer", "host slab"), ("transformer_2", "disk"),
+                                ("vae", "device"), ("text_encoder", "device")):
+                self.assertRegex(said, r"(: |; )%s \([a-z]+, [0-9.]+ [KM]iB\): %s, [^;]*[a-z]"
+                                 % (name, where))
+            self.assertIn("host_memory 700.0 KiB", said)
+            shown, _ = self.enable(d, lambda pipe: pipe.set_progress_bar_config(disable=True))
+            self.assertNotIn("mlo:", shown)
+            dlogging.disable_progress_bar()
+            try:
+                shown, _ = self.enable(d)
+            finally:
+                dlogging.enable_progress_bar()
+            self.assertNotIn("mlo:", shown)
+
+
 class FromPretrainedFormsTests(unittest.TestCase):
     """The folders diffusers writes: a variant beside the default weights,
     sharded (an index and its shards), and dtype= with the files in that
