@@ -279,6 +279,7 @@ class _Managed:
         self.written_back = 0  # tensors written back to the slab (defect 27.1)
         self.hooks = []
         self.patched = {}
+        self.casts = []  # (diffusers' layerwise casting's fn_ref, its post_forward): _hook_casts
         self.streams = False  # its blocks pass through device slots (block streaming)
         self.progressive = False  # it loads block by block, its blocks' hooks saying where
         self.may_progress = False  # each block has a module to hook: progressive once seen
@@ -732,6 +733,7 @@ class Offload:
             m.hooks.append(module.register_forward_hook(
                 lambda mod, args, out, b=b, entries=entries: self._block_end(m, b, entries),
                 always_call=True))
+        self._hook_casts(m)
         for method in ("decode", "encode"):  # their _decode/_encode run inside: one acquire
             fn = m.module.__dict__.get(method) or getattr(type(m.module), method, None)
             if fn is None or method in m.patched:
@@ -745,7 +747,38 @@ class Offload:
             m.patched[method] = m.module.__dict__.get(method)
             setattr(m.module, method, wrapped)
 
+    def _hook_casts(self, m):
+        """diffusers' layerwise casting (enable_layerwise_casting) on m's
+        layers casts each layer's weights to the compute dtype before its
+        forward (new tensors: temporaries) and back to the storage dtype
+        after it, which would leave torch's own copy of every layer in place
+        of mlo's memory.  After the forward the layer is bound back to where
+        libmlo holds its bytes instead: the storage dtype's values, the same
+        as the round trip gives (the compute dtype holds them exactly)."""
+        by_owner = {}
+        for e in m.entries:
+            by_owner.setdefault(id(e.owner), []).append(e)
+        for sub in m.module.modules():
+            registry = getattr(sub, "_diffusers_hook", None)
+            hook = registry.get_hook("layerwise_casting") if registry is not None else None
+            fn_ref = getattr(hook, "fn_ref", None)
+            if fn_ref is None:
+                continue
+            entries = [e for child in sub.modules() for e in by_owner.get(id(child), ())]
+
+            def bind_back(module, output, entries=entries):
+                where = "device" if m.bound == "device" or m.streams else "host"
+                for e in entries:
+                    self._bind_entry(e, where)
+                return output
+
+            m.casts.append((fn_ref, fn_ref.post_forward))
+            fn_ref.post_forward = bind_back
+
     def unhook(self, m):
+        for fn_ref, post_forward in m.casts:
+            fn_ref.post_forward = post_forward
+        m.casts = []
         for h in m.hooks:
             h.remove()
         m.hooks = []
@@ -1086,6 +1119,9 @@ def _platform_spec(device):
 
 _DIFFUSERS_OFFLOAD = ("enable_model_cpu_offload", "enable_sequential_cpu_offload",
                       "enable_group_offload")
+# diffusers' hooks that cast, not offload (enable_layerwise_casting): the
+# weights stay where they are, in their storage dtype, which mlo moves
+_DIFFUSERS_CASTS = {"layerwise_casting", "peft_autocast_disable"}
 
 
 def _foreign_offload(pipe, modules):
@@ -1104,10 +1140,10 @@ def _foreign_offload(pipe, modules):
                 break
             registry = getattr(sub, "_diffusers_hook", None)
             hooks = getattr(registry, "hooks", None) if registry is not None else None
+            hooks = sorted(set(hooks or ()) - _DIFFUSERS_CASTS)
             if hooks:
-                found.append("%s: diffusers' hooks %s (enable_group_offload or layerwise "
-                             "casting; the model's disable_group_offload() removes group "
-                             "offload)" % (name, ", ".join(sorted(hooks))))
+                found.append("%s: diffusers' hooks %s (enable_group_offload; the model's "
+                             "disable_group_offload() removes it)" % (name, ", ".join(hooks)))
                 break
     return found
 

@@ -540,6 +540,13 @@ class WritesTests(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "transformer: diffusers' hooks .*group_offload"):
             mlo.torch.enable_model_offload(pipe, device=DEVICE)
         self.assertFalse(hasattr(pipe, "_mlo_offload"))
+        # layerwise casting beside group offload: the offload is still named
+        pipe = cast_layerwise(tiny.wan())
+        pipe.transformer_2.enable_group_offload(onload_device=torch.device("cpu"),
+                                                offload_device=torch.device("cpu"),
+                                                offload_type="block_level", num_blocks_per_group=1)
+        with self.assertRaisesRegex(ValueError, "transformer_2: diffusers' hooks .*group_off"):
+            mlo.torch.enable_model_offload(pipe, device=DEVICE)
         pipe = tiny.wan()
         mlo.torch.enable_model_offload(pipe, device=DEVICE)
         for method in ("enable_model_cpu_offload", "enable_sequential_cpu_offload"):
@@ -1265,6 +1272,58 @@ class EnableHostMemoryTests(unittest.TestCase):
             gc.collect()
             self.assertEqual(os.listdir(d), [])  # removed with the offload
             np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+
+
+def cast_layerwise(pipe):
+    """diffusers' layerwise casting on both experts: float8 storage, float32
+    compute; the pipeline, for chaining."""
+    for name in ("transformer", "transformer_2"):
+        getattr(pipe, name).enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
+                                                     compute_dtype=torch.float32)
+    return pipe
+
+
+class LayerwiseCastingTests(unittest.TestCase):
+    """diffusers' layerwise casting is a cast, not an offload: mlo moves the
+    float8 storage, and each layer computes from a float32 copy of it."""
+
+    def test_identical_and_bound_to_mlo_memory(self):
+        ref = tiny.run_wan(cast_layerwise(tiny.wan()))
+        pipe = cast_layerwise(tiny.wan())
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+            entries = {e.name: e for m in b.managed for e in m.entries}
+            self.assertEqual(entries["transformer.blocks.0.ffn.net.0.proj.weight"].like.dtype,
+                             torch.float8_e4m3fn)
+            for _ in range(2):  # the second after both experts were evicted and loaded
+                np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+                self.assertIsNone(in_mlo_memory(b))  # no layer left on torch's cast copy
+        self.assertFalse([str(x.message) for x in w if "replaced" in str(x.message) or
+                          "written" in str(x.message)])
+        self.assertEqual(sum(m.written_back for m in b.managed), 0)
+        self.assertGreater(b.pipeline.stats()["loads"], 2)
+        hook = pipe.transformer.blocks[0].ffn.net[0].proj._diffusers_hook.get_hook(
+            "layerwise_casting")
+        mlo.torch.disable_model_offload(pipe)  # diffusers' own cast back after disable
+        self.assertEqual(hook.fn_ref.post_forward, hook.post_forward)
+        np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+
+    def test_host_memory_holds_the_float8_bytes_once(self):
+        base = rss_bytes()
+        pipe = cast_layerwise(tiny.wan(ffn_dim=200000))
+        stored = sum(t.numel() * t.element_size() for name in ("transformer", "transformer_2",
+                                                                "text_encoder", "vae")
+                     for t in getattr(pipe, name).state_dict().values())
+        self.assertLess(stored, 40 << 20)  # float8: a quarter of the float32 weights
+        b = mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
+        held = rss_bytes() - base
+        self.assertLessEqual(held, stored * 1.05 + (16 << 20),
+                             "%d MiB resident for %d MiB of weights" % (held >> 20, stored >> 20))
+        slabs = b.pipeline.stats()["host_slab_bytes"]
+        self.assertTrue(stored <= slabs < stored * 1.01, (slabs, stored))
+        del b
+        mlo.torch.close_model_offload(pipe)
 
 
 class ProgressTests(unittest.TestCase):
