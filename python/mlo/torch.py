@@ -31,6 +31,7 @@ import weakref
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import (Component, MloError, Pipeline, Platform, _ESTATE, lib, parse_size, role_from_class,
                role_guess)
@@ -252,7 +253,7 @@ class _Entry:
     dtype and shape (`like`, on the meta device: no bytes of torch's are
     kept), and the address it was last bound to."""
     __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like", "name", "ptr",
-                 "qname", "source", "places")
+                 "qname", "source", "places", "composite", "path")
 
     def __init__(self, owner, attr, is_param, handle, nbytes, like, name, source=None):
         self.owner, self.attr, self.is_param = owner, attr, is_param
@@ -261,11 +262,64 @@ class _Entry:
         self.ptr = None
         self.source = source  # (path, offset) where it was declared from a file
         self.places = ()  # the other (owner, attr) holding the same tensor (tied)
+        self.composite = None  # the _Composite it is an inner tensor of
+        self.path = ()  # its place in that composite's __tensor_flatten__ tree
 
     def current(self):
-        """The tensor the module has in this place now."""
-        return getattr(self.owner, self.attr) if self.is_param else \
+        """The tensor the module has in this place now (an inner tensor of a
+        tensor subclass: that inner tensor, or the subclass itself where it
+        is no longer one of the same kind)."""
+        t = getattr(self.owner, self.attr) if self.is_param else \
             self.owner._buffers.get(self.attr)
+        if self.composite is not None and type(t) is self.composite.spec[0]:
+            for name in self.path:
+                t = getattr(t, name)
+        return t
+
+
+def _is_wrapper(t):
+    """A tensor subclass made of inner tensors (torchao's quantized
+    weights): what mlo moves are those inner tensors' bytes."""
+    return is_traceable_wrapper_subclass(t)
+
+
+def _flatten(t, path=()):
+    """t's __tensor_flatten__ tree: (its spec, [(path, plain inner tensor)]).
+    A spec is (class, context, size, stride, {inner name: spec or None})."""
+    names, ctx = t.__tensor_flatten__()
+    inner, leaves = {}, []
+    for name in names:
+        x = getattr(t, name)
+        if _is_wrapper(x):
+            inner[name], more = _flatten(x, path + (name,))
+            leaves += more
+        else:
+            inner[name] = None
+            leaves.append((path + (name,), x))
+    return (type(t), ctx, t.size(), t.stride(), inner), leaves
+
+
+def _unflatten(spec, tensors, path=()):
+    """The tensor subclass spec describes, over tensors {path: tensor}."""
+    cls, ctx, size, stride, inner = spec
+    parts = {name: tensors[path + (name,)] if sub is None else
+             _unflatten(sub, tensors, path + (name,)) for name, sub in inner.items()}
+    return cls.__tensor_unflatten__(parts, ctx, size, stride)
+
+
+class _Composite:
+    """A tensor subclass in a module (torchao's Int8Tensor): its spec and
+    its inner tensors' entries; bound by building it again over their
+    views (__tensor_unflatten__), never through a dequantized copy."""
+
+    def __init__(self, spec, requires_grad):
+        self.spec, self.requires_grad, self.members = spec, requires_grad, []
+
+    def build(self, tensors):
+        """The subclass over {path: tensor}, as a Parameter if it was one."""
+        t = _unflatten(self.spec, tensors)
+        return torch.nn.Parameter(t, requires_grad=self.requires_grad) \
+            if self.members[0].is_param else t
 
 
 class _Managed:
@@ -300,10 +354,13 @@ def _set_tensor(owner, attr, is_param, value, places=()):
             o._buffers[a] = value
         return
     p = getattr(owner, attr)
-    if p.is_meta == value.is_meta:
+    if isinstance(value, torch.nn.Parameter):  # a tensor subclass, built whole
+        fresh = value
+    elif p.is_meta == value.is_meta:
         p.data = value
         return
-    fresh = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+    else:
+        fresh = torch.nn.Parameter(value, requires_grad=p.requires_grad)
     for o, a in ((owner, attr),) + tuple(places):
         if o._parameters.get(a) is p:
             o._parameters[a] = fresh
@@ -384,6 +441,9 @@ class Offload:
         for qname, t, is_param in items:
             if t is None:
                 continue
+            if _is_wrapper(t):
+                self._add_composite(m, module, name, qname, t, is_param, places)
+                continue
             if t.device.type not in ("cpu", "meta"):
                 raise ValueError("%s.%s is on %s: load the pipeline on the CPU; mlo moves it"
                                  % (name, qname, t.device))
@@ -429,6 +489,39 @@ class Offload:
         self.managed.append(m)
         return m
 
+    def _add_composite(self, m, module, name, qname, t, is_param, places):
+        """A tensor subclass (torchao's quantized weights) as its inner
+        tensors, each a tensor of the component named qname.<inner name>,
+        so that their bytes move and nothing is dequantized."""
+        if t.device.type != "cpu":
+            raise ValueError("%s.%s is on %s: load the pipeline on the CPU; mlo moves it"
+                             % (name, qname, t.device))
+        spec, leaves = _flatten(t)
+        composite = _Composite(spec, t.requires_grad)
+        owner, attr = _resolve(module, qname)
+        others = tuple(pl for pl in places.get(id(t), ()) if pl != (owner, attr))
+        self._originals.append((owner, attr, is_param, t, t, others))
+        for path, x in leaves:
+            dtype = _DTYPES.get(x.dtype)
+            if dtype is None or x.device.type != "cpu":
+                raise ValueError("%s.%s: its %s (a %s, inside a %s) is %s on %s, which mlo "
+                                 "does not move" % (name, qname, ".".join(path),
+                                                    type(x).__name__, type(t).__name__,
+                                                    x.dtype, x.device))
+            data = x.detach().contiguous()
+            inner = "%s.%s" % (qname, ".".join(path))
+            handle = m.comp.add_tensor(inner, dtype, list(data.shape),
+                                       data.data_ptr() if data.numel() else None,
+                                       buffer=not is_param)
+            e = _Entry(owner, attr, is_param, handle, Component.nbytes(handle),
+                       torch.empty(data.shape, dtype=data.dtype, device="meta"),
+                       "%s.%s" % (name, inner))
+            e.places, e.composite, e.path = others, composite, path
+            composite.members.append(e)
+            m.entries.append(e)
+            if data.numel():
+                self.owner_of[data.data_ptr()] = m
+
     # -- binding ----------------------------------------------------------
     def _entry_view(self, e, where):
         """e's bytes in the slab ("host") or the device block ("device").  A
@@ -448,12 +541,24 @@ class Offload:
         return _view(ptr, e.like, e.nbytes, self.pipeline)
 
     def _bind_entry(self, e, where):
+        if e.composite is not None:  # built again over all its inner tensors' views
+            views = {x.path: self._entry_view(x, where) for x in e.composite.members}
+            _set_tensor(e.owner, e.attr, e.is_param, e.composite.build(views), e.places)
+            for x in e.composite.members:
+                v = views[x.path]
+                x.ptr = v.data_ptr() if v.numel() and not v.is_meta else None
+            return
         view = self._entry_view(e, where)
         _set_tensor(e.owner, e.attr, e.is_param, view, e.places)
         e.ptr = view.data_ptr() if view.numel() and not view.is_meta else None
 
     def _bind(self, m, where, fresh=True):
+        built = set()
         for e in m.entries:
+            if e.composite is not None:
+                if id(e.composite) in built:
+                    continue  # bound with its first inner tensor
+                built.add(id(e.composite))
             self._bind_entry(e, where)
         m.bound = where
         m.bound_ptr = self._first_device_ptr(m) if where == "device" else None
@@ -1015,6 +1120,7 @@ class Offload:
             self.pipeline.synchronize()  # no copy in flight under what is read below
         for m in self.managed:
             self.unhook(m)
+            owns = {}
             for e in m.entries:
                 cur = e.current()
                 own = torch.empty(e.like.shape, dtype=e.like.dtype, device="cpu")
@@ -1022,7 +1128,13 @@ class Offload:
                     _read_range(e.source[0], e.source[1], own)  # on disk: its file's bytes
                 elif e.nbytes and cur is not None:
                     own.copy_(cur)
-                _set_tensor(e.owner, e.attr, e.is_param, own, e.places)
+                if e.composite is None:
+                    _set_tensor(e.owner, e.attr, e.is_param, own, e.places)
+                    continue
+                got = owns.setdefault(id(e.composite), {})
+                got[e.path] = own
+                if len(got) == len(e.composite.members):
+                    _set_tensor(e.owner, e.attr, e.is_param, e.composite.build(got), e.places)
             m.bound = None
         self.managed, self.owner_of, self.enabled = [], {}, False
         _unguard_pipeline(self)
@@ -1050,6 +1162,10 @@ class Offload:
     def restore(self):
         """After a failed enable: every module back on torch's own tensors."""
         for owner, attr, is_param, t, data, places in self._originals:
+            if _is_wrapper(t):  # the tensor subclass itself, as it was
+                for o, a in ((owner, attr),) + tuple(places):
+                    (o._parameters if is_param else o._buffers)[a] = t
+                continue
             # a parameter's data shares its original storage
             _set_tensor(owner, attr, is_param, data if is_param else t, places)
         self._originals = []
@@ -1751,8 +1867,11 @@ def _find_module_files(name, module, scratch, seen, bar):
     out, spilled, spilled_bytes = {}, [], 0
     for named in (module.named_parameters(), module.named_buffers()):
         for qname, t in named:
-            if t is None or t.is_meta or not t.numel() or t.data_ptr() in seen:
-                continue  # no bytes, or another component's (a reference: C6)
+            if t is None or t.is_meta or not t.numel() or _is_wrapper(t) or \
+                    t.data_ptr() in seen:
+                # no bytes, another component's (a reference: C6), or a tensor
+                # subclass, whose inner tensors no file holds as they are
+                continue
             seen.add(t.data_ptr())
             data = t.detach().contiguous()
             nbytes = data.numel() * data.element_size()

@@ -7,6 +7,7 @@ Needs torch, diffusers, transformers and peft: `make test` installs them
 """
 import ctypes
 import gc
+import importlib.util
 import os
 import sys
 import unittest
@@ -39,7 +40,7 @@ def in_mlo_memory(backend):
     """Every managed tensor's data is libmlo's (a slab or a device block)."""
     for m in backend.managed:
         for e in m.entries:
-            t = getattr(e.owner, e.attr) if e.is_param else e.owner._buffers[e.attr]
+            t = e.current()
             if e.nbytes and t.data_ptr() not in (mlo.Component.host_data(e.handle),
                                                  mlo.Component.device_ptr(e.handle)):
                 return "%s.%s" % (m.name, e.attr)
@@ -1316,6 +1317,78 @@ class LayerwiseCastingTests(unittest.TestCase):
                                                                 "text_encoder", "vae")
                      for t in getattr(pipe, name).state_dict().values())
         self.assertLess(stored, 40 << 20)  # float8: a quarter of the float32 weights
+        b = mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
+        held = rss_bytes() - base
+        self.assertLessEqual(held, stored * 1.05 + (16 << 20),
+                             "%d MiB resident for %d MiB of weights" % (held >> 20, stored >> 20))
+        slabs = b.pipeline.stats()["host_slab_bytes"]
+        self.assertTrue(stored <= slabs < stored * 1.01, (slabs, stored))
+        del b
+        mlo.torch.close_model_offload(pipe)
+
+
+def quantize_int8(pipe):
+    """torchao's weight-only int8 on both experts' linear layers; the
+    pipeline, for chaining."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    for name in ("transformer", "transformer_2"):
+        quantize_(getattr(pipe, name), Int8WeightOnlyConfig())
+    return pipe
+
+
+def stored_bytes(pipe, names=("transformer", "transformer_2", "text_encoder", "vae")):
+    """The bytes the modules hold: a tensor subclass's inner tensors'."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    def size(t):
+        if is_traceable_wrapper_subclass(t):
+            return sum(size(getattr(t, n)) for n in t.__tensor_flatten__()[0])
+        return t.numel() * t.element_size()
+    return sum(size(t) for name in names for t in getattr(pipe, name).state_dict().values())
+
+
+@unittest.skipUnless(importlib.util.find_spec("torchao"), "torchao is not installed "
+                     "(python/tests/torch-requirements.txt has it)")
+class TorchaoInt8Tests(unittest.TestCase):
+    """A tensor subclass (torchao's Int8Tensor) moves as its inner tensors'
+    bytes: int8 data and scales, never a dequantized copy."""
+
+    def test_identical_and_held_as_int8(self):
+        ref = tiny.run_wan(quantize_int8(tiny.wan()))
+        pipe = quantize_int8(tiny.wan())
+        cls = type(pipe.transformer.blocks[0].ffn.net[0].proj.weight)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
+            int8 = [e for m in b.managed for e in m.entries if e.like.dtype == torch.int8]
+            self.assertTrue(int8)
+            for _ in range(2):
+                np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+                weight = pipe.transformer.blocks[0].ffn.net[0].proj.weight
+                self.assertIs(type(weight), cls)
+                self.assertIsNone(in_mlo_memory(b))  # its int8 data and scale are mlo's
+        self.assertFalse([str(x.message) for x in w if "mlo" in str(x.message)])
+        self.assertEqual(sum(m.written_back for m in b.managed), 0)
+        mlo.torch.close_model_offload(pipe)  # torch's own Int8Tensors again
+        weight = pipe.transformer.blocks[0].ffn.net[0].proj.weight
+        self.assertIs(type(weight), cls)
+        self.assertTrue(all(e.nbytes == 0 or e.current().data_ptr() not in (
+            mlo.Component.host_data(e.handle), mlo.Component.device_ptr(e.handle))
+            for e in int8[:4]))
+        np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+
+    def test_a_failed_enable_leaves_the_subclass(self):
+        pipe = quantize_int8(tiny.wan())
+        weight = pipe.transformer.blocks[0].ffn.net[0].proj.weight
+        with self.assertRaises(mlo.MloError):
+            mlo.torch.enable_model_offload(pipe, device="host:capacity=1K")
+        self.assertIs(pipe.transformer.blocks[0].ffn.net[0].proj.weight, weight)
+
+    def test_host_memory_holds_the_int8_bytes_once(self):
+        base = rss_bytes()
+        pipe = quantize_int8(tiny.wan(ffn_dim=200000))
+        stored = stored_bytes(pipe)
+        self.assertLess(stored, 40 << 20)  # int8: a quarter of the float32 weights
         b = mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
         held = rss_bytes() - base
         self.assertLessEqual(held, stored * 1.05 + (16 << 20),
