@@ -129,10 +129,11 @@ def _materialize_progress(pipeline, config, desc):
 
     def on(comp, now, total):
         with lock:
-            if not bar:
-                bar.append(_progress_bar(None, desc, 0, config))
             key = comp.name if comp is not None else None
-            if key not in done:
+            if not bar:
+                bar.append(_progress_bar(None, desc, total, config))
+                done[key] = 0
+            elif key not in done:
                 done[key] = 0
                 bar[0].total = (bar[0].total or 0) + total
                 bar[0].refresh()
@@ -359,8 +360,11 @@ def _set_tensor(owner, attr, is_param, value, places=()):
     elif p.is_meta == value.is_meta:
         p.data = value
         return
-    else:
+    elif type(p) is torch.nn.Parameter:
         fresh = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+    else:  # a Parameter subclass over plain bytes (diffusers' GGUFParameter): kept one
+        fresh = torch.Tensor._make_subclass(type(p), value, p.requires_grad)
+        fresh.__dict__.update(p.__dict__)  # its quant_type, ...
     for o, a in ((owner, attr),) + tuple(places):
         if o._parameters.get(a) is p:
             o._parameters[a] = fresh

@@ -37,12 +37,16 @@ def strict_need(backend):
 
 
 def in_mlo_memory(backend):
-    """Every managed tensor's data is libmlo's (a slab or a device block)."""
+    """Every managed tensor's data is libmlo's (a slab or a device block),
+    or, for one the disk tier keeps in its files and has not loaded, none
+    (the meta device)."""
     for m in backend.managed:
         for e in m.entries:
             t = e.current()
-            if e.nbytes and t.data_ptr() not in (mlo.Component.host_data(e.handle),
-                                                 mlo.Component.device_ptr(e.handle)):
+            where = (mlo.Component.host_data(e.handle), mlo.Component.device_ptr(e.handle))
+            if t.is_meta and not any(where):
+                continue
+            if e.nbytes and (t.is_meta or t.data_ptr() not in where):
                 return "%s.%s" % (m.name, e.attr)
     return None
 
@@ -1397,6 +1401,76 @@ class TorchaoInt8Tests(unittest.TestCase):
         self.assertTrue(stored <= slabs < stored * 1.01, (slabs, stored))
         del b
         mlo.torch.close_model_offload(pipe)
+
+
+def gguf_wan(folder, ffn_dim=256):
+    """tiny.wan() with both experts read by diffusers from GGUF files
+    (from_single_file, GGUFQuantizationConfig) written into folder: every
+    weight whose rows split into 32-value blocks (the FFN's output layers)
+    quantized to Q8_0, the rest float32; names as the original Wan
+    checkpoints have them, which diffusers' converter maps (it swaps norm2
+    and norm3)."""
+    import gguf
+    from diffusers import GGUFQuantizationConfig, WanTransformer3DModel
+    pipe = tiny.wan(ffn_dim=ffn_dim)
+    swap = {"norm2": "norm3", "norm3": "norm2"}
+    for name in ("transformer", "transformer_2"):
+        config, path = os.path.join(folder, name), os.path.join(folder, name + ".gguf")
+        getattr(pipe, name).save_config(config)
+        writer = gguf.GGUFWriter(path, "wan")
+        for key, t in getattr(pipe, name).state_dict().items():
+            values = t.float().numpy()
+            key = ".".join(swap.get(p, p) for p in key.split("."))
+            if values.ndim == 2 and values.shape[1] % 32 == 0:
+                writer.add_tensor(key, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            else:
+                writer.add_tensor(key, values)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        setattr(pipe, name, WanTransformer3DModel.from_single_file(
+            path, config=config,
+            quantization_config=GGUFQuantizationConfig(compute_dtype=torch.float32)).eval())
+    return pipe
+
+
+@unittest.skipUnless(importlib.util.find_spec("gguf"), "gguf is not installed "
+                     "(python/tests/torch-requirements.txt has it)")
+class GGUFTests(unittest.TestCase):
+    """diffusers' GGUF weights (GGUFParameter: a Parameter subclass over the
+    packed Q8_0 bytes) move as those bytes and stay GGUFParameters, in host
+    memory and on disk (host_memory)."""
+
+    def test_identical_in_host_memory_and_on_disk(self):
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="mlo-gguf-") as d:
+            ref = tiny.run_wan(gguf_wan(d))
+            for host_memory in (None, "30K"):
+                with self.subTest(host_memory=host_memory):
+                    pipe = gguf_wan(d)
+                    layer = pipe.transformer.blocks[0].ffn.net[2]
+                    self.assertEqual(type(layer.weight).__name__, "GGUFParameter")
+                    self.assertEqual(layer.weight.dtype, torch.uint8)
+                    cls, quant = type(layer.weight), layer.weight.quant_type
+                    with warnings.catch_warnings(record=True) as w:
+                        warnings.simplefilter("always")
+                        b = mlo.torch.enable_model_offload(pipe, device=DEVICE,
+                                                           host_memory=host_memory,
+                                                           scratch_dir=d)
+                        for _ in range(2):
+                            np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+                            self.assertIs(type(layer.weight), cls)
+                            self.assertEqual(layer.weight.quant_type, quant)
+                            self.assertIsNone(in_mlo_memory(b))
+                    said = [str(x.message) for x in w if "mlo" in str(x.message)]
+                    self.assertFalse([x for x in said if "replaced" in x or "written back" in x])
+                    if host_memory:
+                        self.assertGreater(b.pipeline.stats()["disk_read_bytes"], 0)
+                    mlo.torch.close_model_offload(pipe)
+                    self.assertIs(type(layer.weight), cls)
+                    np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
 
 
 class ProgressTests(unittest.TestCase):
