@@ -21,8 +21,12 @@ import weakref
 
 from . import _lib
 
-__all__ = ["MloError", "Platform", "Pipeline", "Component", "Tensor", "version", "role_from_class",
-           "role_guess", "parse_size", "DIT", "ENCODER", "VAE", "OTHER"]
+__all__ = ["MloError", "MloInvalidError", "MloOutOfMemoryError", "MloDeviceOutOfMemoryError",
+           "MloBusyError", "MloStateError", "MloUnsupportedError", "MloIOError", "MloFormatError",
+           "MloNotFoundError", "MloExistsError", "MloPlatformError", "MloNoDeviceError",
+           "MloOwnedError", "MloDeadlockError", "MloCallbackError", "Platform", "Pipeline",
+           "Component", "Tensor", "version", "role_from_class", "role_guess", "parse_size", "DIT",
+           "ENCODER", "VAE", "OTHER"]
 
 DIT, ENCODER, VAE, OTHER = _lib.ROLE_DIT, _lib.ROLE_ENCODER, _lib.ROLE_VAE, _lib.ROLE_OTHER
 _ROLE_NAMES = {"dit": DIT, "encoder": ENCODER, "vae": VAE, "other": OTHER}
@@ -77,13 +81,67 @@ def parse_size(value, what="size", allow_zero=False):
 
 
 class MloError(RuntimeError):
-    """A libmlo status: .code (negative MLO_E*), .name ("MLO_ENOMEM_DEVICE")."""
+    """A libmlo status: .code (negative MLO_E*), .name ("MLO_ENOMEM_DEVICE").
+    MloError(code, message) is an instance of the code's own subclass
+    (MloStateError for MLO_ESTATE, ...), so a caller catches the failures
+    it can act on by class, and `except MloError` still catches them all."""
 
-    def __init__(self, code, message):
+    code_value = None  # the MLO_E* status a subclass stands for
+
+    def __new__(cls, *args):
+        if cls is MloError and args:
+            cls = _ERROR_CLASSES.get(args[0], MloError)
+        return super().__new__(cls, *args)
+
+    def __init__(self, code, message=None):
+        if message is None:  # a subclass, given its message alone
+            if self.code_value is None:
+                raise TypeError("MloError(code, message): the status code is missing")
+            code, message = self.code_value, code
         self.code = code
+        self.message = message
         self.name = lib().mlo_err_name(code).decode()
         super().__init__("%s (%s)" % (message, self.name))
 
+    def __reduce__(self):  # pickled (multiprocessing) as its code and message
+        return (MloError, (self.code, self.message))
+
+
+def _error_class(name, code, doc):
+    return type(name, (MloError,), {"__doc__": doc, "code_value": code,
+                                    "__module__": __name__})
+
+
+# mlo.h's statuses, each an MloError subclass
+MloInvalidError = _error_class("MloInvalidError", -1, "MLO_EINVAL: an argument or option is "
+                               "invalid.")
+MloOutOfMemoryError = _error_class("MloOutOfMemoryError", -2, "MLO_ENOMEM: host memory "
+                                   "exhausted (or a host budget too small for what must stay).")
+MloDeviceOutOfMemoryError = _error_class("MloDeviceOutOfMemoryError", -3, "MLO_ENOMEM_DEVICE: "
+                                         "device memory exhausted (state rolled back).")
+MloBusyError = _error_class("MloBusyError", -4, "MLO_EBUSY: a component or pipeline is in use.")
+MloStateError = _error_class("MloStateError", -5, "MLO_ESTATE: not valid in the current state.")
+MloUnsupportedError = _error_class("MloUnsupportedError", -6, "MLO_EUNSUPPORTED: refused "
+                                   "before anything changed.")
+MloIOError = _error_class("MloIOError", -7, "MLO_EIO: a file could not be read or written.")
+MloFormatError = _error_class("MloFormatError", -8, "MLO_EFORMAT: a file is malformed.")
+MloNotFoundError = _error_class("MloNotFoundError", -9, "MLO_ENOTFOUND: no such thing.")
+MloExistsError = _error_class("MloExistsError", -10, "MLO_EEXIST: the name is taken.")
+MloPlatformError = _error_class("MloPlatformError", -11, "MLO_EPLATFORM: the device API "
+                                "reported an error.")
+MloNoDeviceError = _error_class("MloNoDeviceError", -12, "MLO_ENODEV: no such device, or its "
+                                "platform is not built in.")
+MloOwnedError = _error_class("MloOwnedError", -13, "MLO_EOWNED: another offload owns the "
+                             "hooks, or offload is on with other settings (C16).")
+MloDeadlockError = _error_class("MloDeadlockError", -14, "MLO_EDEADLK: the calling thread holds "
+                                "a conflicting component, or a callback called back in.")
+MloCallbackError = _error_class("MloCallbackError", -15, "MLO_ECALLBACK: a user callback "
+                                "returned a failure.")
+_ERROR_CLASSES = {c.code_value: c for c in (
+    MloInvalidError, MloOutOfMemoryError, MloDeviceOutOfMemoryError, MloBusyError,
+    MloStateError, MloUnsupportedError, MloIOError, MloFormatError, MloNotFoundError,
+    MloExistsError, MloPlatformError, MloNoDeviceError, MloOwnedError, MloDeadlockError,
+    MloCallbackError)}
 
 _EINVAL, _EBUSY, _ESTATE = -1, -4, -5  # mlo.h's MLO_EINVAL, MLO_EBUSY, MLO_ESTATE
 

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import (Component, MloError, Pipeline, Platform, _ESTATE, lib, parse_size, role_from_class,
+from . import (Component, MloError, MloInvalidError, MloOwnedError, MloStateError,
+               MloUnsupportedError, Pipeline, Platform, _ESTATE, lib, parse_size, role_from_class,
                role_guess)
 
 __all__ = ["enable_model_offload", "disable_model_offload", "close_model_offload",
@@ -687,17 +688,18 @@ class Offload:
                     (not cur.is_meta and cur.data_ptr() == e.ptr):
                 continue
             if not Component.host_data(e.handle):
-                raise MloError(-1, "%s was replaced while offloaded, but it lives in its file "
-                               "(host_memory: the disk tier reads it from there at each load) "
-                               "and mlo has no host copy to keep the new values in; call "
-                               "close_model_offload(pipe) first" % e.name)
+                raise MloInvalidError("%s was replaced while offloaded, but it lives in its file "
+                                      "(host_memory: the disk tier reads it from there at each "
+                                      "load) and mlo has no host copy to keep the new values in; "
+                                      "call close_model_offload(pipe) first" % e.name)
             if cur.dtype != e.like.dtype or tuple(cur.shape) != tuple(e.like.shape):
-                raise MloError(-1, "%s was replaced by a %s %s tensor while offloaded (it is %s "
-                               "%s): mlo cannot keep it; call disable_model_offload and enable "
-                               "again (diffusers' VAE upcast, force_upcast, does this: run the "
-                               "VAE in float32 or set vae.config.force_upcast = False)"
-                               % (e.name, cur.dtype, tuple(cur.shape), e.like.dtype,
-                                  tuple(e.like.shape)))
+                raise MloInvalidError("%s was replaced by a %s %s tensor while offloaded (it is "
+                                      "%s %s): mlo cannot keep it; call disable_model_offload and "
+                                      "enable again (diffusers' VAE upcast, force_upcast, does "
+                                      "this: run the VAE in float32 or set "
+                                      "vae.config.force_upcast = False)" %
+                                      (e.name, cur.dtype, tuple(cur.shape), e.like.dtype,
+                                       tuple(e.like.shape)))
             replaced.append((e, cur))
         if not replaced:
             return
@@ -746,17 +748,18 @@ class Offload:
         under CUDA graph capture: a captured graph would replay without
         mlo's loads and evictions."""
         if torch.cuda.is_current_stream_capturing():
-            raise MloError(-5, "mlo offload cannot run under CUDA graph capture: the graph "
-                           "would replay without its loads and evictions; capture with the "
-                           "offload disabled, or do not capture (torch.compile's "
-                           "mode='reduce-overhead' captures)")
+            raise MloStateError("mlo offload cannot run under CUDA graph capture: the graph would "
+                                "replay without its loads and evictions; capture with the offload "
+                                "disabled, or do not capture (torch.compile's "
+                                "mode='reduce-overhead' captures)")
         index, handle = self.cuda_stream
         now = torch.cuda.current_stream(index).cuda_stream
         if now != handle:
-            raise MloError(-5, "torch's current stream on cuda:%d is 0x%x, but offload was enabled "
-                           "on stream 0x%x: loads are ordered against that one only; run the "
-                           "pipeline on the stream it was enabled on, or enable inside the same "
-                           "`with torch.cuda.stream(...)`" % (index, now, handle))
+            raise MloStateError("torch's current stream on cuda:%d is 0x%x, but offload was "
+                                "enabled on stream 0x%x: loads are ordered against that one only; "
+                                "run the pipeline on the stream it was enabled on, or enable "
+                                "inside the same `with torch.cuda.stream(...)`" %
+                                (index, now, handle))
 
     def acquire(self, m):
         if self.cuda_stream is not None:
@@ -995,9 +998,10 @@ class Offload:
                 if b >= 0:
                     module = self._block_module(m, entries)
                     if module is None:
-                        raise MloError(-8, "'%s' streams, but the tensors of its block %d (%s, "
-                                       "...) share no module to hook; give it a budget that "
-                                       "holds it whole" % (m.name, b, entries[0].qname))
+                        raise MloUnsupportedError("'%s' streams, but the tensors of its block %d "
+                                                  "(%s, ...) share no module to hook; give it a "
+                                                  "budget that holds it whole" %
+                                                  (m.name, b, entries[0].qname))
                     m.blocks[b] = (module, entries)
         elif m.may_progress:
             m.blocks = self._hookable_blocks(m)
@@ -1067,9 +1071,9 @@ class Offload:
             # joined switch), what it is bound to is not its bytes: refused
             if m.comp.resident and any(e.nbytes and Component.device_status(e.handle) == _ESTATE
                                        for e in entries):
-                raise MloError(_ESTATE, "%s: block %d was called outside its forward while that "
-                               "forward gave its memory to the next component (a joined switch); "
-                               "call it after the forward ends" % (m.name, b))
+                raise MloStateError("%s: block %d was called outside its forward while that "
+                                    "forward gave its memory to the next component (a joined "
+                                    "switch); call it after the forward ends" % (m.name, b))
             return
         begun = self._begun_here()  # first: a binding below that raises still ends it
         begun[m.name, b] = begun.get((m.name, b), 0) + 1
@@ -1360,7 +1364,7 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     if current is not None:
         if current.settings != args or (current.check_writes, current.progressive) != (
                 check_writes, progressive):
-            raise MloError(-13, "offload is already enabled with other settings")
+            raise MloOwnedError("offload is already enabled with other settings")
         if not current.enabled:
             _reenable(pipe, current)
         return current
@@ -1393,7 +1397,8 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
             for name, module, role in found:
                 backend.add_module(name, module, role)
             if not any(m.role == "dit" for m in backend.managed):
-                raise ValueError("no DiT found (declare the components: SupportsComponentDiscovery)")
+                raise ValueError("no DiT found (declare the components: "
+                                 "SupportsComponentDiscovery)")
             backend.start()
             for m in backend.managed:
                 backend.hook(m)
