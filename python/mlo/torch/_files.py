@@ -1,0 +1,194 @@
+"""Weights in files: safetensors headers and byte ranges, the scratch file
+that holds what no checkpoint holds as a module wants it, and a loaded
+pipeline's tensors found in the files they came from (enable's
+host_memory)."""
+import ctypes
+import gc
+import json
+import os
+import struct
+import tempfile
+
+import numpy as np
+import torch
+
+from ._progress import _progress_bar
+from ._tensors import _TORCH_DTYPES, _is_wrapper
+
+def _read_range(path, offset, out):
+    """out's bytes from path at offset (a CPU tensor, filled in place)."""
+    n = out.numel() * out.element_size()
+    if not n:
+        return out
+    view = memoryview(out.view(-1).view(torch.uint8).numpy())
+    with open(path, "rb") as f:
+        f.seek(offset)
+        got = f.readinto(view)
+    if got != n:
+        raise OSError("%s: %d bytes at %d, but the file ends after %d" % (path, n, offset, got))
+    return out
+
+
+def _safetensors_header(path):
+    """{name: (dtype code, shape, absolute offset, nbytes)} of a
+    .safetensors file: an 8-byte little-endian header length, the JSON
+    header, then the data, which the offsets count from."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("%s: not a safetensors file (shorter than its header length)" % path)
+        n = struct.unpack("<Q", head)[0]
+        size = os.fstat(f.fileno()).st_size
+        if n > min(size - 8, 256 << 20):
+            raise ValueError("%s: not a safetensors file (header of %d bytes)" % (path, n))
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise ValueError("%s: not a safetensors file (%s)" % (path, e)) from None
+    out = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = v["data_offsets"]
+        if not 0 <= begin <= end or 8 + n + end > size:
+            raise ValueError("%s: tensor %r lies outside the file" % (path, name))
+        out[name] = (v["dtype"], tuple(v["shape"]), 8 + n + begin, end - begin)
+    return out
+
+
+class _Scratch:
+    """A file holding the tensors no checkpoint file holds as the module
+    wants them (a conversion, a buffer computed at init): written once,
+    declared from like the checkpoint's, removed with the offload."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.path = None
+        self.f = None
+        self.bytes = 0
+
+    def add(self, t):
+        if self.f is None:
+            fd, self.path = tempfile.mkstemp(prefix="mlo-materialized-", suffix=".bin",
+                                             dir=self.folder)
+            self.f = os.fdopen(fd, "wb")
+        at = (self.f.tell() + 255) // 256 * 256
+        self.f.seek(at)
+        data = t.detach().contiguous().cpu()
+        if data.numel():
+            self.f.write(memoryview(data.view(-1).view(torch.uint8).numpy()))
+        self.bytes += data.numel() * data.element_size()
+        return self.path, at
+
+    def close(self):
+        if self.f is not None:
+            self.f.close()
+
+    def remove(self):
+        self.close()
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _loaded_from(module):
+    """The folder a loaded model was read from (diffusers' and
+    transformers' config._name_or_path), or None."""
+    config = getattr(module, "config", None)
+    folder = getattr(config, "_name_or_path", None)
+    if folder is None and isinstance(config, dict):
+        folder = config.get("_name_or_path")
+    return folder if isinstance(folder, str) and os.path.isdir(folder) else None
+
+
+_COMPARE_CHUNK = 16 << 20  # bytes of a file compared with a tensor at once
+
+
+def _file_holds(path, offset, data):
+    """Whether the file has data's bytes (a contiguous CPU tensor) at offset."""
+    want = np.frombuffer(memoryview(data.view(-1).view(torch.uint8).numpy()), dtype=np.uint8)
+    buf = np.empty(min(len(want), _COMPARE_CHUNK), dtype=np.uint8)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        for at in range(0, len(want), _COMPARE_CHUNK):
+            n = min(_COMPARE_CHUNK, len(want) - at)
+            if f.readinto(memoryview(buf)[:n]) != n or \
+                    not np.array_equal(buf[:n], want[at:at + n]):
+                return False
+    return True
+
+
+def _find_loaded_files(backend, found, scratch, pipe=None):
+    """For the disk tier over a pipeline already loaded into torch memory
+    (enable_model_offload's host_memory): each tensor of each module, found
+    in the safetensors files its model was loaded from (its name, dtype,
+    shape and every byte the same), else written once into the scratch
+    file, in backend.loaded_files, so that every component may be declared
+    from files and the disk tier may leave any of them there.  Returns the
+    names written to the scratch file and their bytes."""
+    spilled, spilled_bytes, seen = [], 0, set()
+    total = sum(t.numel() * t.element_size() for _, module, _ in found
+                for named in (module.parameters(), module.buffers())
+                for t in named if t is not None and not t.is_meta)
+    bar = _progress_bar(pipe, "mlo: finding the weights in their files", total)
+    try:
+        for name, module, _ in found:
+            got, names, nbytes = _find_module_files(name, module, scratch, seen, bar)
+            backend.loaded_files[id(module)] = got
+            spilled += names
+            spilled_bytes += nbytes
+    finally:
+        bar.close()
+    return spilled, spilled_bytes
+
+
+def _find_module_files(name, module, scratch, seen, bar):
+    """_find_loaded_files for one module: {name: (path, offset)}, the names
+    written to the scratch file, their bytes."""
+    ranges = {}
+    folder = _loaded_from(module)
+    if folder is not None:
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".safetensors"):
+                path = os.path.join(folder, f)
+                for k, v in _safetensors_header(path).items():
+                    ranges.setdefault(k, []).append((path,) + v)
+    prefix = getattr(module, "base_model_prefix", "") or ""
+    out, spilled, spilled_bytes = {}, [], 0
+    for named in (module.named_parameters(), module.named_buffers()):
+        for qname, t in named:
+            if t is None or t.is_meta or not t.numel() or _is_wrapper(t) or \
+                    t.data_ptr() in seen:
+                # no bytes, another component's (a reference: C6), or a tensor
+                # subclass, whose inner tensors no file holds as they are
+                continue
+            seen.add(t.data_ptr())
+            data = t.detach().contiguous()
+            nbytes = data.numel() * data.element_size()
+            keys = (qname, prefix + "." + qname if prefix else qname,
+                    qname[len(prefix) + 1:] if prefix and qname.startswith(prefix + ".")
+                    else qname)
+            for path, code, shape, offset, _ in (c for k in dict.fromkeys(keys)
+                                                 for c in ranges.get(k, ())):
+                if _TORCH_DTYPES.get(code) == data.dtype and \
+                        tuple(shape) == tuple(data.shape) and _file_holds(path, offset, data):
+                    out[qname] = (path, offset)
+                    break
+            else:
+                out[qname] = scratch.add(data)
+                spilled.append("%s.%s" % (name, qname))
+                spilled_bytes += nbytes
+            bar.update(nbytes)
+    return out, spilled, spilled_bytes
+
+
+def _give_back_freed_memory():
+    """What torch freed goes back to the OS: glibc keeps freed chunks of its
+    heap (torch's CPU allocations below its mmap threshold) until trimmed."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass  # not glibc: its allocator gives back what it gives back
