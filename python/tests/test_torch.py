@@ -1518,6 +1518,44 @@ class ProgressTests(unittest.TestCase):
             self.assertNotIn("mlo:", shown)
 
 
+class FromPretrainedTiersTests(unittest.TestCase):
+    """from_pretrained with every tier at once: each expert larger than the
+    device budget (it streams), parts of it on disk (host_memory), the
+    budget policy prefetching by the schedule it learns."""
+
+    def test_streamed_from_disk_with_a_learned_schedule(self):
+        import tempfile
+        from diffusers import WanPipeline
+        with tempfile.TemporaryDirectory(prefix="mlo-tiers-") as d:
+            tiny.wan(num_layers=8, ffn_dim=4096).save_pretrained(d)
+            ref = tiny.run_wan(WanPipeline.from_pretrained(d))
+            sizes = component_bytes(WanPipeline.from_pretrained(d))
+            budget = sizes["vae"] + sizes["text_encoder"] + sizes["transformer"] * 6 // 10
+            # the blocks both experts stream (40% each) and more, not all of both
+            host = sizes["transformer"] * 17 // 10
+            pipe, _ = from_pretrained_quietly(WanPipeline, d, device=DEVICE, policy="budget",
+                                              budget=budget, host_memory=host)
+            b = pipe._mlo_offload
+            for m in b.managed:
+                if m.role == "dit":
+                    self.assertTrue(m.streams, m.name)
+            st = b.pipeline.stats()
+            self.assertGreater(st["disk_bytes"], 0)
+            self.assertLessEqual(st["host_slab_bytes"], host)
+            prefetches = []
+            for _ in range(3):
+                before = b.pipeline.stats()["prefetches"]
+                np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+                prefetches.append(b.pipeline.stats()["prefetches"] - before)
+                b.pipeline.audit()
+            st = b.pipeline.stats()
+            self.assertGreater(st["disk_read_bytes"], 0)
+            self.assertGreater(st["block_loads"], 0)
+            self.assertLessEqual(st["peak_device_bytes"], budget)
+            self.assertGreater(prefetches[-1], 0, prefetches)  # by the learned schedule
+            mlo.torch.close_model_offload(pipe)
+
+
 class FromPretrainedFormsTests(unittest.TestCase):
     """The folders diffusers writes: a variant beside the default weights,
     sharded (an index and its shards), and dtype= with the files in that

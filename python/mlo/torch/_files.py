@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 import torch
 
-from ._progress import _progress_bar
+from ._progress import _NoBar, _progress_bar
 from ._tensors import _TORCH_DTYPES, _is_wrapper
 
 def _read_range(path, offset, out):
@@ -132,7 +132,9 @@ def _find_loaded_files(backend, found, scratch, pipe=None):
     total = sum(t.numel() * t.element_size() for _, module, _ in found
                 for named in (module.parameters(), module.buffers())
                 for t in named if t is not None and not t.is_meta)
-    bar = _progress_bar(pipe, "mlo: finding the weights in their files", total)
+    # none where nothing is in torch memory (from_pretrained's meta modules)
+    bar = _progress_bar(pipe, "mlo: finding the weights in their files", total) if total \
+        else _NoBar()
     try:
         for name, module, _ in found:
             got, names, nbytes = _find_module_files(name, module, scratch, seen, bar)
