@@ -1016,6 +1016,28 @@ class StreamTests(unittest.TestCase):
         self.assertTrue(all(all(v) for v in seen.values()),
                         "a block computed from memory other than its device copy: %s" % seen)
 
+    def test_compiled_transformers_stream(self):
+        """Both experts compiled (torch.compile, its eager backend: dynamo's
+        tracing without code generation) and streamed: the hooks run
+        outside the graph (torch.compiler.disable), the frames are the
+        same, and dynamo never traces into mlo (traced, each tensor swap
+        recompiled the graph until dynamo gave up)."""
+        ref, pipe, b, budget = self.streamed()
+        inside = []
+        for name in ("acquire", "_block_begin", "_bind_entry"):
+            def record(*a, __fn=getattr(b, name), **k):
+                inside.append(torch.compiler.is_compiling())
+                return __fn(*a, **k)
+            setattr(b, name, record)
+        for name in ("transformer", "transformer_2"):
+            getattr(pipe, name).compile(backend="eager")
+        for _ in range(2):
+            self.assertTrue(np.array_equal(ref, np.asarray(tiny.run_wan(pipe))))
+            b.pipeline.audit()
+        self.assertTrue(inside)
+        self.assertFalse(any(inside), "a hook was traced by dynamo")
+        self.assertGreater(b.pipeline.stats()["block_loads"], 0)
+
     def test_a_failed_begin_is_not_ended(self):
         ref, pipe, b, _ = self.streamed()  # check_writes on
         self.assertTrue(next(m for m in b.managed if m.name == "transformer").streams)

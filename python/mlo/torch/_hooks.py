@@ -6,6 +6,11 @@ layer back to mlo's memory after its forward).  They call the backend
 (_backend.py), which decides."""
 import torch
 
+# A hook runs eagerly under torch.compile: what it does (ctypes calls into
+# libmlo, swapping a module's tensors) is nothing a graph can hold, and
+# traced, each swap recompiled the graph until dynamo gave up on it.
+_eager = torch.compiler.disable
+
 
 class _ExecutionDevice:
     """What diffusers' DiffusionPipeline._execution_device reads."""
@@ -35,8 +40,8 @@ class ComponentHooks:
             m.module._hf_hook = _ExecutionDevice(b.device_type)
             self.patched["_hf_hook"] = None
         self.handles += [
-            m.module.register_forward_pre_hook(lambda mod, args: b.acquire(m)),
-            m.module.register_forward_hook(lambda mod, args, out: b.release(m),
+            m.module.register_forward_pre_hook(_eager(lambda mod, args: b.acquire(m))),
+            m.module.register_forward_hook(_eager(lambda mod, args, out: b.release(m)),
                                            always_call=True)]
         for method in ("decode", "encode"):
             fn = m.module.__dict__.get(method) or getattr(type(m.module), method, None)
@@ -45,8 +50,11 @@ class ComponentHooks:
             bound = getattr(m.module, method)
 
             def wrapped(*a, __fn=bound, **k):
-                with b.acquired(m):
+                _eager(b.acquire)(m)
+                try:
                     return __fn(*a, **k)
+                finally:
+                    _eager(b.release)(m)
 
             self.patched[method] = m.module.__dict__.get(method)
             setattr(m.module, method, wrapped)
@@ -76,12 +84,12 @@ class BlockHooks:
     def install(self):
         b, m = self.backend, self.m
         for block, (module, entries) in m.blocks.items():
-            self.handles.append(module.register_forward_pre_hook(
+            self.handles.append(module.register_forward_pre_hook(_eager(
                 lambda mod, args, block=block, entries=entries:
-                b._block_begin(m, block, entries)))
-            self.handles.append(module.register_forward_hook(
+                b._block_begin(m, block, entries))))
+            self.handles.append(module.register_forward_hook(_eager(
                 lambda mod, args, out, block=block, entries=entries:
-                b._block_end(m, block, entries), always_call=True))
+                b._block_end(m, block, entries)), always_call=True))
 
     def remove(self):
         for h in self.handles:
@@ -116,6 +124,7 @@ class CastHooks:
                 continue
             entries = [e for child in sub.modules() for e in by_owner.get(id(child), ())]
 
+            @_eager
             def bind_back(module, output, entries=entries):
                 where = "device" if m.bound == "device" or m.streams else "host"
                 for e in entries:
