@@ -1403,6 +1403,35 @@ class TorchaoInt8Tests(unittest.TestCase):
             for e in int8[:4]))
         np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
 
+    def test_on_disk(self):
+        """host_memory: the inner tensors written once to a scratch file
+        (no checkpoint holds them as they are), read at each load, the
+        subclass bound to the meta device between loads."""
+        import tempfile
+        ref = tiny.run_wan(quantize_int8(tiny.wan()))
+        with tempfile.TemporaryDirectory(prefix="mlo-int8-") as d:
+            pipe = quantize_int8(tiny.wan())
+            cls = type(pipe.transformer.blocks[0].ffn.net[0].proj.weight)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                b = mlo.torch.enable_model_offload(pipe, device=DEVICE, host_memory="30K",
+                                                   scratch_dir=d)
+                for _ in range(2):
+                    np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+                    self.assertIsNone(in_mlo_memory(b))
+            self.assertTrue(any("written once to %s" % d in str(x.message) for x in w))
+            inner = [e for m in b.managed for e in m.entries if e.composite is not None]
+            self.assertTrue(inner and all(e.source and e.source[0].startswith(d)
+                                          for e in inner))
+            on_disk = [m.name for m in b.managed if m.role == "dit" and
+                       not mlo.Component.host_data(m.entries[0].handle)]
+            self.assertTrue(on_disk)
+            self.assertGreater(b.pipeline.stats()["disk_read_bytes"], 0)
+            mlo.torch.close_model_offload(pipe)
+            self.assertIs(type(pipe.transformer.blocks[0].ffn.net[0].proj.weight), cls)
+            np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+            del b
+
     def test_a_failed_enable_leaves_the_subclass(self):
         pipe = quantize_int8(tiny.wan())
         weight = pipe.transformer.blocks[0].ffn.net[0].proj.weight
@@ -1493,6 +1522,26 @@ class GGUFTests(unittest.TestCase):
                     mlo.torch.close_model_offload(pipe)
                     self.assertIs(type(layer.weight), cls)
                     np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
+
+
+    def test_host_memory_holds_the_packed_bytes_once(self):
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="mlo-gguf-") as d:
+            base = rss_bytes()
+            pipe = gguf_wan(d, ffn_dim=100000)
+            stored = stored_bytes(pipe)
+            packed = sum(p.numel() for p in pipe.transformer.parameters()
+                         if type(p).__name__ == "GGUFParameter")
+            self.assertGreater(packed, 1 << 20)
+            b = mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
+            held = rss_bytes() - base
+            self.assertLessEqual(held, stored * 1.05 + (16 << 20),
+                                 "%d MiB resident for %d MiB of weights" % (held >> 20,
+                                                                            stored >> 20))
+            slabs = b.pipeline.stats()["host_slab_bytes"]
+            self.assertTrue(stored <= slabs < stored * 1.01, (slabs, stored))
+            del b
+            mlo.torch.close_model_offload(pipe)
 
 
 class ProgressTests(unittest.TestCase):

@@ -168,6 +168,7 @@ class Offload(WriteCheck, BlockPlan):
         owner, attr = _resolve(module, qname)
         others = tuple(pl for pl in places.get(id(t), ()) if pl != (owner, attr))
         self._originals.append((owner, attr, is_param, t, t, others))
+        loaded_files = self.loaded_files.get(id(module), {})
         for path, x in leaves:
             dtype = _DTYPES.get(x.dtype)
             if dtype is None or x.device.type != "cpu":
@@ -177,12 +178,17 @@ class Offload(WriteCheck, BlockPlan):
                                                     x.dtype, x.device))
             data = x.detach().contiguous()
             inner = "%s.%s" % (qname, ".".join(path))
-            handle = m.comp.add_tensor(inner, dtype, list(data.shape),
-                                       data.data_ptr() if data.numel() else None,
-                                       buffer=not is_param)
+            source = loaded_files.get(inner)  # written to a file: the disk tier may leave it
+            if source is not None:
+                handle = m.comp.add_tensor(inner, dtype, list(data.shape), buffer=not is_param,
+                                           file=source[0], file_offset=source[1])
+            else:
+                handle = m.comp.add_tensor(inner, dtype, list(data.shape),
+                                           data.data_ptr() if data.numel() else None,
+                                           buffer=not is_param)
             e = _Entry(owner, attr, is_param, handle, Component.nbytes(handle),
                        torch.empty(data.shape, dtype=data.dtype, device="meta"),
-                       "%s.%s" % (name, inner))
+                       "%s.%s" % (name, inner), source)
             e.places, e.composite, e.path = others, composite, path
             composite.members.append(e)
             m.entries.append(e)

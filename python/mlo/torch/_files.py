@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ._progress import _NoBar, _progress_bar
-from ._tensors import _TORCH_DTYPES, _is_wrapper
+from ._tensors import _TORCH_DTYPES, _flatten, _is_wrapper, _stored_bytes
 
 def _read_range(path, offset, out):
     """out's bytes from path at offset (a CPU tensor, filled in place)."""
@@ -129,7 +129,7 @@ def _find_loaded_files(backend, found, scratch, pipe=None):
     from files and the disk tier may leave any of them there.  Returns the
     names written to the scratch file and their bytes."""
     spilled, spilled_bytes, seen = [], 0, set()
-    total = sum(t.numel() * t.element_size() for _, module, _ in found
+    total = sum(_stored_bytes(t) for _, module, _ in found
                 for named in (module.parameters(), module.buffers())
                 for t in named if t is not None and not t.is_meta)
     # none where nothing is in torch memory (from_pretrained's meta modules)
@@ -161,11 +161,20 @@ def _find_module_files(name, module, scratch, seen, bar):
     out, spilled, spilled_bytes = {}, [], 0
     for named in (module.named_parameters(), module.named_buffers()):
         for qname, t in named:
-            if t is None or t.is_meta or not t.numel() or _is_wrapper(t) or \
-                    t.data_ptr() in seen:
-                # no bytes, another component's (a reference: C6), or a tensor
-                # subclass, whose inner tensors no file holds as they are
+            if t is not None and _is_wrapper(t):
+                # a tensor subclass (torchao's): its inner tensors, which no
+                # file holds as they are, named as add_module declares them
+                for path, x in _flatten(t)[1]:
+                    if x.numel() and x.data_ptr() not in seen:
+                        seen.add(x.data_ptr())
+                        inner = "%s.%s" % (qname, ".".join(path))
+                        out[inner] = scratch.add(x)
+                        spilled.append("%s.%s" % (name, inner))
+                        spilled_bytes += x.numel() * x.element_size()
+                        bar.update(x.numel() * x.element_size())
                 continue
+            if t is None or t.is_meta or not t.numel() or t.data_ptr() in seen:
+                continue  # no bytes, or another component's (a reference: C6)
             seen.add(t.data_ptr())
             data = t.detach().contiguous()
             nbytes = data.numel() * data.element_size()

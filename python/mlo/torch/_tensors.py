@@ -81,6 +81,14 @@ def _is_wrapper(t):
     return is_traceable_wrapper_subclass(t)
 
 
+def _stored_bytes(t):
+    """The bytes t holds: a tensor subclass's inner tensors', not the
+    dequantized size it stands for."""
+    if _is_wrapper(t):
+        return sum(x.numel() * x.element_size() for _, x in _flatten(t)[1])
+    return t.numel() * t.element_size()
+
+
 def _flatten(t, path=()):
     """t's __tensor_flatten__ tree: (its spec, [(path, plain inner tensor)]).
     A spec is (class, context, size, stride, {inner name: spec or None})."""
