@@ -29,6 +29,7 @@ __all__ = ["MloError", "MloInvalidError", "MloOutOfMemoryError", "MloDeviceOutOf
            "ENCODER", "VAE", "OTHER"]
 
 DIT, ENCODER, VAE, OTHER = _lib.ROLE_DIT, _lib.ROLE_ENCODER, _lib.ROLE_VAE, _lib.ROLE_OTHER
+BLOCK_PROLOGUE, BLOCK_EPILOGUE, BLOCK_MAX = -1, -2, 100000000  # mlo.h's MLO_BLOCK_*
 _ROLE_NAMES = {"dit": DIT, "encoder": ENCODER, "vae": VAE, "other": OTHER}
 
 _L = None
@@ -405,6 +406,21 @@ class Tensor:
         """The block it is laid out in: its index, or -1 (prologue) / -2
         (epilogue) (mlo_tensor_block)."""
         return self._call("block", lib().mlo_tensor_block)
+
+    def set_block(self, block):
+        """Declares the block of the forward it belongs to
+        (mlo_tensor_set_block): 0 .. BLOCK_MAX in the order the blocks run,
+        or BLOCK_PROLOGUE (-1) / BLOCK_EPILOGUE (-2); before materialize
+        (MLO_ESTATE after).  Once one tensor of a component is declared,
+        libmlo reads no names for it: the others are the prologue's."""
+        if isinstance(block, bool) or not isinstance(block, int) or \
+                not (BLOCK_EPILOGUE <= block <= BLOCK_MAX):
+            raise ValueError("tensor %r: block %r is neither %d .. %d nor the prologue (-1) or "
+                             "the epilogue (-2)" % (self.name, block, 0, BLOCK_MAX))
+        pipe = self.component.pipeline
+        with pipe._use("set_block") as p:
+            _check(lib().mlo_tensor_set_block(self._t, block),
+                   "tensor '%s': set_block" % self.name, p)
 
     def __repr__(self):
         return "<mlo.Tensor '%s' of '%s'>" % (self.name, self.component.name)

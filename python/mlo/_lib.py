@@ -175,6 +175,7 @@ def _declare(lib):
         "mlo_tensor_device": (I, [P, ctypes.POINTER(P), ctypes.POINTER(ctypes.c_size_t)]),
         "mlo_tensor_nbytes": (U64, [P]),
         "mlo_tensor_block": (I, [P]),
+        "mlo_tensor_set_block": (I, [P, I]),
         "mlo_component_block_count": (Z, [P]),
         "mlo_component_stream_info": (I, [P, ctypes.POINTER(StreamInfo)]),
         "mlo_component_set_progressive": (I, [P, I]),

@@ -197,6 +197,42 @@ class Empty(torch.nn.Module):
         return x
 
 
+class Block(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.b(torch.tanh(self.a(x)))
+
+
+class Stacked(torch.nn.Module):
+    """A DiT whose blocks are named as no layout libmlo reads (`stack.3`),
+    so only its modules say where its blocks are."""
+
+    def __init__(self, width=256, depth=6):
+        super().__init__()
+        self.embed = torch.nn.Linear(width, width)
+        self.stack = torch.nn.ModuleList(Block(width) for _ in range(depth))
+        self.proj_out = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.stack:
+            x = block(x)
+        return self.proj_out(x)
+
+
+class StackedPipeline(mlo.torch.SupportsComponentDiscovery):
+    _dit_modules = ("dit",)
+    _encoder_modules = ("enc",)
+
+    def __init__(self):
+        torch.manual_seed(3)
+        self.enc = Enc().eval()
+        self.dit = Stacked().eval()
+
+
 class Declared(mlo.torch.SupportsComponentDiscovery):
     _dit_modules = ("dit",)
     _encoder_modules = ("enc", "empty")
@@ -230,6 +266,35 @@ class ModuleTests(unittest.TestCase):
         self.assertEqual(empty.comp.stats()["platform_calls"], 0, "an empty component moved")
         self.assertEqual(p.dit.out.weight.data_ptr(), p.dit.proj.weight.data_ptr())
         mlo.torch.disable_model_offload(p)
+
+    def test_blocks_from_the_modules(self):
+        """Blocks no name reveals are declared from the module's ModuleList
+        (mlo_tensor_set_block): the DiT streams its blocks under a budget
+        smaller than it, each block's module hooked, output identical."""
+        pipe = StackedPipeline()
+        x = torch.randn(4, 256, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            ref = pipe.dit(x)
+        block = sum(p.numel() * 4 for p in pipe.dit.stack[0].parameters())
+        b = mlo.torch.enable_model_offload(pipe, device=DEVICE, policy="budget",
+                                           budget=block * 4)  # the DiT has 6 and two more
+        m = next(m for m in b.managed if m.name == "dit")
+        self.assertEqual(m.comp.block_count, 6)
+        self.assertEqual(sorted(m.blocks), list(range(6)))
+        self.assertEqual([m.blocks[i][0] for i in range(6)], list(pipe.dit.stack))
+        self.assertTrue(m.streams)
+        by_block = {}
+        for e in m.entries:
+            by_block.setdefault(mlo.Component.tensor_block(e.handle), []).append(e.qname)
+        self.assertEqual(sorted(by_block[mlo.BLOCK_EPILOGUE]), ["proj_out.bias",
+                                                                "proj_out.weight"])
+        self.assertEqual(sorted(by_block[2]), ["stack.2.a.bias", "stack.2.a.weight",
+                                               "stack.2.b.bias", "stack.2.b.weight"])
+        for _ in range(2):
+            with torch.no_grad():
+                self.assertTrue(torch.equal(pipe.dit(x), ref))
+        self.assertGreater(b.pipeline.stats()["block_loads"], 0)
+        mlo.torch.close_model_offload(pipe)
 
     def test_delegate_is_called(self):
         calls = []

@@ -153,6 +153,7 @@ class Offload(WriteCheck, BlockPlan):
             m.entries.append(e)
             if t.numel():
                 self.owner_of[key] = m
+        self.declare_blocks(m)
         self.managed.append(m)
         return m
 

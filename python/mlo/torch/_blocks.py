@@ -8,10 +8,53 @@ import os
 
 import torch
 
-from .. import Component, MloError, MloStateError, MloUnsupportedError, _ESTATE
+from .. import (BLOCK_EPILOGUE, Component, MloError, MloStateError, MloUnsupportedError,
+                _ESTATE)
+
+
+def _block_lists(module):
+    """The ModuleLists of module that hold its repeated blocks, outermost
+    first, in registration order (Flux's transformer_blocks, then its
+    single_transformer_blocks): two or more modules of one class."""
+    found = []
+
+    def walk(mod):
+        for child in mod.children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) >= 2 and \
+                    len({type(c) for c in child}) == 1:
+                found.append(child)
+            else:
+                walk(child)
+
+    walk(module)
+    return found
 
 
 class BlockPlan:
+    def declare_blocks(self, m):
+        """A DiT's or encoder's blocks declared from its modules
+        (mlo_tensor_set_block) where libmlo's names find none (blocks
+        named `stack.3` rather than one of the layouts it reads): block i
+        is the i-th child of its ModuleLists, in the order they run; the
+        rest stays the prologue, or the epilogue where a name says so
+        (proj_out).  Before materialize; a component whose names libmlo
+        reads is left to them."""
+        if m.role not in ("dit", "encoder") or m.comp.block_count:
+            return
+        block_of, n = {}, 0
+        for blocks in _block_lists(m.module):
+            for child in blocks:
+                for sub in child.modules():
+                    block_of.setdefault(id(sub), n)
+                n += 1
+        if not n:
+            return
+        named = [e.handle.block for e in m.entries]  # before any is declared: then none is
+        for e, was in zip(m.entries, named):
+            b = block_of.get(id(e.owner), BLOCK_EPILOGUE if was == BLOCK_EPILOGUE else None)
+            if b is not None:
+                e.handle.set_block(b)
+
     def plan_blocks(self, m):
         """Where m streams (the budget policy keeps only some of its blocks
         resident: docs/streaming.md), each block's module: the module its
