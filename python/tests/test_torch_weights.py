@@ -225,9 +225,7 @@ class LayerwiseCastingTests(unittest.TestCase):
     def test_host_memory_holds_the_float8_bytes_once(self):
         base = rss_bytes()
         pipe = cast_layerwise(tiny.wan(ffn_dim=200000))
-        stored = sum(t.numel() * t.element_size() for name in ("transformer", "transformer_2",
-                                                                "text_encoder", "vae")
-                     for t in getattr(pipe, name).state_dict().values())
+        stored = stored_bytes(pipe)
         self.assertLess(stored, 40 << 20)  # float8: a quarter of the float32 weights
         b = mlo.torch.enable_model_offload(pipe, device="host:capacity=512M")
         held = rss_bytes() - base
@@ -408,7 +406,6 @@ class GGUFTests(unittest.TestCase):
                     mlo.torch.close_model_offload(pipe)
                     self.assertIs(type(layer.weight), cls)
                     np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
-
 
     def test_host_memory_holds_the_packed_bytes_once(self):
         import tempfile

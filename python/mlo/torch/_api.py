@@ -9,6 +9,7 @@ from ._files import _Scratch, _find_loaded_files, _give_back_freed_memory
 from ._guards import _guard_pipeline, _unguard_pipeline
 from ._settings import OffloadSettings
 
+
 def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0,
                          prefetch=True, check_writes=True, progressive=True, host_memory=None,
                          scratch_dir=None):

@@ -10,6 +10,7 @@ import torch
 from .. import role_from_class, role_guess
 from ._hooks import _ExecutionDevice
 
+
 class SupportsComponentDiscovery:
     """A pipeline's own declaration of its components: subclass it and set
     the module attribute names per role (as vLLM-Omni's protocol of the

@@ -15,6 +15,7 @@ import torch
 from ._progress import _NoBar, _progress_bar
 from ._tensors import _TORCH_DTYPES, _flatten, _is_wrapper, _stored_bytes
 
+
 def _read_range(path, offset, out):
     """out's bytes from path at offset (a CPU tensor, filled in place)."""
     n = out.numel() * out.element_size()
