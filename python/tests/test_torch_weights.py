@@ -196,6 +196,53 @@ class EnableHostMemoryTests(unittest.TestCase):
             np.testing.assert_array_equal(tiny.run_wan(pipe), ref)
 
 
+class LoadedFilesTests(unittest.TestCase):
+    def test_mapped_pages_or_compared_bytes(self):
+        """A pipeline plain diffusers loaded (its parameters point into the
+        safetensors files it mapped) and run: each tensor is its file's
+        bytes without reading the file where its pages were never written;
+        one written in place is compared, found changed, and its own bytes
+        are what the disk tier reads."""
+        import tempfile
+        from unittest import mock
+        from diffusers import WanPipeline
+        with tempfile.TemporaryDirectory(prefix="mlo-mapped-") as d:
+            tiny.wan(ffn_dim=4096).save_pretrained(os.path.join(d, "wan"))
+            pipe = WanPipeline.from_pretrained(os.path.join(d, "wan"))
+            before = tiny.run_wan(pipe)  # its pages read, none written
+            changed = pipe.transformer.blocks[0].ffn.net[0].proj.weight
+            with torch.no_grad():
+                changed[0] += 50  # a page of the mapping copied on write
+            ref = tiny.run_wan(pipe)
+            self.assertFalse(np.allclose(ref, before, rtol=0, atol=1e-3))
+            compared = []
+            holds = mlo.torch._files._file_holds
+
+            def counting(path, offset, data):
+                compared.append(data.data_ptr())
+                return holds(path, offset, data)
+
+            with mock.patch.object(mlo.torch._files, "_file_holds", counting), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                b = mlo.torch.enable_model_offload(pipe, device=DEVICE, host_memory="30K",
+                                                   scratch_dir=d)
+            src = {e.name: e.source[0] for m in b.managed for e in m.entries}
+            name = "transformer.blocks.0.ffn.net.0.proj.weight"
+            self.assertTrue(src[name].startswith(os.path.join(d, "mlo-")), src[name])
+            other = "transformer_2.blocks.0.ffn.net.0.proj.weight"  # 256 KiB, never written
+            self.assertTrue(src[other].endswith("diffusion_pytorch_model.safetensors"))
+            self.assertIn(changed.data_ptr(), compared)
+            self.assertLess(len(compared), len(src) // 4, "most were read as mapped")
+            for _ in range(2):
+                # the weights at other addresses round the GEMMs otherwise
+                # (FromPretrainedTests): close, and far from the unwritten
+                np.testing.assert_allclose(tiny.run_wan(pipe), ref, rtol=0, atol=1e-5)
+            self.assertGreater(b.pipeline.stats()["disk_read_bytes"], 0)
+            mlo.torch.close_model_offload(pipe)
+            del b
+
+
 class LayerwiseCastingTests(unittest.TestCase):
     """diffusers' layerwise casting is a cast, not an offload: mlo moves the
     float8 storage, and each layer computes from a float32 copy of it."""

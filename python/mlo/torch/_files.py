@@ -121,11 +121,66 @@ def _file_holds(path, offset, data):
     return True
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class _FileMappings:
+    """The files mapped into this process (/proc/self/maps).  diffusers maps
+    a safetensors file and points its parameters into the mapping: such a
+    tensor whose pages were never written is its file's bytes, with no
+    need to read the file to compare (_as_mapped)."""
+
+    def __init__(self):
+        self.maps = []  # (start, end, file offset, inode, path)
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    field = line.rstrip("\n").split(None, 5)
+                    if len(field) == 6 and field[5].startswith("/"):
+                        lo, hi = (int(x, 16) for x in field[0].split("-"))
+                        self.maps.append((lo, hi, int(field[2], 16), int(field[4]), field[5]))
+        except OSError:
+            pass  # not Linux: every tensor is compared
+
+    def holds(self, path, offset, data):
+        """Whether data (a CPU tensor) is path's bytes at offset, mapped
+        there and never written since."""
+        ptr, nbytes = data.data_ptr(), data.numel() * data.element_size()
+        for lo, hi, at, inode, mapped in self.maps:
+            if lo <= ptr and ptr + nbytes <= hi:
+                try:
+                    same = mapped == os.path.realpath(path) and inode == os.stat(path).st_ino
+                except OSError:
+                    return False
+                return same and at + ptr - lo == offset and _unwritten(ptr, nbytes)
+        return False
+
+
+def _unwritten(ptr, nbytes):
+    """Whether no page of [ptr, ptr+nbytes) of a file mapping was written
+    since it was mapped (/proc/self/pagemap): each is either not present
+    (read from the file when touched) or the file's own page, and none is
+    swapped out (only a written, anonymous copy is)."""
+    first, last = ptr // _PAGE, (ptr + nbytes - 1) // _PAGE
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first * 8)
+            raw = f.read((last - first + 1) * 8)
+    except OSError:
+        return False
+    flags = np.frombuffer(raw, dtype=np.uint64)
+    if len(flags) != last - first + 1:
+        return False
+    present, swapped, file_page = (flags >> 63) & 1, (flags >> 62) & 1, (flags >> 61) & 1
+    return not swapped.any() and bool(np.all(file_page | (present ^ 1)))
+
+
 def _find_loaded_files(backend, found, scratch, pipe=None):
     """For the disk tier over a pipeline already loaded into torch memory
     (enable_model_offload's host_memory): each tensor of each module, found
     in the safetensors files its model was loaded from (its name, dtype,
-    shape and every byte the same), else written once into the scratch
+    shape and every byte the same: still the file's mapped pages, never
+    written, or compared with the file), else written once into the scratch
     file, in backend.loaded_files, so that every component may be declared
     from files and the disk tier may leave any of them there.  Returns the
     names written to the scratch file and their bytes."""
@@ -136,9 +191,10 @@ def _find_loaded_files(backend, found, scratch, pipe=None):
     # none where nothing is in torch memory (from_pretrained's meta modules)
     bar = _progress_bar(pipe, "mlo: finding the weights in their files", total) if total \
         else _NoBar()
+    mappings = _FileMappings()
     try:
         for name, module, _ in found:
-            got, names, nbytes = _find_module_files(name, module, scratch, seen, bar)
+            got, names, nbytes = _find_module_files(name, module, scratch, seen, bar, mappings)
             backend.loaded_files[id(module)] = got
             spilled += names
             spilled_bytes += nbytes
@@ -147,7 +203,7 @@ def _find_loaded_files(backend, found, scratch, pipe=None):
     return spilled, spilled_bytes
 
 
-def _find_module_files(name, module, scratch, seen, bar):
+def _find_module_files(name, module, scratch, seen, bar, mappings):
     """_find_loaded_files for one module: {name: (path, offset)}, the names
     written to the scratch file, their bytes."""
     ranges = {}
@@ -185,7 +241,9 @@ def _find_module_files(name, module, scratch, seen, bar):
             for path, code, shape, offset, _ in (c for k in dict.fromkeys(keys)
                                                  for c in ranges.get(k, ())):
                 if _TORCH_DTYPES.get(code) == data.dtype and \
-                        tuple(shape) == tuple(data.shape) and _file_holds(path, offset, data):
+                        tuple(shape) == tuple(data.shape) and (
+                            mappings.holds(path, offset, data) or
+                            _file_holds(path, offset, data)):
                     out[qname] = (path, offset)
                     break
             else:
