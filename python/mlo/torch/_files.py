@@ -2,6 +2,7 @@
 that holds what no checkpoint holds as a module wants it, and a loaded
 pipeline's tensors found in the files they came from (enable's
 host_memory)."""
+import bisect
 import ctypes
 import gc
 import json
@@ -141,19 +142,24 @@ class _FileMappings:
                         self.maps.append((lo, hi, int(field[2], 16), int(field[4]), field[5]))
         except OSError:
             pass  # not Linux: every tensor is compared
+        self.maps.sort()
+        self.starts = [m[0] for m in self.maps]
 
     def holds(self, path, offset, data):
         """Whether data (a CPU tensor) is path's bytes at offset, mapped
         there and never written since."""
         ptr, nbytes = data.data_ptr(), data.numel() * data.element_size()
-        for lo, hi, at, inode, mapped in self.maps:
-            if lo <= ptr and ptr + nbytes <= hi:
-                try:
-                    same = mapped == os.path.realpath(path) and inode == os.stat(path).st_ino
-                except OSError:
-                    return False
-                return same and at + ptr - lo == offset and _unwritten(ptr, nbytes)
-        return False
+        i = bisect.bisect_right(self.starts, ptr) - 1  # the mapping that starts last before it
+        if i < 0:
+            return False
+        lo, hi, at, inode, mapped = self.maps[i]
+        if not (lo <= ptr and ptr + nbytes <= hi):
+            return False
+        try:
+            same = mapped == os.path.realpath(path) and inode == os.stat(path).st_ino
+        except OSError:
+            return False
+        return same and at + ptr - lo == offset and _unwritten(ptr, nbytes)
 
 
 def _unwritten(ptr, nbytes):
