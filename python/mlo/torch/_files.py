@@ -218,7 +218,11 @@ def _find_module_files(name, module, scratch, seen, bar, mappings):
         for f in sorted(os.listdir(folder)):
             if f.endswith(".safetensors"):
                 path = os.path.join(folder, f)
-                for k, v in _safetensors_header(path).items():
+                try:
+                    header = _safetensors_header(path)
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue  # a search, not a load: its tensors are compared or written out
+                for k, v in header.items():
                     ranges.setdefault(k, []).append((path,) + v)
     prefix = getattr(module, "base_model_prefix", "") or ""
     out, spilled, spilled_bytes = {}, [], 0
