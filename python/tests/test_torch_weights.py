@@ -215,6 +215,8 @@ class LoadedFilesTests(unittest.TestCase):
                 changed[0] += 50  # a page of the mapping copied on write
             ref = tiny.run_wan(pipe)
             self.assertFalse(np.allclose(ref, before, rtol=0, atol=1e-3))
+            with open(os.path.join(d, "wan", "transformer", "junk.safetensors"), "wb") as f:
+                f.write(b"not safetensors")  # passed over: a search, not a load
             compared = []
             holds = mlo.torch._files._file_holds
 
