@@ -58,9 +58,9 @@ class BlockPlan:
     def plan_blocks(self, m):
         """Where m streams (the budget policy keeps only some of its blocks
         resident: docs/streaming.md), each block's module: the module its
-        tensors' names share (`blocks.3` for blocks.3.attn1...), hooked in
-        hook() to say where the forward is (a resident block's begin and
-        end cost libmlo nothing).  Then the pieces a fingerprint sums: the
+        tensors' names share (`blocks.3` for blocks.3.attn1...), which
+        _hooks.BlockHooks hooks to say where the forward is (a resident
+        block's begin and end cost libmlo nothing).  Then the pieces a fingerprint sums: the
         whole component, or for one that streams each piece (prologue,
         epilogue, each block: each contiguous, the same in the slab and on
         the device, where the slots between resident pieces change at every
