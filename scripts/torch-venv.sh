@@ -16,7 +16,9 @@ pins=python/tests/torch-requirements.txt # the versions, shared with gpu-prep.sh
 if [ "${MLO_TORCH:-1}" = 0 ]; then
   exit 0
 fi
-if "$venv/bin/python" -c 'import torch, diffusers, transformers, peft' 2>/dev/null; then
+# every package the pins name, so a venv made before one was added gets it
+if "$venv/bin/python" -c 'import torch, diffusers, transformers, peft, accelerate, torchao, gguf' \
+  2>/dev/null; then
   exit 0
 fi
 echo "torch-venv: installing $(grep -v '^#' "$pins" | tr '\n' ' ')into $venv (about 6 GB, a few minutes; MLO_TORCH=0 skips)"

@@ -21,10 +21,15 @@ import weakref
 
 from . import _lib
 
-__all__ = ["MloError", "Platform", "Pipeline", "Component", "Tensor", "version", "role_from_class",
-           "role_guess", "parse_size", "DIT", "ENCODER", "VAE", "OTHER"]
+__all__ = ["MloError", "MloInvalidError", "MloOutOfMemoryError", "MloDeviceOutOfMemoryError",
+           "MloBusyError", "MloStateError", "MloUnsupportedError", "MloIOError", "MloFormatError",
+           "MloNotFoundError", "MloExistsError", "MloPlatformError", "MloNoDeviceError",
+           "MloOwnedError", "MloDeadlockError", "MloCallbackError", "Platform", "Pipeline",
+           "Component", "Tensor", "version", "role_from_class", "role_guess", "parse_size", "DIT",
+           "ENCODER", "VAE", "OTHER"]
 
 DIT, ENCODER, VAE, OTHER = _lib.ROLE_DIT, _lib.ROLE_ENCODER, _lib.ROLE_VAE, _lib.ROLE_OTHER
+BLOCK_PROLOGUE, BLOCK_EPILOGUE, BLOCK_MAX = -1, -2, 100000000  # mlo.h's MLO_BLOCK_*
 _ROLE_NAMES = {"dit": DIT, "encoder": ENCODER, "vae": VAE, "other": OTHER}
 
 _L = None
@@ -77,13 +82,67 @@ def parse_size(value, what="size", allow_zero=False):
 
 
 class MloError(RuntimeError):
-    """A libmlo status: .code (negative MLO_E*), .name ("MLO_ENOMEM_DEVICE")."""
+    """A libmlo status: .code (negative MLO_E*), .name ("MLO_ENOMEM_DEVICE").
+    MloError(code, message) is an instance of the code's own subclass
+    (MloStateError for MLO_ESTATE, ...), so a caller catches the failures
+    it can act on by class, and `except MloError` still catches them all."""
 
-    def __init__(self, code, message):
+    code_value = None  # the MLO_E* status a subclass stands for
+
+    def __new__(cls, *args):
+        if cls is MloError and args:
+            cls = _ERROR_CLASSES.get(args[0], MloError)
+        return super().__new__(cls, *args)
+
+    def __init__(self, code, message=None):
+        if message is None:  # a subclass, given its message alone
+            if self.code_value is None:
+                raise TypeError("MloError(code, message): the status code is missing")
+            code, message = self.code_value, code
         self.code = code
+        self.message = message
         self.name = lib().mlo_err_name(code).decode()
         super().__init__("%s (%s)" % (message, self.name))
 
+    def __reduce__(self):  # pickled (multiprocessing) as its code and message
+        return (MloError, (self.code, self.message))
+
+
+def _error_class(name, code, doc):
+    return type(name, (MloError,), {"__doc__": doc, "code_value": code,
+                                    "__module__": __name__})
+
+
+# mlo.h's statuses, each an MloError subclass
+MloInvalidError = _error_class("MloInvalidError", -1, "MLO_EINVAL: an argument or option is "
+                               "invalid.")
+MloOutOfMemoryError = _error_class("MloOutOfMemoryError", -2, "MLO_ENOMEM: host memory "
+                                   "exhausted (or a host budget too small for what must stay).")
+MloDeviceOutOfMemoryError = _error_class("MloDeviceOutOfMemoryError", -3, "MLO_ENOMEM_DEVICE: "
+                                         "device memory exhausted (state rolled back).")
+MloBusyError = _error_class("MloBusyError", -4, "MLO_EBUSY: a component or pipeline is in use.")
+MloStateError = _error_class("MloStateError", -5, "MLO_ESTATE: not valid in the current state.")
+MloUnsupportedError = _error_class("MloUnsupportedError", -6, "MLO_EUNSUPPORTED: refused "
+                                   "before anything changed.")
+MloIOError = _error_class("MloIOError", -7, "MLO_EIO: a file could not be read or written.")
+MloFormatError = _error_class("MloFormatError", -8, "MLO_EFORMAT: a file is malformed.")
+MloNotFoundError = _error_class("MloNotFoundError", -9, "MLO_ENOTFOUND: no such thing.")
+MloExistsError = _error_class("MloExistsError", -10, "MLO_EEXIST: the name is taken.")
+MloPlatformError = _error_class("MloPlatformError", -11, "MLO_EPLATFORM: the device API "
+                                "reported an error.")
+MloNoDeviceError = _error_class("MloNoDeviceError", -12, "MLO_ENODEV: no such device, or its "
+                                "platform is not built in.")
+MloOwnedError = _error_class("MloOwnedError", -13, "MLO_EOWNED: another offload owns the "
+                             "hooks, or offload is on with other settings (C16).")
+MloDeadlockError = _error_class("MloDeadlockError", -14, "MLO_EDEADLK: the calling thread holds "
+                                "a conflicting component, or a callback called back in.")
+MloCallbackError = _error_class("MloCallbackError", -15, "MLO_ECALLBACK: a user callback "
+                                "returned a failure.")
+_ERROR_CLASSES = {c.code_value: c for c in (
+    MloInvalidError, MloOutOfMemoryError, MloDeviceOutOfMemoryError, MloBusyError,
+    MloStateError, MloUnsupportedError, MloIOError, MloFormatError, MloNotFoundError,
+    MloExistsError, MloPlatformError, MloNoDeviceError, MloOwnedError, MloDeadlockError,
+    MloCallbackError)}
 
 _EINVAL, _EBUSY, _ESTATE = -1, -4, -5  # mlo.h's MLO_EINVAL, MLO_EBUSY, MLO_ESTATE
 
@@ -348,6 +407,21 @@ class Tensor:
         (epilogue) (mlo_tensor_block)."""
         return self._call("block", lib().mlo_tensor_block)
 
+    def set_block(self, block):
+        """Declares the block of the forward it belongs to
+        (mlo_tensor_set_block): 0 .. BLOCK_MAX in the order the blocks run,
+        or BLOCK_PROLOGUE (-1) / BLOCK_EPILOGUE (-2); before materialize
+        (MLO_ESTATE after).  Once one tensor of a component is declared,
+        libmlo reads no names for it: the others are the prologue's."""
+        if isinstance(block, bool) or not isinstance(block, int) or \
+                not (BLOCK_EPILOGUE <= block <= BLOCK_MAX):
+            raise ValueError("tensor %r: block %r is neither %d .. %d nor the prologue (-1) or "
+                             "the epilogue (-2)" % (self.name, block, 0, BLOCK_MAX))
+        pipe = self.component.pipeline
+        with pipe._use("set_block") as p:
+            _check(lib().mlo_tensor_set_block(self._t, block),
+                   "tensor '%s': set_block" % self.name, p)
+
     def __repr__(self):
         return "<mlo.Tensor '%s' of '%s'>" % (self.name, self.component.name)
 
@@ -590,6 +664,36 @@ class Pipeline:
         comp = Component(self, c, name, role)
         self.components.append(comp)
         return comp
+
+    def set_progress(self, fn):
+        """fn(component, done, total) as a materialization reads a
+        component's file-backed tensors into its slab, in bytes (at least
+        once per component, with done == total at its end); None: none
+        (mlo_pipeline_set_progress).  It may run on libmlo's threads, with
+        the pipeline's lock held: it must not call mlo, and what it raises
+        is dropped (it cannot cross into C)."""
+        by_handle = {}
+        me = weakref.ref(self)  # kept by the pipeline: no cycle through C
+
+        def call(comp, done, total, _user):
+            collecting = gc.isenabled()  # no finalizer may free an mlo object in here
+            gc.disable()
+            try:
+                if comp not in by_handle and me() is not None:
+                    by_handle.update({c._c.value: c for c in me().components})
+                fn(by_handle.get(comp), done, total)
+            except Exception:
+                pass
+            finally:
+                if collecting:
+                    gc.enable()
+
+        c = _lib.PROGRESS_FN(call) if fn is not None else _lib.PROGRESS_FN()
+        with self._use("set_progress") as p:
+            lib().mlo_pipeline_set_progress(p, c, None)
+        # a materialization already started may call the one it took until
+        # it ends: every one stays alive as long as the pipeline
+        self._progress_fns = getattr(self, "_progress_fns", []) + [c]
 
     def materialize(self):
         with self._use("materialize") as p:

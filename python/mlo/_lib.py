@@ -81,6 +81,8 @@ class StreamInfo(ctypes.Structure):
 
 RECLAIM_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 CACHED_FN = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p)
+PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
+                               ctypes.c_void_p)
 
 
 class FrameworkCache(ctypes.Structure):
@@ -154,6 +156,7 @@ def _declare(lib):
         "mlo_pipeline_get_schedule": (I, [P, ctypes.POINTER(ScheduleEntry), Z,
                                           ctypes.POINTER(Z)]),
         "mlo_pipeline_learn_schedule": (I, [P, B]),
+        "mlo_pipeline_set_progress": (None, [P, PROGRESS_FN, P]),
         "mlo_role_name": (C, [I]),
         "mlo_role_guess": (I, [C, C]),
         "mlo_role_from_class": (I, [C, ctypes.POINTER(I)]),
@@ -172,6 +175,7 @@ def _declare(lib):
         "mlo_tensor_device": (I, [P, ctypes.POINTER(P), ctypes.POINTER(ctypes.c_size_t)]),
         "mlo_tensor_nbytes": (U64, [P]),
         "mlo_tensor_block": (I, [P]),
+        "mlo_tensor_set_block": (I, [P, I]),
         "mlo_component_block_count": (Z, [P]),
         "mlo_component_stream_info": (I, [P, ctypes.POINTER(StreamInfo)]),
         "mlo_component_set_progressive": (I, [P, I]),

@@ -2,9 +2,10 @@
 """run.py MODULE — runs one of the package's test modules for ctest.
 
 test_replay needs only the Python standard library and libmlo; test_torch
-needs torch, diffusers, transformers and peft and exits 77 (ctest:
-skipped) with the reason when they are not installed (`make test` installs
-them: scripts/torch-venv.sh; MLO_TORCH=0 skips that).  MLO_LIBRARY names the libmlo to load.
+and test_torch_weights need torch, diffusers, transformers and peft, and
+exit 77 (ctest: skipped) with the reason when they are not installed
+(`make test` installs them: scripts/torch-venv.sh; MLO_TORCH=0 skips
+that).  MLO_LIBRARY names the libmlo to load.
 """
 import importlib.util
 import os
@@ -21,7 +22,7 @@ def main():
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
     name = sys.argv[1]
-    if name == "test_torch":
+    if name.startswith("test_torch"):
         missing = [m for m in ("torch", "diffusers", "transformers", "peft")
                    if importlib.util.find_spec(m) is None]
         if missing:

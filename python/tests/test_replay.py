@@ -164,9 +164,36 @@ class MisuseTests(unittest.TestCase):
         self.plat.close()
 
     def assertState(self, fn):
-        with self.assertRaises(mlo.MloError) as e:
+        with self.assertRaises(mlo.MloStateError) as e:
             fn()
         self.assertEqual(e.exception.name, "MLO_ESTATE")
+
+    def test_statuses_are_exception_classes(self):
+        """Each libmlo status raises its own MloError subclass: a caller
+        catches what it can act on by class, and MloError catches all."""
+        with self.assertRaises(mlo.MloExistsError) as e:
+            self.pipe.add_component("transformer", "dit")  # the name is taken
+        self.assertEqual((e.exception.code, e.exception.name), (-10, "MLO_EEXIST"))
+        self.assertIsInstance(e.exception, mlo.MloError)
+        self.pipe.enable()
+        with self.assertRaises(mlo.MloStateError):
+            self.dit.add_tensor("x", "F32", [1])  # materialized: no more tensors
+        import pickle
+        seen = set()
+        for name in mlo.__all__:
+            cls = getattr(mlo, name)
+            if isinstance(cls, type) and issubclass(cls, mlo.MloError) and cls is not mlo.MloError:
+                err = mlo.MloError(cls.code_value, "x")  # the code picks the class
+                self.assertIs(type(err), cls)
+                self.assertEqual(err.name, mlo.lib().mlo_err_name(cls.code_value).decode())
+                self.assertIs(type(cls("y")), cls)  # a class knows its code
+                again = pickle.loads(pickle.dumps(err))
+                self.assertEqual((type(again), again.code, str(again)), (cls, err.code, str(err)))
+                seen.add(cls.code_value)
+        self.assertEqual(seen, set(range(-15, 0)))  # every status mlo.h has
+        self.assertIs(type(mlo.MloError(-99, "z")), mlo.MloError)  # one it does not know
+        with self.assertRaises(TypeError):
+            mlo.MloError("a message and no code")
 
     def test_freed_pipeline_raises(self):
         self.pipe.enable()
