@@ -368,9 +368,16 @@ typedef struct {
   bool sharded;        /* the choice: sharded where it takes at most 95% of the
                           replicated time; a closer call, and one GPU, go to
                           replicated loads, which need no lockstep */
+  /* Loads block by block (the default): each piece's gather runs while the
+   * next pieces' slices cross the links, so a sharded load takes the slower
+   * of the two where the gathers have a fabric of their own (without one
+   * they share the links: sharded_s).  A caller built before these fields
+   * passes a smaller size and gets the fields above alone. */
+  double pipelined_s;
+  bool pipelined; /* the choice for loads block by block, as `sharded` */
 } mlo_load_plan;
 #define MLO_LOAD_PLAN_INIT                                                                         \
-  { sizeof(mlo_load_plan), 0, 0, 0, 0, 0, false }
+  { sizeof(mlo_load_plan), 0, 0, 0, 0, 0, false, 0, false }
 
 /* Plans a load of `bytes` on `gpus` GPUs (1..4096) of topology t.  MLO_EINVAL
  * (out untouched) for a size field not set by its _INIT, or a rate that is

@@ -17,12 +17,16 @@
  *    is none (peers' bytes staged through host memory); and where the
  *    fabric is PCIe peer-to-peer, what comes from another group crosses
  *    this group's uplink too.
- * Nothing overlaps the slice with the gather, as neither platform does.
+ * A whole load overlaps nothing of its slice with its gather; block by
+ * block, each piece's gather runs while the next pieces' slices cross the
+ * links (src/core/progressive.c), so over a fabric of its own the slower
+ * of the two is the time (pipelined_s).
  */
 #include "mlo/mlo.h"
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 static bool rate_ok(double r) {
   return isfinite(r) && r >= 0;
@@ -30,9 +34,9 @@ static bool rate_ok(double r) {
 
 int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t bytes,
                         mlo_load_plan *out) {
-  if (!t || !out || t->size < sizeof *t || out->size < sizeof *out || !gpus || gpus > 4096 ||
-      !rate_ok(t->link_bps) || !(t->link_bps > 0) || !rate_ok(t->uplink_bps) ||
-      !rate_ok(t->fabric_bps))
+  if (!t || !out || t->size < sizeof *t || out->size < offsetof(mlo_load_plan, pipelined_s) ||
+      !gpus || gpus > 4096 || !rate_ok(t->link_bps) || !(t->link_bps > 0) ||
+      !rate_ok(t->uplink_bps) || !rate_ok(t->fabric_bps))
     return MLO_EINVAL;
   double n = gpus, s = (double)bytes;
   double group = t->group > 1 ? (t->group < gpus ? t->group : gpus) : 1;
@@ -57,6 +61,13 @@ int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t byte
   }
   p.sharded_s = p.slice_s + p.gather_s;
   p.sharded = gpus > 1 && p.sharded_s <= 0.95 * p.replicated_s;
-  *out = p;
+  /* block by block, piece after piece: the gathers overlap the slices
+   * where they travel apart (a fabric not through the uplinks) */
+  bool apart = t->fabric_bps > 0 && !(t->fabric_via_uplinks && t->uplink_bps > 0 && group < n);
+  p.pipelined_s = apart ? fmax(p.slice_s, p.gather_s) : p.sharded_s;
+  p.pipelined = gpus > 1 && p.pipelined_s <= 0.95 * p.replicated_s;
+  size_t keep = out->size < sizeof p ? out->size : sizeof p; /* an older caller's fields */
+  memcpy(out, &p, keep);
+  out->size = keep;
   return MLO_OK;
 }

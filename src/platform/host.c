@@ -127,6 +127,10 @@ static void *engine_main(void *arg) {
     if (!op) break; /* stopping, and the queue is drained */
     ctx->head = op->next;
     if (!ctx->head) ctx->tail = NULL;
+    if (ctx->links_busy_until > link_end) link_end = ctx->links_busy_until; /* a gather's */
+    if (ctx->opt.copy_bps > 0) /* what a gather must wait behind (host_gather_pace) */
+      ctx->link_booked = (op->queued_ns > link_end ? op->queued_ns : link_end) +
+                         (uint64_t)((double)op->bytes * 1e9 / ctx->opt.copy_bps);
     pthread_mutex_unlock(&ctx->lock);
     run_copy(ctx, op, &link_end);
     pthread_mutex_lock(&ctx->lock);
@@ -378,7 +382,27 @@ static void host_gather_pace(void *vctx, size_t slice, int ranks, uint64_t t0_ns
       mlo_node_plan_loads(&ctx->opt.topo, (unsigned)ranks, (uint64_t)slice * (uint64_t)ranks,
                           &plan))
     return;
-  sleep_until_ns(t0_ns + (uint64_t)(plan.gather_s * 1e9));
+  /* where the gather's bytes cross the host links (no fabric: staged
+   * through host memory; PCIe peer-to-peer between groups: through the
+   * uplinks), the copies queued behind it wait for the links too, as on a
+   * real node; a fabric of its own leaves them free */
+  const mlo_node_topology *t = &ctx->opt.topo;
+  unsigned group = t->group > 1 ? (t->group < (unsigned)ranks ? t->group : (unsigned)ranks) : 1;
+  double on_links =
+      !(t->fabric_bps > 0) ? plan.gather_s
+      : t->fabric_via_uplinks && t->uplink_bps > 0 && group < (unsigned)ranks
+          ? (double)group * (double)(ranks - (int)group) * (double)slice / t->uplink_bps
+          : 0;
+  uint64_t end = t0_ns + (uint64_t)(plan.gather_s * 1e9);
+  if (on_links > 0) { /* after the copy on the links now, and before the next */
+    pthread_mutex_lock(&ctx->lock);
+    uint64_t from = ctx->links_busy_until > t0_ns ? ctx->links_busy_until : t0_ns;
+    if (ctx->link_booked > from) from = ctx->link_booked;
+    ctx->links_busy_until = from + (uint64_t)(on_links * 1e9);
+    if (ctx->links_busy_until > end) end = ctx->links_busy_until;
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  sleep_until_ns(end);
 }
 
 static const struct mlo_platform_ops host_ops = {

@@ -97,7 +97,12 @@ struct host_ctx {
   bool scrub; /* released ranges are poisoned (poison=1, or ASan) */
   pthread_t engine, scrubber;
   bool scrubber_started;
-  uint64_t rng;         /* touched by the engine thread only */
+  uint64_t rng; /* touched by the engine thread only */
+  /* a gather that crosses the host links (a node with no fabric of its own,
+   * or PCIe peer-to-peer between groups) holds them until then: no copy
+   * starts on them before (host_gather_pace); and until when the copy the
+   * engine runs now holds them (lock) */
+  uint64_t links_busy_until, link_booked;
   uint64_t src_changed; /* srccheck=1: copies whose source changed while queued (lock) */
 };
 

@@ -2562,9 +2562,17 @@ class RanksTests(Fixture):
         self.assertIn("h100-sxm-8", o["topology"])
         self.assertLess(o["modelled_sharded_s_per_gib"], o["modelled_replicated_s_per_gib"])
         self.assertGreater(o["gather_bytes"], 0)
-        # 2 ranks of 2e8 B/s, NVLink at 7.2x the link: 1/2 + 1/(2 x 7.2) of a replicated load
+        # 2 ranks of 2e8 B/s, NVLink at 7.2x the link, loads block by block:
+        # each piece's gather under the next pieces' slices, max(1/2, 1/(2 x
+        # 7.2)) of a replicated load; whole loads: the gather after the
+        # slice, 1/2 + 1/(2 x 7.2) (issue 40: priced as performed)
         self.assertAlmostEqual(o["modelled_sharded_s_per_gib"] / o["modelled_replicated_s_per_gib"],
-                               0.5 + 0.5 / 7.2, places=6)
+                               0.5, places=6)
+        whole = ranks("--ranks", "auto", "--node", "h100-sxm-8", "--whole-loads")
+        self.assertEqual(whole["mode"], "sharded")
+        self.assertAlmostEqual(
+            whole["modelled_sharded_s_per_gib"] / whole["modelled_replicated_s_per_gib"],
+            0.5 + 0.5 / 7.2, places=6)
         o = ranks("--ranks", "auto", "--node", "rtx4090-2")
         self.assertEqual((o["mode"], o["gather_bytes"]), ("shared", 0))
         o = ranks("--ranks", "auto")
@@ -2791,15 +2799,21 @@ class DemoBenchTests(unittest.TestCase):
             self.assertRegex(out, r"joins the switches\s+\(([1-9]\d*) loads in 3 prompts\)")
             self.assertRegex(out, r"host memory 1/2: .* read from disk per prompt")
             self.assertIn("rtx4090, bf16, RAM 32.0 GiB", out)
-            # the two-rank line compares like with like (issue 43): sharded
-            # loads are whole, so one rank's figure is strict's with whole
-            # loads, the table's row, not its block-by-block one
-            ranks = re.search(r"([0-9.]+)x one\s+rank's ([0-9.]+) s with the same whole loads", out)
+            # the two-rank line compares like with like (issues 40, 43): the
+            # mode --ranks auto chose against the other, both measured block
+            # by block, their ratio the two stalls' as printed
             if shutil.which("mpirun") and "two ranks as on" in out:
-                whole = re.search(r"strict, whole loads +[0-9.]+ s +[0-9.]+x +[0-9.]+x +([0-9.]+) s",
-                                  out)
+                ranks = re.search(r"chose (sharded|replicated) loads \(the model:\s+sharded "
+                                  r"[0-9.]+x replicated\): stall ([0-9.]+) s per prompt against "
+                                  r"([0-9.]+) s (replicated|sharded) \(--ranks (shared|sharded)\), "
+                                  r"measured\s+here: ([0-9.]+)x", out)
                 self.assertIsNotNone(ranks, out)
-                self.assertEqual(ranks.group(2), whole.group(1), out)
+                self.assertNotEqual(ranks.group(1), ranks.group(4), out)
+                chose, other = float(ranks.group(2)), float(ranks.group(3))
+                if other > 0.001:  # the stalls are printed to 1 ms
+                    lo = max(chose - 0.0005, 0) / (other + 0.0005)
+                    hi = (chose + 0.0005) / (other - 0.0005)
+                    self.assertTrue(lo - 0.005 <= float(ranks.group(6)) <= hi + 0.005, out)
             self.check_readme_table(out)
             svg = os.path.join(tmp, "demo-timeline.svg")
             self.assertIn(svg, out)

@@ -11,6 +11,7 @@
 #include "platform/platform.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +40,10 @@ static void test_fabric_of_its_own(void **state) {
   assert_near(p.gather_s, GIB * 7 / 8 / 360e9, "gather");
   assert_near(p.sharded_s, p.slice_s + p.gather_s, "sharded");
   assert_true(p.sharded);
+  /* block by block the gathers run under the next pieces' slices: the
+   * slower of the two */
+  assert_near(p.pipelined_s, p.slice_s > p.gather_s ? p.slice_s : p.gather_s, "pipelined");
+  assert_true(p.pipelined);
   /* the fabric does not cross the uplinks: a PCIe flag without an uplink
    * changes nothing */
   t.fabric_via_uplinks = true;
@@ -63,6 +68,8 @@ static void test_shared_uplink_and_pcie_peers(void **state) {
    * (0.04 s/GB): the uplink binds */
   assert_near(p.gather_s, 2.0 * 2.0 * (GIB / 4) / 25e9, "gather through the uplinks");
   assert_true(p.sharded);
+  /* the gathers cross the uplinks the slices use: nothing overlaps */
+  assert_near(p.pipelined_s, p.sharded_s, "pipelined through the uplinks");
   /* the same GPUs each with a host path and the fabric of its own: the
    * receive rate binds instead */
   t.fabric_via_uplinks = false;
@@ -81,6 +88,8 @@ static void test_no_peer_path(void **state) {
   assert_near(p.gather_s, GIB / 2 / 12.5e9, "gather over the links");
   assert_near(p.sharded_s, p.replicated_s, "sharded = replicated");
   assert_false(p.sharded);
+  assert_near(p.pipelined_s, p.sharded_s, "the gathers share the links: nothing pipelines");
+  assert_false(p.pipelined);
   p = plan(&t, 1);
   assert_near(p.gather_s, 0, "one GPU gathers nothing");
   assert_false(p.sharded);
@@ -125,7 +134,22 @@ static void test_hostile_inputs(void **state) {
     assert_memory_equal(&p, &before, sizeof p);
   }
   p = (mlo_load_plan){.size = 8};
-  assert_status(mlo_node_plan_loads(&good, 2, 1, &p), MLO_EINVAL); /* an older, shorter plan */
+  assert_status(mlo_node_plan_loads(&good, 2, 1, &p), MLO_EINVAL); /* shorter than any plan */
+  /* a caller built before the pipelined fields: its fields filled, nothing
+   * written past them */
+  struct {
+    mlo_load_plan p;
+    unsigned char guard[32];
+  } older;
+  memset(&older, 0xa5, sizeof older);
+  older.p.size = offsetof(mlo_load_plan, pipelined_s);
+  assert_status(mlo_node_plan_loads(&good, 2, 1, &older.p), MLO_OK);
+  assert_int_equal(older.p.size, offsetof(mlo_load_plan, pipelined_s));
+  assert_true(older.p.replicated_s > 0);
+  const unsigned char *tail =
+      (const unsigned char *)&older.p + offsetof(mlo_load_plan, pipelined_s);
+  for (size_t i = 0; i < sizeof older - offsetof(mlo_load_plan, pipelined_s); i++)
+    assert_int_equal(tail[i], 0xa5);
   p = (mlo_load_plan)MLO_LOAD_PLAN_INIT;
   assert_status(mlo_node_plan_loads(NULL, 2, 1, &p), MLO_EINVAL);
   assert_status(mlo_node_plan_loads(&good, 2, 1, NULL), MLO_EINVAL);

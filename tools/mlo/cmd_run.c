@@ -625,7 +625,8 @@ int cmd_run(int argc, char **argv) {
     mlo_node_topology nt;
     if (ra.node) nt = plan_node_topology(ra.node, 0);
     int rc = ranks_plan_loads(&ra.rk, spec, ra.node ? &nt : NULL, ra.node ? ra.node->name : NULL,
-                              ra.ranks == RANKS_AUTO ? -1 : ra.ranks, err, sizeof err);
+                              ra.ranks == RANKS_AUTO ? -1 : ra.ranks,
+                              !ra.whole_loads && !ra.literal, err, sizeof err);
     if (rc) { /* every rank hears it at the agreement below, at once */
       tool_failf("run", "%s", err);
       code = tool_exit_for(rc);

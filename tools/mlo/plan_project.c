@@ -343,7 +343,12 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
     pr->topo = plan_node_topology(pr->node, pa->have_link ? (double)pa->link : 0);
     pr->gpu_link = pr->topo.link_bps;
     pr->loads = (mlo_load_plan)MLO_LOAD_PLAN_INIT;
-    if (mlo_node_plan_loads(&pr->topo, pr->gpus, 1ull << 30, &pr->loads)) {
+    int bad = mlo_node_plan_loads(&pr->topo, pr->gpus, 1ull << 30, &pr->loads);
+    if (!bad && !pa->whole_loads) { /* block by block, as mlo run: the gathers pipelined */
+      pr->loads.sharded_s = pr->loads.pipelined_s;
+      pr->loads.sharded = pr->loads.pipelined;
+    }
+    if (bad) {
       tool_failf("plan", "--node %s: the topology does not plan", pr->node->name);
       return TOOL_EXIT_FAIL;
     }

@@ -211,10 +211,12 @@ typedef struct {
  * node_ranks GPUs into r->plan; and r->sharded: mode 1 sharded, 0
  * replicated, -1 (--ranks auto) the faster as planned, replicated where no
  * topology is known (a host budget does not decide: either mode reads a
- * component on disk once per node).  MLO_OK, or a failure to open the
+ * component on disk once per node); planned for the shape the loads take
+ * (`blocks`: block by block, each piece's gather under the next pieces'
+ * slices, the model's pipelined figure; else whole).  MLO_OK, or a failure to open the
  * platform (err says). */
 int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *node,
-                     const char *node_name, int mode, char *err, size_t errlen);
+                     const char *node_name, int mode, bool blocks, char *err, size_t errlen);
 /* What one rank measured (plain data: gathered to rank 0 as bytes). */
 typedef struct {
   uint64_t pss;       /* proportional set size: shared pages count 1/n */
@@ -255,11 +257,12 @@ enum {
 };
 int ranks_agree(const tool_ranks *r, int step, int code, uint64_t check, char *err, size_t errlen);
 /* The demo's line on several ranks: this binary under `mpirun -np 2 ...
- * --ranks sharded` on the demo's checkpoint, device and link, reported
- * against the weights and against one rank's steady stall; a line saying
- * why when MPI or mpirun is missing. */
-void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, double one_rank_stall,
-                uint64_t weights, FILE *out);
+ * --ranks auto --node h100-sxm-8` on the demo's checkpoint, device and link,
+ * then the mode auto did not choose, the same way: host slabs and reads
+ * against the weights, and the two stalls measured; a line saying why when
+ * MPI or mpirun is missing. */
+void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, uint64_t weights,
+                FILE *out);
 /* This process's proportional set size (smaps_rollup), 0 if unknown, and
  * that of the mappings holding any of addrs (each counted once). */
 uint64_t ranks_pss_bytes(void);
