@@ -2043,6 +2043,12 @@ class PlanTests(Fixture):
         self.assertLess(pre["overhead"], 0.01)
         # with prefetch or without (a tie goes to the simpler), the budget policy
         self.assertIn(res["advice"], ("budget", "budget+prefetch"))
+        # and the lines that run it from diffusers, not only mlo run (issue 41)
+        _, text, _ = mlo("plan", "wan2.2-t2v", "--device", "rtx4090", "--host-memory", "32G",
+                         check=0)
+        self.assertRegex(text, r'mlo\.torch\.from_pretrained\(WanPipeline, "<its diffusers '
+                               r'directory>", device="cuda", host_memory="32G", '
+                               r'policy="budget", reserve=\d+ << 20\)')
         # too little for the blocks the experts stream: they read them from
         # disk at each use (docs/disk.md), hidden under the blocks before
         # them at real compute, and the budget policy still runs

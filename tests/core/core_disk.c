@@ -635,6 +635,22 @@ static void run_streamed_prompts(tu_pipe *tp, mlo_component *enc, mlo_component 
   tu_assert_forwards_clean(tp);
 }
 
+/* The encoder and the streaming DiT under the budget policy, the DiT's
+ * 8.1 MiB in a device budget of 5 MiB (it keeps some blocks and streams the
+ * rest), with this host budget; copies delayed at random. */
+static tu_pipe *streaming_on_disk(mlo_platform **plat, mlo_component **enc, mlo_component **dit,
+                                  uint64_t host_budget, bool prefetch) {
+  *plat = tu_platform_open("jitter=1");
+  tu_pipe *tp = encoder_and_streaming_dit(*plat, enc, dit);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.budget_bytes = 5u << 20;
+  s.host_budget_bytes = host_budget;
+  s.prefetch = prefetch;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  return tp;
+}
+
 /* A DiT larger than the device budget that lives on disk and has no host
  * memory for its streamed blocks reads each of them from its file into its
  * slot at each use, the reads queued as the slots free (the reader, while
@@ -644,14 +660,9 @@ static void run_streamed_prompts(tu_pipe *tp, mlo_component *enc, mlo_component 
  * forward. */
 static void test_streamed_blocks_read_from_disk(void **state) {
   (void)state;
-  mlo_platform *plat = tu_platform_open("jitter=1");
+  mlo_platform *plat;
   mlo_component *enc, *dit;
-  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = 5u << 20; /* the 8.1 MiB DiT keeps some blocks, streams the rest */
-  s.host_budget_bytes = 1;   /* nothing fits: everything on disk */
-  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  tu_pipe *tp = streaming_on_disk(&plat, &enc, &dit, 1, true); /* nothing fits: all on disk */
   mlo_stream_info si;
   assert_ok(mlo_component_stream_info(dit, &si));
   assert_true(si.streamed_blocks >= 2 && si.resident_blocks >= 1);
@@ -675,15 +686,9 @@ static void test_streamed_blocks_read_from_disk(void **state) {
  * them. */
 static void test_streamed_block_read_fails(void **state) {
   (void)state;
-  mlo_platform *plat = tu_platform_open("jitter=1");
+  mlo_platform *plat;
   mlo_component *enc, *dit;
-  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = 5u << 20;
-  s.host_budget_bytes = 1;
-  s.prefetch = false;
-  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  tu_pipe *tp = streaming_on_disk(&plat, &enc, &dit, 1, false);
   assert_ok(mlo_component_forward(dit, streamed_check, tp)); /* loaded, its slots refilled */
   int failed = 0;
   for (int k = 2; k < 40 && failed < 3; k++) { /* a read failing k reads on, at every point */
@@ -715,14 +720,10 @@ static void test_streamed_block_read_fails(void **state) {
  * forward sees every byte right, with copies delayed at random. */
 static void test_streamed_component_on_disk(void **state) {
   (void)state;
-  mlo_platform *plat = tu_platform_open("jitter=1");
+  mlo_platform *plat;
   mlo_component *enc, *dit;
-  tu_pipe *tp = encoder_and_streaming_dit(plat, &enc, &dit);
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.budget_bytes = 5u << 20;      /* the 8.1 MiB DiT keeps some blocks, streams the rest */
-  s.host_budget_bytes = 7u << 20; /* its streamed blocks, not the rest of it */
-  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  /* a host budget of its streamed blocks, not the rest of it */
+  tu_pipe *tp = streaming_on_disk(&plat, &enc, &dit, 7u << 20, true);
   mlo_stream_info si;
   assert_ok(mlo_component_stream_info(dit, &si));
   assert_true(si.streamed_blocks >= 2 && si.resident_blocks >= 1);

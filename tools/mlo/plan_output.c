@@ -42,7 +42,41 @@ static uint64_t reserve_arg(uint64_t b) {
   return (b + mib - 1) / mib * mib;
 }
 
-static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) {
+/* The diffusers pipeline class of a family (its model_index.json's). */
+static const char *pipeline_class_of(const char *family) {
+  static const struct {
+    const char *family, *cls;
+  } classes[] = {{"wan2.2-t2v", "WanPipeline"},
+                 {"flux", "FluxPipeline"},
+                 {"qwen-image", "QwenImagePipeline"},
+                 {"sd3", "StableDiffusion3Pipeline"}};
+  for (size_t i = 0; family && i < sizeof classes / sizeof *classes; i++)
+    if (!strcmp(family, classes[i].family)) return classes[i].cls;
+  return "<its pipeline class>";
+}
+
+/* The advice with a host budget, for a diffusers user (issue 41): the
+ * Python lines that run it through mlo.torch, never reading the weights
+ * into torch (docs/python.md). */
+static void print_python(const plan_args *pa, const plan_result *pr, const plan_job *job,
+                         FILE *out) {
+  char tail[128] = "";
+  if (pr->advice >= POL_BUDGET && pa->have_budget)
+    snprintf(tail, sizeof tail, ", policy=\"budget\", budget=%llu", (unsigned long long)pa->budget);
+  else if (pr->advice >= POL_BUDGET && pr->reserve)
+    snprintf(tail, sizeof tail, ", policy=\"budget\", reserve=%llu << 20",
+             (unsigned long long)(reserve_arg(pr->reserve) >> 20));
+  else if (pr->advice >= POL_BUDGET)
+    snprintf(tail, sizeof tail, ", policy=\"budget\"");
+  fprintf(out,
+          "  in Python (diffusers), the weights never read into torch: import mlo.torch;\n"
+          "  pipe = mlo.torch.from_pretrained(%s, \"%s\", device=\"cuda\", host_memory=\"%s\"%s)\n",
+          pipeline_class_of(job->family), pa->preset ? "<its diffusers directory>" : pa->src.label,
+          size_arg(pa->host), tail);
+}
+
+static void print_advice(const plan_args *pa, const plan_result *pr, const plan_job *job,
+                         FILE *out) {
   if (pr->advice < 0) {
     bool host = false; /* a row refused for the host budget alone */
     for (int p = POL_STRICT; p < POL_COUNT; p++)
@@ -81,6 +115,7 @@ static void print_advice(const plan_args *pa, const plan_result *pr, FILE *out) 
   fprintf(out, "advice: %s, %s over all-resident: %smlo run %s --platform cuda%s --steps %d%s\n",
           pol_names[pr->advice], plan_pct(plan_overhead(pr, q)), launch,
           pa->preset ? "<its diffusers directory>" : pa->src.label, node, pr->steps, flags);
+  if (pa->have_host && pr->advice != POL_RESIDENT && !pr->node) print_python(pa, pr, job, out);
 }
 
 /* On a unified-memory machine (GB10, GH200), why offload is the wrong tool
@@ -254,7 +289,7 @@ void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job 
               plan_pct(q->disk_cost_s / (q->wall_s - q->disk_cost_s)));
     }
   }
-  print_advice(pa, pr, out);
+  print_advice(pa, pr, job, out);
   const char *unified = unified_advice(pr);
   if (unified) fprintf(out, "unified memory: %s.\n", unified);
 }

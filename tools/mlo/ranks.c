@@ -415,8 +415,8 @@ void ranks_demo(const char *dir, uint64_t capacity, double bw, int steps, uint64
   }
   double w = (double)weights;
   fprintf(out,
-          "\ntwo ranks as on an 8x H100 SXM node (mpirun -np 2 mlo run --ranks auto --node\n"
-          "h100-sxm-8: NVSwitch at 7.2x each GPU's host link, modelled), strict policy, loads\n"
+          "\ntwo ranks as on an 8x H100 SXM node (this pipeline under mpirun -np 2, --ranks auto\n"
+          "--node h100-sxm-8: NVSwitch at 7.2x each GPU's host link, modelled), strict, loads\n"
           "block by block: host slabs %.2fx the weights (two processes with slabs of their\n"
           "own: 2.00x), read from disk %.2fx; --ranks auto chose %s loads (the model:\n"
           "sharded %.2fx replicated): stall %.3f s per prompt against %.3f s %s, measured\n"
