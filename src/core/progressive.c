@@ -69,6 +69,7 @@ struct mlo_prog {
    * the epilogue: its region in the block, each rank's slice of it, and
    * whether the host still has to gather it (MPI, at its wait) */
   bool sliced;
+  bool dev_gathers; /* the device gathers them on its copy queue: each wait watches */
   uint64_t *rdev, *rslice;
   bool *rgather;
 };
@@ -106,7 +107,7 @@ void mlo_prog_evicted(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   if (!g) return;
   g->active = false;
-  g->sliced = false;
+  g->sliced = g->dev_gathers = false;
   for (size_t b = 0; b < g->n; b++) g->pending[b] = g->late[b] = false;
 }
 
@@ -203,7 +204,8 @@ static int gather_piece(mlo_component *c, long b) {
                                    (size_t)g->rslice[k], mlo_dist_node_rank(pipe->comm),
                                    mlo_dist_nccl(pipe->comm), mlo_dist_timeout_ms(pipe->comm)));
   if (!rc) mlo_shard_count_gathered(pipe, (size_t)g->rslice[k]);
-  c->device_gather = true; /* its waits are the host's, watching the gathers */
+  c->device_gather = true; /* the head's wait is the host's, watching the gathers */
+  g->dev_gathers = true;   /* and each block's begin (mlo_prog_begin) */
   return rc;
 }
 
@@ -403,6 +405,7 @@ int mlo_prog_slice(mlo_component *c) {
     at += g->rslice[k] * n;
   }
   g->sliced = true;
+  g->dev_gathers = false;
   /* each tensor at its piece's region, where the gather puts its bytes */
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
@@ -474,8 +477,8 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
   }
   mlo_event *ev = g->ev[b];
   mlo_platform *p = pipe->platform;
-  bool watch = g->sliced && c->device_gather; /* a gather on the device: the host watches it */
-  pthread_mutex_unlock(&pipe->lock);          /* this thread holds c: it stays resident */
+  bool watch = g->sliced && g->dev_gathers; /* a gather on the device: the host watches it */
+  pthread_mutex_unlock(&pipe->lock);        /* this thread holds c: it stays resident */
   uint64_t t0 = mlo_plat_now(p);
   char why[400] = "";
   rc = watch ? mlo_plat_coll_wait(p, ev, why, sizeof why) : MLO_OK;

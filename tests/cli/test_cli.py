@@ -3146,6 +3146,22 @@ class RanksCudaFakeTests(Fixture):
             self.assertEqual(line["digest"], self.single)
             self.assertTrue(line["verified"])
 
+    def test_a_block_gather_that_stalls_fails_every_rank(self):
+        """Sharded block by block on the device: rank 1's gathers stall from
+        its fifth on (a block's, past the head's), with no error.  Every
+        block's begin watches its gather, so both ranks fail within the
+        rank timeout, naming the gather, instead of waiting on a compute
+        queue held behind it for ever (issue 40)."""
+        env = dict(os.environ, **MPI_ENV, MLO_FAKENCCL_HANG="1", MLO_FAKENCCL_HANG_FROM="5")
+        if "ASAN_OPTIONS" in env:
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        p = subprocess.run(["mpirun", "-np", "2", "-x", "MLO_FAKENCCL_HANG", "-x",
+                            "MLO_FAKENCCL_HANG_FROM", MLO, "run", self.ckpt, "--platform", "cuda",
+                            "--ranks", "sharded", "--steps", "2", "--rank-timeout", "3"],
+                           capture_output=True, text=True, env=env, timeout=100)
+        self.assertNotEqual(p.returncode, 0, p.stdout)
+        self.assertRegex(p.stderr, r"all-gather", p.stderr)
+
     def test_auto_chooses_sharded_on_h100_node(self):
         for line in self.lines("--ranks", "auto", "--node", "h100-sxm-8"):
             self.assertEqual(line["mode"], "sharded")

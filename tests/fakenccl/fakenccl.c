@@ -32,7 +32,9 @@
  *    gathers never complete and its asynchronous error ncclSystemError
  *    (a fabric failure NCCL noticed); MLO_FAKENCCL_HANG=R makes rank R's
  *    gathers never complete with no error at all (a peer stalled, a
- *    deadlock).  R is the communicator's rank.
+ *    deadlock); MLO_FAKENCCL_HANG_FROM=K delays that until its K-th gather
+ *    (a stall in the middle of a load block by block, issue 40).  R is the
+ *    communicator's rank.
  *  - ncclCommInitRankConfig with blocking=0: ncclInProgress, then ready at
  *    once, or never for rank R of MLO_FAKENCCL_INIT_HANG=R;
  *  - on such a non-blocking communicator, NCCL's ncclInProgress: its first
@@ -91,6 +93,7 @@ struct ncclComm {
   _Atomic bool aborted; /* ncclCommAbort */
   _Atomic ncclResult_t async;
   bool fail_async, hang; /* this rank's injected failure */
+  uint64_t hang_from;    /* hang from this gather on (1: the first) */
   /* Non-blocking (ncclConfig_t blocking=0): see ncclAllGather and
    * ncclCommFinalize.  Only the calling thread and its polls touch these. */
   bool nonblocking, connected, finalizing;
@@ -189,6 +192,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId uid, int
   if (cudaGetDevice(&c->device) != cudaSuccess) c->device = -1;
   c->fail_async = env_rank("MLO_FAKENCCL_ASYNC_ERROR") == rank;
   c->hang = env_rank("MLO_FAKENCCL_HANG") == rank;
+  const char *from = getenv("MLO_FAKENCCL_HANG_FROM");
+  c->hang_from = from && atoi(from) > 0 ? (uint64_t)atoi(from) : 1;
   *out = c;
   return ncclSuccess;
 }
@@ -289,7 +294,7 @@ static void gather_fn(void *user) {
   if (atomic_load(&c->aborted)) goto out;
   if (c->fail_async) /* the fabric fails while the gather runs */
     atomic_store(&c->async, ncclSystemError);
-  if (c->fail_async || c->hang) { /* never completes: until aborted */
+  if (c->fail_async || (c->hang && k >= c->hang_from)) { /* never completes: until aborted */
     while (!atomic_load(&c->aborted)) nap();
     goto out;
   }
