@@ -13,7 +13,17 @@
 #                          real diffusers pipeline on torch's default stream
 #                          and on a side stream, frames against the plain
 #                          pipeline's; mlo's 1 GiB load against torch's
-#                          pinned copy_
+#                          pinned copy_; then two tables, each part under
+#                          its own limit: torch-bandwidth.md (pinned host
+#                          to device and device to host at 1, 2, 4 GiB,
+#                          median of 3) and torch-compare.md (a ~2.2 GB
+#                          Wan2.2-shaped pipeline under a 1.5 GiB cap: all
+#                          resident, diffusers' model CPU offload and group
+#                          offload with streams, mlo.torch budget and
+#                          streaming: wall per generation, peak device
+#                          memory, peak host RSS, latents against all
+#                          resident); both come back in $OUT and in
+#                          summary.txt
 #   6 bench                mlo bench --platform cuda:0 --json
 #   7 run                  mlo run --verify on a multi-GiB Wan2.2-shaped
 #                          pipeline under --device-memory (strict, then budget,
@@ -38,7 +48,8 @@
 # nvidia-smi's memory is sampled throughout.  Work files live outside $OUT
 # (the device tool returns at most 8 files of 16 MiB): $OUT gets
 # summary.txt, preflight.txt and gpu-check.tar.gz (every log, each capped
-# at 1 MiB), whatever happens.
+# at 1 MiB), whatever happens, and the torch step's two tables when it
+# wrote them.
 #
 # The pack's libraries go on the library path of mlo's own programs only,
 # never on python3's (torch brings its own libstdc++ and BLAS).
@@ -48,8 +59,10 @@
 # command, and the exit status is 0 when the pack is complete.
 # MLO_GPU_DRYRUN=2 is a rehearsal there: every step runs for real on libmlo's
 # host platform instead of cuda:0 (a tiny pipeline, bench --quick, a holder
-# that holds nothing), so the steps' own commands, variables and verdicts
-# are exercised; the ones that need a GPU report themselves SKIPPED.  CI
+# that holds nothing, gpu-torch.py --rehearse-cpu: its side-by-side on the
+# CPU, the rows that need CUDA marked so), so the steps' own commands,
+# variables and verdicts are exercised; the ones that need a GPU report
+# themselves SKIPPED.  CI
 # runs both (tests/scripts/gpu_dryrun.sh).
 #
 # Exit status: 0 when every step passed or was skipped; 1 when one failed;
@@ -91,12 +104,15 @@ finish() {
   say "overall: $verdict in $SECONDS s$([ "$dry" = 1 ] && echo ' (dry run)')$([ "$dry" = 2 ] && echo ' (rehearsal on the host platform)')"
   # what comes back: three files, every log capped at 1 MiB in the archive
   mkdir -p "$out/archive"
-  for f in "$out"/*.txt "$out"/*.json "$out"/*.csv "$out"/*.log "$out"/logs/*.log; do
+  for f in "$out"/*.txt "$out"/*.json "$out"/*.csv "$out"/*.md "$out"/*.log "$out"/logs/*.log; do
     [ -f "$f" ] && tail -c 1048576 "$f" >"$out/archive/$(basename "$f")"
   done
   tar czf "$result/gpu-check.tar.gz" -C "$out/archive" . 2>/dev/null
   cp "$summary" "$result/summary.txt"
   [ -f "$out/preflight.txt" ] && cp "$out/preflight.txt" "$result/preflight.txt"
+  for f in "$out"/torch-bandwidth.md "$out"/torch-compare.md; do
+    [ -f "$f" ] && cp "$f" "$result/"
+  done
   rm -rf "$out"
   [ $status -ne 0 ] && exit 1
   [ $incomplete -eq 1 ] && exit 2
@@ -157,7 +173,7 @@ step() {
     for a in "$@"; do # the program and its arguments, not the environment
       case $a in env | *=* | *declare*) ;; *) cmd+="${a##*/} " ;; esac
     done
-    say "SKIPPED (dry run) $name: ${cmd:0:110}"
+    say "SKIPPED (dry run) $name: ${cmd:0:110} (limit $limit s)"
     printf '%q ' "$@" >"$out/logs/$name.log"
     return 0
   fi
@@ -281,10 +297,22 @@ step example 45 "${mlo_env[@]}" bash -c "'$bin/wan22_offload' $plat 8 && '$bin/w
 
 # --- 5: mlo.torch on CUDA (python3 with torch; the pack's libraries are not
 # on its path: gpu-torch.py loads libcjson from the pack by name) -----------
+# Its own deadline (MLO_GPU_TORCH_S) sits under the step's limit, so the
+# tables are written even when a part runs out of time.
 [ -n "${wheels_pid:-}" ] && wait "$wheels_pid"
-step torch 120 env "PYTHONPATH=$pack/python${pylib:+:$pylib}" "MLO_PACK_LIBS=$libs" \
+torch_rehearse=
+[ "$dry" = 2 ] && torch_rehearse=--rehearse-cpu
+step torch 200 env "PYTHONPATH=$pack/python${pylib:+:$pylib}" "MLO_PACK_LIBS=$libs" \
   "MLO_MODULE_PATH=$pack/modules" "MLO_LIBRARY=$pack/python/mlo" PYTHONUNBUFFERED=1 \
-  MLO_LOG=warn python3 "$pack/python/gpu-torch.py"
+  MLO_GPU_TORCH_S=170 MLO_LOG=warn python3 "$pack/python/gpu-torch.py" --out "$out" $torch_rehearse
+if [ "$dry" = 1 ]; then
+  say "  torch fills torch-bandwidth.md: host to device, device to host x 1, 2, 4 GiB (GB/s, median of 3)"
+  say "  and torch-compare.md: all resident | model_cpu_offload | group_offload | mlo budget | mlo streaming"
+  say "  x wall per generation, peak device memory, peak host RSS, latents vs all resident"
+fi
+for f in "$out"/torch-bandwidth.md "$out"/torch-compare.md; do
+  [ -f "$f" ] && { echo; cat "$f"; } >>"$summary"
+done
 
 # --- 6, 7, 8: the tool ------------------------------------------------------
 step bench 90 "${mlo_env[@]}" "$bin/mlo" bench --platform "$plat" --json $bench_quick
