@@ -8,7 +8,9 @@ device check's torch step); runs THERE, from the pack gpu-prep.sh made.
    stream, then on a side stream (enabled inside `with torch.cuda.stream`):
    the frames must equal the plain pipeline's.
 2. One pinned-bandwidth figure at 1 GiB: mlo's load of a 1 GiB component
-   against torch's pinned copy_, median of 5 each.
+   against torch's pinned copy_, median of 5 each; before it, the probe of
+   review D1: libmlo queries that load while it is in flight, and torch's
+   next kernel must run.
 3. The card's pinned bandwidth with torch: host to device and device to
    host at 1, 2 and 4 GiB (a size that does not fit in free device memory
    is skipped), median of 3 after one warm-up: table torch-bandwidth.md.
@@ -171,6 +173,25 @@ def correctness_and_load(failed):
     enc = pipe.add_component("text_encoder", "encoder")
     enc.add_tensor("w", "U8", [16], ctypes.addressof(src))
     pipe.materialize()
+    # the in-flight query (review D1): libmlo asks whether the 1 GiB load has
+    # landed while its copies still run (cudaEventQuery answers "not ready");
+    # torch shares libcudart, so its next kernel must not take that as its
+    # own launch error.  A load by hand, before offload is enabled.
+    lib = mlo.lib()
+    lib.mlo_component_load.argtypes = [ctypes.c_void_p]
+    rc = lib.mlo_component_load(dit._c)  # returns with its copies issued
+    in_flight = rc == 0 and not dit.load_done
+    try:
+        x = torch.ones(1 << 20, device="cuda") * 2
+        torch.cuda.synchronize()
+        print("in-flight query: load %s when asked; torch's next kernel ran (sum %g)"
+              % ("still copying" if in_flight else "already landed (the probe saw no "
+                 "in-flight load)", float(x.sum())))
+    except RuntimeError as e:
+        print("in-flight query: torch's next kernel FAILED: %s" % e)
+        failed.append("torch after an in-flight query")
+    plat.synchronize()
+    dit.evict()
     pipe.enable()
     mlo_s = []
     for _ in range(6):
