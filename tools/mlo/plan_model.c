@@ -152,10 +152,10 @@ mlo_node_topology plan_node_topology(const plan_node *node, double link) {
  * passes, batched into one forward), 77 CLIP + 256 T5 tokens.  Wan runs
  * its two passes as two forwards.  One video or image a call. */
 static const plan_job jobs[] = {
-    {"wan2.2-t2v", 832, 480, 81, 2, 512, false, 50, 1, false},
-    {"flux", 1024, 1024, 1, 1, 512, true, 28, 1, false},
-    {"qwen-image", 1024, 1024, 1, 1, 256, true, 50, 1, false},
-    {"sd3", 1024, 1024, 1, 2, 333, true, 28, 1, true},
+    {"wan2.2-t2v", 832, 480, 81, 2, 512, false, 50, 1, false, "WanPipeline"},
+    {"flux", 1024, 1024, 1, 1, 512, true, 28, 1, false, "FluxPipeline"},
+    {"qwen-image", 1024, 1024, 1, 1, 256, true, 50, 1, false, "QwenImagePipeline"},
+    {"sd3", 1024, 1024, 1, 2, 333, true, 28, 1, true, "StableDiffusion3Pipeline"},
 };
 
 bool plan_job_for(const char *family, plan_job *out) {

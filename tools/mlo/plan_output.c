@@ -42,19 +42,6 @@ static uint64_t reserve_arg(uint64_t b) {
   return (b + mib - 1) / mib * mib;
 }
 
-/* The diffusers pipeline class of a family (its model_index.json's). */
-static const char *pipeline_class_of(const char *family) {
-  static const struct {
-    const char *family, *cls;
-  } classes[] = {{"wan2.2-t2v", "WanPipeline"},
-                 {"flux", "FluxPipeline"},
-                 {"qwen-image", "QwenImagePipeline"},
-                 {"sd3", "StableDiffusion3Pipeline"}};
-  for (size_t i = 0; family && i < sizeof classes / sizeof *classes; i++)
-    if (!strcmp(family, classes[i].family)) return classes[i].cls;
-  return "<its pipeline class>";
-}
-
 /* The advice with a host budget, for a diffusers user (issue 41): the
  * Python lines that run it through mlo.torch, never reading the weights
  * into torch (docs/python.md). */
@@ -71,8 +58,8 @@ static void print_python(const plan_args *pa, const plan_result *pr, const plan_
   fprintf(out,
           "  in Python (diffusers), the weights never read into torch: import mlo.torch;\n"
           "  pipe = mlo.torch.from_pretrained(%s, \"%s\", device=\"cuda\", host_memory=\"%s\"%s)\n",
-          pipeline_class_of(job->family), pa->preset ? "<its diffusers directory>" : pa->src.label,
-          size_arg(pa->host), tail);
+          job->pipeline_class[0] ? job->pipeline_class : "<its pipeline class>",
+          pa->preset ? "<its diffusers directory>" : pa->src.label, size_arg(pa->host), tail);
 }
 
 static void print_advice(const plan_args *pa, const plan_result *pr, const plan_job *job,

@@ -25,6 +25,8 @@ static void job_of(const plan_args *pa, mlo_pipeline *pipe, const char *class_na
                        : pa->preset ? pa->preset
                                     : plan_family_guess(class_name, names);
   plan_job_for(family, job);
+  if (class_name && class_name[0]) /* the folder's own (an image-to-video Wan, ...) */
+    snprintf(job->pipeline_class, sizeof job->pipeline_class, "%s", class_name);
   if (pa->width) job->width = (int)pa->width;
   if (pa->height) job->height = (int)pa->height;
   if (pa->frames) job->frames = (int)pa->frames;
