@@ -374,10 +374,14 @@ typedef struct {
    * they share the links: sharded_s).  A caller built before these fields
    * passes a smaller size and gets the fields above alone. */
   double pipelined_s;
-  bool pipelined; /* the choice for loads block by block, as `sharded` */
+  bool pipelined;        /* the choice for loads block by block, as `sharded` */
+  double gather_links_s; /* of gather_s, the time it holds the host links (no
+                            fabric: the peers' bytes staged through host memory;
+                            PCIe peer-to-peer: what crosses the uplinks); 0 over
+                            a fabric of its own */
 } mlo_load_plan;
 #define MLO_LOAD_PLAN_INIT                                                                         \
-  { sizeof(mlo_load_plan), 0, 0, 0, 0, 0, false, 0, false }
+  { sizeof(mlo_load_plan), 0, 0, 0, 0, 0, false, 0, false, 0 }
 
 /* Plans a load of `bytes` on `gpus` GPUs (1..4096) of topology t.  MLO_EINVAL
  * (out untouched) for a size field not set by its _INIT, or a rate that is

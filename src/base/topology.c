@@ -53,11 +53,11 @@ int mlo_node_plan_loads(const mlo_node_topology *t, unsigned gpus, uint64_t byte
     /* each group takes in, through its uplink, what its members need from
      * the GPUs outside it */
     if (t->fabric_via_uplinks && t->uplink_bps > 0 && group < n) {
-      double cross = group * (n - group) * slice / t->uplink_bps;
-      if (cross > p.gather_s) p.gather_s = cross;
+      p.gather_links_s = group * (n - group) * slice / t->uplink_bps;
+      if (p.gather_links_s > p.gather_s) p.gather_s = p.gather_links_s;
     }
   } else {
-    p.gather_s = incoming / link;
+    p.gather_s = p.gather_links_s = incoming / link;
   }
   p.sharded_s = p.slice_s + p.gather_s;
   p.sharded = gpus > 1 && p.sharded_s <= 0.95 * p.replicated_s;

@@ -382,17 +382,10 @@ static void host_gather_pace(void *vctx, size_t slice, int ranks, uint64_t t0_ns
       mlo_node_plan_loads(&ctx->opt.topo, (unsigned)ranks, (uint64_t)slice * (uint64_t)ranks,
                           &plan))
     return;
-  /* where the gather's bytes cross the host links (no fabric: staged
-   * through host memory; PCIe peer-to-peer between groups: through the
-   * uplinks), the copies queued behind it wait for the links too, as on a
-   * real node; a fabric of its own leaves them free */
-  const mlo_node_topology *t = &ctx->opt.topo;
-  unsigned group = t->group > 1 ? (t->group < (unsigned)ranks ? t->group : (unsigned)ranks) : 1;
-  double on_links =
-      !(t->fabric_bps > 0) ? plan.gather_s
-      : t->fabric_via_uplinks && t->uplink_bps > 0 && group < (unsigned)ranks
-          ? (double)group * (double)(ranks - (int)group) * (double)slice / t->uplink_bps
-          : 0;
+  /* where the gather's bytes cross the host links (the model's
+   * gather_links_s), the copies queued behind it wait for the links too, as
+   * on a real node; a fabric of its own leaves them free */
+  double on_links = plan.gather_links_s;
   uint64_t end = t0_ns + (uint64_t)(plan.gather_s * 1e9);
   if (on_links > 0) { /* after the copy on the links now, and before the next */
     pthread_mutex_lock(&ctx->lock);

@@ -44,6 +44,7 @@ static void test_fabric_of_its_own(void **state) {
    * slower of the two */
   assert_near(p.pipelined_s, p.slice_s > p.gather_s ? p.slice_s : p.gather_s, "pipelined");
   assert_true(p.pipelined);
+  assert_near(p.gather_links_s, 0, "a fabric of its own holds no host link");
   /* the fabric does not cross the uplinks: a PCIe flag without an uplink
    * changes nothing */
   t.fabric_via_uplinks = true;
@@ -70,6 +71,7 @@ static void test_shared_uplink_and_pcie_peers(void **state) {
   assert_true(p.sharded);
   /* the gathers cross the uplinks the slices use: nothing overlaps */
   assert_near(p.pipelined_s, p.sharded_s, "pipelined through the uplinks");
+  assert_near(p.gather_links_s, p.gather_s, "the uplinks bind: the gather holds them");
   /* the same GPUs each with a host path and the fabric of its own: the
    * receive rate binds instead */
   t.fabric_via_uplinks = false;
@@ -89,6 +91,7 @@ static void test_no_peer_path(void **state) {
   assert_near(p.sharded_s, p.replicated_s, "sharded = replicated");
   assert_false(p.sharded);
   assert_near(p.pipelined_s, p.sharded_s, "the gathers share the links: nothing pipelines");
+  assert_near(p.gather_links_s, p.gather_s, "the whole gather over the links");
   assert_false(p.pipelined);
   p = plan(&t, 1);
   assert_near(p.gather_s, 0, "one GPU gathers nothing");
