@@ -379,14 +379,17 @@ static int host_gather(mlo_component *c, size_t k, mlo_event *ev) {
   return rc;
 }
 
+/* Piece k's rank slice, of n ranks: whole 4 KiB units of its 1/n. */
+static uint64_t piece_slice(const mlo_component *c, size_t k, uint64_t n) {
+  long b = k == 0 ? MLO_BLOCK_PROLOGUE : k == c->nblocks + 1 ? MLO_BLOCK_EPILOGUE : (long)k - 1;
+  uint64_t src, len, dev;
+  whole_extent(c, b, &src, &len, &dev);
+  return ((len + n - 1) / n + 4095) / 4096 * 4096;
+}
+
 uint64_t mlo_prog_slice_footprint(mlo_component *c) {
   uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm), at = 0;
-  for (size_t k = 0; k < c->nblocks + 2; k++) {
-    long b = k == 0 ? MLO_BLOCK_PROLOGUE : k == c->nblocks + 1 ? MLO_BLOCK_EPILOGUE : (long)k - 1;
-    uint64_t src, len, dev;
-    whole_extent(c, b, &src, &len, &dev);
-    at += ((len + n - 1) / n + 4095) / 4096 * 4096 * n;
-  }
+  for (size_t k = 0; k < c->nblocks + 2; k++) at += piece_slice(c, k, n) * n;
   return at;
 }
 
@@ -396,11 +399,8 @@ int mlo_prog_slice(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm), at = 0;
   for (size_t k = 0; k < g->n + 2; k++) {
-    long b = k == 0 ? MLO_BLOCK_PROLOGUE : k == g->n + 1 ? MLO_BLOCK_EPILOGUE : (long)k - 1;
-    uint64_t src, len, dev;
-    whole_extent(c, b, &src, &len, &dev);
     g->rdev[k] = at;
-    g->rslice[k] = ((len + n - 1) / n + 4095) / 4096 * 4096;
+    g->rslice[k] = piece_slice(c, k, n);
     g->rgather[k] = false;
     at += g->rslice[k] * n;
   }
@@ -423,11 +423,16 @@ bool mlo_prog_sliced(const mlo_component *c) {
   return c->prog && c->prog->sliced;
 }
 
+/* Whether piece k goes with the head: the prologue, the epilogue, a block
+ * holding mutable tensors. */
+static bool head_piece(const struct mlo_prog *g, size_t k) {
+  return k == 0 || k == g->n + 1 || g->in_head[k - 1];
+}
+
 int mlo_prog_gather_head(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   for (size_t k = 0; k < g->n + 2; k++) {
-    bool head = k == 0 || k == g->n + 1 || g->in_head[k - 1];
-    if (!head || !g->rgather[k]) continue;
+    if (!head_piece(g, k) || !g->rgather[k]) continue;
     int rc = mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
     if (rc) return rc;
     g->rgather[k] = false;
@@ -439,7 +444,7 @@ bool mlo_prog_head_gathers(const mlo_component *c) {
   const struct mlo_prog *g = c->prog;
   if (!g || !g->sliced) return false;
   for (size_t k = 0; k < g->n + 2; k++)
-    if ((k == 0 || k == g->n + 1 || g->in_head[k - 1]) && g->rgather[k]) return true;
+    if (head_piece(g, k) && g->rgather[k]) return true;
   return false;
 }
 
