@@ -756,22 +756,30 @@ static void *reader(void *arg) {
 /* A load from the simulated device's disk (mlo plan): chunk by chunk, a
  * modelled read, then its copy, all issued now on the virtual clock, so a
  * projection is exact and the same every time; no reader thread. */
+/* What the reader reads of c's slab bytes [lo, hi): its own tensors'
+ * bytes there, not the slab's padding between them; those of a streamed
+ * plan's streamed blocks only for a block's own read (`block`). */
+static uint64_t file_bytes(const mlo_component *c, uint64_t lo, uint64_t hi, bool block) {
+  uint64_t file = 0;
+  for (size_t i = 0; i < c->ntensors; i++) {
+    const mlo_tensor *t = c->tensors[i];
+    if (t->target || (t->flags & MLO_TENSOR_EXTERNAL) ||
+        (!block && c->stream && mlo_stream_streams(c, t)))
+      continue;
+    uint64_t a = t->dev_offset > lo ? t->dev_offset : lo;
+    uint64_t b = t->dev_offset + t->nbytes < hi ? t->dev_offset + t->nbytes : hi;
+    file += b > a ? b - a : 0;
+  }
+  return file;
+}
+
 static int sim_load(mlo_component *c, uint64_t lo, uint64_t hi) {
   mlo_platform *p = c->pipe->platform;
   int rc = MLO_OK;
   c->stats.disk_loads++;
   if (hi > c->slab_bytes) hi = c->slab_bytes; /* a slice's, or the whole */
   uint64_t total = c->stream ? mlo_stream_resident_bytes(c) : hi > lo ? hi - lo : 0;
-  /* the reader reads its tensors' bytes, not the slab's padding between them */
-  uint64_t file = 0, done = 0;
-  for (size_t i = 0; i < c->ntensors; i++) {
-    const mlo_tensor *t = c->tensors[i];
-    if (t->target || (t->flags & MLO_TENSOR_EXTERNAL) || (c->stream && mlo_stream_streams(c, t)))
-      continue;
-    uint64_t a = t->dev_offset > lo ? t->dev_offset : lo;
-    uint64_t b = t->dev_offset + t->nbytes < hi ? t->dev_offset + t->nbytes : hi;
-    file += b > a ? b - a : 0;
-  }
+  uint64_t file = file_bytes(c, lo, hi, false), done = 0;
   for (uint64_t off = 0; off < total && !rc; off += DISK_CHUNK) {
     uint64_t len = total - off < DISK_CHUNK ? total - off : DISK_CHUNK;
     uint64_t rd = off + len >= total ? file - done : (uint64_t)((double)file * len / total);
@@ -835,9 +843,8 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
  * issued now on the virtual clock, as sim_load does. */
 static int sim_block(mlo_component *c, size_t b, uint64_t at, mlo_event *ev) {
   mlo_platform *p = c->pipe->platform;
-  uint64_t len = 0; /* what the reader reads and copies: its tensors, not their padding */
-  for (size_t i = 0; i < c->ntensors; i++)
-    if (c->tensors[i]->block == (int)b && !c->tensors[i]->target) len += c->tensors[i]->nbytes;
+  const struct mlo_span *sp = &c->spans[b]; /* its tensors, read and copied */
+  uint64_t len = file_bytes(c, sp->off, sp->off + sp->bytes, true);
   c->stats.platform_calls += 3;
   int rc = mlo_sim_disk_read(p, len);
   if (!rc) rc = mlo_plat_copy_h2d(p, c->block, (size_t)at, NULL, (size_t)len);
