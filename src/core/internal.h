@@ -594,6 +594,8 @@ int mlo_stream_end(mlo_component *c, size_t block);
  * memory) of the region at `offset`, the ranks agreeing on `piece` first
  * (0: a whole load; k + 1: piece k of one loaded block by block); lock held. */
 bool mlo_shard_applies(const mlo_component *c);
+/* Each of `ranks` ranks' slice of `bytes`: whole 4 KiB units of its 1/n. */
+uint64_t mlo_shard_slice(uint64_t bytes, uint64_t ranks);
 void mlo_shard_count_gathered(mlo_pipeline *pipe, size_t slice);
 int mlo_shard_gather(mlo_component *c, size_t offset, size_t slice, uint64_t piece);
 

@@ -379,12 +379,12 @@ static int host_gather(mlo_component *c, size_t k, mlo_event *ev) {
   return rc;
 }
 
-/* Piece k's rank slice, of n ranks: whole 4 KiB units of its 1/n. */
+/* Piece k's rank slice, of n ranks (as a whole sharded load's). */
 static uint64_t piece_slice(const mlo_component *c, size_t k, uint64_t n) {
   long b = k == 0 ? MLO_BLOCK_PROLOGUE : k == c->nblocks + 1 ? MLO_BLOCK_EPILOGUE : (long)k - 1;
   uint64_t src, len, dev;
   whole_extent(c, b, &src, &len, &dev);
-  return ((len + n - 1) / n + 4095) / 4096 * 4096;
+  return mlo_shard_slice(len, n);
 }
 
 uint64_t mlo_prog_slice_footprint(mlo_component *c) {

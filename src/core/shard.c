@@ -25,6 +25,10 @@ bool mlo_shard_applies(const mlo_component *c) {
   return sliced && c->block_bytes == c->slab_bytes && !c->stream;
 }
 
+uint64_t mlo_shard_slice(uint64_t bytes, uint64_t ranks) {
+  return ((bytes + ranks - 1) / ranks + 4095) / 4096 * 4096;
+}
+
 void mlo_shard_count_gathered(mlo_pipeline *pipe, size_t slice) {
   pipe->dist.gather_bytes += (uint64_t)slice * (uint64_t)(mlo_dist_node_size(pipe->comm) - 1);
 }
@@ -51,7 +55,7 @@ int mlo_shard_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld) {
   int rc = mlo_collective(pipe, c, COLL_LOAD, 0, MLO_OK, NULL, NULL);
   if (rc) return rc;
   uint64_t n = (uint64_t)mlo_dist_node_size(pipe->comm);
-  ld->slice = (size_t)(((c->block_bytes + n - 1) / n + 4095) / 4096 * 4096);
+  ld->slice = (size_t)mlo_shard_slice(c->block_bytes, n);
   *bytes = pipe->shard_resident ? ld->slice : (uint64_t)ld->slice * n;
   return MLO_OK;
 }
