@@ -64,7 +64,7 @@ typedef struct {
   bool cfg_batched; /* both guidance passes in one forward, at twice the batch (SD3) */
   /* diffusers' pipeline class: the family's, or model_index.json's where
    * the folder names one (what mlo.torch.from_pretrained is given) */
-  char pipeline_class[64];
+  char pipeline_class[128];
 } plan_job;
 bool plan_job_for(const char *family, plan_job *out);
 /* The family of a pipeline from its class (model_index.json's _class_name,
