@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define MLO_VERSION_MAJOR 0
-#define MLO_VERSION_MINOR 6
+#define MLO_VERSION_MINOR 7
 #define MLO_VERSION_PATCH 0
 /* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
 MLO_API const char *mlo_version(void);
@@ -486,9 +486,21 @@ typedef struct {
                           mlo_tensor_device answers only for tensors inside
                           it (MLO_ESTATE for the others).  Budgets still count
                           whole components */
+  /* --- since 0.7; a caller built against 0.3-0.6 passes the shorter size --- */
+  mlo_platform *const *devices; /* several devices for one pipeline (docs/placement.md):
+                                   ndevices platforms of one kind (the same
+                                   mlo_platform_name), each one device with its
+                                   own queues and memory; devices[0] must be
+                                   `platform` (or `platform` NULL).  Each
+                                   component runs on one of them, placed at
+                                   enable from the schedule or pinned with
+                                   mlo_component_set_device.  Not with comm
+                                   (MLO_EUNSUPPORTED): ranks and devices do not
+                                   combine yet */
+  size_t ndevices;              /* 0 or 1: `platform` alone; at most 16 */
 } mlo_pipeline_options;
 #define MLO_PIPELINE_OPTIONS_INIT                                                                  \
-  { sizeof(mlo_pipeline_options), NULL, true, 256, NULL, false, false }
+  { sizeof(mlo_pipeline_options), NULL, true, 256, NULL, false, false, NULL, 0 }
 
 /* Creates an empty pipeline on a platform.  Free with mlo_pipeline_free. */
 MLO_API int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out);
@@ -498,7 +510,53 @@ MLO_API int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline *
 MLO_API void mlo_pipeline_free(mlo_pipeline *pipe);
 /* The message of the last failure on this pipeline ("" if none). */
 MLO_API const char *mlo_pipeline_errmsg(mlo_pipeline *pipe);
+/* The pipeline's first device (its only one unless options gave several). */
 MLO_API mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe);
+
+/* ------------------------------------------------------------------------
+ * Several devices (docs/placement.md)
+ *
+ * A pipeline given several devices keeps each component on one of them:
+ * its block lives there, its forward must run there (launch it on
+ * mlo_component_platform's compute queue), and its loads use that
+ * device's copy queue.  Each device has its own budget under the budget
+ * policy and its own exclusion under strict: a switch on one device never
+ * waits for another.  At mlo_offload_enable the components not pinned are
+ * placed to move the fewest bytes per request (each device's bytes times
+ * loads over the declared schedule, or one request in role order without
+ * one), each device's room being what the policy keeps to there.
+ * ---------------------------------------------------------------------- */
+MLO_API size_t mlo_pipeline_device_count(mlo_pipeline *pipe);
+/* Device `index`'s platform; NULL outside [0, count). */
+MLO_API mlo_platform *mlo_pipeline_device(mlo_pipeline *pipe, size_t index);
+/* The device a component is on (0 until placed), and its platform. */
+MLO_API size_t mlo_component_device(const mlo_component *comp);
+MLO_API mlo_platform *mlo_component_platform(const mlo_component *comp);
+/* Pins a component to device `index` (placement leaves it there), or with
+ * MLO_DEVICE_ANY lets placement choose again.  MLO_EINVAL for an index
+ * past the devices; MLO_ESTATE while offload is enabled (pin before
+ * enabling).  A pinned component that cannot fit its device's room fails
+ * the enable, naming the sizes. */
+#define MLO_DEVICE_ANY (-1)
+MLO_API int mlo_component_set_device(mlo_component *comp, int index);
+/* The placement the last enable made (zeroes before one): per request, the
+ * bytes it moves as the model counts them, and what one device of the
+ * first's room would move for the same schedule. */
+typedef struct {
+  size_t size; /* sizeof(mlo_placement) */
+  size_t devices;
+  uint64_t moved_bytes;      /* placed over every device, per request */
+  uint64_t one_device_bytes; /* every component on device 0 */
+  uint64_t room_bytes[16];   /* each device's room as placement saw it */
+} mlo_placement;
+MLO_API int mlo_pipeline_get_placement(mlo_pipeline *pipe, mlo_placement *out);
+/* Device `index`'s bytes resident now and at most (since the last
+ * mlo_pipeline_reset_stats), and the budget kept there (0: none). */
+typedef struct {
+  size_t size; /* sizeof(mlo_device_stats) */
+  uint64_t device_bytes, peak_device_bytes, budget_bytes;
+} mlo_device_stats;
+MLO_API int mlo_pipeline_get_device_stats(mlo_pipeline *pipe, size_t index, mlo_device_stats *out);
 
 /* Adds a component.  role MLO_ROLE_AUTO guesses from the name (see
  * mlo_pipeline_warn_guessed); a concrete role is a declaration (C1).

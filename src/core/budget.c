@@ -17,9 +17,11 @@
 
 #include <stdlib.h>
 
+/* Each device's budget is its own (struct mlo_device's budget): a
+ * component's room, victims and prefetches are of its device alone, so a
+ * switch on one device never waits for another. */
 struct budget_state {
-  uint64_t budget; /* device bytes the pipeline may keep */
-  bool join;       /* switches may be joined (MLO_NO_JOIN=1 turns it off, to measure) */
+  bool join; /* switches may be joined (MLO_NO_JOIN=1 turns it off, to measure) */
 };
 
 static struct budget_state *B(const mlo_pipeline *pipe) {
@@ -49,13 +51,14 @@ static bool better_victim(const mlo_component *o, uint64_t next, const mlo_compo
   return o->last_use < best->last_use;
 }
 
-static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep, bool limited,
-                                  uint64_t after, uint64_t short_by) {
+static mlo_component *pick_victim(mlo_pipeline *pipe, const struct mlo_device *dev,
+                                  const mlo_component *keep, bool limited, uint64_t after,
+                                  uint64_t short_by) {
   mlo_component *best = NULL;
   uint64_t best_next = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *o = pipe->comps[i];
-    if (o == keep || o->users || mlo_disk_pending(o) || !mlo_res_is_resident(o) ||
+    if (o == keep || o->dev != dev || o->users || mlo_disk_pending(o) || !mlo_res_is_resident(o) ||
         !mlo_res_bytes(o))
       continue; /* in use, or still being read from disk */
     uint64_t next = mlo_sched_next_use(pipe, o);
@@ -68,35 +71,37 @@ static mlo_component *pick_victim(mlo_pipeline *pipe, const mlo_component *keep,
   return best;
 }
 
-/* Bytes missing for `need` more within the budget (0 if it fits). */
-static uint64_t short_by(const mlo_pipeline *pipe, uint64_t need) {
-  uint64_t want = pipe->device_bytes + need;
-  return want > B(pipe)->budget ? want - B(pipe)->budget : 0;
+/* Bytes missing for `need` more within dev's budget (0 if it fits). */
+static uint64_t short_by(const struct mlo_device *dev, uint64_t need) {
+  uint64_t want = dev->bytes + need;
+  return want > dev->budget ? want - dev->budget : 0;
 }
 
 static bool evict_one(mlo_pipeline *pipe, const mlo_component *keep) {
-  mlo_component *v = pick_victim(pipe, keep, false, 0, UINT64_MAX);
+  mlo_component *v = pick_victim(pipe, keep->dev, keep, false, 0, UINT64_MAX);
   return v && mlo_res_evict(v) == MLO_OK;
 }
 
 /* A resident component still being read from disk and held by nobody:
  * eviction gets its room once the reader is done. */
-static bool disk_busy_idle(const mlo_pipeline *pipe) {
+static bool disk_busy_idle(const mlo_pipeline *pipe, const struct mlo_device *dev) {
   for (size_t i = 0; i < pipe->ncomps; i++)
-    if (mlo_disk_pending(pipe->comps[i]) && !pipe->comps[i]->users) return true;
+    if (pipe->comps[i]->dev == dev && mlo_disk_pending(pipe->comps[i]) && !pipe->comps[i]->users)
+      return true;
   return false;
 }
 
-/* A component this thread holds (the last one found; NULL: none), and in
- * *mine the device bytes of those resident: room that never comes back
- * while this thread waits. */
-static const mlo_component *held_here(const mlo_pipeline *pipe, uint64_t *mine) {
+/* A component this thread holds on any device (the last one found; NULL:
+ * none), and in *mine the bytes of those resident on dev: room there that
+ * never comes back while this thread waits. */
+static const mlo_component *held_here(const mlo_pipeline *pipe, const struct mlo_device *dev,
+                                      uint64_t *mine) {
   const mlo_component *held = NULL;
   *mine = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     const mlo_component *o = pipe->comps[i];
     if (o->users && mlo_held_by_this_thread(o)) {
-      *mine += mlo_res_is_resident(o) ? mlo_res_bytes(o) : 0;
+      *mine += mlo_res_is_resident(o) && o->dev == dev ? mlo_res_bytes(o) : 0;
       held = o;
     }
   }
@@ -104,14 +109,14 @@ static const mlo_component *held_here(const mlo_pipeline *pipe, uint64_t *mine) 
 }
 
 static int make_room(mlo_pipeline *pipe, mlo_component *c) {
+  struct mlo_device *dev = c->dev;
   uint64_t need = mlo_res_bytes(c);
   char a[32], b[32];
-  if (need > B(pipe)->budget)
+  if (need > dev->budget)
     return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) does not fit in the budget of %s", c->name,
-                    mlo_format_size(need, a, sizeof a),
-                    mlo_format_size(B(pipe)->budget, b, sizeof b));
-  while (pipe->device_bytes + need > B(pipe)->budget) {
-    mlo_component *v = pick_victim(pipe, c, false, 0, short_by(pipe, need));
+                    mlo_format_size(need, a, sizeof a), mlo_format_size(dev->budget, b, sizeof b));
+  while (dev->bytes + need > dev->budget) {
+    mlo_component *v = pick_victim(pipe, dev, c, false, 0, short_by(dev, need));
     if (v) {
       int rc = mlo_res_evict(v);
       if (rc) return rc;
@@ -119,19 +124,19 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
     }
     /* A load from disk still being issued frees its room to eviction when
      * the reader is done, whatever this thread holds: wait for it. */
-    if (disk_busy_idle(pipe)) return MLO_EBUSY;
+    if (disk_busy_idle(pipe, dev)) return MLO_EBUSY;
     /* Everything resident is in use.  Room held by this thread never comes
      * back while it waits; room held by others does, at their release —
      * unless they wait for room this thread holds.  So a thread that holds
      * anything does not wait (no cycle can form); one that holds nothing
      * does, and every holder it waits for can finish. */
     uint64_t mine = 0;
-    const mlo_component *held = held_here(pipe, &mine);
-    if (held && mine + need > B(pipe)->budget)
+    const mlo_component *held = held_here(pipe, dev, &mine);
+    if (held && mine + need > dev->budget)
       return mlo_fail(pipe, MLO_EDEADLK,
                       "'%s' (%s) needs room in the budget of %s that this thread holds ('%s')",
                       c->name, mlo_format_size(need, a, sizeof a),
-                      mlo_format_size(B(pipe)->budget, b, sizeof b), held->name);
+                      mlo_format_size(dev->budget, b, sizeof b), held->name);
     if (held)
       return mlo_fail(pipe, MLO_EDEADLK,
                       "'%s' needs room in the budget that other threads hold, and this thread "
@@ -142,17 +147,17 @@ static int make_room(mlo_pipeline *pipe, mlo_component *c) {
   return MLO_OK;
 }
 
-static int fit(mlo_pipeline *pipe) {
-  while (pipe->device_bytes > B(pipe)->budget) {
-    mlo_component *v = pick_victim(pipe, NULL, false, 0, pipe->device_bytes - B(pipe)->budget);
-    if (!v && disk_busy_idle(pipe)) { /* its reads end without this thread */
+static int fit(mlo_pipeline *pipe, struct mlo_device *dev) {
+  while (dev->bytes > dev->budget) {
+    mlo_component *v = pick_victim(pipe, dev, NULL, false, 0, dev->bytes - dev->budget);
+    if (!v && disk_busy_idle(pipe, dev)) { /* its reads end without this thread */
       pthread_cond_wait(&pipe->idle, &pipe->lock);
       continue;
     }
     if (!v)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE,
                       "the components in use hold more than the budget of %s",
-                      mlo_format_size(B(pipe)->budget, (char[32]){0}, 32));
+                      mlo_format_size(dev->budget, (char[32]){0}, 32));
     int rc = mlo_res_evict(v);
     if (rc) return rc;
   }
@@ -163,16 +168,17 @@ static int fit(mlo_pipeline *pipe) {
  * through a footprint within it; the others move whole.  A plan is made
  * for a component that is not resident (a resident one keeps the plan it
  * was loaded with until it is evicted: a plan left from another budget is
- * made again before its next load). */
-static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
+ * made again before its next load).  The budget is c's device's. */
+static int ensure_plan(mlo_component *c) {
   if (mlo_res_is_resident(c) || !c->materialized) return MLO_OK;
-  bool want = c->block_bytes > B(pipe)->budget;
-  if (want && c->stream && mlo_stream_room(c) == B(pipe)->budget) return MLO_OK;
+  uint64_t budget = c->dev->budget;
+  bool want = c->block_bytes > budget;
+  if (want && c->stream && mlo_stream_room(c) == budget) return MLO_OK;
   if (!want) {
     mlo_stream_drop(c);
     return MLO_OK;
   }
-  int rc = mlo_stream_plan(c, B(pipe)->budget, MLO_STREAM_SLOTS);
+  int rc = mlo_stream_plan(c, budget, MLO_STREAM_SLOTS);
   /* on disk, partial: its streamed blocks into host memory (else each is
    * read from its files at each use, stream.c) */
   if (!rc && (rc = mlo_disk_fill_streamed(c)))
@@ -182,46 +188,64 @@ static int ensure_plan(mlo_pipeline *pipe, mlo_component *c) {
 
 /* ---- prefetch ---------------------------------------------------------- */
 
+/* Prefetches t, whose run ends `after` calls from now; false where it
+ * cannot now (the rest of its device's must wait for their turn). */
+static bool prefetch_one(mlo_pipeline *pipe, mlo_component *t, uint64_t after) {
+  struct mlo_device *dev = t->dev;
+  /* Only what is needed after t's run and at least one call more: a
+   * component displaced now and called right after t would have to come
+   * back with nothing to hide its copy under — the stall moves from t to
+   * it, and the bytes double (an encoder prefetched over the first DiT). */
+  while (dev->bytes + mlo_res_bytes(t) > dev->budget) {
+    mlo_component *v = pick_victim(pipe, dev, t, true, after, short_by(dev, mlo_res_bytes(t)));
+    if (!v || mlo_res_evict(v) != MLO_OK) return false;
+  }
+  /* A failed prefetch changes nothing (mlo_res_load rolls back) and costs
+   * nothing but the overlap: the forward loads on demand. */
+  if (mlo_res_load(t) != MLO_OK) {
+    mlo_logf(MLO_LOG_DEBUG, "prefetch of %s not issued: %s", t->name, pipe->errmsg);
+    return false;
+  }
+  if (!mlo_res_bytes(t)) return true; /* empty (C13): nothing moved, nothing to count */
+  t->stats.prefetches++;
+  mlo_res_trace(t, MLO_TRACE_PREFETCH, mlo_res_bytes(t));
+  return true;
+}
+
+/* Each device's in schedule order: the walk stops on a device at the first
+ * component it cannot prefetch there, and goes on for the others. */
 static void prefetch(mlo_pipeline *pipe) {
   if (!pipe->settings.prefetch || !pipe->nsched) return;
   uint64_t d = 0;
-  for (size_t k = 0; k < pipe->nsched; k++) {
+  bool stopped[MLO_MAX_DEVICES] = {false};
+  size_t nstopped = 0;
+  for (size_t k = 0; k < pipe->nsched && nstopped < pipe->ndevs; k++) {
     const struct mlo_sched_run *r = &pipe->sched[(pipe->cur_run + k) % pipe->nsched];
     uint64_t here = d, run = k ? r->repeat : r->repeat - pipe->cur_done;
     d += run;
     mlo_component *t = r->comp;
-    if (mlo_res_is_resident(t)) continue; /* nearer uses are never displaced below */
-    if (t->join) return;                  /* loading into the memory of a switch (join.c) */
-    if (!t->materialized || ensure_plan(pipe, t) || mlo_res_bytes(t) > B(pipe)->budget) return;
-    /* Only what is needed after t's run and at least one call more: a
-     * component displaced now and called right after t would have to come
-     * back with nothing to hide its copy under — the stall moves from t to
-     * it, and the bytes double (an encoder prefetched over the first DiT). */
-    while (pipe->device_bytes + mlo_res_bytes(t) > B(pipe)->budget) {
-      mlo_component *v = pick_victim(pipe, t, true, here + run, short_by(pipe, mlo_res_bytes(t)));
-      if (!v || mlo_res_evict(v) != MLO_OK) return; /* the rest must wait for their turn */
+    struct mlo_device *dev = t->dev;
+    if (stopped[dev->index] || mlo_res_is_resident(t))
+      continue; /* nearer uses are never displaced below */
+    if (t->join || !t->materialized || ensure_plan(t) || mlo_res_bytes(t) > dev->budget ||
+        !prefetch_one(pipe, t, here + run)) {
+      stopped[dev->index] = true; /* (a join: loading into the memory of a switch, join.c) */
+      nstopped++;
     }
-    /* A failed prefetch changes nothing (mlo_res_load rolls back) and costs
-     * nothing but the overlap: the forward loads on demand. */
-    if (mlo_res_load(t) != MLO_OK) {
-      mlo_logf(MLO_LOG_DEBUG, "prefetch of %s not issued: %s", t->name, pipe->errmsg);
-      return;
-    }
-    if (!mlo_res_bytes(t)) continue; /* empty (C13): nothing moved, nothing to count */
-    t->stats.prefetches++;
-    mlo_res_trace(t, MLO_TRACE_PREFETCH, mlo_res_bytes(t));
   }
 }
 
 /* ---- the budget -------------------------------------------------------- */
 
-/* The device budget the budget policy keeps to with settings s:
- * budget_bytes, or what is free less reserve_bytes; lock held.  It is the
- * room a component must fit whole in (policy.h, device_room). */
-static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *budget) {
+/* The budget the budget policy keeps to on device dev with settings s:
+ * budget_bytes (each device's), or what is free there less reserve_bytes;
+ * lock held.  It is the room a component must fit whole in (policy.h,
+ * device_room). */
+static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, size_t dev,
+                      uint64_t *budget) {
   mlo_platform_memory mem = {0};
-  int rc = mlo_platform_get_memory(pipe->platform, &mem);
-  if (rc) return mlo_fail(pipe, rc, "budget: cannot read the device's memory");
+  int rc = mlo_platform_get_memory(pipe->devs[dev].platform, &mem);
+  if (rc) return mlo_fail(pipe, rc, "budget: cannot read device %zu's memory", dev);
   char a[32], b[32];
   uint64_t got;
   if (s->budget_bytes) {
@@ -233,7 +257,7 @@ static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_
   } else {
     /* What is free now plus what this pipeline already holds: it may keep
      * those, and they are not the caller's. */
-    uint64_t avail = mem.free_bytes + pipe->device_bytes;
+    uint64_t avail = mem.free_bytes + pipe->devs[dev].bytes;
     if (avail > mem.total_bytes) avail = mem.total_bytes;
     if (s->reserve_bytes >= avail)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "a reserve of %s leaves nothing of the %s free",
@@ -266,7 +290,7 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
        * nested acquire, mlo.torch's among them; another thread's) */
       if (a == c && !c->nblocks && mlo_res_is_resident(c)) return MLO_OK;
       uint64_t mine; /* as make_room: a thread holding anything does not wait */
-      if (try_only || held_here(pipe, &mine))
+      if (try_only || held_here(pipe, c->dev, &mine))
         return mlo_fail(pipe, try_only ? MLO_EBUSY : MLO_EDEADLK,
                         "'%s' must wait for the switch from '%s' (held%s) to end: '%s''s "
                         "memory goes to '%s' as its blocks end, and is '%s''s at its release",
@@ -277,7 +301,7 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
     }
     if (mlo_res_is_resident(c)) return MLO_OK; /* kept, or prefetched */
     if (!c->materialized) return MLO_NOT_MATERIALIZED;
-    int rc = ensure_plan(pipe, c);
+    int rc = ensure_plan(c);
     if (rc) return rc;
     rc = make_room(pipe, c);
     if (rc == MLO_EBUSY) {
@@ -297,7 +321,7 @@ static int budget_admit(mlo_pipeline *pipe, mlo_component *c, bool try_only) {
 
 static int plan_streams(mlo_pipeline *pipe) {
   for (size_t i = 0; i < pipe->ncomps; i++) {
-    int rc = ensure_plan(pipe, pipe->comps[i]);
+    int rc = ensure_plan(pipe->comps[i]);
     if (rc) return rc;
   }
   return MLO_OK;
@@ -314,14 +338,16 @@ static void drop_streams(mlo_pipeline *pipe) {
 static int budget_enable(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   struct budget_state *st = mlo_calloc(1, sizeof *st);
   if (!st) return mlo_fail(pipe, MLO_ENOMEM, "out of host memory");
-  int rc = budget_for(pipe, s, &st->budget);
+  int rc = MLO_OK;
+  for (size_t d = 0; d < pipe->ndevs && !rc; d++)
+    rc = budget_for(pipe, s, d, &pipe->devs[d].budget);
   if (rc) {
     free(st);
     return rc;
   }
   st->join = !mlo_env_flag("MLO_NO_JOIN");
   pipe->policy_state = st;
-  rc = fit(pipe);
+  for (size_t d = 0; d < pipe->ndevs && !rc; d++) rc = fit(pipe, &pipe->devs[d]);
   if (!rc) rc = plan_streams(pipe);
   if (rc) {
     drop_streams(pipe);
@@ -378,18 +404,20 @@ static void budget_released(mlo_pipeline *pipe, mlo_component *c) {
 static void maybe_join(mlo_pipeline *pipe, mlo_component *a) {
   if (!pipe->settings.prefetch || !pipe->nsched || !B(pipe)->join) return;
   mlo_component *b = pipe->sched[pipe->cur_run].comp; /* the call expected next */
-  if (b == a || b->join || mlo_res_is_resident(b) || !b->materialized) return;
-  if (ensure_plan(pipe, b)) return; /* (a streamed b joins a streamed a of its layout: join.c) */
-  uint64_t budget = B(pipe)->budget, need = mlo_res_bytes(b);
-  if (pipe->device_bytes + need <= budget) return; /* it fits beside: prefetch's */
+  /* on another device b loads beside a whatever a does: prefetch's */
+  if (b == a || b->dev != a->dev || b->join || mlo_res_is_resident(b) || !b->materialized) return;
+  if (ensure_plan(b)) return; /* (a streamed b joins a streamed a of its layout: join.c) */
+  const struct mlo_device *dev = a->dev;
+  uint64_t budget = dev->budget, need = mlo_res_bytes(b);
+  if (dev->bytes + need <= budget) return; /* it fits beside: prefetch's */
   mlo_component *after = pipe->sched[(pipe->cur_run + 1) % pipe->nsched].comp;
-  if (after != a && after != b && !mlo_res_is_resident(after)) {
-    uint64_t plain = pipe->device_bytes - mlo_res_bytes(a) + need, more = mlo_res_bytes(after);
+  if (after != a && after != b && after->dev == dev && !mlo_res_is_resident(after)) {
+    uint64_t plain = dev->bytes - mlo_res_bytes(a) + need, more = mlo_res_bytes(after);
     /* unless b leaves room beside it in a's block for that one to join in
      * during b's call (b without blocks: its join starts at its acquire) */
     bool chains = !b->nblocks && !b->stream && !after->stream && mlo_join_can_take(after) &&
                   need + more <= a->alloc_bytes;
-    if (plain + more <= budget && pipe->device_bytes + more > budget && !chains) return;
+    if (plain + more <= budget && dev->bytes + more > budget && !chains) return;
   }
   mlo_join_start(a, b);
 }
@@ -400,14 +428,21 @@ static void budget_block_ended(mlo_pipeline *pipe, mlo_component *c, size_t bloc
 }
 
 static int budget_audit(mlo_pipeline *pipe) {
-  if (pipe->device_bytes > B(pipe)->budget)
-    return mlo_fail(pipe, MLO_ESTATE, "audit: %llu device bytes resident, over the budget of %llu",
-                    (unsigned long long)pipe->device_bytes, (unsigned long long)B(pipe)->budget);
+  for (size_t d = 0; d < pipe->ndevs; d++) {
+    const struct mlo_device *dev = &pipe->devs[d];
+    if (dev->bytes > dev->budget)
+      return mlo_fail(pipe, MLO_ESTATE,
+                      "audit: %llu bytes resident on device %zu, over its budget of %llu",
+                      (unsigned long long)dev->bytes, d, (unsigned long long)dev->budget);
+  }
   return MLO_OK;
 }
 
+/* Every device's (one device: its budget). */
 static uint64_t budget_bytes(const mlo_pipeline *pipe) {
-  return B(pipe)->budget;
+  uint64_t sum = 0;
+  for (size_t d = 0; d < pipe->ndevs; d++) sum += pipe->devs[d].budget;
+  return sum;
 }
 
 const struct mlo_policy_ops mlo_policy_budget_ops = {

@@ -43,9 +43,10 @@
 
 struct disk_slot {
   void *buf;
-  mlo_event *ev; /* recorded after the copies out of buf */
-  bool used;     /* ev was recorded */
-  bool pinned;   /* buf is page-locked (freed as such) */
+  mlo_event *ev;         /* recorded after the copies out of buf */
+  mlo_platform *ev_plat; /* the device ev is of: the last load's through it */
+  bool used;             /* ev was recorded */
+  bool pinned;           /* buf is page-locked (freed as such) */
 };
 
 /* A streamed block of a component on disk, to be read into its slot
@@ -163,7 +164,7 @@ static int paced_rate(double *rate, char *why, size_t whylen) {
   return MLO_OK;
 }
 
-int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room) {
+int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, const uint64_t *rooms) {
   uint64_t budget = s->host_budget_bytes;
   for (size_t i = 0; i < pipe->ncomps; i++)
     pipe->comps[i]->want_disk = pipe->comps[i]->want_partial = false;
@@ -201,6 +202,7 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t de
      * host memory where they fit (want_partial), else from its files */
     uint64_t streamed = 0;
     bool streams = false;
+    uint64_t device_room = rooms[c->dev->index];
     if (!why && lay.block_bytes > device_room) {
       streamed = mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
       streams = streamed != UINT64_MAX;
@@ -261,7 +263,7 @@ void mlo_disk_change_tier(mlo_component *c) {
   mlo_res_finish_writeback(c);
   if (c->slab) {
     c->stats.platform_calls++;
-    mlo_plat_synchronize(c->pipe->platform);
+    mlo_plat_synchronize(mlo_dev_plat(c));
   }
   mlo_stream_drop(c); /* planned on the layout it gives up */
   mlo_slab_free(c);
@@ -385,8 +387,8 @@ static uint64_t free_ring(mlo_pipeline *pipe, struct mlo_disk *d) {
   uint64_t pinned = 0;
   for (int i = 0; i < DISK_SLOTS; i++) {
     struct disk_slot *s = &d->slots[i];
-    if (s->used) mlo_plat_event_sync(pipe->platform, s->ev);
-    if (s->ev) mlo_plat_event_destroy(pipe->platform, s->ev);
+    if (s->used) mlo_plat_event_sync(s->ev_plat, s->ev);
+    if (s->ev) mlo_plat_event_destroy(s->ev_plat, s->ev);
     if (s->buf) mlo_plat_host_free(pipe->platform, s->buf, (size_t)d->chunk, s->pinned);
     if (s->buf && s->pinned) pinned += d->chunk;
     *s = (struct disk_slot){0};
@@ -407,6 +409,7 @@ static int alloc_ring(mlo_pipeline *pipe, struct mlo_disk *d, uint64_t chunk, bo
     int rc = mlo_plat_host_alloc(pipe->platform, (size_t)d->chunk, want_pin, &s->buf, &s->pinned);
     if (rc) s->buf = NULL;
     if (!rc) rc = mlo_plat_event_create(pipe->platform, &s->ev);
+    s->ev_plat = pipe->platform;
     if (rc) {
       snprintf(err, errlen, "allocating the disk tier's staging ring (%d x %llu bytes) failed (%s)",
                DISK_SLOTS, (unsigned long long)d->chunk, mlo_strerror(rc));
@@ -508,6 +511,22 @@ static int reads_of(const job *j, reads *r) {
   return MLO_OK;
 }
 
+/* Slot s's event made again on device p (a pipeline of several devices:
+ * the copies out of it now go to another one's queue); its copies are done. */
+static int slot_to(job *j, struct disk_slot *s, mlo_platform *p) {
+  mlo_event *ev = NULL;
+  int rc = plat(j, mlo_plat_event_create(p, &ev));
+  if (rc) {
+    snprintf(j->err, j->errlen, "%s: creating a staging buffer's event failed (%s)", j->c->name,
+             mlo_strerror(rc));
+    return rc;
+  }
+  mlo_plat_event_destroy(s->ev_plat, s->ev);
+  s->ev = ev;
+  s->ev_plat = p;
+  return MLO_OK;
+}
+
 /* Queues the copies of a chunk's np pieces out of buffer s into c->block,
  * then s's event.  The buffer's event follows every copy queued out of
  * it, a failed chunk's first pieces too: the next chunk read into it waits
@@ -515,7 +534,7 @@ static int reads_of(const job *j, reads *r) {
  * but the device itself. */
 static int queue_chunk(job *j, struct disk_slot *s, const piece *pcs, size_t np) {
   mlo_component *c = j->c;
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   size_t queued = 0;
   int rc = MLO_OK;
   for (size_t q = 0; q < np && !rc; q++) {
@@ -543,7 +562,7 @@ static int queue_chunk(job *j, struct disk_slot *s, const piece *pcs, size_t np)
  * c's files, layout and block do not change while it is disk_busy. */
 static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *stopping) {
   mlo_component *c = j->c;
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   reads r;
   int rc = reads_of(j, &r);
   if (rc) return rc;
@@ -562,12 +581,13 @@ static int read_component(struct mlo_disk *d, job *j, piece *pcs, const bool *st
       break;
     }
     struct disk_slot *s = &d->slots[k++ % DISK_SLOTS];
-    if (s->used && (rc = plat(j, mlo_plat_event_sync(p, s->ev)))) {
+    if (s->used && (rc = plat(j, mlo_plat_event_sync(s->ev_plat, s->ev)))) {
       snprintf(j->err, j->errlen, "%s: waiting for a staging buffer's copy failed (%s)", c->name,
                mlo_strerror(rc));
       break;
     }
     s->used = false; /* its copies are done: used again only once new ones are queued */
+    if (s->ev_plat != p && (rc = slot_to(j, s, p))) break;
     /* the chunk: a run of tensors adjacent in one file (gaps under DISK_GAP
      * read through), at most one buffer */
     int fd = r.fds[i];
@@ -774,7 +794,7 @@ static uint64_t file_bytes(const mlo_component *c, uint64_t lo, uint64_t hi, boo
 }
 
 static int sim_load(mlo_component *c, uint64_t lo, uint64_t hi) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   int rc = MLO_OK;
   c->stats.disk_loads++;
   if (hi > c->slab_bytes) hi = c->slab_bytes; /* a slice's, or the whole */
@@ -842,7 +862,7 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
 /* The simulated device's disk (mlo plan): the block's read, then its copy,
  * issued now on the virtual clock, as sim_load does. */
 static int sim_block(mlo_component *c, size_t b, uint64_t at, mlo_event *ev) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   const struct mlo_span *sp = &c->spans[b]; /* its tensors, read and copied */
   uint64_t len = file_bytes(c, sp->off, sp->off + sp->bytes, true);
   c->stats.platform_calls += 3;

@@ -107,5 +107,5 @@ int mlo_pipeline_synchronize(mlo_pipeline *pipe) {
    * forward stopped before reaching them): every load complete */
   mlo_prog_settle(pipe, NULL, true);
   pthread_mutex_unlock(&pipe->lock);
-  return mlo_plat_synchronize(pipe->platform);
+  return mlo_devices_synchronize(pipe);
 }

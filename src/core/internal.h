@@ -79,6 +79,21 @@ struct mlo_tensor {
   uint64_t place;
 };
 
+/* One device of a pipeline (docs/placement.md): the platform its
+ * components' blocks live on and their forwards run on, what is resident
+ * on it (counted as pipe->device_bytes is, its share of it), and the
+ * budget the budget policy keeps on it while in force.  A pipeline's
+ * devices are one kind (the same platform name); the first is also the
+ * host side's (slabs are pinned through it: pinned memory is portable). */
+#define MLO_MAX_DEVICES 16
+struct mlo_device {
+  mlo_platform *platform;
+  size_t index;
+  uint64_t bytes, peak;
+  uint64_t budget;     /* the budget policy's, set at its enable */
+  uint64_t place_room; /* the room placement saw at the last enable */
+};
+
 /* Which strategy owns the pipeline's hooks (C16). */
 typedef enum { STRATEGY_NONE, STRATEGY_GENERIC, STRATEGY_DELEGATE } mlo_strategy;
 
@@ -102,6 +117,10 @@ struct mlo_component {
   mlo_pipeline *pipe;
   char *name;
   size_t index;
+  /* its device (placement.c): chosen at enable, or pinned by the caller
+   * (pinned_dev; -1: placement chooses); changed only while not resident */
+  struct mlo_device *dev;
+  int pinned_dev;
   mlo_role role;
   mlo_role_source role_source;
   mlo_tensor **tensors; /* in declaration order, aliases included */
@@ -201,7 +220,11 @@ struct mlo_component {
 };
 
 struct mlo_pipeline {
-  mlo_platform *platform;
+  mlo_platform *platform; /* devs[0]'s: the host side's (slabs, the disk ring) */
+  struct mlo_device devs[MLO_MAX_DEVICES];
+  size_t ndevs;
+  bool placed;                     /* placement.c chose the devices at an enable */
+  uint64_t place_moved, place_one; /* ... its modelled bytes per request, and one device's */
   bool pin_host;
   size_t alignment;
   pthread_mutex_t lock;
@@ -339,6 +362,11 @@ static inline bool mlo_res_is_resident(const mlo_component *c) {
   return c->state == MLO_RES_LOADING || c->state == MLO_RES_DEVICE;
 }
 
+/* The platform c's block lives on and its forward runs on. */
+static inline mlo_platform *mlo_dev_plat(const mlo_component *c) {
+  return c->dev->platform;
+}
+
 /* A platform call made for component c, counted against it (counters are
  * exact). */
 #define PCALL(c, expr) ((c)->stats.platform_calls++, (expr))
@@ -388,6 +416,12 @@ void mlo_close_files(size_t nfiles, const int *fds, bool drop);
 void mlo_drop_pages(int fd, uint64_t off, uint64_t len);
 
 /* transfer.c — what every mover shares; lock held unless said. */
+/* c's device bytes change by `bytes` (its device's and the pipeline's
+ * figures, and their peaks). */
+void mlo_res_count(mlo_component *c, int64_t bytes);
+/* Drains every device of the pipeline (the first failure's status); lock
+ * NOT held. */
+int mlo_devices_synchronize(mlo_pipeline *pipe);
 /* The compute queue waits for ev as the sync mode says (the whole device
  * with MLO_SYNC_DEVICE); lock NOT held.  A wait [t0, t1] for c's copies is
  * then counted in its stats and, with traced, traced (lock held). */
@@ -464,10 +498,11 @@ void mlo_slab_free(mlo_component *c); /* lock held, not resident */
  * reader thread through a pinned staging ring at each load. */
 /* Chooses, at enable (both locks held), the components whose slabs stay in
  * host memory within s->host_budget_bytes and marks the rest want_disk;
- * device_room: a component larger streams and must stay in host memory.
+ * device_room[d]: on device d, a component larger streams and must stay in
+ * host memory.
  * MLO_ENOMEM (naming them) where what must stay does not fit;
  * MLO_EUNSUPPORTED where the pipeline cannot use the tier. */
-int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t device_room);
+int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, const uint64_t *device_room);
 /* Makes c's storage follow its host plan (lock held): a component not
  * resident whose tier changed gives up its storage, once nothing queued
  * uses it, and is materialized again in its tier at its next use.  Enable
@@ -512,6 +547,15 @@ int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
 void mlo_disk_free_partial(mlo_component *c);
 /* Unregisters a partial slab's page-locked runs. */
 void mlo_disk_unpin_runs(mlo_component *c);
+
+/* placement.c — where each component of a pipeline of several devices
+ * lives (both locks held, before the host plan): places the components
+ * not pinned to move the fewest bytes per request under policy pol, each
+ * device's room given (room[d]); a component whose device changes is
+ * evicted and its events released first.  MLO_OK at once for one device;
+ * MLO_ENOMEM_DEVICE naming the sizes where nothing fits. */
+struct mlo_policy_ops;
+int mlo_place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol, const uint64_t *room);
 
 /* offload.c */
 /* True if a and b may never be resident while either executes. */

@@ -322,8 +322,8 @@ static bool plan_mirror(struct mlo_join *j, const struct range *r, size_t nr) {
 
 static void join_free(struct mlo_join *j) {
   if (!j) return;
-  mlo_plat_event_destroy(j->from->pipe->platform, j->point);
-  mlo_plat_event_destroy(j->from->pipe->platform, j->tail);
+  mlo_plat_event_destroy(mlo_dev_plat(j->from), j->point);
+  mlo_plat_event_destroy(mlo_dev_plat(j->from), j->tail);
   free(j->runs);
   free(j->ended);
   free(j);
@@ -340,7 +340,7 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   mlo_pipeline *pipe = a->pipe;
   const mlo_offload_settings *s = &pipe->settings;
   if (a->join || b->join || a == b || pipe->sharded || s->copy_back || s->per_tensor_copies ||
-      pipe->platform->caps.max_block_bytes)
+      mlo_dev_plat(a)->caps.max_block_bytes)
     return false;
   /* a: resident in one block of its own layout (or its streamed plan's),
    * held by its forward alone, nothing to write back at its end; with
@@ -387,7 +387,7 @@ bool mlo_join_start(mlo_component *a, mlo_component *b) {
   for (size_t i = 0; ok && i < j->nruns && !early; i++)
     early = j->runs[i].len && j->runs[i].dep == DEP_NONE;
   ok = ok && early && !(j->prog && mlo_prog_join_prepare(b)) &&
-       !PCALL(b, mlo_plat_event_create(pipe->platform, &j->point));
+       !PCALL(b, mlo_plat_event_create(mlo_dev_plat(b), &j->point));
   if (!ok) {
     join_free(j);
     return false;
@@ -444,7 +444,7 @@ static bool ready(const struct mlo_join *j, const struct join_run *r) {
  * an idle queue instead let 4 of the 40-block Wan2.2 DiT's 21 kept blocks
  * through at a link as fast as compute; this, 18, A's stall unchanged.) */
 static bool link_has_room(struct mlo_join *j) {
-  mlo_platform *p = j->from->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(j->from);
   if (!p->caps.events) return false; /* a query would synchronize: all at the release */
   return mlo_stream_copies_pending(j->from) <= 1 &&
          (!j->tail_set || mlo_plat_event_query(p, j->tail) == MLO_OK);
@@ -452,7 +452,7 @@ static bool link_has_room(struct mlo_join *j) {
 
 /* Orders what the copy queue takes next after A's compute so far (C9). */
 static int fence(struct mlo_join *j) {
-  mlo_platform *p = j->from->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(j->from);
   int rc = PCALL(j->to, mlo_plat_event_record_compute(p, j->point));
   return rc ? rc : PCALL(j->to, mlo_plat_copy_wait(p, j->point));
 }
@@ -460,7 +460,7 @@ static int fence(struct mlo_join *j) {
 /* Copies runs [next, k) behind a fence, each mark's event after its run. */
 static int copy_runs(struct mlo_join *j, size_t k) {
   mlo_component *a = j->from, *b = j->to;
-  mlo_platform *p = a->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(a);
   int rc = fence(j);
   for (; j->next < k && !rc; j->next++) {
     const struct join_run *r = &j->runs[j->next];
@@ -489,7 +489,7 @@ static int issue(struct mlo_join *j) {
   if (k == j->next) return MLO_OK;
   int rc = copy_runs(j, k);
   if (!rc && j->paced) {
-    mlo_platform *p = j->from->pipe->platform;
+    mlo_platform *p = mlo_dev_plat(j->from);
     if (!j->tail) rc = PCALL(j->to, mlo_plat_event_create(p, &j->tail));
     if (!rc) rc = PCALL(j->to, mlo_plat_event_record_copy(p, j->tail));
     j->tail_set = !rc;

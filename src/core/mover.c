@@ -46,7 +46,7 @@ static int slab_fetch(mlo_component *c, struct mlo_load *ld) {
     bool per_tensor = pipe->settings.per_tensor_copies;
     rc = MLO_OK;
     if (c->slab_bytes && !per_tensor) {
-      rc = PCALL(c, mlo_plat_copy_h2d(pipe->platform, c->block, 0, c->slab, c->slab_bytes));
+      rc = PCALL(c, mlo_plat_copy_h2d(mlo_dev_plat(c), c->block, 0, c->slab, c->slab_bytes));
       if (!rc) {
         ld->copies++;
         ld->queued += c->slab_bytes;
@@ -54,7 +54,7 @@ static int slab_fetch(mlo_component *c, struct mlo_load *ld) {
     }
     if (!rc) rc = mlo_res_copy_tensors(c, per_tensor, &ld->copies, &ld->queued);
   }
-  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(pipe->platform, c->load_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev));
   return rc;
 }
 
@@ -91,7 +91,7 @@ static int shard_blocks_size(mlo_component *c, uint64_t *bytes, struct mlo_load 
 static int shard_blocks_fetch(mlo_component *c, struct mlo_load *ld) {
   int rc = mlo_prog_slice(c);
   if (!rc) rc = fill_blocks(c, ld, c->nblocks);
-  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(c->pipe->platform, c->load_ev));
+  if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev));
   if (rc) return rc;
   c->placed = true;
   c->placed_bytes = c->block_bytes;

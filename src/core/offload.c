@@ -21,7 +21,7 @@
 #include <string.h>
 
 bool mlo_excludes(const mlo_pipeline *pipe, const mlo_component *a, const mlo_component *b) {
-  if (a == b) return false;
+  if (a == b || a->dev != b->dev) return false; /* each device excludes on its own */
   switch (pipe->strategy) {
   case STRATEGY_GENERIC: /* the policy's rule (policy.h) */
     return pipe->policy && pipe->policy->excludes && pipe->policy->excludes(a, b);
@@ -97,7 +97,7 @@ bool mlo_component_load_done(mlo_component *c) {
   MLO_LOCK_OR(&c->pipe->lock, false);
   bool done = mlo_res_is_resident(c) && !c->disk_busy && !c->disk_rc && !mlo_prog_deferred(c) &&
               ((c->load_waited && !mlo_prog_active(c)) || !c->load_ev ||
-               mlo_plat_event_query(c->pipe->platform, c->load_ev) == MLO_OK);
+               mlo_plat_event_query(mlo_dev_plat(c), c->load_ev) == MLO_OK);
   pthread_mutex_unlock(&c->pipe->lock);
   return done;
 }
@@ -274,9 +274,9 @@ int mlo_component_forward(mlo_component *c, mlo_forward_fn fn, void *user) {
   pthread_mutex_lock(&pipe->lock); /* acquire took it on this thread: cannot fail */
   mlo_res_trace(c, MLO_TRACE_FORWARD_BEGIN, 0);
   pthread_mutex_unlock(&pipe->lock);
-  uint64_t t0 = mlo_plat_now(pipe->platform);
+  uint64_t t0 = mlo_plat_now(mlo_dev_plat(c));
   int user_rc = fn(c, user);
-  uint64_t t1 = mlo_plat_now(pipe->platform);
+  uint64_t t1 = mlo_plat_now(mlo_dev_plat(c));
   rc = release(c, t1 > t0 ? t1 - t0 : 1); /* traces FORWARD_END under its lock */
   if (user_rc)
     return mlo_fail(pipe, MLO_ECALLBACK, "forward of '%s' returned %d", c->name, user_rc);
@@ -410,12 +410,37 @@ static int enable_delegate(mlo_pipeline *pipe, const mlo_offload_settings *s) {
  * eviction; lock held.  A failed enable leaves such a component in its new
  * tier: nothing is lost, its next load reads from there. */
 static int host_plan(mlo_pipeline *pipe, const mlo_offload_settings *s) {
-  uint64_t room = UINT64_MAX;
+  uint64_t room[MLO_MAX_DEVICES];
   const struct mlo_policy_ops *pol = mlo_policy_ops_of(s->policy);
-  int rc = s->host_budget_bytes && pol->device_room ? pol->device_room(pipe, s, &room) : MLO_OK;
+  int rc = MLO_OK;
+  for (size_t d = 0; d < pipe->ndevs; d++) room[d] = UINT64_MAX;
+  for (size_t d = 0; d < pipe->ndevs && s->host_budget_bytes && pol->device_room && !rc; d++)
+    rc = pol->device_room(pipe, s, d, &room[d]);
   if (!rc) rc = mlo_disk_plan(pipe, s, room);
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) mlo_disk_change_tier(pipe->comps[i]);
   return rc;
+}
+
+/* Several devices: where each component lives, from each device's room
+ * (the policy's, or the device's memory where it keeps none); lock held. */
+static int place(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+  if (pipe->ndevs < 2) return MLO_OK;
+  uint64_t room[MLO_MAX_DEVICES];
+  const struct mlo_policy_ops *pol = mlo_policy_ops_of(s->policy);
+  for (size_t d = 0; d < pipe->ndevs; d++) {
+    int rc = MLO_OK;
+    if (pol->device_room) {
+      rc = pol->device_room(pipe, s, d, &room[d]);
+    } else {
+      mlo_platform_memory mem = {0};
+      rc = mlo_platform_get_memory(pipe->devs[d].platform, &mem);
+      if (rc) return mlo_fail(pipe, rc, "placement: cannot read device %zu's memory", d);
+      room[d] = mem.free_bytes + pipe->devs[d].bytes;
+      if (room[d] > mem.total_bytes) room[d] = mem.total_bytes;
+    }
+    if (rc) return rc;
+  }
+  return mlo_place(pipe, pol, room);
 }
 
 /* Generic hooks: the policy's check, every slab materialized, then the
@@ -426,6 +451,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   pthread_mutex_lock(&pipe->lock);
   if (!s->pin_host) pipe->pin_host = false;
   int rc = pol->check ? pol->check(pipe, s) : MLO_OK;
+  if (!rc) rc = place(pipe, s);
   if (!rc) rc = host_plan(pipe, s);
   pthread_mutex_unlock(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);
@@ -483,6 +509,10 @@ int mlo_offload_enable(mlo_pipeline *pipe, const mlo_offload_settings *settings)
     rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
                   "the %s policy needs the generic hooks; this pipeline has a delegate",
                   mlo_policy_ops_of(s.policy)->name);
+  else if (delegate && pipe->ndevs > 1)
+    rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
+                  "a delegate runs on one device; this pipeline has %zu (docs/placement.md)",
+                  pipe->ndevs);
   else if (delegate && s.host_budget_bytes)
     rc = mlo_fail(pipe, MLO_EUNSUPPORTED,
                   "host_budget_bytes needs the generic hooks; this pipeline has a delegate");

@@ -28,28 +28,67 @@ static void init_checked_mutex(pthread_mutex_t *m) {
   pthread_mutexattr_destroy(&attr);
 }
 
+/* A pipeline's devices: 1..MLO_MAX_DEVICES platforms, none twice, all of
+ * one kind; the first is `platform` where both are given. */
+static int check_devices(mlo_platform *platform, mlo_platform *const *devs, size_t n) {
+  if (!devs || n > MLO_MAX_DEVICES) return MLO_EINVAL;
+  if (platform && platform != devs[0]) return MLO_EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    if (!devs[i]) return MLO_EINVAL;
+    for (size_t j = 0; j < i; j++)
+      if (devs[j] == devs[i]) return MLO_EINVAL;
+    if (strcmp(mlo_platform_name(devs[i]), mlo_platform_name(devs[0]))) {
+      mlo_logf(MLO_LOG_ERROR,
+               "a pipeline's devices are of one kind: device %zu is '%s', device 0 "
+               "'%s'",
+               i, mlo_platform_name(devs[i]), mlo_platform_name(devs[0]));
+      return MLO_EUNSUPPORTED;
+    }
+  }
+  return MLO_OK;
+}
+
 int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
   if (!out) return MLO_EINVAL;
   *out = NULL;
   /* 0.2's options end before comm; their callers get no communicator */
   size_t v02 = offsetof(mlo_pipeline_options, comm);
-  if (!opts || opts->size < v02 || !opts->platform) return MLO_EINVAL;
+  if (!opts || opts->size < v02) return MLO_EINVAL;
   size_t align = opts->slab_alignment ? opts->slab_alignment : 256;
   if (align & (align - 1) || align > (1u << 20)) return MLO_EINVAL;
-  bool v03 = opts->size >= sizeof(mlo_pipeline_options);
+  bool v03 = opts->size >= offsetof(mlo_pipeline_options, devices);
+  bool v07 = opts->size >= sizeof(mlo_pipeline_options);
+  mlo_platform *const *devs = &opts->platform;
+  size_t ndevs = 1;
+  if (v07 && opts->ndevices > 1) {
+    devs = opts->devices;
+    ndevs = opts->ndevices;
+  }
+  int rc = check_devices(opts->platform, devs, ndevs);
+  if (rc) return rc;
   mlo_comm *comm = v03 ? opts->comm : NULL;
+  if (comm && ndevs > 1) {
+    mlo_logf(MLO_LOG_ERROR,
+             "a pipeline of %zu devices cannot have a communicator: ranks and "
+             "devices do not combine yet (docs/placement.md)",
+             ndevs);
+    return MLO_EUNSUPPORTED;
+  }
   bool sharded = v03 && opts->sharded_loads;
   bool shard_resident = v03 && opts->shard_resident;
   if ((sharded && !comm) || (shard_resident && !sharded)) return MLO_EINVAL;
   /* A sharded load gathers into the block: on the host through MPI (the
    * block is host memory); elsewhere through the platform's device-side
    * all-gather (CUDA: NCCL, given with mlo_comm_set_nccl). */
-  if (sharded && !shard_resident && !opts->platform->caps.host_addressable &&
-      !(mlo_plat_has_all_gather(opts->platform) && mlo_dist_nccl(comm)))
+  if (sharded && !shard_resident && !devs[0]->caps.host_addressable &&
+      !(mlo_plat_has_all_gather(devs[0]) && mlo_dist_nccl(comm)))
     return MLO_EUNSUPPORTED;
   mlo_pipeline *pipe = mlo_calloc(1, sizeof *pipe);
   if (!pipe) return MLO_ENOMEM;
-  pipe->platform = opts->platform;
+  pipe->platform = devs[0];
+  pipe->ndevs = ndevs;
+  for (size_t i = 0; i < ndevs; i++)
+    pipe->devs[i] = (struct mlo_device){.platform = devs[i], .index = i};
   pipe->pin_host = opts->pin_host;
   pipe->alignment = align;
   pipe->comm = comm;
@@ -82,6 +121,22 @@ const char *mlo_pipeline_errmsg(mlo_pipeline *pipe) {
 }
 mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe) {
   return pipe ? pipe->platform : NULL;
+}
+
+size_t mlo_pipeline_device_count(mlo_pipeline *pipe) {
+  return pipe ? pipe->ndevs : 0;
+}
+
+mlo_platform *mlo_pipeline_device(mlo_pipeline *pipe, size_t index) {
+  return pipe && index < pipe->ndevs ? pipe->devs[index].platform : NULL;
+}
+
+size_t mlo_component_device(const mlo_component *c) {
+  return c ? c->dev->index : 0;
+}
+
+mlo_platform *mlo_component_platform(const mlo_component *c) {
+  return c ? c->dev->platform : NULL;
 }
 
 static bool valid_role(mlo_role role) {
@@ -127,6 +182,8 @@ int mlo_component_add(mlo_pipeline *pipe, const char *name, mlo_role role, mlo_c
   }
   c->pipe = pipe;
   c->index = pipe->ncomps;
+  c->dev = &pipe->devs[0];
+  c->pinned_dev = MLO_DEVICE_ANY;
   c->state = MLO_RES_UNMATERIALIZED;
   if (role == MLO_ROLE_AUTO) {
     c->role = mlo_role_guess(name, NULL);

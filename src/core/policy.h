@@ -57,10 +57,10 @@ struct mlo_policy_ops {
   /* The device bytes the policy keeps to (mlo_pipeline_stats.budget_bytes);
    * NULL: none. */
   uint64_t (*budget)(const mlo_pipeline *pipe);
-  /* The device room a component must fit whole in under settings s, for
-   * the host plan (disk.c: a larger one streams its blocks); lock held.
-   * NULL: no limit (every component loads whole). */
-  int (*device_room)(mlo_pipeline *pipe, const mlo_offload_settings *s, uint64_t *room);
+  /* The room a component must fit whole in on device `dev` under settings
+   * s, for the host plan (disk.c: a larger one streams its blocks) and
+   * placement; lock held.  NULL: no limit (every component loads whole). */
+  int (*device_room)(mlo_pipeline *pipe, const mlo_offload_settings *s, size_t dev, uint64_t *room);
   /* Whether it plans components to stream their blocks (stream.c): a plan
    * outlives an eviction only under a policy that does. */
   bool streams;

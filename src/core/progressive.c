@@ -90,8 +90,8 @@ bool mlo_prog_active(const mlo_component *c) {
 void mlo_prog_free(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   if (!g) return;
-  for (size_t b = 0; b < g->n; b++) mlo_plat_event_destroy(c->pipe->platform, g->ev[b]);
-  mlo_plat_event_destroy(c->pipe->platform, g->head_ev);
+  for (size_t b = 0; b < g->n; b++) mlo_plat_event_destroy(mlo_dev_plat(c), g->ev[b]);
+  mlo_plat_event_destroy(mlo_dev_plat(c), g->head_ev);
   free(g->ev);
   free(g->pending);
   free(g->in_head);
@@ -200,7 +200,7 @@ static int gather_piece(mlo_component *c, long b) {
     return MLO_OK;
   }
   int rc =
-      PCALL(c, mlo_plat_all_gather(pipe->platform, c->block, (size_t)g->rdev[k],
+      PCALL(c, mlo_plat_all_gather(mlo_dev_plat(c), c->block, (size_t)g->rdev[k],
                                    (size_t)g->rslice[k], mlo_dist_node_rank(pipe->comm),
                                    mlo_dist_nccl(pipe->comm), mlo_dist_timeout_ms(pipe->comm)));
   if (!rc) mlo_shard_count_gathered(pipe, (size_t)g->rslice[k]);
@@ -213,7 +213,7 @@ static int copy_piece(mlo_component *c, long b, size_t *copies, uint64_t *moved)
   uint64_t src, len, dev;
   if (!mlo_prog_extent(c, b, &src, &len, &dev)) return MLO_OK;
   if (len) {
-    int rc = PCALL(c, mlo_plat_copy_h2d(c->pipe->platform, c->block, (size_t)dev,
+    int rc = PCALL(c, mlo_plat_copy_h2d(mlo_dev_plat(c), c->block, (size_t)dev,
                                         (char *)c->slab + src, (size_t)len));
     if (rc) return rc;
     ++*copies;
@@ -223,7 +223,7 @@ static int copy_piece(mlo_component *c, long b, size_t *copies, uint64_t *moved)
 }
 
 int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   *copies = 0;
   *moved = 0;
   int rc = prepare(c);
@@ -259,7 +259,7 @@ static bool own_copy(const mlo_component *c, size_t b) {
  * any with no copy of their own), or the one whose copy failed. */
 static int issue_range(mlo_component *c, size_t limit, size_t *copies, uint64_t *moved) {
   struct mlo_prog *g = c->prog;
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   int rc = MLO_OK;
   for (; g->next < limit && g->next < g->n; g->next++) {
     size_t b = g->next;
@@ -298,9 +298,9 @@ int mlo_prog_issue_upto(mlo_component *c, size_t limit) {
    * traces, mlo_component_load_done); where it cannot be recorded, the
    * copies are waited for instead, so that its earlier record still means
    * the load has landed */
-  if (copies && PCALL(c, mlo_plat_event_record_copy(c->pipe->platform, c->load_ev))) {
+  if (copies && PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev))) {
     c->stats.platform_calls++;
-    mlo_plat_synchronize(c->pipe->platform);
+    mlo_plat_synchronize(mlo_dev_plat(c));
   }
   return rc;
 }
@@ -342,7 +342,7 @@ int mlo_prog_join_prepare(mlo_component *c) {
 
 int mlo_prog_join_mark(mlo_component *c, long piece) {
   struct mlo_prog *g = c->prog;
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   mlo_event **ev = piece == MLO_BLOCK_PROLOGUE ? &g->head_ev : &g->ev[piece];
   int rc = *ev ? MLO_OK : PCALL(c, mlo_plat_event_create(p, ev));
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(p, *ev));
@@ -372,7 +372,7 @@ mlo_event *mlo_prog_head_event(const mlo_component *c) {
 static int host_gather(mlo_component *c, size_t k, mlo_event *ev) {
   struct mlo_prog *g = c->prog;
   mlo_pipeline *pipe = c->pipe;
-  int rc = PCALL(c, mlo_plat_event_sync(pipe->platform, ev));
+  int rc = PCALL(c, mlo_plat_event_sync(mlo_dev_plat(c), ev));
   if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's slice failed", c->name, k - 1);
   rc = mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
   if (!rc) g->rgather[k] = false; /* else said by the gather; the next begin gathers again */
@@ -454,7 +454,7 @@ bool mlo_prog_head_gathers(const mlo_component *c) {
 static int begin_gather(mlo_component *c, size_t b) {
   struct mlo_prog *g = c->prog;
   if (!g->sliced || !g->rgather[b + 1]) return MLO_OK;
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   uint64_t t0 = mlo_plat_now(p);
   int rc = host_gather(c, b + 1, g->ev[b]);
   uint64_t t1 = mlo_plat_now(p);
@@ -481,7 +481,7 @@ int mlo_prog_begin(mlo_component *c, size_t b) {
     return MLO_OK;
   }
   mlo_event *ev = g->ev[b];
-  mlo_platform *p = pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   bool watch = g->sliced && g->dev_gathers; /* a gather on the device: the host watches it */
   pthread_mutex_unlock(&pipe->lock);        /* this thread holds c: it stays resident */
   uint64_t t0 = mlo_plat_now(p);

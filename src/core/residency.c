@@ -35,7 +35,7 @@ static int alloc_failed(mlo_component *c, int rc) {
     return mlo_fail(pipe, rc, "allocating the device block of '%s' failed (%s)", c->name,
                     mlo_strerror(rc));
   mlo_platform_memory mem = {0};
-  mlo_platform_get_memory(pipe->platform, &mem);
+  mlo_platform_get_memory(mlo_dev_plat(c), &mem);
   char avail[32], total[32];
   return mlo_fail(pipe, rc,
                   "device out of memory loading '%s': needs %s, %s free of %s "
@@ -43,14 +43,14 @@ static int alloc_failed(mlo_component *c, int rc) {
                   c->name, mlo_format_size(mlo_res_bytes(c), need, sizeof need),
                   mlo_format_size(mem.free_bytes, avail, sizeof avail),
                   mlo_format_size(mem.total_bytes, total, sizeof total),
-                  mlo_format_size(pipe->device_bytes, (char[32]){0}, 32));
+                  mlo_format_size(c->dev->bytes, (char[32]){0}, 32));
 }
 
 /* The block, from the platform, as the source sizes it.  An allocation
  * that waits (a pool reclaiming frees still queued behind copies) stalls
  * the caller like a copy does: it counts as waiting. */
 static int alloc_block(mlo_component *c, const struct mlo_source_ops *src, struct mlo_load *ld) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   uint64_t bytes = mlo_res_bytes(c);
   int rc = src->size ? src->size(c, &bytes, ld) : MLO_OK;
   if (rc) return rc;
@@ -75,7 +75,7 @@ static int load_failed(mlo_component *c, const struct mlo_load *ld, int rc) {
   c->device_gather = false;
   mlo_prog_evicted(c); /* no residency: its block events are not this load's */
   c->stats.platform_calls++;
-  mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
+  mlo_plat_dev_free(mlo_dev_plat(c), c->block, (size_t)c->alloc_bytes);
   c->block = NULL;
   mlo_res_trace(c, MLO_TRACE_EVICT, 0); /* its LOAD_BEGIN is closed */
   return mlo_fail(c->pipe, rc, "%s: copying to the device failed (%s)", c->name, mlo_strerror(rc));
@@ -104,7 +104,7 @@ int mlo_res_load(mlo_component *c) {
     c->load_waited = true;
     return MLO_OK;
   }
-  mlo_platform *p = pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   int rc = mlo_res_ensure_event(c, &c->load_ev);
   if (rc) return mlo_fail(pipe, rc, "%s: cannot create a load event", c->name);
   const struct mlo_source_ops *src = mlo_source_of(c);
@@ -129,9 +129,8 @@ int mlo_res_load(mlo_component *c) {
   c->stats.loads++;
   c->stats.h2d_bytes += ld.moved;
   c->stats.copy_calls += ld.copies;
-  pipe->device_bytes += mlo_res_bytes(c);
+  mlo_res_count(c, (int64_t)mlo_res_bytes(c));
   if (c->stream) mlo_stream_start(c);
-  if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
   mlo_res_log_transfer(c, "load", c->block_bytes, ld.copies);
   return MLO_OK;
 }
@@ -147,7 +146,7 @@ static bool needs_writeback(const mlo_component *c, const mlo_tensor *t) {
 
 int mlo_res_note_last_use(mlo_component *c) {
   mlo_pipeline *pipe = c->pipe;
-  mlo_platform *p = pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   c->use_valid = false;
   if (!pipe->enabled || !c->block || !mlo_plat_has_dev_free_after(p)) return MLO_OK;
   int rc = mlo_res_ensure_event(c, &c->use_ev);
@@ -172,7 +171,7 @@ static mlo_event *last_use(const mlo_component *c) {
  * kernel submitted so far.  Under the XPU rule the copy completes before
  * return. */
 static int write_back(mlo_component *c, uint64_t *bytes) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   size_t copies = 0;
   *bytes = 0;
   bool any = false;
@@ -236,15 +235,15 @@ int mlo_res_evict(mlo_component *c) {
   }
   /* loaded, never used (or not every block begun): end it where it ended,
    * or now where the platform cannot tell yet (never left unpaired) */
-  if (!c->load_ended) mlo_res_load_ended(c, mlo_plat_now(pipe->platform));
+  if (!c->load_ended) mlo_res_load_ended(c, mlo_plat_now(mlo_dev_plat(c)));
   uint64_t back = 0;
   int rc = write_back(c, &back);
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
   c->stats.platform_calls++;
-  mlo_plat_dev_free_after(pipe->platform, c->block, (size_t)c->alloc_bytes, last_use(c));
+  mlo_plat_dev_free_after(mlo_dev_plat(c), c->block, (size_t)c->alloc_bytes, last_use(c));
   c->stats.evictions++;
   c->stats.d2h_bytes += back;
-  pipe->device_bytes -= mlo_res_bytes(c);
+  mlo_res_count(c, -(int64_t)mlo_res_bytes(c));
   left_device(c);
   if (!pipe->policy || !pipe->policy->streams) mlo_stream_drop(c); /* the plan was a policy's */
   mlo_res_trace(c, MLO_TRACE_EVICT, back);
@@ -257,15 +256,15 @@ void mlo_res_drop(mlo_component *c) {
   if (!mlo_res_is_resident(c)) return;
   if (c->block) {
     c->stats.platform_calls++;
-    mlo_plat_dev_free(c->pipe->platform, c->block, (size_t)c->alloc_bytes);
-    c->pipe->device_bytes -= mlo_res_bytes(c);
+    mlo_plat_dev_free(mlo_dev_plat(c), c->block, (size_t)c->alloc_bytes);
+    mlo_res_count(c, -(int64_t)mlo_res_bytes(c));
   }
   left_device(c);
   mlo_res_trace(c, MLO_TRACE_EVICT, 0); /* what its load began ends here */
 }
 
 void mlo_res_join_began(mlo_component *b) {
-  b->load_begin_ns = mlo_plat_now(b->pipe->platform);
+  b->load_begin_ns = mlo_plat_now(mlo_dev_plat(b));
   if (!b->pipe->trace) return;
   /* into memory already counted (the other component's): the figure stays */
   mlo_trace_event e = {MLO_TRACE_LOAD_BEGIN, b, b->load_begin_ns, b->block_bytes,
@@ -277,14 +276,14 @@ int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_
                       bool placed) {
   mlo_pipeline *pipe = a->pipe;
   int rc = mlo_res_ensure_event(b, &b->load_ev);
-  if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(pipe->platform, b->load_ev));
+  if (!rc) rc = PCALL(b, mlo_plat_event_record_copy(mlo_dev_plat(b), b->load_ev));
   if (rc) return mlo_fail(pipe, rc, "%s: recording its load's end failed", b->name);
   /* a leaves: its block is b's now, nothing freed, nothing to write back
    * (a join's source has no mutable tensor) */
-  if (!a->load_ended) mlo_res_load_ended(a, mlo_plat_now(pipe->platform));
+  if (!a->load_ended) mlo_res_load_ended(a, mlo_plat_now(mlo_dev_plat(a)));
   void *block = a->block;
   uint64_t alloc = a->alloc_bytes, counted = mlo_res_bytes(a);
-  pipe->device_bytes -= counted;
+  mlo_res_count(a, -(int64_t)counted);
   a->stats.evictions++;
   left_device(a);
   /* b arrives, loading: the whole block is its (what the budget counts) */
@@ -302,8 +301,7 @@ int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_
   b->stats.joined_loads++;
   b->stats.h2d_bytes += moved;
   b->stats.copy_calls += copies;
-  pipe->device_bytes += mlo_res_bytes(b);
-  if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
+  mlo_res_count(b, (int64_t)mlo_res_bytes(b));
   mlo_res_trace(a, MLO_TRACE_EVICT, 0);
   mlo_res_log_transfer(a, "evict (its block handed to the next)", 0, 0);
   mlo_res_log_transfer(b, "load (joined)", b->block_bytes, copies);
@@ -313,7 +311,7 @@ int mlo_res_hand_over(mlo_component *a, mlo_component *b, size_t copies, uint64_
 
 int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
   mlo_pipeline *pipe = c->pipe;
-  mlo_platform *p = pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   pthread_mutex_lock(&pipe->lock); /* internal: acquire released it just before */
   uint64_t d0 = 0, disk_ns = 0;
   if (c->disk_busy || c->disk_rc) { /* a load from disk: its reads first */
@@ -404,7 +402,7 @@ int mlo_res_wait_loaded(mlo_component *c, mlo_sync_mode sync) {
 }
 
 void mlo_res_release_events(mlo_component *c) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   mlo_plat_event_destroy(p, c->load_ev);
   mlo_plat_event_destroy(p, c->compute_ev);
   mlo_plat_event_destroy(p, c->writeback_ev);

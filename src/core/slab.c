@@ -49,7 +49,7 @@ static uint64_t place(uint64_t end, uint64_t align, uint64_t seg, uint64_t nbyte
  * would straddle a segment boundary starts the next segment. */
 int mlo_slab_layout(mlo_component *c, bool assign, bool want_spans, mlo_layout *out) {
   uint64_t align = c->pipe->alignment, end = 0;
-  uint64_t seg = c->pipe->platform->caps.max_block_bytes;
+  uint64_t seg = mlo_dev_plat(c)->caps.max_block_bytes;
   memset(out, 0, sizeof *out);
   size_t nb, n = mlo_blocks_sort(c, &nb);
   const struct mlo_keyed *ks = c->scratch;
@@ -254,7 +254,7 @@ typedef struct {
 /* A segmented device (caps.max_block_bytes) cannot hold a tensor larger
  * than one segment. */
 static int check_segments(mlo_component *c) {
-  uint64_t seg = c->pipe->platform->caps.max_block_bytes;
+  uint64_t seg = mlo_dev_plat(c)->caps.max_block_bytes;
   for (size_t i = 0; seg && i < c->ntensors; i++) {
     const mlo_tensor *t = c->tensors[i];
     if (!t->target && t->nbytes > seg) {

@@ -58,6 +58,7 @@ void mlo_pipeline_reset_stats(mlo_pipeline *pipe) {
   for (size_t i = 0; i < pipe->ncomps; i++)
     memset(&pipe->comps[i]->stats, 0, sizeof(mlo_component_stats));
   pipe->peak_device_bytes = pipe->device_bytes;
+  for (size_t d = 0; d < pipe->ndevs; d++) pipe->devs[d].peak = pipe->devs[d].bytes;
   pipe->dist.gather_bytes = pipe->dist.gather_ns = pipe->dist.collectives = 0;
   pthread_mutex_unlock(&pipe->lock);
 }

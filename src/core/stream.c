@@ -50,7 +50,7 @@ static bool from_disk(const mlo_component *c, size_t b) {
 }
 
 static int issue(mlo_component *c, struct stream_slot *s, size_t b) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   int rc = MLO_OK;
   s->blk = -1;
   s->read_rc = MLO_OK;
@@ -166,7 +166,7 @@ void mlo_stream_evicted(mlo_component *c) {
 /* Records the end of the compute that read slot s (C9): the next copy
  * into it waits for this event. */
 static int record_free(mlo_component *c, struct stream_slot *s) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   int rc = s->free_ev ? MLO_OK : PCALL(c, mlo_plat_event_create(p, &s->free_ev));
   if (!rc) rc = PCALL(c, mlo_plat_event_record_compute(p, s->free_ev));
   if (!rc) s->has_free_ev = true;
@@ -185,7 +185,7 @@ static void end_left(mlo_component *c, struct stream_slot *s, bool all_threads) 
            s->blk);
   if (!s->users && record_free(c, s) != MLO_OK) { /* no event: order it the blunt way */
     c->stats.platform_calls++;
-    mlo_plat_synchronize(c->pipe->platform);
+    mlo_plat_synchronize(mlo_dev_plat(c));
   }
 }
 
@@ -230,9 +230,9 @@ static bool reads_pending(const struct mlo_stream *st) {
 static int wait_read(mlo_component *c, struct stream_slot *s, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   if (!s->reading && !s->read_rc) return MLO_OK;
-  uint64_t t0 = mlo_plat_now(pipe->platform);
+  uint64_t t0 = mlo_plat_now(mlo_dev_plat(c));
   while (s->reading) pthread_cond_wait(&pipe->idle, &pipe->lock);
-  uint64_t waited = mlo_plat_now(pipe->platform) - t0;
+  uint64_t waited = mlo_plat_now(mlo_dev_plat(c)) - t0;
   c->stats.disk_wait_ns += waited;
   c->stats.block_wait_ns += waited; /* a wait at the block's begin, as for its copy */
   c->stats.wait_ns += waited;
@@ -307,7 +307,7 @@ int mlo_stream_begin(mlo_component *c, size_t block) {
   mlo_sync_mode sync = pipe->enabled ? pipe->settings.sync : MLO_SYNC_EVENT;
   pthread_mutex_unlock(&pipe->lock);
   if (sync == MLO_SYNC_UNSAFE_NONE || (!pending && sync == MLO_SYNC_EVENT)) return MLO_OK;
-  mlo_platform *p = pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   uint64_t t0 = mlo_plat_now(p);
   rc = mlo_res_compute_wait(p, ev, sync);
   uint64_t t1 = mlo_plat_now(p);

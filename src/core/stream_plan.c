@@ -57,8 +57,8 @@ void mlo_stream_drop(mlo_component *c) {
   struct mlo_stream *st = c->stream;
   if (!st) return;
   for (size_t i = 0; i < st->nslots; i++) {
-    mlo_plat_event_destroy(c->pipe->platform, st->slots[i].load_ev);
-    mlo_plat_event_destroy(c->pipe->platform, st->slots[i].free_ev);
+    mlo_plat_event_destroy(mlo_dev_plat(c), st->slots[i].load_ev);
+    mlo_plat_event_destroy(mlo_dev_plat(c), st->slots[i].free_ev);
     free(st->slots[i].holders);
   }
   free(st->slots);
@@ -243,7 +243,7 @@ int mlo_stream_plan(mlo_component *c, uint64_t room, size_t nslots) {
   const char *why = NULL;
   if (c->nblocks <= nslots)
     why = c->nblocks ? "it has too few blocks to stream" : "no blocks were found in it";
-  else if (pipe->platform->caps.max_block_bytes)
+  else if (mlo_dev_plat(c)->caps.max_block_bytes)
     why = "this device builds blocks from segments, and streaming needs whole ones";
   else if (pipe->settings.copy_back || pipe->settings.per_tensor_copies)
     why = "copy_back and per_tensor_copies move whole components";
@@ -363,7 +363,7 @@ size_t mlo_stream_copies_pending(const mlo_component *a) {
   size_t n = 0;
   for (size_t i = 0; i < st->nslots; i++) {
     const struct stream_slot *s = &st->slots[i];
-    if (s->blk >= 0 && s->load_ev && mlo_plat_event_query(a->pipe->platform, s->load_ev) != MLO_OK)
+    if (s->blk >= 0 && s->load_ev && mlo_plat_event_query(mlo_dev_plat(a), s->load_ev) != MLO_OK)
       n++;
   }
   return n;

@@ -30,8 +30,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
    * drain is retried once; if the device still cannot confirm that the
    * copies are done, the slabs are leaked rather than freed under a copy
    * that may still read them (C9). */
-  bool drained = mlo_plat_synchronize(pipe->platform) == MLO_OK ||
-                 mlo_plat_synchronize(pipe->platform) == MLO_OK;
+  bool drained = mlo_devices_synchronize(pipe) == MLO_OK || mlo_devices_synchronize(pipe) == MLO_OK;
   if (!drained)
     mlo_logf(MLO_LOG_ERROR, "freeing a pipeline: the device did not drain its copies; "
                             "host slabs are left allocated rather than freed under a copy");

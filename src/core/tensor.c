@@ -323,7 +323,7 @@ int mlo_tensor_device(const mlo_tensor *t, void **block, size_t *offset) {
     size_t local = 0;
     uint64_t at = owner->placed ? own->place : own->dev_offset - owner->shard_offset;
     if (owner->stream) rc = mlo_stream_tensor_offset(owner, own, &at);
-    if (!rc) mlo_plat_resolve(owner->pipe->platform, owner->block, (size_t)at, &handle, &local);
+    if (!rc) mlo_plat_resolve(mlo_dev_plat(owner), owner->block, (size_t)at, &handle, &local);
     if (block) *block = handle;
     if (offset) *offset = local;
   }
@@ -362,7 +362,7 @@ int mlo_component_shard(mlo_component *c, void **block, uint64_t *offset, uint64
 void *mlo_tensor_device_ptr(const mlo_tensor *t) {
   void *block = NULL;
   size_t offset = 0;
-  if (!t || !t->comp->pipe->platform->caps.device_pointers) return NULL;
+  if (!t || !mlo_dev_plat(t->comp)->caps.device_pointers) return NULL;
   if (mlo_tensor_device(t, &block, &offset)) return NULL;
   return (char *)block + offset;
 }
@@ -383,5 +383,6 @@ void mlo_pipeline_set_trace(mlo_pipeline *pipe, mlo_trace_fn fn, void *user) {
   pipe->trace = fn;
   pipe->trace_user = user;
   pthread_mutex_unlock(&pipe->lock);
-  if (delta) mlo_plat_want_stamps(pipe->platform, delta);
+  for (size_t d = 0; d < pipe->ndevs && delta; d++)
+    mlo_plat_want_stamps(pipe->devs[d].platform, delta);
 }

@@ -15,6 +15,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+int mlo_devices_synchronize(mlo_pipeline *pipe) {
+  int rc = MLO_OK;
+  for (size_t d = 0; d < pipe->ndevs; d++) {
+    int r = mlo_plat_synchronize(pipe->devs[d].platform);
+    if (!rc) rc = r;
+  }
+  return rc;
+}
+
+void mlo_res_count(mlo_component *c, int64_t bytes) {
+  mlo_pipeline *pipe = c->pipe;
+  struct mlo_device *d = c->dev;
+  pipe->device_bytes += (uint64_t)bytes; /* two's complement: a negative one subtracts */
+  d->bytes += (uint64_t)bytes;
+  if (pipe->device_bytes > pipe->peak_device_bytes) pipe->peak_device_bytes = pipe->device_bytes;
+  if (d->bytes > d->peak) d->peak = d->bytes;
+}
+
 void mlo_res_trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uint64_t t_ns) {
   mlo_pipeline *pipe = c->pipe;
   if (!pipe->trace) return;
@@ -27,7 +45,7 @@ void mlo_res_trace_at(mlo_component *c, mlo_trace_kind kind, uint64_t bytes, uin
 }
 
 void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
-  if (c->pipe->trace) mlo_res_trace_at(c, kind, bytes, mlo_plat_now(c->pipe->platform));
+  if (c->pipe->trace) mlo_res_trace_at(c, kind, bytes, mlo_plat_now(mlo_dev_plat(c)));
 }
 
 /* When c's load really completed on the device (the platform's stamp), no
@@ -36,13 +54,13 @@ void mlo_res_trace(mlo_component *c, mlo_trace_kind kind, uint64_t bytes) {
  * waited for it (a VAE loaded at enable and used at the end). */
 static uint64_t load_done_ns(mlo_component *c, uint64_t latest) {
   uint64_t t = latest;
-  if (mlo_plat_event_time(c->pipe->platform, c->load_ev, &t) != MLO_OK || t > latest) t = latest;
+  if (mlo_plat_event_time(mlo_dev_plat(c), c->load_ev, &t) != MLO_OK || t > latest) t = latest;
   return t;
 }
 
 int mlo_res_ensure_event(mlo_component *c, mlo_event **ev) {
   if (*ev) return MLO_OK;
-  return PCALL(c, mlo_plat_event_create(c->pipe->platform, ev));
+  return PCALL(c, mlo_plat_event_create(mlo_dev_plat(c), ev));
 }
 
 void mlo_res_log_transfer(const mlo_component *c, const char *what, uint64_t bytes, size_t copies) {
@@ -61,7 +79,7 @@ static void log_load_done(const mlo_component *c, uint64_t done_ns) {
   mlo_logf(MLO_LOG_INFO, "loaded %s: %s, %zu tensors, %.4f s, %.2f GB/s, %s", c->name,
            mlo_format_size(c->block_bytes, size, sizeof size), c->own_count, secs,
            secs > 0 ? (double)c->block_bytes / secs / 1e9 : 0.0,
-           mlo_platform_name(c->pipe->platform));
+           mlo_platform_name(mlo_dev_plat(c)));
 }
 
 /* The load's end, traced and logged once per residency, when it is known
@@ -79,7 +97,7 @@ void mlo_res_load_ended_at(mlo_component *c, uint64_t t) {
 }
 
 int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t *moved) {
-  mlo_platform *p = c->pipe->platform;
+  mlo_platform *p = mlo_dev_plat(c);
   for (size_t i = 0; i < c->ntensors; i++) {
     mlo_tensor *t = c->tensors[i];
     if (t->target || !t->nbytes) continue;
@@ -96,7 +114,7 @@ int mlo_res_copy_tensors(mlo_component *c, bool every, size_t *copies, uint64_t 
 
 int mlo_res_finish_writeback(mlo_component *c) {
   if (!c->writeback_pending) return MLO_OK;
-  int rc = PCALL(c, mlo_plat_event_sync(c->pipe->platform, c->writeback_ev));
+  int rc = PCALL(c, mlo_plat_event_sync(mlo_dev_plat(c), c->writeback_ev));
   if (!rc) c->writeback_pending = false;
   return rc;
 }

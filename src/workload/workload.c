@@ -27,7 +27,22 @@ struct mlo_workload {
     uint64_t ns;
   } * times; /* a modelling backend's forward times, by component */
   size_t ntimes;
+  /* a pipeline of several devices: the backend on each device after the
+   * first (mlo_workload_add_device); a forward runs on its component's */
+  struct {
+    mlo_platform *platform;
+    void *ctx;
+  } more[MLO_WORKLOAD_MAX_DEVICES - 1];
+  size_t nmore;
 };
+
+/* The backend context of comp's device. */
+static void *ctx_of(const mlo_workload *w, const mlo_component *comp) {
+  mlo_platform *p = mlo_component_platform(comp);
+  for (size_t i = 0; i < w->nmore; i++)
+    if (w->more[i].platform == p) return w->more[i].ctx;
+  return w->ctx;
+}
 
 /* The back-end for a platform: host and sim are built in; a device's is
  * the module libmlo-workload-<platform>.so (its BLAS library, cuBLAS or
@@ -97,8 +112,27 @@ int mlo_workload_open(mlo_platform *platform, mlo_workload **out, char *err, siz
   return MLO_OK;
 }
 
+int mlo_workload_add_device(mlo_workload *w, mlo_platform *platform, char *err, size_t errlen) {
+  if (!w || !platform) return MLO_EINVAL;
+  if (w->nmore + 1 >= MLO_WORKLOAD_MAX_DEVICES)
+    return mlo_errf(err, errlen, MLO_EINVAL, "the workload runs on at most %d devices",
+                    MLO_WORKLOAD_MAX_DEVICES);
+  if (strcmp(mlo_platform_name(platform), mlo_platform_name(w->platform)))
+    return mlo_errf(err, errlen, MLO_EINVAL, "the workload's devices are of one kind: %s, not %s",
+                    mlo_platform_name(w->platform), mlo_platform_name(platform));
+  void *ctx = NULL;
+  int rc = w->ops->create(platform, &ctx);
+  if (rc)
+    return mlo_errf(err, errlen, rc, "the %s workload could not start on a device: %s",
+                    mlo_platform_name(platform), mlo_strerror(rc));
+  w->more[w->nmore].platform = platform;
+  w->more[w->nmore++].ctx = ctx;
+  return MLO_OK;
+}
+
 void mlo_workload_close(mlo_workload *w) {
   if (!w) return;
+  for (size_t i = 0; i < w->nmore; i++) w->ops->destroy(w->more[i].ctx);
   w->ops->destroy(w->ctx);
   free(w->times);
   free(w);
@@ -145,7 +179,7 @@ static bool is_gemm_dtype(mlo_dtype d) {
 }
 
 /* One tensor's contribution to a forward's digest. */
-static int tensor_digest(mlo_workload *w, const mlo_tensor *t, int tokens, uint64_t seed,
+static int tensor_digest(mlo_workload *w, void *ctx, const mlo_tensor *t, int tokens, uint64_t seed,
                          uint64_t *digest) {
   uint64_t nbytes = mlo_tensor_nbytes(t);
   if (nbytes == 0) return MLO_OK;
@@ -155,9 +189,9 @@ static int tensor_digest(mlo_workload *w, const mlo_tensor *t, int tokens, uint6
   if (rc) return rc;
   const int64_t *shape = mlo_tensor_shape(t);
   if (mlo_tensor_ndim(t) == 2 && is_gemm_dtype(mlo_tensor_dtype(t)))
-    return w->ops->gemm_digest(w->ctx, block, offset, mlo_tensor_dtype(t), shape[0], shape[1],
-                               tokens, seed, digest);
-  return w->ops->bytes_digest(w->ctx, block, offset, nbytes, digest);
+    return w->ops->gemm_digest(ctx, block, offset, mlo_tensor_dtype(t), shape[0], shape[1], tokens,
+                               seed, digest);
+  return w->ops->bytes_digest(ctx, block, offset, nbytes, digest);
 }
 
 /* A tensor of the forward: its piece's place in the order the forward runs
@@ -199,7 +233,7 @@ static int model_pieces(mlo_workload *w, mlo_component *comp, bool streamed, uin
     if (i + 1 == n) upto = ns;
     bool block = streamed && info[i].block >= 0;
     if (block) rc = mlo_block_begin(comp, (size_t)info[i].block);
-    if (!rc) rc = w->ops->model_forward(w->ctx, upto - spent, h);
+    if (!rc) rc = w->ops->model_forward(ctx_of(w, comp), upto - spent, h);
     if (block) {
       int erc = mlo_block_end(comp, (size_t)info[i].block);
       if (!rc) rc = erc;
@@ -244,7 +278,7 @@ static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t 
       open = 0;
       if (!rc && p >= 1 && p <= nblocks && !(rc = mlo_block_begin(comp, p - 1))) open = p;
     }
-    if (!rc) rc = tensor_digest(w, own[i].t, tokens, seed, h);
+    if (!rc) rc = tensor_digest(w, ctx_of(w, comp), own[i].t, tokens, seed, h);
   }
   if (open) {
     int erc = mlo_block_end(comp, open - 1);
@@ -254,8 +288,15 @@ static int component_digest_into(mlo_workload *w, mlo_component *comp, uint64_t 
   return rc;
 }
 
+/* Every device's deferred folds (the first failure's status). */
 static int flush(mlo_workload *w) {
-  return w->ops->flush ? w->ops->flush(w->ctx) : MLO_OK;
+  if (!w->ops->flush) return MLO_OK;
+  int rc = w->ops->flush(w->ctx);
+  for (size_t i = 0; i < w->nmore; i++) {
+    int r = w->ops->flush(w->more[i].ctx);
+    if (!rc) rc = r;
+  }
+  return rc;
 }
 
 int mlo_workload_component_digest(mlo_workload *w, mlo_component *comp, uint64_t seed,

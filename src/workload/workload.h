@@ -82,6 +82,12 @@ float mlo_workload_input(uint64_t seed, int64_t t, int64_t k);
  * module missing, or its BLAS library), if there is none.  The platform must
  * outlive it. */
 int mlo_workload_open(mlo_platform *platform, mlo_workload **out, char *err, size_t errlen);
+/* A pipeline of several devices (mlo_pipeline_options.devices): the
+ * backend on one more of them, of the first's kind; each forward then runs
+ * on its component's device (mlo_component_platform).  The platform must
+ * outlive the workload. */
+#define MLO_WORKLOAD_MAX_DEVICES 16
+int mlo_workload_add_device(mlo_workload *w, mlo_platform *platform, char *err, size_t errlen);
 /* NULL is a no-op. */
 void mlo_workload_close(mlo_workload *w);
 /* Tokens T for forwards of components with this role (1..TOKENS_MAX). */

@@ -463,7 +463,7 @@ int cmd_inspect(int argc, char **argv) {
   mlo_pipeline *pipe = NULL;
   tool_split split;
   int rc = mlo_platform_open("host", &plat, err, sizeof err);
-  if (!rc) rc = source_open(&src, plat, NULL, 0, &pipe, err, sizeof err);
+  if (!rc) rc = source_open(&src, &plat, 1, NULL, 0, &pipe, err, sizeof err);
   if (!rc) mlo_pipeline_warn_guessed(pipe); /* after the --role overrides */
   char why[1024] = "";
   if (!rc && tool_dits(pipe, &v.first, &v.second) == 2) {

@@ -33,6 +33,13 @@ typedef struct {
   const plan_node *node; /* --node */
   double rank_timeout;   /* seconds */
   tool_ranks rk;
+  /* --platform repeated: one pipeline over several devices (docs/placement.md) */
+  const char *platforms[TOOL_MAX_DEVICES];
+  size_t nplatforms;
+  const char *place_args[TOOL_MAX_DEVICES * 4]; /* --place NAME=DEVICE, as given */
+  size_t nplace;
+  tool_place place[TOOL_MAX_DEVICES * 4];
+  char place_names[TOOL_MAX_DEVICES * 4][128];
 } run_args;
 
 static const char *const offload_words[] = {"none", "model", NULL};
@@ -53,7 +60,14 @@ static void help(void) {
          "workload, not a model.  The digest depends on the weights (names, contents)\n"
          "and the schedule, not on how files split them.\n\n"
          "flags:\n"
-         "  --platform P          host[:opts] | cuda[:N] | opencl[:N] (default host)\n"
+         "  --platform P          host[:opts] | cuda[:N] | opencl[:N] (default host).\n"
+         "                        Repeated: one pipeline over several devices of one\n"
+         "                        kind, each component placed on one of them at enable\n"
+         "                        to move the fewest bytes per prompt (docs/placement.md);\n"
+         "                        --device-memory and --link apply to each\n"
+         "  --place NAME=DEVICE   pin a component to a device: its index among the\n"
+         "                        --platform flags (0, 1, ...) or a --platform value\n"
+         "                        given once (cuda:1); repeatable\n"
          "  --device-memory SIZE  the device memory mlo may use, e.g. 512M, 24G: the\n"
          "                        host device's capacity, or a cap on a real GPU\n"
          "                        (to run as on a smaller card); wins over a\n"
@@ -167,7 +181,16 @@ static bool parse_flag(targs *a, run_args *r) {
   const char *v;
   if (targs_value(a, "--platform", &v)) {
     targs_platform(a, "--platform", v);
-    r->platform = v;
+    if (r->nplatforms == TOOL_MAX_DEVICES)
+      targs_error(a, "--platform: at most %d devices", TOOL_MAX_DEVICES);
+    else
+      r->platforms[r->nplatforms++] = v;
+    r->platform = r->platforms[0];
+  } else if (targs_value(a, "--place", &v)) {
+    if (r->nplace == sizeof r->place_args / sizeof *r->place_args)
+      targs_error(a, "--place: too many");
+    else
+      r->place_args[r->nplace++] = v;
   } else if (targs_value(a, "--device-memory", &v)) {
     r->have_capacity = targs_size(a, "--device-memory", v, &r->capacity);
   } else if (targs_value(a, "--link", &v)) {
@@ -272,6 +295,40 @@ static int cuda_rank_index(const char *spec, int node_rank) {
   return one ? 0 : node_rank;
 }
 
+/* --place NAME=DEVICE into r->place: DEVICE an index among the --platform
+ * flags, or a --platform value given exactly once. */
+static void resolve_place(targs *a, run_args *r) {
+  size_t ndev = r->nplatforms ? r->nplatforms : 1;
+  for (size_t i = 0; i < r->nplace && !a->failed; i++) {
+    const char *arg = r->place_args[i], *eq = strchr(arg, '=');
+    if (!eq || eq == arg || !eq[1] || (size_t)(eq - arg) >= sizeof r->place_names[i]) {
+      targs_error(a, "--place: expected NAME=DEVICE (text_encoder=1, vae=cuda:1), got '%s'", arg);
+      return;
+    }
+    memcpy(r->place_names[i], arg, (size_t)(eq - arg));
+    r->place_names[i][eq - arg] = '\0';
+    const char *dev = eq + 1;
+    long index = -1;
+    if (strspn(dev, "0123456789") == strlen(dev)) {
+      index = strlen(dev) < 4 ? strtol(dev, NULL, 10) : (long)ndev;
+    } else {
+      for (size_t k = 0; k < r->nplatforms; k++)
+        if (!strcmp(r->platforms[k], dev)) index = index < 0 ? (long)k : -2;
+      if (index == -2) {
+        targs_error(a, "--place %s: '%s' is given as --platform more than once; name its index",
+                    arg, dev);
+        return;
+      }
+    }
+    if (index < 0 || (size_t)index >= ndev) {
+      targs_error(a, "--place %s: no such device; the run has %zu (--platform), indexed from 0",
+                  arg, ndev);
+      return;
+    }
+    r->place[i] = (tool_place){r->place_names[i], (int)index};
+  }
+}
+
 /* 0 to go on, -1 for --help, else an exit code. */
 static int parse(int argc, char **argv, run_args *r) {
   targs a;
@@ -296,6 +353,12 @@ static int parse(int argc, char **argv, run_args *r) {
                 : r->have_reserve ? "--reserve"
                 : r->no_prefetch  ? "--no-prefetch"
                                   : "--learn-schedule");
+  if (!a.failed) resolve_place(&a, r);
+  if (!a.failed && r->nplatforms > 1 && (r->ranks >= 0 || r->node))
+    targs_error(&a,
+                "%s with several --platform: ranks and devices do not combine yet; give "
+                "each rank one device (docs/placement.md)",
+                r->ranks >= 0 ? "--ranks" : "--node");
   if (!a.failed && r->have_link && !tool_is_host(r->platform))
     targs_error(&a, "--link throttles the host platform; a real device's link is what it is");
   if (!a.failed && r->have_link && strstr(r->platform, "bw="))
@@ -376,7 +439,8 @@ static int refuse_too_small(const run_args *ra, tool_session *s) {
                  ra->have_budget ? "--budget" : "the device", tool_size(room));
     return TOOL_EXIT_NOMEM;
   }
-  if (session_fits(s, ra->offload == 1, &need, &what)) return 0;
+  /* several devices: what each needs is placement's to say, at enable */
+  if (s->ndevices > 1 || session_fits(s, ra->offload == 1, &need, &what)) return 0;
   char have[96];
   if (ra->have_capacity)
     snprintf(have, sizeof have, "--device-memory is %s", tool_size(s->capacity));
@@ -572,6 +636,21 @@ static int verify_against_resident(const session_config *cfg, const run_options 
   return 0;
 }
 
+/* One device's spec: --platform's, with --device-memory, --link and
+ * --node applied. */
+static void device_spec(const run_args *ra, const char *platform, char *spec, size_t size) {
+  if (ra->have_capacity)
+    spec_with_capacity(platform, ra->capacity, spec, size);
+  else
+    snprintf(spec, size, "%s", platform);
+  if (ra->have_link) { /* host only (parse checked): its bw= option */
+    size_t len = strlen(spec);
+    snprintf(spec + len, size - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
+             (unsigned long long)ra->link);
+  }
+  if (ra->node && tool_is_host(spec)) node_options(ra, spec, size);
+}
+
 int cmd_run(int argc, char **argv) {
   run_args ra = {
       .platform = "host", .offload = 1, .steps = 8, .prompts = 1, .ranks = -1, .rank_timeout = 60};
@@ -603,22 +682,18 @@ int cmd_run(int argc, char **argv) {
   if ((code = tool_check_output("run", "--trace", ra.trace)) ||
       (code = tool_check_output("run", "--timeline", ra.timeline)))
     goto out_free;
-  char spec[512];
+  char spec[512], more[TOOL_MAX_DEVICES][512];
+  const char *more_specs[TOOL_MAX_DEVICES];
   if (ra.have_capacity && strstr(ra.platform, "capacity="))
     fprintf(stderr,
             "mlo run: note: --device-memory %s is used instead of the capacity= in "
             "--platform\n",
             tool_size(ra.capacity));
-  if (ra.have_capacity)
-    spec_with_capacity(ra.platform, ra.capacity, spec, sizeof spec);
-  else
-    snprintf(spec, sizeof spec, "%s", ra.platform);
-  if (ra.have_link) { /* host only (parse checked): its bw= option */
-    size_t len = strlen(spec);
-    snprintf(spec + len, sizeof spec - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
-             (unsigned long long)ra.link);
+  device_spec(&ra, ra.platform, spec, sizeof spec);
+  for (size_t i = 1; i < ra.nplatforms; i++) {
+    device_spec(&ra, ra.platforms[i], more[i - 1], sizeof more[i - 1]);
+    more_specs[i - 1] = more[i - 1];
   }
-  if (ra.node && tool_is_host(spec)) node_options(&ra, spec, sizeof spec);
   ra.rk.platform = spec;
   if (ra.ranks >= 0) {
     char err[512] = "";
@@ -663,6 +738,10 @@ int cmd_run(int argc, char **argv) {
   bool progress = !ra.json && ra.rk.rank == 0;
   session_config cfg = {.source = &ra.src,
                         .platform_spec = spec,
+                        .more_specs = more_specs,
+                        .nmore = ra.nplatforms ? ra.nplatforms - 1 : 0,
+                        .place = ra.place,
+                        .nplace = ra.nplace,
                         .progress = progress,
                         .read_check = ra.read_check,
                         .defer_materialize =

@@ -92,7 +92,7 @@ static int open_pipeline(const plan_args *pa, tool_session *s, mlo_denoise_sched
     opts.platform = s->platform;
     rc = mlo_synth_open(&opts, pa->preset, pa->scale, &pipe, sched, err, errlen);
   } else {
-    rc = source_open(&pa->src, s->platform, NULL, 0, &pipe, err, errlen);
+    rc = source_open(&pa->src, &s->platform, 1, NULL, 0, &pipe, err, errlen);
   }
   if (rc) return rc;
   if (pa->have_dtype) {

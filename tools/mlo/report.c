@@ -38,6 +38,23 @@ int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
     if (!rep->dit_first || !rep->dit_second) return MLO_ENOMEM;
   }
   rep->run = *r;
+  rep->ndevices = s->ndevices > 1 ? s->ndevices : 0;
+  rep->placement.size = sizeof rep->placement;
+  mlo_pipeline_get_placement(s->pipe, &rep->placement);
+  for (size_t d = 0; d < rep->ndevices; d++) {
+    mlo_device_stats ds = {.size = sizeof ds};
+    if (mlo_pipeline_get_device_stats(s->pipe, d, &ds) == MLO_OK)
+      rep->device_peak[d] = ds.peak_device_bytes;
+    if (!(rep->device_desc[d] = dup_str(mlo_platform_description(s->devices[d]))))
+      return MLO_ENOMEM;
+  }
+  if (rep->ndevices) { /* the capacity is every device's */
+    rep->capacity = 0;
+    for (size_t d = 0; d < rep->ndevices; d++) {
+      mlo_platform_memory mem;
+      if (mlo_platform_get_memory(s->devices[d], &mem) == MLO_OK) rep->capacity += mem.total_bytes;
+    }
+  }
   rep->ncomp = mlo_pipeline_component_count(s->pipe);
   rep->comps = calloc(rep->ncomp ? rep->ncomp : 1, sizeof *rep->comps);
   if (!rep->platform || !rep->comps) return MLO_ENOMEM;
@@ -47,6 +64,7 @@ int report_snapshot(tool_report *rep, tool_session *s, const run_result *r) {
     cr->name = dup_str(mlo_component_name(c));
     if (!cr->name) return MLO_ENOMEM;
     cr->role = mlo_component_role(c);
+    cr->device = mlo_component_device(c);
     cr->source = mlo_component_role_source(c);
     cr->bytes = mlo_component_bytes(c);
     cr->tensor_bytes = mlo_component_tensor_bytes(c);
@@ -62,6 +80,7 @@ void report_free(tool_report *rep) {
   for (size_t i = 0; rep->comps && i < rep->ncomp; i++) free(rep->comps[i].name);
   free(rep->comps);
   free(rep->platform);
+  for (size_t d = 0; d < rep->ndevices; d++) free(rep->device_desc[d]);
   free(rep->dit_first);
   free(rep->dit_second);
   rep->comps = NULL;
@@ -119,8 +138,23 @@ static void print_split(const tool_report *rep, FILE *out) {
             sp->source);
 }
 
+/* One pipeline over several devices: each device, what it held and its
+ * peak, then placement's figure per prompt against one device's. */
+static void print_devices(const tool_report *rep, FILE *out) {
+  for (size_t d = 0; d < rep->ndevices; d++) {
+    fprintf(out, "device %zu   %s:", d, rep->device_desc[d]);
+    for (size_t i = 0; i < rep->ncomp; i++)
+      if (rep->comps[i].device == d) fprintf(out, " %s", rep->comps[i].name);
+    fprintf(out, " (peak %s)\n", tool_size(rep->device_peak[d]));
+  }
+  if (rep->placement.one_device_bytes || rep->placement.moved_bytes)
+    fprintf(out, "placement  %s moved per prompt as modelled; %s on one device\n",
+            tool_size(rep->placement.moved_bytes), tool_size(rep->placement.one_device_bytes));
+}
+
 void report_print_text(const tool_report *rep, FILE *out) {
   fprintf(out, "platform   %s\n", rep->platform);
+  print_devices(rep, out);
   fprintf(out, "offload    %s (sync %s", rep->offload, rep->sync);
   if (!strcmp(rep->offload, "model")) {
     fprintf(out, ", policy %s", rep->policy);
@@ -206,8 +240,11 @@ void report_print_text(const tool_report *rep, FILE *out) {
       fprintf(out, "in the one prompt");
     fprintf(out, "); waited %.3f s for the disk\n", (double)st->total.disk_wait_ns / 1e9);
   }
-  fprintf(out, "peak device memory %s of %s capacity; all resident needs %s (%.0f%%)\n",
-          tool_size(st->peak_device_bytes), tool_size(rep->capacity), tool_size(rep->all_resident),
+  char devs[48] = "";
+  if (rep->ndevices) snprintf(devs, sizeof devs, " over %zu devices", rep->ndevices);
+  fprintf(out, "peak device memory %s of %s capacity%s; all resident needs %s (%.0f%%)\n",
+          tool_size(st->peak_device_bytes), tool_size(rep->capacity), devs,
+          tool_size(rep->all_resident),
           100.0 * tool_ratio((double)st->peak_device_bytes, (double)rep->all_resident));
   if (rep->run.reserved_peak > rep->run.platform_peak)
     fprintf(out, "                   the allocator held up to %s (its pool's reserve included)\n",
@@ -274,6 +311,23 @@ static cJSON *build_json(const tool_report *rep) {
   cJSON *root = cJSON_CreateObject();
   char hex[32];
   cJSON_AddStringToObject(root, "platform", rep->platform);
+  if (rep->ndevices) {
+    cJSON *devs = cJSON_AddArrayToObject(root, "devices");
+    for (size_t d = 0; d < rep->ndevices; d++) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddItemToArray(devs, o);
+      cJSON_AddNumberToObject(o, "index", (double)d);
+      cJSON_AddStringToObject(o, "platform", rep->device_desc[d]);
+      cJSON_AddNumberToObject(o, "peak_device_bytes", (double)rep->device_peak[d]);
+      cJSON *names = cJSON_AddArrayToObject(o, "components");
+      for (size_t i = 0; i < rep->ncomp; i++)
+        if (rep->comps[i].device == d)
+          cJSON_AddItemToArray(names, cJSON_CreateString(rep->comps[i].name));
+    }
+    cJSON *pl = cJSON_AddObjectToObject(root, "placement");
+    cJSON_AddNumberToObject(pl, "moved_bytes", (double)rep->placement.moved_bytes);
+    cJSON_AddNumberToObject(pl, "one_device_bytes", (double)rep->placement.one_device_bytes);
+  }
   cJSON_AddStringToObject(root, "offload", rep->offload);
   cJSON_AddStringToObject(root, "sync", rep->sync);
   cJSON_AddStringToObject(root, "policy", rep->policy);
@@ -384,6 +438,7 @@ static cJSON *build_json(const tool_report *rep) {
     const comp_report *c = &rep->comps[i];
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddNumberToObject(o, "device", (double)c->device);
     cJSON_AddStringToObject(o, "role", mlo_role_name(c->role));
     cJSON_AddStringToObject(o, "role_source", mlo_role_source_name(c->source));
     cJSON_AddNumberToObject(o, "tensor_bytes", (double)c->tensor_bytes);

@@ -63,9 +63,50 @@ void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t o
   if (n < outlen) snprintf(out + n, outlen - n, "capacity=%llu", (unsigned long long)capacity);
 }
 
+/* The pipeline over the session's devices, --place's pins applied. */
 static int open_pipeline(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
-  return source_open(cfg->source, s->platform, cfg->overrides, cfg->override_count, &s->pipe, err,
-                     errlen);
+  int rc = source_open(cfg->source, s->devices, s->ndevices, cfg->overrides, cfg->override_count,
+                       &s->pipe, err, errlen);
+  if (rc == MLO_EUNSUPPORTED && s->ndevices > 1 && cfg->source->comm)
+    snprintf(err, errlen,
+             "--ranks with several --platform: ranks and devices do not combine yet "
+             "(docs/placement.md)");
+  for (size_t i = 0; i < cfg->nplace && !rc; i++) {
+    mlo_component *c = mlo_pipeline_find(s->pipe, cfg->place[i].name);
+    if (!c) {
+      snprintf(err, errlen, "--place %s: no component of that name in %s", cfg->place[i].name,
+               cfg->source->label);
+      return MLO_EINVAL;
+    }
+    if ((rc = mlo_component_set_device(c, cfg->place[i].device)))
+      snprintf(err, errlen, "--place %s=%d: %s", cfg->place[i].name, cfg->place[i].device,
+               mlo_pipeline_errmsg(s->pipe));
+  }
+  return rc;
+}
+
+/* The second and later devices (--platform repeated), each a platform of
+ * its own. */
+static int open_more(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
+  for (size_t i = 0; i < cfg->nmore; i++) {
+    if (s->ndevices >= TOOL_MAX_DEVICES) {
+      snprintf(err, errlen, "at most %d devices (--platform)", TOOL_MAX_DEVICES);
+      return MLO_EINVAL;
+    }
+    char msg[512] = "";
+    mlo_platform *p = NULL;
+    int rc = mlo_platform_open(cfg->more_specs[i], &p, msg, sizeof msg);
+    if (rc) {
+      snprintf(err, errlen, "cannot open platform '%s': %s", cfg->more_specs[i],
+               msg[0] ? msg : mlo_strerror(rc));
+      return rc;
+    }
+    s->devices[s->ndevices++] = p;
+    mlo_platform_memory mem;
+    if (mlo_platform_get_memory(p, &mem) == MLO_OK && mem.total_bytes > s->capacity)
+      s->capacity = mem.total_bytes;
+  }
+  return MLO_OK;
 }
 
 static void drop_from_cache(const char *const *files, size_t n) {
@@ -149,8 +190,11 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
              msg[0] ? msg : mlo_strerror(rc));
     return rc;
   }
+  s->devices[0] = s->platform;
+  s->ndevices = 1;
   mlo_platform_memory mem;
   if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) s->capacity = mem.total_bytes;
+  if ((rc = open_more(s, cfg, err, errlen))) goto out_close;
   if (cfg->source->sharded) { /* a device that gathers needs the node's NCCL communicator */
     bool made = false;
     rc = ranks_device_comm(cfg->source->comm, s->platform, &made, msg, sizeof msg);
@@ -163,6 +207,8 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
   rc = open_pipeline(s, cfg, err, errlen);
   if (rc) goto out_close;
   rc = mlo_workload_open(s->platform, &s->workload, err, errlen);
+  for (size_t i = 1; i < s->ndevices && !rc; i++)
+    rc = mlo_workload_add_device(s->workload, s->devices[i], err, errlen);
   if (rc) goto out_close;
   for (int r = MLO_ROLE_DIT; r <= MLO_ROLE_OTHER; r++)
     if (cfg->tokens[r]) mlo_workload_set_tokens(s->workload, (mlo_role)r, cfg->tokens[r]);
@@ -187,6 +233,7 @@ void session_close(tool_session *s) {
   mlo_workload_close(s->workload);
   mlo_pipeline_free(s->pipe);
   if (s->nccl_comm) ranks_device_comm_free(s->nccl_comm); /* before its platform goes */
+  for (size_t i = 1; i < s->ndevices; i++) mlo_platform_close(s->devices[i]);
   mlo_platform_close(s->platform);
   memset(s, 0, sizeof *s);
 }
@@ -231,7 +278,7 @@ static int make_cold(tool_session *s) {
     mlo_component *c = mlo_pipeline_component_at(s->pipe, i);
     if (mlo_component_is_resident(c) && (rc = mlo_component_evict(c))) return rc;
   }
-  return mlo_platform_synchronize(s->platform);
+  return mlo_pipeline_synchronize(s->pipe); /* every device */
 }
 
 /* Declares the run's call list as the pipeline's schedule: one request,
@@ -421,6 +468,7 @@ int session_reference_run(const session_config *cfg, const run_options *o, uint6
   spec_with_capacity(cfg->platform_spec, all_resident + all_resident / 8 + (64u << 20), spec,
                      sizeof spec);
   ref.platform_spec = spec;
+  ref.nmore = ref.nplace = 0; /* one device holds everything: the plainest run there is */
   tool_session s;
   int rc = session_open(&s, &ref, err, errlen);
   if (rc) return rc;

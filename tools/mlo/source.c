@@ -168,10 +168,13 @@ void source_free(tool_source *src) {
   memset(src, 0, sizeof *src);
 }
 
-int source_open(const tool_source *src, mlo_platform *plat, const mlo_role_override *roles,
-                size_t nroles, mlo_pipeline **out, char *err, size_t errlen) {
+int source_open(const tool_source *src, mlo_platform *const *devs, size_t ndevs,
+                const mlo_role_override *roles, size_t nroles, mlo_pipeline **out, char *err,
+                size_t errlen) {
   mlo_pipeline_options po = MLO_PIPELINE_OPTIONS_INIT;
-  po.platform = plat;
+  po.platform = devs[0];
+  po.devices = devs;
+  po.ndevices = ndevs;
   po.comm = src->comm;
   po.sharded_loads = src->sharded;
   mlo_open_options oo = MLO_OPEN_OPTIONS_INIT;

@@ -117,8 +117,9 @@ void source_free(tool_source *src);
 void source_init_path(tool_source *src, const char *path);
 /* Opens the pipeline (headers only).  roles replace src->roles when given
  * (the reference run passes the roles the run resolved). */
-int source_open(const tool_source *src, mlo_platform *plat, const mlo_role_override *roles,
-                size_t nroles, mlo_pipeline **out, char *err, size_t errlen);
+int source_open(const tool_source *src, mlo_platform *const *devs, size_t ndevs,
+                const mlo_role_override *roles, size_t nroles, mlo_pipeline **out, char *err,
+                size_t errlen);
 /* The help text of the source flags, shared by run and inspect. */
 #define TOOL_SOURCE_HELP                                                                           \
   "  --variant V           weights variant (fp16, bf16): *.V.safetensors and their\n"              \
@@ -337,11 +338,14 @@ int tool_write_file(const char *path, const char *data, size_t len, char *err, s
 int tool_check_output(const char *cmd, const char *flag, const char *path);
 
 /* ---- session.c: a checkpoint opened on a platform, and runs of it ---- */
+#define TOOL_MAX_DEVICES 16
 typedef struct {
-  mlo_platform *platform;
+  mlo_platform *platform; /* devices[0] */
+  mlo_platform *devices[TOOL_MAX_DEVICES];
+  size_t ndevices;
   mlo_pipeline *pipe;
   mlo_workload *workload;
-  uint64_t capacity;     /* device total */
+  uint64_t capacity;     /* device total (several devices: the largest's) */
   double load_s;         /* reading the checkpoint into host slabs */
   uint64_t load_io_read; /* what the kernel read from storage meanwhile (/proc/self/io) */
   uint64_t load_bytes;   /* bytes read into slabs */
@@ -351,9 +355,21 @@ typedef struct {
   mlo_comm *nccl_comm;   /* --ranks sharded on cuda: the communicator we gave an NCCL one */
 } tool_session;
 
+/* --place NAME=DEVICE: a component pinned to one of the run's devices. */
+typedef struct {
+  const char *name;
+  int device;
+} tool_place;
+
 typedef struct {
   const tool_source *source;
-  const char *platform_spec;          /* "host:capacity=1G", "cuda:0" */
+  const char *platform_spec; /* "host:capacity=1G", "cuda:0" */
+  /* more devices for the one pipeline (--platform repeated): specs of the
+   * second and later, and the components pinned to one */
+  const char *const *more_specs;
+  size_t nmore;
+  const tool_place *place;
+  size_t nplace;
   const mlo_role_override *overrides; /* NULL: the source's --role flags */
   size_t override_count;
   bool progress;   /* a load bar while materializing */
@@ -453,6 +469,7 @@ bool session_fits(tool_session *s, bool offload, uint64_t *need, const char **wh
 /* ---- report.c: what a run printed, as text or JSON ---- */
 typedef struct {
   char *name;
+  size_t device; /* the device it ran on (several: placement's or --place's) */
   mlo_role role;
   mlo_role_source source;
   uint64_t bytes;        /* on the device, alignment padding included */
@@ -486,6 +503,10 @@ typedef struct {
   comp_report *comps;
   const char *trace_path, *timeline_path;
   rank_figures rank; /* --ranks: this rank's, taken while the pipeline was alive */
+  size_t ndevices;   /* one pipeline over several devices: each one's */
+  char *device_desc[TOOL_MAX_DEVICES];
+  uint64_t device_peak[TOOL_MAX_DEVICES];
+  mlo_placement placement;
 } tool_report;
 /* Copies what the report needs out of a session (so it can be closed). */
 int report_snapshot(tool_report *rep, tool_session *s, const run_result *r);
