@@ -3114,6 +3114,175 @@ class RealLayoutTests(unittest.TestCase):
         self.assertIn("on device", out)
 
 
+class DevicesTests(Fixture):
+    """One pipeline over two host stand-ins (issue 45): --platform repeated.
+    The device size is chosen so that the two experts (and the VAE) fit one
+    device but not with the text encoder: on one device every prompt moves
+    the encoder and an expert; on two, placement puts the encoder apart
+    from the experts and nothing moves once warm.  Digests equal one
+    device's all-resident run (--verify), and the placement's modelled
+    bytes per prompt equal what the run moved."""
+
+    def sizes(self):
+        size = {c["name"]: c["device_bytes"] for c in self.info["components"]}
+        experts = [c["name"] for c in self.info["components"] if c["role"] == "dit"]
+        encoder = next(c["name"] for c in self.info["components"] if c["role"] == "encoder")
+        vae = next(c["name"] for c in self.info["components"] if c["role"] == "vae")
+        room = sum(size[e] for e in experts) + size[vae] + size[encoder] // 2
+        return size, experts, encoder, vae, room
+
+    def run_devices(self, n, *args, code=0):
+        *_, room = self.sizes()
+        plats = []
+        for _ in range(n):
+            plats += ["--platform", f"host:capacity={room}"]
+        return self.run_json(*plats, "--prompts", "3", *args, code=code)
+
+    def steady_bytes(self, rep):
+        gens = rep["generations"]
+        self.assertEqual(len(gens), 3)
+        self.assertEqual(gens[1]["h2d_bytes"], gens[2]["h2d_bytes"], gens)
+        return gens[2]["h2d_bytes"]
+
+    def test_placement_moves_at_most_half_of_one_device(self):
+        size, experts, encoder, vae, _ = self.sizes()
+        for policy in ("budget", "strict"):
+            one = self.run_devices(1, "--policy", policy)
+            two = self.run_devices(2, "--policy", policy, "--verify")
+            self.assertTrue(two["verified"], policy)
+            self.assertEqual(two["digest"], one["digest"], policy)
+            b1, b2 = self.steady_bytes(one), self.steady_bytes(two)
+            self.assertGreater(b1, 0, policy)
+            # budget keeps both experts on one device: nothing moves once warm.
+            # strict: the experts exclude each other (C3) wherever they are,
+            # so only the encoder's switch is saved
+            self.assertLessEqual((2 if policy == "budget" else 1) * b2, b1,
+                                 f"{policy}: two devices {b2}, one {b1}")
+            self.assertLess(b2, b1, policy)
+            where = {c["name"]: c["device"] for c in two["components"]}
+            if policy == "budget":  # the encoder apart from the experts
+                self.assertNotIn(where[encoder], {where[e] for e in experts}, where)
+            else:  # strict: the experts apart (each excludes the other wherever it is)
+                self.assertNotEqual(where[experts[0]], where[experts[1]], where)
+            self.assertEqual(len(two["devices"]), 2)
+            for d in two["devices"]:  # each device's peak within its own capacity
+                self.assertLessEqual(d["peak_device_bytes"], self.sizes()[4])
+            # the model placement chose by is what the run then moved; its
+            # one-device figure is the rule's without prefetch's timing (the
+            # run's may differ: a prefetch displaces another component)
+            self.assertEqual(two["placement"]["moved_bytes"], b2, policy)
+            self.assertGreater(two["placement"]["one_device_bytes"], 0, policy)
+            if policy == "strict":  # nothing but the rule decides there
+                self.assertEqual(two["placement"]["one_device_bytes"], b1)
+
+    def test_text_report_names_each_device(self):
+        *_, room = self.sizes()
+        rc, out, err = mlo("run", self.ckpt, "--platform", f"host:capacity={room}", "--platform",
+                           f"host:capacity={room}", "--policy", "budget")
+        self.assertEqual(rc, 0, err)
+        self.assertRegex(out, r"device 0 .*\n.*device 1 ")
+        self.assertRegex(out, r"placement +\S+ \S+ moved per prompt as modelled; .* on one device")
+        self.assertRegex(out, r"over 2 devices")
+
+    def test_place_pins_a_component(self):
+        size, experts, encoder, vae, _ = self.sizes()
+        rep = self.run_devices(2, "--policy", "budget", "--place", f"{encoder}=0", "--place",
+                               f"{experts[0]}=1", "--verify")
+        where = {c["name"]: c["device"] for c in rep["components"]}
+        self.assertEqual(where[encoder], 0)
+        self.assertEqual(where[experts[0]], 1)
+        self.assertTrue(rep["verified"])
+        # a --platform value given once names its device
+        rep = self.run_json("--platform", "host:capacity=64M", "--platform", "host:capacity=63M",
+                            "--place", f"{vae}=host:capacity=63M")
+        self.assertEqual({c["name"]: c["device"] for c in rep["components"]}[vae], 1)
+
+    def test_bad_place_and_combinations_are_refused(self):
+        two = ["--platform", "host:capacity=64M", "--platform", "host:capacity=64M"]
+        for args, pattern, code in (
+                (["--place", "nosuch=1"], r"--place nosuch: no component of that name", 2),
+                (["--place", "vae=2"], r"--place vae=2: no such device; the run has 2", 2),
+                (["--place", "vae"], r"--place: expected NAME=DEVICE", 2),
+                (["--place", "vae=host"], r"no such device", 2),
+                (["--ranks", "shared"], r"--ranks with several --platform", 2),
+        ):
+            rc, out, err = mlo("run", self.ckpt, *two, *args)
+            self.assertNotEqual(rc, 0, args)
+            self.assertRegex(err, pattern, args)
+            if code == 2 and "nosuch" not in args[1]:
+                self.assertEqual(rc, code, (args, err))
+        # one platform given twice as the same spec cannot be told apart
+        rc, _, err = mlo("run", self.ckpt, *two, "--place", "vae=host:capacity=64M")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("more than once", err)
+
+    def test_pinned_component_that_cannot_fit_names_sizes(self):
+        size, experts, encoder, vae, room = self.sizes()
+        small = size[experts[0]] // 2
+        rc, out, err = mlo("run", self.ckpt, "--platform", f"host:capacity={room}", "--platform",
+                           f"host:capacity={small}", "--place", f"{experts[0]}=1")
+        self.assertNotEqual(rc, 0, out)
+        self.assertRegex(err, rf"'{experts[0]}' \(\S+ \S+\) cannot run on device 1, where it is "
+                              r"pinned: its room there is")
+
+    def test_devices_of_two_kinds_are_refused(self):
+        rc, out, err = mlo("run", self.ckpt, "--platform", "host", "--platform", "sim")
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("one kind", err)
+
+
+class DevicesCudaFakeTests(DevicesTests):
+    """The same pipeline over --platform cuda:0 --platform cuda:1 on the fake
+    CUDA runtime and cuBLAS (two devices: MLO_FAKECUDA_DEVICES=2), whose
+    cudaEventRecord refuses an event of another device than its stream's,
+    as CUDA does: each device's loads, events and budget are its own, and a
+    component moved to another device at enable, or read from disk through
+    the one staging ring, records on its own device.  --device-memory
+    leaves room for cuBLAS's scratch; --budget (each device's) sets the
+    room the experts fit in without the encoder."""
+
+    def cuda_run(self, devices, *args):
+        *_, room = self.sizes()
+        plats = []
+        for d in range(devices):
+            plats += ["--platform", f"cuda:{d}"]
+        return self.run_json(*plats, "--device-memory", "256M", "--budget", str(room),
+                             "--policy", "budget", "--prompts", "3", *args)
+
+    def test_two_devices_own_budgets_and_queues(self):
+        size, experts, encoder, vae, room = self.sizes()
+        one = self.cuda_run(1)
+        two = self.cuda_run(2, "--verify")
+        self.assertTrue(two["verified"])
+        self.assertEqual(two["digest"], one["digest"])
+        self.assertEqual(two["budget_bytes"], 2 * room)  # one budget per device
+        where = {c["name"]: c["device"] for c in two["components"]}
+        self.assertNotIn(where[encoder], {where[e] for e in experts}, where)
+        for d in two["devices"]:
+            self.assertGreater(d["peak_device_bytes"], 0, d)
+            self.assertLessEqual(d["peak_device_bytes"], room, d)
+        self.assertLessEqual(2 * self.steady_bytes(two), self.steady_bytes(one))
+
+    def test_disk_tier_over_two_devices(self):
+        """Components left in their files load on both devices through the
+        one staging ring: its buffers' events follow the device they copy
+        to (else the fake refuses the record on the other device's queue)."""
+        size, experts, encoder, vae, room = self.sizes()
+        rep = self.cuda_run(2, "--host-memory", str(size[experts[0]] + (1 << 20)), "--verify")
+        self.assertTrue(rep["verified"])
+        self.assertGreater(rep["disk_read_bytes"], 0)
+        where = {c["name"]: c["device"] for c in rep["components"]}
+        self.assertEqual(len(set(where.values())), 2, where)
+
+    # the host classes' tests run on host platforms: not again here
+    test_placement_moves_at_most_half_of_one_device = None
+    test_text_report_names_each_device = None
+    test_place_pins_a_component = None
+    test_bad_place_and_combinations_are_refused = None
+    test_pinned_component_that_cannot_fit_names_sizes = None
+    test_devices_of_two_kinds_are_refused = None
+
+
 class RanksCudaFakeTests(Fixture):
     """mpirun -np 2 mlo run --ranks sharded|auto --platform cuda on the fake
     CUDA runtime, NCCL and cuBLAS (tests/fakecuda, fakenccl, fakecublas; ctest
