@@ -208,6 +208,12 @@ int mlo_sim_compute(mlo_platform *p, uint64_t ns);
  * read of bytes from now, at its disk= rate, before which the copy queue
  * starts nothing more.  MLO_EINVAL for another platform. */
 int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes);
+/* Several simulated devices of one host (one pipeline over several, `mlo
+ * plan --devices`): p takes with's clock and disk, keeping its own memory
+ * and copy queue, so that one calling thread's forwards on either advance
+ * one time.  Before p is used (MLO_ESTATE after).  MLO_EINVAL unless both
+ * are sim platforms. */
+int mlo_sim_share_clock(mlo_platform *p, mlo_platform *with);
 
 /* Wrappers used by core: apply defaults for NULL slots, count calls, keep
  * used/peak accounting.  Same contracts as the slots above. */

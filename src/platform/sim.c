@@ -25,7 +25,13 @@
  *  - device memory is a counter against the capacity; a block is a small
  *    handle.  Host memory is address space reserved with PROT_NONE: a slab
  *    of 28 GB costs nothing, and reading one faults rather than returning
- *    bytes that were never there (core fills none on this platform).
+ *    bytes that were never there (core fills none on this platform);
+ *  - several devices (one pipeline over several, docs/placement.md): each
+ *    sim platform has its own memory and copy queue, and those joined by
+ *    mlo_sim_share_clock share NOW and the disk: one calling thread runs
+ *    every device's forwards one after another, as on two host stand-ins,
+ *    and one host's disk feeds them; a copy on one device's link overlaps
+ *    another's.  A run's wall is then NOW on any of them.
  *
  * Not modelled: the host's own time (the library's bookkeeping is
  * microseconds per switch), page faults, a link shared with other traffic,
@@ -55,11 +61,38 @@ struct mlo_event {
   uint64_t t; /* completes at this virtual time */
 };
 
-struct sim_ctx {
+/* The calling thread's time and the disk: one per sim platform, or one
+ * for those joined by mlo_sim_share_clock.  Its lock guards every field of
+ * the contexts that share it. */
+struct sim_clock {
   pthread_mutex_t lock;
-  uint64_t capacity, used, link, disk;
-  uint64_t now, copy_free, disk_free; /* ns */
+  unsigned refs;
+  uint64_t now, disk_free; /* ns */
 };
+
+struct sim_ctx {
+  struct sim_clock *clk;
+  uint64_t capacity, used, link, disk;
+  uint64_t copy_free; /* ns: this device's copy queue */
+};
+
+static struct sim_clock *clock_new(void) {
+  struct sim_clock *c = mlo_calloc(1, sizeof *c);
+  if (!c) return NULL;
+  pthread_mutex_init(&c->lock, NULL);
+  c->refs = 1;
+  c->now = c->disk_free = SIM_EPOCH_NS;
+  return c;
+}
+
+static void clock_drop(struct sim_clock *c) {
+  pthread_mutex_lock(&c->lock);
+  bool last = --c->refs == 0;
+  pthread_mutex_unlock(&c->lock);
+  if (!last) return;
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
 
 static uint64_t max_u64(uint64_t a, uint64_t b) {
   return a > b ? a : b;
@@ -67,7 +100,7 @@ static uint64_t max_u64(uint64_t a, uint64_t b) {
 
 static void sim_destroy(void *ctx) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_destroy(&s->lock);
+  clock_drop(s->clk);
   free(s);
 }
 
@@ -82,34 +115,34 @@ static void sim_get_caps(void *ctx, mlo_platform_caps *caps) {
 
 static int sim_get_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
   *total = s->capacity;
   *free_bytes = s->capacity - s->used;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
 static int sim_dev_alloc(void *ctx, size_t bytes, void **block) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
   bool fits = bytes <= s->capacity - s->used;
   if (fits) s->used += bytes;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&s->clk->lock);
   if (!fits) return MLO_ENOMEM_DEVICE;
   *block = mlo_malloc(16); /* a unique handle; never read */
   if (*block) return MLO_OK;
-  pthread_mutex_lock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
   s->used -= bytes;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_ENOMEM;
 }
 
 static int sim_dev_free(void *ctx, void *block, size_t bytes) {
   struct sim_ctx *s = ctx;
   free(block);
-  pthread_mutex_lock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
   s->used -= bytes;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
@@ -131,10 +164,10 @@ static void sim_host_free(void *ctx, void *ptr, size_t bytes, bool pinned) {
 
 /* A copy of bytes queued now: the link's time, after what is queued. */
 static void enqueue_copy(struct sim_ctx *s, size_t bytes) {
-  pthread_mutex_lock(&s->lock);
-  uint64_t start = max_u64(s->now, s->copy_free);
+  pthread_mutex_lock(&s->clk->lock);
+  uint64_t start = max_u64(s->clk->now, s->copy_free);
   s->copy_free = start + (uint64_t)((double)bytes * 1e9 / (double)s->link + 0.5);
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&s->clk->lock);
 }
 
 static int sim_copy_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
@@ -166,42 +199,42 @@ static void sim_event_destroy(void *ctx, mlo_event *ev) {
 
 static int sim_event_record_copy(void *ctx, mlo_event *ev) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
-  ev->t = max_u64(s->now, s->copy_free);
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  ev->t = max_u64(s->clk->now, s->copy_free);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
 static int sim_event_record_compute(void *ctx, mlo_event *ev) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
-  ev->t = s->now;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  ev->t = s->clk->now;
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
 /* The calling thread (and with it the compute queue) waits for ev. */
 static int sim_host_wait(void *ctx, mlo_event *ev) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
-  s->now = max_u64(s->now, ev->t);
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  s->clk->now = max_u64(s->clk->now, ev->t);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
 static int sim_copy_wait(void *ctx, mlo_event *ev) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
   s->copy_free = max_u64(s->copy_free, ev->t);
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
 static int sim_event_query(void *ctx, mlo_event *ev) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
-  bool done = ev->t <= s->now;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  bool done = ev->t <= s->clk->now;
+  pthread_mutex_unlock(&s->clk->lock);
   return done ? MLO_OK : MLO_EBUSY;
 }
 
@@ -213,17 +246,17 @@ static int sim_event_time(void *ctx, mlo_event *ev, uint64_t *t_ns) {
 
 static int sim_synchronize(void *ctx) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
-  s->now = max_u64(s->now, s->copy_free);
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  s->clk->now = max_u64(s->clk->now, s->copy_free);
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
 static uint64_t sim_now_ns(void *ctx) {
   struct sim_ctx *s = ctx;
-  pthread_mutex_lock(&s->lock);
-  uint64_t t = s->now;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  uint64_t t = s->clk->now;
+  pthread_mutex_unlock(&s->clk->lock);
   return t;
 }
 
@@ -255,9 +288,9 @@ int mlo_sim_compute(mlo_platform *p, uint64_t ns) {
   if (mlo_fault_is(p)) p = mlo_fault_inner(p); /* a fault sweep over a projection */
   if (!p || p->ops != &sim_ops) return MLO_EINVAL;
   struct sim_ctx *s = p->ctx;
-  pthread_mutex_lock(&s->lock);
-  s->now += ns;
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  s->clk->now += ns;
+  pthread_mutex_unlock(&s->clk->lock);
   return MLO_OK;
 }
 
@@ -265,11 +298,31 @@ int mlo_sim_disk_read(mlo_platform *p, uint64_t bytes) {
   if (mlo_fault_is(p)) p = mlo_fault_inner(p);
   if (!p || p->ops != &sim_ops) return MLO_EINVAL;
   struct sim_ctx *s = p->ctx;
-  pthread_mutex_lock(&s->lock);
-  s->disk_free =
-      max_u64(s->now, s->disk_free) + (uint64_t)((double)bytes * 1e9 / (double)s->disk + 0.5);
-  s->copy_free = max_u64(s->copy_free, s->disk_free);
-  pthread_mutex_unlock(&s->lock);
+  pthread_mutex_lock(&s->clk->lock);
+  s->clk->disk_free = max_u64(s->clk->now, s->clk->disk_free) +
+                      (uint64_t)((double)bytes * 1e9 / (double)s->disk + 0.5);
+  s->copy_free = max_u64(s->copy_free, s->clk->disk_free);
+  pthread_mutex_unlock(&s->clk->lock);
+  return MLO_OK;
+}
+
+int mlo_sim_share_clock(mlo_platform *p, mlo_platform *with) {
+  if (p && mlo_fault_is(p)) p = mlo_fault_inner(p);
+  if (with && mlo_fault_is(with)) with = mlo_fault_inner(with);
+  if (!p || !with || p->ops != &sim_ops || with->ops != &sim_ops) return MLO_EINVAL;
+  struct sim_ctx *s = p->ctx, *w = with->ctx;
+  if (s->clk == w->clk) return MLO_OK;
+  pthread_mutex_lock(&s->clk->lock);
+  bool fresh = s->clk->refs == 1 && s->clk->now == SIM_EPOCH_NS &&
+               s->clk->disk_free == SIM_EPOCH_NS && s->copy_free == SIM_EPOCH_NS && !s->used;
+  pthread_mutex_unlock(&s->clk->lock);
+  if (!fresh) return MLO_ESTATE; /* its time has begun: joining would rewrite it */
+  pthread_mutex_lock(&w->clk->lock);
+  w->clk->refs++;
+  s->copy_free = w->clk->now > s->copy_free ? w->clk->now : s->copy_free;
+  pthread_mutex_unlock(&w->clk->lock);
+  clock_drop(s->clk);
+  s->clk = w->clk;
   return MLO_OK;
 }
 
@@ -317,11 +370,14 @@ int mlo_sim_platform_create(const char *spec_args, mlo_platform *p, char *err, s
   if (rc) return rc;
   struct sim_ctx *s = mlo_calloc(1, sizeof *s);
   if (!s) return MLO_ENOMEM;
-  pthread_mutex_init(&s->lock, NULL);
+  if (!(s->clk = clock_new())) {
+    free(s);
+    return MLO_ENOMEM;
+  }
   s->capacity = o.capacity;
   s->link = o.link;
   s->disk = o.disk;
-  s->now = s->copy_free = s->disk_free = SIM_EPOCH_NS;
+  s->copy_free = SIM_EPOCH_NS;
   p->ops = &sim_ops;
   p->ctx = s;
   char cap[32];

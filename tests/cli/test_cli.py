@@ -2326,6 +2326,108 @@ def mpi_run(n, *args, check=0):
     return p.returncode, p.stdout, p.stderr
 
 
+class PlanDevicesTests(unittest.TestCase):
+    """mlo plan --devices N (issue 45): one pipeline over N of a card,
+    projected beside one card: every built-in card and the presets answer,
+    each component on one device, placement's figures present, never more
+    bytes per prompt than one device moves, and the refusals."""
+
+    def check_devices(self, res, n=2):
+        devs = res["devices"]
+        self.assertEqual(devs["count"], n)
+        names = sorted(c["name"] for c in res["components"])
+        one = {p["policy"]: p for p in res["policies"]}
+        compute = res["compute_s"]
+        fitted = 0
+        for p in devs["policies"]:
+            if not p["fits"]:
+                self.assertIn("short by", p["why"], p["policy"])
+                continue
+            fitted += 1
+            self.assertEqual(len(p["devices"]), n)
+            held = sorted(c for d in p["devices"] for c in d["components"])
+            self.assertEqual(held, names, p["policy"])  # each on exactly one device
+            # one clock for every device: each forward is on the run's wall
+            self.assertGreaterEqual(p["wall_s"], compute * (1 - 1e-9), p["policy"])
+            for d in p["devices"]:
+                self.assertLessEqual(d["peak_device_bytes"] + devs["held_bytes_each"],
+                                     devs["memory_bytes_each"], p["policy"])
+            if p["policy"] == "all-resident":
+                self.assertFalse(p["placement"]["placed"])
+                continue
+            pl = p["placement"]
+            self.assertTrue(pl["placed"])
+            for d in p["devices"]:  # placement ran and saw each device's room
+                self.assertGreater(d["room_bytes"], 0, p["policy"])
+            self.assertLessEqual(pl["moved_bytes"], pl["one_device_bytes"], p["policy"])
+            if one[p["policy"]]["fits"]:  # two devices never move more than one
+                self.assertLessEqual(p["h2d_bytes"], p["one_device_h2d_bytes"], p["policy"])
+                self.assertEqual(p["one_device_h2d_bytes"], one[p["policy"]]["h2d_bytes"])
+        return fitted
+
+    def test_every_card(self):
+        cards = []
+        for card in mlo("plan", "--help", check=0)[1].split("cards:")[1].split("\n")[0].split(","):
+            cards.append(card.strip())
+        self.assertGreater(len(cards), 10)
+        fitted = 0
+        for card in cards:
+            with self.subTest(card=card):
+                res = plan_json("wan2.2-t2v", "--device", card, "--devices", "2", "--dtype", "fp8")
+                fitted += self.check_devices(res) > 0
+        self.assertGreater(fitted, len(cards) // 2)
+
+    def test_presets(self):
+        for preset in ("wan2.2-t2v", "flux", "qwen-image", "sd3"):
+            with self.subTest(preset=preset):
+                res = plan_json(preset, "--device", "rtx4090", "--devices", "2")
+                self.assertGreater(self.check_devices(res), 0, preset)
+        res = plan_json("flux", "--device", "l40s", "--devices", "3", "--dtype", "fp8")
+        self.check_devices(res, 3)
+
+    def test_wan_fp8_two_4090s_move_less(self):
+        """The experts do not both fit one 4090 beside the reserve: with two,
+        strict moves strictly fewer bytes per prompt than on one."""
+        res = plan_json("wan2.2-t2v", "--device", "rtx4090", "--devices", "2", "--dtype", "fp8")
+        pols = {p["policy"]: p for p in res["devices"]["policies"]}
+        strict = pols["strict"]
+        self.assertTrue(strict["fits"])
+        self.assertLess(strict["h2d_bytes"], strict["one_device_h2d_bytes"])
+        self.assertEqual(strict["h2d_bytes"], strict["placement"]["moved_bytes"])
+        where = {c: d["index"] for d in strict["devices"] for c in d["components"]}
+        self.assertNotEqual(where["transformer"], where["transformer_2"])
+
+    def test_text(self):
+        rc, out, err = mlo("plan", "wan2.2-t2v", "--device", "rtx4090", "--devices", "2",
+                           "--dtype", "fp8")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("on 2 devices: 2 x NVIDIA GeForce RTX 4090", out)
+        self.assertRegex(out, r"device 0: .*\(peak .*\); device 1: .*\(peak")
+        self.assertIn("why: placed to move the fewest bytes per prompt", out)
+        _, help_text, _ = mlo("plan", "--help", check=0)
+        self.assertIn("--devices N", help_text)
+        self.assertIn("mlo plan wan2.2-t2v --device rtx4090 --devices 2 --dtype fp8", help_text)
+
+    def test_refusals(self):
+        for args, want in (
+                (["--node", "l40s-4"], "placement and ranks do not combine yet"),
+                (["--device", "l40s", "--gpus", "2"], "placement and ranks do not combine yet"),
+                ([], "give --device"),
+                (["--device", "l40s", "--timeline", "x.svg"], "drop --devices"),
+        ):
+            with self.subTest(args=args):
+                rc, out, err = mlo("plan", "flux", "--devices", "2", *args)
+                self.assertEqual(rc, 2, out)
+                self.assertIn(want, err)
+        for bad in ("0", "17", "two"):
+            rc, _, err = mlo("plan", "flux", "--device", "l40s", "--devices", bad)
+            self.assertEqual(rc, 2)
+            self.assertIn("--devices", err)
+        # one device is the plain table: no devices section
+        res = plan_json("flux", "--device", "l40s", "--devices", "1")
+        self.assertNotIn("devices", res)
+
+
 class RanksTests(Fixture):
     """mpirun -np N mlo run --ranks shared|sharded: one slab per node, the
     checkpoint read once per node, every rank's digest the single process's."""

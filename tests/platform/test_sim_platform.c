@@ -277,6 +277,42 @@ static void test_policies_on_the_clock(void **state) {
   mlo_platform_close(p);
 }
 
+/* Two devices of one host (mlo plan --devices): one clock, the calling
+ * thread's, so a forward on either is on both's time; each its own link
+ * and memory, so copies on the two overlap; joined only before use. */
+static void test_devices_share_a_clock(void **state) {
+  (void)state;
+  mlo_platform *a = tu_open_spec("sim:capacity=1G,link=1e9");
+  mlo_platform *b = tu_open_spec("sim:capacity=1G,link=1e9");
+  mlo_platform *h = tu_open_spec("host:capacity=1M");
+  assert_status(mlo_sim_share_clock(b, h), MLO_EINVAL);
+  assert_ok(mlo_sim_share_clock(b, a));
+  uint64_t t0 = now(a);
+  assert_int_equal(now(b), t0);
+  assert_ok(mlo_sim_compute(b, 100 * MS)); /* a forward on the second device */
+  assert_int_equal(now(a) - t0, 100 * MS);
+  void *ba = NULL, *bb = NULL;
+  assert_ok(mlo_plat_dev_alloc(a, 800000000, &ba));
+  assert_ok(mlo_plat_dev_alloc(b, 800000000, &bb)); /* each its own memory */
+  t0 = now(a);
+  assert_ok(mlo_plat_copy_h2d(a, ba, 0, NULL, 200000000));
+  assert_ok(mlo_plat_copy_h2d(b, bb, 0, NULL, 200000000));
+  assert_ok(mlo_plat_synchronize(a));
+  assert_ok(mlo_plat_synchronize(b));
+  assert_int_equal(now(a) - t0, 200 * MS); /* two links: the copies overlapped */
+  assert_int_equal(now(b), now(a));
+  mlo_plat_dev_free(a, ba, 800000000);
+  mlo_plat_dev_free(b, bb, 800000000);
+  mlo_platform *c = tu_open_spec("sim");
+  assert_ok(mlo_sim_compute(c, MS));
+  assert_status(mlo_sim_share_clock(c, a), MLO_ESTATE); /* its time has begun */
+  mlo_platform_close(c);
+  mlo_platform_close(a); /* the clock outlives the first of those sharing it */
+  assert_ok(mlo_sim_compute(b, MS));
+  mlo_platform_close(b);
+  mlo_platform_close(h);
+}
+
 int main(void) {
   mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
   const struct CMUnitTest tests[] = {
@@ -286,6 +322,7 @@ int main(void) {
       cmocka_unit_test(test_full_size_costs_no_memory),
       cmocka_unit_test(test_directory_not_read),
       cmocka_unit_test(test_policies_on_the_clock),
+      cmocka_unit_test(test_devices_share_a_clock),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,6 +39,15 @@ static void help(void) {
          "                        load's rate per GPU (--link sets each GPU's own; the\n"
          "                        node's uplinks and fabric keep their ratios to it)\n"
          "  --gpus N              the node's GPUs (default: the profile's)\n"
+         "  --devices N           one pipeline over N of the card (1..16, default 1):\n"
+         "                        each component placed on one device at enable to move\n"
+         "                        the fewest bytes per prompt (docs/placement.md), as\n"
+         "                        mlo run --platform X --platform Y does; projected\n"
+         "                        beside one card, with where each component went and\n"
+         "                        why.  Each device keeps the reserve free; the devices\n"
+         "                        share the calling thread's clock, each its own link.\n"
+         "                        Not with --node or --gpus: placement and ranks do not\n"
+         "                        combine yet\n"
          "  --link BYTES_PER_S    pinned host-to-device bandwidth, e.g. 25e9 (overrides)\n"
          "  --steps N             denoising steps (default: the pipeline's diffusers default)\n"
          "  --prompts N           generations per projected run (default 3, at least 2:\n"
@@ -93,6 +102,7 @@ static void help(void) {
          "  mlo plan wan2.2-t2v --device l40s --host-memory 32G --disk-bw 2e9\n"
          "  mlo plan /models/FLUX.1-dev --device l40s --json\n"
          "  mlo plan wan2.2-t2v --node l40s-4\n"
+         "  mlo plan wan2.2-t2v --device rtx4090 --devices 2 --dtype fp8\n"
          "  mlo plan ckpt --device-memory 1G --link 2e8 --step-time dit=0.5,encoder=0.1,vae=0.2\n\n"
          "exit codes: 0 ok (also when nothing fits: the table says why), 2 bad usage or\n"
          "input, 4 other failure.\n");
@@ -141,6 +151,8 @@ static bool parse_flag(targs *a, plan_args *pa) {
     pa->node = v;
   } else if (targs_value(a, "--gpus", &v)) {
     targs_int(a, "--gpus", v, 1, 4096, &pa->gpus);
+  } else if (targs_value(a, "--devices", &v)) {
+    targs_int(a, "--devices", v, 1, TOOL_MAX_DEVICES, &pa->devices);
   } else if (targs_value(a, "--device-memory", &v)) {
     pa->have_capacity = targs_size(a, "--device-memory", v, &pa->capacity);
   } else if (targs_value(a, "--link", &v)) {
@@ -263,7 +275,21 @@ static int parse(int argc, char **argv, plan_args *pa) {
   if (!a.failed && node && pa->device &&
       plan_device_find(pa->device) != plan_device_find(node->card))
     targs_error(&a, "--node %s has %s cards: drop --device %s", node->name, node->card, pa->device);
+  if (!a.failed && pa->devices > 1 && (node || pa->gpus))
+    targs_error(&a,
+                "--devices with %s: placement and ranks do not combine yet; plan the node's "
+                "ranks (--node) or one pipeline over several devices (--devices), not both "
+                "(docs/placement.md)",
+                node ? "--node" : "--gpus");
   if (!a.failed && pa->gpus && !node) targs_error(&a, "--gpus is a node's: give --node");
+  if (!a.failed && pa->devices > 1 && !pa->device && !pa->have_capacity && !pa->have_link &&
+      !pa->have_tflops)
+    targs_error(&a,
+                "--devices %ld projects one card's devices: give --device (or "
+                "--device-memory)",
+                pa->devices);
+  if (!a.failed && pa->devices > 1 && pa->timeline)
+    targs_error(&a, "--timeline draws one card's projection; drop --devices");
   if (!a.failed && node) pa->device = node->card;
   if (!a.failed && pa->have_budget && pa->have_reserve)
     targs_error(&a, "give --budget or --reserve, not both");
@@ -277,7 +303,8 @@ static int parse(int argc, char **argv, plan_args *pa) {
 }
 
 int cmd_plan(int argc, char **argv) {
-  plan_args pa = {.scale = 1.0, .mfu = 0.4, .prompts = 3, .policy = -1, .offload = -1};
+  plan_args pa = {
+      .scale = 1.0, .mfu = 0.4, .prompts = 3, .policy = -1, .offload = -1, .devices = 1};
   int code = parse(argc, argv, &pa);
   if (code == -1) {
     help();
@@ -291,16 +318,24 @@ int cmd_plan(int argc, char **argv) {
   plan_result pr;
   if (one) {
     code = plan_device_run(&pa, plan_device_find(pa.device), &pr, &job, pa.timeline != NULL);
+    plan_result many = {0};
+    plan_job many_job;
+    if (!code && pa.devices > 1) /* the same card, N of them, each keeping one card's reserve */
+      code = plan_devices_run(&pa, plan_device_find(pa.device), (size_t)pa.devices, pr.reserve,
+                              &many, &many_job);
     if (!code) {
       if (pa.json) {
         cJSON *o = plan_result_json(&pa, &pr, &job);
         cJSON_AddStringToObject(o, "pipeline", pa.src.label);
+        if (pa.devices > 1) cJSON_AddItemToObject(o, "devices", plan_devices_json(&pa, &pr, &many));
         code = tool_print_json_text(cJSON_Print(o));
         cJSON_Delete(o);
       } else {
         plan_print_text(&pa, &pr, &job, stdout);
+        if (pa.devices > 1) plan_print_devices(&pa, &pr, &many, stdout);
       }
     }
+    plan_free_result(&many);
     plan_free_result(&pr);
     goto out_free;
   }
@@ -348,7 +383,8 @@ out_free:
 
 int plan_brief(const char *preset, const char *device, const char *dtype, uint64_t host,
                FILE *out) {
-  plan_args pa = {.scale = 1.0, .mfu = 0.4, .prompts = 3, .policy = -1, .offload = -1};
+  plan_args pa = {
+      .scale = 1.0, .mfu = 0.4, .prompts = 3, .policy = -1, .offload = -1, .devices = 1};
   pa.have_host = host != 0;
   pa.host = host;
   pa.preset = preset;

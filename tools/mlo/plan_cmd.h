@@ -23,6 +23,7 @@ typedef struct {
   const char *device;
   const char *node; /* --node: a plan_nodes name */
   long gpus;        /* --gpus: the node's GPUs (0: the profile's) */
+  long devices;     /* --devices: one pipeline over N of the card (1: one card) */
   bool have_capacity, have_link, have_tflops;
   uint64_t capacity, link;
   double tflops, mfu;
@@ -58,6 +59,9 @@ typedef struct {
   uint64_t total_disk; /* ... over every prompt */
   uint64_t host_slab;  /* slabs kept in host memory */
   double disk_cost_s;  /* wall_s less the same policy's with every slab in host memory */
+  /* several devices (--devices): what the enable placed, and each device's peak */
+  mlo_placement placement;
+  uint64_t dev_peak[TOOL_MAX_DEVICES];
 } pol_result;
 
 typedef struct {
@@ -79,6 +83,7 @@ typedef struct {
     mlo_dtype dtype;
     const char *source; /* "model", "--step-time" */
     plan_activation act;
+    unsigned char device[POL_COUNT]; /* --devices: where each row's run kept it */
   } * comps;
   uint64_t all_bytes, strict_need, largest;
   uint64_t budget_least; /* the budget policy's least budget, streaming what it must */
@@ -96,6 +101,10 @@ typedef struct {
   uint64_t reserve_but_vae; /* the same without the VAEs' decode (0: a VAE is not the largest) */
   uint64_t reserve;         /* what the rows keep free */
   const char *reserve_from; /* "model", "--reserve" */
+  /* --devices N: the projection on N simulated devices of the card, each
+   * with `held` (the one-card projection's reserve) taken from its memory */
+  size_t ndevices;
+  uint64_t held;
 } plan_result;
 
 /* The longest projected run mlo plan accepts, in seconds (about 32 years):
@@ -107,6 +116,12 @@ typedef struct {
  * (plan_project.c).  *pr is the caller's to free (plan_free_result). */
 int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr, plan_job *job,
                     bool want_timeline);
+/* The same card's projection on ndev of them, one pipeline placed over
+ * them (docs/placement.md), each simulated device's memory less `held` (the
+ * one-card projection's reserve: what each device keeps free), one clock
+ * for all (the calling thread's), each its own link.  No timeline. */
+int plan_devices_run(const plan_args *pa, const plan_device *dev, size_t ndev, uint64_t held,
+                     plan_result *pr, plan_job *job);
 void plan_free_result(plan_result *pr);
 /* Whether the flags ask for this row (--offload none, --policy ...). */
 bool plan_wanted(const plan_args *pa, int pol);
@@ -117,5 +132,9 @@ const char *plan_pct(double x);
 void plan_print_text(const plan_args *pa, const plan_result *pr, const plan_job *job, FILE *out);
 cJSON *plan_result_json(const plan_args *pa, const plan_result *pr, const plan_job *job);
 void plan_print_summary_line(const plan_result *pr, FILE *out);
+/* --devices: the N-device projection beside the one-card one. */
+void plan_print_devices(const plan_args *pa, const plan_result *one, const plan_result *many,
+                        FILE *out);
+cJSON *plan_devices_json(const plan_args *pa, const plan_result *one, const plan_result *many);
 
 #endif

@@ -407,3 +407,104 @@ void plan_print_summary_line(const plan_result *pr, FILE *out) {
   else
     fprintf(out, " %s\n", pr->pol[POL_BUDGET].why);
 }
+
+/* "device 0: transformer transformer_2 (peak 13.2 GiB); device 1: ..." */
+static void print_where(const plan_result *m, int p, FILE *out) {
+  const pol_result *q = &m->pol[p];
+  fprintf(out, "  %-16s", "");
+  for (size_t d = 0; d < m->ndevices; d++) {
+    fprintf(out, "%sdevice %zu:", d ? "; " : "", d);
+    size_t n = 0;
+    for (size_t i = 0; i < m->ncomp; i++)
+      if (m->comps[i].device[p] == d) fprintf(out, " %s", tool_esc(m->comps[i].name)), n++;
+    fprintf(out, "%s (peak %s)", n ? "" : " nothing", tool_size(q->dev_peak[d]));
+  }
+  fputc('\n', out);
+}
+
+void plan_print_devices(const plan_args *pa, const plan_result *one, const plan_result *m,
+                        FILE *out) {
+  fprintf(out,
+          "\non %zu devices: %zu x %s, one pipeline, each component placed on one device at "
+          "enable\n(each device keeps the reserve, %s, free; one clock, the calling thread's; "
+          "each its own %.1f GB/s link)\n",
+          m->ndevices, m->ndevices, one->dev.title, tool_size(m->held), m->dev.link / 1e9);
+  fprintf(out, "%-16s %-4s %11s %11s %11s %11s %11s\n", "policy", "fits", "1 device", "per prompt",
+          "moved 1", "moved", "modelled");
+  for (int p = 0; p < POL_COUNT; p++) {
+    const pol_result *q = &m->pol[p], *q1 = &one->pol[p];
+    if (!plan_wanted(pa, p)) continue;
+    if (!q->fits) {
+      fprintf(out, "%-16s %-4s %s\n", pol_names[p], "no", q->why);
+      continue;
+    }
+    fprintf(out, "%-16s %-4s %11s %11s %11s %11s %11s\n", pol_names[p], "yes",
+            q1->fits ? secs(q1->wall_s) : "-", secs(q->wall_s),
+            q1->fits ? tool_size(q1->h2d_bytes) : "-", tool_size(q->h2d_bytes),
+            p == POL_RESIDENT ? "-" : tool_size(q->placement.moved_bytes));
+    print_where(m, p, out);
+    if (p != POL_RESIDENT)
+      fprintf(out,
+              "  %-16swhy: placed to move the fewest bytes per prompt as the policy's rule "
+              "counts them: %s over %zu devices, %s with every component on device 0\n",
+              "", tool_size(q->placement.moved_bytes), m->ndevices,
+              tool_size(q->placement.one_device_bytes));
+  }
+  fprintf(out,
+          "(1 device, moved 1: the card's table above; per prompt, moved: measured on the %zu "
+          "simulated devices, the steady state; modelled: placement's own count at enable;\n"
+          " all-resident keeps every component on device 0: placement is an offload policy's)\n",
+          m->ndevices);
+}
+
+cJSON *plan_devices_json(const plan_args *pa, const plan_result *one, const plan_result *m) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "count", (double)m->ndevices);
+  cJSON_AddNumberToObject(o, "memory_bytes_each", (double)m->dev.memory);
+  cJSON_AddNumberToObject(o, "held_bytes_each", (double)m->held);
+  cJSON_AddNumberToObject(o, "link_bytes_per_s_each", m->dev.link);
+  cJSON *pols = cJSON_AddArrayToObject(o, "policies");
+  for (int p = 0; p < POL_COUNT; p++) {
+    const pol_result *q = &m->pol[p], *q1 = &one->pol[p];
+    if (!plan_wanted(pa, p)) continue;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToArray(pols, e);
+    cJSON_AddStringToObject(e, "policy", pol_names[p]);
+    cJSON_AddBoolToObject(e, "fits", q->fits);
+    if (!q->fits) {
+      cJSON_AddStringToObject(e, "why", q->why);
+      continue;
+    }
+    cJSON_AddNumberToObject(e, "wall_s", q->wall_s);
+    cJSON_AddNumberToObject(e, "stall_s", q->stall_s);
+    cJSON_AddNumberToObject(e, "h2d_bytes", (double)q->h2d_bytes);
+    cJSON_AddNumberToObject(e, "total_wall_s", q->total_wall_s);
+    cJSON_AddNumberToObject(e, "total_stall_s", q->total_stall_s);
+    cJSON_AddNumberToObject(e, "total_h2d_bytes", (double)q->total_h2d);
+    cJSON_AddNumberToObject(e, "peak_device_bytes", (double)q->peak_device);
+    if (q1->fits) {
+      cJSON_AddNumberToObject(e, "one_device_wall_s", q1->wall_s);
+      cJSON_AddNumberToObject(e, "one_device_h2d_bytes", (double)q1->h2d_bytes);
+    } else {
+      cJSON_AddNullToObject(e, "one_device_wall_s");
+      cJSON_AddNullToObject(e, "one_device_h2d_bytes");
+    }
+    cJSON *pl = cJSON_AddObjectToObject(e, "placement");
+    cJSON_AddBoolToObject(pl, "placed", p != POL_RESIDENT);
+    cJSON_AddNumberToObject(pl, "moved_bytes", (double)q->placement.moved_bytes);
+    cJSON_AddNumberToObject(pl, "one_device_bytes", (double)q->placement.one_device_bytes);
+    cJSON *devs = cJSON_AddArrayToObject(e, "devices");
+    for (size_t d = 0; d < m->ndevices; d++) {
+      cJSON *dv = cJSON_CreateObject();
+      cJSON_AddItemToArray(devs, dv);
+      cJSON_AddNumberToObject(dv, "index", (double)d);
+      cJSON_AddNumberToObject(dv, "room_bytes", (double)q->placement.room_bytes[d]);
+      cJSON_AddNumberToObject(dv, "peak_device_bytes", (double)q->dev_peak[d]);
+      cJSON *names = cJSON_AddArrayToObject(dv, "components");
+      for (size_t i = 0; i < m->ncomp; i++)
+        if (m->comps[i].device[p] == d)
+          cJSON_AddItemToArray(names, cJSON_CreateString(m->comps[i].name));
+    }
+  }
+  return o;
+}

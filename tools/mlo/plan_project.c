@@ -6,6 +6,7 @@
  * decisions on a virtual clock (docs/plan.md).
  */
 #include "plan_cmd.h"
+#include "platform/platform.h" /* mlo_sim_share_clock: several devices, one clock */
 
 #include <math.h>
 #include <stdlib.h>
@@ -90,14 +91,18 @@ static int open_pipeline(const plan_args *pa, tool_session *s, mlo_denoise_sched
   if (pa->preset) {
     mlo_pipeline_options opts = MLO_PIPELINE_OPTIONS_INIT;
     opts.platform = s->platform;
+    opts.devices = s->devices;
+    opts.ndevices = s->ndevices;
     rc = mlo_synth_open(&opts, pa->preset, pa->scale, &pipe, sched, err, errlen);
   } else {
-    rc = source_open(&pa->src, &s->platform, 1, NULL, 0, &pipe, err, errlen);
+    rc = source_open(&pa->src, s->devices, s->ndevices, NULL, 0, &pipe, err, errlen);
   }
   if (rc) return rc;
   if (pa->have_dtype) {
     mlo_pipeline_options opts = MLO_PIPELINE_OPTIONS_INIT;
     opts.platform = s->platform;
+    opts.devices = s->devices;
+    opts.ndevices = s->ndevices;
     mlo_pipeline *conv = NULL;
     rc = mlo_pipeline_create(&opts, &conv);
     if (!rc) rc = plan_clone(pipe, conv, pa->dtype, err, errlen);
@@ -120,7 +125,8 @@ static void fill_options(const plan_args *pa, int pol, const plan_result *pr, ru
   o->settings.prefetch = pol == POL_PREFETCH;
   if (pol >= POL_BUDGET) { /* mlo run refuses them for the other policies */
     o->settings.budget_bytes = pa->have_budget ? pa->budget : 0;
-    o->settings.reserve_bytes = pa->have_budget ? 0 : pr->reserve;
+    /* several devices: each one's memory is the card's less the reserve already */
+    o->settings.reserve_bytes = pa->have_budget || pr->ndevices > 1 ? 0 : pr->reserve;
   }
   if (pol != POL_RESIDENT && pa->have_host) o->settings.host_budget_bytes = pa->host;
   o->prompts = (int)pa->prompts;
@@ -149,7 +155,9 @@ static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why,
     return false;
   }
   if (pol == POL_RESIDENT)
-    need = pr->all_bytes, what = "every component";
+    need = pr->all_bytes, what = "every component"; /* on device 0: placement is offload's */
+  else if (pol == POL_STRICT && pr->ndevices > 1)
+    need = pr->largest, what = "the largest component"; /* the rest is placement's, at enable */
   else if (pol == POL_STRICT)
     need = pr->strict_need, what = "the largest phase";
   else {
@@ -230,6 +238,18 @@ static int run_policy(const plan_args *pa, tool_session *s, plan_result *pr, int
   q->disk_bytes = (uint64_t)run_steady(&r, GEN_DISK);
   q->host_slab = r.stats.host_slab_bytes;
   q->total_disk = r.stats.total.disk_read_bytes;
+  if (pr->ndevices > 1) { /* where the enable placed each component, and why */
+    q->placement = (mlo_placement){.size = sizeof q->placement};
+    mlo_pipeline_get_placement(s->pipe, &q->placement);
+    for (size_t i = 0; i < pr->ncomp; i++)
+      pr->comps[i].device[pol] =
+          (unsigned char)mlo_component_device(mlo_pipeline_component_at(s->pipe, i));
+    for (size_t d = 0; d < pr->ndevices; d++) {
+      mlo_device_stats ds = {.size = sizeof ds};
+      if (mlo_pipeline_get_device_stats(s->pipe, d, &ds) == MLO_OK)
+        q->dev_peak[d] = ds.peak_device_bytes;
+    }
+  }
   if (o.settings.host_budget_bytes && !keep) { /* what the disk costs: the same, all in host */
     run_result all;
     o.settings.host_budget_bytes = 0;
@@ -326,9 +346,41 @@ static void choose_advice(plan_result *pr) {
   }
 }
 
-int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr, plan_job *job,
-                    bool draw) {
+/* The card's simulated devices: one, or ndev sharing one clock, each with
+ * its memory less `held`. */
+static int open_devices(const plan_args *pa, plan_result *pr, tool_session *s, char *err,
+                        size_t errlen) {
+  uint64_t mem = pr->dev.memory;
+  if (pr->ndevices > 1) mem = pr->held < mem ? mem - pr->held : 1u << 20; /* rows say why */
+  char spec[256];
+  snprintf(spec, sizeof spec, "sim:capacity=%llu,link=%llu", (unsigned long long)mem,
+           (unsigned long long)pr->dev.link);
+  if (pa->have_disk) {
+    size_t len = strlen(spec);
+    snprintf(spec + len, sizeof spec - len, ",disk=%llu", (unsigned long long)pa->disk);
+  }
+  int rc = mlo_platform_open(spec, &s->platform, err, errlen);
+  if (rc) return rc;
+  s->devices[0] = s->platform;
+  s->ndevices = 1;
+  while (s->ndevices < pr->ndevices) {
+    mlo_platform *p = NULL;
+    if ((rc = mlo_platform_open(spec, &p, err, errlen))) return rc;
+    s->devices[s->ndevices++] = p; /* session_close closes it */
+    if ((rc = mlo_sim_share_clock(p, s->platform))) {
+      snprintf(err, errlen, "the simulated devices could not share one clock: %s",
+               mlo_strerror(rc));
+      return rc;
+    }
+  }
+  return MLO_OK;
+}
+
+static int project(const plan_args *pa, const plan_device *dev, size_t ndev, uint64_t held,
+                   plan_result *pr, plan_job *job, bool draw) {
   memset(pr, 0, sizeof *pr);
+  pr->ndevices = ndev;
+  pr->held = held;
   if (dev)
     pr->dev = *dev;
   else
@@ -357,20 +409,16 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
     double s = pr->loads.sharded ? pr->loads.sharded_s : pr->loads.replicated_s;
     pr->dev.link = (double)(1ull << 30) / s;
   }
-  char spec[256], err[1024] = "";
-  snprintf(spec, sizeof spec, "sim:capacity=%llu,link=%llu", (unsigned long long)pr->dev.memory,
-           (unsigned long long)pr->dev.link);
-  if (pa->have_disk) {
-    size_t len = strlen(spec);
-    snprintf(spec + len, sizeof spec - len, ",disk=%llu", (unsigned long long)pa->disk);
-  }
+  char err[1024] = "";
   tool_session s;
   memset(&s, 0, sizeof s);
   int code = 0;
-  int rc = mlo_platform_open(spec, &s.platform, err, sizeof err);
+  int rc = open_devices(pa, pr, &s, err, sizeof err);
   mlo_denoise_schedule sched = MLO_DENOISE_SCHEDULE_INIT;
   if (!rc) rc = open_pipeline(pa, &s, &sched, err, sizeof err);
   if (!rc) rc = mlo_workload_open(s.platform, &s.workload, err, sizeof err);
+  for (size_t i = 1; i < s.ndevices && !rc; i++)
+    rc = mlo_workload_add_device(s.workload, s.devices[i], err, sizeof err);
   if (!rc) rc = mlo_pipeline_materialize(s.pipe);
   if (rc) {
     tool_failf("plan", "%s", err[0] ? err : mlo_strerror(rc));
@@ -465,6 +513,16 @@ int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr
 out:
   session_close(&s);
   return code;
+}
+
+int plan_device_run(const plan_args *pa, const plan_device *dev, plan_result *pr, plan_job *job,
+                    bool draw) {
+  return project(pa, dev, 1, 0, pr, job, draw);
+}
+
+int plan_devices_run(const plan_args *pa, const plan_device *dev, size_t ndev, uint64_t held,
+                     plan_result *pr, plan_job *job) {
+  return project(pa, dev, ndev, held, pr, job, false);
 }
 
 void plan_free_result(plan_result *pr) {
