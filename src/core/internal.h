@@ -550,8 +550,9 @@ void mlo_disk_unpin_runs(mlo_component *c);
 
 /* placement.c — where each component of a pipeline of several devices
  * lives (both locks held, before the host plan): places the components
- * not pinned to move the fewest bytes per request under policy pol, each
- * device's room given (room[d]); a component whose device changes is
+ * not pinned to move the fewest bytes per request under policy pol (NULL:
+ * all resident at once, nothing excluded, nothing streamed), each device's
+ * room given (room[d]); a component whose device changes is
  * evicted and its events released first.  MLO_OK at once for one device;
  * MLO_ENOMEM_DEVICE naming the sizes where nothing fits. */
 struct mlo_policy_ops;

@@ -313,9 +313,19 @@ int mlo_component_evict(mlo_component *c) {
   return rc;
 }
 
+static int place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol,
+                 const mlo_offload_settings *s);
+
+/* Several devices and no offload: placed so that everything is resident
+ * (all on the first device where it fits, else spread). */
 int mlo_pipeline_load_all(mlo_pipeline *pipe) {
   if (!pipe) return MLO_EINVAL;
   int rc = MLO_OK;
+  if (pipe->ndevs > 1) {
+    if ((rc = mlo_lock_both(pipe))) return rc;
+    if (!pipe->enabled) rc = place(pipe, NULL, NULL);
+    mlo_unlock_both(pipe);
+  }
   for (size_t i = 0; i < mlo_pipeline_component_count(pipe) && !rc; i++)
     rc = mlo_component_load(mlo_pipeline_component_at(pipe, i));
   return rc;
@@ -422,14 +432,15 @@ static int host_plan(mlo_pipeline *pipe, const mlo_offload_settings *s) {
 }
 
 /* Several devices: where each component lives, from each device's room
- * (the policy's, or the device's memory where it keeps none); lock held. */
-static int place(mlo_pipeline *pipe, const mlo_offload_settings *s) {
+ * (the policy's, or the device's memory where it keeps none; pol NULL:
+ * everything resident at once); both locks held. */
+static int place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol,
+                 const mlo_offload_settings *s) {
   if (pipe->ndevs < 2) return MLO_OK;
   uint64_t room[MLO_MAX_DEVICES];
-  const struct mlo_policy_ops *pol = mlo_policy_ops_of(s->policy);
   for (size_t d = 0; d < pipe->ndevs; d++) {
     int rc = MLO_OK;
-    if (pol->device_room) {
+    if (pol && pol->device_room) {
       rc = pol->device_room(pipe, s, d, &room[d]);
     } else {
       mlo_platform_memory mem = {0};
@@ -451,7 +462,7 @@ static int enable_generic(mlo_pipeline *pipe, const mlo_offload_settings *s) {
   pthread_mutex_lock(&pipe->lock);
   if (!s->pin_host) pipe->pin_host = false;
   int rc = pol->check ? pol->check(pipe, s) : MLO_OK;
-  if (!rc) rc = place(pipe, s);
+  if (!rc) rc = place(pipe, pol, s);
   if (!rc) rc = host_plan(pipe, s);
   pthread_mutex_unlock(&pipe->lock);
   for (size_t i = 0; i < pipe->ncomps && !rc; i++) rc = mlo_slab_materialize(pipe->comps[i]);

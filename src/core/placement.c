@@ -73,7 +73,8 @@ static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) 
       const place_comp *p = &m->pc[i];
       uint64_t need = p->streamed[d] ? room : p->bytes; /* a streamed one takes the room */
       for (size_t j = 0; j < pipe->ncomps; j++)         /* the rule's exclusions */
-        if (j != i && m->res[j] && m->pol->excludes && m->pol->excludes(x, pipe->comps[j])) {
+        if (j != i && m->res[j] && m->pol && m->pol->excludes &&
+            m->pol->excludes(x, pipe->comps[j])) {
           m->res[j] = false;
           used -= m->pc[j].streamed[d] ? room : m->pc[j].bytes;
         }
@@ -157,7 +158,7 @@ static void measure(place_model *m) {
     p->bytes = c->materialized ? c->block_bytes : lay.block_bytes;
     for (size_t d = 0; d < pipe->ndevs; d++)
       p->streamed[d] = p->bytes <= m->room[d] ? 0
-                       : m->pol->streams
+                       : m->pol && m->pol->streams
                            ? mlo_stream_streamed_bytes(c, m->room[d], MLO_STREAM_SLOTS)
                            : PLACE_UNFIT;
   }
@@ -242,7 +243,7 @@ static int unplaceable(place_model *m, const unsigned char *at) {
         pipe, MLO_ENOMEM_DEVICE, "'%s' (%s) cannot run on device %zu%s: its room there is %s%s",
         c->name, mlo_format_size(m->pc[i].bytes, a, sizeof a), d,
         c->pinned_dev >= 0 ? ", where it is pinned" : "", mlo_format_size(m->room[d], b, sizeof b),
-        m->pol->streams ? " and it cannot stream in it" : "");
+        m->pol && m->pol->streams ? " and it cannot stream in it" : "");
   }
   return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "no placement of the components fits the devices");
 }

@@ -30,9 +30,9 @@ static mlo_pipeline *create_on(mlo_platform *const *devs, size_t n, int *rc) {
   return p;
 }
 
-/* The Wan components over two host devices, the second of `cap1`. */
-static void setup_cap(fixture *f, const char *cap1) {
-  f->dev[0] = tu_platform_open("capacity=1M");
+/* The Wan components over two host devices of these capacities. */
+static void setup_caps(fixture *f, const char *cap0, const char *cap1) {
+  f->dev[0] = tu_platform_open(cap0);
   f->dev[1] = tu_platform_open(cap1);
   f->tp = tu_pipe_new(f->dev[0], true);
   mlo_pipeline_free(f->tp->pipe);
@@ -47,7 +47,7 @@ static void setup_cap(fixture *f, const char *cap1) {
 }
 
 static void setup(fixture *f) {
-  setup_cap(f, "capacity=1M");
+  setup_caps(f, "capacity=1M", "capacity=1M");
 }
 
 static void teardown(fixture *f) {
@@ -213,7 +213,7 @@ static void test_resident_component_moves(void **state) {
 static void test_pinned_too_large(void **state) {
   (void)state;
   fixture f;
-  setup_cap(&f, "capacity=64K"); /* device 1's memory: no expert fits it */
+  setup_caps(&f, "capacity=1M", "capacity=64K"); /* device 1's memory: no expert fits it */
   assert_ok(mlo_component_set_device(tu_comp(f.tp, "transformer"), 1));
   assert_int_equal(enable(&f, MLO_POLICY_STRICT), MLO_ENOMEM_DEVICE);
   assert_non_null(strstr(mlo_pipeline_errmsg(f.tp->pipe),
@@ -227,6 +227,25 @@ static void test_pinned_too_large(void **state) {
   teardown(&f);
 }
 
+/* Without offload, everything resident: on the first device where it
+ * fits there, else spread so that it fits. */
+static void test_load_all_spreads_what_does_not_fit(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f);
+  assert_ok(mlo_pipeline_load_all(f.tp->pipe));
+  for (size_t i = 0; i < 4; i++) assert_int_equal(dev_of(&f, tu_wan_specs[i].name), 0);
+  request(&f);
+  teardown(&f);
+  setup_caps(&f, "capacity=200K", "capacity=200K"); /* 320 KiB of weights */
+  assert_ok(mlo_pipeline_load_all(f.tp->pipe));
+  assert_int_not_equal(dev_of(&f, "transformer"), dev_of(&f, "transformer_2"));
+  for (size_t i = 0; i < 4; i++)
+    assert_true(mlo_component_is_resident(tu_comp(f.tp, tu_wan_specs[i].name)));
+  request(&f);
+  teardown(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_options_are_checked),
@@ -235,6 +254,7 @@ int main(void) {
       cmocka_unit_test(test_pins),
       cmocka_unit_test(test_resident_component_moves),
       cmocka_unit_test(test_pinned_too_large),
+      cmocka_unit_test(test_load_all_spreads_what_does_not_fit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
