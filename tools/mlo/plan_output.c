@@ -443,7 +443,12 @@ void plan_print_devices(const plan_args *pa, const plan_result *one, const plan_
             q1->fits ? tool_size(q1->h2d_bytes) : "-", tool_size(q->h2d_bytes),
             p == POL_RESIDENT ? "-" : tool_size(q->placement.moved_bytes));
     print_where(m, p, out);
-    if (p != POL_RESIDENT)
+    if (p == POL_RESIDENT)
+      fprintf(out,
+              "  %-16swhy: every component resident: on device 0 where all fit there, else "
+              "spread so that they do\n",
+              "");
+    else
       fprintf(out,
               "  %-16swhy: placed to move the fewest bytes per prompt as the policy's rule "
               "counts them: %s over %zu devices, %s with every component on device 0\n",
@@ -453,7 +458,8 @@ void plan_print_devices(const plan_args *pa, const plan_result *one, const plan_
   fprintf(out,
           "(1 device, moved 1: the card's table above; per prompt, moved: measured on the %zu "
           "simulated devices, the steady state; modelled: placement's own count at enable;\n"
-          " all-resident keeps every component on device 0: placement is an offload policy's)\n",
+          " all-resident: on device 0 where it fits there, else spread so that every component "
+          "fits)\n",
           m->ndevices);
 }
 
@@ -490,7 +496,7 @@ cJSON *plan_devices_json(const plan_args *pa, const plan_result *one, const plan
       cJSON_AddNullToObject(e, "one_device_h2d_bytes");
     }
     cJSON *pl = cJSON_AddObjectToObject(e, "placement");
-    cJSON_AddBoolToObject(pl, "placed", p != POL_RESIDENT);
+    cJSON_AddBoolToObject(pl, "placed", true); /* all-resident too: spread where it must */
     cJSON_AddNumberToObject(pl, "moved_bytes", (double)q->placement.moved_bytes);
     cJSON_AddNumberToObject(pl, "one_device_bytes", (double)q->placement.one_device_bytes);
     cJSON *devs = cJSON_AddArrayToObject(e, "devices");

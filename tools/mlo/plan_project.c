@@ -154,8 +154,16 @@ static bool fits(const plan_args *pa, const plan_result *pr, int pol, char *why,
              tool_size(pr->reserve - cap), from, tool_size(pr->reserve), tool_size(cap));
     return false;
   }
-  if (pol == POL_RESIDENT)
-    need = pr->all_bytes, what = "every component"; /* on device 0: placement is offload's */
+  if (pol == POL_RESIDENT && pr->ndevices > 1) { /* spread where one device cannot hold it */
+    uint64_t room = cap - pr->reserve;
+    if (pr->largest <= room && pr->all_bytes <= room * pr->ndevices) return true;
+    snprintf(why, len,
+             "short: every component needs %s over %zu devices of %s (after the "
+             "reserve), the largest %s",
+             tool_size(pr->all_bytes), pr->ndevices, tool_size(room), tool_size(pr->largest));
+    return false;
+  } else if (pol == POL_RESIDENT)
+    need = pr->all_bytes, what = "every component";
   else if (pol == POL_STRICT && pr->ndevices > 1)
     need = pr->largest, what = "the largest component"; /* the rest is placement's, at enable */
   else if (pol == POL_STRICT)
