@@ -1,7 +1,7 @@
 /*
  * cmd_demo.c — `mlo demo`, what `make demo` runs: the main job on its
  * built-in default.  Generates a Wan2.2-shaped pipeline (two DiTs, a UMT5
- * encoder, a VAE) into a cache folder once, then serves three prompts seven
+ * encoder, a VAE) into a cache folder once, then serves three prompts eight
  * ways on the host platform, with a link throttled so that one DiT load
  * takes one DiT step (set from the compute rate it measures):
  *   - all resident, warm (the baseline a server would run if it could),
@@ -13,7 +13,9 @@
  *     DiTs streaming their blocks (docs/streaming.md);
  *   - the budget policy with half the weights' host memory, the rest read
  *     from the checkpoint at each load (docs/disk.md);
- * verifies that all seven give the same digest, audits every forward, and
+ *   - the budget policy over two devices of the smaller size, one pipeline,
+ *     each component placed on one (docs/placement.md);
+ * verifies that all eight give the same digest, audits every forward, and
  * prints the per-prompt cost of each against the baseline, with a
  * residency timeline of the budget run.  About half a minute on two cores.
  */
@@ -55,7 +57,7 @@ static void help(void) {
   printf("usage: mlo demo [flags]\n\n"
          "Generates a Wan2.2-shaped pipeline (UMT5 encoder, two DiTs split at the\n"
          "0.875 boundary, a 3-D VAE; about %.0f MB at the default scale) into a cache\n"
-         "folder, once.  Then serves three prompts seven ways on the host platform:\n"
+         "folder, once.  Then serves three prompts eight ways on the host platform:\n"
          "all resident and warm (the baseline), strict model-level offload (the\n"
          "specification, with whole loads and block by block) and the budget policy\n"
          "with prefetch, both on a device that\n"
@@ -64,7 +66,9 @@ static void help(void) {
          "the next component's copies go into the blocks the current one has run),\n"
          "the budget policy on a device of 60%% of one DiT, its blocks streaming, and\n"
          "the budget policy with half the weights' host memory, the rest read from the\n"
-         "checkpoint at each load, over a link throttled so that one DiT load takes one\n"
+         "checkpoint at each load, and the budget policy over two devices of the smaller\n"
+         "size (one pipeline, each component placed on one), over a link throttled so\n"
+         "that one DiT load takes one\n"
          "DiT step.  Checks that all of them give identical output, audits every\n"
          "forward, and reports each one's time per prompt against the baseline, stall,\n"
          "bytes moved and peak device memory, with a timeline picture (SVG) of the\n"
@@ -242,7 +246,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
                      .split = z.split,
                      .trace_path = d->trace,
                      .timeline_path = svg};
-  printf("1/5 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));
+  printf("1/6 all resident, warm (the baseline; needs a %s device) ...\n", tool_size(z.all));
   fflush(stdout);
   char err[1024] = "";
   int rc = session_reference_run(&cfg, &o, z.all, &rep.ref, err, sizeof err);
@@ -264,7 +268,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     report_free(&rep);
     return tool_exit_for(rc);
   }
-  printf("2/5 strict offload (the specification) on a %s device, link %.2f GB/s "
+  printf("2/6 strict offload (the specification) on a %s device, link %.2f GB/s "
          "(a DiT load = one DiT step), loads block by block, then whole ...\n",
          tool_size(z.capacity), bw / 1e9);
   fflush(stdout);
@@ -276,7 +280,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   o.whole_loads = false;
   run_result joined = {0};
   if (!code) {
-    printf("3/5 budget policy with prefetch, same device and link, then within strict's %s "
+    printf("3/6 budget policy with prefetch, same device and link, then within strict's %s "
            "(its switches joined) ...\n",
            tool_size(z.need));
     fflush(stdout);
@@ -306,7 +310,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   char label[32] = "DiT streamed";
   if (stream) snprintf(label, sizeof label, "DiT streamed (%.2fx)", (double)small / (double)z.dit);
   if (!code && !stream)
-    printf("4/5 skipped: at this scale the DiT has too few blocks to stream in less than "
+    printf("4/6 skipped: at this scale the DiT has too few blocks to stream in less than "
            "itself\n\n");
   if (!code && stream) {
     snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
@@ -317,7 +321,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
       tool_err("demo: %s", err);
       code = tool_exit_for(rc);
     } else {
-      printf("4/5 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
+      printf("4/6 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
              tool_size(small), 100.0 * (double)small / (double)z.dit);
       fflush(stdout);
       o.trace = NULL;
@@ -341,7 +345,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
       tool_err("demo: %s", err);
       code = tool_exit_for(rc);
     } else {
-      printf("5/5 budget policy with prefetch and %s of host memory for %s of weights: the "
+      printf("5/6 budget policy with prefetch and %s of host memory for %s of weights: the "
              "rest is read from disk at each load ...\n\n",
              tool_size(host), tool_size(z.all));
       fflush(stdout);
@@ -352,13 +356,51 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
       session_close(&s);
     }
   }
+  /* Two devices of the same size, one pipeline (docs/placement.md): the
+   * experts and the VAE fit one, not with the encoder; placement puts the
+   * encoder on the other and nothing moves once warm. */
+  run_result two = {0};
+  char where[256] = "";
+  if (!code) {
+    snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
+             (unsigned long long)z.capacity, bw);
+    const char *more[1] = {spec};
+    cfg.platform_spec = spec;
+    cfg.more_specs = more;
+    cfg.nmore = 1;
+    rc = session_open(&s, &cfg, err, sizeof err);
+    cfg.more_specs = NULL;
+    cfg.nmore = 0;
+    if (rc) {
+      tool_err("demo: %s", err);
+      code = tool_exit_for(rc);
+    } else {
+      printf("6/6 budget policy with prefetch on two %s devices, one pipeline: each component "
+             "placed on one ...\n\n",
+             tool_size(z.capacity));
+      fflush(stdout);
+      code = run_one(&s, &o, d, NULL, &two, NULL);
+      for (size_t dv = 0; dv < 2 && !code; dv++) {
+        size_t len = strlen(where);
+        snprintf(where + len, sizeof where - len, "%sdevice %zu:", dv ? "; " : "", dv);
+        for (size_t i = 0; i < mlo_pipeline_component_count(s.pipe); i++) {
+          mlo_component *c = mlo_pipeline_component_at(s.pipe, i);
+          len = strlen(where);
+          if (mlo_component_device(c) == dv)
+            snprintf(where + len, sizeof where - len, " %s", mlo_component_name(c));
+        }
+      }
+      session_close(&s);
+    }
+  }
   if (!code) {
     rep.verify = true;
     rep.identical = rep.ref.digest == rep.run.digest && strict.digest == rep.run.digest &&
                     (!stream || (streamed.digest == rep.run.digest && streamed.digests_agree)) &&
                     disk.digest == rep.run.digest && disk.digests_agree && rep.run.digests_agree &&
                     strict.digests_agree && whole.digest == rep.run.digest && whole.digests_agree &&
-                    joined.digest == rep.run.digest && joined.digests_agree;
+                    joined.digest == rep.run.digest && joined.digests_agree &&
+                    two.digest == rep.run.digest && two.digests_agree;
     report_print_text(&rep, stdout);
     printf("\nper prompt, steady state (prompts 2-3 of 3), against all resident warm:\n");
     printf("  %-22s %9s %8s %9s %11s %11s %10s\n", "", "time", "wall", "exposed", "stall", "moved",
@@ -370,6 +412,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
     print_row("strict memory, joined", &joined, &rep.ref);
     if (stream) print_row(label, &streamed, &rep.ref);
     print_row("host memory 1/2", &disk, &rep.ref);
+    print_row("two devices", &two, &rep.ref);
     printf("  (wall: time / the baseline's, which machine noise moves; exposed: 1 + stall /\n"
            "  the baseline's time, the transfer time offload leaves on the critical path)\n");
     for (size_t i = 0; i < streamed.nstreams; i++)
@@ -394,7 +437,11 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
            "  blocks the current one has run, and it waits %.3f s against strict's %.3f s\n",
            joined.stats.total.joined_loads, o.prompts, run_steady(&joined, GEN_STALL),
            run_steady(&strict, GEN_STALL));
-    printf("  the digests of all %s runs are %s\n", stream ? "seven" : "six",
+    printf("  two devices of %s (%s): %s moved per prompt against %s on one; the\n"
+           "  encoder lives apart from the experts, and every switch is gone\n",
+           tool_size(z.capacity), where, tool_size((uint64_t)run_steady(&two, GEN_H2D)),
+           tool_size((uint64_t)run_steady(&rep.run, GEN_H2D)));
+    printf("  the digests of all %s runs are %s\n", stream ? "eight" : "seven",
            rep.identical ? "identical" : "DIFFERENT");
     if (!rep.identical) code = TOOL_EXIT_VERIFY;
   }
@@ -428,6 +475,7 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   run_result_free(&joined);
   run_result_free(&streamed);
   run_result_free(&disk);
+  run_result_free(&two);
   report_free(&rep);
   return code;
 }
