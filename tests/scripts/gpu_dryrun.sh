@@ -90,6 +90,10 @@ while read -r _ s limit; do
   grep -q "^SKIPPED (dry run) $s: .*(limit $limit s)$" "$summary" ||
     fail "step $s not reported with its limit of $limit s"
 done <<<"$plan"
+# and run in the plan's order
+ran=$(sed -n 's/^SKIPPED (dry run) \([a-z_-]*\): .*/\1/p; s/^SKIPPED \(memcheck\): .*/\1/p' "$summary" |
+  tr '\n' ' ')
+[ "$ran" = "$steps" ] || fail "the steps ran in another order than the plan's: $ran"
 grep -q "^  nccl_gather: bin/platform_cuda_gather" "$summary" || fail "the dry run does not say what nccl_gather runs"
 grep -q "^overall: PASS" "$summary" || fail "no overall PASS"
 # a deadline the plan cannot fit: the dry run fails, saying so
