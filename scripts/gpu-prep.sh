@@ -5,10 +5,16 @@
 # configured or built there: this script builds with CUDA here and packs
 # what the check runs into one folder that travels as is (under 64 MiB):
 #
-#   build-gpu/pack/bin/    mlo, platform_cuda, the contract tests, the example
+#   build-gpu/pack/bin/    mlo, platform_cuda, platform_cuda_gather, the
+#                          contract tests, the example
 #   build-gpu/pack/modules/  libmlo-cuda.so and libmlo-workload-cuda.so, which
 #                          the programs load at run time (gpu-check.sh sets
 #                          MLO_MODULE_PATH to this folder: docs/modules.md)
+#   build-gpu/pack/nccl/   a second libmlo-cuda.so, built with NCCL, for the
+#                          check's one-rank gather (platform_cuda_gather)
+#                          alone: the device has libnccl only in torch's
+#                          wheel, so the step finds it there at run time
+#                          and skips without it; nothing else loads it
 #   build-gpu/pack/libs/   every shared library they need that is neither
 #                          glibc nor CUDA's (the GPU machine has those)
 #   build-gpu/pack/python/ the mlo package with this build's libmlo in it,
@@ -30,7 +36,8 @@
 #
 # MLO_GPU_BUILD names the build folder (build-gpu); MLO_GPU_NO_BUILD=1
 # packs an existing build as it is, which must have been configured as below
-# (NCCL off: a module that links libnccl is refused); MLO_GPU_TARGETS=pack
+# (NCCL off: a module that links libnccl is refused; MLO_GPU_NCCL_MODULE=ON
+# for pack/nccl/); MLO_GPU_TARGETS=pack
 # builds only what is packed; MLO_GPU_JOBS sets the build's -j (nproc);
 # MLO_GPU_PACK_DIR puts the pack elsewhere; MLO_GPU_NO_WHEELS=1 carries no
 # wheels (the torch step then reports itself skipped).  CI's dry run of the
@@ -50,11 +57,12 @@ fi
 if [ "${MLO_GPU_NO_BUILD:-0}" != 1 ]; then
 mkdir -p "$build"
 # NCCL off: the check does not run sharded loads, and a standard toolkit on
-# the device has no libnccl for the module to load
+# the device has no libnccl for the module to load; the NCCL copy of the
+# module is built beside it (MLO_GPU_NCCL_MODULE: build-gpu/mlo-nccl/)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
   -DMLO_WITH_OPENCL=OFF -DMLO_WITH_MPI=OFF -DMLO_BUILD_TESTS=ON -DMLO_BUILD_EXAMPLES=ON \
   -DMLO_NCCL_INCLUDE=MLO_NCCL_INCLUDE-NOTFOUND -DMLO_NCCL_LIBRARY=MLO_NCCL_LIBRARY-NOTFOUND \
-  -DMLO_BUILD_BENCH=OFF \
+  -DMLO_BUILD_BENCH=OFF -DMLO_GPU_NCCL_MODULE=ON \
   -DMLO_WERROR=ON >"$build/gpu-prep.configure.log" 2>&1 || {
   tail -20 "$build/gpu-prep.configure.log" >&2
   exit 1
@@ -63,7 +71,8 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLO_WITH_CUDA=ON \
 # programs below), not the unit tests; CI's dry run builds this way
 targets=()
 if [ "${MLO_GPU_TARGETS:-all}" = pack ]; then
-  targets=(--target mlo_module_cuda mlo_module_workload-cuda mlo_shared mlo_cli platform_cuda wan22_offload)
+  targets=(--target mlo_module_cuda mlo_module_workload-cuda mlo_shared mlo_cli platform_cuda
+    wan22_offload mlo_module_cuda_nccl platform_cuda_gather)
   for c in tests/contract/C[0-9]*_*.c; do
     c=${c##*/}
     targets+=("${c%.c}")
@@ -75,7 +84,8 @@ cmake --build "$build" -j"${MLO_GPU_JOBS:-$(nproc)}" "${targets[@]}" >"$build/gp
 }
 fi
 
-bins=("$build/tools/mlo/mlo" "$build/tests/platform/platform_cuda" "$build/examples/wan22_offload")
+bins=("$build/tools/mlo/mlo" "$build/tests/platform/platform_cuda"
+  "$build/tests/platform/platform_cuda_gather" "$build/examples/wan22_offload")
 for t in "$build"/tests/C[0-9]*_*; do
   [ -x "$t" ] && [ -f "$t" ] && bins+=("$t")
 done
@@ -88,7 +98,7 @@ if [ "${#bins[@]}" -lt 18 ]; then
 fi
 
 rm -rf "$pack"
-mkdir -p "$pack/bin" "$pack/libs" "$pack/modules"
+mkdir -p "$pack/bin" "$pack/libs" "$pack/modules" "$pack/nccl"
 for b in "${bins[@]}"; do
   cp "$b" "$pack/bin/"
   strip --strip-unneeded "$pack/bin/$(basename "$b")"
@@ -105,6 +115,15 @@ if readelf -d "$pack/modules/libmlo-cuda.so" | grep -E 'NEEDED.*libnccl' >&2; th
   echo "gpu-prep: $build/mlo/libmlo-cuda.so links NCCL; build it with NCCL off (this script's own build)" >&2
   exit 1
 fi
+# The NCCL copy, for the one-rank gather alone: it must link NCCL, or the
+# step would prove nothing (a pack of a build configured without
+# MLO_GPU_NCCL_MODULE=ON has none).
+nccl_module="$build/mlo-nccl/libmlo-cuda.so"
+[ -f "$nccl_module" ] || { echo "gpu-prep: missing $nccl_module (MLO_GPU_NCCL_MODULE=ON)" >&2; exit 1; }
+cp "$nccl_module" "$pack/nccl/"
+strip --strip-unneeded "$pack/nccl/libmlo-cuda.so"
+readelf -d "$pack/nccl/libmlo-cuda.so" | grep -qE 'NEEDED.*libnccl' ||
+  { echo "gpu-prep: $nccl_module links no NCCL" >&2; exit 1; }
 # The libraries to carry: everything ldd resolves outside glibc and CUDA.
 is_system() {
   case "$(basename "$1")" in
@@ -115,7 +134,7 @@ is_system() {
   case "$1" in /usr/local/cuda*) return 0 ;; esac
   return 1
 }
-for b in "$pack"/bin/* "$pack"/modules/*; do
+for b in "$pack"/bin/* "$pack"/modules/* "$pack"/nccl/*; do
   ldd "$b" | awk '/=>/ {print $3}' | while read -r lib; do
     [ -n "$lib" ] && [ -f "$lib" ] || continue
     is_system "$lib" && continue
@@ -126,7 +145,7 @@ done
 # Self-contained: with only the pack, glibc and CUDA on the path, nothing
 # is missing (what a machine without our Debian libraries will see).
 missing=0
-for b in "$pack"/bin/* "$pack"/modules/*; do
+for b in "$pack"/bin/* "$pack"/modules/* "$pack"/nccl/*; do
   while read -r lib; do
     case "$lib" in
     "$pack"/libs/* | /lib*/libc.so* | /lib*/libm.so* | /lib*/ld-linux* | /usr/local/cuda*) ;;
@@ -177,6 +196,7 @@ fi
   echo "programs:"
   for b in "$pack"/bin/*; do echo "  bin/$(basename "$b")"; done
   for m in "$pack"/modules/*; do echo "  modules/$(basename "$m")"; done
+  echo "  nccl/libmlo-cuda.so (with NCCL, for the one-rank gather; libnccl.so.2 from the device)"
   echo "python:"
   for f in "$pack"/python/* "$pack"/python/mlo/*; do [ -f "$f" ] && echo "  ${f#$pack/}"; done
   echo "wheels:"
