@@ -754,6 +754,11 @@ MLO_API bool mlo_component_is_resident(mlo_component *comp); /* LOADING or DEVIC
  * copies still to issue (mlo_tensor_device answers for their tensors all
  * the same; mlo_pipeline_synchronize issues and waits for them). */
 MLO_API bool mlo_component_load_done(mlo_component *comp);
+/* A load from disk being read (the disk tier, docs/disk.md): *done of the
+ * *total bytes of its files read so far; both 0 when none is.  Safe from
+ * any thread while another waits for the load (a progress display polls
+ * it: the reader itself calls nothing back). */
+MLO_API int mlo_component_disk_progress(mlo_component *comp, uint64_t *done, uint64_t *total);
 
 /* Loads a component without evicting anything (no contract applied).
  * Used by the all-resident mode and by callers managing residency by hand

@@ -468,6 +468,8 @@ static int read_range(int fd, char *buf, uint64_t len, uint64_t at, const piece 
     return MLO_EIO;
   }
   j->read += len;
+  if (!j->block) /* a whole load's progress, read by mlo_component_disk_progress */
+    __atomic_store_n(&j->c->disk_done, j->read, __ATOMIC_RELAXED);
   return MLO_OK;
 }
 
@@ -835,6 +837,18 @@ static int reader_of(mlo_component *c, struct mlo_disk **out) {
   return MLO_OK;
 }
 
+int mlo_component_disk_progress(mlo_component *c, uint64_t *done, uint64_t *total) {
+  if (!c || !done || !total) return MLO_EINVAL;
+  MLO_LOCK_OR(&c->pipe->lock, mlo_reentered(c->pipe));
+  bool busy = c->disk_busy;
+  uint64_t all = busy ? c->disk_total : 0;
+  uint64_t read = busy ? __atomic_load_n(&c->disk_done, __ATOMIC_RELAXED) : 0;
+  pthread_mutex_unlock(&c->pipe->lock);
+  *done = read < all ? read : all; /* gaps read through count once */
+  *total = all;
+  return MLO_OK;
+}
+
 int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
                    void (*undo)(mlo_component *c)) {
   mlo_pipeline *pipe = c->pipe;
@@ -847,6 +861,8 @@ int mlo_disk_start(mlo_component *c, uint64_t lo, uint64_t hi, uint64_t at,
   c->disk_lo = lo;
   c->disk_hi = hi;
   c->disk_at = at;
+  __atomic_store_n(&c->disk_done, 0, __ATOMIC_RELAXED);
+  c->disk_total = file_bytes(c, lo, hi, false);
   c->disk_undo = undo;
   c->stats.disk_loads++; /* counted when issued, as loads are */
   c->disk_next = NULL;

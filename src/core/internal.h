@@ -180,6 +180,7 @@ struct mlo_component {
   size_t ndisk_files;
   mlo_component *disk_next;           /* the reader's queue */
   uint64_t disk_lo, disk_hi, disk_at; /* the load's slab bytes, and where lo goes */
+  uint64_t disk_done, disk_total; /* of its files, read so far (the reader's, atomic) and in all */
   bool disk_tell; /* a sharded load from disk failed: its wait tells the other ranks */
   void (*disk_undo)(mlo_component *c); /* how a failed load is undone (mlo_disk_start) */
 

@@ -300,6 +300,48 @@ static void test_file_changed_during_a_paced_load(void **state) {
   mlo_platform_close(plat);
 }
 
+/* Issue 41: a load from disk says its progress to another thread while the
+ * forward waits for it: bytes read rise to the files' total, never past it,
+ * and both are 0 once the load is done (and for a component not loading). */
+static void test_disk_progress_while_a_forward_waits(void **state) {
+  (void)state;
+  setenv("MLO_DISK_BW", "40000000", 1); /* dit_a's 20 MiB: about half a second */
+  mlo_platform *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(plat);
+  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
+  s.policy = MLO_POLICY_BUDGET;
+  s.prefetch = false;
+  s.host_budget_bytes = 1;
+  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  loader l = {.tp = tp, .c = tu_comp(tp, "dit_a")};
+  uint64_t done = 1, total = 1;
+  assert_ok(mlo_component_disk_progress(l.c, &done, &total));
+  assert_true(done == 0 && total == 0); /* not loading */
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, forward_checked, &l), 0);
+  uint64_t last = 0, seen_total = 0;
+  unsigned rises = 0;
+  for (int i = 0; i < 400; i++) { /* polled as a progress bar does */
+    assert_ok(mlo_component_disk_progress(l.c, &done, &total));
+    assert_true(done <= total);
+    if (total) seen_total = total;
+    if (done > last) rises++, last = done;
+    usleep(5000);
+    if (total == 0 && seen_total) break; /* its reads are done */
+  }
+  pthread_join(th, NULL);
+  unsetenv("MLO_DISK_BW");
+  if (l.rc) fail_msg("%s: %s", mlo_err_name(l.rc), l.msg);
+  assert_true(seen_total >= (20u << 20)); /* the files' bytes of dit_a */
+  assert_true(rises >= 2);                /* seen part way, more than once */
+  assert_ok(mlo_component_disk_progress(l.c, &done, &total));
+  assert_true(done == 0 && total == 0);
+  assert_int_equal(mlo_component_disk_progress(NULL, &done, &total), MLO_EINVAL);
+  tu_assert_forwards_clean(tp);
+  tu_pipe_free(tp);
+  mlo_platform_close(plat);
+}
+
 /* F7, F11 (issue 44): a freed pipeline stops a paced read at once, however
  * slow the pacing (the encoder's 3 MiB at 1000 B/s would take most of an
  * hour), and a pacing that is not a rate is refused at enable, named. */
@@ -821,6 +863,7 @@ int main(void) {
       cmocka_unit_test(test_file_changed_refused_at_read),
       cmocka_unit_test(test_file_changed_during_a_paced_load),
       cmocka_unit_test(test_pacing_stops_and_is_checked),
+      cmocka_unit_test(test_disk_progress_while_a_forward_waits),
       cmocka_unit_test(test_read_faults_swept),
       cmocka_unit_test(test_copy_faults_leave_no_stale_slot),
       cmocka_unit_test(test_free_with_loads_in_flight),
