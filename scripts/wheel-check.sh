@@ -20,7 +20,7 @@ import ctypes, os, sys
 import mlo
 lib = mlo.lib()._name
 site = os.path.dirname(mlo.__file__)
-assert lib == os.path.join(site, "libmlo.so.0.6"), "libmlo came from %s, not the package" % lib
+assert lib == os.path.join(site, "libmlo.so.0.7"), "libmlo came from %s, not the package" % lib
 assert os.path.isdir(os.path.join(site, "mlo")), "the modules' folder is not in the package"
 # mlo.torch is a package of its own (torch is not in this venv: its files, not an import)
 for name in ("__init__", "_api", "_backend", "_hooks", "_pretrained"):

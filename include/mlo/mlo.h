@@ -836,6 +836,26 @@ mlo_policy_name(mlo_policy policy); /* "strict", "budget" ("invalid" otherwise) 
  * list the choices with mlo_policy_name(0 .. MLO_POLICY_COUNT-1). */
 MLO_API int mlo_policy_from_name(const char *name, mlo_policy *out);
 
+/* What a pipeline needs, from its declarations alone (nothing need be
+ * loaded): the device memory every component takes at once, the least
+ * device room each policy runs it in (strict: the larger of its phases;
+ * budget: the largest component's least streamed footprint) and the
+ * component that sets it, and the host memory its slabs take: all of
+ * them; with the disk tier, what cannot stay in its files (caller-owned,
+ * mutable, or not from files); and that plus the blocks that stream in
+ * device_room, kept in host memory (0: nothing streams there).  The rules
+ * are the library's own (the host plan's, each policy's), so a tool asks
+ * rather than repeats them. */
+typedef struct {
+  size_t size; /* sizeof(mlo_pipeline_needs) */
+  uint64_t all_resident;
+  uint64_t policy_least[MLO_POLICY_COUNT];
+  const mlo_component *policy_least_by[MLO_POLICY_COUNT];
+  uint64_t host_all, host_least, host_stream_keep;
+} mlo_pipeline_needs;
+MLO_API int mlo_pipeline_get_needs(mlo_pipeline *pipe, uint64_t device_room,
+                                   mlo_pipeline_needs *out);
+
 typedef struct {
   size_t size;            /* sizeof(mlo_offload_settings) */
   mlo_sync_mode sync;     /* default MLO_SYNC_EVENT */

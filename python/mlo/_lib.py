@@ -96,12 +96,12 @@ class ScheduleEntry(ctypes.Structure):
 def _candidates():
     env = os.environ.get("MLO_LIBRARY")
     if env and os.path.isdir(env):  # a folder: the library in it (a build or lib folder)
-        for name in ("libmlo.so.0.6", "libmlo.so"):
+        for name in ("libmlo.so.0.7", "libmlo.so"):
             yield os.path.join(env, name)
     elif env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("libmlo.so.0.6", "libmlo.so"):
+    for name in ("libmlo.so.0.7", "libmlo.so"):
         yield os.path.join(here, name)
     # a source checkout: python/mlo -> build/
     yield os.path.join(here, "..", "..", "build", "libmlo.so")

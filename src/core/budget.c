@@ -445,6 +445,18 @@ static uint64_t budget_bytes(const mlo_pipeline *pipe) {
   return sum;
 }
 
+/* The largest component's least room: each streams what it can, and every
+ * other one can be evicted while it runs. */
+static uint64_t budget_least_room(mlo_pipeline *pipe, const mlo_component **by) {
+  uint64_t most = 0;
+  *by = NULL;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    uint64_t least = mlo_stream_least(pipe->comps[i]);
+    if (!*by || least > most) *by = pipe->comps[i], most = least;
+  }
+  return most;
+}
+
 const struct mlo_policy_ops mlo_policy_budget_ops = {
     .id = MLO_POLICY_BUDGET,
     .name = "budget",
@@ -459,6 +471,7 @@ const struct mlo_policy_ops mlo_policy_budget_ops = {
     .audit = budget_audit,
     .budget = budget_bytes,
     .device_room = budget_for,
+    .least_room = budget_least_room,
     .streams = true,
     .delegates = false, /* it needs the generic hooks' acquire and release */
 };

@@ -91,6 +91,26 @@ static const char *why_in_host(const mlo_component *c) {
   return NULL;
 }
 
+void mlo_disk_needs(mlo_pipeline *pipe, uint64_t device_room, uint64_t *all, uint64_t *least,
+                    uint64_t *keep) {
+  *all = *least = *keep = 0;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    mlo_component *c = pipe->comps[i];
+    mlo_layout lay;
+    mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
+    uint64_t bytes = lay.block_bytes;
+    bool stays = why_in_host(c) != NULL;
+    *all += bytes;
+    *least += stays ? bytes : 0;
+    uint64_t streamed = stays || lay.block_bytes <= device_room
+                            ? 0
+                            : mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
+    /* one that cannot stream in the room stays whole, as the host plan keeps it */
+    *keep += stays || streamed == UINT64_MAX ? bytes : streamed;
+  }
+  if (*keep == *least) *keep = 0; /* nothing streams */
+}
+
 typedef struct {
   mlo_component *c;
   uint64_t bytes;    /* its slab (a streamed one's: besides the blocks that stream) */

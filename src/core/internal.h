@@ -374,6 +374,9 @@ static inline mlo_platform *mlo_dev_plat(const mlo_component *c) {
 
 /* Records a failure message on the pipeline and returns status. */
 int mlo_fail(mlo_pipeline *pipe, int status, const char *fmt, ...) MLO_PRINTF(3, 4);
+/* c's device block's bytes, from its layout before it is materialized
+ * (slab.c; lock held). */
+uint64_t mlo_comp_bytes(const mlo_component *c);
 /* Frees a tensor's declaration (tensor.c; NULL is a no-op). */
 void mlo_tensor_free(mlo_tensor *t);
 /* loader.c: reads the nfiles file-backed tensors into c->slab (at their
@@ -537,6 +540,12 @@ int mlo_disk_wait(mlo_component *c);
 /* Stops the reader (lock NOT held): a load in flight ends early and fails. */
 void mlo_disk_stop(mlo_pipeline *pipe);
 uint64_t mlo_disk_staging_bytes(const mlo_pipeline *pipe); /* lock held */
+/* The host memory the slabs take (lock held): *all of them; *least, what
+ * the disk tier cannot leave in the files (the host plan's own rule:
+ * caller-owned, mutable, not from files); *keep, that and the blocks that
+ * stream in device_room, kept in host memory (0 where nothing streams). */
+void mlo_disk_needs(mlo_pipeline *pipe, uint64_t device_room, uint64_t *all, uint64_t *least,
+                    uint64_t *keep);
 
 /* disk_store.c — an on-disk component's host storage (its files, a
  * partial slab); below slab.c, which materializes and frees through it. */
@@ -583,6 +592,9 @@ void mlo_stream_drop(mlo_component *c); /* not resident */
  * choice, made from its layout: c need not be materialized); UINT64_MAX
  * where it cannot stream there. */
 uint64_t mlo_stream_streamed_bytes(mlo_component *c, uint64_t room, size_t nslots);
+/* The least device room c runs in: its least streamed footprint, or its
+ * block where it cannot stream (lock held). */
+uint64_t mlo_stream_least(mlo_component *c);
 /* Whether c's plan streams block b; the slab bytes of the pieces it keeps
  * resident (the prologue, the blocks kept, the epilogue), as a load copies
  * them. */

@@ -1,10 +1,14 @@
 /*
  * policy.c — the table of residency policies (policy.h), in the order of
  * the mlo_policy enum: the one list behind mlo_policy_name,
- * mlo_policy_from_name and every tool's --policy.
+ * mlo_policy_from_name and every tool's --policy, and behind
+ * mlo_pipeline_get_needs (each policy's least room, the host plan's rule),
+ * which the tools ask rather than repeat.
  */
 #include "core/policy.h"
+#include "core/internal.h"
 
+#include <string.h>
 #include <strings.h>
 
 static const struct mlo_policy_ops *const policies[MLO_POLICY_COUNT] = {
@@ -29,4 +33,19 @@ int mlo_policy_from_name(const char *name, mlo_policy *out) {
       return MLO_OK;
     }
   return MLO_EINVAL;
+}
+
+int mlo_pipeline_get_needs(mlo_pipeline *pipe, uint64_t device_room, mlo_pipeline_needs *out) {
+  if (!pipe || !out || out->size < sizeof *out) return MLO_EINVAL;
+  MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
+  size_t size = out->size;
+  memset(out, 0, sizeof *out);
+  out->size = size;
+  for (size_t i = 0; i < pipe->ncomps; i++) out->all_resident += mlo_comp_bytes(pipe->comps[i]);
+  for (int p = 0; p < MLO_POLICY_COUNT; p++)
+    if (policies[p]->least_room)
+      out->policy_least[p] = policies[p]->least_room(pipe, &out->policy_least_by[p]);
+  mlo_disk_needs(pipe, device_room, &out->host_all, &out->host_least, &out->host_stream_keep);
+  pthread_mutex_unlock(&pipe->lock);
+  return MLO_OK;
 }

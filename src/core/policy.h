@@ -61,6 +61,10 @@ struct mlo_policy_ops {
    * s, for the host plan (disk.c: a larger one streams its blocks) and
    * placement; lock held.  NULL: no limit (every component loads whole). */
   int (*device_room)(mlo_pipeline *pipe, const mlo_offload_settings *s, size_t dev, uint64_t *room);
+  /* The least device room it runs the pipeline in, from the declarations
+   * (nothing need be materialized), and the component that sets it;
+   * lock held (mlo_pipeline_get_needs). */
+  uint64_t (*least_room)(mlo_pipeline *pipe, const mlo_component **by);
   /* Whether it plans components to stream their blocks (stream.c): a plan
    * outlives an eviction only under a policy that does. */
   bool streams;

@@ -110,6 +110,14 @@ int mlo_slab_layout(mlo_component *c, bool assign, bool want_spans, mlo_layout *
   return MLO_OK;
 }
 
+uint64_t mlo_comp_bytes(const mlo_component *c) {
+  mlo_layout lay;
+  uint64_t total = c->block_bytes;
+  if (!c->materialized && mlo_slab_layout((mlo_component *)c, false, false, &lay) == MLO_OK)
+    total = lay.block_bytes; /* without spans or assignment it cannot fail */
+  return total;
+}
+
 void mlo_layout_free(mlo_layout *lay) {
   free(lay->spans);
   free(lay->order);

@@ -219,6 +219,12 @@ uint64_t mlo_component_streamed_bytes(mlo_component *c, uint64_t room) {
 uint64_t mlo_component_stream_least(mlo_component *c) {
   if (!c) return 0;
   MLO_LOCK_OR(&c->pipe->lock, 0);
+  uint64_t least = mlo_stream_least(c);
+  pthread_mutex_unlock(&c->pipe->lock);
+  return least;
+}
+
+uint64_t mlo_stream_least(mlo_component *c) {
   shape sh;
   uint64_t whole = c->materialized ? c->block_bytes : 0, least = UINT64_MAX;
   if (shape_of(c, &sh) == MLO_OK) {
@@ -228,7 +234,6 @@ uint64_t mlo_component_stream_least(mlo_component *c) {
   } else if (!whole) {
     whole = c->bytes_bound; /* out of memory: a bound, never less */
   }
-  pthread_mutex_unlock(&c->pipe->lock);
   return least < whole ? least : whole;
 }
 

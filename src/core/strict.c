@@ -53,11 +53,32 @@ static bool strict_excludes(const mlo_component *a, const mlo_component *b) {
   return false; /* C5: VAEs (and OTHER) are outside the set */
 }
 
+/* The larger phase: every VAE with every encoder (resident after enable),
+ * or with the largest DiT (which excludes the encoders); by: the largest
+ * DiT, or the largest encoder where the encoders' phase is the larger. */
+static uint64_t strict_least_room(mlo_pipeline *pipe, const mlo_component **by) {
+  uint64_t vae = 0, enc = 0, dit = 0, big_enc_bytes = 0;
+  const mlo_component *big_enc = NULL, *big_dit = NULL;
+  for (size_t i = 0; i < pipe->ncomps; i++) {
+    const mlo_component *c = pipe->comps[i];
+    uint64_t b = mlo_comp_bytes(c);
+    if (c->role == MLO_ROLE_VAE) vae += b;
+    if (c->role == MLO_ROLE_ENCODER) {
+      enc += b;
+      if (!big_enc || b > big_enc_bytes) big_enc = c, big_enc_bytes = b;
+    }
+    if (c->role == MLO_ROLE_DIT && (!big_dit || b > dit)) big_dit = c, dit = b;
+  }
+  *by = enc > dit ? big_enc : (big_dit ? big_dit : big_enc);
+  return vae + (enc > dit ? enc : dit);
+}
+
 const struct mlo_policy_ops mlo_policy_strict_ops = {
     .id = MLO_POLICY_STRICT,
     .name = "strict",
     .check = strict_check,
     .enable = strict_enable,
     .excludes = strict_excludes,
+    .least_room = strict_least_room,
     .delegates = true, /* exclusion by role is what a delegate implements (C1-C5) */
 };

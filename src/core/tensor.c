@@ -237,10 +237,7 @@ mlo_tensor *mlo_component_find_tensor(const mlo_component *c, const char *name) 
 uint64_t mlo_component_bytes(const mlo_component *c) {
   if (!c) return 0;
   MLO_LOCK_OR(&c->pipe->lock, 0);
-  mlo_layout lay;
-  uint64_t total = c->block_bytes;
-  if (!c->materialized && mlo_slab_layout((mlo_component *)c, false, false, &lay) == MLO_OK)
-    total = lay.block_bytes; /* without spans or assignment it cannot fail */
+  uint64_t total = mlo_comp_bytes(c);
   pthread_mutex_unlock(&c->pipe->lock);
   return total;
 }

@@ -430,11 +430,15 @@ int mlo_workload_run(mlo_workload *w, const mlo_workload_call *calls, size_t cou
   return MLO_OK;
 }
 
+/* The library's own rules (mlo_pipeline_get_needs), not repeated here. */
+static mlo_pipeline_needs needs_of(mlo_pipeline *pipe) {
+  mlo_pipeline_needs n = {.size = sizeof n};
+  if (pipe) mlo_pipeline_get_needs(pipe, UINT64_MAX, &n);
+  return n;
+}
+
 uint64_t mlo_workload_all_resident_bytes(mlo_pipeline *pipe) {
-  uint64_t sum = 0;
-  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
-  for (size_t i = 0; i < n; i++) sum += mlo_component_bytes(mlo_pipeline_component_at(pipe, i));
-  return sum;
+  return needs_of(pipe).all_resident;
 }
 
 uint64_t mlo_workload_largest_bytes(mlo_pipeline *pipe, mlo_component **largest) {
@@ -453,46 +457,13 @@ uint64_t mlo_workload_largest_bytes(mlo_pipeline *pipe, mlo_component **largest)
 }
 
 uint64_t mlo_workload_stream_least_bytes(mlo_pipeline *pipe, mlo_component **which) {
-  uint64_t most = 0;
-  mlo_component *big = NULL;
-  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
-  for (size_t i = 0; i < n; i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    uint64_t least = mlo_component_stream_least(c);
-    if (!big || least > most) {
-      big = c;
-      most = least;
-    }
-  }
-  if (which) *which = big;
-  return most;
+  mlo_pipeline_needs n = needs_of(pipe);
+  if (which) *which = (mlo_component *)n.policy_least_by[MLO_POLICY_BUDGET];
+  return n.policy_least[MLO_POLICY_BUDGET];
 }
 
 uint64_t mlo_workload_model_offload_bytes(mlo_pipeline *pipe, mlo_component **largest) {
-  uint64_t vae = 0, enc = 0, dit = 0;
-  mlo_component *big_enc = NULL, *big_dit = NULL;
-  size_t n = pipe ? mlo_pipeline_component_count(pipe) : 0;
-  for (size_t i = 0; i < n; i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    uint64_t b = mlo_component_bytes(c);
-    switch (mlo_component_role(c)) {
-    case MLO_ROLE_VAE:
-      vae += b;
-      break;
-    case MLO_ROLE_ENCODER:
-      enc += b;
-      if (!big_enc || b > mlo_component_bytes(big_enc)) big_enc = c;
-      break;
-    case MLO_ROLE_DIT:
-      if (!big_dit || b > dit) {
-        big_dit = c;
-        dit = b;
-      }
-      break;
-    default:
-      break;
-    }
-  }
-  if (largest) *largest = enc > dit ? big_enc : (big_dit ? big_dit : big_enc);
-  return vae + (enc > dit ? enc : dit);
+  mlo_pipeline_needs n = needs_of(pipe);
+  if (largest) *largest = (mlo_component *)n.policy_least_by[MLO_POLICY_STRICT];
+  return n.policy_least[MLO_POLICY_STRICT];
 }

@@ -64,7 +64,7 @@ static void test_status_codes(void **state) {
   assert_string_equal(mlo_strerror(-999), "unknown error");
   assert_string_equal(mlo_strerror(7), "unknown error");
   assert_non_null(mlo_err_name(-999));
-  assert_string_equal(mlo_version(), "0.6.0"); /* the header's MLO_VERSION_* */
+  assert_string_equal(mlo_version(), "0.7.0"); /* the header's MLO_VERSION_* */
 }
 
 static void test_name_tables(void **state) {

@@ -47,7 +47,7 @@ fail() {
   exit 1
 }
 python3 -m py_compile "$tmp/pack/python/gpu-torch.py" || fail "gpu-torch.py does not compile"
-[ -f "$tmp/pack/python/mlo/libmlo.so.0.6" ] || fail "the pack's python package has no libmlo.so.0.6"
+[ -f "$tmp/pack/python/mlo/libmlo.so.0.7" ] || fail "the pack's python package has no libmlo.so.0.7"
 [ -s "$tmp/out/gpu-check.tar.gz" ] || fail "no archive"
 [ -s "$tmp/out/preflight.txt" ] || fail "no preflight"
 grep -q "^-- bin/platform_cuda" "$tmp/out/preflight.txt" || fail "the preflight did not ldd the binaries"

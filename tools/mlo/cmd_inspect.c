@@ -249,27 +249,10 @@ typedef struct {
   uint64_t all, least, stream_keep;
 } host_need;
 
-static bool from_files(mlo_component *c) {
-  for (size_t i = 0; i < mlo_component_tensor_count(c); i++) {
-    const mlo_tensor *t = mlo_component_tensor_at(c, i);
-    if (mlo_tensor_owner(t) == c && mlo_tensor_nbytes(t) && !mlo_tensor_file(t, NULL)) return false;
-  }
-  return true;
-}
-
 static void host_needs(mlo_pipeline *pipe, uint64_t room, host_need *h) {
-  memset(h, 0, sizeof *h);
-  size_t ncomp = mlo_pipeline_component_count(pipe);
-  for (size_t i = 0; i < ncomp; i++) {
-    mlo_component *c = mlo_pipeline_component_at(pipe, i);
-    uint64_t bytes = mlo_component_bytes(c);
-    bool stays = !from_files(c);
-    h->all += bytes;
-    h->least += stays ? bytes : 0;
-    uint64_t streamed = stays ? 0 : mlo_component_streamed_bytes(c, room);
-    h->stream_keep += stays || streamed == UINT64_MAX ? bytes : streamed;
-  }
-  if (h->stream_keep == h->least) h->stream_keep = 0; /* nothing streams */
+  mlo_pipeline_needs n = {.size = sizeof n};
+  mlo_pipeline_get_needs(pipe, room, &n); /* the host plan's own rule */
+  *h = (host_need){n.host_all, n.host_least, n.host_stream_keep};
 }
 
 static void print_text(const char *path, mlo_pipeline *pipe, const view *v) {
