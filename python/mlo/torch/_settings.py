@@ -40,19 +40,30 @@ def _platform_specs(device):
     """The libmlo platform of each device a user names (_platform_spec),
     checked to make one pipeline: all of one kind, no GPU twice."""
     devices = _device_list(device)
-    specs = [_platform_spec(d) for d in devices]
-    if len(specs) > 1:
-        kinds = {s.split(":", 1)[0] for s in specs}
+    if len(devices) > 1:  # before any is opened (a cuda one needs a GPU)
+        kinds = {_kind(d) for d in devices}
         if len(kinds) > 1:
             raise ValueError("device: %r mixes %s; a pipeline's devices are of one kind "
                              "(several GPUs, or several host stand-ins)" %
                              (list(devices), " and ".join(sorted(kinds))))
+    specs = [_platform_spec(d) for d in devices]
+    if len(specs) > 1:
         cuda = [int(s.split(":")[1]) for s in specs if s.startswith("cuda:")]
         twice = sorted({i for i in cuda if cuda.count(i) > 1})
         if twice:
             raise ValueError("device: cuda:%d is named twice; each device of a pipeline is "
                              "another GPU" % twice[0])
     return specs
+
+
+def _kind(device):
+    """The platform a device names, before it is opened: "host" (cpu
+    included), "cuda", or a libmlo spec's own name."""
+    if isinstance(device, torch.device):
+        return "host" if device.type == "cpu" else device.type
+    if isinstance(device, str):
+        return "host" if device == "cpu" else device.split(":", 1)[0]
+    return repr(device)
 
 
 def _place_items(place):
