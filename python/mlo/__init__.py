@@ -552,6 +552,30 @@ class Component:
             return lib().mlo_component_bytes(self._c)
 
     @property
+    def device(self):
+        """The index of the pipeline device it is on (mlo_component_device):
+        0 until an enable places it, unless pinned."""
+        with self._use("device"):
+            return lib().mlo_component_device(self._c)
+
+    def set_device(self, index):
+        """Pins it to device `index` of its pipeline (placement leaves it
+        there), or with None lets placement choose again
+        (mlo_component_set_device; before enable).  MloInvalidError for an
+        index past the devices."""
+        if index is None:
+            index = _lib.DEVICE_ANY
+        elif isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise MloError(_EINVAL, "'%s': device %r is not a device index (0, 1, ...)"
+                           % (self.name, index))
+        elif index >= 1 << 31:
+            raise MloError(_EINVAL, "'%s': device %d is not one of the pipeline's %d"
+                           % (self.name, index, len(self.pipeline.devices)))
+        with self._use("set_device") as pipe:
+            _check(lib().mlo_component_set_device(self._c, index),
+                   "set_device '%s'" % self.name, pipe)
+
+    @property
     def resident(self):
         with self._use("resident"):
             return lib().mlo_component_is_resident(self._c)
@@ -601,20 +625,40 @@ class Pipeline:
     garbage is freed then (its platform stays open while it lives)."""
 
     def __init__(self, platform, pin_host=True):
+        """platform: a Platform, or a list of Platforms of one kind for a
+        pipeline over several devices (mlo_pipeline_options.devices: each
+        component placed on one of them at enable, or pinned with
+        Component.set_device); the first is the pipeline's own."""
+        devices = list(platform) if isinstance(platform, (list, tuple)) else [platform]
+        if not devices or not all(isinstance(d, Platform) for d in devices):
+            raise ValueError("pipeline: a Platform or a non-empty list of Platforms, not %r"
+                             % (platform,))
+        if len(devices) > _lib.MAX_DEVICES:
+            raise ValueError("pipeline: %d devices (at most %d)" % (len(devices),
+                                                                    _lib.MAX_DEVICES))
+        if len({id(d) for d in devices}) != len(devices):
+            raise ValueError("pipeline: a Platform is given twice (each device is its own "
+                             "Platform)")
         o = _lib.PipelineOptions()
         o.size = ctypes.sizeof(o)
-        o.platform = platform._handle("pipeline")
+        o.platform = devices[0]._handle("pipeline")
         o.pin_host = bool(pin_host)
         o.slab_alignment = 256
+        handles = (ctypes.c_void_p * len(devices))(*[d._handle("pipeline") for d in devices])
+        if len(devices) > 1:
+            o.devices = ctypes.cast(handles, ctypes.POINTER(ctypes.c_void_p))
+            o.ndevices = len(devices)
         self._h = _Handle()
         self._lock = threading.Lock()
         self._inflight = 0
         self._freed_why = ""  # " (its platform closed)"
         _check(lib().mlo_pipeline_create(ctypes.byref(o), ctypes.byref(self._h.value)), "pipeline")
-        self.platform = platform
+        self.platform = devices[0]
+        self.devices = devices  # kept open as long as the pipeline lives
         self.components = []
-        platform._pipelines.add(self)
-        platform._h.children.add(self._h)
+        for d in devices:  # closing any of them frees the pipeline first
+            d._pipelines.add(self)
+            d._h.children.add(self._h)
         weakref.finalize(self, _free_pipeline, self._h)
 
     @property
@@ -779,6 +823,38 @@ class Pipeline:
         with self._use("reset_stats") as p:
             lib().mlo_pipeline_reset_stats(p)
 
+    @property
+    def device_count(self):
+        """Its devices (mlo_pipeline_device_count): 1 unless given several."""
+        with self._use("device_count") as p:
+            return lib().mlo_pipeline_device_count(p)
+
+    def device_stats(self, index):
+        """Device `index`'s bytes resident now and at most since the last
+        reset_stats, and the budget kept there (0: none):
+        mlo_pipeline_get_device_stats."""
+        s = _lib.DeviceStats()
+        s.size = ctypes.sizeof(s)
+        with self._use("device_stats") as p:
+            _check(lib().mlo_pipeline_get_device_stats(p, _c_uint(index, "device_stats"),
+                                                       ctypes.byref(s)),
+                   "device_stats %d (of %d devices)" % (index, len(self.devices)), p)
+        return {f: getattr(s, f) for f, _ in s._fields_ if f != "size"}
+
+    def placement(self):
+        """The placement the last enable made (mlo_pipeline_get_placement):
+        moved_bytes per request as libmlo's model counts them over every
+        device, one_device_bytes what every component on device 0 would
+        move (both 0 before a placement: one device, or not enabled yet),
+        room_bytes each device's room as placement saw it."""
+        s = _lib.Placement()
+        s.size = ctypes.sizeof(s)
+        with self._use("placement") as p:
+            _check(lib().mlo_pipeline_get_placement(p, ctypes.byref(s)), "placement", p)
+        return {"devices": s.devices, "moved_bytes": s.moved_bytes,
+                "one_device_bytes": s.one_device_bytes,
+                "room_bytes": [s.room_bytes[i] for i in range(min(s.devices, _lib.MAX_DEVICES))]}
+
     def free(self):
         """Frees the C pipeline (outstanding acquires go with it, as
         mlo_pipeline_free says).  Idempotent."""
@@ -787,7 +863,8 @@ class Pipeline:
                 raise MloError(_EBUSY, "free: %d call(s) on this pipeline are in progress on "
                                "other threads" % self._inflight)
             self._free_locked("")
-        self.platform._pipelines.discard(self)
+        for d in self.devices:
+            d._pipelines.discard(self)
 
     def _free_locked(self, why):
         if self._p:

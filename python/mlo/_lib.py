@@ -37,7 +37,24 @@ class PipelineOptions(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("platform", ctypes.c_void_p),
                 ("pin_host", ctypes.c_bool), ("slab_alignment", ctypes.c_size_t),
                 ("comm", ctypes.c_void_p), ("sharded_loads", ctypes.c_bool),
-                ("shard_resident", ctypes.c_bool)]
+                ("shard_resident", ctypes.c_bool),
+                # since 0.7: several devices (mlo.h's "Several devices")
+                ("devices", ctypes.POINTER(ctypes.c_void_p)), ("ndevices", ctypes.c_size_t)]
+
+
+MAX_DEVICES = 16  # mlo_placement's room_bytes[]
+DEVICE_ANY = -1  # MLO_DEVICE_ANY
+
+
+class Placement(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("devices", ctypes.c_size_t),
+                ("moved_bytes", ctypes.c_uint64), ("one_device_bytes", ctypes.c_uint64),
+                ("room_bytes", ctypes.c_uint64 * MAX_DEVICES)]
+
+
+class DeviceStats(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_uint64) for n in (
+        "device_bytes", "peak_device_bytes", "budget_bytes")]
 
 
 class OffloadSettings(ctypes.Structure):
@@ -147,6 +164,11 @@ def _declare(lib):
         "mlo_pipeline_create": (I, [ctypes.POINTER(PipelineOptions), ctypes.POINTER(P)]),
         "mlo_pipeline_free": (None, [P]),
         "mlo_pipeline_errmsg": (C, [P]),
+        "mlo_pipeline_device_count": (Z, [P]),
+        "mlo_pipeline_get_placement": (I, [P, ctypes.POINTER(Placement)]),
+        "mlo_pipeline_get_device_stats": (I, [P, Z, ctypes.POINTER(DeviceStats)]),
+        "mlo_component_device": (Z, [P]),
+        "mlo_component_set_device": (I, [P, I]),
         "mlo_pipeline_materialize": (I, [P]),
         "mlo_pipeline_audit": (I, [P]),
         "mlo_pipeline_synchronize": (I, [P]),

@@ -589,7 +589,7 @@ class WritesTests(unittest.TestCase):
         # asked to run while torch's current stream is another.
         pipe = tiny.wan()
         b = mlo.torch.enable_model_offload(pipe, device=DEVICE)
-        b.cuda_stream = (0, 0x1234)
+        b.cuda_streams[0] = (0, 0x1234)
 
         class Stream:
             def __init__(self, handle):

@@ -26,9 +26,10 @@ def tokenizer(max_length):
                                    eos_token="</s>", model_max_length=max_length)
 
 
-def wan(seed=0, ffn_dim=32, num_layers=2):
+def wan(seed=0, ffn_dim=32, num_layers=2, enc_ff=32):
     """ffn_dim sizes the DiTs: 32 is a few KiB each, 200000 about 51 MB;
-    num_layers is their blocks."""
+    num_layers is their blocks; enc_ff sizes the text encoder's
+    feed-forward (32: a few KiB; 50000: about 9.6 MB)."""
     torch.manual_seed(seed)
 
     def dit(s):
@@ -43,7 +44,7 @@ def wan(seed=0, ffn_dim=32, num_layers=2):
                            temperal_downsample=[False], latents_mean=[0.0] * 4,
                            latents_std=[1.0] * 4).eval()
     torch.manual_seed(seed + 4)
-    enc = UMT5EncoderModel(UMT5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+    enc = UMT5EncoderModel(UMT5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=enc_ff, num_layers=1,
                                       num_heads=2, relative_attention_num_buckets=8)).eval()
     sched = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                     num_train_timesteps=1000, flow_shift=12.0)

@@ -7,17 +7,30 @@ from ._backend import Offload
 from ._discovery import OffloadDelegate, _foreign_offload, discover
 from ._files import _Scratch, _find_loaded_files, _give_back_freed_memory
 from ._guards import _guard_pipeline, _unguard_pipeline
-from ._settings import OffloadSettings
+from ._settings import OffloadSettings, _device_list, _place_items
 
 
 def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0,
                          prefetch=True, check_writes=True, progressive=True, host_memory=None,
-                         scratch_dir=None):
+                         scratch_dir=None, place=None):
     """Model-level offload of a diffusers (or any) pipeline through libmlo.
 
     device: where compute runs: None (the GPU torch sees; the host stand-in
     with a warning when there is none), "cuda", "cuda:1", a torch.device,
-    "cpu" (the host platform), or a libmlo spec ("host:capacity=4G").
+    "cpu" (the host platform), or a libmlo spec ("host:capacity=4G"); or
+    a list of them, all of one kind, for one pipeline over several devices
+    (["cuda:0", "cuda:1"]; host stand-ins ["host:capacity=1G",
+    "host:capacity=1G"], each its own budget): libmlo places each component
+    on one device at enable, to move the fewest bytes per request
+    (docs/placement.md), and each forward runs there, its tensors moved to
+    that device and its outputs back to the first, where the pipeline's
+    own are (device_placement() says where each went).
+    place: pins, {component name: device}, the device an index into the
+    list or one of its entries as given ({"text_encoder": 1},
+    {"vae": "cuda:1"}); placement leaves them there.  A name that is no
+    component raises MloNotFoundError, a device not in the list
+    MloInvalidError, a pin that cannot fit its device
+    MloDeviceOutOfMemoryError (naming the sizes).
     policy: "strict" (the specification: a DiT's forward evicts encoders and
     the other DiTs, an encoder's evicts the DiTs; VAEs stay) or "budget"
     (keep what fits in `budget` bytes, evict by next use, prefetch from the
@@ -44,8 +57,11 @@ def enable_model_offload(pipe, device=None, policy="strict", budget=0, reserve=0
     Returns the backend (pipe._mlo_offload)."""
     current = getattr(pipe, "_mlo_offload", None)
     host_budget = 0 if host_memory is None else parse_size(host_memory, "host_memory")
+    if isinstance(device, list):  # compared as a value (C11): a tuple
+        device = tuple(device)
+    _device_list(device)  # its shape, before anything is built
     settings = OffloadSettings(device, policy, budget, reserve, prefetch, host_budget,
-                               check_writes, progressive)
+                               check_writes, progressive, _place_items(place))
     if current is not None and current.closed:
         current = None
     if current is not None:

@@ -10,13 +10,14 @@ import threading
 
 import torch
 
-from .. import Component, MloStateError, Pipeline, Platform
+from .. import (Component, MloInvalidError, MloNotFoundError, MloStateError, Pipeline,
+               Platform)
 from ._blocks import BlockPlan
 from ._files import _read_range
 from ._guards import _unguard_pipeline
 from ._hooks import BlockHooks, CastHooks, ComponentHooks
 from ._progress import _bar_config, _format_size, _log, _materialize_progress
-from ._settings import _platform_spec
+from ._settings import _platform_specs
 from ._tensors import (_DTYPES, _Composite, _Entry, _cuda_view, _flatten, _is_wrapper,
                        _resolve, _set_tensor, _view)
 from ._writes import WriteCheck
@@ -41,6 +42,7 @@ class _Managed:
         self.seen = set()  # blocks begun since its acquire (progressive is earned by these)
         self.blocks = {}  # block index -> (its module, its entries)
         self.pieces = []  # its entries by contiguous piece: what a fingerprint sums
+        self.device = 0  # the pipeline device libmlo placed it on (each enable says)
 
 
 class Offload(WriteCheck, BlockPlan):
@@ -51,26 +53,36 @@ class Offload(WriteCheck, BlockPlan):
 
     def __init__(self, settings):
         self.settings = settings
-        spec = _platform_spec(settings.device)
-        self.platform = Platform(spec)
-        # the stream compute is ordered on (C8): torch's current one at enable
-        self.cuda_stream = None
-        if spec.startswith("cuda:") and "stream=" in spec:
-            self.cuda_stream = (int(spec.split(":")[1]),
-                                int(spec.split("stream=")[1].split(",")[0], 0))
-        self.torch_device = "cpu"
-        if self.platform.name == "cuda":
-            # torch's caching allocator holds freed blocks as reserved: mlo
-            # counts them free and asks for them before an allocation fails
-            index = self.cuda_stream[0] if self.cuda_stream else torch.cuda.current_device()
-            self.torch_device = "cuda:%d" % index  # views on the block's own device
-            self.platform.set_framework_cache(
-                reclaim=torch.cuda.empty_cache,
-                cached_bytes=lambda: torch.cuda.memory_reserved(index) -
-                torch.cuda.memory_allocated(index))
+        self.specs = _platform_specs(settings.device)
+        # one libmlo platform per device; the first is where the caller's
+        # tensors are (the pipeline's execution device)
+        self.platforms = [Platform(spec) for spec in self.specs]
+        self.platform = self.platforms[0]
+        # per device: the CUDA stream compute is ordered on (C8), torch's
+        # current one there at enable ((index, handle), None off CUDA), and
+        # the torch device its block's views are on
+        self.cuda_streams, self.torch_devices = [], []
+        for spec, platform in zip(self.specs, self.platforms):
+            stream, torch_device = None, "cpu"
+            if spec.startswith("cuda:") and "stream=" in spec:
+                stream = (int(spec.split(":")[1]), int(spec.split("stream=")[1].split(",")[0], 0))
+            if platform.name == "cuda":
+                # torch's caching allocator holds freed blocks as reserved: mlo
+                # counts them free and asks for them before an allocation fails
+                index = stream[0] if stream else torch.cuda.current_device()
+                torch_device = "cuda:%d" % index  # views on the block's own device
+                platform.set_framework_cache(
+                    reclaim=torch.cuda.empty_cache,
+                    cached_bytes=lambda i=index: torch.cuda.memory_reserved(i) -
+                    torch.cuda.memory_allocated(i))
+            self.cuda_streams.append(stream)
+            self.torch_devices.append(torch_device)
+        # several torch devices: the hooks move a forward's tensors to its
+        # component's device and its outputs back to the first
+        self.moves = len(self.platforms) > 1
         self.caps = self.platform.caps()
         self.device_type = "cuda" if self.platform.name == "cuda" else "cpu"
-        self.pipeline = Pipeline(self.platform)
+        self.pipeline = Pipeline(self.platforms)
         self.managed = []
         self.owner_of = {}  # data_ptr -> _Managed that stores it (C6)
         self.loaded_files = {}  # id(module) -> {name: (path, offset)}: find_loaded_files
@@ -149,7 +161,7 @@ class Offload(WriteCheck, BlockPlan):
             e = _Entry(owner, attr, is_param, handle, Component.nbytes(handle),
                        torch.empty(data.shape, dtype=data.dtype, device="meta"),
                        "%s.%s" % (name, qname), source)
-            e.places = others
+            e.places, e.managed = others, m
             m.entries.append(e)
             if t.numel():
                 self.owner_of[key] = m
@@ -190,7 +202,7 @@ class Offload(WriteCheck, BlockPlan):
             e = _Entry(owner, attr, is_param, handle, Component.nbytes(handle),
                        torch.empty(data.shape, dtype=data.dtype, device="meta"),
                        "%s.%s" % (name, inner), source)
-            e.places, e.composite, e.path = others, composite, path
+            e.places, e.composite, e.path, e.managed = others, composite, path, m
             composite.members.append(e)
             m.entries.append(e)
             if data.numel():
@@ -211,7 +223,7 @@ class Offload(WriteCheck, BlockPlan):
             return e.like
         if where == "device" and self.caps["device_pointers"] and not self.caps[
                 "host_addressable"]:
-            return _cuda_view(ptr, e.like, e.nbytes, self.pipeline, self.torch_device)
+            return _cuda_view(ptr, e.like, e.nbytes, self.pipeline, self.torch_device_of(e.managed))
         return _view(ptr, e.like, e.nbytes, self.pipeline)
 
     def _bind_entry(self, e, where):
@@ -255,8 +267,12 @@ class Offload(WriteCheck, BlockPlan):
             elif m.bound != "host":
                 self._bind(m, "host")
 
+    def torch_device_of(self, m):
+        """The torch device m's forward runs on and its block's views are on."""
+        return self.torch_devices[m.device]
+
     # -- entry points -------------------------------------------------------
-    def _check_stream(self):
+    def _check_stream(self, m):
         """The loads are ordered against the stream given at enable; a forward
         launched on another (`with torch.cuda.stream(s):`) would not wait for
         them.  Refused, never run unordered (issue 25.1).  So is a forward
@@ -267,7 +283,7 @@ class Offload(WriteCheck, BlockPlan):
                                 "replay without its loads and evictions; capture with the offload "
                                 "disabled, or do not capture (torch.compile's "
                                 "mode='reduce-overhead' captures)")
-        index, handle = self.cuda_stream
+        index, handle = self.cuda_streams[m.device]
         now = torch.cuda.current_stream(index).cuda_stream
         if now != handle:
             raise MloStateError("torch's current stream on cuda:%d is 0x%x, but offload was "
@@ -277,8 +293,8 @@ class Offload(WriteCheck, BlockPlan):
                                 (index, now, handle))
 
     def acquire(self, m):
-        if self.cuda_stream is not None:
-            self._check_stream()
+        if self.cuda_streams[m.device] is not None:
+            self._check_stream(m)
         if self.check_writes:
             # an acquire may evict others (a switch; the budget policy's
             # prefetch); m itself only when it is not resident
@@ -369,6 +385,7 @@ class Offload(WriteCheck, BlockPlan):
         pipe = self.pipe_ref() if self.pipe_ref is not None else None
         end_progress = _materialize_progress(self.pipeline, _bar_config(pipe),
                                              "mlo: reading weights into host slabs")
+        self.pin()
         try:
             if not self.settings.host_budget:
                 self.pipeline.materialize()
@@ -380,17 +397,76 @@ class Offload(WriteCheck, BlockPlan):
         self._originals = []  # torch's own copies go: the slabs hold the weights now
         self.log_placement()
 
+    def pin(self):
+        """settings.place: each named component pinned to its device
+        (mlo_component_set_device), before enable places the others.  A
+        device is an index into device=, or one of its entries as given
+        ("cuda:1", "host:capacity=1G", a torch.device).  MloNotFoundError
+        for a name that is no component, MloInvalidError for a device that
+        is not one of the pipeline's."""
+        given = self.settings.device
+        given = list(given) if isinstance(given, tuple) else [given]
+        by_name = {m.name: m for m in self.managed}
+        for name, dev in self.settings.place:
+            m = by_name.get(name)
+            if m is None:
+                raise MloNotFoundError("place: no component %r (the components: %s)" %
+                                       (name, ", ".join(sorted(by_name)) or "none"))
+            index = dev
+            if isinstance(dev, str):
+                hits = [i for i, g in enumerate(given)
+                        if dev == (str(g) if isinstance(g, torch.device) else g) or
+                        dev == self.torch_devices[i] != "cpu"]
+                if len(hits) != 1:
+                    raise MloInvalidError(
+                        "place: %s=%r %s of device=%r%s" % (
+                            name, dev, "names devices %s" % hits if hits else "is none",
+                            given, "; pin by index (0 .. %d)" % (len(given) - 1)))
+                index = hits[0]
+            elif isinstance(dev, bool) or not isinstance(dev, int):
+                raise MloInvalidError("place: %s=%r is neither a device index nor a device "
+                                      "of device=%r" % (name, dev, given))
+            m.comp.set_device(index)
+
+    def device_placement(self):
+        """Which component libmlo placed on which device, and what it moves:
+        {"devices": [{"index", "device" (as given), "platform" (libmlo's
+        spec), "torch_device", "components" [names], "room_bytes",
+        "device_bytes", "peak_device_bytes", "budget_bytes"}, ...],
+        "components": {name: device index}, "pinned": {name: device index},
+        "moved_bytes": per request as libmlo's placement model counts them,
+        "one_device_bytes": the same with every component on device 0
+        (both 0 with one device)}.  Peaks are since the last
+        pipeline.reset_stats()."""
+        given = self.settings.device
+        given = list(given) if isinstance(given, tuple) else [given]
+        where = {m.name: m.comp.device for m in self.managed}
+        placed = self.pipeline.placement()
+        devices = []
+        for i, spec in enumerate(self.specs):
+            st = self.pipeline.device_stats(i)
+            devices.append({"index": i, "device": given[i], "platform": spec,
+                            "torch_device": self.torch_devices[i],
+                            "components": [n for n, d in where.items() if d == i],
+                            "room_bytes": placed["room_bytes"][i] if
+                            i < len(placed["room_bytes"]) else 0, **st})
+        pinned = {name: where.get(name) for name, _ in self.settings.place}
+        return {"devices": devices, "components": where, "pinned": pinned,
+                "moved_bytes": placed["moved_bytes"],
+                "one_device_bytes": placed["one_device_bytes"]}
+
     def placement(self):
         """Where each component lives now and why: [(name, role, bytes,
-        where, why)], where is "device", "host slab" or "disk" (its slab
-        left in its files by host_memory)."""
+        where, why)], where is "device" ("device N" on a pipeline of several),
+        "host slab" or "disk" (its slab left in its files by host_memory).
+        device_placement() says which device each one is on."""
         policy, host_budget = self.settings.policy, self.settings.host_budget
         size = _format_size(host_budget)
         out = []
         for m in self.managed:
             on_disk = any(e.nbytes and not Component.host_data(e.handle) for e in m.entries)
             if m.comp.resident:
-                where = "device"
+                where = "device" if len(self.platforms) == 1 else "device %d" % m.device
                 why = "the budget policy keeps it (it fits the device budget)" \
                     if policy != "strict" else "the strict policy keeps VAEs resident" \
                     if m.role == "vae" else "the strict policy loads encoders at enable"
@@ -412,7 +488,7 @@ class Offload(WriteCheck, BlockPlan):
     def log_placement(self):
         """One line at enable: where each component lives, and why."""
         if _log.isEnabledFor(logging.INFO):
-            _log.info("mlo: on %s: %s", self.platform.name, "; ".join(
+            _log.info("mlo: on %s: %s", " + ".join(self.specs), "; ".join(
                 "%s (%s, %s): %s, %s" % (name, role, _format_size(nbytes), where, why)
                 for name, role, nbytes, where, why in self.placement()))
 
@@ -431,6 +507,8 @@ class Offload(WriteCheck, BlockPlan):
         self.pipeline.enable(policy=s.policy, budget=s.budget, reserve=s.reserve,
                              prefetch=s.prefetch, host_budget=s.host_budget)
         self.enabled = True
+        for m in self.managed:  # where enable placed it (several devices)
+            m.device = m.comp.device
         if s.policy == "budget":  # nothing declares the calls: learn them (docs/planner.md)
             self.pipeline.learn_schedule(True)
         for m in self.managed:

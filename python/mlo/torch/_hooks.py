@@ -4,12 +4,60 @@ release after, its VAE's decode/encode the same way), its blocks' (where
 the forward is), and the one over diffusers' layerwise casting (bind each
 layer back to mlo's memory after its forward).  They call the backend
 (_backend.py), which decides."""
+import copy
+import dataclasses
+
 import torch
 
 # A hook runs eagerly under torch.compile: what it does (ctypes calls into
 # libmlo, swapping a module's tensors) is nothing a graph can hold, and
 # traced, each swap recompiled the graph until dynamo gave up on it.
 _eager = torch.compiler.disable
+
+
+def _send(obj, device):
+    """obj with every tensor in it on `device` (a torch device string): a
+    tensor, or one inside tuples (named ones too), lists, dicts and their
+    subclasses (diffusers' and transformers' outputs: copied, then each
+    moved entry set) and dataclasses, at any depth.  What needs no move is
+    returned as it is, not copied: on one torch device (the host
+    stand-ins) nothing is.  Anything else is left alone."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == torch.device(device) else obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        items = [_send(x, device) for x in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        if isinstance(obj, tuple):
+            return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+        return items if type(obj) is list else _copy_with(obj, enumerate(items))
+    if isinstance(obj, dict):
+        moved = [(k, _send(v, device)) for k, v in obj.items()]
+        changed = [(k, v) for (k, v), old in zip(moved, obj.values()) if v is not old]
+        return _copy_with(obj, changed) if changed else obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changed = []
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name, None)
+            w = _send(v, device)
+            if w is not v:
+                changed.append((f.name, w))
+        if not changed:
+            return obj
+        out = copy.copy(obj)
+        for k, v in changed:
+            object.__setattr__(out, k, v)
+        return out
+    return obj
+
+
+def _copy_with(obj, changed):
+    """A shallow copy of a container with these (key, value) set: a
+    ModelOutput's __setitem__ sets its attribute as well."""
+    out = copy.copy(obj)
+    for k, v in changed:
+        out[k] = v
+    return out
 
 
 class _ExecutionDevice:
@@ -37,12 +85,31 @@ class ComponentHooks:
         b, m = self.backend, self.m
         if (b.device_type != "cpu" or b.settings.host_budget) and \
                 not hasattr(m.module, "_hf_hook"):
-            m.module._hf_hook = _ExecutionDevice(b.device_type)
+            # several devices: the caller's tensors stay on the first
+            m.module._hf_hook = _ExecutionDevice(b.torch_devices[0] if b.moves else
+                                                 b.device_type)
             self.patched["_hf_hook"] = None
-        self.handles += [
-            m.module.register_forward_pre_hook(_eager(lambda mod, args: b.acquire(m))),
-            m.module.register_forward_hook(_eager(lambda mod, args, out: b.release(m)),
-                                           always_call=True)]
+        if b.moves:
+            # several devices (as accelerate's device-alignment hooks do):
+            # the forward's tensors to its component's device, its outputs
+            # back to the first, where the caller's are
+            def pre(mod, args, kwargs):
+                b.acquire(m)
+                there = b.torch_device_of(m)
+                return _send(args, there), _send(kwargs, there)
+
+            def post(mod, args, kwargs, out):
+                b.release(m)
+                return _send(out, b.torch_devices[0])
+
+            self.handles += [
+                m.module.register_forward_pre_hook(_eager(pre), with_kwargs=True),
+                m.module.register_forward_hook(_eager(post), with_kwargs=True, always_call=True)]
+        else:
+            self.handles += [
+                m.module.register_forward_pre_hook(_eager(lambda mod, args: b.acquire(m))),
+                m.module.register_forward_hook(_eager(lambda mod, args, out: b.release(m)),
+                                               always_call=True)]
         for method in ("decode", "encode"):
             fn = m.module.__dict__.get(method) or getattr(type(m.module), method, None)
             if fn is None or method in self.patched:
@@ -52,7 +119,10 @@ class ComponentHooks:
             def wrapped(*a, __fn=bound, **k):
                 _eager(b.acquire)(m)
                 try:
-                    return __fn(*a, **k)
+                    if not b.moves:
+                        return __fn(*a, **k)
+                    there = b.torch_device_of(m)
+                    return _send(__fn(*_send(a, there), **_send(k, there)), b.torch_devices[0])
                 finally:
                     _eager(b.release)(m)
 

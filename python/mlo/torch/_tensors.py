@@ -51,7 +51,7 @@ class _Entry:
     dtype and shape (`like`, on the meta device: no bytes of torch's are
     kept), and the address it was last bound to."""
     __slots__ = ("owner", "attr", "is_param", "handle", "nbytes", "like", "name", "ptr",
-                 "qname", "source", "places", "composite", "path")
+                 "qname", "source", "places", "composite", "path", "managed")
 
     def __init__(self, owner, attr, is_param, handle, nbytes, like, name, source=None):
         self.owner, self.attr, self.is_param = owner, attr, is_param
@@ -62,6 +62,7 @@ class _Entry:
         self.places = ()  # the other (owner, attr) holding the same tensor (tied)
         self.composite = None  # the _Composite it is an inner tensor of
         self.path = ()  # its place in that composite's __tensor_flatten__ tree
+        self.managed = None  # its component's _Managed (_backend.py): where its device is
 
     def current(self):
         """The tensor the module has in this place now (an inner tensor of a

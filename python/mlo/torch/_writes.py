@@ -29,15 +29,15 @@ class WriteCheck:
         for at, n, dtype in ((lo, size // 4, torch.int32), (lo + size // 4 * 4, size % 4,
                                                            torch.uint8)):
             if n:
-                sums.append(self._cuda_word_sum(at, n, dtype) if cuda else
+                sums.append(self._cuda_word_sum(at, n, dtype, entries[0].managed) if cuda else
                             _host_word_sum(at, n, dtype))
         return tuple(sums)
 
-    def _cuda_word_sum(self, at, n, dtype):
+    def _cuda_word_sum(self, at, n, dtype, m):
         """_host_word_sum of device memory: summed on the device in chunks
         (torch widens a chunk to int64 before it sums), read back once."""
         like = torch.empty((n,), dtype=dtype, device="meta")
-        v = _cuda_view(at, like, n * like.element_size(), self.pipeline, self.torch_device)
+        v = _cuda_view(at, like, n * like.element_size(), self.pipeline, self.torch_device_of(m))
         total = torch.zeros((), dtype=torch.int64, device=v.device)
         for i in range(0, n, _SUM_CHUNK):
             total += torch.sum(v[i:i + _SUM_CHUNK], dtype=torch.int64)
@@ -153,11 +153,11 @@ class WriteCheck:
                 self._entry_view(e, "host").copy_(cur)
                 if m.bound == "device":
                     self._entry_view(e, "device").copy_(cur)
-        if m.bound == "device" and self.cuda_stream is not None:
+        if m.bound == "device" and self.cuda_streams[m.device] is not None:
             # written outside m's hold: libmlo orders m's eviction after the
             # compute of its last hold only (issue 25.7), so the copies must
             # have landed before the acquire that may evict it
-            torch.cuda.current_stream(self.cuda_stream[0]).synchronize()
+            torch.cuda.current_stream(self.cuda_streams[m.device][0]).synchronize()
         self._bind(m, m.bound, fresh=False)
         self._take_reference(m)
         m.written_back += len(replaced)
