@@ -587,6 +587,17 @@ class Component:
         with self._use("load_done"):
             return lib().mlo_component_load_done(self._c)
 
+    def disk_progress(self):
+        """(bytes read, bytes in all) of its load from disk in flight, (0, 0)
+        when none is (mlo_component_disk_progress): safe from another thread
+        while one waits in acquire()."""
+        done, total = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        with self._use("disk_progress") as pipe:
+            _check(lib().mlo_component_disk_progress(self._c, ctypes.byref(done),
+                                                     ctypes.byref(total)),
+                   "disk_progress '%s'" % self.name, pipe)
+        return done.value, total.value
+
     def evict(self):
         """Drops its device copy now (mlo_component_evict)."""
         with self._use("evict") as pipe:

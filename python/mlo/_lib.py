@@ -187,6 +187,7 @@ def _declare(lib):
         "mlo_component_bytes": (U64, [P]),
         "mlo_component_is_resident": (B, [P]),
         "mlo_component_load_done": (B, [P]),
+        "mlo_component_disk_progress": (I, [P, ctypes.POINTER(U64), ctypes.POINTER(U64)]),
         "mlo_component_acquire": (I, [P]),
         "mlo_component_evict": (I, [P]),
         "mlo_component_release": (I, [P]),

@@ -518,6 +518,45 @@ class ProgressTests(unittest.TestCase):
             self.assertNotIn("mlo:", shown)
 
 
+    def test_bar_for_each_load_from_disk_during_a_generation(self):
+        """The expert the host plan leaves on disk is read at each of its
+        loads; with the reads paced (MLO_DISK_BW) a bar shows each one's
+        bytes, drawn by a thread polling libmlo while the forward waits, to
+        100%; none with the pipeline's bars off, and the latents are the
+        same either way."""
+        import contextlib
+        import io
+        import tempfile
+        from diffusers import WanPipeline
+        with tempfile.TemporaryDirectory(prefix="mlo-progress-") as d:
+            tiny.wan(ffn_dim=2000).save_pretrained(d)  # 557 KiB each expert
+            old = os.environ.get("MLO_DISK_BW")
+            os.environ["MLO_DISK_BW"] = "2000000"  # an expert's read: about 0.3 s
+            try:
+                shown, latents = [], []
+                for bars in (True, False):
+                    pipe = WanPipeline.from_pretrained(d)
+                    if not bars:
+                        pipe.set_progress_bar_config(disable=True)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        mlo.torch.enable_model_offload(pipe, device=DEVICE, host_memory="700K",
+                                                       policy="strict")
+                    err = io.StringIO()
+                    with contextlib.redirect_stderr(err):
+                        latents.append(tiny.run_wan(pipe, steps=4))  # both experts
+                    mlo.torch.close_model_offload(pipe)
+                    shown.append(err.getvalue())
+            finally:
+                if old is None:
+                    os.environ.pop("MLO_DISK_BW", None)
+                else:
+                    os.environ["MLO_DISK_BW"] = old
+            self.assertRegex(shown[0], r"mlo: loading transformer(_2)? from disk: +100%")
+            self.assertNotIn("from disk", shown[1])
+            self.assertTrue(np.array_equal(latents[0], latents[1]))
+
+
 class FromPretrainedTiersTests(unittest.TestCase):
     """from_pretrained with every tier at once: each expert larger than the
     device budget (it streams), parts of it on disk (host_memory), the

@@ -4,6 +4,7 @@ and releases around each forward, says where a forward is in its blocks,
 and runs the life cycle (start, enable, close).  The hooks that call it are
 _hooks.py's; the write check is _writes.py's, the blocks' calls
 _blocks.py's."""
+import contextlib
 import gc
 import logging
 import threading
@@ -16,7 +17,7 @@ from ._blocks import BlockPlan
 from ._files import _read_range
 from ._guards import _unguard_pipeline
 from ._hooks import BlockHooks, CastHooks, ComponentHooks
-from ._progress import _bar_config, _format_size, _log, _materialize_progress
+from ._progress import _DiskLoadBar, _bar_config, _format_size, _log, _materialize_progress
 from ._settings import _platform_specs
 from ._tensors import (_DTYPES, _Composite, _Entry, _cuda_view, _flatten, _is_wrapper,
                        _resolve, _set_tensor, _view)
@@ -299,11 +300,22 @@ class Offload(WriteCheck, BlockPlan):
             # an acquire may evict others (a switch; the budget policy's
             # prefetch); m itself only when it is not resident
             self.check_writes_now(skip=m if m.bound == "device" else None)
-        m.comp.acquire()
+        with self._disk_bar(m):
+            m.comp.acquire()
         held = self._held_here()  # first: a binding below that raises still releases it
         held[m.name] = held.get(m.name, 0) + 1
         self.sync_bindings()
         m.acquired_since_load = True  # the compute stream waits for its load (C8)
+
+    def _disk_bar(self, m):
+        """A progress bar for m's load from disk, where the disk tier keeps
+        components in their files (host_memory) and m is loading or not
+        resident: the acquire will wait for the reads."""
+        if not self.settings.host_budget or (m.comp.resident and
+                                             not m.comp.disk_progress()[1]):
+            return contextlib.nullcontext()
+        pipe = self.pipe_ref() if self.pipe_ref is not None else None
+        return _DiskLoadBar(m.comp, _bar_config(pipe), "mlo: loading %s from disk" % m.name)
 
     def _held_here(self):
         """This thread's components acquired and not yet released: the

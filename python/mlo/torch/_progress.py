@@ -103,3 +103,52 @@ def _materialize_progress(pipeline, config, desc):
 
     pipeline.set_progress(on)
     return close
+
+
+class _DiskLoadBar:
+    """A load from disk during a generation (the disk tier reads a
+    component's files at each load): while this thread waits in the
+    acquire, another polls libmlo's count of the bytes read
+    (mlo_component_disk_progress) onto a bar drawn once the load is seen
+    in flight; the reader itself calls nothing back.  Used as a context
+    around the acquire; nothing is started where no load from disk is in
+    flight or coming, or where bars are off."""
+    POLL_S = 0.05
+
+    def __init__(self, comp, config, desc):
+        self.comp, self.config, self.desc = comp, config, desc
+        self.stop = threading.Event()
+        self.thread = None
+
+    def __enter__(self):
+        if self.config is None:
+            return self
+        self.thread = threading.Thread(target=self._poll, name="mlo-disk-progress", daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        bar, shown = None, 0
+        while True:
+            stopping = self.stop.wait(self.POLL_S)
+            try:
+                done, total = self.comp.disk_progress()
+            except Exception:  # the pipeline went away: nothing more to show
+                break
+            if total and bar is None:
+                bar = _progress_bar(None, self.desc, total, self.config)
+            if bar is not None:
+                if not total:  # its reads are done
+                    done = bar.total or 0
+                bar.update(done - shown)
+                shown = done
+            if stopping or (bar is not None and not total):
+                break
+        if bar is not None:
+            bar.close()
+
+    def __exit__(self, *exc):
+        if self.thread is not None:
+            self.stop.set()
+            self.thread.join()
+        return False
