@@ -264,16 +264,25 @@ static void *forward_checked(void *arg) {
   return NULL;
 }
 
-static void test_file_changed_during_a_paced_load(void **state) {
-  (void)state;
-  setenv("MLO_DISK_BW", "20000000", 1); /* dit_a's 20 MiB: about a second */
-  mlo_platform *plat = tu_platform_open(NULL);
-  tu_pipe *tp = build(plat);
+/* Every component on disk, its reads paced at bw bytes per second
+ * (MLO_DISK_BW, unset by the caller), offload on: each forward's load its
+ * own (no prefetch). */
+static tu_pipe *paced_on_disk(const char *bw, mlo_platform **plat) {
+  setenv("MLO_DISK_BW", bw, 1);
+  *plat = tu_platform_open(NULL);
+  tu_pipe *tp = build(*plat);
   mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
   s.policy = MLO_POLICY_BUDGET;
   s.prefetch = false;
   s.host_budget_bytes = 1;
   assert_ok(mlo_offload_enable(tp->pipe, &s));
+  return tp;
+}
+
+static void test_file_changed_during_a_paced_load(void **state) {
+  (void)state;
+  mlo_platform *plat;
+  tu_pipe *tp = paced_on_disk("20000000", &plat); /* dit_a's 20 MiB: about a second */
   loader l = {.tp = tp, .c = tu_comp(tp, "dit_a")};
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, forward_checked, &l), 0);
@@ -305,14 +314,8 @@ static void test_file_changed_during_a_paced_load(void **state) {
  * and both are 0 once the load is done (and for a component not loading). */
 static void test_disk_progress_while_a_forward_waits(void **state) {
   (void)state;
-  setenv("MLO_DISK_BW", "40000000", 1); /* dit_a's 20 MiB: about half a second */
-  mlo_platform *plat = tu_platform_open(NULL);
-  tu_pipe *tp = build(plat);
-  mlo_offload_settings s = MLO_OFFLOAD_SETTINGS_INIT;
-  s.policy = MLO_POLICY_BUDGET;
-  s.prefetch = false;
-  s.host_budget_bytes = 1;
-  assert_ok(mlo_offload_enable(tp->pipe, &s));
+  mlo_platform *plat;
+  tu_pipe *tp = paced_on_disk("40000000", &plat); /* dit_a's 20 MiB: about half a second */
   loader l = {.tp = tp, .c = tu_comp(tp, "dit_a")};
   uint64_t done = 1, total = 1;
   assert_ok(mlo_component_disk_progress(l.c, &done, &total));
