@@ -437,10 +437,10 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
            "  blocks the current one has run, and it waits %.3f s against strict's %.3f s\n",
            joined.stats.total.joined_loads, o.prompts, run_steady(&joined, GEN_STALL),
            run_steady(&strict, GEN_STALL));
-    printf("  two devices of %s (%s): %s moved per prompt against %s on one; the\n"
-           "  encoder lives apart from the experts, and every switch is gone\n",
-           tool_size(z.capacity), where, tool_size((uint64_t)run_steady(&two, GEN_H2D)),
-           tool_size((uint64_t)run_steady(&rep.run, GEN_H2D)));
+    printf("  two devices of %s, one pipeline: %s moved per prompt against %s on one;\n"
+           "  placed %s: the encoder apart from the experts, every switch gone\n",
+           tool_size(z.capacity), tool_size((uint64_t)run_steady(&two, GEN_H2D)),
+           tool_size((uint64_t)run_steady(&rep.run, GEN_H2D)), where);
     printf("  the digests of all %s runs are %s\n", stream ? "eight" : "seven",
            rep.identical ? "identical" : "DIFFERENT");
     if (!rep.identical) code = TOOL_EXIT_VERIFY;
