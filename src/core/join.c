@@ -339,8 +339,8 @@ bool mlo_join_can_take(const mlo_component *b) {
 bool mlo_join_start(mlo_component *a, mlo_component *b) {
   mlo_pipeline *pipe = a->pipe;
   const mlo_offload_settings *s = &pipe->settings;
-  if (a->join || b->join || a == b || pipe->sharded || s->copy_back || s->per_tensor_copies ||
-      mlo_dev_plat(a)->caps.max_block_bytes)
+  if (a->join || b->join || a == b || a->dev != b->dev || pipe->sharded || s->copy_back ||
+      s->per_tensor_copies || mlo_dev_plat(a)->caps.max_block_bytes)
     return false;
   /* a: resident in one block of its own layout (or its streamed plan's),
    * held by its forward alone, nothing to write back at its end; with

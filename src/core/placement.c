@@ -46,6 +46,9 @@ typedef struct {
   uint64_t room[MLO_MAX_DEVICES];
   /* the model's working state, one device at a time */
   bool *res;
+  /* which components share storage (a tensor of i references one of j's):
+   * a forward reads the other's block, so both live on one device */
+  bool *shares; /* ncomps x ncomps */
 } place_model;
 
 /* Calls from call k (exclusive) until comp i's next one, cyclically. */
@@ -116,7 +119,21 @@ static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) 
   return moved / PLACE_COUNTED;
 }
 
+/* Two components that share storage on two devices: i, or SIZE_MAX. */
+static size_t split_pair(const place_model *m, const unsigned char *at, size_t *other) {
+  size_t n = m->pipe->ncomps;
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < n; j++)
+      if (m->shares[i * n + j] && at[i] != at[j]) {
+        *other = j;
+        return i;
+      }
+  return SIZE_MAX;
+}
+
 static uint64_t assignment_bytes(place_model *m, const unsigned char *at) {
+  size_t other;
+  if (split_pair(m, at, &other) != SIZE_MAX) return PLACE_UNFIT;
   uint64_t sum = 0;
   for (size_t d = 0; d < m->pipe->ndevs; d++) {
     uint64_t b = device_bytes(m, at, d);
@@ -147,11 +164,19 @@ static int request_calls(place_model *m) {
   return MLO_OK;
 }
 
-/* Each component's bytes and what it streams on each device. */
+/* Each component's bytes and what it streams on each device, and which
+ * share storage. */
 static void measure(place_model *m) {
   mlo_pipeline *pipe = m->pipe;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
+    for (size_t k = 0; k < c->ntensors; k++) {
+      const mlo_tensor *t = c->tensors[k];
+      if (t->target && t->target->comp != c) {
+        size_t j = t->target->comp->index;
+        m->shares[i * pipe->ncomps + j] = m->shares[j * pipe->ncomps + i] = true;
+      }
+    }
     mlo_layout lay;
     mlo_slab_layout(c, false, false, &lay);
     place_comp *p = &m->pc[i];
@@ -235,6 +260,12 @@ static int rehome(mlo_component *c, size_t d) {
 static int unplaceable(place_model *m, const unsigned char *at) {
   mlo_pipeline *pipe = m->pipe;
   char a[32], b[32];
+  size_t y, x = split_pair(m, at, &y);
+  if (x != SIZE_MAX)
+    return mlo_fail(pipe, MLO_EINVAL,
+                    "'%s' and '%s' share tensors, so they run on one device; they are pinned to "
+                    "devices %u and %u",
+                    pipe->comps[x]->name, pipe->comps[y]->name, at[x], at[y]);
   for (size_t i = 0; i < pipe->ncomps; i++) {
     size_t d = at[i];
     if (m->pc[i].streamed[d] != PLACE_UNFIT) continue;
@@ -276,7 +307,9 @@ int mlo_place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol, const uint64
   unsigned char best[256], one[256] = {0};
   int rc = MLO_OK;
   if (!(m.pc = mlo_calloc(pipe->ncomps, sizeof *m.pc)) ||
-      !(m.res = mlo_calloc(pipe->ncomps, sizeof *m.res)) || request_calls(&m) != MLO_OK) {
+      !(m.res = mlo_calloc(pipe->ncomps, sizeof *m.res)) ||
+      !(m.shares = mlo_calloc(pipe->ncomps * pipe->ncomps, sizeof *m.shares)) ||
+      request_calls(&m) != MLO_OK) {
     rc = mlo_fail(pipe, MLO_ENOMEM, "out of host memory placing the components");
     goto out;
   }
@@ -294,6 +327,7 @@ int mlo_place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol, const uint64
 out:
   free(m.pc);
   free(m.res);
+  free(m.shares);
   free(m.calls);
   return rc;
 }

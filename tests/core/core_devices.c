@@ -246,6 +246,28 @@ static void test_load_all_spreads_what_does_not_fit(void **state) {
   teardown(&f);
 }
 
+/* Components that share storage (a tensor of one references the other's)
+ * are placed on one device, whatever the bytes would say; pinned apart,
+ * the enable says why. */
+static void test_shared_tensors_keep_one_device(void **state) {
+  (void)state;
+  fixture f;
+  setup(&f);
+  mlo_component *enc = tu_comp(f.tp, "text_encoder"), *t = tu_comp(f.tp, "transformer");
+  tu_add_alias(f.tp, t, "tied", mlo_component_tensor_at(enc, 0)); /* a tied embedding */
+  assert_ok(enable(&f, MLO_POLICY_BUDGET));
+  assert_int_equal(mlo_component_device(enc), mlo_component_device(t));
+  request(&f); /* the alias reads the encoder's bytes on its own device */
+  assert_ok(mlo_offload_disable(f.tp->pipe));
+  assert_ok(mlo_component_set_device(enc, 0));
+  assert_ok(mlo_component_set_device(t, 1));
+  assert_int_equal(enable(&f, MLO_POLICY_BUDGET), MLO_EINVAL);
+  assert_non_null(strstr(mlo_pipeline_errmsg(f.tp->pipe),
+                         "'text_encoder' and 'transformer' share tensors, so they run on one "
+                         "device; they are pinned to devices 0 and 1"));
+  teardown(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_options_are_checked),
@@ -255,6 +277,7 @@ int main(void) {
       cmocka_unit_test(test_resident_component_moves),
       cmocka_unit_test(test_pinned_too_large),
       cmocka_unit_test(test_load_all_spreads_what_does_not_fit),
+      cmocka_unit_test(test_shared_tensors_keep_one_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
