@@ -57,6 +57,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -87,10 +88,11 @@ struct ncclComm {
   int fd;
   struct fn_shared *sh;
   char *data;
-  uint64_t gathers;     /* run so far (the stream's worker alone counts them) */
-  _Atomic int queued;   /* gathers queued and not finished */
-  _Atomic int running;  /* gathers inside their host function */
-  _Atomic bool aborted; /* ncclCommAbort */
+  uint64_t gathers;              /* run so far (the stream's worker alone counts them) */
+  _Atomic int queued;            /* gathers queued and not finished */
+  _Atomic int running;           /* gathers inside their host function */
+  _Atomic bool aborted;          /* ncclCommAbort */
+  struct ncclComm *next_aborted; /* the list of aborted handles kept (ncclCommAbort) */
   _Atomic ncclResult_t async;
   bool fail_async, hang; /* this rank's injected failure */
   uint64_t hang_from;    /* hang from this gather on (1: the first) */
@@ -389,10 +391,20 @@ ncclResult_t ncclCommFinalize(ncclComm_t c) {
 }
 
 /* Ends what is in flight; the handle stays (see the header). */
+/* Aborted handles stay allocated (a gather still queued behind one must
+ * find it aborted) and listed here, so that they stay reachable: NCCL frees
+ * them at the abort, and a leak checker must not see one as mlo's leak. */
+static pthread_mutex_t aborted_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ncclComm *aborted_list;
+
 ncclResult_t ncclCommAbort(ncclComm_t c) {
   if (!c) return ncclSuccess;
-  atomic_store(&c->aborted, true);
+  if (atomic_exchange(&c->aborted, true)) return ncclSuccess; /* listed already */
   while (atomic_load(&c->running)) nap();
+  pthread_mutex_lock(&aborted_lock);
+  c->next_aborted = aborted_list;
+  aborted_list = c;
+  pthread_mutex_unlock(&aborted_lock);
   return ncclSuccess;
 }
 
