@@ -5,15 +5,18 @@
  * the fewest bytes per request: each device replays the schedule's calls of
  * its own components (the declared schedule, or one request in role order
  * without one) under the policy's rule (strict: exclusion by role; budget:
- * what fits, evicting as budget.c does — among those that alone free
- * enough the smallest, then the farthest next use; a component larger than the room
- * streams and moves its streamed blocks at every call), warm, as a server
- * runs, and the device's bytes are what its loads copy.  The same measure
+ * what fits, evicting as budget.c does: among those that alone free
+ * enough the smallest, then the farthest next use; a component larger
+ * than the room streams and moves its streamed blocks at every call),
+ * warm, as a server runs, and the device's bytes are what its loads copy.  The same measure
  * the disk tier plans host memory with: bytes times loads.
  *
- * The model is the policy's rule, not its run: prefetch and joins change
- * when bytes move, not how many; the figures it gives (mlo_placement) are
- * what `mlo run` then counts on the host stand-ins (bytes equal, tested).
+ * The model is the policy's rule, not its run: joins change when bytes
+ * move, not how many, but a prefetch may displace another component than
+ * the rule would, so its one-device figure can differ from a one-device
+ * run's under the budget policy; the placed figure is what `mlo run` then
+ * counts where nothing is left to displace (cli_DevicesTests).  Components
+ * that share storage (an alias of another's tensor) stay on one device.
  */
 #include "base/sysio.h"
 #include "core/internal.h"
