@@ -1171,6 +1171,17 @@ typedef struct {
                                its ended blocks freed (BUDGET with prefetch) */
 } mlo_component_stats;
 MLO_API int mlo_component_get_stats(mlo_component *comp, mlo_component_stats *out);
+/* The counters of mlo_component_stats as a table, in the struct's order
+ * (each a uint64_t at `offset`): a writer that lists them (a JSON report, a
+ * binding's struct) asks here rather than repeating the list.  seconds: for
+ * a time in ns, the name it is reported under in seconds ("stall_s" for
+ * wait_ns); NULL for a count.  Returns how many; *fields gets the table. */
+typedef struct {
+  const char *name;
+  size_t offset;
+  const char *seconds;
+} mlo_stats_field;
+MLO_API size_t mlo_component_stats_fields(const mlo_stats_field **fields);
 /* Sums over every component, plus pipeline-level figures. */
 typedef struct {
   mlo_component_stats total;

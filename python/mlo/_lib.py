@@ -72,6 +72,12 @@ class ComponentStats(ctypes.Structure):
         "disk_loads", "disk_read_bytes", "disk_wait_ns", "joined_loads")]
 
 
+class StatsField(ctypes.Structure):
+    """mlo_stats_field: one counter of mlo_component_stats, as libmlo lists them."""
+    _fields_ = [("name", ctypes.c_char_p), ("offset", ctypes.c_size_t),
+                ("seconds", ctypes.c_char_p)]
+
+
 class PipelineStats(ctypes.Structure):
     _fields_ = [("total", ComponentStats)] + [(n, ctypes.c_uint64) for n in (
         "device_bytes", "peak_device_bytes", "host_slab_bytes", "pinned_bytes", "budget_bytes",
@@ -127,6 +133,20 @@ def _candidates():
         yield found
 
 
+def _check_stats(lib, path):
+    """ComponentStats against the library's own list of its counters
+    (mlo_component_stats_fields): the same names at the same offsets, or a
+    library of another layout was found."""
+    table = ctypes.POINTER(StatsField)()
+    n = lib.mlo_component_stats_fields(ctypes.byref(table))
+    theirs = [(table[i].name.decode(), table[i].offset) for i in range(n)]
+    ours = [(name, getattr(ComponentStats, name).offset) for name, _ in ComponentStats._fields_]
+    if theirs != ours:
+        raise OSError("%s: its component counters %s differ from this binding's %s: the "
+                      "package and the library are of two versions" %
+                      (path, [t[0] for t in theirs], [o[0] for o in ours]))
+
+
 def load():
     errors = []
     for path in _candidates():
@@ -140,6 +160,7 @@ def load():
             errors.append("%s: %s" % (path, e))
             continue
         _declare(lib)
+        _check_stats(lib, path)
         return lib
     raise OSError("libmlo not found (set MLO_LIBRARY to libmlo.so, or build the C library: "
                   "cmake -S . -B build && cmake --build build)%s" %
@@ -210,6 +231,7 @@ def _declare(lib):
         "mlo_policy_from_name": (I, [C, ctypes.POINTER(I)]),
         "mlo_parse_size": (I, [C, B, ctypes.POINTER(U64)]),
         "mlo_tensor_file": (C, [P, ctypes.POINTER(U64)]),
+        "mlo_component_stats_fields": (Z, [ctypes.POINTER(ctypes.POINTER(StatsField))]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)

@@ -274,6 +274,29 @@ class MisuseTests(unittest.TestCase):
         self.assertEqual(out.stdout.strip(), mlo.version())
 
 
+    def test_counters_are_the_librarys(self):
+        """The binding's ComponentStats is libmlo's own list of counters
+        (mlo_component_stats_fields), names and offsets; a binding whose
+        list differs refuses the library, naming both lists."""
+        from mlo import _lib
+        lib = _lib.load()
+        _lib._check_stats(lib, "libmlo")  # the real one: the same list
+        table = ctypes.POINTER(_lib.StatsField)()
+        n = lib.mlo_component_stats_fields(ctypes.byref(table))
+        self.assertEqual([table[i].name.decode() for i in range(n)],
+                         [name for name, _ in _lib.ComponentStats._fields_])
+        self.assertEqual(table[7].seconds, b"stall_s")  # wait_ns, reported in seconds
+
+        class Short(ctypes.Structure):
+            _fields_ = _lib.ComponentStats._fields_[:-1]
+        saved, _lib.ComponentStats = _lib.ComponentStats, Short
+        try:
+            with self.assertRaisesRegex(OSError, r"differ from this binding's"):
+                _lib._check_stats(lib, "libmlo")
+        finally:
+            _lib.ComponentStats = saved
+
+
 # Run in a child process: a handle that reaches freed C memory may segfault,
 # which must fail one test, not kill the runner.  It prints one JSON line per
 # call, before and after, so a crash names the call that crashed.

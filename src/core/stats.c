@@ -7,7 +7,38 @@
 #include "core/internal.h"
 #include "core/policy.h"
 
+#include <stddef.h>
 #include <string.h>
+
+/* Every counter of mlo_component_stats, in its order: the one list the
+ * sum below, the tools' JSON and the Python binding's check read. */
+#define FIELD(n, secs)                                                                             \
+  { #n, offsetof(mlo_component_stats, n), secs }
+static const mlo_stats_field fields[] = {
+    FIELD(loads, NULL),
+    FIELD(evictions, NULL),
+    FIELD(forwards, NULL),
+    FIELD(h2d_bytes, NULL),
+    FIELD(d2h_bytes, NULL),
+    FIELD(copy_calls, NULL),
+    FIELD(platform_calls, NULL),
+    FIELD(wait_ns, "stall_s"),
+    FIELD(forward_ns, "forward_s"),
+    FIELD(prefetches, NULL),
+    FIELD(block_loads, NULL),
+    FIELD(block_wait_ns, "block_stall_s"),
+    FIELD(disk_loads, NULL),
+    FIELD(disk_read_bytes, NULL),
+    FIELD(disk_wait_ns, "disk_stall_s"),
+    FIELD(joined_loads, NULL),
+};
+_Static_assert(sizeof fields / sizeof *fields * sizeof(uint64_t) == sizeof(mlo_component_stats),
+               "every counter of mlo_component_stats is in the table, each a uint64_t");
+
+size_t mlo_component_stats_fields(const mlo_stats_field **out) {
+  if (out) *out = fields;
+  return sizeof fields / sizeof *fields;
+}
 
 int mlo_component_get_stats(mlo_component *c, mlo_component_stats *out) {
   if (!c || !out) return MLO_EINVAL;
@@ -22,23 +53,15 @@ int mlo_pipeline_get_stats(mlo_pipeline *pipe, mlo_pipeline_stats *out) {
   memset(out, 0, sizeof *out);
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   for (size_t i = 0; i < pipe->ncomps; i++) {
-    const mlo_component_stats *s = &pipe->comps[i]->stats;
-    out->total.loads += s->loads;
-    out->total.evictions += s->evictions;
-    out->total.forwards += s->forwards;
-    out->total.h2d_bytes += s->h2d_bytes;
-    out->total.d2h_bytes += s->d2h_bytes;
-    out->total.copy_calls += s->copy_calls;
-    out->total.platform_calls += s->platform_calls;
-    out->total.wait_ns += s->wait_ns;
-    out->total.forward_ns += s->forward_ns;
-    out->total.prefetches += s->prefetches;
-    out->total.block_loads += s->block_loads;
-    out->total.block_wait_ns += s->block_wait_ns;
-    out->total.disk_loads += s->disk_loads;
-    out->total.disk_read_bytes += s->disk_read_bytes;
-    out->total.disk_wait_ns += s->disk_wait_ns;
-    out->total.joined_loads += s->joined_loads;
+    const char *s = (const char *)&pipe->comps[i]->stats;
+    char *t = (char *)&out->total;
+    for (size_t f = 0; f < sizeof fields / sizeof *fields; f++) {
+      uint64_t v, sum;
+      memcpy(&v, s + fields[f].offset, sizeof v);
+      memcpy(&sum, t + fields[f].offset, sizeof sum);
+      sum += v;
+      memcpy(t + fields[f].offset, &sum, sizeof sum);
+    }
   }
   out->host_budget_bytes = pipe->enabled ? pipe->settings.host_budget_bytes : 0;
   out->disk_bytes = pipe->disk_bytes;

@@ -290,21 +290,18 @@ void report_print_text(const tool_report *rep, FILE *out) {
   if (rep->timeline_path) fprintf(out, "timeline           %s\n", rep->timeline_path);
 }
 
+/* Every counter, as the library lists them (times in seconds). */
 static void add_stats(cJSON *o, const mlo_component_stats *s) {
-  cJSON_AddNumberToObject(o, "loads", (double)s->loads);
-  cJSON_AddNumberToObject(o, "evictions", (double)s->evictions);
-  cJSON_AddNumberToObject(o, "forwards", (double)s->forwards);
-  cJSON_AddNumberToObject(o, "h2d_bytes", (double)s->h2d_bytes);
-  cJSON_AddNumberToObject(o, "d2h_bytes", (double)s->d2h_bytes);
-  cJSON_AddNumberToObject(o, "copy_calls", (double)s->copy_calls);
-  cJSON_AddNumberToObject(o, "stall_s", (double)s->wait_ns / 1e9);
-  cJSON_AddNumberToObject(o, "forward_s", (double)s->forward_ns / 1e9);
-  cJSON_AddNumberToObject(o, "block_loads", (double)s->block_loads);
-  cJSON_AddNumberToObject(o, "block_stall_s", (double)s->block_wait_ns / 1e9);
-  cJSON_AddNumberToObject(o, "disk_loads", (double)s->disk_loads);
-  cJSON_AddNumberToObject(o, "disk_read_bytes", (double)s->disk_read_bytes);
-  cJSON_AddNumberToObject(o, "disk_stall_s", (double)s->disk_wait_ns / 1e9);
-  cJSON_AddNumberToObject(o, "joined_loads", (double)s->joined_loads);
+  const mlo_stats_field *f;
+  size_t n = mlo_component_stats_fields(&f);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v;
+    memcpy(&v, (const char *)s + f[i].offset, sizeof v);
+    if (f[i].seconds)
+      cJSON_AddNumberToObject(o, f[i].seconds, (double)v / 1e9);
+    else
+      cJSON_AddNumberToObject(o, f[i].name, (double)v);
+  }
 }
 
 static cJSON *build_json(const tool_report *rep) {
