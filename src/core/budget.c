@@ -40,15 +40,19 @@ static struct budget_state *B(const mlo_pipeline *pipe) {
  * components used strictly later than `after` calls from now qualify (a
  * prefetch may only displace what is needed after what it loads).  NULL if
  * none qualifies. */
+bool mlo_budget_better_victim(uint64_t bytes, uint64_t next, uint64_t last, uint64_t best_bytes,
+                              uint64_t best_next, uint64_t best_last, uint64_t short_by) {
+  bool covers = bytes >= short_by, best_covers = best_bytes >= short_by;
+  if (covers != best_covers) return covers;
+  if (covers && bytes != best_bytes) return bytes < best_bytes;
+  if (next != best_next) return next > best_next;
+  return last < best_last;
+}
+
 static bool better_victim(const mlo_component *o, uint64_t next, const mlo_component *best,
                           uint64_t best_next, uint64_t short_by) {
-  if (!best) return true;
-  bool covers = mlo_res_bytes(o) >= short_by, best_covers = mlo_res_bytes(best) >= short_by;
-  if (covers != best_covers) return covers;
-  if (covers && mlo_res_bytes(o) != mlo_res_bytes(best))
-    return mlo_res_bytes(o) < mlo_res_bytes(best);
-  if (next != best_next) return next > best_next;
-  return o->last_use < best->last_use;
+  return !best || mlo_budget_better_victim(mlo_res_bytes(o), next, o->last_use, mlo_res_bytes(best),
+                                           best_next, best->last_use, short_by);
 }
 
 static mlo_component *pick_victim(mlo_pipeline *pipe, const struct mlo_device *dev,
@@ -243,22 +247,18 @@ static void prefetch(mlo_pipeline *pipe) {
  * device_room). */
 static int budget_for(mlo_pipeline *pipe, const mlo_offload_settings *s, size_t dev,
                       uint64_t *budget) {
-  mlo_platform_memory mem = {0};
-  int rc = mlo_platform_get_memory(pipe->devs[dev].platform, &mem);
-  if (rc) return mlo_fail(pipe, rc, "budget: cannot read device %zu's memory", dev);
+  uint64_t total, avail;
+  int rc = mlo_device_memory(pipe, dev, &total, &avail);
+  if (rc) return rc;
   char a[32], b[32];
   uint64_t got;
   if (s->budget_bytes) {
-    if (s->budget_bytes > mem.total_bytes)
+    if (s->budget_bytes > total)
       return mlo_fail(pipe, MLO_EINVAL, "budget %s exceeds the device's %s",
                       mlo_format_size(s->budget_bytes, a, sizeof a),
-                      mlo_format_size(mem.total_bytes, b, sizeof b));
+                      mlo_format_size(total, b, sizeof b));
     got = s->budget_bytes;
   } else {
-    /* What is free now plus what this pipeline already holds: it may keep
-     * those, and they are not the caller's. */
-    uint64_t avail = mem.free_bytes + pipe->devs[dev].bytes;
-    if (avail > mem.total_bytes) avail = mem.total_bytes;
     if (s->reserve_bytes >= avail)
       return mlo_fail(pipe, MLO_ENOMEM_DEVICE, "a reserve of %s leaves nothing of the %s free",
                       mlo_format_size(s->reserve_bytes, a, sizeof a),

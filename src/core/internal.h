@@ -423,6 +423,10 @@ void mlo_drop_pages(int fd, uint64_t off, uint64_t len);
 /* c's device bytes change by `bytes` (its device's and the pipeline's
  * figures, and their peaks). */
 void mlo_res_count(mlo_component *c, int64_t bytes);
+/* Device d's memory for this pipeline (pipeline.c; lock held): its total,
+ * and what is free plus what the pipeline holds there, within the total.
+ * A failure is said on the pipeline. */
+int mlo_device_memory(mlo_pipeline *pipe, size_t d, uint64_t *total, uint64_t *avail);
 /* Drains every device of the pipeline (the first failure's status); lock
  * NOT held. */
 int mlo_devices_synchronize(mlo_pipeline *pipe);
@@ -557,6 +561,14 @@ int mlo_disk_prepare(mlo_component *c, const mlo_layout *lay);
 void mlo_disk_free_partial(mlo_component *c);
 /* Unregisters a partial slab's page-locked runs. */
 void mlo_disk_unpin_runs(mlo_component *c);
+
+/* budget.c — its victim rule, which placement's model follows too: whether
+ * a candidate of `bytes`, next used `next` calls from now and last used at
+ * tick `last`, goes before the best so far, for short_by bytes of room:
+ * one that alone frees enough first, the smallest of those, then the
+ * farthest next use, then the least recently used. */
+bool mlo_budget_better_victim(uint64_t bytes, uint64_t next, uint64_t last, uint64_t best_bytes,
+                              uint64_t best_next, uint64_t best_last, uint64_t short_by);
 
 /* placement.c — where each component of a pipeline of several devices
  * lives (both locks held, before the host plan): places the components

@@ -439,16 +439,9 @@ static int place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol,
   if (pipe->ndevs < 2) return MLO_OK;
   uint64_t room[MLO_MAX_DEVICES];
   for (size_t d = 0; d < pipe->ndevs; d++) {
-    int rc = MLO_OK;
-    if (pol && pol->device_room) {
-      rc = pol->device_room(pipe, s, d, &room[d]);
-    } else {
-      mlo_platform_memory mem = {0};
-      rc = mlo_platform_get_memory(pipe->devs[d].platform, &mem);
-      if (rc) return mlo_fail(pipe, rc, "placement: cannot read device %zu's memory", d);
-      room[d] = mem.free_bytes + pipe->devs[d].bytes;
-      if (room[d] > mem.total_bytes) room[d] = mem.total_bytes;
-    }
+    uint64_t total;
+    int rc = pol && pol->device_room ? pol->device_room(pipe, s, d, &room[d])
+                                     : mlo_device_memory(pipe, d, &total, &room[d]);
     if (rc) return rc;
   }
   return mlo_place(pipe, pol, room);

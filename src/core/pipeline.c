@@ -123,6 +123,18 @@ mlo_platform *mlo_pipeline_platform(mlo_pipeline *pipe) {
   return pipe ? pipe->platform : NULL;
 }
 
+int mlo_device_memory(mlo_pipeline *pipe, size_t d, uint64_t *total, uint64_t *avail) {
+  mlo_platform_memory mem = {0};
+  int rc = mlo_platform_get_memory(pipe->devs[d].platform, &mem);
+  if (rc) return mlo_fail(pipe, rc, "cannot read device %zu's memory", d);
+  /* what is free now plus what this pipeline already holds there: it may
+   * keep those, and they are not the caller's */
+  uint64_t a = mem.free_bytes + pipe->devs[d].bytes;
+  *total = mem.total_bytes;
+  *avail = a < mem.total_bytes ? a : mem.total_bytes;
+  return MLO_OK;
+}
+
 size_t mlo_pipeline_device_count(mlo_pipeline *pipe) {
   return pipe ? pipe->ndevs : 0;
 }

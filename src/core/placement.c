@@ -86,26 +86,18 @@ static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) 
         }
       uint64_t cost = p->streamed[d] * m->calls[k].repeat; /* every call streams */
       if (!m->res[i]) {
-        while (used + need > room) { /* budget.c's rule: see better_victim */
+        while (used + need > room) { /* budget.c's rule, without its LRU ticks */
           size_t victim = SIZE_MAX, far = 0;
-          uint64_t short_by = used + need - room;
+          uint64_t short_by = used + need - room, vbytes = 0;
           for (size_t j = 0; j < pipe->ncomps; j++) {
             if (!m->res[j] || j == i) continue;
             size_t nx = next_call(m, k, j);
             uint64_t bj = m->pc[j].streamed[d] ? room : m->pc[j].bytes;
-            uint64_t bv = victim == SIZE_MAX          ? 0
-                          : m->pc[victim].streamed[d] ? room
-                                                      : m->pc[victim].bytes;
-            bool better = victim == SIZE_MAX;
-            if (!better && (bj >= short_by) != (bv >= short_by))
-              better = bj >= short_by; /* one that alone frees enough first */
-            else if (!better && bj >= short_by && bj != bv)
-              better = bj < bv; /* ... the smallest of those */
-            else if (!better)
-              better = nx > far; /* then the farthest next use */
-            if (better) {
+            if (victim == SIZE_MAX ||
+                mlo_budget_better_victim(bj, nx, 0, vbytes, far, 0, short_by)) {
               victim = j;
               far = nx;
+              vbytes = bj;
             }
           }
           if (victim == SIZE_MAX) break;
@@ -180,10 +172,8 @@ static void measure(place_model *m) {
         m->shares[i * pipe->ncomps + j] = m->shares[j * pipe->ncomps + i] = true;
       }
     }
-    mlo_layout lay;
-    mlo_slab_layout(c, false, false, &lay);
     place_comp *p = &m->pc[i];
-    p->bytes = c->materialized ? c->block_bytes : lay.block_bytes;
+    p->bytes = mlo_comp_bytes(c);
     for (size_t d = 0; d < pipe->ndevs; d++)
       p->streamed[d] = p->bytes <= m->room[d] ? 0
                        : m->pol && m->pol->streams
