@@ -367,21 +367,17 @@ static int open_devices(const plan_args *pa, plan_result *pr, tool_session *s, c
     size_t len = strlen(spec);
     snprintf(spec + len, sizeof spec - len, ",disk=%llu", (unsigned long long)pa->disk);
   }
-  int rc = mlo_platform_open(spec, &s->platform, err, errlen);
-  if (rc) return rc;
-  s->devices[0] = s->platform;
-  s->ndevices = 1;
-  while (s->ndevices < pr->ndevices) {
-    mlo_platform *p = NULL;
-    if ((rc = mlo_platform_open(spec, &p, err, errlen))) return rc;
-    s->devices[s->ndevices++] = p; /* session_close closes it */
+  int rc = session_add_device(s, spec, err, errlen);
+  while (!rc && s->ndevices < pr->ndevices) {
+    if ((rc = session_add_device(s, spec, err, errlen))) return rc;
+    mlo_platform *p = s->devices[s->ndevices - 1];
     if ((rc = mlo_sim_share_clock(p, s->platform))) {
       snprintf(err, errlen, "the simulated devices could not share one clock: %s",
                mlo_strerror(rc));
       return rc;
     }
   }
-  return MLO_OK;
+  return rc;
 }
 
 static int project(const plan_args *pa, const plan_device *dev, size_t ndev, uint64_t held,
@@ -424,9 +420,7 @@ static int project(const plan_args *pa, const plan_device *dev, size_t ndev, uin
   int rc = open_devices(pa, pr, &s, err, sizeof err);
   mlo_denoise_schedule sched = MLO_DENOISE_SCHEDULE_INIT;
   if (!rc) rc = open_pipeline(pa, &s, &sched, err, sizeof err);
-  if (!rc) rc = mlo_workload_open(s.platform, &s.workload, err, sizeof err);
-  for (size_t i = 1; i < s.ndevices && !rc; i++)
-    rc = mlo_workload_add_device(s.workload, s.devices[i], err, sizeof err);
+  if (!rc) rc = session_open_workload(&s, err, sizeof err);
   if (!rc) rc = mlo_pipeline_materialize(s.pipe);
   if (rc) {
     tool_failf("plan", "%s", err[0] ? err : mlo_strerror(rc));

@@ -85,27 +85,23 @@ static int open_pipeline(tool_session *s, const session_config *cfg, char *err, 
   return rc;
 }
 
-/* The second and later devices (--platform repeated), each a platform of
- * its own. */
-static int open_more(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
-  for (size_t i = 0; i < cfg->nmore; i++) {
-    if (s->ndevices >= TOOL_MAX_DEVICES) {
-      snprintf(err, errlen, "at most %d devices (--platform)", TOOL_MAX_DEVICES);
-      return MLO_EINVAL;
-    }
-    char msg[512] = "";
-    mlo_platform *p = NULL;
-    int rc = mlo_platform_open(cfg->more_specs[i], &p, msg, sizeof msg);
-    if (rc) {
-      snprintf(err, errlen, "cannot open platform '%s': %s", cfg->more_specs[i],
-               msg[0] ? msg : mlo_strerror(rc));
-      return rc;
-    }
-    s->devices[s->ndevices++] = p;
-    mlo_platform_memory mem;
-    if (mlo_platform_get_memory(p, &mem) == MLO_OK && mem.total_bytes > s->capacity)
-      s->capacity = mem.total_bytes;
+int session_add_device(tool_session *s, const char *spec, char *err, size_t errlen) {
+  if (s->ndevices >= TOOL_MAX_DEVICES) {
+    snprintf(err, errlen, "at most %d devices (--platform)", TOOL_MAX_DEVICES);
+    return MLO_EINVAL;
   }
+  char msg[512] = "";
+  mlo_platform *p = NULL;
+  int rc = mlo_platform_open(spec, &p, msg, sizeof msg);
+  if (rc) {
+    snprintf(err, errlen, "cannot open platform '%s': %s", spec, msg[0] ? msg : mlo_strerror(rc));
+    return rc;
+  }
+  s->devices[s->ndevices++] = p;
+  if (!s->platform) s->platform = p;
+  mlo_platform_memory mem;
+  if (mlo_platform_get_memory(p, &mem) == MLO_OK && mem.total_bytes > s->capacity)
+    s->capacity = mem.total_bytes;
   return MLO_OK;
 }
 
@@ -181,20 +177,21 @@ bool tool_is_host(const char *spec) {
   return spec && !strncmp(spec, "host", 4) && (spec[4] == '\0' || spec[4] == ':');
 }
 
+int session_open_workload(tool_session *s, char *err, size_t errlen) {
+  int rc = mlo_workload_open(s->platform, &s->workload, err, errlen);
+  for (size_t i = 1; i < s->ndevices && !rc; i++)
+    rc = mlo_workload_add_device(s->workload, s->devices[i], err, errlen);
+  return rc;
+}
+
 int session_open(tool_session *s, const session_config *cfg, char *err, size_t errlen) {
   memset(s, 0, sizeof *s);
   char msg[512] = "";
-  int rc = mlo_platform_open(cfg->platform_spec, &s->platform, msg, sizeof msg);
-  if (rc) {
-    snprintf(err, errlen, "cannot open platform '%s': %s", cfg->platform_spec,
-             msg[0] ? msg : mlo_strerror(rc));
-    return rc;
-  }
-  s->devices[0] = s->platform;
-  s->ndevices = 1;
-  mlo_platform_memory mem;
-  if (mlo_platform_get_memory(s->platform, &mem) == MLO_OK) s->capacity = mem.total_bytes;
-  if ((rc = open_more(s, cfg, err, errlen))) goto out_close;
+  int rc = session_add_device(s, cfg->platform_spec, err, errlen);
+  if (rc) return rc;
+  for (size_t i = 0; i < cfg->nmore && !rc; i++)
+    rc = session_add_device(s, cfg->more_specs[i], err, errlen);
+  if (rc) goto out_close;
   if (cfg->source->sharded) { /* a device that gathers needs the node's NCCL communicator */
     bool made = false;
     rc = ranks_device_comm(cfg->source->comm, s->platform, &made, msg, sizeof msg);
@@ -206,9 +203,7 @@ int session_open(tool_session *s, const session_config *cfg, char *err, size_t e
   }
   rc = open_pipeline(s, cfg, err, errlen);
   if (rc) goto out_close;
-  rc = mlo_workload_open(s->platform, &s->workload, err, errlen);
-  for (size_t i = 1; i < s->ndevices && !rc; i++)
-    rc = mlo_workload_add_device(s->workload, s->devices[i], err, errlen);
+  rc = session_open_workload(s, err, errlen);
   if (rc) goto out_close;
   for (int r = MLO_ROLE_DIT; r <= MLO_ROLE_OTHER; r++)
     if (cfg->tokens[r]) mlo_workload_set_tokens(s->workload, (mlo_role)r, cfg->tokens[r]);

@@ -390,6 +390,12 @@ typedef struct {
  * s->refused. */
 #define TOOL_SESSION_REFUSED 1
 int session_open(tool_session *s, const session_config *cfg, char *err, size_t errlen);
+/* Opens one more device of the session, a platform of its own (--platform
+ * repeated; mlo plan's simulated devices); the first is s->platform too.
+ * The capacity is the largest device's; session_close closes them all. */
+int session_add_device(tool_session *s, const char *spec, char *err, size_t errlen);
+/* The reference workload on every device of the session (s->workload). */
+int session_open_workload(tool_session *s, char *err, size_t errlen);
 void session_close(tool_session *s);
 
 typedef struct {
