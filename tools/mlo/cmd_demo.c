@@ -188,6 +188,22 @@ static int make_dir(const char *path) {
   return TOOL_EXIT_USAGE;
 }
 
+/* The demo's pipeline on ndev host devices of `capacity` over its link,
+ * one pipeline, each behaving like a GPU (prefaulted, no poison fill); an
+ * exit code, the message said. */
+static int open_on(tool_session *s, session_config cfg, uint64_t capacity, double bw, size_t ndev) {
+  char spec[256], err[1024] = "";
+  snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
+           (unsigned long long)capacity, bw);
+  const char *more[1] = {spec};
+  cfg.platform_spec = spec;
+  cfg.more_specs = more;
+  cfg.nmore = ndev > 1 ? 1 : 0;
+  int rc = session_open(s, &cfg, err, sizeof err);
+  if (rc) tool_err("demo: %s", err);
+  return rc ? tool_exit_for(rc) : 0;
+}
+
 /* One offloaded run in an open session; its pictures and report when asked. */
 static int run_one(tool_session *s, const run_options *o, const demo_args *d, const char *svg,
                    run_result *r, tool_report *rep) {
@@ -257,16 +273,10 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   /* The link: one DiT load takes one DiT step, from the rate just measured. */
   double bw = rep.ref.dit_step_s > 0 ? (double)z.dit / rep.ref.dit_step_s : 0;
   if (bw < 1e6) bw = 1e6;
-  char spec[256];
-  snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
-           (unsigned long long)z.capacity, bw);
-  cfg.platform_spec = spec;
   tool_session s;
-  rc = session_open(&s, &cfg, err, sizeof err);
-  if (rc) {
-    tool_err("demo: %s", err);
+  if ((code = open_on(&s, cfg, z.capacity, bw, 1))) {
     report_free(&rep);
-    return tool_exit_for(rc);
+    return code;
   }
   printf("2/6 strict offload (the specification) on a %s device, link %.2f GB/s "
          "(a DiT load = one DiT step), loads block by block, then whole ...\n",
@@ -312,86 +322,54 @@ static int demo(const demo_args *d, const char *dir, const char *svg) {
   if (!code && !stream)
     printf("4/6 skipped: at this scale the DiT has too few blocks to stream in less than "
            "itself\n\n");
-  if (!code && stream) {
-    snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
-             (unsigned long long)small, bw);
-    cfg.platform_spec = spec;
-    rc = session_open(&s, &cfg, err, sizeof err);
-    if (rc) {
-      tool_err("demo: %s", err);
-      code = tool_exit_for(rc);
-    } else {
-      printf("4/6 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
-             tool_size(small), 100.0 * (double)small / (double)z.dit);
-      fflush(stdout);
-      o.trace = NULL;
-      code = run_one(&s, &o, d, NULL, &streamed, NULL);
-      session_close(&s);
-    }
+  if (!code && stream && !(code = open_on(&s, cfg, small, bw, 1))) {
+    printf("4/6 budget policy on a %s device, %.0f%% of one DiT: its blocks stream ...\n\n",
+           tool_size(small), 100.0 * (double)small / (double)z.dit);
+    fflush(stdout);
+    o.trace = NULL;
+    code = run_one(&s, &o, d, NULL, &streamed, NULL);
+    session_close(&s);
   }
   /* Half the weights' host memory: what does not fit stays in the files
    * and is read at each load, the next one's reads under the current
    * compute (docs/disk.md). */
   run_result disk = {0};
   uint64_t host = z.all / 2;
-  if (!code) {
-    snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
-             (unsigned long long)z.capacity, bw);
-    cfg.platform_spec = spec;
-    cfg.defer_materialize = true; /* the run's enable reads what stays in host memory */
-    rc = session_open(&s, &cfg, err, sizeof err);
-    cfg.defer_materialize = false;
-    if (rc) {
-      tool_err("demo: %s", err);
-      code = tool_exit_for(rc);
-    } else {
-      printf("5/6 budget policy with prefetch and %s of host memory for %s of weights: the "
-             "rest is read from disk at each load ...\n\n",
-             tool_size(host), tool_size(z.all));
-      fflush(stdout);
-      o.trace = NULL;
-      o.settings.host_budget_bytes = host;
-      code = run_one(&s, &o, d, NULL, &disk, NULL);
-      o.settings.host_budget_bytes = 0;
-      session_close(&s);
-    }
+  session_config deferred = cfg;
+  deferred.defer_materialize = true; /* the run's enable reads what stays in host memory */
+  if (!code && !(code = open_on(&s, deferred, z.capacity, bw, 1))) {
+    printf("5/6 budget policy with prefetch and %s of host memory for %s of weights: the "
+           "rest is read from disk at each load ...\n\n",
+           tool_size(host), tool_size(z.all));
+    fflush(stdout);
+    o.trace = NULL;
+    o.settings.host_budget_bytes = host;
+    code = run_one(&s, &o, d, NULL, &disk, NULL);
+    o.settings.host_budget_bytes = 0;
+    session_close(&s);
   }
   /* Two devices of the same size, one pipeline (docs/placement.md): the
    * experts and the VAE fit one, not with the encoder; placement puts the
    * encoder on the other and nothing moves once warm. */
   run_result two = {0};
   char where[256] = "";
-  if (!code) {
-    snprintf(spec, sizeof spec, "host:capacity=%llu,bw=%.0f,prefault=1,poison=0",
-             (unsigned long long)z.capacity, bw);
-    const char *more[1] = {spec};
-    cfg.platform_spec = spec;
-    cfg.more_specs = more;
-    cfg.nmore = 1;
-    rc = session_open(&s, &cfg, err, sizeof err);
-    cfg.more_specs = NULL;
-    cfg.nmore = 0;
-    if (rc) {
-      tool_err("demo: %s", err);
-      code = tool_exit_for(rc);
-    } else {
-      printf("6/6 budget policy with prefetch on two %s devices, one pipeline: each component "
-             "placed on one ...\n\n",
-             tool_size(z.capacity));
-      fflush(stdout);
-      code = run_one(&s, &o, d, NULL, &two, NULL);
-      for (size_t dv = 0; dv < 2 && !code; dv++) {
-        size_t len = strlen(where);
-        snprintf(where + len, sizeof where - len, "%sdevice %zu:", dv ? "; " : "", dv);
-        for (size_t i = 0; i < mlo_pipeline_component_count(s.pipe); i++) {
-          mlo_component *c = mlo_pipeline_component_at(s.pipe, i);
-          len = strlen(where);
-          if (mlo_component_device(c) == dv)
-            snprintf(where + len, sizeof where - len, " %s", mlo_component_name(c));
-        }
+  if (!code && !(code = open_on(&s, cfg, z.capacity, bw, 2))) {
+    printf("6/6 budget policy with prefetch on two %s devices, one pipeline: each component "
+           "placed on one ...\n\n",
+           tool_size(z.capacity));
+    fflush(stdout);
+    code = run_one(&s, &o, d, NULL, &two, NULL);
+    for (size_t dv = 0; dv < 2 && !code; dv++) {
+      size_t len = strlen(where);
+      snprintf(where + len, sizeof where - len, "%sdevice %zu:", dv ? "; " : "", dv);
+      for (size_t i = 0; i < mlo_pipeline_component_count(s.pipe); i++) {
+        mlo_component *c = mlo_pipeline_component_at(s.pipe, i);
+        len = strlen(where);
+        if (mlo_component_device(c) == dv)
+          snprintf(where + len, sizeof where - len, " %s", mlo_component_name(c));
       }
-      session_close(&s);
     }
+    session_close(&s);
   }
   if (!code) {
     rep.verify = true;
