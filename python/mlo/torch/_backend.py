@@ -18,7 +18,7 @@ from ._files import _read_range
 from ._guards import _unguard_pipeline
 from ._hooks import BlockHooks, CastHooks, ComponentHooks
 from ._progress import _DiskLoadBar, _bar_config, _format_size, _log, _materialize_progress
-from ._settings import _platform_specs
+from ._settings import _device_list, _platform_specs
 from ._tensors import (_DTYPES, _Composite, _Entry, _cuda_view, _flatten, _is_wrapper,
                        _resolve, _set_tensor, _view)
 from ._writes import WriteCheck
@@ -416,8 +416,7 @@ class Offload(WriteCheck, BlockPlan):
         ("cuda:1", "host:capacity=1G", a torch.device).  MloNotFoundError
         for a name that is no component, MloInvalidError for a device that
         is not one of the pipeline's."""
-        given = self.settings.device
-        given = list(given) if isinstance(given, tuple) else [given]
+        given = list(_device_list(self.settings.device))
         by_name = {m.name: m for m in self.managed}
         for name, dev in self.settings.place:
             m = by_name.get(name)
@@ -450,8 +449,7 @@ class Offload(WriteCheck, BlockPlan):
         "one_device_bytes": the same with every component on device 0
         (both 0 with one device)}.  Peaks are since the last
         pipeline.reset_stats()."""
-        given = self.settings.device
-        given = list(given) if isinstance(given, tuple) else [given]
+        given = list(_device_list(self.settings.device))
         where = {m.name: m.comp.device for m in self.managed}
         placed = self.pipeline.placement()
         devices = []
