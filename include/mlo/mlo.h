@@ -1204,11 +1204,16 @@ typedef struct {
   uint64_t read_bytes;   /* checkpoint bytes this rank read into host slabs */
   uint64_t shared_bytes; /* host slabs in node-shared memory (one copy per node) */
   uint64_t gather_bytes; /* bytes this rank received by all-gathers (sharded loads) */
-  uint64_t gather_ns;    /* time spent in them (counted in wait_ns too: a forward waits) */
+  uint64_t gather_ns;    /* time spent in them (on the forward's thread, counted in wait_ns
+                            too; on the gather thread, only what a block waited for is) */
   uint64_t collectives;  /* agreement steps made */
+  /* --- since 0.7 (a caller built before passes the smaller size) --- */
+  uint64_t lane_gathers; /* of the host's gathers, those run on the pipeline's gather thread,
+                            under the compute (the caller's MPI gives MPI_THREAD_MULTIPLE:
+                            docs/distributed.md); the rest ran on the forward's thread */
 } mlo_dist_stats;
 #define MLO_DIST_STATS_INIT                                                                        \
-  { sizeof(mlo_dist_stats), 0, 1, 0, 1, 0, 0, 0, 0, 0 }
+  { sizeof(mlo_dist_stats), 0, 1, 0, 1, 0, 0, 0, 0, 0, 0 }
 MLO_API int mlo_pipeline_get_dist_stats(mlo_pipeline *pipe, mlo_dist_stats *out);
 MLO_API void mlo_pipeline_reset_stats(mlo_pipeline *pipe);
 

@@ -5,7 +5,10 @@
  *
  * mlo never creates the job: the caller runs MPI_Init (under mpirun) and
  * hands mlo a communicator, which mlo duplicates so its messages never mix
- * with the caller's.  Ranks on one node (MPI_COMM_TYPE_SHARED) share one
+ * with the caller's.  Where MPI was initialized with MPI_THREAD_MULTIPLE,
+ * the host platform's gathers of sharded pieces run on a thread of the
+ * pipeline's own, under the compute, on a duplicate of their own; else on
+ * the calling thread.  Ranks on one node (MPI_COMM_TYPE_SHARED) share one
  * host slab per component and read 1/n of the checkpoint each; with
  * sharded loads each rank copies 1/n of a component over its own link and
  * the node's ranks all-gather the rest over the device fabric.

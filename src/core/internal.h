@@ -284,6 +284,9 @@ struct mlo_pipeline {
   /* the disk tier (disk.c): the reader thread, its queue and staging ring;
    * NULL until the first load from disk */
   struct mlo_disk *disk;
+  /* the host's gathers off the forward's thread (gatherer.c): NULL until
+   * the first is posted */
+  struct mlo_gatherer *gatherer;
 
   /* accounting */
   uint64_t device_bytes, peak_device_bytes;
@@ -669,6 +672,37 @@ uint64_t mlo_shard_slice(uint64_t bytes, uint64_t ranks);
 void mlo_shard_count_gathered(mlo_pipeline *pipe, size_t slice);
 int mlo_shard_gather(mlo_component *c, size_t offset, size_t slice, uint64_t piece);
 
+/* gatherer.c — the host's gather of one sharded piece, run by a thread of
+ * the pipeline's own in the order posted (its header comment).  The
+ * poster fills the first part, lock held; the job stays put until done. */
+struct mlo_gather_job {
+  mlo_platform *plat; /* the device's: its event, its clock, its fabric's pace */
+  mlo_event *ev;      /* this rank's slice of the piece landed (NULL: nothing to wait) */
+  char *buf;          /* the piece's region in the block, slice bytes per rank */
+  size_t slice;
+  uint64_t id, check; /* the agreement's step: the component's gather, piece + 1 */
+  int status;         /* this rank's load failed before it (the reason in err) */
+  const void *owner;  /* one load's jobs (owner, epoch): after one fails, the rest do */
+  uint64_t epoch;
+  const char *what; /* the component's name */
+  /* the thread's: its verdict, its message, how long it took */
+  int rc;
+  char err[400];
+  uint64_t ns;
+  bool done, posted, folded;
+  struct mlo_gather_job *next;
+};
+/* Whether the pipeline's host gathers may go to the thread (the
+ * communicator has a gather lane). */
+bool mlo_gather_async(const mlo_pipeline *pipe);
+/* Queues j (starting the thread); MLO_ENOMEM where it cannot start. */
+int mlo_gather_post(mlo_pipeline *pipe, struct mlo_gather_job *j);
+/* Until j (posted) is done: its status, its figures counted in the
+ * pipeline's dist stats once. */
+int mlo_gather_wait(mlo_pipeline *pipe, struct mlo_gather_job *j);
+/* The thread ends once what is queued has run (teardown). */
+void mlo_gather_stop(mlo_pipeline *pipe);
+
 /* progressive.c — a load block by block, each behind its own event; lock
  * held unless said otherwise. */
 /* Whether c's next load goes block by block (it streams, or its forward
@@ -714,6 +748,12 @@ int mlo_prog_slice(mlo_component *c);
 bool mlo_prog_sliced(const mlo_component *c);
 int mlo_prog_gather_head(mlo_component *c);
 bool mlo_prog_head_gathers(const mlo_component *c);
+/* Where the host's gathers run on the gather thread: after a sliced load
+ * failed part-way, its failure for the other ranks' threads (before its
+ * block goes); and, before a block goes, every gather still running into
+ * it waited for. */
+void mlo_prog_post_failure(mlo_component *c, int rc);
+void mlo_prog_drain(mlo_component *c);
 /* A joined load's events (join.c): the per-block state made ready with
  * nothing pending; then, as its copies are issued, the head's event
  * (piece MLO_BLOCK_PROLOGUE) or block b's recorded after them; at the

@@ -92,7 +92,10 @@ static int shard_blocks_fetch(mlo_component *c, struct mlo_load *ld) {
   int rc = mlo_prog_slice(c);
   if (!rc) rc = fill_blocks(c, ld, c->nblocks);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev));
-  if (rc) return rc;
+  if (rc) { /* the other ranks' gather threads wait for this load's pieces */
+    mlo_prog_post_failure(c, rc);
+    return rc;
+  }
   c->placed = true;
   c->placed_bytes = c->block_bytes;
   return MLO_OK;

@@ -109,10 +109,12 @@ int mlo_pipeline_create(const mlo_pipeline_options *opts, mlo_pipeline **out) {
 }
 
 int mlo_pipeline_get_dist_stats(mlo_pipeline *pipe, mlo_dist_stats *out) {
-  if (!pipe || !out || out->size < sizeof *out) return MLO_EINVAL;
+  if (!pipe || !out || out->size < offsetof(mlo_dist_stats, lane_gathers)) return MLO_EINVAL;
+  size_t keep = out->size < sizeof *out ? out->size : sizeof *out; /* an older caller's fields */
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
-  *out = pipe->dist;
+  memcpy(out, &pipe->dist, keep);
   pthread_mutex_unlock(&pipe->lock);
+  out->size = keep;
   return MLO_OK;
 }
 

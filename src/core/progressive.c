@@ -54,7 +54,9 @@
 #include "base/sysio.h"
 #include "core/internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct mlo_prog {
   size_t n;           /* blocks the arrays were made for */
@@ -72,6 +74,10 @@ struct mlo_prog {
   bool dev_gathers; /* the device gathers them on its copy queue: each wait watches */
   uint64_t *rdev, *rslice;
   bool *rgather;
+  /* ... and where the host's gathers run on the pipeline's gather thread
+   * (gatherer.c), each piece's job; epoch counts the sliced loads */
+  struct mlo_gather_job *jobs;
+  uint64_t epoch;
 };
 
 bool mlo_prog_applies(const mlo_component *c) {
@@ -90,6 +96,7 @@ bool mlo_prog_active(const mlo_component *c) {
 void mlo_prog_free(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   if (!g) return;
+  mlo_prog_drain(c);
   for (size_t b = 0; b < g->n; b++) mlo_plat_event_destroy(mlo_dev_plat(c), g->ev[b]);
   mlo_plat_event_destroy(mlo_dev_plat(c), g->head_ev);
   free(g->ev);
@@ -99,6 +106,7 @@ void mlo_prog_free(mlo_component *c) {
   free(g->rdev);
   free(g->rslice);
   free(g->rgather);
+  free(g->jobs);
   free(g);
   c->prog = NULL;
 }
@@ -106,6 +114,7 @@ void mlo_prog_free(mlo_component *c) {
 void mlo_prog_evicted(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   if (!g) return;
+  mlo_prog_drain(c);
   g->active = false;
   g->sliced = g->dev_gathers = false;
   for (size_t b = 0; b < g->n; b++) g->pending[b] = g->late[b] = false;
@@ -127,7 +136,9 @@ static int prepare(mlo_component *c) {
   g->rdev = mlo_calloc(g->n + 2, sizeof *g->rdev);
   g->rslice = mlo_calloc(g->n + 2, sizeof *g->rslice);
   g->rgather = mlo_calloc(g->n + 2, sizeof *g->rgather);
-  if (!g->ev || !g->pending || !g->in_head || !g->late || !g->rdev || !g->rslice || !g->rgather) {
+  g->jobs = mlo_calloc(g->n + 2, sizeof *g->jobs);
+  if (!g->ev || !g->pending || !g->in_head || !g->late || !g->rdev || !g->rslice || !g->rgather ||
+      !g->jobs) {
     mlo_prog_free(c);
     return MLO_ENOMEM;
   }
@@ -186,6 +197,57 @@ static bool whole_extent(const mlo_component *c, long b, uint64_t *src, uint64_t
   return true;
 }
 
+/* Whether piece k goes with the head: the prologue, the epilogue, a block
+ * holding mutable tensors. */
+static bool head_piece(const struct mlo_prog *g, size_t k) {
+  return k == 0 || k == g->n + 1 || g->in_head[k - 1];
+}
+
+/* Piece k's host gather, marked by gather_piece, to the pipeline's gather
+ * thread where it has one, behind ev (this rank's slice recorded); status:
+ * this rank's load failed there instead (the other ranks' threads hear
+ * it).  Not posted (no thread): the piece's wait gathers, as without one. */
+static void post_gather(mlo_component *c, size_t k, mlo_event *ev, int status) {
+  struct mlo_prog *g = c->prog;
+  mlo_pipeline *pipe = c->pipe;
+  struct mlo_gather_job *j = &g->jobs[k];
+  if (!g->sliced || !mlo_gather_async(pipe) || j->posted || (!status && !g->rgather[k])) return;
+  *j = (struct mlo_gather_job){.plat = mlo_dev_plat(c),
+                               .ev = status ? NULL : ev,
+                               .buf = (char *)c->block + g->rdev[k],
+                               .slice = (size_t)g->rslice[k],
+                               .id = ((uint64_t)c->index << 3) | COLL_GATHER,
+                               .check = (uint64_t)k + 1,
+                               .status = status,
+                               .owner = c,
+                               .epoch = g->epoch,
+                               .what = c->name};
+  if (status)
+    snprintf(j->err, sizeof j->err, "%s: loading piece %zu failed (%s)", c->name, k,
+             mlo_strerror(status));
+  if (mlo_gather_post(pipe, j)) j->posted = false;
+}
+
+void mlo_prog_post_failure(mlo_component *c, int rc) {
+  struct mlo_prog *g = c->prog;
+  if (!g || !g->sliced) return;
+  for (size_t k = 0; k < g->n + 2; k++)
+    if (g->rslice[k] && !g->jobs[k].posted) {
+      post_gather(c, k, NULL, rc);
+      return;
+    }
+}
+
+void mlo_prog_drain(mlo_component *c) {
+  struct mlo_prog *g = c->prog;
+  if (!g || !g->jobs) return;
+  for (size_t k = 0; k < g->n + 2; k++)
+    if (g->jobs[k].posted) {
+      mlo_gather_wait(c->pipe, &g->jobs[k]);
+      g->jobs[k].posted = false;
+    }
+}
+
 /* A sharded piece's gather, after this rank's slice: on the device's
  * copy queue where it gathers (NCCL), else marked for the host's gather at
  * the piece's wait.  Every rank gathers every non-empty piece, its own
@@ -241,7 +303,10 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
     if (g->in_head[b] && (rc = copy_piece(c, (long)b, copies, moved))) return rc;
   if ((rc = mlo_res_copy_tensors(c, false, copies, moved))) return rc; /* caller-owned */
   if (!g->head_ev && (rc = PCALL(c, mlo_plat_event_create(p, &g->head_ev)))) return rc;
-  return PCALL(c, mlo_plat_event_record_copy(p, g->head_ev));
+  if ((rc = PCALL(c, mlo_plat_event_record_copy(p, g->head_ev)))) return rc;
+  for (size_t k = 0; k < g->n + 2; k++)
+    if (head_piece(g, k)) post_gather(c, k, g->head_ev, MLO_OK);
+  return MLO_OK;
 }
 
 /* Whether block b is copied on its own, behind its event: kept, not in
@@ -268,6 +333,7 @@ static int issue_range(mlo_component *c, size_t limit, size_t *copies, uint64_t 
     if ((rc = copy_piece(c, (long)b, copies, moved))) return rc;
     if ((rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) return rc;
     g->pending[b] = true;
+    post_gather(c, b + 1, g->ev[b], MLO_OK);
   }
   while (g->next < g->n && !own_copy(c, g->next)) g->next++;
   return MLO_OK;
@@ -372,6 +438,17 @@ mlo_event *mlo_prog_head_event(const mlo_component *c) {
 static int host_gather(mlo_component *c, size_t k, mlo_event *ev) {
   struct mlo_prog *g = c->prog;
   mlo_pipeline *pipe = c->pipe;
+  if (g->jobs[k].posted) { /* on the gather thread: its verdict (a failure stays) */
+    int rc = mlo_gather_wait(pipe, &g->jobs[k]);
+    if (rc) { /* named once: the communicator's message may name the rank already */
+      char mine[32];
+      snprintf(mine, sizeof mine, "rank %d: ", pipe->dist.rank);
+      const char *e = g->jobs[k].err;
+      return mlo_fail(pipe, rc, "%s%s", strncmp(e, mine, strlen(mine)) ? mine : "", e);
+    }
+    g->rgather[k] = false;
+    return MLO_OK;
+  }
   int rc = PCALL(c, mlo_plat_event_sync(mlo_dev_plat(c), ev));
   if (rc) return mlo_fail(pipe, rc, "%s: waiting for block %zu's slice failed", c->name, k - 1);
   rc = mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
@@ -398,6 +475,8 @@ int mlo_prog_slice(mlo_component *c) {
   if (rc) return rc;
   struct mlo_prog *g = c->prog;
   uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm), at = 0;
+  mlo_prog_drain(c); /* nothing of a previous load still gathering into it */
+  g->epoch++;
   for (size_t k = 0; k < g->n + 2; k++) {
     g->rdev[k] = at;
     g->rslice[k] = piece_slice(c, k, n);
@@ -423,17 +502,13 @@ bool mlo_prog_sliced(const mlo_component *c) {
   return c->prog && c->prog->sliced;
 }
 
-/* Whether piece k goes with the head: the prologue, the epilogue, a block
- * holding mutable tensors. */
-static bool head_piece(const struct mlo_prog *g, size_t k) {
-  return k == 0 || k == g->n + 1 || g->in_head[k - 1];
-}
-
 int mlo_prog_gather_head(mlo_component *c) {
   struct mlo_prog *g = c->prog;
   for (size_t k = 0; k < g->n + 2; k++) {
     if (!head_piece(g, k) || !g->rgather[k]) continue;
-    int rc = mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
+    int rc = g->jobs[k].posted
+                 ? host_gather(c, k, g->head_ev)
+                 : mlo_shard_gather(c, (size_t)g->rdev[k], (size_t)g->rslice[k], (uint64_t)k + 1);
     if (rc) return rc;
     g->rgather[k] = false;
   }

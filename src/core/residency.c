@@ -236,6 +236,7 @@ int mlo_res_evict(mlo_component *c) {
   /* loaded, never used (or not every block begun): end it where it ended,
    * or now where the platform cannot tell yet (never left unpaired) */
   if (!c->load_ended) mlo_res_load_ended(c, mlo_plat_now(mlo_dev_plat(c)));
+  mlo_prog_drain(c); /* no gather still running into its block */
   uint64_t back = 0;
   int rc = write_back(c, &back);
   if (rc) return mlo_fail(pipe, rc, "%s: writing mutable tensors back failed", c->name);
@@ -254,6 +255,7 @@ int mlo_res_evict(mlo_component *c) {
 
 void mlo_res_drop(mlo_component *c) {
   if (!mlo_res_is_resident(c)) return;
+  mlo_prog_drain(c); /* no gather still running into its block */
   if (c->block) {
     c->stats.platform_calls++;
     mlo_plat_dev_free(mlo_dev_plat(c), c->block, (size_t)c->alloc_bytes);

@@ -26,6 +26,7 @@ void mlo_pipeline_free(mlo_pipeline *pipe) {
     if (mlo_res_is_resident(c) && mlo_res_evict(c)) mlo_res_drop(c); /* write-back failed */
     mlo_res_finish_writeback(c);
   }
+  mlo_gather_stop(pipe); /* every component's gathers waited for above */
   /* Slabs may still be the source of queued copies: drain first.  A failed
    * drain is retried once; if the device still cannot confirm that the
    * copies are done, the slabs are leaked rather than freed under a copy

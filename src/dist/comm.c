@@ -51,6 +51,17 @@ void mlo_dist_shared_free(mlo_comm *c, void *handle) {
 int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t errlen) {
   return c ? c->ops->allgather(c->ctx, buf, slice, err, errlen) : no_comm(err, errlen);
 }
+bool mlo_dist_gather_lane(const mlo_comm *c) {
+  return c && c->gather_lane && c->ops->lane_gather;
+}
+
+int mlo_dist_lane_gather(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
+                         mlo_dist_namer name, void *user, void *buf, size_t slice, char *err,
+                         size_t errlen) {
+  if (!mlo_dist_gather_lane(c)) return no_comm(err, errlen);
+  return c->ops->lane_gather(c->ctx, id, check, status, msg, name, user, buf, slice, err, errlen);
+}
+
 int mlo_dist_agree(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
                    mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen) {
   if (!c) {

@@ -39,6 +39,12 @@ struct mlo_comm_ops {
   /* len bytes of node rank root's buf to every node rank's; only after an
    * agreement every rank passed (a broadcast cannot time out). */
   int (*bcast)(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen);
+  /* Optional (where gather_lane is set): an agreement and then an
+   * all-gather, as agree and allgather, on a line of their own that one
+   * other thread drives while the caller's collectives go on. */
+  int (*lane_gather)(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+                     mlo_dist_namer name, void *user, void *buf, size_t slice, char *err,
+                     size_t errlen);
 };
 
 /* The handle behind the public mlo_comm. */
@@ -49,6 +55,7 @@ struct mlo_comm {
   void *nccl;                           /* the node's NCCL communicator, or NULL */
   unsigned timeout_ms;                  /* mlo_comm_options.timeout_ms: agreements, gathers */
   mlo_platform *nccl_platform;          /* made nccl (mlo_comm_create_nccl): destroys it */
+  bool gather_lane;                     /* lane_gather may run on a thread of its own */
 };
 
 /* Ranks on this node (the ones that share slabs and gather loads). */
@@ -90,5 +97,19 @@ int mlo_dist_allgather(mlo_comm *c, void *buf, size_t slice, char *err, size_t e
  * undo together what they did collectively. */
 int mlo_dist_agree(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
                    mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
+
+/* Whether gathers may run on a thread of their own (mlo_dist_lane_gather):
+ * the caller's MPI allows two threads (MPI_THREAD_MULTIPLE) and the node
+ * has more than one rank.  Every node rank answers alike. */
+bool mlo_dist_gather_lane(const mlo_comm *c);
+
+/* From that one thread, in the same order on every node rank: the
+ * agreement step of mlo_dist_agree (id, check, status, msg as there), then
+ * mlo_dist_allgather of buf, on the lane's communicator apart from the
+ * caller's other collectives.  A failure or a timeout is every rank's, as
+ * there. */
+int mlo_dist_lane_gather(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
+                         mlo_dist_namer name, void *user, void *buf, size_t slice, char *err,
+                         size_t errlen);
 
 #endif

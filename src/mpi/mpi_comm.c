@@ -21,6 +21,7 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,20 +46,31 @@ typedef struct {
   char msg[256];
 } verdict;
 
-typedef struct mpi_ctx {
-  mlo_comm pub;         /* first: the handle the caller holds is this struct */
-  MPI_Comm world, node; /* the timeout is pub.timeout_ms, which core reads too */
+/* One line of agreements over one communicator of the node's ranks.  The
+ * coordinator's receives (one per node rank) and its verdicts may still be
+ * pending after a timeout, so they live as long as the communicator does. */
+typedef struct {
+  MPI_Comm comm;
   uint64_t seq;
-  bool broken;
-  char broken_why[800];
-  /* the coordinator's receives (one per node rank) and its verdicts: they
-   * may still be pending after a timeout, so they live as long as the
-   * communicator does */
   vote *votes;
   verdict *sent;
   MPI_Request *reqs;
   vote my_vote;
   verdict my_verdict;
+} agreement;
+
+typedef struct mpi_ctx {
+  mlo_comm pub;   /* first: the handle the caller holds is this struct */
+  MPI_Comm world; /* the timeout is pub.timeout_ms, which core reads too */
+  /* the node's agreements and collectives; and the gather lane's, a
+   * duplicate of it that one other thread drives (pub.gather_lane: MPI
+   * initialized with MPI_THREAD_MULTIPLE), so the two threads' collectives
+   * never meet on one communicator */
+  agreement node, lane;
+  /* set by either thread, read by both */
+  pthread_mutex_t broken_lock;
+  bool broken;
+  char broken_why[800];
 } mpi_ctx;
 
 /* libmlo's mlo_errf, which this library does not reach (it links libmlo's
@@ -90,6 +102,9 @@ static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t e
 static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
                      mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen);
 static int mpi_bcast(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen);
+static int mpi_lane_gather(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+                           mlo_dist_namer name, void *user, void *buf, size_t slice, char *err,
+                           size_t errlen);
 
 static const struct mlo_comm_ops mpi_ops = {
     .destroy = mpi_destroy,
@@ -98,7 +113,59 @@ static const struct mlo_comm_ops mpi_ops = {
     .allgather = mpi_allgather,
     .agree = mpi_agree,
     .bcast = mpi_bcast,
+    .lane_gather = mpi_lane_gather,
 };
+
+/* Whether a collective may still run; else its message, in err. */
+static bool usable(mpi_ctx *c, char *err, size_t errlen) {
+  pthread_mutex_lock(&c->broken_lock);
+  bool broken = c->broken;
+  if (broken) errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  pthread_mutex_unlock(&c->broken_lock);
+  return !broken;
+}
+
+/* The communicator is broken from now on (the first reason stays);
+ * MLO_ESTATE with that reason. */
+static int set_broken(mpi_ctx *c, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int set_broken(mpi_ctx *c, char *err, size_t errlen, const char *fmt, ...) {
+  pthread_mutex_lock(&c->broken_lock);
+  if (!c->broken) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->broken_why, sizeof c->broken_why, fmt, ap);
+    va_end(ap);
+    c->broken = true;
+  }
+  errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  pthread_mutex_unlock(&c->broken_lock);
+  return MLO_ESTATE;
+}
+
+/* An agreement line over comm (owned: freed with it). */
+static int agreement_init(agreement *a, MPI_Comm comm, size_t n) {
+  a->comm = comm;
+  a->votes = calloc(n, sizeof *a->votes);
+  a->sent = calloc(n, sizeof *a->sent);
+  a->reqs = calloc(n, sizeof *a->reqs);
+  if (!a->votes || !a->sent || !a->reqs) return MLO_ENOMEM;
+  for (size_t i = 0; i < n; i++) a->reqs[i] = MPI_REQUEST_NULL;
+  return MLO_OK;
+}
+
+static void agreement_free(agreement *a, int n) {
+  /* a receive the coordinator left posted for a rank that never came */
+  for (int i = 0; a->reqs && i < n; i++)
+    if (a->reqs[i] != MPI_REQUEST_NULL) {
+      MPI_Cancel(&a->reqs[i]);
+      MPI_Request_free(&a->reqs[i]);
+    }
+  if (a->comm != MPI_COMM_NULL && a->comm) MPI_Comm_free(&a->comm);
+  free(a->votes);
+  free(a->sent);
+  free(a->reqs);
+}
 
 #define MLO_MPI_STR_(x) #x
 #define MLO_MPI_STR(x) MLO_MPI_STR_(x)
@@ -125,6 +192,7 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
                 MLO_MPI_VERSION, mlo_version());
   mpi_ctx *c = calloc(1, sizeof *c);
   if (!c) return MLO_ENOMEM;
+  pthread_mutex_init(&c->broken_lock, NULL);
   c->pub.ops = &mpi_ops;
   c->pub.ctx = c;
   c->pub.timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : MLO_COMM_DEFAULT_TIMEOUT_MS;
@@ -136,41 +204,51 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
   MPI_Comm_set_errhandler(c->world, MPI_ERRORS_RETURN);
   MPI_Comm_rank(c->world, &c->pub.rank);
   MPI_Comm_size(c->world, &c->pub.size);
-  rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->pub.rank, MPI_INFO_NULL, &c->node);
+  MPI_Comm node = MPI_COMM_NULL;
+  rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->pub.rank, MPI_INFO_NULL, &node);
   if (rc != MPI_SUCCESS) {
     MPI_Comm_free(&c->world);
+    pthread_mutex_destroy(&c->broken_lock);
     free(c);
     return mpi_fail(err, errlen, "splitting the ranks by node", rc);
   }
-  MPI_Comm_set_errhandler(c->node, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(c->node, &c->pub.node_rank);
-  MPI_Comm_size(c->node, &c->pub.node_size);
+  MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(node, &c->pub.node_rank);
+  MPI_Comm_size(node, &c->pub.node_size);
   size_t n = (size_t)c->pub.node_size;
-  c->votes = calloc(n, sizeof *c->votes);
-  c->sent = calloc(n, sizeof *c->sent);
-  c->reqs = calloc(n, sizeof *c->reqs);
-  if (!c->votes || !c->sent || !c->reqs) {
+  if (agreement_init(&c->node, node, n)) {
     mpi_destroy(c);
     return MLO_ENOMEM;
   }
-  for (size_t i = 0; i < n; i++) c->reqs[i] = MPI_REQUEST_NULL;
+  /* The gather lane, where MPI lets a second thread call it: the host's
+   * gathers of sharded pieces then run off the forward's thread, as NCCL's
+   * run on a copy stream (docs/distributed.md).  Every rank of the node
+   * decides alike: the thread level is the job's. */
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level == MPI_THREAD_MULTIPLE && n > 1) {
+    MPI_Comm lane = MPI_COMM_NULL;
+    if ((rc = MPI_Comm_dup(node, &lane)) != MPI_SUCCESS) {
+      mpi_destroy(c);
+      return mpi_fail(err, errlen, "duplicating the node's communicator", rc);
+    }
+    MPI_Comm_set_errhandler(lane, MPI_ERRORS_RETURN);
+    if (agreement_init(&c->lane, lane, n)) {
+      mpi_destroy(c);
+      return MLO_ENOMEM;
+    }
+    c->pub.gather_lane = true;
+  }
   *out = &c->pub;
   return MLO_OK;
 }
 
 static void mpi_destroy(void *ctx) {
   mpi_ctx *c = ctx;
-  /* a receive the coordinator left posted for a rank that never came */
-  for (int i = 0; c->reqs && i < c->pub.node_size; i++)
-    if (c->reqs[i] != MPI_REQUEST_NULL) {
-      MPI_Cancel(&c->reqs[i]);
-      MPI_Request_free(&c->reqs[i]);
-    }
-  if (c->node != MPI_COMM_NULL && c->node) MPI_Comm_free(&c->node);
+  agreement_free(&c->lane, c->pub.node_size);
+  agreement_free(&c->node, c->pub.node_size);
   if (c->world != MPI_COMM_NULL && c->world) MPI_Comm_free(&c->world);
-  free(c->votes);
-  free(c->sent);
-  free(c->reqs);
+  pthread_mutex_destroy(&c->broken_lock);
   free(c);
 }
 
@@ -186,9 +264,9 @@ int mlo_comm_set_nccl(mlo_comm *c, void *nccl_comm) {
 
 static int mpi_bcast(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen) {
   mpi_ctx *c = ctx;
-  if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  if (!usable(c, err, errlen)) return MLO_ESTATE;
   if (len > (size_t)INT_MAX) return errf(err, errlen, MLO_EINVAL, "broadcast of %zu bytes", len);
-  int rc = MPI_Bcast(buf, (int)len, MPI_BYTE, root, c->node);
+  int rc = MPI_Bcast(buf, (int)len, MPI_BYTE, root, c->node.comm);
   return rc == MPI_SUCCESS ? MLO_OK : mpi_fail(err, errlen, "broadcast", rc);
 }
 
@@ -205,7 +283,7 @@ static int mpi_shared_alloc(void *ctx, size_t bytes, void **ptr, void **handle, 
   if (!h) return MLO_ENOMEM;
   void *base = NULL;
   MPI_Aint mine = c->pub.node_rank == 0 ? (MPI_Aint)bytes : 0;
-  int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, c->node, &base, &h->win);
+  int rc = MPI_Win_allocate_shared(mine, 1, MPI_INFO_NULL, c->node.comm, &base, &h->win);
   if (rc != MPI_SUCCESS) {
     free(h);
     return mpi_fail(err, errlen, "allocating node-shared memory", rc);
@@ -235,19 +313,24 @@ static void mpi_shared_free(void *ctx, void *handle) {
 
 /* ---- all-gather -------------------------------------------------------------- */
 
-static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen) {
-  mpi_ctx *c = ctx;
+static int allgather_on(mpi_ctx *c, MPI_Comm comm, void *buf, size_t slice, char *err,
+                        size_t errlen) {
   if (slice % GATHER_UNIT)
     return errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
                 GATHER_UNIT);
-  if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  if (!usable(c, err, errlen)) return MLO_ESTATE;
   MPI_Datatype unit;
   MPI_Type_contiguous(GATHER_UNIT, MPI_BYTE, &unit);
   MPI_Type_commit(&unit);
   int rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)(slice / GATHER_UNIT), unit,
-                         c->node);
+                         comm);
   MPI_Type_free(&unit);
   return rc == MPI_SUCCESS ? MLO_OK : mpi_fail(err, errlen, "all-gather", rc);
+}
+
+static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen) {
+  mpi_ctx *c = ctx;
+  return allgather_on(c, c->node.comm, buf, slice, err, errlen);
 }
 
 /* ---- the agreement step ------------------------------------------------------ */
@@ -283,22 +366,22 @@ static const char *name_of(mlo_dist_namer name, void *user, uint64_t id, char *b
 }
 
 /* The coordinator: collects every vote (or the timeout) and decides. */
-static void coordinate(mpi_ctx *c, verdict *v) {
+static void coordinate(mpi_ctx *c, agreement *a, verdict *v) {
   int n = c->pub.node_size;
   uint64_t deadline = now_ms() + c->pub.timeout_ms;
-  c->votes[0] = c->my_vote;
+  a->votes[0] = a->my_vote;
   for (int i = 1; i < n; i++)
-    if (c->reqs[i] == MPI_REQUEST_NULL)
-      MPI_Irecv(&c->votes[i], (int)sizeof(vote), MPI_BYTE, i, TAG_VOTE, c->node, &c->reqs[i]);
+    if (a->reqs[i] == MPI_REQUEST_NULL)
+      MPI_Irecv(&a->votes[i], (int)sizeof(vote), MPI_BYTE, i, TAG_VOTE, a->comm, &a->reqs[i]);
   bool all = true;
-  for (int i = 1; i < n; i++) all = wait_until(&c->reqs[i], deadline) && all;
+  for (int i = 1; i < n; i++) all = wait_until(&a->reqs[i], deadline) && all;
   memset(v, 0, sizeof *v);
   if (!all) {
     v->code = V_MISSING;
     size_t len = 0;
     for (int i = 1; i < n; i++) {
       int done = 0;
-      MPI_Test(&c->reqs[i], &done, MPI_STATUS_IGNORE);
+      MPI_Test(&a->reqs[i], &done, MPI_STATUS_IGNORE);
       if (!done && len + 16 < sizeof v->msg)
         len += (size_t)snprintf(v->msg + len, sizeof v->msg - len, "%s%d", len ? ", " : "", i);
     }
@@ -308,77 +391,75 @@ static void coordinate(mpi_ctx *c, verdict *v) {
    * step is at a mismatch because it failed, and its failure is what every
    * rank must hear, at once. */
   for (int i = 0; i < n; i++)
-    if (c->votes[i].status) {
+    if (a->votes[i].status) {
       v->code = V_FAILED;
-      v->rank_a = i, v->id_a = c->votes[i].id;
-      v->status = c->votes[i].status;
-      snprintf(v->msg, sizeof v->msg, "%s", c->votes[i].msg);
+      v->rank_a = i, v->id_a = a->votes[i].id;
+      v->status = a->votes[i].status;
+      snprintf(v->msg, sizeof v->msg, "%s", a->votes[i].msg);
       return;
     }
   for (int i = 1; i < n; i++)
-    if (c->votes[i].seq != c->votes[0].seq || c->votes[i].id != c->votes[0].id) {
+    if (a->votes[i].seq != a->votes[0].seq || a->votes[i].id != a->votes[0].id) {
       v->code = V_MISMATCH;
-      v->rank_a = 0, v->id_a = c->votes[0].id;
-      v->rank_b = i, v->id_b = c->votes[i].id;
+      v->rank_a = 0, v->id_a = a->votes[0].id;
+      v->rank_b = i, v->id_b = a->votes[i].id;
       return;
     }
   /* what the ranks hold, compared once every rank's own part succeeded */
   for (int i = 1; i < n; i++)
-    if (c->votes[i].check != c->votes[0].check) {
+    if (a->votes[i].check != a->votes[0].check) {
       v->code = V_DIFFERS;
-      v->rank_a = 0, v->id_a = c->votes[0].check;
-      v->rank_b = i, v->id_b = c->votes[i].check;
+      v->rank_a = 0, v->id_a = a->votes[0].check;
+      v->rank_b = i, v->id_b = a->votes[i].check;
       return;
     }
   v->code = V_OK;
 }
 
-static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
-                     mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen) {
-  mpi_ctx *c = ctx;
+static int agree_on(mpi_ctx *c, agreement *a, uint64_t id, uint64_t check, int status,
+                    const char *msg, mlo_dist_namer name, void *user, bool *together, char *err,
+                    size_t errlen) {
   if (together) *together = false;
-  if (c->broken) return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+  if (!usable(c, err, errlen)) return MLO_ESTATE;
   char nb[200], nb2[200];
   const char *what = name_of(name, user, id, nb, sizeof nb);
-  c->seq++;
-  memset(&c->my_vote, 0, sizeof c->my_vote);
-  c->my_vote.seq = c->seq;
-  c->my_vote.id = id;
-  c->my_vote.check = check;
-  c->my_vote.status = status;
-  if (msg) snprintf(c->my_vote.msg, sizeof c->my_vote.msg, "%s", msg);
-  verdict *v = &c->my_verdict;
+  a->seq++;
+  memset(&a->my_vote, 0, sizeof a->my_vote);
+  a->my_vote.seq = a->seq;
+  a->my_vote.id = id;
+  a->my_vote.check = check;
+  a->my_vote.status = status;
+  if (msg) snprintf(a->my_vote.msg, sizeof a->my_vote.msg, "%s", msg);
+  verdict *v = &a->my_verdict;
   if (c->pub.node_size == 1) {
     memset(v, 0, sizeof *v);
     if (status) {
       v->code = V_FAILED;
       v->id_a = id;
       v->status = status;
-      snprintf(v->msg, sizeof v->msg, "%s", c->my_vote.msg);
+      snprintf(v->msg, sizeof v->msg, "%s", a->my_vote.msg);
     }
   } else if (c->pub.node_rank == 0) {
-    coordinate(c, v);
+    coordinate(c, a, v);
     for (int i = 1; i < c->pub.node_size; i++) {
       MPI_Request r;
-      c->sent[i] = *v;
-      MPI_Isend(&c->sent[i], (int)sizeof(verdict), MPI_BYTE, i, TAG_VERDICT, c->node, &r);
+      a->sent[i] = *v;
+      MPI_Isend(&a->sent[i], (int)sizeof(verdict), MPI_BYTE, i, TAG_VERDICT, a->comm, &r);
       MPI_Request_free(&r); /* sent[] outlives it */
     }
   } else {
     MPI_Request s, r;
-    MPI_Isend(&c->my_vote, (int)sizeof(vote), MPI_BYTE, 0, TAG_VOTE, c->node, &s);
+    MPI_Isend(&a->my_vote, (int)sizeof(vote), MPI_BYTE, 0, TAG_VOTE, a->comm, &s);
     MPI_Request_free(&s);
-    MPI_Irecv(v, (int)sizeof(verdict), MPI_BYTE, 0, TAG_VERDICT, c->node, &r);
+    MPI_Irecv(v, (int)sizeof(verdict), MPI_BYTE, 0, TAG_VERDICT, a->comm, &r);
     /* the coordinator decides at its timeout; its verdict gets a second */
     if (!wait_until(&r, now_ms() + c->pub.timeout_ms + 1000)) {
       MPI_Cancel(&r);
       MPI_Request_free(&r);
-      c->broken = true;
-      snprintf(c->broken_why, sizeof c->broken_why,
-               "rank %d: node rank 0 (the coordinator) did not answer within %.1f s at '%s'; "
-               "the communicator is unusable",
-               c->pub.rank, c->pub.timeout_ms / 1000.0, what);
-      return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+      return set_broken(c, err, errlen,
+                        "rank %d: node rank 0 (the coordinator) did not answer within %.1f s at "
+                        "'%s'; the communicator is unusable",
+                        c->pub.rank, c->pub.timeout_ms / 1000.0, what);
     }
   }
   if (together) *together = v->code == V_OK || v->code == V_FAILED || v->code == V_DIFFERS;
@@ -398,11 +479,10 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
                 v->rank_a, v->rank_b, what, (unsigned long long)v->id_a,
                 (unsigned long long)v->id_b);
   case V_MISSING:
-    c->broken = true;
-    snprintf(c->broken_why, sizeof c->broken_why,
-             "node rank(s) %s did not arrive within %.1f s at '%s'; the communicator is unusable",
-             v->msg, c->pub.timeout_ms / 1000.0, what);
-    return errf(err, errlen, MLO_ESTATE, "%s", c->broken_why);
+    return set_broken(c, err, errlen,
+                      "node rank(s) %s did not arrive within %.1f s at '%s'; the communicator "
+                      "is unusable",
+                      v->msg, c->pub.timeout_ms / 1000.0, what);
   default:
     return errf(err, errlen, v->status ? v->status : MLO_EPLATFORM,
                 "node rank %d failed at '%s': %s", v->rank_a,
@@ -411,10 +491,30 @@ static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const c
   }
 }
 
+static int mpi_agree(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+                     mlo_dist_namer name, void *user, bool *together, char *err, size_t errlen) {
+  mpi_ctx *c = ctx;
+  return agree_on(c, &c->node, id, check, status, msg, name, user, together, err, errlen);
+}
+
+/* The gather lane's step: agreed (every rank at this piece, none failed),
+ * then gathered, both on the lane's own communicator (one thread's). */
+static int mpi_lane_gather(void *ctx, uint64_t id, uint64_t check, int status, const char *msg,
+                           mlo_dist_namer name, void *user, void *buf, size_t slice, char *err,
+                           size_t errlen) {
+  mpi_ctx *c = ctx;
+  if (!c->pub.gather_lane)
+    return errf(err, errlen, MLO_EUNSUPPORTED, "no gather lane (MPI_THREAD_MULTIPLE)");
+  int rc = agree_on(c, &c->lane, id, check, status, msg, name, user, NULL, err, errlen);
+  return rc ? rc : allgather_on(c, c->lane.comm, buf, slice, err, errlen);
+}
+
 void mlo_comm_free(mlo_comm *c) {
   if (c) c->ops->destroy(c->ctx);
 }
 
 bool mlo_comm_broken(const mlo_comm *c) {
-  return c && ((const mpi_ctx *)c->ctx)->broken;
+  if (!c) return false;
+  mpi_ctx *m = c->ctx;
+  return !usable(m, NULL, 0);
 }

@@ -30,6 +30,7 @@
 #include "dist/dist.h"
 
 #include <mpi.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +224,92 @@ static void test_shard_resident(mlo_comm *comm) {
   CHECK(mlo_component_shard(c, NULL, NULL, NULL) == MLO_ESTATE, "shard of an evicted component");
   mlo_pipeline_free(pipe);
   mlo_platform_close(p);
+}
+
+/* The reference workload under strict offload on pipe, every component
+ * loaded block by block: its status, the digest in *d. */
+static int run_blocks(mlo_platform *p, mlo_pipeline *pipe, uint64_t *d) {
+  for (size_t i = 0; i < mlo_pipeline_component_count(pipe); i++)
+    mlo_component_set_progressive(mlo_pipeline_component_at(pipe, i), 1);
+  mlo_workload *w = NULL;
+  mlo_workload_call *calls = NULL;
+  size_t n = 0;
+  int rc = mlo_workload_open(p, &w, NULL, 0);
+  if (!rc) rc = mlo_workload_schedule(pipe, 4, 3, &calls, &n);
+  mlo_offload_settings set = MLO_OFFLOAD_SETTINGS_INIT;
+  if (!rc) rc = mlo_offload_enable(pipe, &set);
+  if (!rc) rc = mlo_workload_run(w, calls, n, d, NULL, NULL, NULL);
+  mlo_offload_disable(pipe);
+  free(calls);
+  mlo_workload_close(w);
+  return rc;
+}
+
+/* Sharded loads block by block (each piece sliced, then gathered by the
+ * host over MPI): the single process's digest.  Where the job gives
+ * MPI_THREAD_MULTIPLE (`lane`), every gather ran on the pipeline's gather
+ * thread, under the compute; otherwise on the forward's thread. */
+static void test_sharded_blocks(mlo_comm *comm, uint64_t reference, bool lane) {
+  mlo_platform *p = host();
+  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
+  uint64_t d = 0;
+  int rc = run_blocks(p, pipe, &d);
+  CHECK(rc == MLO_OK, "block by block: %s", mlo_pipeline_errmsg(pipe));
+  CHECK(d == reference, "block by block: digest %016llx, single %016llx", (unsigned long long)d,
+        (unsigned long long)reference);
+  mlo_dist_stats ds = MLO_DIST_STATS_INIT;
+  mlo_pipeline_get_dist_stats(pipe, &ds);
+  if (nranks > 1) {
+    CHECK(ds.gather_bytes > 0, "nothing gathered");
+    if (lane)
+      CHECK(ds.lane_gathers > 0, "no gather ran on the gather thread");
+    else
+      CHECK(ds.lane_gathers == 0, "%llu gathers on a thread MPI does not allow",
+            (unsigned long long)ds.lane_gathers);
+  }
+  /* a caller built before lane_gathers: the fields it knows */
+  struct {
+    mlo_dist_stats s;
+  } old = {.s = MLO_DIST_STATS_INIT};
+  old.s.size = offsetof(mlo_dist_stats, lane_gathers);
+  old.s.lane_gathers = 12345;
+  CHECK(mlo_pipeline_get_dist_stats(pipe, &old.s) == MLO_OK &&
+            old.s.gather_bytes == ds.gather_bytes && old.s.lane_gathers == 12345,
+        "an older caller's stats");
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+}
+
+/* With the gather thread: a copy that fails part-way through one rank's
+ * sharded load fails the run on every rank, naming that rank, within the
+ * timeout (the others' threads do not wait for pieces it never posts),
+ * and the communicator goes on working. */
+static void test_lane_failure(mlo_comm *comm) {
+  if (nranks < 2) return;
+  int last = nranks - 1;
+  mlo_platform *p = NULL;
+  char err[256];
+  const char *spec = rank == last ? "fault:kind=copy,nth=6,inner=host:capacity=512M,poison=0"
+                                  : "host:capacity=512M,poison=0";
+  if (mlo_platform_open(spec, &p, err, sizeof err)) {
+    fprintf(stderr, "rank %d: %s\n", rank, err);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  mlo_pipeline *pipe = open_with(p, comm, true, NULL);
+  uint64_t d = 0;
+  int rc = run_blocks(p, pipe, &d);
+  CHECK(rc != MLO_OK, "a copy failed on rank %d, yet the run succeeded", last);
+  if (rank != last) {
+    char want[64];
+    snprintf(want, sizeof want, "node rank %d failed", last);
+    CHECK(strstr(mlo_pipeline_errmsg(pipe), want), "message '%s'", mlo_pipeline_errmsg(pipe));
+  }
+  mlo_pipeline_free(pipe);
+  mlo_platform_close(p);
+  CHECK(!mlo_comm_broken(comm), "the communicator broke");
+  CHECK(mlo_dist_agree(comm, MLO_DIST_PROGRAM_STEP | 7, 0, MLO_OK, NULL, NULL, NULL, NULL, err,
+                       sizeof err) == MLO_OK,
+        "an agreement after the failure: %s", err);
 }
 
 static void test_fault_on_one_rank(mlo_comm *comm) {
@@ -423,7 +510,12 @@ static void test_missing_coordinator(void) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  /* --lane: two threads may call MPI, so the host's gathers run on the
+   * pipeline's gather thread (dist_ranks_2_lane) */
+  bool lane = argc > 1 && !strcmp(argv[1], "--lane");
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, lane ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
+  lane = lane && provided == MPI_THREAD_MULTIPLE;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   mlo_set_log(NULL, NULL, MLO_LOG_ERROR);
@@ -476,6 +568,8 @@ int main(int argc, char **argv) {
   test_mismatch(comm);
   test_different_checkpoints(comm, other, copy);
   test_peer_failed_elsewhere(comm);
+  test_sharded_blocks(comm, reference, lane);
+  if (lane) test_lane_failure(comm);
   mlo_comm_free(comm);
   test_missing_rank();
   test_missing_coordinator();

@@ -593,6 +593,7 @@ agree:;
     f->tier_read = r.stats.total.disk_read_bytes;
     f->h2d = r.stats.total.h2d_bytes;
     f->gather = ds.gather_bytes;
+    f->lane_gathers = ds.lane_gathers;
     f->gather_s = (double)ds.gather_ns / 1e9;
     f->stall_s = (double)r.stats.total.wait_ns / 1e9;
     f->steady_stall_s = run_steady(&r, GEN_STALL);

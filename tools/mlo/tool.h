@@ -229,6 +229,7 @@ typedef struct {
   uint64_t shared;    /* host slabs in node-shared memory */
   uint64_t tier_read; /* read from files by loads from disk (--host-memory) */
   uint64_t h2d, gather;
+  uint64_t lane_gathers; /* of the gathers, those on the gather thread (MPI_THREAD_MULTIPLE) */
   double gather_s, stall_s, steady_stall_s, wall_s, steady_wall_s;
   uint64_t digest;
   int verified; /* -1: no --verify */
