@@ -266,6 +266,28 @@ MLO_API size_t mlo_platform_count(void);
  * if it has one, as mlo_platform_open would (a module stays loaded).
  * MLO_EINVAL for a bad index or size. */
 MLO_API int mlo_platform_info_get(size_t index, mlo_platform_info *info);
+/* The spec grammar, for a caller that reads or composes specs without
+ * opening them (a framework binding adding its stream, a tool its
+ * capacity): "NAME[:N][:key=value,...]", N only for the platforms that take
+ * an index (their info.spec says "[:N]"); a "fault:...,inner=SPEC" wrapper's
+ * name, index and options are those of SPEC ("host" where it names none).
+ * Each is MLO_ENOTFOUND for a spec whose platform this libmlo does not know
+ * (or an option not given) and MLO_EINVAL for a bad argument or an output
+ * too small, with the output empty.
+ *   parts:   the platform's name, and the index given (-1: none; the
+ *            platform's default then applies, 0 for cuda and opencl).
+ *   get:     option key's value.
+ *   compose: the spec again with index set (-1: as given) and, where key
+ *            is not NULL, option key=value set (replacing a value given,
+ *            appended otherwise; neither may hold ',', nor key ':' or '=');
+ *            the other options kept in their order.  A wrapper keeps its
+ *            own options and gets them on its inner platform.
+ *   mlo_platform_spec_compose("cuda:pinned=0", 1, "stream", "94", ...)
+ *   gives "cuda:1:pinned=0,stream=94". */
+MLO_API int mlo_platform_spec_parts(const char *spec, char *name, size_t namelen, int *index);
+MLO_API int mlo_platform_spec_get(const char *spec, const char *key, char *value, size_t len);
+MLO_API int mlo_platform_spec_compose(const char *spec, int index, const char *key,
+                                      const char *value, char *out, size_t outlen);
 /* Closes a platform.  All pipelines using it must be freed first.
  * NULL is a no-op. */
 MLO_API void mlo_platform_close(mlo_platform *platform);

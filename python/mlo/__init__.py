@@ -81,6 +81,47 @@ def parse_size(value, what="size", allow_zero=False):
     return out.value
 
 
+def platform_spec_parts(spec):
+    """(name, index) of a platform spec as libmlo reads it ("cuda:1:pinned=0"
+    gives ("cuda", 1); index None where none is given; a fault: wrapper's are
+    its inner platform's); ValueError for a spec of no platform it knows."""
+    name, index = ctypes.create_string_buffer(64), ctypes.c_int(-1)
+    rc = lib().mlo_platform_spec_parts(_c_name(spec, "platform spec"), name, len(name),
+                                       ctypes.byref(index))
+    if rc:
+        raise ValueError("platform spec %r: %s" % (spec, lib().mlo_strerror(rc).decode()))
+    return name.value.decode(), (index.value if index.value >= 0 else None)
+
+
+def platform_spec_get(spec, key):
+    """Option key's value in a platform spec ("stream" of
+    "cuda:0:stream=94" is "94"), None where it is not given."""
+    out = ctypes.create_string_buffer(1024)
+    rc = lib().mlo_platform_spec_get(_c_name(spec, "platform spec"), _c_name(key, "option"), out,
+                                     len(out))
+    if rc == -9:  # MLO_ENOTFOUND
+        return None
+    if rc:
+        raise ValueError("platform spec %r: %s" % (spec, lib().mlo_strerror(rc).decode()))
+    return out.value.decode()
+
+
+def platform_spec_compose(spec, index=None, key=None, value=None):
+    """The spec again with the device index set (None: as given) and option
+    key=value set (replacing a value given), as libmlo composes it:
+    platform_spec_compose("cuda:pinned=0", 1, "stream", "94") is
+    "cuda:1:pinned=0,stream=94"."""
+    out = ctypes.create_string_buffer(2048)
+    rc = lib().mlo_platform_spec_compose(
+        _c_name(spec, "platform spec"), -1 if index is None else _c_uint(index, "index", 31),
+        None if key is None else _c_name(key, "option"),
+        None if value is None else _c_name(str(value), "option value"), out, len(out))
+    if rc:
+        raise ValueError("platform spec %r with index %r, %s=%s: %s" %
+                         (spec, index, key, value, lib().mlo_strerror(rc).decode()))
+    return out.value.decode()
+
+
 class MloError(RuntimeError):
     """A libmlo status: .code (negative MLO_E*), .name ("MLO_ENOMEM_DEVICE").
     MloError(code, message) is an instance of the code's own subclass

@@ -243,6 +243,47 @@ class Declared(mlo.torch.SupportsComponentDiscovery):
         self.empty = Empty()
 
 
+class SpecGrammarTests(unittest.TestCase):
+    """The platform spec as libmlo reads and composes it (issue 40: the
+    binding split specs by hand), and mlo.torch's CUDA device specs made
+    with it: torch's current stream added, the user's options kept."""
+
+    def test_the_library_grammar(self):
+        self.assertEqual(mlo.platform_spec_parts("cuda:1:pinned=0"), ("cuda", 1))
+        self.assertEqual(mlo.platform_spec_parts("host:capacity=1G"), ("host", None))
+        self.assertEqual(mlo.platform_spec_parts("fault:kind=copy,nth=1,inner=cuda:2"),
+                         ("cuda", 2))
+        self.assertEqual(mlo.platform_spec_get("cuda:0:pinned=0,stream=94", "stream"), "94")
+        self.assertIsNone(mlo.platform_spec_get("cuda:0:pinned=0", "stream"))
+        self.assertEqual(mlo.platform_spec_compose("cuda:pinned=0", 1, "stream", 94),
+                         "cuda:1:pinned=0,stream=94")
+        self.assertEqual(mlo.platform_spec_compose("host:capacity=1G", None, "capacity", "2G"),
+                         "host:capacity=2G")
+        for bad in ("gpu:0", ""):
+            with self.assertRaises(ValueError):
+                mlo.platform_spec_parts(bad)
+        with self.assertRaises(ValueError):
+            mlo.platform_spec_compose("host", 1)  # the host takes no index
+
+    def test_cuda_specs_get_the_current_stream(self):
+        from unittest import mock
+        from mlo.torch import _settings
+        stream = mock.Mock(cuda_stream=94)
+        with mock.patch("torch.cuda.current_device", return_value=1), \
+                mock.patch("torch.cuda.current_stream", return_value=stream) as current:
+            self.assertEqual(_settings._platform_spec("cuda"), "cuda:1:stream=94")
+            self.assertEqual(_settings._platform_spec("cuda:pinned=0,capacity=4G"),
+                             "cuda:1:pinned=0,capacity=4G,stream=94")
+            self.assertEqual(_settings._platform_spec("cuda:2:chunk=8M"),
+                             "cuda:2:chunk=8M,stream=94")
+            current.assert_called_with(2)
+            self.assertEqual(_settings._platform_spec(torch.device("cuda", 3)), "cuda:3:stream=94")
+            # a stream given is the caller's: kept as it is
+            self.assertEqual(_settings._platform_spec("cuda:0:stream=5"), "cuda:0:stream=5")
+            with self.assertRaisesRegex(ValueError, "expected cuda, cuda:N"):
+                _settings._platform_spec("cuda:x")
+
+
 class ModuleTests(unittest.TestCase):
     def test_tied_references_parameterless_and_declared(self):
         p = Declared()

@@ -286,10 +286,11 @@ static void node_options(const run_args *ra, char *spec, size_t size) {
  * each rank its own GPU (CUDA_VISIBLE_DEVICES of one entry) leaves it.
  * -1: an index was given (the user's choice), or another platform. */
 static int cuda_rank_index(const char *spec, int node_rank) {
-  if (strncmp(spec, "cuda", 4) || (spec[4] && spec[4] != ':')) return -1;
-  const char *first = spec[4] ? spec + 5 : "";
-  size_t len = strcspn(first, ":,");
-  if (len && !memchr(first, '=', len)) return -1; /* "cuda:1...": an index */
+  char name[32];
+  int given = -1;
+  if (strncmp(spec, "cuda", 4) || mlo_platform_spec_parts(spec, name, sizeof name, &given) ||
+      given >= 0) /* another platform (a wrapper's inside is its own), or an index given */
+    return -1;
   const char *visible = getenv("CUDA_VISIBLE_DEVICES");
   bool one = visible && *visible && !strchr(visible, ',');
   return one ? 0 : node_rank;

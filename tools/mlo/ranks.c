@@ -482,8 +482,12 @@ int ranks_plan_loads(tool_ranks *r, const char *spec, const mlo_node_topology *n
   r->chosen = mode < 0;
   r->modelled = false;
   r->plan = (mlo_load_plan)MLO_LOAD_PLAN_INIT;
-  bool node_options = strstr(spec, "group=") || strstr(spec, "uplink=") ||
-                      strstr(spec, "fabric=") || strstr(spec, "pcie_p2p=");
+  static const char *const keys[] = {"group", "uplink", "fabric", "pcie_p2p"};
+  bool node_options = false;
+  for (size_t i = 0; i < sizeof keys / sizeof *keys && !node_options; i++) {
+    char v[64];
+    node_options = mlo_platform_spec_get(spec, keys[i], v, sizeof v) != MLO_ENOTFOUND;
+  }
   if (tool_is_host(spec) && node_options) {
     /* the host platform says what it models (a --node profile became its
      * options, or the user gave them in --platform); opened for that alone

@@ -14,53 +14,19 @@
 #include <unistd.h>
 
 void spec_with_capacity(const char *spec, uint64_t capacity, char *out, size_t outlen) {
-  /* "host[:opts]", "cuda[:N][:opts]", "opencl[:N][:opts]": keep the name,
-   * the device index (0 by default) and every option but capacity, then
-   * append ours.  A fault: wrapper gets it on its inner platform. */
-  if (!strncmp(spec, "fault:", 6) || !strcmp(spec, "fault")) {
-    /* A wrapper: the capacity belongs to the platform inside it, which
-     * comes last as inner=SPEC (host when none is named). */
-    const char *args = spec[5] ? spec + 6 : "", *inner = NULL;
-    for (const char *p = args; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-      if (!strncmp(p, "inner=", 6)) {
-        inner = p + 6;
-        break;
-      }
-    size_t head = inner ? (size_t)(inner - spec) : strlen(spec);
-    char wrapped[512];
-    spec_with_capacity(inner && *inner ? inner : "host", capacity, wrapped, sizeof wrapped);
-    if (inner)
-      snprintf(out, outlen, "%.*s%s", (int)head, spec, wrapped);
-    else
-      snprintf(out, outlen, "%s%sinner=%s", spec, spec[5] && spec[6] ? "," : (spec[5] ? "" : ":"),
-               wrapped);
-    return;
-  }
-  const char *colon = strchr(spec, ':');
-  size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
-  bool host = name_len == 4 && !strncmp(spec, "host", 4);
-  bool indexed = false; /* cuda[:N], opencl[:N]: as the library lists them */
-  if (!host && (!tool_platform_known(spec, &indexed) || !indexed)) {
+  /* the name, the device index (0 where none is given), every option but
+   * capacity, then ours (a fault: wrapper's inner platform gets it: the
+   * library's grammar, mlo_platform_spec_compose); a platform with neither
+   * an index nor a capacity of its own (sim) as given */
+  char name[32], cap[32];
+  int index = -1;
+  bool indexed = false;
+  snprintf(cap, sizeof cap, "%llu", (unsigned long long)capacity);
+  if (mlo_platform_spec_parts(spec, name, sizeof name, &index) ||
+      (strcmp(name, "host") && (!tool_platform_known(name, &indexed) || !indexed)) ||
+      mlo_platform_spec_compose(spec, indexed && index < 0 ? 0 : index, "capacity", cap, out,
+                                outlen))
     snprintf(out, outlen, "%s", spec);
-    return;
-  }
-  const char *p = colon ? colon + 1 : "";
-  size_t n = (size_t)snprintf(out, outlen, "%.*s:", (int)name_len, spec);
-  if (indexed) {
-    size_t digits = strspn(p, "0123456789");
-    bool has_index = digits && (p[digits] == '\0' || p[digits] == ':');
-    n += (size_t)snprintf(out + n, outlen - n, "%.*s:", has_index ? (int)digits : 1,
-                          has_index ? p : "0");
-    if (has_index) p += digits + (p[digits] == ':');
-  }
-  while (*p && n < outlen) {
-    const char *comma = strchr(p, ',');
-    size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    if (len && strncmp(p, "capacity=", 9))
-      n += (size_t)snprintf(out + n, outlen - n, "%.*s,", (int)len, p);
-    p += len + (comma ? 1 : 0);
-  }
-  if (n < outlen) snprintf(out + n, outlen - n, "capacity=%llu", (unsigned long long)capacity);
 }
 
 /* The pipeline over the session's devices, --place's pins applied. */

@@ -13,6 +13,7 @@ import torch
 
 from .. import (Component, MloInvalidError, MloNotFoundError, MloStateError, Pipeline,
                Platform)
+from .. import platform_spec_get, platform_spec_parts
 from ._blocks import BlockPlan
 from ._files import _read_range
 from ._guards import _unguard_pipeline
@@ -65,8 +66,9 @@ class Offload(WriteCheck, BlockPlan):
         self.cuda_streams, self.torch_devices = [], []
         for spec, platform in zip(self.specs, self.platforms):
             stream, torch_device = None, "cpu"
-            if spec.startswith("cuda:") and "stream=" in spec:
-                stream = (int(spec.split(":")[1]), int(spec.split("stream=")[1].split(",")[0], 0))
+            given = platform_spec_get(spec, "stream") if spec.startswith("cuda") else None
+            if given is not None:
+                stream = (platform_spec_parts(spec)[1] or 0, int(given, 0))
             if platform.name == "cuda":
                 # torch's caching allocator holds freed blocks as reserved: mlo
                 # counts them free and asks for them before an allocation fails

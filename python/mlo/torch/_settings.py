@@ -6,6 +6,8 @@ import warnings
 
 import torch
 
+from .. import platform_spec_compose, platform_spec_get, platform_spec_parts
+
 
 @dataclasses.dataclass(frozen=True)
 class OffloadSettings:
@@ -48,7 +50,7 @@ def _platform_specs(device):
                              (list(devices), " and ".join(sorted(kinds))))
     specs = [_platform_spec(d) for d in devices]
     if len(specs) > 1:
-        cuda = [int(s.split(":")[1]) for s in specs if s.startswith("cuda:")]
+        cuda = [platform_spec_parts(s)[1] for s in specs if s.startswith("cuda:")]
         twice = sorted({i for i in cuda if cuda.count(i) > 1})
         if twice:
             raise ValueError("device: cuda:%d is named twice; each device of a pipeline is "
@@ -108,16 +110,16 @@ def _platform_spec(device):
         raise ValueError("device: %r is neither a str nor a torch.device" % (device,))
     if device == "cpu":
         return "host"
-    parts = device.split(":", 2)
-    if parts[0] == "cuda" and "stream=" not in device:
-        # compute is torch's current stream: loads are ordered against it
-        # (C8); the spec's other options (capacity=, ...) are kept
-        if len(parts) > 1 and parts[1].isdigit():
-            index, opts = parts[1], parts[2] if len(parts) > 2 else ""
-        elif len(parts) > 1 and "=" not in parts[1]:
-            raise ValueError("device %r: expected cuda, cuda:N or cuda[:N]:options" % device)
-        else:
-            index, opts = str(torch.cuda.current_device()), ":".join(parts[1:])
-        stream = torch.cuda.current_stream(int(index)).cuda_stream
-        return "cuda:%s:%sstream=%d" % (index, opts + "," if opts else "", stream)
+    if device.split(":", 1)[0] == "cuda":
+        try:  # libmlo's own grammar (mlo_platform_spec_*), not a split of ours
+            _, index = platform_spec_parts(device)
+        except ValueError:
+            raise ValueError("device %r: expected cuda, cuda:N or cuda[:N]:options" %
+                             device) from None
+        if platform_spec_get(device, "stream") is None:
+            # compute is torch's current stream: loads are ordered against it
+            # (C8); the spec's other options (capacity=, ...) are kept
+            index = torch.cuda.current_device() if index is None else index
+            stream = torch.cuda.current_stream(index).cuda_stream
+            return platform_spec_compose(device, index, "stream", stream)
     return device
