@@ -666,6 +666,17 @@ static void cu_destroy(void *ctx) {
   free(c);
 }
 
+#ifdef MLO_HAVE_NCCL
+static const struct mlo_platform_coll_ops cuda_coll_ops = {
+    .gather = cu_all_gather,
+    .check = cu_coll_check,
+    .id = cu_coll_id,
+    .init = cu_coll_init,
+    .destroy = cu_coll_destroy,
+    .wait = cu_coll_wait,
+};
+#endif
+
 static const struct mlo_platform_ops cuda_ops = {
     .name = "cuda",
     .destroy = cu_destroy,
@@ -699,12 +710,7 @@ static const struct mlo_platform_ops cuda_ops = {
     .compute_queue = cu_compute_queue,
     .compute_context = cu_compute_context,
 #ifdef MLO_HAVE_NCCL
-    .all_gather = cu_all_gather,
-    .coll_check = cu_coll_check,
-    .coll_id = cu_coll_id,
-    .coll_init = cu_coll_init,
-    .coll_destroy = cu_coll_destroy,
-    .coll_wait = cu_coll_wait,
+    .coll = &cuda_coll_ops,
 #endif
 };
 

@@ -235,6 +235,8 @@ static uint64_t fault_now_ns(void *ctx) {
   return mlo_plat_now(((struct fault_ctx *)ctx)->inner);
 }
 
+static const struct mlo_platform_model_ops fault_model_ops = {.now_ns = fault_now_ns};
+
 static const struct mlo_platform_ops fault_ops = {
     .name = "fault",
     .destroy = fault_destroy,
@@ -264,7 +266,7 @@ static const struct mlo_platform_ops fault_ops = {
     .synchronize = fault_synchronize,
     .compute_queue = fault_compute_queue,
     .compute_context = fault_compute_context,
-    .now_ns = fault_now_ns,
+    .model = &fault_model_ops,
 };
 
 /* ---- the spec ---------------------------------------------------------- */

@@ -398,6 +398,11 @@ static void host_gather_pace(void *vctx, size_t slice, int ranks, uint64_t t0_ns
   sleep_until_ns(end);
 }
 
+static const struct mlo_platform_model_ops host_model_ops = {
+    .topology = host_topology,
+    .gather_pace = host_gather_pace,
+};
+
 static const struct mlo_platform_ops host_ops = {
     .name = "host",
     .destroy = host_destroy,
@@ -420,8 +425,7 @@ static const struct mlo_platform_ops host_ops = {
     .event_time = host_event_time,
     .synchronize = host_synchronize,
     .compute_queue = NULL, /* host compute runs on the calling thread */
-    .topology = host_topology,
-    .gather_pace = host_gather_pace,
+    .model = &host_model_ops,
 };
 
 /* ---- options ----------------------------------------------------------- */

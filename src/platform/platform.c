@@ -95,9 +95,9 @@ void *mlo_plat_compute_context(mlo_platform *p) {
 
 int mlo_plat_all_gather(mlo_platform *p, void *block, size_t offset, size_t slice, int rank,
                         void *coll, unsigned timeout_ms) {
-  if (!p->ops->all_gather) return MLO_EUNSUPPORTED;
+  if (!p->ops->coll) return MLO_EUNSUPPORTED;
   count_call(p);
-  return p->ops->all_gather(p->ctx, block, offset, slice, rank, coll, timeout_ms);
+  return p->ops->coll->gather(p->ctx, block, offset, slice, rank, coll, timeout_ms);
 }
 
 static int no_coll(const mlo_platform *p, char *err, size_t errlen) {
@@ -108,55 +108,58 @@ static int no_coll(const mlo_platform *p, char *err, size_t errlen) {
 
 int mlo_plat_coll_check(mlo_platform *p, void *coll, int ranks, int rank, char *err,
                         size_t errlen) {
-  if (!p->ops->coll_check) return no_coll(p, err, errlen);
-  return p->ops->coll_check(p->ctx, coll, ranks, rank, err, errlen);
+  if (!p->ops->coll) return no_coll(p, err, errlen);
+  return p->ops->coll->check(p->ctx, coll, ranks, rank, err, errlen);
 }
 
 int mlo_plat_coll_id(mlo_platform *p, void *id, size_t len, char *err, size_t errlen) {
-  if (!p->ops->coll_id) return no_coll(p, err, errlen);
-  return p->ops->coll_id(p->ctx, id, len, err, errlen);
+  if (!p->ops->coll) return no_coll(p, err, errlen);
+  return p->ops->coll->id(p->ctx, id, len, err, errlen);
 }
 
 int mlo_plat_coll_init(mlo_platform *p, const void *id, size_t len, int ranks, int rank,
                        unsigned timeout_ms, void **coll, char *err, size_t errlen) {
   *coll = NULL;
-  if (!p->ops->coll_init) return no_coll(p, err, errlen);
-  return p->ops->coll_init(p->ctx, id, len, ranks, rank, timeout_ms, coll, err, errlen);
+  if (!p->ops->coll) return no_coll(p, err, errlen);
+  return p->ops->coll->init(p->ctx, id, len, ranks, rank, timeout_ms, coll, err, errlen);
 }
 
 bool mlo_plat_has_coll(const mlo_platform *p) {
-  return p->ops->coll_init && p->ops->coll_id && p->ops->coll_check;
+  return p->ops->coll != NULL;
 }
 
 void mlo_plat_coll_destroy(mlo_platform *p, void *coll) {
-  if (p->ops->coll_destroy && coll) p->ops->coll_destroy(p->ctx, coll);
+  if (p->ops->coll && coll) p->ops->coll->destroy(p->ctx, coll);
 }
 
 int mlo_plat_coll_wait(mlo_platform *p, mlo_event *ev, char *err, size_t errlen) {
-  if (!p->ops->coll_wait) return mlo_plat_event_sync(p, ev);
+  if (!p->ops->coll) return mlo_plat_event_sync(p, ev);
   count_call(p);
-  return p->ops->coll_wait(p->ctx, ev, err, errlen);
+  return p->ops->coll->wait(p->ctx, ev, err, errlen);
 }
 
 bool mlo_plat_has_all_gather(const mlo_platform *p) {
-  return p->ops->all_gather != NULL;
+  return p->ops->coll != NULL;
 }
 
 void mlo_plat_gather_pace(mlo_platform *p, size_t slice, int ranks, uint64_t t0_ns) {
-  if (p->ops->gather_pace) p->ops->gather_pace(p->ctx, slice, ranks, t0_ns);
+  const struct mlo_platform_model_ops *m = p->ops->model;
+  if (m && m->gather_pace) m->gather_pace(p->ctx, slice, ranks, t0_ns);
 }
 
 int mlo_platform_get_topology(mlo_platform *p, mlo_node_topology *t) {
   if (!p || !t || t->size < sizeof *t) return MLO_EINVAL;
-  if (!p->ops->topology) return MLO_EUNSUPPORTED;
+  const struct mlo_platform_model_ops *m = p->ops->model;
+  if (!m || !m->topology) return MLO_EUNSUPPORTED;
   mlo_node_topology got = MLO_NODE_TOPOLOGY_INIT;
-  int rc = p->ops->topology(p->ctx, &got);
+  int rc = m->topology(p->ctx, &got);
   if (!rc) *t = got;
   return rc;
 }
 
 uint64_t mlo_plat_now(const mlo_platform *p) {
-  return p->ops->now_ns ? p->ops->now_ns(p->ctx) : mlo_now_ns();
+  const struct mlo_platform_model_ops *m = p->ops->model;
+  return m && m->now_ns ? m->now_ns(p->ctx) : mlo_now_ns();
 }
 
 uint64_t mlo_platform_now_ns(const mlo_platform *p) {

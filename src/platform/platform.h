@@ -27,6 +27,66 @@
 
 typedef struct mlo_event mlo_event; /* opaque, platform-defined */
 
+/* The collective group: a platform that gathers sharded loads on its own
+ * device, on its copy queue (core's gathers go through mlo_plat_all_gather
+ * and the mlo_plat_coll_* wrappers).  Every slot is required.  Split from
+ * the core table (issue 40) so a platform without collectives leaves one
+ * pointer NULL instead of six slots, and the wrappers ask once. */
+struct mlo_platform_coll_ops {
+  /* gather: an in-place all-gather of a region of a block over the
+   * node's ranks, on the copy queue: rank r's bytes [offset + r*slice,
+   * offset + (r+1)*slice) reach every rank's block (the region: a whole
+   * sharded load's block, or one piece of one loaded block by block), after
+   * the copies queued before it and before anything
+   * recorded after it (CUDA: ncclAllGather on the copy stream with the
+   * caller's NCCL communicator, `coll`).  The
+   * platform watches the gather until it completes: a host wait of its own
+   * that the gather holds up (wait, event_sync, synchronize, a host
+   * free) polls coll's errors and gives up after timeout_ms of waiting,
+   * aborting coll, so no wait on a stalled gather lasts forever. */
+  int (*gather)(void *ctx, void *block, size_t offset, size_t slice, int rank, void *coll,
+                unsigned timeout_ms);
+  /* The device communicators themselves.
+   * check: whether coll spans `ranks` ranks, puts this process at
+   * `rank` and runs on this platform's device (MLO_EINVAL naming what
+   * differs; one the platform aborted is refused too).  id: a new
+   * communicator's id (at most MLO_COLL_ID_BYTES) into id, on the rank that
+   * creates it; init: this rank's communicator from that id, on this
+   * platform's device, made without blocking and given up (aborted) after
+   * timeout_ms if the other ranks never complete it; destroy: frees
+   * one init made (a communicator the platform aborted is gone
+   * already: nothing).
+   * wait: waits on the host for ev, recorded after a gather,
+   * watching the gather as above; on an error or the timeout the
+   * communicator is aborted and err says why. */
+  int (*check)(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
+  int (*id)(void *ctx, void *id, size_t len, char *err, size_t errlen);
+  int (*init)(void *ctx, const void *id, size_t len, int ranks, int rank, unsigned timeout_ms,
+              void **coll, char *err, size_t errlen);
+  void (*destroy)(void *ctx, void *coll);
+  int (*wait)(void *ctx, mlo_event *ev, char *err, size_t errlen);
+};
+
+/* The model group: a platform that models time or a node instead of
+ * measuring a device (the simulated device's clock; the host platform's
+ * node paths).  Each slot optional. */
+struct mlo_platform_model_ops {
+  /* The platform's clock in nanoseconds, for every duration core
+   * measures (waits, forwards) and every trace stamp.  NULL: mlo_now_ns.
+   * The simulated platform answers its virtual clock, so a projected run's
+   * stall and wall time come out of the same accounting as a real one's. */
+  uint64_t (*now_ns)(void *ctx);
+  /* For a platform that models a node (host: group=, uplink=,
+   * fabric=): the node's copy paths as it models them.  NULL or
+   * MLO_EUNSUPPORTED: not modelled (a real device's are what they are). */
+  int (*topology)(void *ctx, mlo_node_topology *t);
+  /* With topology: core has just all-gathered `ranks` slices of
+   * `slice` bytes, starting at t0_ns (mlo_plat_now), by some means faster
+   * than the modelled fabric (host: MPI through shared memory); returns no
+   * sooner than the modelled gather would have ended. */
+  void (*gather_pace)(void *ctx, size_t slice, int ranks, uint64_t t0_ns);
+};
+
 struct mlo_platform_ops {
   const char *name; /* "host", "cuda", "opencl" */
 
@@ -130,52 +190,9 @@ struct mlo_platform_ops {
    * 0: the runtime resolves it in whichever context the calling thread has
    * current, review D11).  NULL -> NULL. */
   void *(*compute_context)(void *ctx);
-  /* Optional: an in-place all-gather of a region of a block over the
-   * node's ranks, on the copy queue: rank r's bytes [offset + r*slice,
-   * offset + (r+1)*slice) reach every rank's block (the region: a whole
-   * sharded load's block, or one piece of one loaded block by block), after
-   * the copies queued before it and before anything
-   * recorded after it (CUDA: ncclAllGather on the copy stream with the
-   * caller's NCCL communicator, `coll`).  NULL: not available.  The
-   * platform watches the gather until it completes: a host wait of its own
-   * that the gather holds up (coll_wait, event_sync, synchronize, a host
-   * free) polls coll's errors and gives up after timeout_ms of waiting,
-   * aborting coll, so no wait on a stalled gather lasts forever. */
-  int (*all_gather)(void *ctx, void *block, size_t offset, size_t slice, int rank, void *coll,
-                    unsigned timeout_ms);
-  /* Optional, with all_gather: the device communicators themselves.
-   * coll_check: whether coll spans `ranks` ranks, puts this process at
-   * `rank` and runs on this platform's device (MLO_EINVAL naming what
-   * differs; one the platform aborted is refused too).  coll_id: a new
-   * communicator's id (at most MLO_COLL_ID_BYTES) into id, on the rank that
-   * creates it; coll_init: this rank's communicator from that id, on this
-   * platform's device, made without blocking and given up (aborted) after
-   * timeout_ms if the other ranks never complete it; coll_destroy: frees
-   * one coll_init made (a communicator the platform aborted is gone
-   * already: nothing).
-   * coll_wait: waits on the host for ev, recorded after an all_gather,
-   * watching the gather as above; on an error or the timeout the
-   * communicator is aborted and err says why. */
-  int (*coll_check)(void *ctx, void *coll, int ranks, int rank, char *err, size_t errlen);
-  int (*coll_id)(void *ctx, void *id, size_t len, char *err, size_t errlen);
-  int (*coll_init)(void *ctx, const void *id, size_t len, int ranks, int rank, unsigned timeout_ms,
-                   void **coll, char *err, size_t errlen);
-  void (*coll_destroy)(void *ctx, void *coll);
-  int (*coll_wait)(void *ctx, mlo_event *ev, char *err, size_t errlen);
-  /* Optional: the platform's clock in nanoseconds, for every duration core
-   * measures (waits, forwards) and every trace stamp.  NULL: mlo_now_ns.
-   * The simulated platform answers its virtual clock, so a projected run's
-   * stall and wall time come out of the same accounting as a real one's. */
-  uint64_t (*now_ns)(void *ctx);
-  /* Optional, for a platform that models a node (host: group=, uplink=,
-   * fabric=): the node's copy paths as it models them.  NULL or
-   * MLO_EUNSUPPORTED: not modelled (a real device's are what they are). */
-  int (*topology)(void *ctx, mlo_node_topology *t);
-  /* Optional, with topology: core has just all-gathered `ranks` slices of
-   * `slice` bytes, starting at t0_ns (mlo_plat_now), by some means faster
-   * than the modelled fabric (host: MPI through shared memory); returns no
-   * sooner than the modelled gather would have ended. */
-  void (*gather_pace)(void *ctx, size_t slice, int ranks, uint64_t t0_ns);
+  /* The optional groups, NULL where the platform has none of them. */
+  const struct mlo_platform_coll_ops *coll;   /* gathers on the device (cuda with NCCL) */
+  const struct mlo_platform_model_ops *model; /* a modelled clock or node (sim, host) */
 };
 
 /* The handle behind the public mlo_platform. */

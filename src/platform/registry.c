@@ -121,6 +121,13 @@ static const char *ops_missing(const struct mlo_platform_ops *o, const mlo_platf
       if (!o->event_sync) return "event_sync";
       if (!o->event_query) return "event_query";
     }
+    const struct mlo_platform_coll_ops *c = o->coll; /* all of it, or none */
+    if (c && !c->gather) return "coll->gather";
+    if (c && !c->check) return "coll->check";
+    if (c && !c->id) return "coll->id";
+    if (c && !c->init) return "coll->init";
+    if (c && !c->destroy) return "coll->destroy";
+    if (c && !c->wait) return "coll->wait";
   }
   return NULL;
 }

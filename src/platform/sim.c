@@ -260,6 +260,8 @@ static uint64_t sim_now_ns(void *ctx) {
   return t;
 }
 
+static const struct mlo_platform_model_ops sim_model_ops = {.now_ns = sim_now_ns};
+
 static const struct mlo_platform_ops sim_ops = {
     .name = "sim",
     .destroy = sim_destroy,
@@ -281,7 +283,7 @@ static const struct mlo_platform_ops sim_ops = {
     .event_query = sim_event_query,
     .event_time = sim_event_time,
     .synchronize = sim_synchronize,
-    .now_ns = sim_now_ns,
+    .model = &sim_model_ops,
 };
 
 int mlo_sim_compute(mlo_platform *p, uint64_t ns) {

@@ -49,6 +49,62 @@ static int create_partial_ops(const char *spec_args, mlo_platform *p, char *err,
   return MLO_OK;
 }
 
+/* "partialcoll": every slot core calls, and a collective group without its
+ * wait (platform.h: all of it, or none). */
+static void stub_destroy(void *ctx) {
+  (void)ctx;
+}
+static void stub_caps(void *ctx, mlo_platform_caps *caps) {
+  (void)ctx;
+  memset(caps, 0, sizeof *caps);
+}
+static int stub_memory(void *ctx, uint64_t *total, uint64_t *free_bytes) {
+  (void)ctx;
+  *total = *free_bytes = 1 << 20;
+  return MLO_OK;
+}
+static int stub_alloc(void *ctx, size_t bytes, void **block) {
+  (void)ctx, (void)bytes, (void)block;
+  return MLO_ENOMEM;
+}
+static int stub_free(void *ctx, void *block, size_t bytes) {
+  (void)ctx, (void)block, (void)bytes;
+  return MLO_OK;
+}
+static int stub_h2d(void *ctx, void *block, size_t offset, const void *src, size_t bytes) {
+  (void)ctx, (void)block, (void)offset, (void)src, (void)bytes;
+  return MLO_OK;
+}
+static int stub_d2h(void *ctx, void *dst, const void *block, size_t offset, size_t bytes) {
+  (void)ctx, (void)dst, (void)block, (void)offset, (void)bytes;
+  return MLO_OK;
+}
+static int stub_sync(void *ctx) {
+  (void)ctx;
+  return MLO_OK;
+}
+static int stub_gather(void *ctx, void *block, size_t offset, size_t slice, int rank, void *coll,
+                       unsigned timeout_ms) {
+  (void)ctx, (void)block, (void)offset, (void)slice, (void)rank, (void)coll, (void)timeout_ms;
+  return MLO_OK;
+}
+static const struct mlo_platform_coll_ops half_coll = {.gather = stub_gather};
+static const struct mlo_platform_ops half_coll_ops = {.name = "cuda",
+                                                      .destroy = stub_destroy,
+                                                      .get_caps = stub_caps,
+                                                      .get_memory = stub_memory,
+                                                      .dev_alloc = stub_alloc,
+                                                      .dev_free = stub_free,
+                                                      .copy_h2d = stub_h2d,
+                                                      .copy_d2h = stub_d2h,
+                                                      .synchronize = stub_sync,
+                                                      .coll = &half_coll};
+static int create_half_coll(const char *spec_args, mlo_platform *p, char *err, size_t errlen) {
+  (void)spec_args, (void)err, (void)errlen;
+  p->ops = &half_coll_ops;
+  return MLO_OK;
+}
+
 /* "wlpartial": a workload back-end with its platform's name and no calls. */
 static const struct mlo_workload_ops partial_workload = {.platform = "fake"};
 
@@ -86,6 +142,8 @@ __attribute__((visibility("default"))) int mlo_module_init(const struct mlo_modu
     table.create = create_without_ops;
   } else if (!strcmp(mode, "partialops")) {
     table.create = create_partial_ops;
+  } else if (!strcmp(mode, "partialcoll")) {
+    table.create = create_half_coll;
   } else if (!strcmp(mode, "nocreate")) {
     table.create = NULL;
   } else if (!strcmp(mode, "wlpartial")) {

@@ -436,6 +436,9 @@ static void test_module_without_ops(void **state) {
   assert_probe_said(&r, "the cuda platform's constructor returned no ops table");
   probe_mode("partialops", "cuda", "libmlo-cuda.so", (const char *[]){"open", "cuda", NULL}, &r);
   assert_probe_said(&r, "the cuda platform's ops table has no destroy");
+  /* a collective group is all of it or none (platform.h) */
+  probe_mode("partialcoll", "cuda", "libmlo-cuda.so", (const char *[]){"open", "cuda", NULL}, &r);
+  assert_probe_said(&r, "the cuda platform's ops table has no coll->check");
   probe_mode("nocreate", "cuda", "libmlo-cuda.so", (const char *[]){"open", "cuda", NULL}, &r);
   assert_probe_said(&r, "is a platform module with no constructor (create)");
   probe_mode("wlpartial", "fake", "libmlo-workload-fake.so",
