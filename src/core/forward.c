@@ -5,14 +5,13 @@
  *
  * The checks every block boundary shares live here (the thread holds the
  * component; the block exists; its memory did not go to the next
- * component); what a boundary moves is the mover's: a kept block's begin
- * waits for its own copy (progressive.c), a streamed block's takes a slot
- * (stream.c), and its end may hand memory to a joined switch through the
- * policy.  This file sits above every mover and calls each only downward
+ * component); what a boundary moves is the shape's (shape.c): a kept
+ * block's begin waits for its own copy (progressive.c), a streamed block's
+ * takes a slot (stream.c), and its end may hand memory to a joined switch
+ * through the policy.  This file sits above every mover and calls each only downward
  * (docs/architecture.md).
  */
-#include "core/internal.h"
-#include "core/policy.h"
+#include "core/mover.h"
 
 static int check_block(mlo_component *c, size_t block, const char *what) {
   /* the thread must hold the component: its waits and slots end with its
@@ -28,33 +27,6 @@ static int check_block(mlo_component *c, size_t block, const char *what) {
   return MLO_OK;
 }
 
-/* A kept block's begin: counted with its thread (an end must match it),
- * and ordered after its own copy where the load was progressive. */
-static int begin_kept(mlo_component *c, size_t block) {
-  if (mlo_begun_add(c, block))
-    return mlo_fail(c->pipe, MLO_ENOMEM, "out of host memory beginning block %zu of '%s'", block,
-                    c->name);
-  int rc = mlo_res_is_resident(c) ? mlo_prog_begin(c, block) : MLO_OK;
-  if (rc) mlo_begun_end(c, block); /* not begun after all */
-  return rc;
-}
-
-/* A kept block's end: it must match a begin on this thread; at the last
- * end of its begins on every thread its memory may go to the next
- * component (join.c), never while a begin is still open. */
-static int end_kept(mlo_component *c, size_t block) {
-  mlo_pipeline *pipe = c->pipe;
-  if (!mlo_begun_end(c, block))
-    return mlo_fail(pipe, MLO_ESTATE,
-                    "block %zu of '%s' ended without a begin on this thread (every end needs "
-                    "its own begin, on the thread that ends it)",
-                    block, c->name);
-  if (!mlo_begun_open(c, block) && mlo_res_is_resident(c) && pipe->policy &&
-      pipe->policy->block_ended)
-    pipe->policy->block_ended(pipe, c, block); /* its memory may go to the next component */
-  return MLO_OK;
-}
-
 int mlo_block_begin(mlo_component *c, size_t block) {
   if (!c) return MLO_EINVAL;
   mlo_pipeline *pipe = c->pipe;
@@ -66,12 +38,11 @@ int mlo_block_begin(mlo_component *c, size_t block) {
                   "next (a block is not begun again after its end in the component's last call "
                   "before the next one)",
                   block, c->name, mlo_join_target(c)->name);
-  if (!rc && !mlo_stream_block_streams(c, block)) rc = begin_kept(c, block);
-  if (rc || !mlo_stream_block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
+  if (rc) {
     pthread_mutex_unlock(&pipe->lock);
     return rc;
   }
-  return mlo_stream_begin(c, block); /* releases the lock */
+  return mlo_shape_of(c)->begin(c, block); /* releases the lock */
 }
 
 int mlo_block_end(mlo_component *c, size_t block) {
@@ -79,12 +50,7 @@ int mlo_block_end(mlo_component *c, size_t block) {
   mlo_pipeline *pipe = c->pipe;
   MLO_LOCK_OR(&pipe->lock, mlo_reentered(pipe));
   int rc = check_block(c, block, "end");
-  if (!rc && !mlo_stream_block_streams(c, block)) rc = end_kept(c, block);
-  if (rc || !mlo_stream_block_streams(c, block) || !mlo_res_is_resident(c)) { /* nothing to move */
-    pthread_mutex_unlock(&pipe->lock);
-    return rc;
-  }
-  rc = mlo_stream_end(c, block);
+  if (!rc) rc = mlo_shape_of(c)->end(c, block);
   pthread_mutex_unlock(&pipe->lock);
   return rc;
 }

@@ -21,39 +21,8 @@
  */
 #include "core/mover.h"
 
-/* Block by block: the head and its event (what the acquire waits for),
- * then each kept block behind an event of its own (its begin waits for
- * it), in the order the forward runs them, up to block `limit` (a streamed
- * plan's kept blocks up to its first streamed one, the rest between its
- * slots' copies: mlo_stream_start). */
-static int fill_blocks(mlo_component *c, struct mlo_load *ld, size_t limit) {
-  size_t more = 0;
-  uint64_t also = 0;
-  int rc = mlo_prog_copy_head(c, &ld->copies, &ld->moved);
-  if (!rc) rc = mlo_prog_copy_blocks(c, limit, &more, &also);
-  ld->copies += more;
-  ld->moved += also;
-  ld->queued = ld->moved;
-  return rc;
-}
-
 static int slab_fetch(mlo_component *c, struct mlo_load *ld) {
-  mlo_pipeline *pipe = c->pipe;
-  int rc;
-  if (mlo_prog_applies(c)) {
-    rc = fill_blocks(c, ld, mlo_stream_load_limit(c));
-  } else { /* whole: the slab in one copy, then each caller-owned tensor */
-    bool per_tensor = pipe->settings.per_tensor_copies;
-    rc = MLO_OK;
-    if (c->slab_bytes && !per_tensor) {
-      rc = PCALL(c, mlo_plat_copy_h2d(mlo_dev_plat(c), c->block, 0, c->slab, c->slab_bytes));
-      if (!rc) {
-        ld->copies++;
-        ld->queued += c->slab_bytes;
-      }
-    }
-    if (!rc) rc = mlo_res_copy_tensors(c, per_tensor, &ld->copies, &ld->queued);
-  }
+  int rc = mlo_shape_of(c)->fill(c, ld);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev));
   return rc;
 }
@@ -90,7 +59,7 @@ static int shard_blocks_size(mlo_component *c, uint64_t *bytes, struct mlo_load 
  * would count: block_bytes, as a whole sharded load's does). */
 static int shard_blocks_fetch(mlo_component *c, struct mlo_load *ld) {
   int rc = mlo_prog_slice(c);
-  if (!rc) rc = fill_blocks(c, ld, c->nblocks);
+  if (!rc) rc = mlo_shape_blocks.fill(c, ld);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev));
   if (rc) { /* the other ranks' gather threads wait for this load's pieces */
     mlo_prog_post_failure(c, rc);

@@ -41,6 +41,28 @@ struct mlo_source_ops {
   int (*fetch)(mlo_component *c, struct mlo_load *ld);
 };
 
+/* The shape table (shape.c): how the forward consumes the block. */
+struct mlo_shape_ops {
+  const char *name; /* "whole", "blocks", "streamed" */
+  /* The copies of a load from host memory into c->block (lock held): the
+   * slab, or this rank's slices of a sliced load's pieces; the events the
+   * forward's waits use, but not c->load_ev (the source records it). */
+  int (*fill)(mlo_component *c, struct mlo_load *ld);
+  /* Optional: the load issued, what the shape starts with it (a streamed
+   * component's first slot copies). */
+  void (*started)(mlo_component *c);
+  /* A block's boundaries, its checks passed (forward.c), lock held: a
+   * begin returns with the lock released, an end with it held. */
+  int (*begin)(mlo_component *c, size_t block);
+  int (*end)(mlo_component *c, size_t block);
+};
+
+extern const struct mlo_shape_ops mlo_shape_whole, mlo_shape_blocks, mlo_shape_streamed;
+
+/* The shape c's plan gives it now (a streaming plan, else its blocks where
+ * it loads block by block, else whole): lock held. */
+const struct mlo_shape_ops *mlo_shape_of(const mlo_component *c);
+
 extern const struct mlo_source_ops mlo_source_slab, mlo_source_disk, mlo_source_shard,
     mlo_source_shard_blocks;
 

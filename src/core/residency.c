@@ -130,7 +130,8 @@ int mlo_res_load(mlo_component *c) {
   c->stats.h2d_bytes += ld.moved;
   c->stats.copy_calls += ld.copies;
   mlo_res_count(c, (int64_t)mlo_res_bytes(c));
-  if (c->stream) mlo_stream_start(c);
+  const struct mlo_shape_ops *shape = mlo_shape_of(c);
+  if (shape->started) shape->started(c); /* a streamed one's first slots */
   mlo_res_log_transfer(c, "load", c->block_bytes, ld.copies);
   return MLO_OK;
 }
