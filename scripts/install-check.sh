@@ -16,6 +16,8 @@
 #
 #   scripts/install-check.sh BUILD_DIR      (make test runs it on build/)
 set -euo pipefail
+# (no `ldd ... | grep -q`: grep -q exits at its first match, ldd then dies of
+# SIGPIPE and pipefail fails the check at random; plain grep reads it all)
 build=${1:?usage: install-check.sh BUILD_DIR}
 src=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/mlo-install-check.XXXXXX")
@@ -83,7 +85,7 @@ for lang in c cxx; do
   # shellcheck disable=SC2046,SC2086
   $cc -o "$work/pc_${lang}_static" "$src/tests/install/$file" $(pkg-config --cflags mlo) \
     -Wl,-Bstatic -L"$libdir" -lmlo -Wl,-Bdynamic $static_libs || fail "pkg-config $lang static build"
-  ldd "$work/pc_${lang}_static" | grep -q libmlo && fail "pc_${lang}_static links libmlo.so"
+  ldd "$work/pc_${lang}_static" | grep libmlo >/dev/null && fail "pc_${lang}_static links libmlo.so"
   run "pc_${lang}_shared"
   run "pc_${lang}_static"
 done
@@ -119,7 +121,7 @@ if [ $have_mpi = 1 ]; then
   # shellcheck disable=SC2046
   ${CC:-cc} -o "$work/pc_mpi_shared" "$src/tests/install/consumer_mpi.c" $(pkg-config --cflags --libs mlo-mpi) ||
     fail "pkg-config mlo-mpi build"
-  ldd "$work/pc_mpi_shared" | grep -q libmlo-mpi || fail "pc_mpi_shared does not link libmlo-mpi.so"
+  ldd "$work/pc_mpi_shared" | grep libmlo-mpi >/dev/null || fail "pc_mpi_shared does not link libmlo-mpi.so"
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run pc_mpi_shared
 fi
 mods=""
@@ -138,7 +140,7 @@ for exe in $exes; do
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run "cm_$exe"
 done
 step "find_package(mlo COMPONENTS ${mods#;}$([ $have_mpi = 1 ] && echo ' mpi')): found"
-ldd "$work/cm_c_static" | grep -q libmlo && fail "cm_c_static links libmlo.so"
+ldd "$work/cm_c_static" | grep libmlo >/dev/null && fail "cm_c_static links libmlo.so"
 
 cmake -S "$src/tests/install/subproject" -B "$work/sub" -DMLO_SOURCE_DIR="$src" \
   -DPKG_CONFIG_EXECUTABLE="$(command -v pkg-config)" >"$work/sub.log" ||
