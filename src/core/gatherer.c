@@ -39,6 +39,7 @@ struct mlo_gatherer {
   bool stop;
   mlo_comm *comm;
   int ranks;
+  uint64_t loads; /* sliced loads so far: each one's epoch */
   /* the load whose step failed: its later jobs fail with it */
   const void *failed_owner;
   uint64_t failed_epoch;
@@ -47,7 +48,7 @@ struct mlo_gatherer {
 };
 
 bool mlo_gather_async(const mlo_pipeline *pipe) {
-  return pipe->comm && mlo_dist_gather_lane(pipe->comm);
+  return pipe->gatherer != NULL;
 }
 
 /* The lane's step names for messages: this job's piece, or another's id. */
@@ -63,20 +64,20 @@ static const char *job_name(uint64_t id, void *user) {
 }
 
 static void run_job(struct mlo_gatherer *g, struct mlo_gather_job *j) {
-  uint64_t t0 = mlo_plat_now(j->plat);
   int status = j->status;
   char mine[sizeof j->err];
   snprintf(mine, sizeof mine, "%s", j->err); /* the poster's reason, where it failed */
   if (!status && j->ev && (status = mlo_plat_event_sync(j->plat, j->ev)))
     snprintf(mine, sizeof mine, "%s: waiting for its slice of piece %llu failed (%s)", j->what,
              (unsigned long long)j->check - 1, mlo_strerror(status));
-  uint64_t t1 = mlo_plat_now(j->plat);
+  uint64_t t1 = mlo_plat_now(j->plat); /* the gather's own time from here */
   j->err[0] = '\0';
   int rc = mlo_dist_lane_gather(g->comm, j->id, j->check, status, status ? mine : NULL, job_name, j,
                                 j->buf, j->slice, j->err, sizeof j->err);
   if (!rc) mlo_plat_gather_pace(j->plat, j->slice, g->ranks, t1);
   j->rc = rc;
-  j->ns = mlo_plat_now(j->plat) - t0;
+  j->stepped = true;
+  j->ns = mlo_plat_now(j->plat) - t1;
 }
 
 static void *gather_main(void *arg) {
@@ -105,39 +106,47 @@ static void *gather_main(void *arg) {
       }
     }
     j->done = true;
+    if (j->owned) /* a failure posted for the other ranks: nobody waits for it */
+      free(j);
     pthread_cond_broadcast(&g->cv);
   }
   pthread_mutex_unlock(&g->lock);
   return NULL;
 }
 
-/* The pipeline's gather thread, started at its first job. */
-static struct mlo_gatherer *gatherer(mlo_pipeline *pipe) {
-  if (pipe->gatherer) return pipe->gatherer;
+int mlo_gather_start(mlo_pipeline *pipe, char *why, size_t whylen) {
+  if (pipe->gatherer || !pipe->comm || !mlo_dist_lane_claim(pipe->comm, pipe))
+    return MLO_OK; /* running; or no lane (or another pipeline's): the forward's thread gathers */
   struct mlo_gatherer *g = mlo_calloc(1, sizeof *g);
-  if (!g) return NULL;
-  g->comm = pipe->comm;
-  g->ranks = mlo_dist_node_size(pipe->comm);
-  pthread_mutex_init(&g->lock, NULL);
-  pthread_cond_init(&g->cv, NULL);
-  if (pthread_create(&g->thread, NULL, gather_main, g)) {
+  if (g) {
+    g->comm = pipe->comm;
+    g->ranks = mlo_dist_node_size(pipe->comm);
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    if (!pthread_create(&g->thread, NULL, gather_main, g)) {
+      pipe->gatherer = g;
+      return MLO_OK;
+    }
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->lock);
     free(g);
-    return NULL;
   }
-  return pipe->gatherer = g;
+  mlo_dist_lane_release(pipe->comm, pipe);
+  snprintf(why, whylen, "could not start its gather thread (out of host memory or threads)");
+  return MLO_ENOMEM;
 }
 
-int mlo_gather_post(mlo_pipeline *pipe, struct mlo_gather_job *j) {
-  struct mlo_gatherer *g = gatherer(pipe);
-  if (!g) return MLO_ENOMEM;
+uint64_t mlo_gather_epoch(mlo_pipeline *pipe) {
+  return pipe->gatherer ? ++pipe->gatherer->loads : 0;
+}
+
+static void post(struct mlo_gatherer *g, struct mlo_gather_job *j) {
   j->done = false;
   j->rc = MLO_OK;
   j->ns = 0;
   j->next = NULL;
   j->posted = true;
-  j->folded = false;
+  j->folded = j->stepped = false;
   pthread_mutex_lock(&g->lock);
   if (g->tail)
     g->tail->next = j;
@@ -146,7 +155,22 @@ int mlo_gather_post(mlo_pipeline *pipe, struct mlo_gather_job *j) {
   g->tail = j;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->lock);
-  return MLO_OK;
+}
+
+void mlo_gather_post(mlo_pipeline *pipe, struct mlo_gather_job *j) {
+  post(pipe->gatherer, j);
+}
+
+void mlo_gather_post_failure(mlo_pipeline *pipe, const struct mlo_gather_job *like) {
+  struct mlo_gather_job *j = mlo_calloc(1, sizeof *j);
+  if (!j) { /* the others' threads wait out the timeout: the communicator breaks */
+    mlo_logf(MLO_LOG_ERROR, "%s: out of host memory telling the other ranks its load failed",
+             like->what);
+    return;
+  }
+  *j = *like;
+  j->owned = true;
+  post(pipe->gatherer, j);
 }
 
 int mlo_gather_wait(mlo_pipeline *pipe, struct mlo_gather_job *j) {
@@ -157,7 +181,7 @@ int mlo_gather_wait(mlo_pipeline *pipe, struct mlo_gather_job *j) {
   if (!j->folded) { /* its figures, once: the gather's time and bytes, a step */
     j->folded = true;
     pipe->dist.gather_ns += j->ns;
-    pipe->dist.collectives++;
+    pipe->dist.collectives += j->stepped;
     if (!j->rc) {
       mlo_shard_count_gathered(pipe, j->slice);
       pipe->dist.lane_gathers++;
@@ -178,4 +202,5 @@ void mlo_gather_stop(mlo_pipeline *pipe) {
   pthread_mutex_destroy(&g->lock);
   free(g);
   pipe->gatherer = NULL;
+  mlo_dist_lane_release(pipe->comm, pipe); /* another pipeline's thread may take it */
 }

@@ -690,13 +690,24 @@ struct mlo_gather_job {
   char err[400];
   uint64_t ns;
   bool done, posted, folded;
+  bool stepped; /* an agreement ran for it (a skipped job's did not) */
+  bool owned;   /* the thread frees it when done (a failure posted for the others) */
   struct mlo_gather_job *next;
 };
-/* Whether the pipeline's host gathers may go to the thread (the
- * communicator has a gather lane). */
+/* At each sliced load, before the ranks agree on it: the thread, where
+ * the communicator has a gather lane this pipeline could claim; MLO_ENOMEM
+ * (why says so) where it cannot start, which the ranks' agreement makes
+ * every rank's failure, so no rank gathers on a lane the others do not. */
+int mlo_gather_start(mlo_pipeline *pipe, char *why, size_t whylen);
+/* Whether the pipeline's host gathers go to the thread (started). */
 bool mlo_gather_async(const mlo_pipeline *pipe);
-/* Queues j (starting the thread); MLO_ENOMEM where it cannot start. */
-int mlo_gather_post(mlo_pipeline *pipe, struct mlo_gather_job *j);
+/* A new sliced load's epoch (0 without the thread). */
+uint64_t mlo_gather_epoch(mlo_pipeline *pipe);
+/* Queues j (the thread started). */
+void mlo_gather_post(mlo_pipeline *pipe, struct mlo_gather_job *j);
+/* Queues a copy of `like` that the thread frees: a load that failed after
+ * the ranks agreed to it, for the other ranks' threads (its status set). */
+void mlo_gather_post_failure(mlo_pipeline *pipe, const struct mlo_gather_job *like);
 /* Until j (posted) is done: its status, its figures counted in the
  * pipeline's dist stats once. */
 int mlo_gather_wait(mlo_pipeline *pipe, struct mlo_gather_job *j);

@@ -47,7 +47,9 @@ const struct mlo_source_ops mlo_source_shard = {.name = "shard",
 /* Every node rank at this component, its block all the pieces' padded
  * regions; nothing gathered at the wait but the head's pieces. */
 static int shard_blocks_size(mlo_component *c, uint64_t *bytes, struct mlo_load *ld) {
-  int rc = mlo_collective(c->pipe, c, COLL_LOAD, 0, MLO_OK, NULL, NULL);
+  char why[200] = ""; /* the gather thread, where it runs, started on every rank or on none */
+  int mine = mlo_gather_start(c->pipe, why, sizeof why);
+  int rc = mlo_collective(c->pipe, c, COLL_LOAD, 0, mine, mine ? why : NULL, NULL);
   if (rc) return rc;
   *bytes = mlo_prog_slice_footprint(c);
   ld->gathered = true;
@@ -61,19 +63,19 @@ static int shard_blocks_fetch(mlo_component *c, struct mlo_load *ld) {
   int rc = mlo_prog_slice(c);
   if (!rc) rc = mlo_shape_blocks.fill(c, ld);
   if (!rc) rc = PCALL(c, mlo_plat_event_record_copy(mlo_dev_plat(c), c->load_ev));
-  if (rc) { /* the other ranks' gather threads wait for this load's pieces */
-    mlo_prog_post_failure(c, rc);
-    return rc;
-  }
+  if (rc) return rc;
   c->placed = true;
   c->placed_bytes = c->block_bytes;
   return MLO_OK;
 }
 
+/* Failed after the ranks agreed to it: the other ranks' gather threads
+ * wait for its pieces (gatherer.c). */
 const struct mlo_source_ops mlo_source_shard_blocks = {.name = "shard-blocks",
                                                        .size = shard_blocks_size,
                                                        .allocated = mlo_shard_allocated,
-                                                       .fetch = shard_blocks_fetch};
+                                                       .fetch = shard_blocks_fetch,
+                                                       .failed = mlo_prog_post_failure};
 
 const struct mlo_source_ops *mlo_source_of(const mlo_component *c) {
   if (mlo_shard_applies(c))

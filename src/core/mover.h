@@ -39,6 +39,10 @@ struct mlo_source_ops {
   /* Queues the load's copies into c->block and has c->load_ev recorded
    * after them (by the reader, for the disk). */
   int (*fetch)(mlo_component *c, struct mlo_load *ld);
+  /* Optional: the load failed after `allocated` passed on every rank (its
+   * copies part-issued, or none): what the other ranks wait for is told
+   * (rc, the reason), before its block goes. */
+  void (*failed)(mlo_component *c, int rc);
 };
 
 /* The shape table (shape.c): how the forward consumes the block. */

@@ -204,38 +204,36 @@ static bool head_piece(const struct mlo_prog *g, size_t k) {
 }
 
 /* Piece k's host gather, marked by gather_piece, to the pipeline's gather
- * thread where it has one, behind ev (this rank's slice recorded); status:
- * this rank's load failed there instead (the other ranks' threads hear
- * it).  Not posted (no thread): the piece's wait gathers, as without one. */
-static void post_gather(mlo_component *c, size_t k, mlo_event *ev, int status) {
+ * thread where it has one, behind ev (this rank's slice recorded).  Not
+ * posted (no thread): the piece's wait gathers, as without one. */
+static void post_gather(mlo_component *c, size_t k, mlo_event *ev) {
   struct mlo_prog *g = c->prog;
   mlo_pipeline *pipe = c->pipe;
   struct mlo_gather_job *j = &g->jobs[k];
-  if (!g->sliced || !mlo_gather_async(pipe) || j->posted || (!status && !g->rgather[k])) return;
+  if (!g->sliced || !mlo_gather_async(pipe) || j->posted || !g->rgather[k]) return;
   *j = (struct mlo_gather_job){.plat = mlo_dev_plat(c),
-                               .ev = status ? NULL : ev,
+                               .ev = ev,
                                .buf = (char *)c->block + g->rdev[k],
                                .slice = (size_t)g->rslice[k],
                                .id = ((uint64_t)c->index << 3) | COLL_GATHER,
                                .check = (uint64_t)k + 1,
-                               .status = status,
                                .owner = c,
                                .epoch = g->epoch,
                                .what = c->name};
-  if (status)
-    snprintf(j->err, sizeof j->err, "%s: loading piece %zu failed (%s)", c->name, k,
-             mlo_strerror(status));
-  if (mlo_gather_post(pipe, j)) j->posted = false;
+  mlo_gather_post(pipe, j);
 }
 
 void mlo_prog_post_failure(mlo_component *c, int rc) {
-  struct mlo_prog *g = c->prog;
-  if (!g || !g->sliced) return;
-  for (size_t k = 0; k < g->n + 2; k++)
-    if (g->rslice[k] && !g->jobs[k].posted) {
-      post_gather(c, k, NULL, rc);
-      return;
-    }
+  mlo_pipeline *pipe = c->pipe;
+  if (!mlo_gather_async(pipe)) return;
+  struct mlo_gather_job like = {.plat = mlo_dev_plat(c),
+                                .id = ((uint64_t)c->index << 3) | COLL_GATHER,
+                                .status = rc,
+                                .owner = c,
+                                .epoch = c->prog ? c->prog->epoch : 0,
+                                .what = c->name};
+  snprintf(like.err, sizeof like.err, "%s: its load failed (%s)", c->name, mlo_strerror(rc));
+  mlo_gather_post_failure(pipe, &like);
 }
 
 void mlo_prog_drain(mlo_component *c) {
@@ -305,7 +303,7 @@ int mlo_prog_copy_head(mlo_component *c, size_t *copies, uint64_t *moved) {
   if (!g->head_ev && (rc = PCALL(c, mlo_plat_event_create(p, &g->head_ev)))) return rc;
   if ((rc = PCALL(c, mlo_plat_event_record_copy(p, g->head_ev)))) return rc;
   for (size_t k = 0; k < g->n + 2; k++)
-    if (head_piece(g, k)) post_gather(c, k, g->head_ev, MLO_OK);
+    if (head_piece(g, k)) post_gather(c, k, g->head_ev);
   return MLO_OK;
 }
 
@@ -333,7 +331,7 @@ static int issue_range(mlo_component *c, size_t limit, size_t *copies, uint64_t 
     if ((rc = copy_piece(c, (long)b, copies, moved))) return rc;
     if ((rc = PCALL(c, mlo_plat_event_record_copy(p, g->ev[b])))) return rc;
     g->pending[b] = true;
-    post_gather(c, b + 1, g->ev[b], MLO_OK);
+    post_gather(c, b + 1, g->ev[b]);
   }
   while (g->next < g->n && !own_copy(c, g->next)) g->next++;
   return MLO_OK;
@@ -475,8 +473,8 @@ int mlo_prog_slice(mlo_component *c) {
   if (rc) return rc;
   struct mlo_prog *g = c->prog;
   uint64_t n = (uint64_t)mlo_dist_node_size(c->pipe->comm), at = 0;
-  mlo_prog_drain(c); /* nothing of a previous load still gathering into it */
-  g->epoch++;
+  mlo_prog_drain(c);                    /* nothing of a previous load still gathering into it */
+  g->epoch = mlo_gather_epoch(c->pipe); /* pipeline-wide: never one a failure was of */
   for (size_t k = 0; k < g->n + 2; k++) {
     g->rdev[k] = at;
     g->rslice[k] = piece_slice(c, k, n);

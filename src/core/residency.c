@@ -67,7 +67,9 @@ static int alloc_block(mlo_component *c, const struct mlo_source_ops *src, struc
 
 /* A load that failed part-way: the block goes, stream-ordered after the
  * copies already queued (they cross the link all the same). */
-static int load_failed(mlo_component *c, const struct mlo_load *ld, int rc) {
+static int load_failed(mlo_component *c, const struct mlo_source_ops *src,
+                       const struct mlo_load *ld, int rc) {
+  if (src->failed) src->failed(c, rc);
   if (!ld->counted) {
     c->stats.h2d_bytes += ld->queued;
     c->stats.copy_calls += ld->copies;
@@ -119,7 +121,7 @@ int mlo_res_load(mlo_component *c) {
            ? PCALL(c, mlo_plat_copy_wait(p, c->writeback_ev))
            : MLO_OK;
   if (!rc) rc = src->fetch(c, &ld);
-  if (rc) return load_failed(c, &ld, rc);
+  if (rc) return load_failed(c, src, &ld, rc);
   warn_pageable(c);
   c->state = MLO_RES_LOADING;
   c->load_waited = false;

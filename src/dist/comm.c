@@ -55,6 +55,21 @@ bool mlo_dist_gather_lane(const mlo_comm *c) {
   return c && c->gather_lane && c->ops->lane_gather;
 }
 
+bool mlo_dist_lane_claim(mlo_comm *c, void *owner) {
+  void *none = NULL;
+  if (!mlo_dist_gather_lane(c)) return false;
+  return __atomic_compare_exchange_n(&c->lane_owner, &none, owner, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE) ||
+         none == owner;
+}
+
+void mlo_dist_lane_release(mlo_comm *c, void *owner) {
+  void *mine = owner;
+  if (c)
+    __atomic_compare_exchange_n(&c->lane_owner, &mine, NULL, false, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
 int mlo_dist_lane_gather(mlo_comm *c, uint64_t id, uint64_t check, int status, const char *msg,
                          mlo_dist_namer name, void *user, void *buf, size_t slice, char *err,
                          size_t errlen) {

@@ -56,6 +56,7 @@ struct mlo_comm {
   unsigned timeout_ms;                  /* mlo_comm_options.timeout_ms: agreements, gathers */
   mlo_platform *nccl_platform;          /* made nccl (mlo_comm_create_nccl): destroys it */
   bool gather_lane;                     /* lane_gather may run on a thread of its own */
+  void *lane_owner;                     /* the one pipeline whose thread uses it now */
 };
 
 /* Ranks on this node (the ones that share slabs and gather loads). */
@@ -102,6 +103,13 @@ int mlo_dist_agree(mlo_comm *c, uint64_t id, uint64_t check, int status, const c
  * the caller's MPI allows two threads (MPI_THREAD_MULTIPLE) and the node
  * has more than one rank.  Every node rank answers alike. */
 bool mlo_dist_gather_lane(const mlo_comm *c);
+
+/* The lane serves one thread: the pipeline that claims it first (at its
+ * first sliced load, a collective step, so the same pipeline on every
+ * rank) has it until it releases it (its free, collective too); another
+ * gathers on its own forward's thread meanwhile.  true where owner has it. */
+bool mlo_dist_lane_claim(mlo_comm *c, void *owner);
+void mlo_dist_lane_release(mlo_comm *c, void *owner);
 
 /* From that one thread, in the same order on every node rank: the
  * agreement step of mlo_dist_agree (id, check, status, msg as there), then

@@ -224,9 +224,11 @@ int mlo_comm_create_mpi(MPI_Comm comm, const mlo_comm_options *opts, mlo_comm **
    * gathers of sharded pieces then run off the forward's thread, as NCCL's
    * run on a copy stream (docs/distributed.md).  Every rank of the node
    * decides alike: the thread level is the job's. */
-  int level = MPI_THREAD_SINGLE;
+  int level = MPI_THREAD_SINGLE, mine = 0, all = 0;
   MPI_Query_thread(&level);
-  if (level == MPI_THREAD_MULTIPLE && n > 1) {
+  mine = level == MPI_THREAD_MULTIPLE; /* per process: the node takes the least */
+  if (n > 1 && MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, node) != MPI_SUCCESS) all = 0;
+  if (all && n > 1) {
     MPI_Comm lane = MPI_COMM_NULL;
     if ((rc = MPI_Comm_dup(node, &lane)) != MPI_SUCCESS) {
       mpi_destroy(c);
@@ -264,7 +266,8 @@ int mlo_comm_set_nccl(mlo_comm *c, void *nccl_comm) {
 
 static int mpi_bcast(void *ctx, void *buf, size_t len, int root, char *err, size_t errlen) {
   mpi_ctx *c = ctx;
-  if (!usable(c, err, errlen)) return MLO_ESTATE;
+  /* after an agreement every rank passed (dist.h): run even if the other
+   * line broke since, or the ranks that passed it would wait here for ever */
   if (len > (size_t)INT_MAX) return errf(err, errlen, MLO_EINVAL, "broadcast of %zu bytes", len);
   int rc = MPI_Bcast(buf, (int)len, MPI_BYTE, root, c->node.comm);
   return rc == MPI_SUCCESS ? MLO_OK : mpi_fail(err, errlen, "broadcast", rc);
@@ -318,7 +321,10 @@ static int allgather_on(mpi_ctx *c, MPI_Comm comm, void *buf, size_t slice, char
   if (slice % GATHER_UNIT)
     return errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
                 GATHER_UNIT);
-  if (!usable(c, err, errlen)) return MLO_ESTATE;
+  /* after an agreement every rank passed: run even where the other line
+   * broke since (checking the shared flag here left the ranks that passed
+   * it in the all-gather for ever) */
+  (void)c;
   MPI_Datatype unit;
   MPI_Type_contiguous(GATHER_UNIT, MPI_BYTE, &unit);
   MPI_Type_commit(&unit);

@@ -37,8 +37,9 @@
  * whether a range may be registered read-only; 3: dev_free returns whether it
  * freed, dev_free_after, and the topology and gather_pace slots; 4: want_stamps;
  * 5: dev_alloc_compute (both tables); 6: compute_context (both tables); 7: all_gather's
- * offset (a piece of a block loaded block by block, sharded). */
-#define MLO_MODULE_ABI 7
+ * offset (a piece of a block loaded block by block, sharded); 8: the collective
+ * and model groups (the ops table's coll and model pointers). */
+#define MLO_MODULE_ABI 8
 /* The version a module is built from, as mlo_version() says it. */
 #define MLO_MODULE_STR_(x) #x
 #define MLO_MODULE_STR(x) MLO_MODULE_STR_(x)

@@ -28,6 +28,7 @@
 
 #include "base/sysio.h"
 #include "dist/dist.h"
+#include "platform/fault.h"
 
 #include <mpi.h>
 #include <stddef.h>
@@ -280,11 +281,44 @@ static void test_sharded_blocks(mlo_comm *comm, uint64_t reference, bool lane) {
   mlo_platform_close(p);
 }
 
+/* Two sharded pipelines on one communicator: the lane serves the one that
+ * gathered first until it is freed; the other gathers on its forward's
+ * thread meanwhile (two threads on one lane would mix their steps), and a
+ * pipeline opened after the first is freed takes the lane. */
+static void test_two_pipelines_one_lane(mlo_comm *comm, uint64_t reference, bool lane) {
+  if (nranks < 2) return;
+  mlo_platform *p = host(), *q = host();
+  mlo_pipeline *first = open_with(p, comm, true, NULL), *second = open_with(q, comm, true, NULL);
+  uint64_t d1 = 0, d2 = 0;
+  CHECK(run_blocks(p, first, &d1) == MLO_OK, "first: %s", mlo_pipeline_errmsg(first));
+  CHECK(run_blocks(q, second, &d2) == MLO_OK, "second: %s", mlo_pipeline_errmsg(second));
+  CHECK(d1 == reference && d2 == reference, "digests %016llx %016llx", (unsigned long long)d1,
+        (unsigned long long)d2);
+  mlo_dist_stats s1 = MLO_DIST_STATS_INIT, s2 = MLO_DIST_STATS_INIT;
+  mlo_pipeline_get_dist_stats(first, &s1);
+  mlo_pipeline_get_dist_stats(second, &s2);
+  CHECK(s2.gather_bytes > 0 && s2.lane_gathers == 0, "second: %llu on the lane",
+        (unsigned long long)s2.lane_gathers);
+  CHECK(lane ? s1.lane_gathers > 0 : s1.lane_gathers == 0, "first: %llu on the lane",
+        (unsigned long long)s1.lane_gathers);
+  mlo_pipeline_free(first);
+  mlo_pipeline *third = open_with(p, comm, true, NULL);
+  CHECK(run_blocks(p, third, &d1) == MLO_OK && d1 == reference, "third: %s",
+        mlo_pipeline_errmsg(third));
+  mlo_pipeline_get_dist_stats(third, &s1);
+  CHECK(lane ? s1.lane_gathers > 0 : s1.lane_gathers == 0, "third: %llu on the lane",
+        (unsigned long long)s1.lane_gathers);
+  mlo_pipeline_free(third);
+  mlo_pipeline_free(second);
+  mlo_platform_close(p);
+  mlo_platform_close(q);
+}
+
 /* With the gather thread: a copy that fails part-way through one rank's
  * sharded load fails the run on every rank, naming that rank, within the
  * timeout (the others' threads do not wait for pieces it never posts),
  * and the communicator goes on working. */
-static void test_lane_failure(mlo_comm *comm) {
+static void test_lane_failure(mlo_comm *comm, uint64_t reference) {
   if (nranks < 2) return;
   int last = nranks - 1;
   mlo_platform *p = NULL;
@@ -304,6 +338,12 @@ static void test_lane_failure(mlo_comm *comm) {
     snprintf(want, sizeof want, "node rank %d failed", last);
     CHECK(strstr(mlo_pipeline_errmsg(pipe), want), "message '%s'", mlo_pipeline_errmsg(pipe));
   }
+  /* the same pipeline again, nothing failing: it loads and verifies (a
+   * failure is its load's alone, not remembered against the next) */
+  if (rank == last) mlo_fault_arm(p, MLO_FAULT_COPY, 0); /* counts only */
+  rc = run_blocks(p, pipe, &d);
+  CHECK(rc == MLO_OK, "the run after a failed one: %s", mlo_pipeline_errmsg(pipe));
+  CHECK(d == reference, "the run after a failed one: digest %016llx", (unsigned long long)d);
   mlo_pipeline_free(pipe);
   mlo_platform_close(p);
   CHECK(!mlo_comm_broken(comm), "the communicator broke");
@@ -569,7 +609,8 @@ int main(int argc, char **argv) {
   test_different_checkpoints(comm, other, copy);
   test_peer_failed_elsewhere(comm);
   test_sharded_blocks(comm, reference, lane);
-  if (lane) test_lane_failure(comm);
+  if (lane) test_lane_failure(comm, reference);
+  test_two_pipelines_one_lane(comm, reference, lane);
   mlo_comm_free(comm);
   test_missing_rank();
   test_missing_coordinator();
