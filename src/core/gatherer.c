@@ -40,8 +40,8 @@ struct mlo_gatherer {
   mlo_comm *comm;
   int ranks;
   uint64_t loads; /* sliced loads so far: each one's epoch */
-  /* the load whose step failed: its later jobs fail with it */
-  const void *failed_owner;
+  /* the load whose step failed (epochs are the pipeline's, never 0): its
+   * later jobs fail with it */
   uint64_t failed_epoch;
   int failed_rc;
   char failed_err[sizeof((struct mlo_gather_job *)0)->err];
@@ -89,7 +89,7 @@ static void *gather_main(void *arg) {
     if (!j) break; /* stopped, nothing left */
     g->head = j->next;
     if (!g->head) g->tail = NULL;
-    bool skip = g->failed_owner == j->owner && g->failed_epoch == j->epoch;
+    bool skip = g->failed_epoch == j->epoch;
     if (skip) { /* its load failed at an earlier step, on every rank */
       j->rc = g->failed_rc;
       snprintf(j->err, sizeof j->err, "%s", g->failed_err);
@@ -99,7 +99,6 @@ static void *gather_main(void *arg) {
       run_job(g, j);
       pthread_mutex_lock(&g->lock);
       if (j->rc) {
-        g->failed_owner = j->owner;
         g->failed_epoch = j->epoch;
         g->failed_rc = j->rc;
         snprintf(g->failed_err, sizeof g->failed_err, "%s", j->err);

@@ -75,21 +75,25 @@ static const char *collective_name(uint64_t id, void *user) {
   return buf;
 }
 
+uint64_t mlo_collective_id(const mlo_component *c, unsigned step) {
+  return ((c ? (uint64_t)c->index : 0xffffffu) << 3) | step;
+}
+
+int mlo_collective_failed(mlo_pipeline *pipe, int rc, const char *err) {
+  char mine[32];
+  snprintf(mine, sizeof mine, "rank %d: ", pipe->dist.rank);
+  return mlo_fail(pipe, rc, "%s%s", strncmp(err, mine, strlen(mine)) ? mine : "", err);
+}
+
 int mlo_collective(mlo_pipeline *pipe, const mlo_component *c, unsigned step, uint64_t check,
                    int status, const char *msg, bool *together) {
   if (together) *together = true;
   if (!pipe->comm) return MLO_OK;
-  uint64_t id = ((c ? (uint64_t)c->index : 0xffffffu) << 3) | step;
   char err[512];
   pipe->dist.collectives++;
-  int rc = mlo_dist_agree(pipe->comm, id, check, status, msg, collective_name, pipe, together, err,
-                          sizeof err);
-  if (rc) { /* named once: the communicator's own message may name the rank already */
-    char mine[32];
-    snprintf(mine, sizeof mine, "rank %d: ", pipe->dist.rank);
-    return mlo_fail(pipe, rc, "%s%s", strncmp(err, mine, strlen(mine)) ? mine : "", err);
-  }
-  return MLO_OK;
+  int rc = mlo_dist_agree(pipe->comm, mlo_collective_id(c, step), check, status, msg,
+                          collective_name, pipe, together, err, sizeof err);
+  return rc ? mlo_collective_failed(pipe, rc, err) : MLO_OK;
 }
 
 int mlo_check_device_gather(mlo_pipeline *pipe, char *why, size_t whylen) {

@@ -404,6 +404,12 @@ enum {
   COLL_SAME_FILES,
   COLL_CONTENT
 };
+/* The agreement's id of c's `step` (c NULL: the pipeline's own): what
+ * mlo_collective agrees on, and the gather thread's steps too. */
+uint64_t mlo_collective_id(const mlo_component *c, unsigned step);
+/* A collective's failure as pipe's: err prefixed with this rank once (the
+ * communicator's message may name it already); returns rc. */
+int mlo_collective_failed(mlo_pipeline *pipe, int rc, const char *err);
 /* Whether the communicator's device-side gather (NCCL) is the node's, in
  * node-rank order, on the platform's device, where a sharded pipeline
  * gathers on the device: MLO_OK, or the reason in why.  Each rank's answer
@@ -682,9 +688,8 @@ struct mlo_gather_job {
   size_t slice;
   uint64_t id, check; /* the agreement's step: the component's gather, piece + 1 */
   int status;         /* this rank's load failed before it (the reason in err) */
-  const void *owner;  /* one load's jobs (owner, epoch): after one fails, the rest do */
-  uint64_t epoch;
-  const char *what; /* the component's name */
+  uint64_t epoch;     /* its load's (mlo_gather_epoch): after one job fails, the rest do */
+  const char *what;   /* the component's name */
   /* the thread's: its verdict, its message, how long it took */
   int rc;
   char err[400];

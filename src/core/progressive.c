@@ -56,7 +56,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 struct mlo_prog {
   size_t n;           /* blocks the arrays were made for */
@@ -75,7 +74,8 @@ struct mlo_prog {
   uint64_t *rdev, *rslice;
   bool *rgather;
   /* ... and where the host's gathers run on the pipeline's gather thread
-   * (gatherer.c), each piece's job; epoch counts the sliced loads */
+   * (gatherer.c), each piece's job; epoch: this sliced load's, unique in
+   * the pipeline (0: none since the last one ended) */
   struct mlo_gather_job *jobs;
   uint64_t epoch;
 };
@@ -117,6 +117,7 @@ void mlo_prog_evicted(mlo_component *c) {
   mlo_prog_drain(c);
   g->active = false;
   g->sliced = g->dev_gathers = false;
+  g->epoch = 0; /* the next load's is its own */
   for (size_t b = 0; b < g->n; b++) g->pending[b] = g->late[b] = false;
 }
 
@@ -215,9 +216,8 @@ static void post_gather(mlo_component *c, size_t k, mlo_event *ev) {
                                .ev = ev,
                                .buf = (char *)c->block + g->rdev[k],
                                .slice = (size_t)g->rslice[k],
-                               .id = ((uint64_t)c->index << 3) | COLL_GATHER,
+                               .id = mlo_collective_id(c, COLL_GATHER),
                                .check = (uint64_t)k + 1,
-                               .owner = c,
                                .epoch = g->epoch,
                                .what = c->name};
   mlo_gather_post(pipe, j);
@@ -226,11 +226,13 @@ static void post_gather(mlo_component *c, size_t k, mlo_event *ev) {
 void mlo_prog_post_failure(mlo_component *c, int rc) {
   mlo_pipeline *pipe = c->pipe;
   if (!mlo_gather_async(pipe)) return;
+  /* this load's epoch where it was sliced, else one of its own (never a
+   * failed load's, whose jobs the thread skips) */
+  uint64_t epoch = c->prog && c->prog->epoch ? c->prog->epoch : mlo_gather_epoch(pipe);
   struct mlo_gather_job like = {.plat = mlo_dev_plat(c),
-                                .id = ((uint64_t)c->index << 3) | COLL_GATHER,
+                                .id = mlo_collective_id(c, COLL_GATHER),
                                 .status = rc,
-                                .owner = c,
-                                .epoch = c->prog ? c->prog->epoch : 0,
+                                .epoch = epoch,
                                 .what = c->name};
   snprintf(like.err, sizeof like.err, "%s: its load failed (%s)", c->name, mlo_strerror(rc));
   mlo_gather_post_failure(pipe, &like);
@@ -438,12 +440,7 @@ static int host_gather(mlo_component *c, size_t k, mlo_event *ev) {
   mlo_pipeline *pipe = c->pipe;
   if (g->jobs[k].posted) { /* on the gather thread: its verdict (a failure stays) */
     int rc = mlo_gather_wait(pipe, &g->jobs[k]);
-    if (rc) { /* named once: the communicator's message may name the rank already */
-      char mine[32];
-      snprintf(mine, sizeof mine, "rank %d: ", pipe->dist.rank);
-      const char *e = g->jobs[k].err;
-      return mlo_fail(pipe, rc, "%s%s", strncmp(e, mine, strlen(mine)) ? mine : "", e);
-    }
+    if (rc) return mlo_collective_failed(pipe, rc, g->jobs[k].err);
     g->rgather[k] = false;
     return MLO_OK;
   }
