@@ -91,20 +91,30 @@ static const char *why_in_host(const mlo_component *c) {
   return NULL;
 }
 
+/* The host plan's rule for c in a device room, for the plan and for the
+ * needs alike: its layout (sizes only: allocates nothing); why it must stay
+ * in host memory (NULL: it may live on disk); and, where it may and
+ * exceeds the room, the bytes its blocks stream (UINT64_MAX: it cannot
+ * stream there), else 0. */
+static const char *host_rule(mlo_component *c, uint64_t room, mlo_layout *lay, uint64_t *streamed) {
+  mlo_slab_layout(c, false, false, lay);
+  const char *why = why_in_host(c);
+  *streamed =
+      !why && lay->block_bytes > room ? mlo_stream_streamed_bytes(c, room, MLO_STREAM_SLOTS) : 0;
+  return why;
+}
+
 void mlo_disk_needs(mlo_pipeline *pipe, uint64_t device_room, uint64_t *all, uint64_t *least,
                     uint64_t *keep) {
   *all = *least = *keep = 0;
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     mlo_layout lay;
-    mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
+    uint64_t streamed;
+    bool stays = host_rule(c, device_room, &lay, &streamed) != NULL;
     uint64_t bytes = lay.block_bytes;
-    bool stays = why_in_host(c) != NULL;
     *all += bytes;
     *least += stays ? bytes : 0;
-    uint64_t streamed = stays || lay.block_bytes <= device_room
-                            ? 0
-                            : mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
     /* one that cannot stream in the room stays whole, as the host plan keeps it */
     *keep += stays || streamed == UINT64_MAX ? bytes : streamed;
   }
@@ -215,19 +225,14 @@ int mlo_disk_plan(mlo_pipeline *pipe, const mlo_offload_settings *s, const uint6
   for (size_t i = 0; i < pipe->ncomps; i++) {
     mlo_component *c = pipe->comps[i];
     mlo_layout lay;
-    mlo_slab_layout(c, false, false, &lay); /* sizes only: allocates nothing */
-    const char *why = why_in_host(c);
+    uint64_t streamed;
+    const char *why = host_rule(c, rooms[c->dev->index], &lay, &streamed);
     if (!lay.slab_bytes) continue; /* nothing to keep anywhere */
     /* one that streams reads its streamed blocks at every forward: from
      * host memory where they fit (want_partial), else from its files */
-    uint64_t streamed = 0;
-    bool streams = false;
-    uint64_t device_room = rooms[c->dev->index];
-    if (!why && lay.block_bytes > device_room) {
-      streamed = mlo_stream_streamed_bytes(c, device_room, MLO_STREAM_SLOTS);
-      streams = streamed != UINT64_MAX;
-      if (!streams) why = "it cannot stream in the device budget", streamed = 0;
-    }
+    bool streams = !why && lay.block_bytes > rooms[c->dev->index];
+    if (streams && streamed == UINT64_MAX)
+      why = "it cannot stream in the device budget", streams = false, streamed = 0;
     if (why) {
       must += lay.slab_bytes;
       if (at + 1 < sizeof who) {
