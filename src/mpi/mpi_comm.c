@@ -316,15 +316,13 @@ static void mpi_shared_free(void *ctx, void *handle) {
 
 /* ---- all-gather -------------------------------------------------------------- */
 
-static int allgather_on(mpi_ctx *c, MPI_Comm comm, void *buf, size_t slice, char *err,
-                        size_t errlen) {
+static int allgather_on(MPI_Comm comm, void *buf, size_t slice, char *err, size_t errlen) {
   if (slice % GATHER_UNIT)
     return errf(err, errlen, MLO_EINVAL, "all-gather slice %zu is not a multiple of %d", slice,
                 GATHER_UNIT);
   /* after an agreement every rank passed: run even where the other line
    * broke since (checking the shared flag here left the ranks that passed
    * it in the all-gather for ever) */
-  (void)c;
   MPI_Datatype unit;
   MPI_Type_contiguous(GATHER_UNIT, MPI_BYTE, &unit);
   MPI_Type_commit(&unit);
@@ -336,7 +334,7 @@ static int allgather_on(mpi_ctx *c, MPI_Comm comm, void *buf, size_t slice, char
 
 static int mpi_allgather(void *ctx, void *buf, size_t slice, char *err, size_t errlen) {
   mpi_ctx *c = ctx;
-  return allgather_on(c, c->node.comm, buf, slice, err, errlen);
+  return allgather_on(c->node.comm, buf, slice, err, errlen);
 }
 
 /* ---- the agreement step ------------------------------------------------------ */
@@ -512,7 +510,7 @@ static int mpi_lane_gather(void *ctx, uint64_t id, uint64_t check, int status, c
   if (!c->pub.gather_lane)
     return errf(err, errlen, MLO_EUNSUPPORTED, "no gather lane (MPI_THREAD_MULTIPLE)");
   int rc = agree_on(c, &c->lane, id, check, status, msg, name, user, NULL, err, errlen);
-  return rc ? rc : allgather_on(c, c->lane.comm, buf, slice, err, errlen);
+  return rc ? rc : allgather_on(c->lane.comm, buf, slice, err, errlen);
 }
 
 void mlo_comm_free(mlo_comm *c) {

@@ -76,13 +76,19 @@ int mlo_platform_spec_parts(const char *spec, char *name, size_t namelen, int *i
   const char *opts;
   name[0] = '\0';
   *index = -1;
-  int rc = split(platform_of(spec, &head, &wrapped), &len, &indexed, index, &opts);
-  if (rc) return rc;
   const char *s = platform_of(spec, &head, &wrapped);
+  int rc = split(s, &len, &indexed, index, &opts);
+  if (rc) return rc;
   if (len >= namelen) return MLO_EINVAL;
   memcpy(name, s, len);
   name[len] = '\0';
   return MLO_OK;
+}
+
+/* Whether the option item at p (item bytes, "key=value") is key's. */
+static bool is_key(const char *p, size_t item, const char *key) {
+  size_t klen = strlen(key);
+  return item > klen && !strncmp(p, key, klen) && p[klen] == '=';
 }
 
 int mlo_platform_spec_get(const char *spec, const char *key, char *value, size_t len) {
@@ -96,7 +102,7 @@ int mlo_platform_spec_get(const char *spec, const char *key, char *value, size_t
   if (rc) return rc;
   for (const char *p = opts; *p;) {
     size_t item = strcspn(p, ",");
-    if (item > klen && !strncmp(p, key, klen) && p[klen] == '=') {
+    if (is_key(p, item, key)) {
       size_t vlen = item - klen - 1;
       if (vlen >= len) return MLO_EINVAL;
       memcpy(value, p + klen + 1, vlen);
@@ -142,8 +148,7 @@ int mlo_platform_spec_compose(const char *spec, int index, const char *key, cons
   bool first = true;
   for (const char *p = opts; ok && *p;) {
     size_t item = strcspn(p, ",");
-    size_t klen = key ? strlen(key) : 0;
-    bool replaced = key && item > klen && !strncmp(p, key, klen) && p[klen] == '=';
+    bool replaced = key && is_key(p, item, key);
     if (item && !replaced) {
       ok = put(out, outlen, &n, first ? ":%.*s" : ",%.*s", p, item);
       first = false;
