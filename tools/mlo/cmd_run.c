@@ -268,17 +268,29 @@ static uint64_t run_settings_check(const run_args *ra) {
   return mlo_fnv1a(MLO_FNV_BASIS, &s, sizeof s) | 1;
 }
 
+/* spec with option key set to the number v, in place, by the library's
+ * grammar (mlo_platform_spec_compose: a value given is replaced; a fault
+ * wrapper's inner platform gets it).  A spec it cannot read stays as it
+ * is: opening it says what is wrong. */
+static void spec_set(char *spec, size_t size, const char *key, double v) {
+  char value[64], out[512];
+  snprintf(value, sizeof value, "%.0f", v);
+  if (mlo_platform_spec_compose(spec, -1, key, value, out, sizeof out) == MLO_OK)
+    snprintf(spec, size, "%s", out);
+}
+
 /* --node on the host platform: its links at the profile's ratios to --link
  * (each rank's), its groups no larger than the node's ranks. */
 static void node_options(const run_args *ra, char *spec, size_t size) {
   mlo_node_topology t = plan_node_topology(ra->node, (double)ra->link);
   unsigned group = t.group > 1 ? t.group : 1;
   if (group > (unsigned)ra->rk.node_ranks) group = (unsigned)ra->rk.node_ranks;
-  size_t len = strlen(spec);
-  len += (size_t)snprintf(spec + len, size - len, ",group=%u,fabric=%.0f", group, t.fabric_bps);
-  if (t.uplink_bps > 0 && group > 1 && len < size)
-    snprintf(spec + len, size - len, ",uplink=%.0f,pcie_p2p=%d", t.uplink_bps,
-             t.fabric_via_uplinks);
+  spec_set(spec, size, "group", group);
+  spec_set(spec, size, "fabric", t.fabric_bps);
+  if (t.uplink_bps > 0 && group > 1) {
+    spec_set(spec, size, "uplink", t.uplink_bps);
+    spec_set(spec, size, "pcie_p2p", t.fabric_via_uplinks);
+  }
 }
 
 /* --ranks on CUDA without a device index ("cuda", "cuda:pinned=0"): the
@@ -645,11 +657,7 @@ static void device_spec(const run_args *ra, const char *platform, char *spec, si
     spec_with_capacity(platform, ra->capacity, spec, size);
   else
     snprintf(spec, size, "%s", platform);
-  if (ra->have_link) { /* host only (parse checked): its bw= option */
-    size_t len = strlen(spec);
-    snprintf(spec + len, size - len, "%sbw=%llu", strchr(spec, ':') ? "," : ":",
-             (unsigned long long)ra->link);
-  }
+  if (ra->have_link) spec_set(spec, size, "bw", (double)ra->link); /* host only (parse checked) */
   if (ra->node && tool_is_host(spec)) node_options(ra, spec, size);
 }
 
