@@ -30,7 +30,8 @@
 
 #define PLACE_MAX_TRIES 65536 /* assignments tried exhaustively; more: greedy */
 #define PLACE_UNFIT UINT64_MAX
-#define PLACE_COUNTED 4 /* requests counted after the first */
+#define PLACE_COUNTED 4     /* requests counted after the first */
+#define PLACE_MAX_COMPS 256 /* components placed (an assignment is a byte each) */
 
 /* What the model knows of one component: its block's bytes and, per
  * device, the bytes a streamed plan moves at each call there (0: it fits
@@ -61,6 +62,12 @@ static size_t next_call(const place_model *m, size_t k, size_t i) {
   return SIZE_MAX;
 }
 
+/* The device memory comp i takes on device d while resident: its block,
+ * or the whole room where it streams there. */
+static uint64_t takes(const place_model *m, size_t i, size_t d) {
+  return m->pc[i].streamed[d] ? m->room[d] : m->pc[i].bytes;
+}
+
 /* The bytes device d's loads copy in one warm request, its components
  * those with at[i] == d; PLACE_UNFIT where one cannot run there. */
 static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) {
@@ -77,12 +84,12 @@ static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) 
       size_t i = x->index;
       if (at[i] != d) continue;
       const place_comp *p = &m->pc[i];
-      uint64_t need = p->streamed[d] ? room : p->bytes; /* a streamed one takes the room */
-      for (size_t j = 0; j < pipe->ncomps; j++)         /* the rule's exclusions */
+      uint64_t need = takes(m, i, d);
+      for (size_t j = 0; j < pipe->ncomps; j++) /* the rule's exclusions */
         if (j != i && m->res[j] && m->pol && m->pol->excludes &&
             m->pol->excludes(x, pipe->comps[j])) {
           m->res[j] = false;
-          used -= m->pc[j].streamed[d] ? room : m->pc[j].bytes;
+          used -= takes(m, j, d);
         }
       uint64_t cost = p->streamed[d] * m->calls[k].repeat; /* every call streams */
       if (!m->res[i]) {
@@ -92,7 +99,7 @@ static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) 
           for (size_t j = 0; j < pipe->ncomps; j++) {
             if (!m->res[j] || j == i) continue;
             size_t nx = next_call(m, k, j);
-            uint64_t bj = m->pc[j].streamed[d] ? room : m->pc[j].bytes;
+            uint64_t bj = takes(m, j, d);
             if (victim == SIZE_MAX ||
                 mlo_budget_better_victim(bj, nx, 0, vbytes, far, 0, short_by)) {
               victim = j;
@@ -102,7 +109,7 @@ static uint64_t device_bytes(place_model *m, const unsigned char *at, size_t d) 
           }
           if (victim == SIZE_MAX) break;
           m->res[victim] = false;
-          used -= m->pc[victim].streamed[d] ? room : m->pc[victim].bytes;
+          used -= takes(m, victim, d);
         }
         m->res[i] = true;
         used += need;
@@ -188,8 +195,8 @@ static void measure(place_model *m) {
 static uint64_t search(place_model *m, unsigned char *best) {
   mlo_pipeline *pipe = m->pipe;
   size_t n = pipe->ncomps, nd = pipe->ndevs, nfree = 0;
-  unsigned char at[256];
-  size_t freei[256];
+  unsigned char at[PLACE_MAX_COMPS];
+  size_t freei[PLACE_MAX_COMPS];
   for (size_t i = 0; i < n; i++) {
     at[i] = (unsigned char)(pipe->comps[i]->pinned_dev >= 0 ? pipe->comps[i]->pinned_dev : 0);
     if (pipe->comps[i]->pinned_dev < 0) freei[nfree++] = i;
@@ -292,12 +299,13 @@ static void log_placement(const place_model *m, const unsigned char *at) {
 
 int mlo_place(mlo_pipeline *pipe, const struct mlo_policy_ops *pol, const uint64_t *room) {
   if (pipe->ndevs < 2 || !pipe->ncomps) return MLO_OK;
-  if (pipe->ncomps > 256)
-    return mlo_fail(pipe, MLO_EUNSUPPORTED, "placement takes at most 256 components");
+  if (pipe->ncomps > PLACE_MAX_COMPS)
+    return mlo_fail(pipe, MLO_EUNSUPPORTED, "placement takes at most %d components",
+                    PLACE_MAX_COMPS);
   place_model m = {.pipe = pipe, .pol = pol};
   memcpy(m.room, room, pipe->ndevs * sizeof *room);
   for (size_t d = 0; d < pipe->ndevs; d++) pipe->devs[d].place_room = room[d];
-  unsigned char best[256], one[256] = {0};
+  unsigned char best[PLACE_MAX_COMPS], one[PLACE_MAX_COMPS] = {0};
   int rc = MLO_OK;
   if (!(m.pc = mlo_calloc(pipe->ncomps, sizeof *m.pc)) ||
       !(m.res = mlo_calloc(pipe->ncomps, sizeof *m.res)) ||
